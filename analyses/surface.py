@@ -1,0 +1,78 @@
+"""Surface-level attention patterns (Clark et al. 2019, section 3).
+
+Per head, averaged over every non-padding query token of the corpus:
+    prev / self / next   mass on the token at offset -1 / 0 / +1 (Clark's Fig. 1 heads)
+    cls / sep / punct    mass on [CLS], [SEP], "." or "," (Clark's Fig. 2)
+    other                the rest of the mass (cls + sep + punct + other = 1)
+    entropy              row entropy in nats (Clark's Fig. 4): low for focused heads,
+                         near ln(L) for heads that attend broadly ("bag of vectors")
+and over special rows only:
+    sep_sep              mass [SEP] rows put on [SEP] keys (Clark: > 90% in many heads)
+    cls_entropy          entropy of the [CLS] row (Clark: 3.89 nats in bert-base layer 12)
+Mass columns are means of the attention probabilities themselves, as in the paper; the
+`argmax_*` columns add the share of tokens whose most-attended key is of that kind, a
+stricter "this head points at X" reading.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bertscope.accumulate import HeadStats
+from bertscope.kernels import StatsSpec
+
+NAME = "surface"
+NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=True)
+
+COLUMNS = (
+    "layer", "head", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep",
+    "entropy", "cls_entropy", "argmax_prev", "argmax_self", "argmax_next",
+    "argmax_cls", "argmax_sep", "argmax_punct", "n_tokens",
+)
+
+
+def head_table(stats: HeadStats) -> dict[str, np.ndarray]:
+    """Every column of heads.csv as a (layers, H) array."""
+    offsets = list(stats.spec.offsets)
+    cls_of = {name: i for i, name in enumerate(stats.class_names)}
+    offset_mass = stats.mean("offset_mass_sum")  # (layers, H, O)
+    class_mass = stats.mean("class_mass_sum")  # (layers, H, C)
+    argmax_offset = stats.mean("argmax_offset_count")  # (layers, H, O+1)
+    argmax_class = stats.mean("argmax_class_count")  # (layers, H, C)
+    Ly, H = stats.n_layers, stats.n_heads
+    table = {
+        "layer": np.repeat(np.arange(1, Ly + 1)[:, None], H, axis=1),
+        "head": np.repeat(np.arange(1, H + 1)[None, :], Ly, axis=0),
+    }
+    for col, o in (("prev", -1), ("self", 0), ("next", 1)):
+        table[col] = offset_mass[..., offsets.index(o)]
+    for col in ("cls", "sep", "punct", "other"):
+        table[col] = class_mass[..., cls_of[col]]
+    table["sep_sep"] = stats.mean("class_mass_sum", group="sep")[..., cls_of["sep"]]
+    table["entropy"] = stats.mean("entropy_sum")
+    table["cls_entropy"] = stats.mean("entropy_sum", group="cls")
+    for col, o in (("argmax_prev", -1), ("argmax_self", 0), ("argmax_next", 1)):
+        table[col] = argmax_offset[..., offsets.index(o)]
+    for col in ("cls", "sep", "punct"):
+        table[f"argmax_{col}"] = argmax_class[..., cls_of[col]]
+    table["n_tokens"] = np.repeat(stats.n_rows[:, 0][:, None], H, axis=1).astype(np.int64)
+    return table
+
+
+def table_rows(table: dict[str, np.ndarray]) -> list[dict]:
+    """One dict per head, layer-major: the rows of heads.csv."""
+    Ly, H = table["layer"].shape
+    return [{c: table[c][l, h].item() for c in COLUMNS} for l in range(Ly) for h in range(H)]
+
+
+def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
+    """A few lines for the terminal: the heads that most clearly show each pattern."""
+    lines = []
+    for col, what in (("prev", "previous token"), ("next", "next token"), ("cls", "[CLS]"),
+                      ("sep", "[SEP]"), ("punct", "'.' and ','"), ("entropy", "broadest (entropy, nats)")):
+        flat = table[col].ravel()
+        top = np.argsort(-flat, kind="stable")[:k]
+        heads = ", ".join(f"{table['layer'].ravel()[i]}-{table['head'].ravel()[i]} ({flat[i]:.2f})" for i in top)
+        lines.append(f"  {what:<26} {heads}")
+    layer_sep = table["sep"].mean(1)
+    lines.append("  mean [SEP] mass per layer   " + " ".join(f"{x:.2f}" for x in layer_sep))
+    return "\n".join(lines)

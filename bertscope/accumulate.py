@@ -1,0 +1,147 @@
+"""Per-head sums of row statistics: the only state an analysis run keeps.
+
+Everything is an additive float64 sum or count indexed by (layer, head, row group, ...),
+so batches, resumed runs and processes merge exactly by addition, and no result depends
+on batch size or padding (padding rows are weighted 0 by the row-group masks).
+
+Row groups say which query rows a sum runs over: "all" valid tokens, then one group per
+named key class (queries that *are* [CLS], [SEP], punctuation). That gives Clark et al.'s
+[CLS]-row entropy and [SEP]->[SEP] mass without special cases.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertscope.kernels import RowStats, StatsSpec
+
+ARRAYS = ("n_rows", "uniform_entropy_sum", "entropy_sum", "offset_mass_sum", "class_mass_sum", "argmax_offset_count", "argmax_class_count")
+
+
+class HeadStats:
+    """Additive accumulator of `RowStats` over a corpus.
+
+    n_rows              (layers, G)          query rows seen per group
+    uniform_entropy_sum (G,)                 sum over rows of ln(valid keys): the entropy a
+                                             uniform head would have (Clark's Fig. 4 baseline)
+    entropy_sum         (layers, H, G)       sum of row entropies (nats)
+    offset_mass_sum     (layers, H, G, O)    sum of p_{i,i+o}
+    class_mass_sum      (layers, H, G, C)    sum of mass on each key class
+    argmax_offset_count (layers, H, G, O+1)  rows whose argmax is at offset o; last: elsewhere
+    argmax_class_count  (layers, H, G, C)    rows whose argmax key is of class c
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, class_names: tuple[str, ...]):
+        if len(class_names) != spec.n_key_classes:
+            raise ValueError("one class name per key class")
+        self.n_layers, self.n_heads, self.spec = n_layers, n_heads, spec
+        self.class_names = tuple(class_names)
+        self.group_names = ("all",) + tuple(class_names[:-1])  # the last class is the catch-all
+        Ly, H, G, O, C = n_layers, n_heads, len(self.group_names), len(spec.offsets), spec.n_key_classes
+        self.n_rows = np.zeros((Ly, G))
+        self.uniform_entropy_sum = np.zeros(G)
+        self.entropy_sum = np.zeros((Ly, H, G))
+        self.offset_mass_sum = np.zeros((Ly, H, G, O))
+        self.class_mass_sum = np.zeros((Ly, H, G, C))
+        self.argmax_offset_count = np.zeros((Ly, H, G, O + 1))
+        self.argmax_class_count = np.zeros((Ly, H, G, C))
+        self.n_segments = 0
+        self._groups = self._key_class = None
+
+    # -- filling
+
+    def start_batch(self, key_valid: torch.Tensor, key_class: torch.Tensor):
+        """Set the row-group masks of the batch about to run: (B, L) valid mask and classes."""
+        valid = key_valid.double()  # (B, L)
+        by_class = torch.nn.functional.one_hot(key_class, self.spec.n_key_classes)[..., :-1].double()  # (B, L, C-1)
+        self._groups = torch.cat([valid[..., None], by_class * valid[..., None]], dim=-1)  # (B, L, G)
+        self._key_class = key_class
+        log_len = torch.log(valid.sum(1).clamp_min(1))  # (B,)
+        self.uniform_entropy_sum += torch.einsum("b,blg->g", log_len, self._groups).numpy()
+        self.n_segments += int(key_valid.shape[0])
+
+    def add(self, layer: int, stats: RowStats, key_valid: torch.Tensor):
+        """Sink for `HeadProbe.active`: fold one layer's row statistics into the sums."""
+        g = self._groups  # (B, L, G)
+        self.n_rows[layer] += g.sum((0, 1)).numpy()
+        if stats.entropy is not None:
+            self.entropy_sum[layer] += _group_sum(stats.entropy[..., None], g)[..., 0]
+        if stats.offset_mass is not None:
+            self.offset_mass_sum[layer] += _group_sum(stats.offset_mass, g)
+        if stats.class_mass is not None:
+            self.class_mass_sum[layer] += _group_sum(stats.class_mass, g)
+        if stats.argmax is not None:
+            am = stats.argmax  # (B, H, L)
+            L = am.shape[-1]
+            rel = am - torch.arange(L, device=am.device)  # (B, H, L) offset of the argmax key
+            offsets = torch.tensor(self.spec.offsets, device=am.device)
+            at = rel[..., None] == offsets  # (B, H, L, O)
+            at = torch.cat([at, ~at.any(-1, keepdim=True)], dim=-1)  # (B, H, L, O+1)
+            self.argmax_offset_count[layer] += _group_sum(at, g)
+            cls = self._key_class[:, None, :].expand_as(am).gather(-1, am)  # (B, H, L) class of argmax key
+            onehot = torch.nn.functional.one_hot(cls, self.spec.n_key_classes)  # (B, H, L, C)
+            self.argmax_class_count[layer] += _group_sum(onehot, g)
+
+    # -- combining and storing
+
+    def merge(self, other: "HeadStats") -> "HeadStats":
+        """Add another accumulator's sums into this one (another batch, run or process)."""
+        if self.meta() != other.meta():
+            raise ValueError("cannot merge statistics of different models or specs")
+        for name in ARRAYS:
+            getattr(self, name).__iadd__(getattr(other, name))
+        self.n_segments += other.n_segments
+        return self
+
+    def meta(self) -> dict:
+        return {
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "offsets": list(self.spec.offsets),
+            "class_names": list(self.class_names),
+            "entropy": self.spec.entropy,
+            "argmax": self.spec.argmax,
+        }
+
+    def save(self, path: Path):
+        """Write all sums to an .npz atomically (a crash mid-write leaves the old file)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, meta=json.dumps(self.meta()), n_segments=self.n_segments,
+                 **{name: getattr(self, name) for name in ARRAYS})
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "HeadStats":
+        with np.load(path) as f:
+            meta = json.loads(str(f["meta"]))
+            spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
+                             entropy=meta["entropy"], argmax=meta["argmax"])
+            acc = cls(meta["n_layers"], meta["n_heads"], spec, tuple(meta["class_names"]))
+            for name in ARRAYS:
+                getattr(acc, name)[...] = f[name]
+            acc.n_segments = int(f["n_segments"])
+        return acc
+
+    # -- reading
+
+    def uniform_entropy(self, group: str = "all") -> float:
+        """Mean entropy of uniform attention over the same rows: the "no preference" line."""
+        gi = self.group_names.index(group)
+        n = self.n_rows[0, gi]
+        return float(self.uniform_entropy_sum[gi] / n) if n > 0 else 0.0
+
+    def mean(self, name: str, group: str = "all") -> np.ndarray:
+        """Mean per row of a sum over the rows of `group`: shape (layers, H, ...); 0 where no rows."""
+        gi = self.group_names.index(group)
+        total = getattr(self, name)[:, :, gi]  # (layers, H, ...)
+        n = self.n_rows[:, gi].reshape((-1, 1) + (1,) * (total.ndim - 2))
+        return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
+
+
+def _group_sum(x: torch.Tensor, groups: torch.Tensor) -> np.ndarray:
+    """x (B, H, L, F), groups (B, L, G) -> (H, G, F): sums over the rows of every group."""
+    return torch.einsum("bhlf,blg->hgf", x.double(), groups).numpy()

