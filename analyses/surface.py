@@ -9,9 +9,10 @@ Per head, averaged over every non-padding query token of the corpus:
 and over special rows only:
     sep_sep              mass [SEP] rows put on [SEP] keys (Clark: > 90% in many heads)
     cls_entropy          entropy of the [CLS] row (Clark: 3.89 nats in bert-base layer 12)
-Mass columns are means of the attention probabilities themselves, as in the paper; the
-`argmax_*` columns add the share of tokens whose most-attended key is of that kind, a
-stricter "this head points at X" reading.
+Mass columns are means of the attention probabilities themselves, as in the paper. With
+wider offsets (`--max-offset`) come `offset_-2`, `offset_+2`, ... columns; with `--argmax`
+the `argmax_*` columns give the share of tokens whose most-attended key is of that kind, a
+stricter "this head points at X" reading (off by default: it costs ~20% of the pass).
 """
 from __future__ import annotations
 
@@ -21,23 +22,21 @@ from bertscope.accumulate import HeadStats
 from bertscope.kernels import StatsSpec
 
 NAME = "surface"
-NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=True)
+NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=False)
 
 COLUMNS = (
     "layer", "head", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep",
-    "entropy", "cls_entropy", "argmax_prev", "argmax_self", "argmax_next",
-    "argmax_cls", "argmax_sep", "argmax_punct", "n_tokens",
+    "entropy", "cls_entropy", "n_tokens",
 )
+ARGMAX_COLUMNS = ("argmax_prev", "argmax_self", "argmax_next", "argmax_cls", "argmax_sep", "argmax_punct")
 
 
 def head_table(stats: HeadStats) -> dict[str, np.ndarray]:
-    """Every column of heads.csv as a (layers, H) array."""
+    """Every column of heads.csv as a (layers, H) array, in column order."""
     offsets = list(stats.spec.offsets)
     cls_of = {name: i for i, name in enumerate(stats.class_names)}
     offset_mass = stats.mean("offset_mass_sum")  # (layers, H, O)
     class_mass = stats.mean("class_mass_sum")  # (layers, H, C)
-    argmax_offset = stats.mean("argmax_offset_count")  # (layers, H, O+1)
-    argmax_class = stats.mean("argmax_class_count")  # (layers, H, C)
     Ly, H = stats.n_layers, stats.n_heads
     table = {
         "layer": np.repeat(np.arange(1, Ly + 1)[:, None], H, axis=1),
@@ -50,18 +49,24 @@ def head_table(stats: HeadStats) -> dict[str, np.ndarray]:
     table["sep_sep"] = stats.mean("class_mass_sum", group="sep")[..., cls_of["sep"]]
     table["entropy"] = stats.mean("entropy_sum")
     table["cls_entropy"] = stats.mean("entropy_sum", group="cls")
-    for col, o in (("argmax_prev", -1), ("argmax_self", 0), ("argmax_next", 1)):
-        table[col] = argmax_offset[..., offsets.index(o)]
-    for col in ("cls", "sep", "punct"):
-        table[f"argmax_{col}"] = argmax_class[..., cls_of[col]]
     table["n_tokens"] = np.repeat(stats.n_rows[:, 0][:, None], H, axis=1).astype(np.int64)
+    for t, o in enumerate(offsets):
+        if o not in (-1, 0, 1):
+            table[f"offset_{o:+d}"] = offset_mass[..., t]
+    if stats.spec.argmax:
+        argmax_offset = stats.mean("argmax_offset_count")  # (layers, H, O+1)
+        argmax_class = stats.mean("argmax_class_count")  # (layers, H, C)
+        for col, o in (("argmax_prev", -1), ("argmax_self", 0), ("argmax_next", 1)):
+            table[col] = argmax_offset[..., offsets.index(o)]
+        for col in ("cls", "sep", "punct"):
+            table[f"argmax_{col}"] = argmax_class[..., cls_of[col]]
     return table
 
 
 def table_rows(table: dict[str, np.ndarray]) -> list[dict]:
     """One dict per head, layer-major: the rows of heads.csv."""
     Ly, H = table["layer"].shape
-    return [{c: table[c][l, h].item() for c in COLUMNS} for l in range(Ly) for h in range(H)]
+    return [{c: col[l, h].item() for c, col in table.items()} for l in range(Ly) for h in range(H)]
 
 
 def summary(table: dict[str, np.ndarray], k: int = 3) -> str:

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "al.'s released code used")
     r.add_argument("--max-offset", type=int, default=2, metavar="K",
                    help="report attention mass at relative offsets -K..K")
+    r.add_argument("--argmax", action="store_true",
+                   help="also report where each head's most-attended key lies (argmax_* columns; ~20%% slower)")
     r.add_argument("--batch-size", type=positive_int, default=16)
     r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention-statistics kernel; auto picks chunked on CPU")
@@ -80,7 +82,7 @@ def cmd_run(args) -> int:
         raise UserError("--max-offset must be >= 1 (the surface analysis needs offsets -1, 0, +1)")
     settings = RunSettings(
         corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
-        token_types=args.token_types, max_offset=args.max_offset, batch_size=args.batch_size,
+        token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
         backend=args.backend, device=args.device,
     )
     check_device(settings.device, settings.backend)

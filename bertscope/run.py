@@ -39,6 +39,7 @@ class RunSettings:
     seed: int = 0
     token_types: str = "pair"
     max_offset: int = 2
+    argmax: bool = False
     batch_size: int = 16
     backend: str = "auto"
     device: str = "cpu"
@@ -48,7 +49,8 @@ class RunSettings:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def spec(self) -> StatsSpec:
-        own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4)
+        own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4,
+                        argmax=self.argmax)
         return own.union(surface.NEEDS)
 
 
@@ -117,7 +119,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
 def write_surface(stats: HeadStats, run_dir: Path, loaded, figures: bool, log) -> list[str]:
     """heads.csv, figures and the terminal summary of the surface analysis."""
     table = surface.head_table(stats)
-    write_csv(run_dir / "heads.csv", surface.table_rows(table), surface.COLUMNS)
+    write_csv(run_dir / "heads.csv", surface.table_rows(table), tuple(table))
     outputs = ["heads.csv", "stats.npz"]
     if figures:
         from bertscope.analyses.surface_plots import plot_surface

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertscope.kernels import Gate, StatsSpec, attention_stats
-from bertscope.kernels.chunked import attention_stats_chunked, row_argmax
+from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 
 SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4)
@@ -120,14 +120,15 @@ def test_padding_does_not_change_statistics():
 
 
 @pytest.mark.parametrize("L", [5, 16, 33])
-def test_row_argmax_takes_the_lowest_index_on_ties(L):
-    p = torch.rand(3, L, L)
-    p[0, 0, :] = 0.5  # all tied: index 0
-    p[1, 1, L - 1] = p[1, 1, L // 2] = 2.0  # two maxima: the first one
-    idx, val = row_argmax(p)
-    torch.testing.assert_close(val, p.amax(-1))
-    assert torch.equal(idx, p.argmax(-1))
-    assert idx[0, 0].item() == 0 and idx[1, 1].item() == L // 2
+@pytest.mark.parametrize("fn", [attention_stats_eager, attention_stats_chunked])
+def test_argmax_takes_the_lowest_index_on_ties(L, fn):
+    q, k, v, key_valid, key_class = make_inputs(1, 1, L, 4, [L])
+    q[..., 0, :] = 0.0  # row 0: uniform, every key tied -> 0
+    k[..., L // 2, :] = k[..., L - 1, :] = 100.0  # two identical dominant keys
+    q[..., 1, :] = 1.0  # row 1: ties between L//2 and L-1 -> L//2
+    _, s = fn(q, k, v, key_valid, key_class, SPEC)
+    assert s.argmax[0, 0, 0].item() == 0
+    assert s.argmax[0, 0, 1].item() == L // 2
 
 
 def test_planted_ties_agree_across_backends():

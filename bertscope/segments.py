@@ -1,0 +1,284 @@
+"""Documents -> model inputs, in Clark et al.'s format `[CLS] part-1 [SEP] part-2 [SEP]`.
+
+Each part is tokenized on its own, without special tokens, and the tokenizer's own
+post-processor then adds them, so every model family gets its own template: BERT's
+`[CLS] a [SEP] b [SEP]` with token types 0/1, RoBERTa's `<s> a </s></s> b </s>` with token
+types all 0 (its model has a single token-type embedding).
+
+Segments longer than `max_len` are cut where a reader would cut them: trailing sentences
+go first; a single sentence that still does not fit loses trailing words, never part of
+a word's word-pieces, unless one word alone is longer than the room left (then, and only
+then, the cut falls inside that word).
+"""
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+from tokenizers import Encoding
+
+from bertscope.corpus import Document, sentence_spans
+from bertscope.errors import UserError
+
+TOKEN_TYPES = ("pair", "zeros")
+MIN_MAX_LEN = 8  # room for the specials of any template plus a few tokens of each part
+
+
+@dataclass
+class Segment:
+    """One model input: token ids, token types, and which word each token belongs to."""
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+    word_ids: list[int]  # per token, an index into `words`; -1 for special tokens
+    words: list[str]  # the tokenizer's pre-tokenizer words (punctuation is a word of its own)
+    doc_id: str
+    truncated: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class SegmentOptions:
+    """How to turn documents into segments.
+
+    token_types: "pair" takes token types from the tokenizer's pair template (BERT: 0 for
+    `[CLS] part-1 [SEP]`, 1 for `part-2 [SEP]`); "zeros" makes them all 0, which is what
+    Clark et al.'s released code did. allow_single: a one-sentence document meant to become
+    a sentence pair (`Document.pair_from_sentences`) becomes a single-part segment instead
+    of being skipped.
+    """
+
+    max_len: int = 128
+    limit: int | None = 1000
+    seed: int = 0
+    token_types: str = "pair"
+    allow_single: bool = False
+
+    def __post_init__(self):
+        if self.token_types not in TOKEN_TYPES:
+            raise UserError(f"token types must be one of {', '.join(TOKEN_TYPES)}, not {self.token_types!r}")
+        if self.max_len < MIN_MAX_LEN:
+            raise UserError(f"maximum segment length must be at least {MIN_MAX_LEN} tokens, not {self.max_len}")
+        if self.limit is not None and self.limit < 1:
+            raise UserError(f"the number of segments must be at least 1, not {self.limit}")
+
+
+@dataclass
+class SegmentReport:
+    """What making segments did, recorded in run.json next to the results."""
+
+    documents_seen: int = 0
+    segments: int = 0
+    truncated: int = 0  # segments cut to fit max_len
+    empty: int = 0  # documents skipped: a part without any token
+    too_short: int = 0  # documents skipped: one sentence where a sentence pair was wanted
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_segments(
+    documents: Sequence[Document], tokenizer, options: SegmentOptions
+) -> tuple[list[Segment], SegmentReport]:
+    """Segments of a seeded sample of `documents`, in sampled order.
+
+    The document order is shuffled with `random.Random(options.seed)` and documents are
+    turned into segments in that order until `options.limit` are made; skipped documents
+    do not count towards the limit. The result depends on nothing but the arguments.
+    """
+    report = SegmentReport()
+    segments = []
+    order = list(range(len(documents)))
+    random.Random(options.seed).shuffle(order)
+    for index in order:
+        if options.limit is not None and len(segments) >= options.limit:
+            break
+        report.documents_seen += 1
+        segment = _document_segment(documents[index], tokenizer, options, report)
+        if segment is not None:
+            segments.append(segment)
+            report.truncated += segment.truncated
+    report.segments = len(segments)
+    return segments, report
+
+
+def collate(segments: Sequence[Segment], pad_id: int) -> dict[str, torch.Tensor]:
+    """A batch padded on the right to its longest segment: input_ids, token_type_ids, attention_mask."""
+    if not segments:
+        raise ValueError("cannot collate an empty batch")
+    length = max(s.n_tokens for s in segments)
+    input_ids = torch.full((len(segments), length), pad_id, dtype=torch.long)  # (B, L)
+    token_type_ids = torch.zeros((len(segments), length), dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((len(segments), length), dtype=torch.long)  # (B, L)
+    for row, s in enumerate(segments):
+        input_ids[row, : s.n_tokens] = torch.tensor(s.input_ids, dtype=torch.long)
+        token_type_ids[row, : s.n_tokens] = torch.tensor(s.token_type_ids, dtype=torch.long)
+        attention_mask[row, : s.n_tokens] = 1
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+
+
+# --- one document ----------------------------------------------------------------------
+
+
+@dataclass
+class _Part:
+    """One part tokenized without special tokens, with the places it may be cut.
+
+    `n` is how many leading tokens are kept; `sentence_ends` and `word_ends` are token
+    counts at which a sentence or a word ends (increasing, the last one is all tokens).
+    """
+
+    text: str
+    encoding: Encoding
+    sentence_ends: list[int]
+    word_ends: list[int]
+    n: int = field(init=False)
+
+    def __post_init__(self):
+        self.n = len(self.encoding.ids)
+
+
+def _document_segment(doc: Document, tokenizer, options: SegmentOptions, report: SegmentReport) -> Segment | None:
+    """The segment of one document, or None (counted in `report`) when it is skipped."""
+    if not 1 <= len(doc.parts) <= 2:
+        raise ValueError(f"document {doc.id!r} has {len(doc.parts)} parts; segments take one or two")
+    texts = doc.parts
+    if doc.pair_from_sentences and len(texts) == 1:
+        texts = _sentence_pair(texts[0], tokenizer, options)
+        if texts is None:
+            report.too_short += 1
+            return None
+    parts = _tokenize(tokenizer, texts)
+    if not parts or any(p.n == 0 for p in parts):
+        report.empty += 1
+        return None
+    truncated = _fit(parts, options.max_len - _n_special(tokenizer, len(parts)))
+    return _assemble(parts, tokenizer, doc.id, truncated, options)
+
+
+def _sentence_pair(text: str, tokenizer, options: SegmentOptions) -> list[str] | None:
+    """Two runs of consecutive sentences from the start of `text`, as close to equal as possible.
+
+    Takes the leading sentences that fit a pair segment and splits them at the sentence
+    boundary that best balances the two parts' token counts (ties: the earlier boundary).
+    When even the first two sentences do not fit together they become the two parts and
+    `_fit` cuts them at word boundaries (the segment then counts as truncated). Returns []
+    for a text without sentences (skipped as empty) and None for a single sentence
+    (skipped as too short) unless `options.allow_single` makes it a single-part segment.
+    """
+    spans = sentence_spans(text)
+    if len(spans) < 2:
+        if spans and options.allow_single:
+            return [text[slice(*spans[0])]]
+        return [] if not spans else None
+    budget = options.max_len - _n_special(tokenizer, 2)
+    counts = [p.n for p in _tokenize(tokenizer, [text[start:end] for start, end in spans])]
+    taken, total = 0, 0
+    while taken < len(counts) and total + counts[taken] <= budget:
+        total += counts[taken]
+        taken += 1
+    if taken < 2:
+        return [text[slice(*spans[0])], text[slice(*spans[1])]]
+    split = min(range(1, taken), key=lambda j: abs(2 * sum(counts[:j]) - total))
+    return [text[spans[0][0] : spans[split - 1][1]], text[spans[split][0] : spans[taken - 1][1]]]
+
+
+def _tokenize(tokenizer, texts: Sequence[str]) -> list[_Part]:
+    """Each text tokenized alone, without special tokens, padding or truncation.
+
+    Special-token spellings inside the text ("[SEP]") are tokenized as ordinary text, so
+    only the template's [CLS]/[SEP] ever count as such in the attention statistics.
+    """
+    if not texts:
+        return []
+    batch = tokenizer(list(texts), add_special_tokens=False, padding=False, truncation=False,
+                      split_special_tokens=True, verbose=False)
+    parts = []
+    for text, encoding in zip(texts, batch.encodings):
+        token_ends = [end for _, end in encoding.offsets]
+        sentence_ends = sorted({bisect_right(token_ends, end) for _, end in sentence_spans(text)})
+        word_ids = encoding.word_ids
+        word_ends = [i for i in range(1, len(word_ids)) if word_ids[i] != word_ids[i - 1]] + [len(word_ids)]
+        parts.append(_Part(text, encoding, sentence_ends, word_ends))
+    return parts
+
+
+def _n_special(tokenizer, n_parts: int) -> int:
+    return _post_processor(tokenizer).num_special_tokens_to_add(n_parts == 2)
+
+
+def _post_processor(tokenizer):
+    processor = getattr(getattr(tokenizer, "backend_tokenizer", None), "post_processor", None)
+    if processor is None:
+        raise ValueError(f"{type(tokenizer).__name__} has no fast-tokenizer post-processor to add special tokens")
+    return processor
+
+
+def _fit(parts: list[_Part], budget: int) -> bool:
+    """Shorten the parts until their tokens fit `budget`; whether anything was cut.
+
+    The longer part (the later one on ties, so the start of the text survives) loses its
+    last sentence; once it holds a single sentence it is cut at the last word boundary that
+    leaves room for the other part, but never below half the budget, so two long parts
+    share the room instead of one vanishing.
+    """
+    truncated = False
+    while sum(p.n for p in parts) > budget:
+        truncated = True
+        longer = max(reversed(parts), key=lambda p: p.n)
+        sentence_cuts = [c for c in longer.sentence_ends if 0 < c < longer.n]
+        if sentence_cuts:
+            longer.n = sentence_cuts[-1]
+            continue
+        others = sum(p.n for p in parts) - longer.n
+        target = max(budget - others, budget // len(parts))
+        word_cuts = [c for c in longer.word_ends if 0 < c <= target]
+        longer.n = word_cuts[-1] if word_cuts else target
+    return truncated
+
+
+def _assemble(parts: list[_Part], tokenizer, doc_id: str, truncated: bool, options: SegmentOptions) -> Segment:
+    """The parts (cut to their kept length) wrapped in the tokenizer's special-token template."""
+    words: list[str] = []
+    token_words = []  # per kept token, part-1 then part-2: index into `words`
+    for part in parts:
+        part.encoding.truncate(part.n)
+        part_words, part_token_words = _words(part)
+        token_words += [len(words) + w for w in part_token_words]
+        words += part_words
+    second = parts[1].encoding if len(parts) == 2 else None
+    encoding = _post_processor(tokenizer).process(parts[0].encoding, second, add_special_tokens=True)
+
+    # Templates keep the parts' tokens in order and mark only the tokens they add as special
+    # (the encoding's sequence ids cannot be used: TemplateProcessing leaves part-1's unset).
+    text_tokens = iter(token_words)
+    word_ids = [-1 if special else next(text_tokens) for special in encoding.special_tokens_mask]
+    token_types = list(encoding.type_ids) if options.token_types == "pair" else [0] * len(encoding.ids)
+    return Segment(list(encoding.ids), token_types, word_ids, words, doc_id, truncated)
+
+
+def _words(part: _Part) -> tuple[list[str], list[int]]:
+    """The words of a part's kept tokens, and per kept token the index of its word.
+
+    A word is the text spanned by the tokens sharing a pre-tokenizer word id; a token
+    without a word id (an added token) is a word of its own.
+    """
+    encoding = part.encoding
+    spans: list[list[int]] = []
+    token_words = []
+    previous = object()
+    for i in range(part.n):
+        word_id, (start, end) = encoding.word_ids[i], encoding.offsets[i]
+        if word_id is None or word_id != previous:
+            spans.append([start, end])
+        else:
+            spans[-1][1] = max(spans[-1][1], end)
+        previous = word_id
+        token_words.append(len(spans) - 1)
+    return [part.text[start:end].strip() for start, end in spans], token_words
