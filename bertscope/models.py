@@ -38,6 +38,13 @@ class LoadedModel:
     class_names: tuple[str, ...] = KEY_CLASSES
 
     @property
+    def max_len(self) -> int:
+        """Longest input the position embeddings allow (RoBERTa-style models offset
+        positions by padding_idx + 1, which costs two places)."""
+        n = self.model.config.max_position_embeddings
+        return n - 2 if self.model_type in ("roberta", "xlm-roberta", "camembert") else n
+
+    @property
     def takes_token_types(self) -> bool:
         return "token_type_ids" in inspect.signature(self.model.forward).parameters
 
@@ -55,6 +62,9 @@ def default_model_dir() -> Path:
 def load_model(path: str | Path | None = None, device: str = "cpu") -> LoadedModel:
     """Load model and tokenizer with bertscope's attention implementation, in eval mode."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise
 
     path = Path(path) if path is not None else default_model_dir()
     if not path.is_dir():

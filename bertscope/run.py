@@ -69,6 +69,8 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     log(f"bertscope {bertscope.__version__}: run directory {run_dir}")
 
     loaded = load_model(settings.model, device=settings.device)
+    if settings.max_len > loaded.max_len:
+        raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
     documents, corpus_report = load_corpus(settings.corpus)
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
                                  token_types=settings.token_types)
