@@ -24,6 +24,7 @@ from bertscope.engine import EngineOptions, plan_batches, run_stats
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
 from bertscope.models import load_model
+from bertscope.report import write_report
 from bertscope.results import new_run_dir, read_json, write_csv, write_json
 from bertscope.segments import SegmentOptions, make_segments
 
@@ -111,26 +112,28 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     except KeyboardInterrupt:
         raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None
 
-    outputs = write_surface(stats, run_dir, loaded, figures, log)
-    record.update(status="complete", outputs=outputs, elapsed_s=round(time.perf_counter() - t0, 2),
-                  n_tokens=int(stats.n_rows[0, 0]))
+    record.update(n_tokens=int(stats.n_rows[0, 0]), elapsed_s=round(time.perf_counter() - t0, 2))
+    record.update(status="complete", outputs=write_surface(stats, run_dir, loaded, record, figures, log))
     write_json(run_dir / "run.json", record)
     return run_dir
 
 
-def write_surface(stats: HeadStats, run_dir: Path, loaded, figures: bool, log) -> list[str]:
-    """heads.csv, figures and the terminal summary of the surface analysis."""
+def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures: bool, log) -> list[str]:
+    """heads.csv, figures, index.html and the terminal summary of the surface analysis."""
     table = surface.head_table(stats)
     write_csv(run_dir / "heads.csv", surface.table_rows(table), tuple(table))
     outputs = ["heads.csv", "stats.npz"]
+    figure_names = []
     if figures:
         from bertscope.analyses.surface_plots import plot_surface
 
-        paths = plot_surface(table, run_dir, title=loaded.path.parent.name if loaded.path.name == "model"
-                             else loaded.path.name, uniform_entropy=stats.uniform_entropy(),
+        title = loaded.path.parent.name if loaded.path.name == "model" else loaded.path.name
+        paths = plot_surface(table, run_dir, title=title, uniform_entropy=stats.uniform_entropy(),
                              cls_uniform_entropy=stats.uniform_entropy("cls"))
-        outputs += [p.name for p in paths]
-    log(f"surface patterns over {int(stats.n_rows[0, 0])} tokens (head = layer-head, numbered from 1):")
-    log(surface.summary(table))
+        figure_names = [p.name for p in paths]
+    text = surface.summary(table)
+    outputs += figure_names + [write_report(run_dir, record, table, figure_names, text).name]
+    log(f"surface patterns over {record['n_tokens']} tokens (head = layer-head, numbered from 1):")
+    log(text)
     log(f"wrote {', '.join(outputs)} to {run_dir}")
     return outputs
