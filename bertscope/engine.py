@@ -41,19 +41,22 @@ def run_stats(
     stats: HeadStats | None = None,
     batches_done: int = 0,
     checkpoint: Callable[[HeadStats, int], None] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> HeadStats:
     """Accumulate head statistics of `spec` over `segments`.
 
     `stats` and `batches_done` continue an interrupted run; `checkpoint(stats, n)` is
     called every `options.checkpoint_every` batches and at the end with n batches done.
+    `shard=(rank, world_size)` keeps every world_size-th batch, starting at `rank`.
     """
     if stats is None:
         stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.class_names)
     device = next(loaded.model.parameters()).device
     probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=options.backend, device=device)
-    batches = plan_batches(segments, options.batch_size)
+    rank, world_size = shard
+    batches = plan_batches(segments, options.batch_size)[rank::world_size]
     pad_id = loaded.tokenizer.pad_token_id or 0
-    bar = tqdm(total=len(segments), unit="seg", disable=not options.progress, desc="attention stats",
+    bar = tqdm(total=sum(len(b) for b in batches), unit="seg", disable=not options.progress, desc="attention stats",
                initial=sum(len(b) for b in batches[:batches_done]))
     with torch.inference_mode():
         for n, batch in enumerate(batches[batches_done:], start=batches_done + 1):

@@ -20,6 +20,7 @@ import bertscope
 from bertscope.accumulate import HeadStats
 from bertscope.analyses import surface
 from bertscope.corpus import load_corpus
+from bertscope.distributed import all_reduce_stats, broadcast, init_world
 from bertscope.engine import EngineOptions, plan_batches, run_stats
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
@@ -57,16 +58,26 @@ class RunSettings:
 
 def run(settings: RunSettings, out: str | None = None, resume: str | None = None, figures: bool = True,
         progress: bool = True, log=print) -> Path:
-    """Run the surface analysis; returns the run directory."""
+    """Run the surface analysis; returns the run directory.
+
+    Under torchrun every rank runs this same function on its share of the batches; rank 0
+    creates the run directory and writes the outputs.
+    """
     t0 = time.perf_counter()
+    world = init_world()
+    if not world.is_main:
+        log, progress = (lambda *a, **k: None), False
     if resume:
         run_dir = Path(resume)
         record = read_json(run_dir / "run.json")
         settings = RunSettings.from_dict(record["settings"])
+        if record.get("world_size", 1) != world.size:
+            raise UserError(f"{run_dir} was started with {record.get('world_size', 1)} processes; "
+                            f"resume it with the same number (now {world.size})")
         if record.get("status") == "complete":
             log(f"{run_dir} is already complete; writing its outputs again")
     else:
-        run_dir = new_run_dir(out)
+        run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
     log(f"bertscope {bertscope.__version__}: run directory {run_dir}")
 
     loaded = load_model(settings.model, device=settings.device)
@@ -94,28 +105,53 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "analyses": [surface.NAME],
+        "world_size": world.size,
     }
+    # per-rank checkpoints: stats.npz / progress.json, or stats.rank1.npz ... under torchrun
+    stats_path = run_dir / f"stats{world.suffix()}.npz"
+    progress_path = run_dir / f"progress{world.suffix()}.json"
     stats, batches_done = None, 0
-    if resume and (run_dir / "stats.npz").exists():
-        stats = HeadStats.load(run_dir / "stats.npz")
-        batches_done = read_json(run_dir / "progress.json")["batches_done"]
+    if resume and stats_path.exists():
+        stats = HeadStats.load(stats_path)
+        batches_done = read_json(progress_path)["batches_done"]
         log(f"resuming after {batches_done} of {len(plan_batches(segments, settings.batch_size))} batches")
-    write_json(run_dir / "run.json", record)
+    if world.is_main:
+        write_json(run_dir / "run.json", record)
 
     def checkpoint(acc: HeadStats, n: int):
-        acc.save(run_dir / "stats.npz")
-        write_json(run_dir / "progress.json", {"batches_done": n})
+        acc.save(stats_path)
+        write_json(progress_path, {"batches_done": n})
 
     options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress)
     try:
-        stats = run_stats(loaded, segments, settings.spec(), options, stats, batches_done, checkpoint)
+        stats = run_stats(loaded, segments, settings.spec(), options, stats, batches_done, checkpoint,
+                          shard=(world.rank, world.size))
     except KeyboardInterrupt:
         raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None
+    stats = all_reduce_stats(world, stats)
+    if not world.is_main:
+        return run_dir
+    if world.size > 1:
+        stats.save(run_dir / "stats.npz")
 
     record.update(n_tokens=int(stats.n_rows[0, 0]), elapsed_s=round(time.perf_counter() - t0, 2))
     record.update(status="complete", outputs=write_surface(stats, run_dir, loaded, record, figures, log))
     write_json(run_dir / "run.json", record)
     return run_dir
+
+
+def on_main(world, make):
+    """`make()` on rank 0, its result (or its UserError) on every rank."""
+    result = None
+    if world.is_main:
+        try:
+            result = ("ok", make())
+        except UserError as e:
+            result = ("error", str(e))
+    status, value = broadcast(world, result)
+    if status == "error":
+        raise UserError(value)
+    return value
 
 
 def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures: bool, log) -> list[str]:
