@@ -1,0 +1,41 @@
+"""torchrun: two ranks split the batches and all-reduce the sums; the result equals one process."""
+import csv
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from bertscope.accumulate import HeadStats
+
+
+def read_heads(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_ranks_equal_one_process(tmp_path):
+    args = ["run", "--corpus", "wiki", "--limit", "12", "--batch-size", "2", "--quiet", "--no-figures"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": os.environ.get("CI", "")}
+    single = subprocess.run([sys.executable, "-m", "bertscope.cli", *args, "--out", str(tmp_path / "one")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    multi = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+         "-m", "bertscope.cli", *args, "--out", str(tmp_path / "two")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert multi.returncode == 0, multi.stderr
+    # each rank checkpointed its own half of the 6 batches
+    halves = [HeadStats.load(tmp_path / "two" / f"stats.rank{r}.npz") for r in (0, 1)]
+    assert [h.n_segments for h in halves] == [6, 6]
+    one, two = HeadStats.load(tmp_path / "one" / "stats.npz"), HeadStats.load(tmp_path / "two" / "stats.npz")
+    assert two.n_segments == one.n_segments == 12
+    np.testing.assert_allclose(two.entropy_sum, one.entropy_sum, rtol=1e-9)
+    np.testing.assert_allclose(two.class_mass_sum, one.class_mass_sum, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(two.n_rows, one.n_rows)
+    rows_one, rows_two = read_heads(tmp_path / "one" / "heads.csv"), read_heads(tmp_path / "two" / "heads.csv")
+    assert len(rows_one) == len(rows_two) == 72
+    for a, b in zip(rows_one, rows_two):
+        assert a.keys() == b.keys()
+        np.testing.assert_allclose([float(b[k]) for k in b], [float(a[k]) for k in a], rtol=1e-5, atol=1e-9)
