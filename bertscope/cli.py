@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue an interrupted run in DIR with its recorded settings")
     r.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    d = sub.add_parser(
+        "data",
+        help="show where the annotated data sets are found",
+        description="Check the annotated data sets (UD-EWT, GUM, GAP, RTE, sentence polarity) "
+        "that the probing analyses read. Looked up in --data-dir, then $BERTSCOPE_DATA, then "
+        "../shared/data beside the repository.",
+    )
+    d.add_argument("--data-dir", metavar="DIR", default=None, help="folder holding the data sets")
     return parser
 
 
@@ -69,6 +77,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "data":
+            return cmd_data(args)
     except UserError as e:
         print(f"bertscope: error: {e}", file=sys.stderr)
         return 2
@@ -88,6 +98,20 @@ def cmd_run(args) -> int:
     check_device(settings.device, settings.backend)
     run(settings, out=args.out, resume=args.resume, figures=not args.no_figures, progress=not args.quiet)
     return 0
+
+
+def cmd_data(args) -> int:
+    from bertscope.data import DATASETS, data_root, dataset_dir
+
+    print(f"data folder: {data_root(args.data_dir)}")
+    missing = 0
+    for name in DATASETS:
+        try:
+            print(f"  {name:<18} {dataset_dir(name, args.data_dir)}")
+        except UserError as e:
+            missing += 1
+            print(f"  {name:<18} MISSING: {e}")
+    return 1 if missing else 0
 
 
 def check_device(device: str, backend: str):

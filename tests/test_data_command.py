@@ -1,0 +1,27 @@
+"""`bertscope data`: where the annotated data sets are found, and a clear word when they are not."""
+from pathlib import Path
+
+from bertscope.cli import main
+
+
+def test_data_command_lists_every_dataset(tmp_path, capsys):
+    (tmp_path / "ud-ewt").mkdir()
+    (tmp_path / "ud-ewt" / "en_ewt-ud-dev.conllu").write_text("# sent_id = 1\n")
+    assert main(["data", "--data-dir", str(tmp_path)]) == 1  # only one of five is there
+    out = capsys.readouterr().out
+    assert f"data folder: {tmp_path}" in out
+    assert f"ud-ewt             {tmp_path / 'ud-ewt'}" in out
+    assert out.count("MISSING") == 4 and "gap-development.tsv" in out
+
+
+def test_data_command_rejects_a_missing_folder(capsys):
+    assert main(["data", "--data-dir", "/no/such/folder"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertscope: error: --data-dir points to /no/such/folder") and err.count("\n") == 1
+
+
+def test_shared_data_is_found_by_default(capsys, monkeypatch):
+    monkeypatch.delenv("BERTSCOPE_DATA", raising=False)
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    assert main(["data"]) == 0, "the repository expects ../shared/data beside it (development and CI)"
+    assert f"data folder: {shared}" in capsys.readouterr().out
