@@ -49,6 +49,9 @@ class HeadStats:
         self.argmax_offset_count = np.zeros((Ly, H, G, O + 1))
         self.argmax_class_count = np.zeros((Ly, H, G, C))
         self.n_segments = 0
+        # batches of the engine's plan these sums cover: saved in the same file as the sums,
+        # so a checkpoint is one atomic write and a resumed run can never count a batch twice
+        self.batches_done = 0
         self._groups = self._key_class = None
 
     # -- filling
@@ -60,13 +63,13 @@ class HeadStats:
         self._groups = torch.cat([valid[..., None], by_class * valid[..., None]], dim=-1)  # (B, L, G)
         self._key_class = key_class
         log_len = torch.log(valid.sum(1).clamp_min(1))  # (B,)
-        self.uniform_entropy_sum += torch.einsum("b,blg->g", log_len, self._groups).numpy()
+        self.uniform_entropy_sum += torch.einsum("b,blg->g", log_len, self._groups).cpu().numpy()
         self.n_segments += int(key_valid.shape[0])
 
     def add(self, layer: int, stats: RowStats, key_valid: torch.Tensor):
         """Sink for `HeadProbe.active`: fold one layer's row statistics into the sums."""
         g = self._groups  # (B, L, G)
-        self.n_rows[layer] += g.sum((0, 1)).numpy()
+        self.n_rows[layer] += g.sum((0, 1)).cpu().numpy()
         if stats.entropy is not None:
             self.entropy_sum[layer] += _group_sum(stats.entropy[..., None], g)[..., 0]
         if stats.offset_mass is not None:
@@ -110,7 +113,7 @@ class HeadStats:
         """Write all sums to an .npz atomically (a crash mid-write leaves the old file)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, meta=json.dumps(self.meta()), n_segments=self.n_segments,
+        np.savez(tmp, meta=json.dumps(self.meta()), n_segments=self.n_segments, batches_done=self.batches_done,
                  **{name: getattr(self, name) for name in ARRAYS})
         tmp.replace(path)
 
@@ -124,6 +127,7 @@ class HeadStats:
             for name in ARRAYS:
                 getattr(acc, name)[...] = f[name]
             acc.n_segments = int(f["n_segments"])
+            acc.batches_done = int(f["batches_done"])
         return acc
 
     # -- reading
@@ -144,4 +148,4 @@ class HeadStats:
 
 def _group_sum(x: torch.Tensor, groups: torch.Tensor) -> np.ndarray:
     """x (B, H, L, F), groups (B, L, G) -> (H, G, F): sums over the rows of every group."""
-    return torch.einsum("bhlf,blg->hgf", x.double(), groups).numpy()
+    return torch.einsum("bhlf,blg->hgf", x.double(), groups).cpu().numpy()

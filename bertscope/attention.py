@@ -97,9 +97,10 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
         return out.transpose(1, 2).contiguous(), None
     if query.shape[-2] != key.shape[-2]:
         raise ValueError("bertscope analyses self-attention only (query and key lengths differ)")
-    layer = fwd.layer
+    layer, probe = fwd.layer, fwd.probe
+    if layer >= probe.n_layers:
+        raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
     fwd.layer += 1
-    probe = fwd.probe
     out, stats = attention_stats(
         query, key, value, key_valid, fwd.key_class, probe.spec,
         gates=probe.gates[layer], scale=scaling, backend=probe.backend,

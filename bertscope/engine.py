@@ -39,14 +39,14 @@ def run_stats(
     spec: StatsSpec,
     options: EngineOptions = EngineOptions(),
     stats: HeadStats | None = None,
-    batches_done: int = 0,
-    checkpoint: Callable[[HeadStats, int], None] | None = None,
+    checkpoint: Callable[[HeadStats], None] | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> HeadStats:
     """Accumulate head statistics of `spec` over `segments`.
 
-    `stats` and `batches_done` continue an interrupted run; `checkpoint(stats, n)` is
-    called every `options.checkpoint_every` batches and at the end with n batches done.
+    `stats` loaded from a checkpoint continues an interrupted run after its
+    `stats.batches_done` batches; `checkpoint(stats)` is called every
+    `options.checkpoint_every` batches and at the end.
     `shard=(rank, world_size)` keeps every world_size-th batch, starting at `rank`.
     """
     if stats is None:
@@ -55,6 +55,7 @@ def run_stats(
     probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=options.backend, device=device)
     rank, world_size = shard
     batches = plan_batches(segments, options.batch_size)[rank::world_size]
+    batches_done = stats.batches_done
     pad_id = loaded.tokenizer.pad_token_id or 0
     bar = tqdm(total=sum(len(b) for b in batches), unit="seg", disable=not options.progress, desc="attention stats",
                initial=sum(len(b) for b in batches[:batches_done]))
@@ -62,8 +63,9 @@ def run_stats(
         for n, batch in enumerate(batches[batches_done:], start=batches_done + 1):
             run_batch(loaded, probe, [segments[i] for i in batch], stats, pad_id, device)
             bar.update(len(batch))
+            stats.batches_done = n
             if checkpoint is not None and (n % options.checkpoint_every == 0 or n == len(batches)):
-                checkpoint(stats, n)
+                checkpoint(stats)
     bar.close()
     return stats
 

@@ -107,24 +107,19 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         "analyses": [surface.NAME],
         "world_size": world.size,
     }
-    # per-rank checkpoints: stats.npz / progress.json, or stats.rank1.npz ... under torchrun
+    # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
+    # rank under torchrun; it records how many batches its sums cover
     stats_path = run_dir / f"stats{world.suffix()}.npz"
-    progress_path = run_dir / f"progress{world.suffix()}.json"
-    stats, batches_done = None, 0
+    stats = None
     if resume and stats_path.exists():
         stats = HeadStats.load(stats_path)
-        batches_done = read_json(progress_path)["batches_done"]
-        log(f"resuming after {batches_done} of {len(plan_batches(segments, settings.batch_size))} batches")
+        log(f"resuming after {stats.batches_done} of {len(plan_batches(segments, settings.batch_size))} batches")
     if world.is_main:
         write_json(run_dir / "run.json", record)
 
-    def checkpoint(acc: HeadStats, n: int):
-        acc.save(stats_path)
-        write_json(progress_path, {"batches_done": n})
-
     options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress)
     try:
-        stats = run_stats(loaded, segments, settings.spec(), options, stats, batches_done, checkpoint,
+        stats = run_stats(loaded, segments, settings.spec(), options, stats, checkpoint=lambda acc: acc.save(stats_path),
                           shard=(world.rank, world.size))
     except KeyboardInterrupt:
         raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None

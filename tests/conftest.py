@@ -54,3 +54,92 @@ def roberta_tokenizer():
     )
     model = json.loads(bpe.to_str())["model"]
     return RobertaTokenizerFast(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]])
+
+
+# --- tiny randomly initialised encoders (added for test_engine / test_cli) ---------------
+#
+# Two layers x four heads of width 8: a forward pass costs microseconds. The weights are
+# drawn with a large initializer range so that attention is far from uniform (with the
+# default 0.02 every head attends almost uniformly and statistics tests would be weak).
+
+TINY_LAYERS, TINY_HEADS = 2, 4
+TINY_KINDS = ("bert", "roberta", "distilbert")
+
+
+def tiny_config(kind: str, tokenizer):
+    """A fresh config per call: configs are mutable and `from_config` writes the attention
+    implementation into them, so two models must never share one."""
+    from transformers import AlbertConfig, BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig
+
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=TINY_LAYERS,
+                  num_attention_heads=TINY_HEADS, intermediate_size=64, max_position_embeddings=128,
+                  initializer_range=0.3)
+    if kind == "bert":
+        return BertConfig(**common)
+    if kind == "albert":
+        return AlbertConfig(embedding_size=16, **common)
+    if kind == "electra":
+        return ElectraConfig(embedding_size=16, **common)
+    if kind == "roberta":
+        # RoBERTa numbers positions from pad_token_id + 1: room for 128 tokens plus the offset
+        return RobertaConfig(**{**common, "max_position_embeddings": 130}, type_vocab_size=1,
+                             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id)
+    if kind == "distilbert":
+        return DistilBertConfig(vocab_size=len(tokenizer), dim=32, n_layers=TINY_LAYERS, n_heads=TINY_HEADS,
+                                hidden_dim=64, max_position_embeddings=128, initializer_range=0.3)
+    raise ValueError(kind)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(minilm_tokenizer, roberta_tokenizer):
+    """tiny_model(kind, attn_implementation="bertscope", seed=0) -> (model in eval mode, tokenizer).
+
+    The same kind and seed always give the same weights, whatever the attention implementation.
+    """
+    import torch
+    from transformers import AutoModel
+
+    import bertscope.attention  # noqa: F401  (registers the "bertscope" implementation)
+
+    def make(kind: str, attn_implementation: str = "bertscope", seed: int = 0):
+        tokenizer = roberta_tokenizer if kind == "roberta" else minilm_tokenizer
+        torch.manual_seed(seed)
+        model = AutoModel.from_config(tiny_config(kind, tokenizer), attn_implementation=attn_implementation)
+        return model.eval(), tokenizer
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_model) -> "Path":
+    """A tiny BERT with the MiniLM tokenizer saved as a local checkpoint directory."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    model, tokenizer = tiny_model("bert")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_checkpoint(tmp_path_factory) -> "Path":
+    """A tiny GPT-2 checkpoint: a model type bertscope does not support."""
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    torch.manual_seed(0)
+    GPT2Model(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Run tiny models on one intra-op thread: on a busy 2-core machine torch's thread pool
+    makes microsecond-sized ops up to 100x slower (spinning workers fight for the cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
