@@ -39,8 +39,10 @@ def attention_stats_chunked(
     qf = q.reshape(N, L, D)  # (N, L, D)
     ks = torch.empty(B, H, L, D, dtype=k.dtype, device=dev)
     kt = torch.mul(k, scale, out=ks).view(N, L, D).transpose(1, 2)  # (N, D, L)
-    one_hot = torch.nn.functional.one_hot(key_class, C).to(v.dtype)  # (B, L, C)
-    rhs = torch.cat([v, one_hot[:, None].expand(B, H, L, C)], dim=-1).reshape(N, L, D + C)  # (N, L, D+C)
+    rhs = torch.empty(B, H, L, D + C, dtype=v.dtype, device=dev)  # (B, H, L, D+C): [V | onehot(class)]
+    rhs[..., :D] = v
+    rhs[..., D:] = torch.nn.functional.one_hot(key_class, C).to(v.dtype)[:, None]  # (B, 1, L, C)
+    rhs = rhs.view(N, L, D + C)
     padded = not bool(key_valid.all())
     if padded:
         bias = torch.zeros(B, L, dtype=q.dtype, device=dev)
