@@ -20,7 +20,7 @@ import bertscope
 from bertscope.accumulate import HeadStats
 from bertscope.analyses import surface
 from bertscope.corpus import load_corpus
-from bertscope.distributed import all_reduce_stats, broadcast, init_world
+from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
 from bertscope.engine import EngineOptions, plan_batches, run_stats
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
@@ -124,6 +124,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     except KeyboardInterrupt:
         raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None
     stats = all_reduce_stats(world, stats)
+    shutdown(world)  # the sums are all in; only rank 0 has work left
     if not world.is_main:
         return run_dir
     if world.size > 1:
