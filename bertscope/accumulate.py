@@ -52,7 +52,7 @@ class HeadStats:
         # batches of the engine's plan these sums cover: saved in the same file as the sums,
         # so a checkpoint is one atomic write and a resumed run can never count a batch twice
         self.batches_done = 0
-        self._groups = self._key_class = None
+        self._groups = self._key_class = self._group_rows = None
 
     # -- filling
 
@@ -62,6 +62,7 @@ class HeadStats:
         by_class = torch.nn.functional.one_hot(key_class, self.spec.n_key_classes)[..., :-1].double()  # (B, L, C-1)
         self._groups = torch.cat([valid[..., None], by_class * valid[..., None]], dim=-1)  # (B, L, G)
         self._key_class = key_class
+        self._group_rows = self._groups.sum((0, 1)).cpu().numpy()  # (G,) the same for every layer
         log_len = torch.log(valid.sum(1).clamp_min(1))  # (B,)
         self.uniform_entropy_sum += torch.einsum("b,blg->g", log_len, self._groups).cpu().numpy()
         self.n_segments += int(key_valid.shape[0])
@@ -69,7 +70,7 @@ class HeadStats:
     def add(self, layer: int, stats: RowStats, key_valid: torch.Tensor):
         """Sink for `HeadProbe.active`: fold one layer's row statistics into the sums."""
         g = self._groups  # (B, L, G)
-        self.n_rows[layer] += g.sum((0, 1)).cpu().numpy()
+        self.n_rows[layer] += self._group_rows
         # -- every float statistic in one (B, H, L, F) tensor: one reduction instead of three
         targets = [(t, getattr(self, name)) for t, name in (
             (None if stats.entropy is None else stats.entropy[..., None], "entropy_sum"),
