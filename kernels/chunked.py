@@ -13,11 +13,18 @@ Each statistic is arranged to cost (almost) nothing beyond the attention itself:
 - offset masses are gathered in one call from fixed positions of the flattened map;
 - the argmax (only when asked for: an index-tracking reduction is several times slower
   than a max) is torch's, which returns the first maximum.
+
+That torch row pass still reads each map six times (softmax's three passes, two maxima, a
+dot product). For float32 on the CPU the compiled row pass in `cpu_rows.c` replaces it:
+the matmuls stay torch's, and everything between them is done in one visit per row while
+the row sits in L1. `row_pass="torch"` forces the pure-torch version (the compiled one is
+used when a C compiler is available; see `cpu_rows.py`).
 """
 from __future__ import annotations
 
 import torch
 
+from . import cpu_rows
 from .eager import zero_padding_rows
 from .gates import apply_gates
 from .spec import RowStats, StatsSpec
@@ -25,10 +32,27 @@ from .spec import RowStats, StatsSpec
 DEFAULT_CHUNK_BYTES = 1 << 20
 
 
+ROW_PASSES = ("auto", "compiled", "torch")
+
+
 def attention_stats_chunked(
-    q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, chunk_bytes=DEFAULT_CHUNK_BYTES
+    q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
+    row_pass="auto",
 ):
-    """Same contract as `attention_stats_eager`; never holds more than one chunk of maps."""
+    """Same contract as `attention_stats_eager`; never holds more than one chunk of maps.
+
+    row_pass: "compiled" (cpu_rows.c; float32 on CPU), "torch", or "auto" (compiled when it
+    applies and could be built, torch otherwise).
+    """
+    if row_pass not in ROW_PASSES:
+        raise ValueError(f"row_pass must be one of {ROW_PASSES}, not {row_pass!r}")
+    compiled_fits = q.dtype == torch.float32 and q.device.type == "cpu"
+    if row_pass == "compiled" and not compiled_fits:
+        raise ValueError("the compiled row pass takes float32 CPU tensors")
+    if row_pass == "compiled" and cpu_rows.load() is None:
+        raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
+    if row_pass != "torch" and compiled_fits and cpu_rows.load() is not None:
+        return _chunked_compiled(q, k, v, key_valid, key_class, spec, gates, scale, chunk_bytes)
     B, H, L, D = q.shape
     N, C, O = B * H, spec.n_key_classes, len(spec.offsets)
     scale = D**-0.5 if scale is None else scale
@@ -96,3 +120,55 @@ def offset_positions(L, offsets, device):
     j = i + torch.tensor(offsets, device=device)[None, :]  # (L, O)
     inside = (j >= 0) & (j < L)
     return (i * L + j.clamp(0, L - 1)).flatten(), inside
+
+
+def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, chunk_bytes):
+    """The same loop with the compiled row pass between the two matmuls."""
+    B, H, L, D = q.shape
+    N, C, O = B * H, spec.n_key_classes, len(spec.offsets)
+    scale = D**-0.5 if scale is None else scale
+    dev = q.device
+
+    # -- per-map operands, flattened to N = B*H maps; the scale rides on k
+    qf = q.reshape(N, L, D)  # (N, L, D)
+    ks = torch.empty(B, H, L, D, dtype=k.dtype, device=dev)
+    kt = torch.mul(k, scale, out=ks).view(N, L, D).transpose(1, 2)  # (N, D, L)
+    vf = v.reshape(N, L, D)  # (N, L, D)
+    class_mask = torch.nn.functional.one_hot(key_class, C).to(torch.float32).transpose(1, 2).contiguous()  # (B, C, L)
+    offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
+    padded = not bool(key_valid.all())
+    if padded:
+        bias = torch.zeros(B, L, dtype=q.dtype, device=dev)
+        bias.masked_fill_(~key_valid, torch.finfo(q.dtype).min)
+        bias = bias[:, None, None, :].expand(B, H, 1, L).reshape(N, 1, L)  # (N, 1, L)
+
+    out = torch.empty(N, L, D, dtype=q.dtype, device=dev)  # (N, L, D)
+    class_mass = torch.empty(N, L, C, dtype=q.dtype, device=dev)  # (N, L, C)
+    offset_mass = torch.empty(N, L, O, dtype=q.dtype, device=dev)  # (N, L, O)
+    entropy = torch.empty(N, L, dtype=q.dtype, device=dev) if spec.entropy else None
+    argmax = torch.empty(N, L, dtype=torch.long, device=dev) if spec.argmax else None
+
+    n = max(1, min(N, chunk_bytes // (L * L * q.element_size())))
+    scores = torch.empty(n, L, L, dtype=q.dtype, device=dev)  # (n, L, L), reused by every chunk
+    for n0 in range(0, N, n):
+        c = slice(n0, min(N, n0 + n))
+        s = scores[: c.stop - c.start]
+        # -- scores, then probabilities and statistics in place, then the output
+        if padded:
+            torch.baddbmm(bias[c], qf[c], kt[c], out=s)
+        else:
+            torch.bmm(qf[c], kt[c], out=s)
+        cpu_rows.softmax_stats_(
+            s, n0, H, class_mask, offsets, None if entropy is None else entropy[c], class_mass[c], offset_mass[c],
+            None if argmax is None else argmax[c],
+        )
+        torch.bmm(s, vf[c], out=out[c])
+
+    out = apply_gates(out.view(B, H, L, D), v, key_valid, gates)  # (B, H, L, D)
+    stats = RowStats(
+        entropy=None if entropy is None else entropy.view(B, H, L),
+        offset_mass=offset_mass.view(B, H, L, O) if O else None,
+        class_mass=class_mass.view(B, H, L, C),
+        argmax=None if argmax is None else argmax.view(B, H, L),
+    )
+    return out.transpose(1, 2), zero_padding_rows(stats, key_valid)

@@ -96,7 +96,9 @@ def stats_over(loaded, batches, spec=SPEC, backend="chunked", gates=()):
     return stats
 
 
-def assert_stats_close(a: HeadStats, b: HeadStats, rtol=1e-6, atol=1e-9):
+def assert_stats_close(a: HeadStats, b: HeadStats, rtol=1e-5, atol=1e-7):
+    """fp32 through a whole encoder: a padded batch changes GEMM blocking and reduction order
+    in every layer, so sums agree to ~1e-6 relative, not bitwise."""
     assert a.meta() == b.meta()
     assert a.n_segments == b.n_segments
     for name in ARRAYS:

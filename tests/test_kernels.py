@@ -1,5 +1,8 @@
 """Every backend against the eager reference, and the reference against first principles."""
+import functools
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -7,10 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertscope.kernels import Gate, StatsSpec, attention_stats
+from bertscope.kernels import cpu_rows
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 
 SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4)
+
+# The chunked backend has two row passes (compiled C and pure torch); every test of it runs
+# both. The compiled one must build here: without a C compiler these tests fail, not skip.
+ROW_PASSES = ["compiled", "torch"]
+
+
+def chunked(row_pass):
+    return functools.partial(attention_stats_chunked, row_pass=row_pass)
 
 
 def make_inputs(B, H, L, D, lengths, seed=0, scale=2.0, C=4, dtype=torch.float32):
@@ -37,24 +49,27 @@ def assert_same(a, b, key_valid, atol=2e-5):
     B=st.integers(1, 3), H=st.integers(1, 4), L=st.integers(1, 70), D=st.sampled_from([1, 4, 8, 17]),
     data=st.data(), chunk_maps=st.integers(1, 5),
 )
-def test_chunked_matches_eager_on_random_shapes(B, H, L, D, data, chunk_maps):
+@pytest.mark.parametrize("row_pass", ROW_PASSES)
+def test_chunked_matches_eager_on_random_shapes(row_pass, B, H, L, D, data, chunk_maps):
     lengths = data.draw(st.lists(st.integers(1, L), min_size=B, max_size=B))
     inputs = make_inputs(B, H, L, D, lengths, seed=data.draw(st.integers(0, 10**6)))
     ref = attention_stats_eager(*inputs, SPEC)
-    fast = attention_stats_chunked(*inputs, SPEC, chunk_bytes=chunk_maps * L * L * 4)
+    fast = chunked(row_pass)(*inputs, SPEC, chunk_bytes=chunk_maps * L * L * 4)
     assert_same(ref, fast, inputs[3])
 
 
+@pytest.mark.parametrize("row_pass", ROW_PASSES)
 @pytest.mark.parametrize("L", [1, 16, 37, 128, 200])
-def test_chunked_matches_eager_at_odd_lengths_with_padding(L):
+def test_chunked_matches_eager_at_odd_lengths_with_padding(L, row_pass):
     lengths = [L, max(1, L // 2), 1]
     inputs = make_inputs(3, 12, L, 32, lengths, seed=L)
-    assert_same(attention_stats_eager(*inputs, SPEC), attention_stats_chunked(*inputs, SPEC), inputs[3])
+    assert_same(attention_stats_eager(*inputs, SPEC), chunked(row_pass)(*inputs, SPEC), inputs[3])
 
 
-def test_long_sequence_512():
+@pytest.mark.parametrize("row_pass", ROW_PASSES)
+def test_long_sequence_512(row_pass):
     inputs = make_inputs(1, 2, 512, 32, [509], seed=5)
-    assert_same(attention_stats_eager(*inputs, SPEC), attention_stats_chunked(*inputs, SPEC), inputs[3])
+    assert_same(attention_stats_eager(*inputs, SPEC), chunked(row_pass)(*inputs, SPEC), inputs[3])
 
 
 def test_reference_statistics_from_first_principles():
@@ -66,7 +81,7 @@ def test_reference_statistics_from_first_principles():
     key_valid = torch.ones(1, 3, dtype=torch.bool)
     key_class = torch.tensor([[0, 1, 1]])
     spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2)
-    for fn in (attention_stats_eager, attention_stats_chunked):
+    for fn in (attention_stats_eager, *map(chunked, ROW_PASSES)):
         out, s = fn(q, k, v, key_valid, key_class, spec, scale=1.0)
         assert out[0, 0, 0, 0].item() == pytest.approx(0.25 * 1 + 0.5 * 2 + 0.25 * 3)
         assert s.entropy[0, 0, 0].item() == pytest.approx(1.5 * math.log(2))
@@ -81,7 +96,7 @@ def test_reference_statistics_from_first_principles():
 def test_single_valid_key_rows():
     """A length-1 sequence in a padded batch: all mass on itself, zero entropy."""
     q, k, v, key_valid, key_class = make_inputs(2, 3, 9, 8, [9, 1])
-    for fn in (attention_stats_eager, attention_stats_chunked):
+    for fn in (attention_stats_eager, *map(chunked, ROW_PASSES)):
         out, s = fn(q, k, v, key_valid, key_class, SPEC)
         assert torch.all(s.entropy[1, :, 0].abs() < 1e-6)
         assert torch.allclose(s.offset_mass[1, :, 0, SPEC.offsets.index(0)], torch.ones(3))
@@ -91,7 +106,7 @@ def test_single_valid_key_rows():
 
 def test_padding_rows_are_zero_and_finite():
     q, k, v, key_valid, key_class = make_inputs(2, 2, 11, 4, [11, 4])
-    for fn in (attention_stats_eager, attention_stats_chunked):
+    for fn in (attention_stats_eager, *map(chunked, ROW_PASSES)):
         out, s = fn(q, k, v, key_valid, key_class, SPEC)
         assert torch.isfinite(out).all()
         for t in (s.entropy, s.offset_mass, s.class_mass, s.argmax):
@@ -101,26 +116,27 @@ def test_padding_rows_are_zero_and_finite():
 def test_sequence_without_any_valid_key_stays_finite():
     q, k, v, key_valid, key_class = make_inputs(2, 2, 6, 4, [6, 1])
     key_valid[1] = False  # an all-padding row in the batch
-    for fn in (attention_stats_eager, attention_stats_chunked):
+    for fn in (attention_stats_eager, *map(chunked, ROW_PASSES)):
         out, s = fn(q, k, v, key_valid, key_class, SPEC)
         assert torch.isfinite(out).all() and torch.isfinite(s.entropy).all()
 
 
-def test_padding_does_not_change_statistics():
+@pytest.mark.parametrize("row_pass", ROW_PASSES)
+def test_padding_does_not_change_statistics(row_pass):
     """The same sequence alone and padded inside a longer batch gives the same rows."""
     q, k, v, key_valid, key_class = make_inputs(1, 3, 20, 8, [20])
-    alone = attention_stats_chunked(q[..., :13, :], k[..., :13, :], v[..., :13, :], key_valid[:, :13],
+    alone = chunked(row_pass)(q[..., :13, :], k[..., :13, :], v[..., :13, :], key_valid[:, :13],
                                     key_class[:, :13], SPEC)
     padded_valid = key_valid.clone()
     padded_valid[:, 13:] = False
-    padded = attention_stats_chunked(q, k, v, padded_valid, key_class, SPEC)
+    padded = chunked(row_pass)(q, k, v, padded_valid, key_class, SPEC)
     torch.testing.assert_close(alone[1].entropy, padded[1].entropy[..., :13], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(alone[1].class_mass, padded[1].class_mass[..., :13, :], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(alone[0], padded[0][:, :13], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("L", [5, 16, 33])
-@pytest.mark.parametrize("fn", [attention_stats_eager, attention_stats_chunked])
+@pytest.mark.parametrize("fn", [attention_stats_eager, *map(chunked, ROW_PASSES)], ids=["eager", *ROW_PASSES])
 def test_argmax_takes_the_lowest_index_on_ties(L, fn):
     q, k, v, key_valid, key_class = make_inputs(1, 1, L, 4, [L])
     q[..., 0, :] = 0.0  # row 0: uniform, every key tied -> 0
@@ -131,14 +147,15 @@ def test_argmax_takes_the_lowest_index_on_ties(L, fn):
     assert s.argmax[0, 0, 1].item() == L // 2
 
 
-def test_planted_ties_agree_across_backends():
+@pytest.mark.parametrize("row_pass", ROW_PASSES)
+def test_planted_ties_agree_across_backends(row_pass):
     """Identical keys give exactly tied probabilities: both backends pick the first."""
     q, k, v, key_valid, key_class = make_inputs(1, 2, 40, 8, [40])
     k[..., 7, :] = k[..., 30, :] = k[..., 3, :] * 0 + 5.0
     q = q.abs()
     eager = attention_stats_eager(q, k, v, key_valid, key_class, SPEC)[1].argmax
-    chunked = attention_stats_chunked(q, k, v, key_valid, key_class, SPEC)[1].argmax
-    assert torch.equal(eager, chunked)
+    fast = chunked(row_pass)(q, k, v, key_valid, key_class, SPEC)[1].argmax
+    assert torch.equal(eager, fast)
     assert (eager == 7).any() and not (eager == 30).any()
 
 
@@ -155,14 +172,69 @@ def test_gates(backend):
     torch.testing.assert_close(s.entropy, s_kept.entropy)  # statistics ignore the gate
 
 
-def test_large_logits_entropy_is_accurate():
+@pytest.mark.parametrize("row_pass", ROW_PASSES)
+def test_large_logits_entropy_is_accurate(row_pass):
     """Peaked heads (large scores) must not lose the entropy to cancellation."""
     inputs = make_inputs(2, 4, 64, 16, [64, 50], scale=6.0)
-    ref, fast = attention_stats_eager(*inputs, SPEC), attention_stats_chunked(*inputs, SPEC)
+    ref, fast = attention_stats_eager(*inputs, SPEC), chunked(row_pass)(*inputs, SPEC)
     torch.testing.assert_close(ref[1].entropy, fast[1].entropy, atol=1e-4, rtol=0)
 
 
 def test_float64_inputs_match_tightly():
     inputs = make_inputs(2, 2, 33, 8, [33, 20], dtype=torch.float64)
-    ref, fast = attention_stats_eager(*inputs, SPEC), attention_stats_chunked(*inputs, SPEC)
+    ref, fast = attention_stats_eager(*inputs, SPEC), attention_stats_chunked(*inputs, SPEC)  # torch row pass
     torch.testing.assert_close(ref[1].entropy, fast[1].entropy, atol=1e-10, rtol=1e-10)
+    with pytest.raises(ValueError, match="float32"):
+        chunked("compiled")(*inputs, SPEC)
+
+
+def test_compiled_row_pass_is_the_default_for_float32():
+    """auto must pick the compiled pass here, or the benchmarked speed is not what users get."""
+    assert cpu_rows.load() is not None, cpu_rows.unavailable_reason()
+    inputs = make_inputs(2, 3, 40, 8, [40, 22], seed=3)
+    auto, compiled = attention_stats_chunked(*inputs, SPEC), chunked("compiled")(*inputs, SPEC)
+    assert torch.equal(auto[0], compiled[0]) and torch.equal(auto[1].entropy, compiled[1].entropy)
+
+
+def test_compiled_spec_without_entropy_offsets_or_argmax():
+    spec = StatsSpec(offsets=(), n_key_classes=3, entropy=False, argmax=False)
+    inputs = make_inputs(2, 2, 19, 8, [19, 7], seed=9, C=3)
+    ref, fast = attention_stats_eager(*inputs, spec), chunked("compiled")(*inputs, spec)
+    torch.testing.assert_close(ref[0], fast[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ref[1].class_mass, fast[1].class_mass, atol=2e-5, rtol=1e-5)
+    assert fast[1].entropy is None and fast[1].offset_mass is None and fast[1].argmax is None
+
+
+def test_compiled_exp_is_accurate_over_the_whole_range():
+    """Scores spanning [-100, 0]: the C exp (a polynomial) gives torch's probabilities.
+
+    Every query row sees the same scores (q = e_0, k_j = scores_j e_0); V = I makes the
+    output row the probability row itself.
+    """
+    L = 1201
+    scores = torch.linspace(-100.0, 0.0, L)
+    q, k = torch.zeros(1, 1, L, L), torch.zeros(1, 1, L, L)  # (1, 1, L, D=L)
+    q[..., 0], k[..., 0] = 1.0, scores
+    v = torch.eye(L).view(1, 1, L, L)
+    key_valid, key_class = torch.ones(1, L, dtype=torch.bool), torch.zeros(1, L, dtype=torch.long)
+    out, stats = chunked("compiled")(q, k, v, key_valid, key_class, StatsSpec(offsets=(), n_key_classes=1), scale=1.0)
+    ref = torch.softmax(scores.double(), 0)
+    torch.testing.assert_close(out[0, 0, 0].double(), ref, atol=1e-30, rtol=5e-6)
+    entropy = -torch.special.xlogy(ref, ref).sum()
+    assert stats.entropy[0, 0, 0].item() == pytest.approx(entropy.item(), rel=1e-5)
+
+
+def test_without_a_compiler_auto_falls_back_to_torch(tmp_path):
+    """No C compiler: a clear reason, and the chunked backend still works (pure torch)."""
+    code = (
+        "import torch; from bertscope.kernels import cpu_rows, StatsSpec; "
+        "from bertscope.kernels.chunked import attention_stats_chunked as f; "
+        "q = torch.randn(1, 2, 5, 4); kv = torch.ones(1, 5, dtype=torch.bool); kc = torch.zeros(1, 5, dtype=torch.long); "
+        "out, s = f(q, q, q, kv, kc, StatsSpec(n_key_classes=1)); "
+        "print(cpu_rows.load() is None, cpu_rows.unavailable_reason(), bool(torch.isfinite(s.entropy).all()))"
+    )
+    env = {**__import__("os").environ, "CC": str(tmp_path / "no-such-cc"), "BERTSCOPE_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True ") and done.stdout.strip().endswith("True"), done.stdout
+    assert "no-such-cc" in done.stdout

@@ -1,0 +1,114 @@
+/* The row pass of the chunked CPU backend: softmax and every row statistic in one visit.
+ *
+ * torch does the two matmuls (scores = Q K^T before, out = P V after); this file does what
+ * lies between them.  A score row (at most a few KiB) is read once from L2 and then stays
+ * in L1 while it is turned into probabilities and every statistic is read off it:
+ *
+ *   m  = max_j s_j                           -- pass 1 (the only pass that misses L1)
+ *   e_j = exp(s_j - m), z = sum e_j,
+ *   t  = sum e_j (s_j - m)                   -- pass 2
+ *   p_j = e_j / z                            -- pass 3, in place: P @ V reads it next
+ *   H  = ln z - t / z                        -- entropy, = -sum p ln p without a log per key
+ *   class mass c = sum_j p_j [class_j = c]   -- C short passes over the row in L1
+ *   offset mass o = p_{i+o}, argmax = first j with s_j = m
+ *
+ * torch's own softmax + max + dot product read the L x L map six times from L2; this reads
+ * it once.  Plain C (no torch headers) so it compiles in about a second on first use; the
+ * loops are written for `omp simd` so gcc/clang vectorise them (AVX2/AVX-512/NEON), and the
+ * rows are shared out with `omp parallel for` on the OpenMP runtime torch already loaded.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for x <= 0, branch-free so it vectorises (Cephes' expf polynomial, ~1 ulp).
+ * Below -87 the true value is under 1.7e-38 and is returned as 0, so masked keys
+ * (scores near -FLT_MAX) get exactly zero probability. */
+static inline float exp_nonpositive(float x)
+{
+    const float log2e = 1.44269504088896341f;
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x < -87.0f ? -87.0f : x;
+    float t = xc * log2e + round_magic;
+    float n = t - round_magic; /* round(x / ln 2) */
+    float r = xc - n * ln2_hi - n * ln2_lo;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < -87.0f ? 0.0f : y * scale;
+}
+
+/* One row: s (Lk scores, overwritten by probabilities) of query i. */
+static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *restrict class_mask, int n_classes,
+                     const int64_t *restrict offsets, int n_offsets, float *restrict entropy,
+                     float *restrict class_mass, float *restrict offset_mass, int64_t *restrict argmax)
+{
+    /* -- pass 1: row max */
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < Lk; j++)
+        m = s[j] > m ? s[j] : m;
+    if (argmax) {
+        int64_t a = 0;
+        while (a < Lk - 1 && s[a] != m)
+            a++;
+        *argmax = a;
+    }
+    /* -- pass 2: exponentials, their sum z and sum e (s - m) */
+    float z = 0.0f, t = 0.0f;
+#pragma omp simd reduction(+ : z, t)
+    for (int64_t j = 0; j < Lk; j++) {
+        float x = s[j] - m;
+        float e = exp_nonpositive(x);
+        s[j] = e;
+        z += e;
+        t += e > 0.0f ? e * x : 0.0f; /* masked keys: 0, even if s - m overflowed */
+    }
+    /* -- pass 3: normalise in place (z >= 1: the max contributes exp(0) = 1) */
+    float inv = 1.0f / z;
+#pragma omp simd
+    for (int64_t j = 0; j < Lk; j++)
+        s[j] *= inv;
+    if (entropy)
+        *entropy = logf(z) - t * inv;
+    /* -- statistics read off the row while it is in L1 */
+    for (int c = 0; c < n_classes; c++) {
+        const float *mask = class_mask + c * Lk;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < Lk; j++)
+            acc += s[j] * mask[j];
+        class_mass[c] = acc;
+    }
+    for (int o = 0; o < n_offsets; o++) {
+        int64_t j = i + offsets[o];
+        offset_mass[o] = (j >= 0 && j < Lk) ? s[j] : 0.0f;
+    }
+}
+
+/* Rows of n maps (n, L, Lk) in place, map g of the chunk belonging to batch element
+ * (first_map + g) / n_heads.  class_mask: (B, n_classes, Lk) 0/1 floats.  Outputs, all
+ * indexed by row r = g * L + i: entropy (rows), class_mass (rows, n_classes),
+ * offset_mass (rows, n_offsets), argmax (rows); entropy and argmax may be NULL. */
+void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, int64_t first_map, int64_t n_heads,
+                             const float *class_mask, int n_classes, const int64_t *offsets, int n_offsets,
+                             float *entropy, float *class_mass, float *offset_mass, int64_t *argmax)
+{
+    int64_t rows = n * L;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t g = r / L, i = r % L;
+        int64_t b = (first_map + g) / n_heads;
+        row_pass(scores + r * Lk, Lk, i, class_mask + b * n_classes * Lk, n_classes, offsets, n_offsets,
+                 entropy ? entropy + r : 0, class_mass + r * n_classes, offset_mass + r * n_offsets,
+                 argmax ? argmax + r : 0);
+    }
+}

@@ -1,0 +1,124 @@
+"""The compiled row pass (`cpu_rows.c`): build on first use, load with ctypes, call.
+
+The C file has no torch headers, so building it is one `cc` call of about a second; the
+library is cached under `$BERTSCOPE_CACHE` (default `~/.cache/bertscope`) keyed by the
+source, the flags and the CPU, and written atomically so concurrent ranks of a torchrun
+job cannot see half a file. It is compiled with `-fopenmp` but loaded after torch, so its
+`libgomp.so.1` resolves to the OpenMP runtime torch already has in the process: one thread
+pool, sized by `torch.set_num_threads`.
+
+Without a C compiler (or with BERTSCOPE_CPU_KERNEL=0) `load()` returns None and the chunked
+backend uses its pure-torch row pass instead; `unavailable_reason()` says why.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_rows.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+
+_lib = None
+_reason = None
+_tried = False
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("BERTSCOPE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bertscope"
+    )
+    return Path(root)
+
+
+def _cpu_id() -> str:
+    """What -march=native depends on: a library built for one CPU may not run on another."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _build(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode() + _cpu_id().encode()).hexdigest()[:16]
+    target = cache_dir() / f"cpu_rows-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(f"{compiler} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}")
+        os.replace(tmp, target)  # atomic: a concurrent rank sees the old name or the whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load():
+    """The loaded library, or None when it cannot be built here (see `unavailable_reason`)."""
+    global _lib, _reason, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("BERTSCOPE_CPU_KERNEL", "1") == "0":
+        _reason = "disabled by BERTSCOPE_CPU_KERNEL=0"
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        _reason = "no C compiler found (set CC)"
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except OSError as err:
+        _reason = str(err)
+        return None
+    f = lib.bertscope_softmax_stats
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    f.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ctypes.c_int, ptr, ctypes.c_int, ptr, ptr, ptr, ptr]
+    f.restype = None
+    _lib = lib
+    return _lib
+
+
+def unavailable_reason() -> str | None:
+    load()
+    return _reason
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+def softmax_stats_(scores, first_map, n_heads, class_mask, offsets, entropy, class_mass, offset_mass, argmax):
+    """Turn scores (n, L, Lk) into probabilities in place and write every row statistic.
+
+    scores:      (n, L, Lk) float32, contiguous; maps first_map .. first_map+n-1 of the batch,
+                 map g belonging to batch element g // n_heads
+    class_mask:  (B, C, Lk) float32 0/1: key j of element b has class c
+    offsets:     (O,) int64
+    entropy:     (n, L) float32 or None;  class_mass: (n, L, C);  offset_mass: (n, L, O)
+    argmax:      (n, L) int64 or None
+    Returns nothing: the ctypes call releases the GIL and fills the given tensors.
+    """
+    n, L, Lk = scores.shape
+    for t in (scores, class_mask, offsets, entropy, class_mass, offset_mass, argmax):
+        assert t is None or t.is_contiguous()
+    assert scores.dtype == torch.float32 and class_mask.dtype == torch.float32
+    _lib.bertscope_softmax_stats(
+        _ptr(scores), n, L, Lk, first_map, n_heads, _ptr(class_mask), class_mask.shape[1], _ptr(offsets),
+        offsets.numel(), _ptr(entropy), _ptr(class_mass), _ptr(offset_mass), _ptr(argmax),
+    )
