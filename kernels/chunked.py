@@ -123,52 +123,55 @@ def offset_positions(L, offsets, device):
 
 
 def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, chunk_bytes):
-    """The same loop with the compiled row pass between the two matmuls."""
+    """The same loop with the compiled row pass between the two matmuls.
+
+    Chunks never straddle two sequences: each is heads h0..h1 of one batch element, so
+    q, k and v are read in place through strided views (the model hands over (B, H, L, D)
+    views of its (B, L, H*D) projections) and P @ V is written straight into the
+    (B, L, H, D) output the model wants next. No copy of q, k, v or the output is made.
+    """
     B, H, L, D = q.shape
-    N, C, O = B * H, spec.n_key_classes, len(spec.offsets)
+    C, O = spec.n_key_classes, len(spec.offsets)
     scale = D**-0.5 if scale is None else scale
     dev = q.device
 
-    # -- per-map operands, flattened to N = B*H maps; the scale rides on k
-    qf = q.reshape(N, L, D)  # (N, L, D)
-    ks = torch.empty(B, H, L, D, dtype=k.dtype, device=dev)
-    kt = torch.mul(k, scale, out=ks).view(N, L, D).transpose(1, 2)  # (N, D, L)
-    vf = v.reshape(N, L, D)  # (N, L, D)
     class_mask = torch.nn.functional.one_hot(key_class, C).to(torch.float32).transpose(1, 2).contiguous()  # (B, C, L)
     offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
-    padded = not bool(key_valid.all())
-    if padded:
-        bias = torch.zeros(B, L, dtype=q.dtype, device=dev)
-        bias.masked_fill_(~key_valid, torch.finfo(q.dtype).min)
-        bias = bias[:, None, None, :].expand(B, H, 1, L).reshape(N, 1, L)  # (N, 1, L)
+    bias = torch.zeros(B, 1, 1, L, dtype=q.dtype, device=dev)  # (B, 1, 1, L): 0, or finfo.min on padding keys
+    bias.masked_fill_(~key_valid[:, None, None, :], torch.finfo(q.dtype).min)
 
-    out = torch.empty(N, L, D, dtype=q.dtype, device=dev)  # (N, L, D)
-    class_mass = torch.empty(N, L, C, dtype=q.dtype, device=dev)  # (N, L, C)
-    offset_mass = torch.empty(N, L, O, dtype=q.dtype, device=dev)  # (N, L, O)
-    entropy = torch.empty(N, L, dtype=q.dtype, device=dev) if spec.entropy else None
-    argmax = torch.empty(N, L, dtype=torch.long, device=dev) if spec.argmax else None
+    out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # (B, L, H, D)
+    class_mass = torch.empty(B, H, L, C, dtype=q.dtype, device=dev)
+    offset_mass = torch.empty(B, H, L, O, dtype=q.dtype, device=dev)
+    entropy = torch.empty(B, H, L, dtype=q.dtype, device=dev) if spec.entropy else None
+    argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
 
-    n = max(1, min(N, chunk_bytes // (L * L * q.element_size())))
+    n = max(1, min(H, chunk_bytes // (L * L * q.element_size())))
     scores = torch.empty(n, L, L, dtype=q.dtype, device=dev)  # (n, L, L), reused by every chunk
-    for n0 in range(0, N, n):
-        c = slice(n0, min(N, n0 + n))
-        s = scores[: c.stop - c.start]
-        # -- scores, then probabilities and statistics in place, then the output
-        if padded:
-            torch.baddbmm(bias[c], qf[c], kt[c], out=s)
-        else:
-            torch.bmm(qf[c], kt[c], out=s)
-        cpu_rows.softmax_stats_(
-            s, n0, H, class_mask, offsets, None if entropy is None else entropy[c], class_mass[c], offset_mass[c],
-            None if argmax is None else argmax[c],
-        )
-        torch.bmm(s, vf[c], out=out[c])
+    for b in range(B):
+        for h0 in range(0, H, n):
+            h = slice(h0, min(H, h0 + n))
+            s = scores[: h.stop - h.start]  # (n, L, L)
+            # -- scaled scores + padding bias, then probabilities and statistics in place
+            torch.baddbmm(bias[b, :, 0].expand(s.shape[0], 1, L), q[b, h], k[b, h].transpose(-1, -2), alpha=scale,
+                          out=s)
+            cpu_rows.softmax_stats_(
+                s, b * H + h0, H, class_mask, offsets, _rows(entropy, b, h), class_mass[b, h], offset_mass[b, h],
+                _rows(argmax, b, h),
+            )
+            # -- output, written in the model's (B, L, H, D) layout
+            torch.bmm(s, v[b, h], out=out[b, :, h].transpose(0, 1))
 
-    out = apply_gates(out.view(B, H, L, D), v, key_valid, gates)  # (B, H, L, D)
+    if gates is not None:
+        out = apply_gates(out.transpose(1, 2), v, key_valid, gates).transpose(1, 2)  # (B, L, H, D)
     stats = RowStats(
-        entropy=None if entropy is None else entropy.view(B, H, L),
-        offset_mass=offset_mass.view(B, H, L, O) if O else None,
-        class_mass=class_mass.view(B, H, L, C),
-        argmax=None if argmax is None else argmax.view(B, H, L),
+        entropy=entropy,
+        offset_mass=offset_mass if O else None,
+        class_mass=class_mass,
+        argmax=argmax,
     )
-    return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
+    return out, zero_padding_rows(stats, key_valid)
+
+
+def _rows(t, b, h):
+    return None if t is None else t[b, h]
