@@ -20,6 +20,8 @@ setup(
         "bertscope.kernels": "kernels",
         "bertscope.analyses": "analyses",
     },
+    # the compiled row pass is built from its C source on first use (kernels/cpu_rows.py)
+    package_data={"bertscope.kernels": ["cpu_rows.c"]},
     install_requires=[
         "torch==2.13.0",
         "transformers>=5.0,<6",

@@ -7,6 +7,7 @@ Not part of the test suite (pytest.ini: testpaths = tests; CI runs `pytest tests
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
 import pytest
@@ -22,7 +23,11 @@ SPEC = StatsSpec()  # the default: offsets -2..2, 4 key classes, entropy and arg
 D = 32  # MiniLM / BERT-base head size is 32 / 64
 SHAPES = [(8, 12, 128), (4, 12, 512), (1, 12, 2048)]  # (B, H, L)
 ROUNDS = {128: 30, 512: 15, 2048: 7}
-KERNELS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked}
+KERNELS = {
+    "eager": attention_stats_eager,
+    "chunked": attention_stats_chunked,  # the compiled row pass (cpu_rows.c) when it builds
+    "chunked-torch": functools.partial(attention_stats_chunked, row_pass="torch"),
+}
 F32 = 4
 
 
@@ -102,9 +107,10 @@ def peak_live_bytes(fn, inputs, **kwargs) -> int:
     return probe.peak
 
 
-def maps_per_chunk(L, chunk_bytes):
-    """What attention_stats_chunked does: n maps of L x L fp32 per chunk, at least one."""
-    return max(1, chunk_bytes // (L * L * F32))
+def maps_per_chunk(L, chunk_bytes, H=12):
+    """What attention_stats_chunked does: n maps of L x L fp32 per chunk, at least one, at
+    most one sequence's H heads (the compiled path's chunks never straddle sequences)."""
+    return max(1, min(H, chunk_bytes // (L * L * F32)))
 
 
 def paper_bytes_per_head(L, n_maps_per_chunk):
@@ -114,8 +120,9 @@ def paper_bytes_per_head(L, n_maps_per_chunk):
     masked scores, the probabilities P and xlogy(P, P) (4 maps), and reads them back 7
     times (masked_fill, softmax, P @ V, xlogy, its sum, P @ onehot, argmax). At these
     shapes B*H*L^2*4 is far beyond any cache, so all of it is DRAM traffic.
-    chunked makes the same passes over one chunk of n maps at a time; a chunk of
-    chunk_bytes stays in cache, so the map traffic stays in cache (unless one L x L map alone
+    chunked works on one chunk of n maps at a time (its compiled row pass reads each score
+    row once from L2 and does the rest in L1); a chunk of chunk_bytes stays in cache, so the
+    map traffic stays in cache (unless one L x L map alone
     exceeds it: then a chunk is one map and spills like eager's, but only one map's worth
     is ever live). What must cross the bus is O(L * D): q, k, v in, output (with the class
     columns), offsets and entropy out.

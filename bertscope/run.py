@@ -23,7 +23,7 @@ from bertscope.corpus import load_corpus
 from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
 from bertscope.engine import EngineOptions, plan_batches, run_stats
 from bertscope.errors import UserError
-from bertscope.kernels import StatsSpec
+from bertscope.kernels import StatsSpec, describe_backend
 from bertscope.models import load_model
 from bertscope.report import write_report
 from bertscope.results import new_run_dir, read_json, write_csv, write_json
@@ -105,6 +105,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "analyses": [surface.NAME],
+        "kernel": describe_backend(settings.backend, next(loaded.model.parameters()).device),
         "world_size": world.size,
     }
     # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per

@@ -28,10 +28,22 @@ def resolve_backend(name: str, device) -> str:
     return name
 
 
+def describe_backend(name: str, device) -> dict:
+    """What `name` runs on `device`, for run.json: the backend and, for chunked, its row pass."""
+    backend = resolve_backend(name, device)
+    info = {"backend": backend}
+    if backend == "chunked":
+        from . import cpu_rows
+
+        reason = cpu_rows.unavailable_reason()
+        info["row_pass"] = "compiled (cpu_rows.c)" if reason is None else f"torch ({reason})"
+    return info
+
+
 def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto"):
     """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D)."""
     fn = BACKENDS[resolve_backend(backend, q.device)]
     return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale)
 
 
-__all__ = ["attention_stats", "resolve_backend", "BACKENDS", "BACKEND_CHOICES", "Gate", "RowStats", "StatsSpec"]
+__all__ = ["attention_stats", "describe_backend", "resolve_backend", "BACKENDS", "BACKEND_CHOICES", "Gate", "RowStats", "StatsSpec"]

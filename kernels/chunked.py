@@ -125,10 +125,12 @@ def offset_positions(L, offsets, device):
 def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, chunk_bytes):
     """The same loop with the compiled row pass between the two matmuls.
 
-    Chunks never straddle two sequences: each is heads h0..h1 of one batch element, so
-    q, k and v are read in place through strided views (the model hands over (B, H, L, D)
-    views of its (B, L, H*D) projections) and P @ V is written straight into the
-    (B, L, H, D) output the model wants next. No copy of q, k, v or the output is made.
+    Chunks never straddle two sequences: each is heads h0..h1 of one batch element, so q, k
+    and v are read in place through strided views (the model hands over (B, H, L, D) views
+    of its (B, L, H*D) projections) and no copy of them is made. The scale rides in the
+    QK^T matmul (alpha) and the padding bias is added by the row pass, so the scores are
+    written once. P @ V goes to a contiguous (B, H, L, D) output: a strided (B, L, H, D)
+    target makes torch's bmm twice as slow, more than the model's later copy costs.
     """
     B, H, L, D = q.shape
     C, O = spec.n_key_classes, len(spec.offsets)
@@ -137,10 +139,12 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
 
     class_mask = torch.nn.functional.one_hot(key_class, C).to(torch.float32).transpose(1, 2).contiguous()  # (B, C, L)
     offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
-    bias = torch.zeros(B, 1, 1, L, dtype=q.dtype, device=dev)  # (B, 1, 1, L): 0, or finfo.min on padding keys
-    bias.masked_fill_(~key_valid[:, None, None, :], torch.finfo(q.dtype).min)
+    key_bias = None
+    if not bool(key_valid.all()):
+        key_bias = torch.zeros(B, L, dtype=q.dtype, device=dev)  # (B, L): 0, or finfo.min on padding keys
+        key_bias.masked_fill_(~key_valid, torch.finfo(q.dtype).min)
 
-    out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # (B, L, H, D)
+    out = torch.empty(B, H, L, D, dtype=q.dtype, device=dev)  # (B, H, L, D)
     class_mass = torch.empty(B, H, L, C, dtype=q.dtype, device=dev)
     offset_mass = torch.empty(B, H, L, O, dtype=q.dtype, device=dev)
     entropy = torch.empty(B, H, L, dtype=q.dtype, device=dev) if spec.entropy else None
@@ -152,25 +156,22 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
         for h0 in range(0, H, n):
             h = slice(h0, min(H, h0 + n))
             s = scores[: h.stop - h.start]  # (n, L, L)
-            # -- scaled scores + padding bias, then probabilities and statistics in place
-            torch.baddbmm(bias[b, :, 0].expand(s.shape[0], 1, L), q[b, h], k[b, h].transpose(-1, -2), alpha=scale,
-                          out=s)
+            # -- scaled scores; then bias, probabilities and statistics in place; then P @ V
+            torch.baddbmm(s, q[b, h], k[b, h].transpose(-1, -2), beta=0, alpha=scale, out=s)
             cpu_rows.softmax_stats_(
-                s, b * H + h0, H, class_mask, offsets, _rows(entropy, b, h), class_mass[b, h], offset_mass[b, h],
-                _rows(argmax, b, h),
+                s, b * H + h0, H, key_bias, class_mask, offsets, _rows(entropy, b, h), class_mass[b, h],
+                offset_mass[b, h], _rows(argmax, b, h),
             )
-            # -- output, written in the model's (B, L, H, D) layout
-            torch.bmm(s, v[b, h], out=out[b, :, h].transpose(0, 1))
+            torch.bmm(s, v[b, h], out=out[b, h])
 
-    if gates is not None:
-        out = apply_gates(out.transpose(1, 2), v, key_valid, gates).transpose(1, 2)  # (B, L, H, D)
+    out = apply_gates(out, v, key_valid, gates)  # (B, H, L, D)
     stats = RowStats(
         entropy=entropy,
         offset_mass=offset_mass if O else None,
         class_mass=class_mass,
         argmax=argmax,
     )
-    return out, zero_padding_rows(stats, key_valid)
+    return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
 
 
 def _rows(t, b, h):

@@ -4,7 +4,8 @@
  * lies between them.  A score row (at most a few KiB) is read once from L2 and then stays
  * in L1 while it is turned into probabilities and every statistic is read off it:
  *
- *   m  = max_j s_j                           -- pass 1 (the only pass that misses L1)
+ *   s_j += bias_j, m = max_j s_j             -- pass 1 (the only pass that misses L1;
+ *                                               bias: 0, or -FLT_MAX on padding keys)
  *   e_j = exp(s_j - m), z = sum e_j,
  *   t  = sum e_j (s_j - m)                   -- pass 2
  *   p_j = e_j / z                            -- pass 3, in place: P @ V reads it next
@@ -46,16 +47,26 @@ static inline float exp_nonpositive(float x)
     return x < -87.0f ? 0.0f : y * scale;
 }
 
-/* One row: s (Lk scores, overwritten by probabilities) of query i. */
-static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *restrict class_mask, int n_classes,
+/* One row: s (Lk scores, overwritten by probabilities) of query i; bias may be NULL. */
+static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *restrict bias,
+                     const float *restrict class_mask, int n_classes,
                      const int64_t *restrict offsets, int n_offsets, float *restrict entropy,
                      float *restrict class_mass, float *restrict offset_mass, int64_t *restrict argmax)
 {
-    /* -- pass 1: row max */
+    /* -- pass 1: padding bias and row max */
     float m = -INFINITY;
+    if (bias) {
 #pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < Lk; j++)
-        m = s[j] > m ? s[j] : m;
+        for (int64_t j = 0; j < Lk; j++) {
+            float x = s[j] + bias[j];
+            s[j] = x;
+            m = x > m ? x : m;
+        }
+    } else {
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < Lk; j++)
+            m = s[j] > m ? s[j] : m;
+    }
     if (argmax) {
         int64_t a = 0;
         while (a < Lk - 1 && s[a] != m)
@@ -95,11 +106,12 @@ static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *rest
 }
 
 /* Rows of n maps (n, L, Lk) in place, map g of the chunk belonging to batch element
- * (first_map + g) / n_heads.  class_mask: (B, n_classes, Lk) 0/1 floats.  Outputs, all
+ * (first_map + g) / n_heads.  key_bias: (B, Lk), added to the scores (NULL: no padding).
+ * class_mask: (B, n_classes, Lk) 0/1 floats.  Outputs, all
  * indexed by row r = g * L + i: entropy (rows), class_mass (rows, n_classes),
  * offset_mass (rows, n_offsets), argmax (rows); entropy and argmax may be NULL. */
 void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, int64_t first_map, int64_t n_heads,
-                             const float *class_mask, int n_classes, const int64_t *offsets, int n_offsets,
+                             const float *key_bias, const float *class_mask, int n_classes, const int64_t *offsets, int n_offsets,
                              float *entropy, float *class_mass, float *offset_mass, int64_t *argmax)
 {
     int64_t rows = n * L;
@@ -107,7 +119,7 @@ void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, in
     for (int64_t r = 0; r < rows; r++) {
         int64_t g = r / L, i = r % L;
         int64_t b = (first_map + g) / n_heads;
-        row_pass(scores + r * Lk, Lk, i, class_mask + b * n_classes * Lk, n_classes, offsets, n_offsets,
+        row_pass(scores + r * Lk, Lk, i, key_bias ? key_bias + b * Lk : 0, class_mask + b * n_classes * Lk, n_classes, offsets, n_offsets,
                  entropy ? entropy + r : 0, class_mass + r * n_classes, offset_mass + r * n_offsets,
                  argmax ? argmax + r : 0);
     }

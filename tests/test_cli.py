@@ -129,6 +129,7 @@ def test_wiki_run_record(wiki_run):
     assert Path(record["model"]["path"]).is_dir()
     assert record["settings"]["corpus"] == "wiki" and record["settings"]["limit"] == 16
     assert record["settings"]["max_len"] == 128 and record["settings"]["backend"] == "auto"
+    assert record["kernel"] == {"backend": "chunked", "row_pass": "compiled (cpu_rows.c)"}
     assert record["segments"]["segments"] == 16
     assert record["versions"]["torch"] == torch.__version__
     assert set(record["versions"]) >= {"python", "torch", "transformers"}
