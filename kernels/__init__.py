@@ -9,6 +9,7 @@ tensors' device.
 """
 from __future__ import annotations
 
+from . import cpu_rows
 from .chunked import attention_stats_chunked
 from .eager import attention_stats_eager
 from .spec import Gate, RowStats, StatsSpec
@@ -33,8 +34,6 @@ def describe_backend(name: str, device) -> dict:
     backend = resolve_backend(name, device)
     info = {"backend": backend}
     if backend == "chunked":
-        from . import cpu_rows
-
         reason = cpu_rows.unavailable_reason()
         info["row_pass"] = "compiled (cpu_rows.c)" if reason is None else f"torch ({reason})"
     return info

@@ -159,7 +159,7 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
             # -- scaled scores; then bias, probabilities and statistics in place; then P @ V
             torch.baddbmm(s, q[b, h], k[b, h].transpose(-1, -2), beta=0, alpha=scale, out=s)
             cpu_rows.softmax_stats_(
-                s, b * H + h0, H, key_bias, class_mask, offsets, _rows(entropy, b, h), class_mass[b, h],
+                s, _rows(key_bias, b), class_mask[b], offsets, _rows(entropy, b, h), class_mass[b, h],
                 offset_mass[b, h], _rows(argmax, b, h),
             )
             torch.bmm(s, v[b, h], out=out[b, h])
@@ -174,5 +174,5 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
     return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
 
 
-def _rows(t, b, h):
-    return None if t is None else t[b, h]
+def _rows(t, *index):
+    return None if t is None else t[index]

@@ -105,22 +105,18 @@ static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *rest
     }
 }
 
-/* Rows of n maps (n, L, Lk) in place, map g of the chunk belonging to batch element
- * (first_map + g) / n_heads.  key_bias: (B, Lk), added to the scores (NULL: no padding).
- * class_mask: (B, n_classes, Lk) 0/1 floats.  Outputs, all
+/* Rows of n maps (n, L, Lk) of one sequence, in place.  key_bias: (Lk), added to the
+ * scores (NULL: no padding).  class_mask: (n_classes, Lk) 0/1 floats.  Outputs, all
  * indexed by row r = g * L + i: entropy (rows), class_mass (rows, n_classes),
  * offset_mass (rows, n_offsets), argmax (rows); entropy and argmax may be NULL. */
-void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, int64_t first_map, int64_t n_heads,
-                             const float *key_bias, const float *class_mask, int n_classes, const int64_t *offsets, int n_offsets,
+void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, const float *key_bias,
+                             const float *class_mask, int n_classes, const int64_t *offsets, int n_offsets,
                              float *entropy, float *class_mass, float *offset_mass, int64_t *argmax)
 {
     int64_t rows = n * L;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t g = r / L, i = r % L;
-        int64_t b = (first_map + g) / n_heads;
-        row_pass(scores + r * Lk, Lk, i, key_bias ? key_bias + b * Lk : 0, class_mask + b * n_classes * Lk, n_classes, offsets, n_offsets,
+    for (int64_t r = 0; r < rows; r++)
+        row_pass(scores + r * Lk, Lk, r % L, key_bias, class_mask, n_classes, offsets, n_offsets,
                  entropy ? entropy + r : 0, class_mass + r * n_classes, offset_mass + r * n_offsets,
                  argmax ? argmax + r : 0);
-    }
 }

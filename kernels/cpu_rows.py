@@ -88,7 +88,7 @@ def load():
         return None
     f = lib.bertscope_softmax_stats
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    f.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int, ptr, ptr, ptr, ptr]
+    f.argtypes = [ptr, i64, i64, i64, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int, ptr, ptr, ptr, ptr]
     f.restype = None
     _lib = lib
     return _lib
@@ -103,24 +103,26 @@ def _ptr(t):
     return None if t is None else t.data_ptr()
 
 
-def softmax_stats_(scores, first_map, n_heads, key_bias, class_mask, offsets, entropy, class_mass, offset_mass,
-                   argmax):
-    """Turn scores (n, L, Lk) into probabilities in place and write every row statistic.
+def softmax_stats_(scores, key_bias, class_mask, offsets, entropy, class_mass, offset_mass, argmax):
+    """Turn the scores of n maps of one sequence into probabilities in place and write
+    every row statistic.
 
-    scores:      (n, L, Lk) float32, contiguous; maps first_map .. first_map+n-1 of the batch,
-                 map g belonging to batch element (first_map + g) // n_heads
-    key_bias:    (B, Lk) float32 added to every score row (finfo.min on padding), or None
-    class_mask:  (B, C, Lk) float32 0/1: key j of element b has class c
+    scores:      (n, L, Lk) float32
+    key_bias:    (Lk,) float32 added to every score row (finfo.min on padding), or None
+    class_mask:  (C, Lk) float32 0/1: key j has class c
     offsets:     (O,) int64
     entropy:     (n, L) float32 or None;  class_mass: (n, L, C);  offset_mass: (n, L, O)
     argmax:      (n, L) int64 or None
-    Returns nothing: the ctypes call releases the GIL and fills the given tensors.
+    All tensors contiguous on the CPU (the C code walks raw pointers). Returns nothing:
+    the ctypes call releases the GIL and fills the given tensors.
     """
     n, L, Lk = scores.shape
-    for t in (scores, key_bias, class_mask, offsets, entropy, class_mass, offset_mass, argmax):
-        assert t is None or t.is_contiguous()
-    assert scores.dtype == torch.float32 and class_mask.dtype == torch.float32
+    if scores.dtype != torch.float32 or class_mask.dtype != torch.float32:
+        raise TypeError("the compiled row pass takes float32 scores and class masks")
+    if not all(t is None or t.is_contiguous() for t in (scores, key_bias, class_mask, offsets, entropy,
+                                                        class_mass, offset_mass, argmax)):
+        raise ValueError("the compiled row pass needs contiguous tensors")
     _lib.bertscope_softmax_stats(
-        _ptr(scores), n, L, Lk, first_map, n_heads, _ptr(key_bias), _ptr(class_mask), class_mask.shape[1], _ptr(offsets),
+        _ptr(scores), n, L, Lk, _ptr(key_bias), _ptr(class_mask), class_mask.shape[0], _ptr(offsets),
         offsets.numel(), _ptr(entropy), _ptr(class_mass), _ptr(offset_mass), _ptr(argmax),
     )
