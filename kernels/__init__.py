@@ -12,7 +12,8 @@ from __future__ import annotations
 from . import cpu_rows
 from .chunked import attention_stats_chunked
 from .eager import attention_stats_eager
-from .spec import Gate, RowStats, StatsSpec
+from .pooling import word_pooling
+from .spec import Gate, RowStats, StatsSpec, WordPooling
 
 BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked}
 BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
@@ -39,10 +40,12 @@ def describe_backend(name: str, device) -> dict:
     return info
 
 
-def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto"):
+def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto",
+                    pooling: WordPooling | None = None):
     """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D)."""
     fn = BACKENDS[resolve_backend(backend, q.device)]
-    return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale)
+    return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
 
 
-__all__ = ["attention_stats", "describe_backend", "resolve_backend", "BACKENDS", "BACKEND_CHOICES", "Gate", "RowStats", "StatsSpec"]
+__all__ = ["attention_stats", "describe_backend", "resolve_backend", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
+           "Gate", "RowStats", "StatsSpec", "WordPooling"]

@@ -25,9 +25,10 @@ from __future__ import annotations
 import torch
 
 from . import cpu_rows
-from .eager import zero_padding_rows
+from .eager import keep_qk, require_pooling, zero_padding_rows
 from .gates import apply_gates
-from .spec import RowStats, StatsSpec
+from .pooling import pool_map, word_argmax
+from .spec import RowStats, StatsSpec, WordPooling
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 
@@ -36,8 +37,8 @@ ROW_PASSES = ("auto", "compiled", "torch")
 
 
 def attention_stats_chunked(
-    q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
-    row_pass="auto",
+    q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, pooling: WordPooling | None = None,
+    chunk_bytes=DEFAULT_CHUNK_BYTES, row_pass="auto",
 ):
     """Same contract as `attention_stats_eager`; never holds more than one chunk of maps.
 
@@ -52,7 +53,7 @@ def attention_stats_chunked(
     if row_pass == "compiled" and cpu_rows.load() is None:
         raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
     if row_pass != "torch" and compiled_fits and cpu_rows.load() is not None:
-        return _chunked_compiled(q, k, v, key_valid, key_class, spec, gates, scale, chunk_bytes)
+        return _chunked_compiled(q, k, v, key_valid, key_class, spec, gates, scale, pooling, chunk_bytes)
     B, H, L, D = q.shape
     N, C, O = B * H, spec.n_key_classes, len(spec.offsets)
     scale = D**-0.5 if scale is None else scale
@@ -79,6 +80,7 @@ def attention_stats_chunked(
     offset_mass = torch.empty(N, L * O, dtype=q.dtype, device=dev)  # (N, L*O)
     entropy = torch.empty(N, L, dtype=q.dtype, device=dev) if spec.entropy else None
     argmax = torch.empty(N, L, dtype=torch.long, device=dev) if spec.argmax else None
+    maps = MapStats(spec, key_valid, pooling, (B, H), q.dtype)
 
     n = max(1, chunk_bytes // (L * L * q.element_size()))
     for n0 in range(0, N, n):
@@ -99,6 +101,7 @@ def attention_stats_chunked(
             entropy[c] = lse - torch.linalg.vecdot(p, s)
         if spec.argmax:
             argmax[c] = p.argmax(-1)
+        maps.add(p, torch.arange(c.start, c.stop, device=dev) // H, c)
 
     out = apply_gates(out_ext.view(B, H, L, D + C)[..., :D], v, key_valid, gates)  # (B, H, L, D) view
     stats = RowStats(
@@ -107,6 +110,8 @@ def attention_stats_chunked(
         class_mass=out_ext[..., D:].reshape(B, H, L, C),
         argmax=None if argmax is None else argmax.view(B, H, L),
     )
+    maps.finish(stats)
+    keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
 
 
@@ -122,7 +127,7 @@ def offset_positions(L, offsets, device):
     return (i * L + j.clamp(0, L - 1)).flatten(), inside
 
 
-def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, chunk_bytes):
+def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes):
     """The same loop with the compiled row pass between the two matmuls.
 
     Chunks never straddle two sequences: each is heads h0..h1 of one batch element, so q, k
@@ -149,6 +154,7 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
     offset_mass = torch.empty(B, H, L, O, dtype=q.dtype, device=dev)
     entropy = torch.empty(B, H, L, dtype=q.dtype, device=dev) if spec.entropy else None
     argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
+    maps = MapStats(spec, key_valid, pooling, (B, H), q.dtype)
 
     n = max(1, min(H, chunk_bytes // (L * L * q.element_size())))
     scores = torch.empty(n, L, L, dtype=q.dtype, device=dev)  # (n, L, L), reused by every chunk
@@ -163,6 +169,7 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
                 offset_mass[b, h], _rows(argmax, b, h),
             )
             torch.bmm(s, v[b, h], out=out[b, h])
+            maps.add(s, torch.full((h.stop - h.start,), b, device=dev), slice(b * H + h.start, b * H + h.stop))
 
     out = apply_gates(out, v, key_valid, gates)  # (B, H, L, D)
     stats = RowStats(
@@ -171,7 +178,41 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
         class_mass=class_mass,
         argmax=argmax,
     )
+    maps.finish(stats)
+    keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
+
+
+class MapStats:
+    """The statistics read off a whole map rather than its rows (column mass, word maps),
+    taken from each chunk's probabilities while they are in cache: one small matmul each."""
+
+    def __init__(self, spec: StatsSpec, key_valid, pooling, heads: tuple[int, int], dtype):
+        B, H = heads
+        self.spec, self.H = spec, H
+        self.query_valid = key_valid.to(dtype)[:, None, :]  # (B, 1, L)
+        self.pooling = require_pooling(pooling) if spec.word_maps else None
+        L = key_valid.shape[1]
+        self.column_mass = torch.empty(B * H, 1, L, dtype=dtype) if spec.column_mass else None
+        self.word_map = None
+        if spec.word_maps:
+            W = pooling.n_units
+            self.word_map = torch.empty(B * H, W, W, dtype=dtype)
+
+    def add(self, p, batch_index, maps):
+        """p (n, L, L): the probabilities of maps `maps` (flat b*H + h), of sequences batch_index (n,)."""
+        if self.column_mass is not None:
+            self.column_mass[maps] = torch.matmul(self.query_valid[batch_index], p)  # (n, 1, L)
+        if self.word_map is not None:
+            self.word_map[maps] = pool_map(p, self.pooling, batch_index)  # (n, W, W)
+
+    def finish(self, stats: RowStats):
+        if self.column_mass is not None:
+            stats.column_mass = self.column_mass.view(-1, self.H, self.column_mass.shape[-1])  # (B, H, L)
+        if self.word_map is not None:
+            W = self.word_map.shape[-1]
+            stats.word_map = self.word_map.view(-1, self.H, W, W)  # (B, H, W, W)
+            stats.word_argmax = word_argmax(stats.word_map, self.pooling.candidate)
 
 
 def _rows(t, *index):

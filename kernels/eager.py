@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from .gates import apply_gates
-from .spec import RowStats, StatsSpec
+from .pooling import pool_map, word_argmax
+from .spec import RowStats, StatsSpec, WordPooling
 
 
 def masked_scores(q, k, key_valid, scale):
@@ -22,13 +23,15 @@ def masked_scores(q, k, key_valid, scale):
     return s.masked_fill(~key_valid[:, None, None, :], torch.finfo(s.dtype).min)
 
 
-def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None):
+def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
+                          pooling: WordPooling | None = None):
     """Attention output and per-row statistics from the full probability maps.
 
     q, k, v:   (B, H, L, D)
     key_valid: (B, L) bool, False for padding
     key_class: (B, L) int64 in [0, spec.n_key_classes)
     gates:     (H,) int tensor of `Gate` values, or None for all KEEP
+    pooling:   word pooling of the batch, needed when spec.word_maps
     Returns (out (B, L, H, D), RowStats); rows of padding queries are all zero.
     """
     B, H, L, D = q.shape
@@ -52,7 +55,25 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
     stats.class_mass = torch.matmul(p, one_hot[:, None])  # (B, H, L, C)
     if spec.argmax:
         stats.argmax = p.argmax(dim=-1)  # (B, H, L), first maximum on ties
+    if spec.column_mass:
+        stats.column_mass = (p * key_valid[:, None, :, None]).sum(-2)  # (B, H, L): over valid query rows
+    if spec.word_maps:
+        stats.word_map = pool_map(p, require_pooling(pooling))  # (B, H, W, W)
+        stats.word_argmax = word_argmax(stats.word_map, pooling.candidate)  # (B, H, W)
+    keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
+
+
+def require_pooling(pooling):
+    if pooling is None:
+        raise ValueError("spec.word_maps needs the batch's WordPooling (pooling=...)")
+    return pooling
+
+
+def keep_qk(stats: RowStats, q, k, scale, spec: StatsSpec):
+    """Hand q and k on as they are (views): cross-layer analyses recompute tiles from them."""
+    if spec.keep_qk:
+        stats.queries, stats.keys, stats.scale = q, k, scale
 
 
 def zero_padding_rows(stats: RowStats, query_valid):

@@ -43,12 +43,23 @@ class StatsSpec:
     n_key_classes: C, the number of key classes; a key's class id is in [0, C). The
         mass a row puts on each class is reported (e.g. [CLS], [SEP], punctuation, other).
     entropy / argmax: whether to compute them (they are cheap but not free).
+    column_mass: the attention mass each key *receives*, summed over the valid query rows
+        (Kovaleva et al.'s "vertical" pattern, per-token stripe scores).
+    word_maps: the word-level map of every head and its row argmax, for the probes that
+        read attention between words (syntax, coreference, probing classifiers); needs a
+        `WordPooling` for the batch.
+    keep_qk: hand the layer's queries and keys on with the statistics (as views, no copy),
+        for analyses that compare heads across layers (Jensen-Shannon clustering) by
+        recomputing attention tiles instead of keeping every map.
     """
 
     offsets: tuple[int, ...] = (-2, -1, 0, 1, 2)
     n_key_classes: int = 4
     entropy: bool = True
     argmax: bool = True
+    column_mass: bool = False
+    word_maps: bool = False
+    keep_qk: bool = False
 
     def __post_init__(self):
         if len(set(self.offsets)) != len(self.offsets):
@@ -65,7 +76,36 @@ class StatsSpec:
             n_key_classes=self.n_key_classes,
             entropy=self.entropy or other.entropy,
             argmax=self.argmax or other.argmax,
+            column_mass=self.column_mass or other.column_mass,
+            word_maps=self.word_maps or other.word_maps,
+            keep_qk=self.keep_qk or other.keep_qk,
         )
+
+
+@dataclass
+class WordPooling:
+    """How tokens pool into words for one batch: the word-level map is
+    `from_word @ P @ to_word` for each head's token-level map P.
+
+    Clark et al. (2019, section 4.1): attention *to* a split word is the sum over its
+    tokens (so each row still sums to 1), attention *from* it is the mean over its tokens
+    (their released code took the first token instead; `from_word="first"` reproduces
+    that). Units are words and special tokens alike; special tokens are their own unit and
+    are never an argmax candidate, so predictions ignore [CLS] and [SEP].
+
+    from_word: (B, W, L)  row w weights the query tokens of unit w (rows sum to 1; 0 for
+                          units that do not exist in this sequence)
+    to_word:   (B, L, W)  1 where token j belongs to unit u
+    candidate: (B, W)     units an argmax may pick (words; not specials, not absent units)
+    """
+
+    from_word: torch.Tensor
+    to_word: torch.Tensor
+    candidate: torch.Tensor
+
+    @property
+    def n_units(self) -> int:
+        return self.to_word.shape[-1]
 
 
 @dataclass
@@ -78,10 +118,21 @@ class RowStats:
                                 the sequence or a padding key)
     class_mass:   (B, H, L, C)  sum of p_ij over keys j of each class
     argmax:       (B, H, L)     index of the most-attended key (ties: lowest index), int64
+    column_mass:  (B, H, L)     sum over valid query rows i of p_ij: mass key j receives
+    word_map:     (B, H, W, W)  word-level map (see `WordPooling`); rows of real units sum to 1
+    word_argmax:  (B, H, W)     most-attended *other* candidate unit of each unit (ties:
+                                lowest index), -1 when there is none; int64
+    queries, keys:(B, H, L, D)  the layer's q and k (spec.keep_qk), with `scale`
     """
 
     entropy: torch.Tensor | None = None
     offset_mass: torch.Tensor | None = None
     class_mass: torch.Tensor | None = None
     argmax: torch.Tensor | None = None
+    column_mass: torch.Tensor | None = None
+    word_map: torch.Tensor | None = None
+    word_argmax: torch.Tensor | None = None
+    queries: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    scale: float | None = None
     extras: dict = field(default_factory=dict)
