@@ -21,7 +21,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from bertscope.kernels import Gate, RowStats, StatsSpec, attention_stats, resolve_backend
+from bertscope.kernels import Gate, RowStats, StatsSpec, WordPooling, attention_stats, resolve_backend
 
 ATTN_IMPLEMENTATION = "bertscope"
 
@@ -36,6 +36,7 @@ class _Forward:
     probe: "HeadProbe"
     key_class: torch.Tensor  # (B, L) int64
     sink: Sink
+    pooling: WordPooling | None = None
     layer: int = 0
 
 
@@ -59,9 +60,9 @@ class HeadProbe:
         self.gates[layer, head] = int(gate)
 
     @contextmanager
-    def active(self, key_class: torch.Tensor, sink: Sink):
-        """Run one forward pass of the model inside this block."""
-        fwd = _Forward(self, key_class, sink)
+    def active(self, key_class: torch.Tensor, sink: Sink, pooling: WordPooling | None = None):
+        """Run one forward pass of the model inside this block; `pooling` for spec.word_maps."""
+        fwd = _Forward(self, key_class, sink, pooling)
         token = _ACTIVE.set(fwd)
         try:
             yield
@@ -103,7 +104,7 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     fwd.layer += 1
     out, stats = attention_stats(
         query, key, value, key_valid, fwd.key_class, probe.spec,
-        gates=probe.gates[layer], scale=scaling, backend=probe.backend,
+        gates=probe.gates[layer], scale=scaling, backend=probe.backend, pooling=fwd.pooling,
     )
     fwd.sink(layer, stats, key_valid)
     return out, None
