@@ -69,7 +69,24 @@ def build_parser() -> argparse.ArgumentParser:
         "../shared/data beside the repository.",
     )
     d.add_argument("--data-dir", metavar="DIR", default=None, help="folder holding the data sets")
+    add_probe_parsers(sub)
     return parser
+
+
+def add_probe_parsers(sub):
+    """`bertscope probe NAME`: one sub-command per module of bertscope.probes."""
+    import importlib
+
+    from bertscope.probes import PROBES
+
+    p = sub.add_parser("probe", help="word-level probes: syntax, coreference, probing classifiers, head clustering "
+                       "(Clark et al. 2019, sections 4-6)",
+                       description="Probe what heads do between words, on annotated data (see `bertscope data`). "
+                       "Outputs go to a run directory as CSV, PNG and an entry in run.json.")
+    probes = p.add_subparsers(dest="probe", metavar="PROBE", required=True)
+    for name, module_name in PROBES.items():
+        module = importlib.import_module(module_name)
+        module.add_arguments(probes.add_parser(name, help=module.HELP, description=module.DESCRIPTION))
 
 
 def main(argv=None) -> int:
@@ -79,6 +96,8 @@ def main(argv=None) -> int:
             return cmd_run(args)
         if args.command == "data":
             return cmd_data(args)
+        if args.command == "probe":
+            return cmd_probe(args)
     except UserError as e:
         print(f"bertscope: error: {e}", file=sys.stderr)
         return 2
@@ -97,6 +116,20 @@ def cmd_run(args) -> int:
     )
     check_device(settings.device, settings.backend)
     run(settings, out=args.out, resume=args.resume, figures=not args.no_figures, progress=not args.quiet)
+    return 0
+
+
+def cmd_probe(args) -> int:
+    import importlib
+
+    from bertscope.probes import PROBES
+    from bertscope.probes.common import ProbeRun
+
+    module = importlib.import_module(PROBES[args.probe])
+    try:
+        module.run(args, ProbeRun)
+    except KeyboardInterrupt:
+        raise UserError("interrupted") from None
     return 0
 
 
