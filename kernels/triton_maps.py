@@ -1,0 +1,278 @@
+"""Whole-map Triton passes after the fused forward: column mass and word-level maps.
+
+Both re-derive the attention probabilities tile by tile from q, k and the row
+log-sum-exp `lse` (B, H, L) fp32 that the fused forward stores
+(`triton_attention.fused_attention`): p_ij = exp(s_ij - lse_i), with s_ij = q_i . k_j * scale
+and padding keys at the most negative finite float, as `eager` does. No L x L map is
+ever written, and no atomics are used: every output element is owned by one program, so
+the results are deterministic.
+
+- column mass (B, H, L): the mass each key receives, summed over the valid query rows.
+  One program per (b, h, key block) keeps its K tile and runs over the query blocks, like
+  the dK/dV loop of the FlashAttention backward.
+- word maps (B, H, W, W) = from_word @ P @ to_word (`spec.WordPooling`) and their row
+  argmax over the *other* candidate units (lowest index on ties, -1 when there is none).
+  One program per (b, h): for each query block it accumulates R = P_tile @ to_word_tile
+  (BLOCK_M, W) over the key blocks, then adds from_word_tile @ R to the (W, W) map; the
+  argmax is the epilogue. W is padded to a power of two >= 16 (tl.dot's minimum); word
+  maps are for sentence-sized inputs, so one program holds the whole map.
+
+A sequence with no valid key has uniform rows in `eager` (every score is the same finite
+fill). Its lse is fill + ln L, which rounds to the fill in fp32, so exp(s - lse) would be
+1 instead of 1/L: rows whose lse is below FMIN / 2 are taken as uniform over the L keys.
+
+fp32 and fp16 q / k are accepted; scores, probabilities and the pooling matmuls are fp32
+(fp32 dots with input_precision="ieee"; fp16 Q K^T accumulates in fp32). Under
+TRITON_INTERPRET=1 (set before this module is imported) the kernels run on CPU tensors.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .eager import require_pooling
+from .spec import WordPooling
+
+FMIN_F32 = -3.4028234663852886e38  # torch.finfo(torch.float32).min
+
+
+@triton.jit
+def _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
+    """p = exp(s - lse) of one tile from q (BLOCK_M, BLOCK_D), k (BLOCK_D, BLOCK_N), the
+    rows' lse (BLOCK_M,), the keys' validity kv and range n_in (BLOCK_N,)."""
+    if IS_FP32:
+        s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
+    else:
+        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 in, fp32 out
+    s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
+    p = tl.exp(s - lse[:, None])
+    # -- a sequence with no valid key: uniform rows (lse = FMIN + ln L rounds to FMIN)
+    p = tl.where((lse < 0.5 * FMIN)[:, None], 1.0 / L, p)
+    return tl.where(n_in[None, :], p, 0.0)  # (BLOCK_M, BLOCK_N); 0 past the row end
+
+
+@triton.jit
+def _column_mass_kernel(
+    Q, K, KeyValid, Lse, ColMass,  #
+    sm_scale,  #
+    stride_qb, stride_qh, stride_ql, stride_qd,  #
+    stride_kb, stride_kh, stride_kl, stride_kd,  #
+    stride_mb, stride_ml,  #
+    H, L, D,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP32: tl.constexpr,
+):
+    start_n = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    FMIN: tl.constexpr = -3.4028234663852886e38
+    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
+    K_ptr = K + off_b * stride_kb + off_h * stride_kh
+    Valid_ptr = KeyValid + off_b * stride_mb
+    row0 = off_bh.to(tl.int64) * L  # this map's first row in (B, H, L)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    n_in = offs_n < L
+    d_in = offs_d < D
+    # -- this program's keys stay resident
+    k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+    kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+    col = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start_m in range(0, L, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+        m_in = offs_m < L
+        q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+                    mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
+        qv = tl.load(Valid_ptr + offs_m * stride_ml, mask=m_in, other=0) != 0  # (BLOCK_M,) valid query rows
+        p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+        col += tl.sum(tl.where(qv[:, None], p, 0.0), 0)
+    tl.store(ColMass + row0 + offs_n, col.to(ColMass.dtype.element_ty), mask=n_in)
+
+
+@triton.jit
+def _word_rows_inner(
+    r, q, lse, K_ptr, Valid_ptr, TW_ptr,  #
+    stride_kl, stride_kd, stride_ml, stride_tl, stride_tw,  #
+    sm_scale, L, D, W, offs_d, offs_w, FMIN,  #
+    BLOCK_N: tl.constexpr, IS_FP32: tl.constexpr,
+):
+    """R += P_tile @ to_word_tile over every key block of one query block: (BLOCK_M, W_PAD)."""
+    d_in = offs_d < D
+    w_in = offs_w < W
+    for start_n in range(0, L, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        n_in = offs_n < L
+        k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                    mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+        kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+        p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+        tw = tl.load(TW_ptr + offs_n[:, None] * stride_tl + offs_w[None, :] * stride_tw,
+                     mask=n_in[:, None] & w_in[None, :], other=0.0).to(tl.float32)  # (BLOCK_N, W_PAD)
+        r = tl.dot(p, tw, r, input_precision="ieee")  # (BLOCK_M, W_PAD)
+    return r
+
+
+@triton.jit
+def _word_map_kernel(
+    Q, K, KeyValid, Lse, FromWord, ToWord, Candidate, WordMap, WordArgmax,  #
+    sm_scale,  #
+    stride_qb, stride_qh, stride_ql, stride_qd,  #
+    stride_kb, stride_kh, stride_kl, stride_kd,  #
+    stride_mb, stride_ml,  #
+    stride_fb, stride_fw, stride_fl,  #
+    stride_tb, stride_tl, stride_tw,  #
+    stride_cb, stride_cw,  #
+    H, L, D, W,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, W_PAD: tl.constexpr,  #
+    IS_FP32: tl.constexpr,
+):
+    off_bh = tl.program_id(0)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    FMIN: tl.constexpr = -3.4028234663852886e38
+    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
+    K_ptr = K + off_b * stride_kb + off_h * stride_kh
+    Valid_ptr = KeyValid + off_b * stride_mb
+    FW_ptr = FromWord + off_b * stride_fb
+    TW_ptr = ToWord + off_b * stride_tb
+    row0 = off_bh.to(tl.int64) * L
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    offs_w = tl.arange(0, W_PAD)  # (W_PAD,)
+    d_in = offs_d < D
+    w_in = offs_w < W
+    acc = tl.zeros([W_PAD, W_PAD], dtype=tl.float32)
+    for start_m in range(0, L, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+        m_in = offs_m < L
+        q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+                    mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
+        # -- R = P[rows, :] @ to_word
+        r = tl.zeros([BLOCK_M, W_PAD], dtype=tl.float32)
+        r = _word_rows_inner(r, q, lse, K_ptr, Valid_ptr, TW_ptr,  #
+                             stride_kl, stride_kd, stride_ml, stride_tl, stride_tw,  #
+                             sm_scale, L, D, W, offs_d, offs_w, FMIN,  #
+                             BLOCK_N, IS_FP32)
+        # -- word map += from_word[:, rows] @ R
+        fw = tl.load(FW_ptr + offs_w[:, None] * stride_fw + offs_m[None, :] * stride_fl,
+                     mask=w_in[:, None] & m_in[None, :], other=0.0).to(tl.float32)  # (W_PAD, BLOCK_M)
+        acc = tl.dot(fw, r, acc, input_precision="ieee")  # (W_PAD, W_PAD)
+    map0 = off_bh.to(tl.int64) * W * W
+    tl.store(WordMap + map0 + offs_w[:, None] * W + offs_w[None, :], acc.to(WordMap.dtype.element_ty),
+             mask=w_in[:, None] & w_in[None, :])
+    # -- argmax over the other candidate units: lowest index on ties, -1 when none
+    cand = tl.load(Candidate + off_b * stride_cb + offs_w * stride_cw, mask=w_in, other=0) != 0  # (W_PAD,)
+    allowed = cand[None, :] & (offs_w[:, None] != offs_w[None, :])  # (W_PAD, W_PAD)
+    score = tl.where(allowed, acc, -1.0)  # probabilities are >= 0, so -1 never wins
+    best = tl.max(score, 1)  # (W_PAD,)
+    arg = tl.min(tl.where(allowed & (score == best[:, None]), offs_w[None, :], W_PAD), 1)  # (W_PAD,)
+    arg = tl.where(arg == W_PAD, -1, arg)
+    tl.store(WordArgmax + off_bh.to(tl.int64) * W + offs_w, arg.to(tl.int64), mask=w_in)
+
+
+# True when this module was imported under TRITON_INTERPRET=1 (the kernels run on CPU tensors)
+INTERPRETED = not isinstance(_column_mass_kernel, triton.runtime.jit.JITFunction)
+
+
+def _check(q, k, key_valid, lse):
+    if q.dtype not in (torch.float32, torch.float16) or k.dtype != q.dtype:
+        raise TypeError(f"q and k must both be float32 or float16, got {q.dtype} and {k.dtype}")
+    B, H, L, D = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"q and k must both be (B, H, L, D); got {tuple(q.shape)} and {tuple(k.shape)}")
+    if tuple(key_valid.shape) != (B, L):
+        raise ValueError(f"key_valid must be (B, L) = {(B, L)}, got {tuple(key_valid.shape)}")
+    if tuple(lse.shape) != (B, H, L) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be float32 (B, H, L) = {(B, H, L)}, got {lse.dtype} {tuple(lse.shape)}")
+
+
+def _mask_int8(key_valid, dev):
+    """(B, L) key mask as int8 without a copy when it is already bool on the device."""
+    key_valid = key_valid.to(dev)
+    return key_valid.view(torch.int8) if key_valid.dtype == torch.bool else (key_valid != 0).view(torch.int8)
+
+
+def column_mass_config(L: int, D: int) -> dict:
+    """Block sizes of the column-mass pass for rows of length L and head dimension D."""
+    block = max(16, min(64, triton.next_power_of_2(L)))
+    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+
+
+def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
+    """(B, H, L): the attention mass each key receives, summed over the valid query rows.
+
+    q, k:      (B, H, L, D) fp32 or fp16, any strides (read in place)
+    key_valid: (B, L) bool; padding rows are not counted, padding keys receive 0
+    lse:       (B, H, L) fp32 row log-sum-exp of the masked scaled scores (fused forward)
+    out_dtype: dtype of the result (default: the input dtype, as eager)
+    """
+    _check(q, k, key_valid, lse)
+    B, H, L, D = q.shape
+    scale = D**-0.5 if scale is None else float(scale)
+    dev = q.device
+    valid = _mask_int8(key_valid, dev)
+    lse = lse.contiguous()
+    out = torch.empty(B, H, L, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
+    cfg = column_mass_config(L, D)
+    grid = (triton.cdiv(L, cfg["BLOCK_N"]), B * H)
+    _column_mass_kernel[grid](
+        q, k, valid, lse, out,  #
+        scale,  #
+        *q.stride(), *k.stride(), *valid.stride(),  #
+        H, L, D,  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],  #
+        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+    )
+    return out
+
+
+def word_map_config(L: int, D: int, W: int) -> dict:
+    """Block sizes of the word-map pass; the (W_PAD, W_PAD) map lives in one program."""
+    w_pad = max(16, triton.next_power_of_2(W))
+    block = max(16, min(32, triton.next_power_of_2(L)))
+    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), W_PAD=w_pad,
+                num_warps=8 if w_pad >= 128 else 4)
+
+
+def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out_dtype=None):
+    """Word-level maps (B, H, W, W) = from_word @ P @ to_word and their argmax (B, H, W) int64
+    (most-attended other candidate unit, lowest index on ties, -1 when none).
+
+    q, k, key_valid, lse as in `column_mass_triton`; pooling: the batch's `WordPooling`
+    (from_word (B, W, L), to_word (B, L, W), candidate (B, W)), read through its strides.
+    """
+    require_pooling(pooling)
+    _check(q, k, key_valid, lse)
+    B, H, L, D = q.shape
+    fw, tw, cand = pooling.from_word, pooling.to_word, pooling.candidate
+    W = pooling.n_units
+    if tuple(fw.shape) != (B, W, L) or tuple(tw.shape) != (B, L, W) or tuple(cand.shape) != (B, W):
+        raise ValueError(f"pooling does not fit (B, L) = {(B, L)}: from_word {tuple(fw.shape)}, "
+                         f"to_word {tuple(tw.shape)}, candidate {tuple(cand.shape)}")
+    scale = D**-0.5 if scale is None else float(scale)
+    dev = q.device
+    valid = _mask_int8(key_valid, dev)
+    fw, tw = fw.to(dev), tw.to(dev)
+    cand = _mask_int8(cand, dev)
+    lse = lse.contiguous()
+    word_map = torch.empty(B, H, W, W, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
+    word_arg = torch.empty(B, H, W, dtype=torch.int64, device=dev)
+    if W == 0:
+        return word_map, word_arg
+    cfg = word_map_config(L, D, W)
+    _word_map_kernel[(B * H,)](
+        q, k, valid, lse, fw, tw, cand, word_map, word_arg,  #
+        scale,  #
+        *q.stride(), *k.stride(), *valid.stride(),  #
+        *fw.stride(), *tw.stride(), *cand.stride(),  #
+        H, L, D, W,  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], W_PAD=cfg["W_PAD"],  #
+        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+    )
+    return word_map, word_arg
+
+
+__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "INTERPRETED"]
