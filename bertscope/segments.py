@@ -368,14 +368,14 @@ def split_words(
     windows = []
     start = 0
     while start < n:
-        end, total = start, 0
+        # a window's first word has no space before it, which can change its tokens
+        # (byte-level BPE): count it alone, the others as in running text
+        end, total = start + 1, len(_gold_word_tokens(words[start : start + 1], tokenizer)[0])
         while end < n and total + counts[end] <= budget:
             total += counts[end]
             end += 1
-        if end == start:
-            end = start + 1  # one word longer than the budget
-        else:
-            # the first word of a window loses its leading space: check the real count
+        if total <= budget:
+            # a safety check of the whole window's real count
             while end > start + 1 and len(_gold_word_tokens(words[start:end], tokenizer)[0]) > budget:
                 end -= 1
             if allowed and end < n:
