@@ -42,6 +42,7 @@ def check_figures(paths, out_dir):
 
 
 def test_plots_3x4(tmp_path):
+    plt.close("all")  # figures another test left open are not plot_surface's
     paths = plot_surface(synthetic_table(3, 4), tmp_path, "test-3x4",
                          uniform_entropy=np.log(64), cls_uniform_entropy=np.log(64))
     check_figures(paths, tmp_path)
