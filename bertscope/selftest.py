@@ -1,0 +1,113 @@
+"""`bertscope selftest`: every statistics backend against the eager reference, on this machine.
+
+The test suite proves the Triton kernels under the interpreter; this command is what a GPU
+user runs first, on the GPU itself: the same parity checks with real compiled kernels (and
+the real TF32/fp16 behaviour of the device), a line per case, exit code 1 on any mismatch.
+On a CPU it checks `chunked` (and `triton` when TRITON_INTERPRET=1 is set, on small shapes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bertscope.kernels import BACKENDS, Gate, StatsSpec, attention_stats, resolve_backend, word_pooling
+from bertscope.kernels.js import pairwise_js
+
+SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, argmax=True, column_mass=True,
+                 word_maps=True)
+ROW_FIELDS = ("entropy", "offset_mass", "class_mass", "column_mass", "word_map")
+
+
+@dataclass
+class Case:
+    B: int
+    H: int
+    L: int
+    D: int
+    dtype: torch.dtype = torch.float32
+
+    def __str__(self):
+        return f"{self.B}x{self.H}x{self.L} D={self.D} {str(self.dtype).replace('torch.', '')}"
+
+
+FULL = [Case(2, 3, 1, 32), Case(3, 4, 37, 32), Case(2, 12, 128, 64), Case(2, 4, 200, 32), Case(1, 12, 512, 64),
+        Case(2, 12, 128, 64, torch.float16), Case(1, 4, 512, 32, torch.float16)]
+QUICK = [Case(2, 3, 1, 16), Case(2, 2, 37, 16), Case(1, 2, 130, 16)]
+
+
+def inputs(case: Case, seed=0):
+    """Random CPU q, k, v with padding, a single-key sequence and all three gates; words of two tokens."""
+    g = torch.Generator().manual_seed(seed)
+    B, H, L, D = case.B, case.H, case.L, case.D
+    q, k, v = (torch.randn(B, H, L, D, generator=g) * 1.5 for _ in range(3))
+    lengths = [L] + [max(1, L - 1 - 7 * b) for b in range(1, B)]
+    lengths[-1] = 1 if B > 1 else lengths[-1]  # a sequence with a single valid key
+    key_valid = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
+    key_class = torch.randint(0, 4, (B, L), generator=g)
+    unit = torch.where(key_valid, torch.arange(L)[None, :] // 2, -1)  # words of two tokens
+    candidate = torch.ones(B, (L + 1) // 2, dtype=torch.bool)
+    gates = torch.tensor([int(Gate.KEEP), int(Gate.ZERO), int(Gate.UNIFORM)] * H)[:H]
+    return (q, k, v, key_valid, key_class), gates, unit, candidate
+
+
+def check(backend: str, case: Case, device) -> dict:
+    """Largest absolute error of each statistic against eager (float64 on the CPU)."""
+    args, gates, unit, candidate = inputs(case)
+    ref_args = [a.double() if a.is_floating_point() else a for a in args]
+    out_ref, ref = attention_stats(*ref_args, SPEC, gates=gates, backend="eager", pooling=word_pooling(unit, candidate))
+    dev_args = [a.to(device, case.dtype) if a.is_floating_point() else a.to(device) for a in args]
+    out, got = attention_stats(*dev_args, SPEC, gates=gates.to(device), backend=backend,
+                               pooling=word_pooling(unit.to(device), candidate.to(device)))
+    valid = args[3]
+    err = {"out": float(((out.cpu().double() - out_ref) * valid[:, :, None, None]).abs().max())}
+    for name in ROW_FIELDS:
+        err[name] = float((getattr(got, name).cpu().double() - getattr(ref, name)).abs().max())
+    err["argmax_agree"] = float((got.argmax.cpu() == ref.argmax).double().mean())
+    return err
+
+
+def check_js(backend: str, device) -> float:
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(2, 6, 37, 16, generator=g) for _ in range(2))
+    key_valid = torch.arange(37)[None, :] < torch.tensor([37, 20])[:, None]
+    ref = pairwise_js(q, k, key_valid, 0.25, backend="eager")
+    got = pairwise_js(q.to(device), k.to(device), key_valid.to(device), 0.25, backend=backend)
+    return float((got.cpu() - ref).abs().max() / ref.abs().max())
+
+
+def tolerance(case: Case) -> float:
+    return 2e-2 if case.dtype == torch.float16 else 1e-4
+
+
+def run_selftest(device: str = "cpu", quick: bool = False, log=print) -> bool:
+    dev = torch.device(device)
+    backends = []
+    for name in BACKENDS:
+        if name == "eager":
+            continue
+        try:
+            backends.append(resolve_backend(name, dev))
+        except ValueError as e:
+            log(f"  {name:<8} skipped: {e}")
+    interpreted = dev.type == "cpu"
+    ok = True
+    for backend in backends:
+        cases = QUICK if quick or (backend == "triton" and interpreted) else FULL
+        if dev.type == "cpu":
+            cases = [c for c in cases if c.dtype == torch.float32]
+        for case in cases:
+            err = check(backend, case, dev)
+            tol = tolerance(case)
+            worst = max(v for key, v in err.items() if key != "argmax_agree")
+            passed = worst <= tol and err["argmax_agree"] >= 0.99
+            ok &= passed
+            log(f"  {backend:<8} {str(case):<28} max |err| {worst:.1e} (tol {tol:.0e}), argmax agree "
+                f"{err['argmax_agree']:.3f}  {'ok' if passed else 'FAIL ' + str(err)}")
+        if backend in ("chunked", "triton"):
+            rel = check_js(backend, dev)
+            ok &= rel <= 1e-4
+            log(f"  {backend:<8} {'pairwise JS 2x6x37':<28} max rel err {rel:.1e} (tol 1e-04)  "
+                f"{'ok' if rel <= 1e-4 else 'FAIL'}")
+    log("all checks passed" if ok else "SOME CHECKS FAILED")
+    return ok
