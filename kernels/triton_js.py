@@ -101,19 +101,22 @@ def _js_pair_inner(
     sm_scale, L, D, offs_d, FMIN,  #
     BLOCK_N: tl.constexpr, IS_FP32: tl.constexpr,
 ):
-    """H(m) of every row of one query block, m = (p_a + p_c) / 2 over all key blocks."""
+    """H(m) of every row of one query block, m = (p_a + p_c) / 2 over all key blocks.
+    Blocks of padding keys give the counted rows (which have a valid key) exactly 0: skipped."""
     d_in = offs_d < D
     for start_n in range(0, L, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_in = offs_n < L
-        kmask = n_in[None, :] & d_in[:, None]
-        ka = tl.load(Ka_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd, mask=kmask, other=0.0)  # (BLOCK_D, BLOCK_N)
-        kc = tl.load(Kc_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd, mask=kmask, other=0.0)
         kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-        pa = _probs(qa, ka, lse_a, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
-        pc = _probs(qc, kc, lse_c, kv, n_in, sm_scale, L, FMIN, IS_FP32)
-        m = 0.5 * (pa + pc)  # (BLOCK_M, BLOCK_N)
-        h_m -= tl.sum(m * tl.log(tl.maximum(m, 1e-38)), 1)  # 0 ln 0 = 0, no NaN
+        if tl.max(kv.to(tl.int32), 0) > 0:
+            kmask = n_in[None, :] & d_in[:, None]
+            ka = tl.load(Ka_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                         mask=kmask, other=0.0)  # (BLOCK_D, BLOCK_N)
+            kc = tl.load(Kc_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd, mask=kmask, other=0.0)
+            pa = _probs(qa, ka, lse_a, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+            pc = _probs(qc, kc, lse_c, kv, n_in, sm_scale, L, FMIN, IS_FP32)
+            m = 0.5 * (pa + pc)  # (BLOCK_M, BLOCK_N)
+            h_m -= tl.sum(m * tl.log(tl.where(m > 0, m, 1.0)), 1)  # 0 ln 0 = 0, no NaN
     return h_m
 
 
@@ -150,21 +153,23 @@ def _js_pair_kernel(
     lse_c = tl.load(Lse + row_c, mask=m_in, other=0.0)
     h_a = tl.load(Entropy + row_a, mask=m_in, other=0.0)
     h_c = tl.load(Entropy + row_c, mask=m_in, other=0.0)
+    qv = tl.load(Valid_ptr + offs_m * stride_ml, mask=m_in, other=0) != 0  # (BLOCK_M,) counted rows
     h_m = tl.zeros([BLOCK_M], dtype=tl.float32)
-    h_m = _js_pair_inner(h_m, qa, qc, lse_a, lse_c,  #
-                         K + off_b * stride_kb + head_a * stride_kh, K + off_b * stride_kb + head_c * stride_kh,  #
-                         Valid_ptr, stride_kl, stride_kd, stride_ml,  #
-                         sm_scale, L, D, offs_d, FMIN,  #
-                         BLOCK_N, IS_FP32)
-    # -- JS per valid query row, summed over the block into this program's slot
-    qv = tl.load(Valid_ptr + offs_m * stride_ml, mask=m_in, other=0) != 0  # (BLOCK_M,)
+    if tl.max(qv.to(tl.int32), 0) > 0:  # a block of padding rows only writes 0
+        h_m = _js_pair_inner(h_m, qa, qc, lse_a, lse_c,  #
+                             K + off_b * stride_kb + head_a * stride_kh, K + off_b * stride_kb + head_c * stride_kh,  #
+                             Valid_ptr, stride_kl, stride_kd, stride_ml,  #
+                             sm_scale, L, D, offs_d, FMIN,  #
+                             BLOCK_N, IS_FP32)
+    # -- JS per counted row, summed over the block into this program's slot
     js = tl.where(qv, h_m - 0.5 * (h_a + h_c), 0.0)
     tl.store(Partial + pair.to(tl.int64) * tl.num_programs(1) + pid, tl.sum(js, 0))
 
 
 def js_config(L: int, D: int) -> dict:
-    """Block sizes of both JS passes for rows of length L and head dimension D."""
-    block = max(16, min(64, triton.next_power_of_2(L)))
+    """Block sizes of both JS passes: 32 x 32 tiles (the pair kernel holds two heads' tiles;
+    64-row blocks spill registers on sm_80 in fp32)."""
+    block = max(16, min(32, triton.next_power_of_2(L)))
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
 
 

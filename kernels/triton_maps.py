@@ -12,10 +12,13 @@ the results are deterministic.
   the dK/dV loop of the FlashAttention backward.
 - word maps (B, H, W, W) = from_word @ P @ to_word (`spec.WordPooling`) and their row
   argmax over the *other* candidate units (lowest index on ties, -1 when there is none).
-  One program per (b, h): for each query block it accumulates R = P_tile @ to_word_tile
-  (BLOCK_M, W) over the key blocks, then adds from_word_tile @ R to the (W, W) map; the
-  argmax is the epilogue. W is padded to a power of two >= 16 (tl.dot's minimum); word
-  maps are for sentence-sized inputs, so one program holds the whole map.
+  One program per (b, h, block of BLOCK_W units) walks the column tiles of its rows: for
+  each (BLOCK_W, BLOCK_W) tile and query block it accumulates R = P_tile @ to_word_tile
+  (BLOCK_M, BLOCK_W) over the key blocks, then adds from_word_tile @ R; the running row
+  argmax is the epilogue of each tile. BLOCK_W is 32 (tl.dot needs >= 16): a whole
+  (W, W) map in one program spills registers on sm_80 from W = 64 on (fp32 dots run on
+  FMA units). Query blocks with no from_word weight on the rows and key blocks outside the
+  tile's units add exactly 0 and are skipped, so a tile of a sentence touches a few blocks.
 
 A sequence with no valid key has uniform rows in `eager` (every score is the same finite
 fill). Its lse is fill + ln L, which rounds to the fill in fp32, so exp(s - lse) would be
@@ -26,6 +29,8 @@ fp32 and fp16 q / k are accepted; scores, probabilities and the pooling matmuls 
 TRITON_INTERPRET=1 (set before this module is imported) the kernels run on CPU tensors.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -80,39 +85,61 @@ def _column_mass_kernel(
                 mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
     kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
     col = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start_m in range(0, L, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-        m_in = offs_m < L
-        q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
-                    mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
-        lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
-        qv = tl.load(Valid_ptr + offs_m * stride_ml, mask=m_in, other=0) != 0  # (BLOCK_M,) valid query rows
-        p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
-        col += tl.sum(tl.where(qv[:, None], p, 0.0), 0)
+    # -- padding keys receive exactly 0 from valid rows, and padding rows are not counted
+    if tl.max(kv.to(tl.int32), 0) > 0:
+        for start_m in range(0, L, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+            m_in = offs_m < L
+            qv = tl.load(Valid_ptr + offs_m * stride_ml, mask=m_in, other=0) != 0  # (BLOCK_M,) valid query rows
+            if tl.max(qv.to(tl.int32), 0) > 0:
+                q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+                            mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+                lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
+                p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                col += tl.sum(tl.where(qv[:, None], p, 0.0), 0)
     tl.store(ColMass + row0 + offs_n, col.to(ColMass.dtype.element_ty), mask=n_in)
 
 
 @triton.jit
-def _word_rows_inner(
-    r, q, lse, K_ptr, Valid_ptr, TW_ptr,  #
-    stride_kl, stride_kd, stride_ml, stride_tl, stride_tw,  #
-    sm_scale, L, D, W, offs_d, offs_w, FMIN,  #
-    BLOCK_N: tl.constexpr, IS_FP32: tl.constexpr,
+def _word_tile_inner(
+    acc, Q_ptr, K_ptr, Valid_ptr, Lse_ptr, FW_ptr, TW_ptr,  #
+    stride_ql, stride_qd, stride_kl, stride_kd, stride_ml,  #
+    stride_fw, stride_fl, stride_tl, stride_tw,  #
+    sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, IS_FP32: tl.constexpr,
 ):
-    """R += P_tile @ to_word_tile over every key block of one query block: (BLOCK_M, W_PAD)."""
+    """acc += from_word[rows, :] @ P @ to_word[:, cols] for one (BLOCK_W, BLOCK_W) tile of the
+    word map: per query block R = P_tile @ to_word_tile over the key blocks, then from_word_tile @ R.
+    Query blocks with no weight in from_word[rows] and key blocks outside the units of cols
+    add exactly 0 and are skipped (units are token spans, so a tile touches few blocks)."""
     d_in = offs_d < D
-    w_in = offs_w < W
-    for start_n in range(0, L, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        n_in = offs_n < L
-        k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
-                    mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
-        kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-        p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
-        tw = tl.load(TW_ptr + offs_n[:, None] * stride_tl + offs_w[None, :] * stride_tw,
-                     mask=n_in[:, None] & w_in[None, :], other=0.0).to(tl.float32)  # (BLOCK_N, W_PAD)
-        r = tl.dot(p, tw, r, input_precision="ieee")  # (BLOCK_M, W_PAD)
-    return r
+    r_in = offs_r < W
+    c_in = offs_c < W
+    for start_m in range(0, L, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+        m_in = offs_m < L
+        fw = tl.load(FW_ptr + offs_r[:, None] * stride_fw + offs_m[None, :] * stride_fl,
+                     mask=r_in[:, None] & m_in[None, :], other=0.0).to(tl.float32)  # (BLOCK_W, BLOCK_M)
+        if tl.max(tl.max(fw, 1), 0) > 0:
+            q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+                        mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+            lse = tl.load(Lse_ptr + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
+            # -- R = P[rows of this block, :] @ to_word[:, cols]
+            r = tl.zeros([BLOCK_M, BLOCK_W], dtype=tl.float32)  # (BLOCK_M, BLOCK_W)
+            for start_n in range(0, L, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+                n_in = offs_n < L
+                tw = tl.load(TW_ptr + offs_n[:, None] * stride_tl + offs_c[None, :] * stride_tw,
+                             mask=n_in[:, None] & c_in[None, :], other=0.0).to(tl.float32)  # (BLOCK_N, BLOCK_W)
+                if tl.max(tl.max(tw, 1), 0) > 0:
+                    k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                                mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+                    kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+                    p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                    r = tl.dot(p, tw, r, input_precision="ieee")  # (BLOCK_M, BLOCK_W)
+            # -- word map tile += from_word[rows, block] @ R
+            acc = tl.dot(fw, r, acc, input_precision="ieee")  # (BLOCK_W, BLOCK_W)
+    return acc
 
 
 @triton.jit
@@ -126,51 +153,47 @@ def _word_map_kernel(
     stride_tb, stride_tl, stride_tw,  #
     stride_cb, stride_cw,  #
     H, L, D, W,  #
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, W_PAD: tl.constexpr,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,  #
     IS_FP32: tl.constexpr,
 ):
-    off_bh = tl.program_id(0)
+    start_r = tl.program_id(0)
+    off_bh = tl.program_id(1)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
     FMIN: tl.constexpr = -3.4028234663852886e38
     Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
     K_ptr = K + off_b * stride_kb + off_h * stride_kh
     Valid_ptr = KeyValid + off_b * stride_mb
+    Lse_ptr = Lse + off_bh.to(tl.int64) * L
     FW_ptr = FromWord + off_b * stride_fb
     TW_ptr = ToWord + off_b * stride_tb
-    row0 = off_bh.to(tl.int64) * L
+    map0 = off_bh.to(tl.int64) * W * W  # this map's first element in (B, H, W, W)
+    offs_r = start_r * BLOCK_W + tl.arange(0, BLOCK_W)  # (BLOCK_W,) this program's units (map rows)
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    offs_w = tl.arange(0, W_PAD)  # (W_PAD,)
-    d_in = offs_d < D
-    w_in = offs_w < W
-    acc = tl.zeros([W_PAD, W_PAD], dtype=tl.float32)
-    for start_m in range(0, L, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-        m_in = offs_m < L
-        q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
-                    mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
-        lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
-        # -- R = P[rows, :] @ to_word
-        r = tl.zeros([BLOCK_M, W_PAD], dtype=tl.float32)
-        r = _word_rows_inner(r, q, lse, K_ptr, Valid_ptr, TW_ptr,  #
-                             stride_kl, stride_kd, stride_ml, stride_tl, stride_tw,  #
-                             sm_scale, L, D, W, offs_d, offs_w, FMIN,  #
-                             BLOCK_N, IS_FP32)
-        # -- word map += from_word[:, rows] @ R
-        fw = tl.load(FW_ptr + offs_w[:, None] * stride_fw + offs_m[None, :] * stride_fl,
-                     mask=w_in[:, None] & m_in[None, :], other=0.0).to(tl.float32)  # (W_PAD, BLOCK_M)
-        acc = tl.dot(fw, r, acc, input_precision="ieee")  # (W_PAD, W_PAD)
-    map0 = off_bh.to(tl.int64) * W * W
-    tl.store(WordMap + map0 + offs_w[:, None] * W + offs_w[None, :], acc.to(WordMap.dtype.element_ty),
-             mask=w_in[:, None] & w_in[None, :])
-    # -- argmax over the other candidate units: lowest index on ties, -1 when none
-    cand = tl.load(Candidate + off_b * stride_cb + offs_w * stride_cw, mask=w_in, other=0) != 0  # (W_PAD,)
-    allowed = cand[None, :] & (offs_w[:, None] != offs_w[None, :])  # (W_PAD, W_PAD)
-    score = tl.where(allowed, acc, -1.0)  # probabilities are >= 0, so -1 never wins
-    best = tl.max(score, 1)  # (W_PAD,)
-    arg = tl.min(tl.where(allowed & (score == best[:, None]), offs_w[None, :], W_PAD), 1)  # (W_PAD,)
-    arg = tl.where(arg == W_PAD, -1, arg)
-    tl.store(WordArgmax + off_bh.to(tl.int64) * W + offs_w, arg.to(tl.int64), mask=w_in)
+    r_in = offs_r < W
+    best = tl.full([BLOCK_W], -1.0, dtype=tl.float32)  # running row max over allowed units
+    arg = tl.full([BLOCK_W], -1, dtype=tl.int32)
+    for start_c in range(0, W, BLOCK_W):
+        offs_c = start_c + tl.arange(0, BLOCK_W)  # (BLOCK_W,) map columns
+        c_in = offs_c < W
+        acc = tl.zeros([BLOCK_W, BLOCK_W], dtype=tl.float32)
+        acc = _word_tile_inner(acc, Q_ptr, K_ptr, Valid_ptr, Lse_ptr, FW_ptr, TW_ptr,  #
+                               stride_ql, stride_qd, stride_kl, stride_kd, stride_ml,  #
+                               stride_fw, stride_fl, stride_tl, stride_tw,  #
+                               sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN,  #
+                               BLOCK_M, BLOCK_N, BLOCK_W, IS_FP32)
+        tl.store(WordMap + map0 + offs_r[:, None] * W + offs_c[None, :], acc.to(WordMap.dtype.element_ty),
+                 mask=r_in[:, None] & c_in[None, :])
+        # -- argmax over the other candidate units; an earlier tile keeps ties (lowest index)
+        cand = tl.load(Candidate + off_b * stride_cb + offs_c * stride_cw, mask=c_in, other=0) != 0  # (BLOCK_W,)
+        allowed = cand[None, :] & (offs_r[:, None] != offs_c[None, :])  # (BLOCK_W, BLOCK_W)
+        score = tl.where(allowed, acc, -1.0)  # probabilities are >= 0, so -1 never wins
+        tile_best = tl.max(score, 1)  # (BLOCK_W,)
+        tile_arg = tl.min(tl.where(allowed & (score == tile_best[:, None]), offs_c[None, :], 2147483647), 1)
+        take = tile_best > best
+        arg = tl.where(take, tile_arg, arg)
+        best = tl.where(take, tile_best, best)
+    tl.store(WordArgmax + off_bh.to(tl.int64) * W + offs_r, arg.to(tl.int64), mask=r_in)  # -1: no candidate
 
 
 # True when this module was imported under TRITON_INTERPRET=1 (the kernels run on CPU tensors)
@@ -196,8 +219,11 @@ def _mask_int8(key_valid, dev):
 
 
 def column_mass_config(L: int, D: int) -> dict:
-    """Block sizes of the column-mass pass for rows of length L and head dimension D."""
-    block = max(16, min(64, triton.next_power_of_2(L)))
+    """Block sizes of the column-mass pass for rows of length L and head dimension D.
+
+    32 x 32 tiles: fp32 dots run on FMA units and hold their operands in registers, and
+    64-row blocks reach sm_80's 255-register limit (kernels/triton_aot.py checks spills)."""
+    block = max(16, min(32, triton.next_power_of_2(L)))
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
 
 
@@ -229,12 +255,14 @@ def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
     return out
 
 
-def word_map_config(L: int, D: int, W: int) -> dict:
-    """Block sizes of the word-map pass; the (W_PAD, W_PAD) map lives in one program."""
-    w_pad = max(16, triton.next_power_of_2(W))
+def word_map_config(L: int, D: int, W: int, fp32: bool = True) -> dict:
+    """Block sizes of the word-map pass: the (W, W) map in 32 x 32 tiles. Measured with
+    kernels/triton_aot.py for D = 32 and 64 on sm_80: fp32 (FMA dots) needs 8 warps to stay
+    under 255 registers per thread, fp16 (tensor-core dots) 4; the other warp counts, and
+    16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers)."""
     block = max(16, min(32, triton.next_power_of_2(L)))
-    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), W_PAD=w_pad,
-                num_warps=8 if w_pad >= 128 else 4)
+    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)),
+                BLOCK_W=32, num_warps=8 if fp32 else 4)
 
 
 def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out_dtype=None):
@@ -262,17 +290,87 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
     word_arg = torch.empty(B, H, W, dtype=torch.int64, device=dev)
     if W == 0:
         return word_map, word_arg
-    cfg = word_map_config(L, D, W)
-    _word_map_kernel[(B * H,)](
+    cfg = word_map_config(L, D, W, q.dtype == torch.float32)
+    _word_map_kernel[(triton.cdiv(W, cfg["BLOCK_W"]), B * H)](
         q, k, valid, lse, fw, tw, cand, word_map, word_arg,  #
         scale,  #
         *q.stride(), *k.stride(), *valid.stride(),  #
         *fw.stride(), *tw.stride(), *cand.stride(),  #
         H, L, D, W,  #
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], W_PAD=cfg["W_PAD"],  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_W=cfg["BLOCK_W"],  #
         IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
     )
     return word_map, word_arg
 
 
-__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "INTERPRETED"]
+@dataclass(frozen=True)
+class AotSpec:
+    """One GPU launch specialisation of a kernel in this file or in triton_js.py, for the
+    ahead-of-time compilation and spill check of kernels/triton_aot.py (which calls
+    `name()` and `ast_source()`). Block sizes come from the same *_config functions the
+    wrappers launch with."""
+
+    kernel: str  # _column_mass_kernel, _word_map_kernel, _row_lse_kernel or _js_pair_kernel
+    L: int  # a row length that selects the configuration
+    D: int
+    dtype: str  # "fp32" or "fp16"
+    W: int = 0  # units (word maps only)
+
+    def config(self) -> dict:
+        if self.kernel == "_word_map_kernel":
+            return word_map_config(self.L, self.D, self.W, self.dtype == "fp32")
+        if self.kernel == "_column_mass_kernel":
+            return column_mass_config(self.L, self.D)
+        from .triton_js import js_config
+
+        return js_config(self.L, self.D)
+
+    def name(self) -> str:
+        c = self.config()
+        blocks = f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
+        return f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
+
+    def ast_source(self):
+        """(ASTSource, num_warps) as a typical launch specialises it: unit strides of the
+        innermost dimensions are constants, pointers and the q/k strides 16-divisible."""
+        from triton.compiler import ASTSource
+
+        from . import triton_js
+
+        fn = globals().get(self.kernel) or getattr(triton_js, self.kernel)
+        if not isinstance(fn, triton.runtime.jit.JITFunction):
+            raise RuntimeError("the kernel module was imported under TRITON_INTERPRET=1; compile in a process "
+                               "without it (python -m bertscope.kernels.triton_aot)")
+        t = self.dtype
+        pointers = {"Q": f"*{t}", "K": f"*{t}", "KeyValid": "*i8", "Lse": "*fp32", "ColMass": f"*{t}",
+                    "FromWord": "*fp32", "ToWord": "*fp32", "Candidate": "*i8", "WordMap": f"*{t}",
+                    "WordArgmax": "*i64", "Entropy": "*fp32", "Pairs": "*i32", "Partial": "*fp32"}
+        unit = {"stride_qd", "stride_kd", "stride_ml", "stride_cw"}
+        c = self.config()
+        constexprs = {n: 1 for n in unit if n in fn.arg_names}
+        constexprs.update({n: c[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_W") if n in fn.arg_names})
+        constexprs["IS_FP32"] = t == "fp32"
+        sig = {}
+        for n in fn.arg_names:
+            sig[n] = pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n == "sm_scale" else "i32")
+        aligned = [n for n in fn.arg_names if n in pointers] + [
+            n for n in ("stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl", "D")]
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c["num_warps"]
+
+
+def aot_specialisations() -> list[AotSpec]:
+    """The shipped specialisations of the column-mass, word-map and JS kernels for rows of
+    32 keys or more (shorter rows take 16-wide blocks, which hold fewer registers): head
+    dimension 64 (the larger of the shipped models'; D = 32 holds fewer registers), and
+    D = 32 too for the word maps, whose register use does not shrink monotonically."""
+    specs = []
+    for t in ("fp32", "fp16"):
+        specs += [AotSpec("_column_mass_kernel", 128, 64, t), AotSpec("_row_lse_kernel", 128, 64, t),
+                  AotSpec("_js_pair_kernel", 128, 64, t)]
+        specs += [AotSpec("_word_map_kernel", 128, D, t, W=128) for D in (32, 64)]
+    return specs
+
+
+__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "aot_specialisations",
+           "INTERPRETED"]

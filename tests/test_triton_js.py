@@ -34,7 +34,7 @@ def make_qk(B, N, L, D, lengths, seed=0, dtype=torch.float32):
 def test_js_matches_eager_at_odd_lengths_with_padding(L):
     """Full, half, single-key and key-less sequences; q and k as strided model-layout views."""
     lengths = [L, max(1, L // 2), 1, 0]
-    N = 4 if L < 100 else 3
+    N = 4 if L < 100 else 2  # the interpreter is slow
     q, k, key_valid = make_qk(4, N, L, 8, lengths, seed=L)
     qs, ks = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k))  # (B, N, L, D) views of (B, L, N, D)
     ref = pairwise_js_eager(q, k, key_valid, 8**-0.5)

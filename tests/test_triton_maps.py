@@ -101,25 +101,27 @@ def single_token_units(B, L):
 
 
 def test_word_argmax_planted_ties():
-    """Head 0: q = 0, so every row is uniform and all candidates tie -> lowest other
-    candidate. Head 1: keys 3 and 6 are the same vector, the best for every query, so
-    rows tie between units 3 and 6 -> 3, except row 3 (itself excluded) -> 6."""
-    B, H, L, D = 1, 2, 10, 16
+    """40 single-token units, so the map spans two 32-unit tiles. Head 0: q = 0, every row
+    is uniform and all candidates tie -> lowest other candidate. Head 1: keys 3 and 36 (in
+    different tiles) are the same vector, the best for every query, so rows tie between
+    units 3 and 36 -> 3 (the earlier tile keeps the tie), except row 3 (itself excluded) -> 36."""
+    B, H, L, D = 1, 2, 40, 16
     g = torch.Generator().manual_seed(0)
     u = torch.randn(D, generator=g)
     q = torch.zeros(B, H, L, D)
     q[0, 1] = u  # every row of head 1 asks for u
     k = torch.randn(B, H, L, D, generator=g) * 0.1
-    k[0, 1, 3] = k[0, 1, 6] = 3 * u / u.norm()
+    k[0, 1, 3] = k[0, 1, 36] = 3 * u / u.norm()
     key_valid = torch.ones(B, L, dtype=torch.bool)
     unit, candidate = single_token_units(B, L)
     pooling = word_pooling(unit, candidate, "mean")
     ref, _, wmap, warg = run_both((q, k, q, key_valid, torch.zeros(B, L, dtype=torch.long)), pooling)
-    expected0 = [1, 2, 1, 1, 1, 1, 1, 1, 1, 1]
-    expected1 = [3, 3, 3, 6, 3, 3, 3, 3, 3, 3]
+    expected0 = [1, 2] + [1] * (L - 2)
+    expected1 = [3] * L
+    expected1[3] = 36
     assert warg[0].tolist() == [expected0, expected1]
     assert torch.equal(warg, ref.word_argmax)
-    assert torch.equal(wmap[0, 1, :, 3], wmap[0, 1, :, 6])  # the tie is exact in the kernel too
+    assert torch.equal(wmap[0, 1, :, 3], wmap[0, 1, :, 36])  # the tie is exact in the kernel too
 
 
 def test_word_argmax_none_left_is_minus_one():
