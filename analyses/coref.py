@@ -410,13 +410,15 @@ def plot_bars(table_rows: list[dict], title: str):
 
 
 def plot_heatmaps(head_rows: list[dict], title: str):
-    """Layer x head accuracy, one panel per (dataset, type), cells annotated in percent."""
+    """Layer x head accuracy, one panel per GUM mention type and one for GAP (all rows; its
+    masculine/feminine split is in the CSV), cells annotated in percent."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys((r["dataset"], r["mention_type"]) for r in head_rows if r["n"]))
+    panels = list(dict.fromkeys((r["dataset"], r["mention_type"]) for r in head_rows
+                                if r["n"] and (r["dataset"] == "gum" or r["mention_type"] == "All")))
     n_layers = max(r["layer"] for r in head_rows)
     n_heads = max(r["head"] for r in head_rows)
     cols = min(len(panels), 2)
