@@ -3,6 +3,10 @@
     python -m pytest bench/ --benchmark-only        # the kernel benchmarks, grouped by shape
     python -m pytest bench/ -s -k working_set       # bytes per head on paper + working-set bound
 
+The `triton` rows run only where torch sees a GPU (inputs moved to it, timed after a
+synchronize); interpreter runs are not speed. `bench/bench_triton.py` has the GPU table
+with triton.testing.do_bench, the AOT resources and the traffic model.
+
 Not part of the test suite (pytest.ini: testpaths = tests; CI runs `pytest tests`).
 """
 from __future__ import annotations
@@ -27,6 +31,7 @@ KERNELS = {
     "eager": attention_stats_eager,
     "chunked": attention_stats_chunked,  # the compiled row pass (cpu_rows.c) when it builds
     "chunked-torch": functools.partial(attention_stats_chunked, row_pass="torch"),
+    "triton": None,  # bound below, on a GPU only
 }
 F32 = 4
 
@@ -55,10 +60,20 @@ def test_kernel(benchmark, shape, backend):
     benchmark.extra_info.update(B=B, H=H, L=L, D=D, maps_per_s_unit="B*H maps per call")
     inputs = make_inputs(B, H, L)
     fn = KERNELS[backend]
+    sync = lambda: None  # noqa: E731
+    if backend == "triton":
+        if not torch.cuda.is_available():
+            pytest.skip("the triton kernels are timed on a GPU only (interpreter runs are not speed)")
+        from bertscope.kernels.triton_attention import attention_stats_triton as fn
+
+        inputs = tuple(t.cuda() for t in inputs)
+        sync = torch.cuda.synchronize
 
     def call():
         with torch.inference_mode():
-            return fn(*inputs, SPEC)
+            result = fn(*inputs, SPEC)
+            sync()
+            return result
 
     out, stats = benchmark.pedantic(call, rounds=ROUNDS[L], warmup_rounds=1, iterations=1)
     assert out.shape == (B, L, H, D) and stats.entropy.shape == (B, H, L)
