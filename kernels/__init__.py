@@ -2,12 +2,18 @@
 
     eager    materialises every map; the oracle the others are tested against
     chunked  the CPU fast path: a few heads' L x L at a time, statistics fused into the pass
-    triton   the GPU kernels (separate issue; not built yet)
+    triton   the fused GPU kernel (`triton_attention.py`); on a CPU only through Triton's
+             interpreter (TRITON_INTERPRET=1, slow: for tests)
 
 `attention_stats` picks one by name; "auto" takes the fastest one available for the
-tensors' device.
+tensors' device: triton on CUDA when triton is installed, chunked otherwise.
 """
 from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
 
 from . import cpu_rows
 from .chunked import attention_stats_chunked
@@ -15,16 +21,47 @@ from .eager import attention_stats_eager
 from .pooling import word_pooling
 from .spec import Gate, RowStats, StatsSpec, WordPooling
 
-BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked}
+
+def attention_stats_triton(*args, **kwargs):
+    """The triton backend, imported on first use: @triton.jit decides between compiled and
+    interpreted kernels when the module runs, so TRITON_INTERPRET must be set before."""
+    from .triton_attention import attention_stats_triton as fn
+
+    return fn(*args, **kwargs)
+
+
+BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked, "triton": attention_stats_triton}
 BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
+
+
+def _triton_interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _device_type(device) -> str:
+    return torch.device(device).type
+
+
+def triton_unavailable_reason(device) -> str | None:
+    """Why the triton backend cannot run on `device`, or None when it can."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'bertscope[gpu]')"
+    if _device_type(device) != "cuda" and not _triton_interpret():
+        return (f"it needs a CUDA device, not {_device_type(device)} "
+                "(TRITON_INTERPRET=1 runs it on the CPU through Triton's interpreter, slowly: for tests)")
+    return None
 
 
 def resolve_backend(name: str, device) -> str:
     """The backend that `name` means on `device`; raises ValueError for one not available."""
     if name == "auto":
-        return "chunked"
+        is_cuda = _device_type(device) == "cuda"
+        return "triton" if is_cuda and triton_unavailable_reason(device) is None else "chunked"
     if name == "triton":
-        raise ValueError("the triton backend is not available yet (it is being built); use chunked or eager")
+        reason = triton_unavailable_reason(device)
+        if reason is not None:
+            raise ValueError(f"the triton backend is not available here: {reason}; use chunked or eager")
+        return name
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_CHOICES)}")
     return name
@@ -37,6 +74,13 @@ def describe_backend(name: str, device) -> dict:
     if backend == "chunked":
         reason = cpu_rows.unavailable_reason()
         info["row_pass"] = "compiled (cpu_rows.c)" if reason is None else f"torch ({reason})"
+    if backend == "triton":
+        import triton
+
+        from . import triton_attention
+
+        info["mode"] = "interpreter (TRITON_INTERPRET=1)" if triton_attention.INTERPRETED else "compiled"
+        info["triton"] = triton.__version__
     return info
 
 
@@ -47,5 +91,5 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
 
 
-__all__ = ["attention_stats", "describe_backend", "resolve_backend", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
+__all__ = ["attention_stats", "describe_backend", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
            "Gate", "RowStats", "StatsSpec", "WordPooling"]

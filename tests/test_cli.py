@@ -158,6 +158,7 @@ def test_console_script(tmp_path, minilm_path, wiki_available):
     script = shutil.which("bertscope", path=str(Path(sys.executable).parent))
     assert script is not None, "the bertscope console script is not installed next to python"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TRITON_INTERPRET", None)  # the triton backend must be unavailable here (no GPU, no interpreter)
     out = tmp_path / "run"
     done = subprocess.run([script, "run", "--corpus", "wiki", "--limit", "4", "--out", str(out), "--quiet",
                            "--no-figures"], env=env, capture_output=True, text=True, timeout=300)
@@ -251,6 +252,7 @@ def errors(tmp_path, tiny_checkpoint, gpt2_checkpoint, corpus_file):
 ])
 def test_user_errors_exit_2_with_one_line(case, errors, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a run without --out would go to ./runs
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no GPU and no interpreter: triton is unavailable
     args, fragment = errors[case]
     if "--out" not in args and "--resume" not in args:
         args = [*args, "--out", str(tmp_path / "out")]

@@ -1,0 +1,373 @@
+"""The fused Triton forward: attention output and row statistics in one pass over K and V.
+
+One program handles BLOCK_M query rows of one (batch, head) map. It computes
+S = Q K^T * scale with padding keys set to the most negative finite float (as `eager` does,
+so a sequence with no valid key gets uniform rows instead of NaN), the softmax, O = P V,
+and in the same pass the row statistics of `spec.StatsSpec`:
+
+- entropy       H = lse - sum_j p_j s_j, kept as H = ln l - t / l with l = sum_j e_j,
+                t = sum_j e_j (s_j - m), e_j = exp(s_j - m) relative to the running max m
+                (no log per key, and no cancellation of two large numbers);
+- offset mass   p_{i, i+o} for each offset o, recomputed in the epilogue from the final
+                m and l: one (BLOCK_M, D) load of K shifted by o and a row dot product;
+- class mass    sum of p_j over the keys of each class (one class id per key);
+- argmax        the first key with the row's largest score (ties: lowest index), tracked
+                with the running max;
+- lse           m + ln l, fp32, for passes that need p again (column mass, JS divergence).
+
+Two code paths, chosen by the constexpr SINGLE_TILE:
+- single-tile: the whole key row sits in one (BLOCK_M, BLOCK_N) tile, the softmax is
+  exact (normalised in registers before P V), for short rows (`kernel_config`);
+- online: key blocks of BLOCK_N with a running max, FlashAttention-style rescaling of
+  the output, the class masses and t.
+
+Head gates are applied in the epilogue: ZERO writes 0, UNIFORM writes the mean of V over
+the valid keys (summed in the same key loop). The statistics, lse included, are always
+those of the head's own un-gated attention.
+
+Inputs are (B, H, L, D) tensors, possibly strided views of the model's projections: the
+kernel reads them through their strides, nothing is copied. fp32 and fp16 inputs are
+supported; everything is computed in fp32 (fp32 dots use input_precision="ieee", not
+tf32; fp16 P V multiplies an fp16 P as FlashAttention does), the output has the input
+dtype. On a machine without a GPU the kernel runs on CPU tensors through Triton's
+interpreter when TRITON_INTERPRET=1 is set before this module is imported.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .eager import keep_qk, require_pooling, zero_padding_rows
+from .spec import RowStats, StatsSpec, WordPooling
+
+# rows up to this length take the single-tile path (fp16; fp32, whose exact dots need more registers)
+SINGLE_TILE_MAX_L = 128
+SINGLE_TILE_MAX_L_FP32 = 32
+
+
+@triton.jit
+def _attn_stats_inner(
+    acc, l_i, m_i, t_i, arg_i, cls_i, vsum_i, nvalid_i,  #
+    q, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+    stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+    sm_scale, L, D, n_classes,  #
+    offs_d, FMIN,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
+    SINGLE_TILE: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,  #
+    IS_FP32: tl.constexpr,
+):
+    """Run over the keys of one row block; the returned acc and cls_i are normalised by l_i
+    only on the single-tile path (the online path divides in the epilogue)."""
+    d_in = offs_d < D  # (BLOCK_D,)
+    cidx = tl.arange(0, C_PAD)  # (C_PAD,)
+    if SINGLE_TILE:
+        hi = BLOCK_N
+    else:
+        hi = L
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        n_in = offs_n < L
+        # -- scores of this key block
+        k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                    mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+        if IS_FP32:
+            s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
+        else:
+            s = tl.dot(q, k)  # (BLOCK_M, BLOCK_N), fp32 accumulation
+        s = s * sm_scale
+        kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+        s = tl.where(kv[None, :], s, FMIN)  # padding keys: finite fill, as eager
+        s = tl.where(n_in[None, :], s, float("-inf"))  # past the row end: no key at all
+        # -- update m_i; e = exp(s - m_new); rescale factor alpha
+        m_blk = tl.max(s, 1)  # (BLOCK_M,)
+        m_new = tl.maximum(m_i, m_blk)
+        alpha = tl.exp(m_i - m_new)  # 0 on the first block (m_i = -inf)
+        e = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N); 0 past the row end
+        l_blk = tl.sum(e, 1)
+        if ARGMAX:
+            # -- first key with the block's max; a later block wins only with a strictly larger score
+            arg_blk = tl.min(tl.where(s == m_blk[:, None], offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
+            arg_i = tl.where(m_blk > m_i, arg_blk, arg_i)
+        if ENTROPY:
+            # -- t = sum_j e_j (s_j - m); guard 0 * -inf past the row end
+            ds = tl.where(n_in[None, :], s - m_new[:, None], 0.0)  # (BLOCK_M, BLOCK_N)
+            t_blk = tl.sum(e * ds, 1)
+            shift = tl.where(l_i > 0, m_i - m_new, 0.0) * l_i  # moves the old t from m_i to m_new (no -inf * 0)
+            t_i = alpha * (t_i + shift) + t_blk
+        l_i = l_i * alpha + l_blk
+        m_i = m_new
+        if SINGLE_TILE:
+            p = e * (1.0 / l_i)[:, None]  # exact softmax: the whole row is in this tile
+        else:
+            p = e
+        # -- class mass
+        cls = tl.load(Class_ptr + offs_n * stride_cl, mask=n_in, other=-1)  # (BLOCK_N,)
+        cls_i = cls_i * alpha[:, None]
+        for c in range(0, n_classes):
+            mass = tl.sum(tl.where(cls[None, :] == c, p, 0.0), 1)  # (BLOCK_M,)
+            cls_i = tl.where(cidx[None, :] == c, cls_i + mass[:, None], cls_i)  # (BLOCK_M, C_PAD)
+        # -- update acc with P V; sum of valid V rows for the UNIFORM gate
+        v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+                    mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        acc = acc * alpha[:, None]
+        if IS_FP32:
+            acc = tl.dot(p, v, acc, input_precision="ieee")  # (BLOCK_M, BLOCK_D)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        vsum_i += tl.sum(tl.where(kv[:, None], v.to(tl.float32), 0.0), 0)  # (BLOCK_D,)
+        nvalid_i += tl.sum(kv.to(tl.int32), 0)
+    return acc, l_i, m_i, t_i, arg_i, cls_i, vsum_i, nvalid_i
+
+
+@triton.jit
+def _attn_stats_fwd(
+    Q, K, V, KeyValid, KeyClass, Gates, Offsets,  #
+    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax,  #
+    sm_scale,  #
+    stride_qb, stride_qh, stride_ql, stride_qd,  #
+    stride_kb, stride_kh, stride_kl, stride_kd,  #
+    stride_vb, stride_vh, stride_vl, stride_vd,  #
+    stride_ob, stride_oh, stride_ol, stride_od,  #
+    stride_mb, stride_ml, stride_cb, stride_cl,  #
+    H, L, D, n_offsets, n_classes,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
+    SINGLE_TILE: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,  #
+    IS_FP32: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    FMIN: tl.constexpr = -3.4028234663852886e38  # torch.finfo(torch.float32).min
+    # -- this program's (b, h) map
+    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
+    K_ptr = K + off_b * stride_kb + off_h * stride_kh
+    V_ptr = V + off_b * stride_vb + off_h * stride_vh
+    Valid_ptr = KeyValid + off_b * stride_mb
+    Class_ptr = KeyClass + off_b * stride_cb
+    row0 = off_bh.to(tl.int64) * L  # first row of this map in the (B, H, L, ...) statistics
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    m_in = offs_m < L
+    d_in = offs_d < D
+    q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+                mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+    # -- running state
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    arg_i = tl.zeros([BLOCK_M], dtype=tl.int32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    cls_i = tl.zeros([BLOCK_M, C_PAD], dtype=tl.float32)
+    vsum_i = tl.zeros([BLOCK_D], dtype=tl.float32)
+    nvalid_i = tl.zeros([], dtype=tl.int32)
+    acc, l_i, m_i, t_i, arg_i, cls_i, vsum_i, nvalid_i = _attn_stats_inner(
+        acc, l_i, m_i, t_i, arg_i, cls_i, vsum_i, nvalid_i,  #
+        q, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+        stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+        sm_scale, L, D, n_classes, offs_d, FMIN,  #
+        BLOCK_M, BLOCK_N, BLOCK_D, C_PAD,  #
+        SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32)
+    # -- epilogue: normalise (online path), row statistics
+    if not SINGLE_TILE:
+        acc = acc / l_i[:, None]
+        cls_i = cls_i / l_i[:, None]
+    lse = m_i + tl.log(l_i)  # (BLOCK_M,)
+    tl.store(Lse + row0 + offs_m, lse, mask=m_in)
+    if ENTROPY:
+        tl.store(Entropy + row0 + offs_m, tl.log(l_i) - t_i / l_i, mask=m_in)
+    if ARGMAX:
+        tl.store(Argmax + row0 + offs_m, arg_i.to(tl.int64), mask=m_in)
+    cidx = tl.arange(0, C_PAD)  # (C_PAD,)
+    tl.store(ClassMass + (row0 + offs_m)[:, None] * n_classes + cidx[None, :], cls_i,
+             mask=m_in[:, None] & (cidx[None, :] < n_classes))
+    # -- offset mass: p_{i, i+o} = exp(s_{i, i+o} - m_i) / l_i from a shifted K tile
+    qf = q.to(tl.float32)
+    for o in range(0, n_offsets):
+        off = tl.load(Offsets + o)
+        kr = offs_m + off  # (BLOCK_M,)
+        inside = (kr >= 0) & (kr < L)
+        k_o = tl.load(K_ptr + kr[:, None] * stride_kl + offs_d[None, :] * stride_kd,
+                      mask=inside[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        s_o = tl.sum(qf * k_o.to(tl.float32), 1) * sm_scale  # (BLOCK_M,)
+        kv_o = tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0
+        s_o = tl.where(kv_o, s_o, FMIN)
+        p_o = tl.where(inside, tl.exp(s_o - m_i) / l_i, 0.0)
+        tl.store(OffsetMass + (row0 + offs_m) * n_offsets + o, p_o, mask=m_in)
+    # -- head gate: ZERO -> 0, UNIFORM -> mean of V over valid keys; statistics stay un-gated
+    gate = tl.load(Gates + off_h)
+    vmean = vsum_i / tl.maximum(nvalid_i, 1).to(tl.float32)  # (BLOCK_D,)
+    acc = tl.where(gate == 2, vmean[None, :] + tl.zeros_like(acc), acc)
+    acc = tl.where(gate == 1, 0.0, acc)
+    O_ptr = Out + off_b * stride_ob + off_h * stride_oh
+    tl.store(O_ptr + offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od, acc.to(Out.dtype.element_ty),
+             mask=m_in[:, None] & d_in[None, :])
+
+
+# True when this module was imported under TRITON_INTERPRET=1 (the kernel runs on CPU tensors)
+INTERPRETED = not isinstance(_attn_stats_fwd, triton.runtime.jit.JITFunction)
+
+
+def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None = None) -> dict:
+    """Code path, block sizes, warps and stages for rows of length L, head dimension D.
+
+    The shipped configurations are those `triton_aot` compiles for sm_80 and sm_90 with no
+    register spill (ptxas -v, D = 32 and 64; the table is in kernels/triton_aot.py):
+        fp16  single-tile for L <= 128: BLOCK_M 32 x BLOCK_N 128, 8 warps
+              online:                   64 x 64, 8 warps, 2 stages
+        fp32  single-tile for L <= 32:  16 x 32, 4 warps
+              online:                   32 x 32, 4 warps, 3 stages
+    fp32 dots are exact ("ieee"): FMA loops instead of tensor cores, which need far more
+    registers, so fp32 tiles are small and fp32 rows longer than 32 take the online path
+    (a 32 x 64 single tile already spills). single_tile=True/False forces a path (the tests
+    run both on the same inputs); a forced single tile longer than the shipped one is for
+    the interpreter and is not register-checked.
+    """
+    fp16 = dtype == torch.float16
+    max_single = SINGLE_TILE_MAX_L if fp16 else SINGLE_TILE_MAX_L_FP32
+    if single_tile is None:
+        single_tile = L <= max_single
+    block_d = max(16, triton.next_power_of_2(D))
+    if single_tile:
+        block_n = max(max_single, triton.next_power_of_2(L))
+        block_m = 32 if fp16 and block_n <= 128 else 16
+        num_warps, num_stages = (8 if fp16 else 4), 1
+    elif fp16:
+        block_m, block_n, num_warps, num_stages = 64, 64, 8, 2
+    else:
+        block_m, block_n, num_warps, num_stages = 32, 32, 4, 3
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile, num_warps=num_warps,
+                num_stages=num_stages)
+
+
+def c_pad(n_classes: int) -> int:
+    """The class accumulator's width: a power of two >= n_classes."""
+    return max(2, triton.next_power_of_2(n_classes))
+
+
+def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, single_tile=None,
+                    stats_dtype=None):
+    """One launch: attention output, row statistics and row log-sum-exp.
+
+    q, k, v:    (B, H, L, D) fp32 or fp16, any strides (read in place)
+    key_valid:  (B, L) bool, False for padding keys
+    key_class:  (B, L) integer class ids in [0, spec.n_key_classes)
+    gates:      (H,) int tensor of `Gate` values, or None (all KEEP)
+    single_tile: force the single-tile (True) or online (False) path; None picks by L
+    stats_dtype: dtype of entropy / offset_mass / class_mass (default: the input dtype)
+    Returns (out (B, L, H, D) contiguous in the input dtype, dict of statistics tensors
+    "entropy" (B, H, L), "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C),
+    "argmax" (B, H, L) int64 (absent when not asked for), lse (B, H, L) fp32).
+    Statistics of padding-query rows are left as computed (finite); out of a gated head
+    is gated, statistics never are.
+    """
+    if q.dtype not in (torch.float32, torch.float16):
+        raise TypeError(f"the triton backend takes float32 or float16 inputs, not {q.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError("q, k and v must have the same dtype")
+    B, H, L, D = q.shape
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must all be (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    scale = D**-0.5 if scale is None else float(scale)
+    dev = q.device
+    C, O = spec.n_key_classes, len(spec.offsets)
+    stats_dtype = q.dtype if stats_dtype is None else stats_dtype
+    cfg = kernel_config(L, D, q.dtype, single_tile)
+
+    valid = key_valid.to(device=dev).view(torch.int8) if key_valid.dtype == torch.bool else key_valid.to(dev, torch.int8)
+    classes = key_class.to(device=dev, dtype=torch.int32)  # (B, L), a small copy
+    if gates is None:
+        gates_t = torch.zeros(H, dtype=torch.int32, device=dev)
+    else:
+        gates_t = torch.as_tensor(gates).to(device=dev, dtype=torch.int32)
+    offsets = torch.tensor(spec.offsets if O else [0], dtype=torch.int32, device=dev)
+
+    out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # written as (B, H, L, D) through strides
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
+    entropy = torch.empty(B, H, L, dtype=stats_dtype, device=dev) if spec.entropy else lse
+    offset_mass = torch.empty(B, H, L, O, dtype=stats_dtype, device=dev)
+    class_mass = torch.empty(B, H, L, C, dtype=stats_dtype, device=dev)
+    argmax = torch.empty(B, H, L, dtype=torch.int64, device=dev) if spec.argmax else lse
+
+    grid = (triton.cdiv(L, cfg["BLOCK_M"]), B * H)
+    _attn_stats_fwd[grid](
+        q, k, v, valid, classes, gates_t, offsets,  #
+        out, lse, entropy, offset_mass, class_mass, argmax,  #
+        scale,  #
+        *q.stride(), *k.stride(), *v.stride(),  #
+        out.stride(0), out.stride(2), out.stride(1), out.stride(3),  #
+        valid.stride(0), valid.stride(1), classes.stride(0), classes.stride(1),  #
+        H, L, D, O, C,  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C),  #
+        SINGLE_TILE=cfg["SINGLE_TILE"], ENTROPY=spec.entropy, ARGMAX=spec.argmax,  #
+        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    stats = {"class_mass": class_mass}
+    if spec.entropy:
+        stats["entropy"] = entropy
+    if O:
+        stats["offset_mass"] = offset_mass
+    if spec.argmax:
+        stats["argmax"] = argmax
+    return out, stats, lse
+
+
+def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
+                           pooling: WordPooling | None = None, single_tile=None):
+    """Same contract as `attention_stats_eager`: (out (B, L, H, D), RowStats), padding-query
+    rows of every row statistic zeroed. Statistics are those of the un-gated attention.
+
+    The fused kernel gives the row statistics; what it does not compute (column mass, word
+    maps, kept q/k) is added by `_extras` from the kernel's row lse.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    out, rows, lse = fused_attention(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale,
+                                     single_tile=single_tile)
+    stats = RowStats(**rows)
+    _extras(spec, stats, q, k, key_valid, lse, scale, pooling)
+    return out, zero_padding_rows(stats, key_valid)
+
+
+# StatsSpec fields the fused kernel serves itself, and those `_extras` serves
+_KERNEL_FIELDS = {"offsets", "n_key_classes", "entropy", "argmax"}
+_EXTRA_FIELDS = {"column_mass", "word_maps", "keep_qk"}
+
+
+def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling):
+    """HOOK: the statistics beyond the fused kernel's, from its row lse (B, H, L) fp32.
+
+    column_mass and word_maps are separate Triton passes (kernels/triton_maps.py) that
+    re-derive p_ij = exp(s_ij - lse_i) tile by tile; keep_qk hands q and k on as views.
+    A StatsSpec field this backend does not know fails loudly here rather than coming back
+    as a silently missing statistic.
+    """
+    unknown = [f.name for f in dataclasses.fields(spec)
+               if f.name not in _KERNEL_FIELDS | _EXTRA_FIELDS and _asks(getattr(spec, f.name))]
+    if unknown:
+        raise NotImplementedError(
+            f"the triton backend does not compute {', '.join(unknown)} "
+            "(add it in kernels/triton_attention.py:_extras); use --backend chunked or eager")
+    stats_dtype = q.dtype
+    if getattr(spec, "column_mass", False) or getattr(spec, "word_maps", False):
+        from . import triton_maps
+
+        if spec.column_mass:
+            stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=stats_dtype)
+        if spec.word_maps:
+            stats.word_map, stats.word_argmax = triton_maps.word_maps_triton(
+                q, k, key_valid, lse, require_pooling(pooling), scale, out_dtype=stats_dtype)
+    if getattr(spec, "keep_qk", False):
+        keep_qk(stats, q, k, scale, spec)
+
+
+def _asks(value) -> bool:
+    """Whether a spec field's value asks for a statistic (False, None, 0 and empty do not)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() > 0
+    return bool(value)
+
+
+__all__ = ["attention_stats_triton", "fused_attention", "kernel_config", "INTERPRETED", "SINGLE_TILE_MAX_L"]

@@ -1,0 +1,271 @@
+"""The fused Triton forward (kernels/triton_attention.py) against the eager reference, run
+by Triton's interpreter on the CPU.
+
+@triton.jit decides between compiled and interpreted kernels when the kernel module runs,
+so TRITON_INTERPRET=1 is set before it is imported. The interpreter also reads it while a
+kernel runs, so an autouse fixture sets it for every test here; in between, the previous
+value is put back, and other test modules (the CLI's "triton is unavailable" checks) see
+the environment they started with.
+"""
+import dataclasses
+import importlib
+import math
+import os
+
+_previous = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+import bertscope.kernels.triton_attention as ta  # noqa: E402
+import bertscope.kernels.triton_maps as tm  # noqa: E402  (the extras' passes, interpreted as well)
+
+if not ta.INTERPRETED:  # imported earlier in this process without the interpreter
+    ta = importlib.reload(ta)
+if not tm.INTERPRETED:
+    tm = importlib.reload(tm)
+if _previous is None:
+    del os.environ["TRITON_INTERPRET"]
+else:
+    os.environ["TRITON_INTERPRET"] = _previous
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from bertscope.kernels import Gate, StatsSpec, attention_stats, describe_backend, resolve_backend  # noqa: E402
+from bertscope.kernels.eager import attention_stats_eager, masked_scores  # noqa: E402
+
+SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4)
+ROW_FIELDS = ("entropy", "offset_mass", "class_mass")
+PATHS = [None, True, False]  # by length, single-tile forced, online forced
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def make_inputs(B, H, L, D, lengths, seed=0, scale=2.0, C=4, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, L, D, generator=g) * scale for _ in range(3))
+    key_valid = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
+    key_class = torch.randint(0, C, (B, L), generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype), key_valid, key_class
+
+
+def triton(*inputs, spec=SPEC, **kw):
+    return ta.attention_stats_triton(*inputs, spec, **kw)
+
+
+def assert_same(ref, got, key_valid, atol=1e-5, rtol=1e-5, argmax=True):
+    (out_r, sr), (out_g, sg) = ref, got
+    rows = key_valid[:, :, None, None]  # (B, L, 1, 1) in the output layout
+    torch.testing.assert_close(out_g * rows, out_r * rows, atol=atol, rtol=rtol)
+    for name in ROW_FIELDS:
+        a, b = getattr(sg, name), getattr(sr, name)
+        assert a is not None and b is not None, name
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=name)
+    if argmax:
+        assert torch.equal(sg.argmax, sr.argmax)
+
+
+@pytest.mark.parametrize("L", [1, 16, 37, 128, 200])
+def test_matches_eager_at_odd_lengths_with_padding(L):
+    inputs = make_inputs(3, 2 if L < 100 else 1, L, 32, [L, max(1, L // 2), 1], seed=L)  # the interpreter is slow
+    assert_same(attention_stats_eager(*inputs, SPEC), triton(*inputs), inputs[3])
+
+
+def test_long_rows_take_the_online_path():
+    assert not ta.kernel_config(512, 32, torch.float32)["SINGLE_TILE"]
+    assert not ta.kernel_config(512, 32, torch.float16)["SINGLE_TILE"]
+    inputs = make_inputs(1, 1, 512, 32, [509], seed=5)
+    assert_same(attention_stats_eager(*inputs, SPEC), triton(*inputs), inputs[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("L", [20, 100])
+def test_single_tile_and_online_paths_agree(L, dtype):
+    """Both code paths forced on the same inputs (and by-length dispatch picks one of them)."""
+    inputs = make_inputs(2, 2, L, 16, [L, L - 7], seed=L, dtype=dtype)
+    single, online = triton(*inputs, single_tile=True), triton(*inputs, single_tile=False)
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    assert_same(single, online, inputs[3], atol=tol, rtol=tol)
+    _, s_single, lse_single = ta.fused_attention(*inputs, SPEC, single_tile=True)
+    _, s_online, lse_online = ta.fused_attention(*inputs, SPEC, single_tile=False)
+    torch.testing.assert_close(lse_single, lse_online, atol=1e-5, rtol=1e-6)
+    ref = attention_stats_eager(*(t.float() if t.is_floating_point() else t for t in inputs), SPEC)
+    ref_tol = 1e-5 if dtype == torch.float32 else 5e-3
+    for got in (single, online):  # and both are right, not just equal
+        assert_same(ref, tuple((got[0].float(), dataclasses.replace(got[1], **{n: getattr(got[1], n).float() for n in ROW_FIELDS})))
+                    , inputs[3], atol=ref_tol, rtol=ref_tol, argmax=dtype == torch.float32)
+
+
+def test_reference_statistics_from_first_principles():
+    """A 1x1x3 map with known probabilities, on both paths."""
+    q = torch.tensor([[[[1.0], [0.0], [0.0]]]])  # (1, 1, 3, 1); row 0 scores [0, ln 2, 0]
+    k = torch.tensor([[[[0.0], [math.log(2)], [0.0]]]])
+    v = torch.tensor([[[[1.0], [2.0], [3.0]]]])
+    key_valid, key_class = torch.ones(1, 3, dtype=torch.bool), torch.tensor([[0, 1, 1]])
+    spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2)
+    for single_tile in (True, False):
+        out, s = ta.attention_stats_triton(q, k, v, key_valid, key_class, spec, scale=1.0, single_tile=single_tile)
+        assert out[0, 0, 0, 0].item() == pytest.approx(0.25 * 1 + 0.5 * 2 + 0.25 * 3)
+        assert s.entropy[0, 0, 0].item() == pytest.approx(1.5 * math.log(2))
+        assert s.offset_mass[0, 0, 0].tolist() == pytest.approx([0.0, 0.25, 0.5])
+        assert s.class_mass[0, 0, 0].tolist() == pytest.approx([0.25, 0.75])
+        assert s.argmax[0, 0].tolist() == [1, 0, 0]  # rows 1 and 2 are uniform: lowest index
+        assert s.entropy[0, 0, 1].item() == pytest.approx(math.log(3))
+        assert s.offset_mass[0, 0, 2].tolist() == pytest.approx([1 / 3, 1 / 3, 0.0])
+
+
+@pytest.mark.parametrize("single_tile", [True, False])
+def test_single_valid_key_rows(single_tile):
+    q, k, v, key_valid, key_class = make_inputs(2, 3, 9, 8, [9, 1])
+    out, s = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
+    assert torch.all(s.entropy[1, :, 0].abs() < 1e-6)
+    torch.testing.assert_close(s.offset_mass[1, :, 0, SPEC.offsets.index(0)], torch.ones(3))
+    assert torch.equal(s.argmax[1, :, 0], torch.zeros(3, dtype=torch.long))
+    torch.testing.assert_close(out[1, 0], v[1, :, 0])  # the only value
+    for t in (s.entropy, s.offset_mass, s.class_mass, s.argmax):  # padding queries are zero
+        assert t[1, :, 1:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("single_tile", [True, False])
+def test_sequence_without_any_valid_key_is_uniform_like_eager(single_tile):
+    q, k, v, key_valid, key_class = make_inputs(2, 2, 6, 4, [6, 1])
+    key_valid[1] = False
+    ref = attention_stats_eager(q, k, v, key_valid, key_class, SPEC)
+    out, s = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
+    assert torch.isfinite(out).all() and torch.isfinite(s.entropy).all()
+    torch.testing.assert_close(out[1], v[1].mean(1).expand(6, -1, -1))  # uniform over all L keys, as eager
+    torch.testing.assert_close(out, ref[0], atol=1e-5, rtol=1e-5)  # every row, padding ones included
+    assert_same(ref, (out, s), key_valid)
+    _, _, lse = ta.fused_attention(q, k, v, key_valid, key_class, SPEC, single_tile=single_tile)
+    assert torch.isfinite(lse).all() and (lse[1] < torch.finfo(torch.float32).min / 2).all()
+
+
+@pytest.mark.parametrize("single_tile", [True, False])
+@pytest.mark.parametrize("L", [5, 33, 70])
+def test_argmax_takes_the_lowest_index_on_ties(L, single_tile):
+    """Ties inside one key block and across blocks (online blocks are 32 keys for fp32)."""
+    q, k, v, key_valid, key_class = make_inputs(1, 1, L, 4, [L])
+    q[..., 0, :] = 0.0  # row 0: uniform -> 0
+    k[..., L // 2, :] = k[..., L - 1, :] = 100.0  # two identical dominant keys
+    q[..., 1, :] = 1.0  # row 1: ties between L//2 and L-1 -> L//2
+    _, s = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
+    assert s.argmax[0, 0, 0].item() == 0
+    assert s.argmax[0, 0, 1].item() == L // 2
+    assert torch.equal(s.argmax, attention_stats_eager(q, k, v, key_valid, key_class, SPEC)[1].argmax)
+
+
+def test_planted_ties_agree_with_eager():
+    q, k, v, key_valid, key_class = make_inputs(1, 2, 40, 8, [40])
+    k[..., 7, :] = k[..., 30, :] = 5.0
+    q = q.abs()
+    eager = attention_stats_eager(q, k, v, key_valid, key_class, SPEC)[1].argmax
+    for single_tile in (True, False):
+        got = triton(q, k, v, key_valid, key_class, single_tile=single_tile)[1].argmax
+        assert torch.equal(got, eager)
+    assert (eager == 7).any() and not (eager == 30).any()
+
+
+@pytest.mark.parametrize("single_tile", [True, False])
+def test_gates_in_the_epilogue(single_tile):
+    q, k, v, key_valid, key_class = make_inputs(2, 3, 10, 4, [10, 6])
+    gates = torch.tensor([Gate.KEEP, Gate.ZERO, Gate.UNIFORM], dtype=torch.int8)
+    kept, s_kept = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
+    out, s = triton(q, k, v, key_valid, key_class, gates=gates, single_tile=single_tile)
+    ref = attention_stats_eager(q, k, v, key_valid, key_class, SPEC, gates=gates)
+    torch.testing.assert_close(out, ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[:, :, 0], kept[:, :, 0])
+    assert out[:, :, 1].abs().sum() == 0
+    torch.testing.assert_close(out[1, :, 2], v[1, 2, :6].mean(0).expand(10, -1))  # mean over the 6 valid keys
+    for name in (*ROW_FIELDS, "argmax"):  # statistics ignore the gate
+        assert torch.equal(getattr(s, name), getattr(s_kept, name)), name
+
+
+def test_fp16_inputs():
+    inputs = make_inputs(2, 2, 45, 32, [45, 30], seed=2, dtype=torch.float16)
+    ref = attention_stats_eager(*(t.float() if t.is_floating_point() else t for t in inputs), SPEC)
+    out, s = triton(*inputs)
+    assert out.dtype == torch.float16 and s.entropy.dtype == torch.float16 and s.argmax.dtype == torch.int64
+    rows = inputs[3][:, :, None, None]
+    torch.testing.assert_close(out.float() * rows, ref[0] * rows, atol=5e-3, rtol=5e-3)
+    for name in ROW_FIELDS:
+        torch.testing.assert_close(getattr(s, name).float(), getattr(ref[1], name), atol=2e-3, rtol=2e-3, msg=name)
+    assert (s.argmax == ref[1].argmax).float().mean() > 0.99  # near-ties may round differently in fp16
+
+
+def test_strided_views_of_the_projections_are_read_in_place():
+    """q, k, v as (B, H, L, D) views of a (B, L, 3 H D) projection: same result as contiguous copies."""
+    B, H, L, D = 2, 3, 21, 8
+    qkv = torch.randn(B, L, 3 * H * D, generator=torch.Generator().manual_seed(1)) * 2
+    q, k, v = (t.view(B, L, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=-1))  # strided views
+    assert not q.is_contiguous()
+    key_valid = torch.arange(L)[None] < torch.tensor([[L], [13]])
+    key_class = torch.randint(0, 4, (B, L))
+    strided = triton(q, k, v, key_valid, key_class)
+    dense = triton(q.contiguous(), k.contiguous(), v.contiguous(), key_valid, key_class)
+    assert torch.equal(strided[0], dense[0])
+    assert strided[0].is_contiguous() and strided[0].shape == (B, L, H, D)
+    assert_same(attention_stats_eager(q, k, v, key_valid, key_class, SPEC), strided, key_valid)
+
+
+@pytest.mark.parametrize("single_tile", [True, False])
+def test_row_lse(single_tile):
+    inputs = make_inputs(2, 2, 40, 8, [40, 25], seed=4)
+    _, _, lse = ta.fused_attention(*inputs, SPEC, single_tile=single_tile)
+    ref = torch.logsumexp(masked_scores(inputs[0], inputs[1], inputs[3], 8**-0.5), dim=-1)  # (B, H, L)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 2, 40)
+    torch.testing.assert_close(lse, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_spec_switches_and_extras():
+    """No entropy/argmax/offsets; column mass and kept q/k through the `_extras` hook."""
+    inputs = make_inputs(2, 2, 19, 8, [19, 7], seed=9, C=3)
+    spec = StatsSpec(offsets=(), n_key_classes=3, entropy=False, argmax=False, column_mass=True, keep_qk=True)
+    ref, got = attention_stats_eager(*inputs, spec), triton(*inputs, spec=spec)
+    torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1].class_mass, ref[1].class_mass, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1].column_mass, ref[1].column_mass, atol=1e-5, rtol=1e-5)
+    assert got[1].entropy is None and got[1].offset_mass is None and got[1].argmax is None
+    assert got[1].queries is inputs[0] and got[1].keys is inputs[1]
+
+
+def test_unknown_spec_field_fails_loudly():
+    @dataclasses.dataclass(frozen=True)
+    class NewSpec(StatsSpec):
+        attention_rollout: bool = True
+
+    inputs = make_inputs(1, 1, 4, 4, [4])
+    with pytest.raises(NotImplementedError, match="attention_rollout"):
+        triton(*inputs, spec=NewSpec())
+
+
+def test_bad_dtypes():
+    inputs = make_inputs(1, 1, 4, 16, [4], dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="float32 or float16"):
+        triton(*inputs)
+
+
+def test_dispatcher(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        resolve_backend("triton", cpu)
+    assert resolve_backend("auto", cpu) == "chunked"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_backend("triton", cpu) == "triton"
+    assert resolve_backend("auto", cpu) == "chunked"  # the interpreter is for tests, never picked by auto
+    assert describe_backend("triton", cpu)["mode"].startswith("interpreter")
+    inputs = make_inputs(2, 2, 12, 8, [12, 5], seed=3)
+    assert_same(attention_stats_eager(*inputs, SPEC), attention_stats(*inputs, SPEC, backend="triton"), inputs[3])
+
+
+@settings(max_examples=10, deadline=None)
+@given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 48), D=st.sampled_from([1, 4, 8, 17]),
+       single_tile=st.sampled_from(PATHS), data=st.data())
+def test_matches_eager_on_random_shapes(B, H, L, D, single_tile, data):
+    lengths = data.draw(st.lists(st.integers(1, L), min_size=B, max_size=B))
+    inputs = make_inputs(B, H, L, D, lengths, seed=data.draw(st.integers(0, 10**6)))
+    assert_same(attention_stats_eager(*inputs, SPEC), triton(*inputs, single_tile=single_tile), inputs[3])
