@@ -31,7 +31,10 @@ NAME = "cluster"
 
 BEHAVIOURS = ("broad", "previous", "next", "[CLS]", "[SEP]", "punctuation", "other")
 JS_COLUMNS = ("head_a", "head_b", "same_layer", "js_sum", "js_mean_per_token")
-MDS_COLUMNS = ("layer", "head", "x", "y", "behaviour")
+# the surface columns a behaviour label is read from, repeated in cluster_mds.csv so that
+# every label can be checked against its numbers
+LABEL_COLUMNS = ("prev", "next", "cls", "sep", "punct", "entropy")
+MDS_COLUMNS = ("layer", "head", "x", "y", "behaviour") + LABEL_COLUMNS
 
 
 # ----------------------------------------------------------------------------- labels
@@ -197,11 +200,15 @@ def embed(distance: np.ndarray, seed: int = 0) -> np.ndarray:
     return mds.fit_transform(d)
 
 
-def mds_rows(xy: np.ndarray, labels: np.ndarray, n_layers: int, n_heads: int) -> list[dict]:
-    """cluster_mds.csv: layer, head (from 1), x, y, behaviour."""
+def mds_rows(xy: np.ndarray, labels: np.ndarray, table: dict[str, np.ndarray], n_layers: int,
+             n_heads: int) -> list[dict]:
+    """cluster_mds.csv: layer, head (from 1), x, y, behaviour, and the surface columns
+    (each (layers, H) in `table`) the behaviour was read from."""
     flat = np.asarray(labels).reshape(-1)
+    columns = {c: np.asarray(table[c], dtype=float).reshape(-1) for c in LABEL_COLUMNS}
     return [{"layer": i // n_heads + 1, "head": i % n_heads + 1, "x": float(xy[i, 0]), "y": float(xy[i, 1]),
-             "behaviour": str(flat[i])} for i in range(n_layers * n_heads)]
+             "behaviour": str(flat[i]), **{c: float(v[i]) for c, v in columns.items()}}
+            for i in range(n_layers * n_heads)]
 
 
 # ----------------------------------------------------------------------------- report

@@ -113,8 +113,11 @@ def test_mds_rows_and_figures(tmp_path):
     d = planted()
     xy = cluster.embed(d)
     labels = np.array([["broad"] * 6, ["previous", "next", "[CLS]", "[SEP]", "punctuation", "other"]], dtype=object)
-    rows = cluster.mds_rows(xy, labels, 2, 6)
-    assert rows[7] == {"layer": 2, "head": 2, "x": xy[7, 0], "y": xy[7, 1], "behaviour": "next"}
+    table = {c: np.arange(12.0).reshape(2, 6) + k / 10 for k, c in enumerate(cluster.LABEL_COLUMNS)}
+    rows = cluster.mds_rows(xy, labels, table, 2, 6)
+    assert tuple(rows[7]) == cluster.MDS_COLUMNS
+    assert rows[7] == {"layer": 2, "head": 2, "x": xy[7, 0], "y": xy[7, 1], "behaviour": "next",
+                       "prev": 7.0, "next": 7.1, "cls": 7.2, "sep": 7.3, "punct": 7.4, "entropy": 7.5}
     text = cluster.summary(d, labels, 2, 6)
     assert "nearest head in the same layer: 12 of 12" in text and "broad 6, previous 1" in text
     for fig, name in ((cluster.plot_mds(xy, labels, 2, 6, "planted"), "mds.png"),
@@ -203,7 +206,7 @@ def test_cli_end_to_end(tmp_path, tiny_checkpoint, capsys):
     corpus.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "run"
     code = main(["probe", "cluster", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--limit", "4",
-                 "--batch-size", "3", "--out", str(out), "--quiet"])
+                 "--batch-size", "3", "--threads", "1", "--out", str(out), "--quiet"])
     assert code == 0, capsys.readouterr().err
     N = TINY_LAYERS * TINY_HEADS
     pairs = read_csv(out / "cluster_js.csv")
@@ -217,6 +220,9 @@ def test_cli_end_to_end(tmp_path, tiny_checkpoint, capsys):
     mds = read_csv(out / "cluster_mds.csv")
     assert [(int(r["layer"]), int(r["head"])) for r in mds] == [(l, h) for l in (1, 2) for h in (1, 2, 3, 4)]
     assert all(math.isfinite(float(r["x"])) and r["behaviour"] in cluster.BEHAVIOURS for r in mds)
+    table = {c: np.array([[float(r[c]) for r in mds]]) for c in cluster.LABEL_COLUMNS}  # labels from their columns
+    relabelled = cluster.behaviours(table, record["results"]["uniform_entropy"])[0]
+    assert list(relabelled) == [r["behaviour"] for r in mds]
     assert len(read_csv(out / "cluster_layers.csv")) == TINY_LAYERS ** 2
     for name in ("fig_cluster_mds.png", "fig_cluster_layers.png"):
         assert (out / name).read_bytes().startswith(PNG)

@@ -37,7 +37,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.cli import limit_arg
+    from bertscope.cli import limit_arg, positive_int
 
     add_common_arguments(p, from_word=False)
     p.add_argument("--corpus", default="wiki",
@@ -45,12 +45,15 @@ def add_arguments(p):
                    "a tab separates the two parts of a pair (default: wiki)")
     p.add_argument("--limit", type=limit_arg, default=DEFAULT_LIMIT, metavar="N",
                    help=f"number of segments, sampled with --seed; 'all' for every one (default: {DEFAULT_LIMIT}; "
-                   "the JS pass costs about 0.2 s per 128-token segment for 6 x 12 heads on one CPU core)")
+                   "the JS pass costs about 0.2 s of one CPU core per Wikipedia segment for 6 x 12 heads)")
     p.add_argument("--token-types", choices=("pair", "zeros"), default="pair",
                    help="token type ids, as in `bertscope run` (default: pair)")
     p.add_argument("--js-backend", choices=JS_BACKENDS, default="chunked",
                    help="pairwise JS kernel: eager (the reference, slow), chunked (CPU) or triton (GPU) "
                    "(default: chunked)")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
+                   "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
 
 
 @dataclass
@@ -118,6 +121,8 @@ def run(args, probe_run_cls):
     from bertscope.segments import SegmentOptions, make_segments
 
     check_js_backend(args.js_backend)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     probe = probe_run_cls(NAME, args)
     loaded = probe.loaded
     documents, corpus_report = load_corpus(args.corpus)
@@ -139,7 +144,7 @@ def run(args, probe_run_cls):
     layer_js = cluster.layer_mean_js(js_mean, Ly, H)  # (layers, layers)
 
     probe.write_csv("cluster_js.csv", cluster.js_rows(sums.js_sum, sums.n_tokens, Ly, H), cluster.JS_COLUMNS)
-    probe.write_csv("cluster_mds.csv", cluster.mds_rows(xy, labels, Ly, H), cluster.MDS_COLUMNS)
+    probe.write_csv("cluster_mds.csv", cluster.mds_rows(xy, labels, table, Ly, H), cluster.MDS_COLUMNS)
     probe.write_csv("cluster_layers.csv",
                     [{"layer_a": a + 1, "layer_b": b + 1, "js_mean_per_token": float(layer_js[a, b])}
                      for a in range(Ly) for b in range(Ly)], ("layer_a", "layer_b", "js_mean_per_token"))
