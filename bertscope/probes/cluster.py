@@ -31,7 +31,8 @@ DESCRIPTION = (
     "Sum the Jensen-Shannon divergence between the attention of every pair of heads (all layers) over "
     "the query tokens of a corpus sample, embed the heads in 2-D by multidimensional scaling, and mark "
     "each head's surface behaviour (broad, previous, next, [CLS], [SEP], punctuation). Writes "
-    "cluster_js.csv (every pair), cluster_mds.csv (coordinates and behaviour), fig_cluster_mds.png and "
+    "cluster_js.csv (every pair), cluster_mds.csv (coordinates, behaviour and the surface numbers behind it), "
+    "cluster_layers.csv (mean JS between the heads of two layers), fig_cluster_mds.png and "
     "fig_cluster_layers.png. Segments are made as `bertscope run` makes them."
 )
 
