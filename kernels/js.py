@@ -70,7 +70,8 @@ def pairwise_js_chunked(q, k, key_valid, scale, pair_bytes: int = 64 << 20):
             for b0 in range(a + 1, N, block):
                 b1 = min(N, b0 + block)
                 m = (p[a] + p[b0:b1]) * 0.5  # (nb, n, n)
-                h_m = -torch.special.xlogy(m, m).sum(-1)  # (nb, n)
+                # m ln m, with 0 ln 0 = 0 through the clamp: twice as fast as xlogy here
+                h_m = -(m * torch.log(m.clamp_min(1e-30))).sum(-1)  # (nb, n)
                 js = (h_m - (h[a] + h[b0:b1]) * 0.5).double().sum(-1)  # (nb,)
                 out[a, b0:b1] += js
                 out[b0:b1, a] += js

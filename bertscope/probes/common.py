@@ -37,7 +37,8 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
                        help="attention *from* a split word: the mean of its tokens' rows, as the paper "
                        "defines it, or its first token's row, as Clark et al.'s released code did (default: mean)")
     p.add_argument("--max-len", type=positive_int, default=128,
-                   help="maximum tokens per input; longer sentences are skipped and counted (default: 128)")
+                   help="maximum tokens per model input (default: 128); what happens to longer inputs "
+                   "depends on the probe and is counted")
     p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="inputs per forward pass (default: 32)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention-statistics kernel; auto picks chunked on CPU (default: auto)")
