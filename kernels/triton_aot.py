@@ -1,0 +1,204 @@
+"""Ahead-of-time compilation of the shipped Triton specialisations, without a GPU.
+
+Every constexpr combination `triton_attention` launches on a GPU (code path and block
+sizes as chosen by `kernel_config`, statistics switches, input dtype, head dimension) is
+compiled for real targets (sm_80, sm_90) with `triton.compile`, and the PTX is assembled
+by Triton's bundled `ptxas -v` to read the registers per thread and the spill stores and
+loads; shared memory comes from the compiled metadata. A spill means the block sizes are
+too large for the target: `tests/test_triton_aot.py` fails on any.
+
+    python -m bertscope.kernels.triton_aot              # table for sm_80 and sm_90
+    python -m bertscope.kernels.triton_aot --arch 80    # one target
+
+The kernel module must be imported without TRITON_INTERPRET=1 (under the interpreter
+@triton.jit returns an interpreted function, which cannot be compiled); the command line
+entry removes the variable before importing it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ARCHS = (80, 90)
+# bertscope's key classes: [CLS], [SEP], punctuation, other (the offsets are a runtime loop)
+N_CLASSES = 4
+# head dimensions of the supported models: MiniLM (32), bert-base and larger (64)
+HEAD_DIMS = (32, 64)
+# row lengths that select every shipped path / block size (kernel_config picks them by L and dtype)
+LENGTHS = (32, 128, 512)
+
+
+@dataclass(frozen=True)
+class Specialisation:
+    L: int  # a row length that selects this configuration
+    D: int
+    dtype: str  # "fp32" or "fp16"
+    entropy: bool
+    argmax: bool
+
+    def config(self) -> dict:
+        import torch
+
+        from .triton_attention import kernel_config
+
+        return kernel_config(self.L, self.D, torch.float32 if self.dtype == "fp32" else torch.float16)
+
+    def name(self) -> str:
+        c = self.config()
+        path = "single" if c["SINGLE_TILE"] else "online"
+        flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
+        return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
+                f"{self.dtype} {flags}")
+
+
+def shipped_specialisations() -> list[Specialisation]:
+    """Every specialisation a GPU run of bertscope launches with the default statistics.
+
+    The surface analysis (`bertscope run`) always asks for the entropy, and --argmax
+    switches the argmax on, so both are covered: (single-tile, online) x (fp32, fp16) x
+    (D 32, 64) x (argmax off, on). The probes' specs (entropy and argmax off) also need
+    word maps or column mass, which the fused forward delegates to other kernels; the
+    entropy-off, argmax-off forward is compiled once per path and dtype at D = 64.
+    """
+    specs = [Specialisation(L, D, dtype, True, argmax)
+             for dtype in ("fp32", "fp16") for L in LENGTHS for D in HEAD_DIMS for argmax in (False, True)]
+    specs += [Specialisation(L, 64, dtype, False, False) for dtype in ("fp32", "fp16") for L in LENGTHS]
+    # one per distinct configuration (several L select the same one)
+    seen, unique = set(), []
+    for s in specs:
+        key = (s.name(), s.D)
+        if key not in seen:
+            seen.add(key)
+            unique.append(s)
+    return unique
+
+
+def _ast_source(spec: Specialisation):
+    """The ASTSource of the fused kernel, specialised as a typical launch would be.
+
+    Unit strides (the innermost dimension of q/k/v/out, the (B, L) masks) are constants,
+    as Triton's launcher specialises them; pointers and the other strides get the
+    16-divisibility hint the launcher derives for 16-aligned allocations and D % 16 == 0.
+    """
+    from triton.compiler import ASTSource
+
+    from . import triton_attention as ta
+
+    fn = ta._attn_stats_fwd
+    if not isinstance(fn, __import__("triton").runtime.jit.JITFunction):
+        raise RuntimeError("bertscope.kernels.triton_attention was imported under TRITON_INTERPRET=1; "
+                           "compile in a process without it (python -m bertscope.kernels.triton_aot)")
+    c = spec.config()
+    t = "fp32" if spec.dtype == "fp32" else "fp16"
+    sig = {
+        "Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "Gates": "*i32",
+        "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "Entropy": f"*{t}", "OffsetMass": f"*{t}",
+        "ClassMass": f"*{t}", "Argmax": "*i64" if spec.argmax else "*fp32", "sm_scale": "fp32",
+    }
+    unit = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml", "stride_cl"}
+    for name in fn.arg_names:
+        if name.startswith("stride_") and name not in unit:
+            sig[name] = "i32"
+    sig.update(H="i32", L="i32", D="i32", n_offsets="i32", n_classes="i32")
+    constexprs = {name: 1 for name in unit}
+    constexprs.update(
+        C_PAD=ta.c_pad(N_CLASSES), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"],
+        ENTROPY=spec.entropy, ARGMAX=spec.argmax, IS_FP32=spec.dtype == "fp32",
+    )
+    for name in constexprs:
+        sig[name] = "constexpr"
+    aligned = [n for n in sig if sig[n].startswith("*")] + [
+        "stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl",
+        "stride_vb", "stride_vh", "stride_vl", "stride_ob", "stride_oh", "stride_ol", "D"]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    sig = {name: sig[name] for name in fn.arg_names}
+    return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
+
+
+def ptxas_path() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_usage(ptx: str, arch: int) -> dict:
+    """Registers and spills of the PTX's kernel on sm_<arch>, from `ptxas -v`."""
+    gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        # the options Triton itself passes to ptxas (backends/nvidia/compiler.py: make_cubin)
+        cmd = [str(ptxas_path()), "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={gpu}", str(src),
+               "-o", str(Path(tmp) / "k.cubin")]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ptxas failed for sm_{arch}: {done.stderr[-2000:]}")
+    regs, spill = _REGS.search(done.stderr), _SPILL.search(done.stderr)
+    if regs is None or spill is None:
+        raise RuntimeError(f"unexpected ptxas -v output: {done.stderr[-2000:]}")
+    return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2))}
+
+
+def compile_one(spec: Specialisation, arch: int) -> dict:
+    """Compile one specialisation for sm_<arch>; its resource usage as a table row."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    src, c = _ast_source(spec)
+    t0 = time.perf_counter()
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})
+    seconds = time.perf_counter() - t0
+    usage = ptxas_usage(compiled.asm["ptx"], arch)
+    return {
+        "kernel": compiled.metadata.name, "spec": spec.name(), "D": spec.D, "arch": f"sm_{arch}",
+        **usage, "shared": compiled.metadata.shared, "cubin_bytes": len(compiled.asm["cubin"]),
+        "compile_s": round(seconds, 2),
+    }
+
+
+def compile_all(archs=ARCHS, specs=None) -> list[dict]:
+    specs = shipped_specialisations() if specs is None else specs
+    return [compile_one(s, a) for a in archs for s in specs]
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'kernel':<16} {'spec':<42} {'arch':<6} {'regs':>5} {'spills (st/ld B)':>16} {'shared B':>9} {'compile s':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['kernel']:<16} {r['spec']:<42} {r['arch']:<6} {r['registers']:>5} "
+                     f"{str(r['spill_stores']) + '/' + str(r['spill_loads']):>16} {r['shared']:>9} {r['compile_s']:>9}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bertscope.kernels.triton_aot", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, action="append", choices=ARCHS, help="target (default: all of 80, 90)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    args = parser.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)  # before the kernel module runs @triton.jit
+    rows = compile_all(tuple(args.arch or ARCHS))
+    if args.json:
+        import json
+
+        print(json.dumps(rows))
+    else:
+        print(format_table(rows))
+        spilled = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
+        print(f"\n{len(rows)} kernels, {len(spilled)} with spills (compile s is ~0 when Triton's cache had the kernel)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Every shipped specialisation of the fused Triton forward compiles for sm_80 and sm_90
+without a GPU, and none spills registers (kernels/triton_aot.py).
+
+The compiles run in two child processes, one per target, in parallel: the kernel module
+must be imported there without TRITON_INTERPRET=1, which other test modules of this
+session set. Triton's on-disk cache makes a repeated run fast.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertscope.kernels.triton_aot import _REGS, _SPILL, format_table
+
+ARCHS = ("80", "90")
+# registers per thread and shared memory per block the targets allow
+MAX_REGISTERS = 255
+MAX_SHARED = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    procs = [subprocess.Popen([sys.executable, "-m", "bertscope.kernels.triton_aot", "--json", "--arch", arch], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for arch in ARCHS]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        out += json.loads(stdout)
+    return out
+
+
+def test_every_specialisation_compiles_for_both_targets(rows):
+    by_arch = {arch: sorted((r["spec"], r["D"]) for r in rows if r["arch"] == arch) for arch in ("sm_80", "sm_90")}
+    assert by_arch["sm_80"] == by_arch["sm_90"] and len(by_arch["sm_80"]) >= 16
+    names = " | ".join(name for name, _ in by_arch["sm_80"])
+    for path, dtype in (("single", "fp32"), ("online", "fp32"), ("single", "fp16"), ("online", "fp16")):
+        for flags in ("entropy ", "entropy+argmax"):
+            assert f"{dtype} {flags}".strip() in names and path in names, (path, dtype, flags)
+    assert all(r["cubin_bytes"] > 0 for r in rows)
+
+
+def test_no_register_spills(rows):
+    spilled = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
+    assert not spilled, "register spills:\n" + format_table(spilled)
+    assert all(0 < r["registers"] <= MAX_REGISTERS for r in rows)
+
+
+def test_shared_memory_fits(rows):
+    for r in rows:
+        assert 0 < r["shared"] <= MAX_SHARED[r["arch"]], r
+
+
+def test_ptxas_report_parsing():
+    log = ("ptxas info    : Function properties for _attn_stats_fwd\n"
+           "    0 bytes stack frame, 16 bytes spill stores, 24 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers, 544 bytes cmem[0]\n")
+    assert _REGS.search(log).group(1) == "168"
+    assert _SPILL.search(log).groups() == ("16", "24")
