@@ -30,9 +30,12 @@ Labels: the data are UD (EWT, GUM), the paper used Stanford Dependencies (SD) on
 a UD label has an SD counterpart, `SD_LABELS` names it. The big difference is prepositions:
 SD had `prep` (verb/noun -> preposition) and `pobj` (preposition -> its noun); UD makes the
 noun the head and attaches the preposition to it as `case`. So UD `case` is SD `pobj` turned
-around: UD `case` dep->head (the preposition attends to its noun) is SD `pobj` head->dep,
-the direction in which the paper found its pobj head. UD `obl`/`nmod` (verb/noun -> noun)
-span SD's `prep` + `pobj` path and have no one-arc SD counterpart.
+around, and "the preposition attends to its noun" (the direction in which the paper found its
+pobj head, 9-6) is UD `case` dep->head. The match is exact against SD `pobj` head->dep in the
+`row` reading; under the paper's transposed scoring, pobj head->dep asked instead whether the
+word attending most to the noun is its preposition, a related but different count. UD
+`obl`/`nmod` (verb/noun -> noun) span SD's `prep` + `pobj` path and have no one-arc SD
+counterpart; SD `prep` (verb/noun -> preposition) has none in UD.
 """
 from __future__ import annotations
 
@@ -262,13 +265,15 @@ def plot_best_heads(table_rows: Sequence[dict], title: str, min_count: int = 100
     labels = []
     for r in names:
         best = max(DIRECTIONS, key=lambda d: rows[r][d]["accuracy"])
-        labels.append(f"{r}\n{rows[r][best]['best_head']}")
+        name = "all (non-root)" if r == ALL else r
+        labels.append(f"{name}  {rows[r][best]['best_head']}")
     ax.set_xticks(x)
-    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
+    ax.set_xticklabels(labels, rotation=50, ha="right", rotation_mode="anchor", fontsize=8)
+    ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper right", ncol=3)
+    ax.set_title(f"{title}\n(tick: relation and its best head, layer-head from 1)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.1), ncol=3, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -286,13 +291,12 @@ def plot_relation_heatmaps(head_rows: Sequence[dict], title: str, relations=HEAT
         if row["direction"] == direction and row["relation"] in relations:
             grids.setdefault(row["relation"], {})[(row["layer"], row["head"])] = row["accuracy"]
     names = [r for r in relations if r in grids]
-    if not names:
-        names = []
     n_layers = max((k[0] for g in grids.values() for k in g), default=1)
     n_heads = max((k[1] for g in grids.values() for k in g), default=1)
     cols = min(4, max(1, len(names)))
     nrows = max(1, -(-len(names) // cols))
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 0.35 * n_layers * nrows + 1.4 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 0.35 * n_layers * nrows + 1.4 * nrows), squeeze=False,
+                             layout="constrained")
     image = None
     for ax in axes.flat:
         ax.set_visible(False)

@@ -143,7 +143,8 @@ def run(args, probe_run_cls):
         data[tb] = select_sentences(read_sentences(tb, args.data_dir), limit, args.seed)
 
     run = probe_run_cls(NAME, args)
-    model_name = run.loaded.path.name
+    path = run.loaded.path
+    model_name = path.parent.name if path.name == "model" else path.name  # as `bertscope run` titles it
     all_heads, all_table, texts, results = [], [], [], {"head_to_dep": args.head_to_dep, "poss_clitic": not args.plain_poss,
                                              "from_word": args.from_word}
     for tb in treebanks:
