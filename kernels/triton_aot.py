@@ -77,7 +77,10 @@ def shipped_specialisations() -> list[Specialisation]:
         if key not in seen:
             seen.add(key)
             unique.append(s)
-    return unique
+    # column mass, word maps and JS (kernels/triton_maps.py, triton_js.py): their own AotSpec
+    from .triton_maps import aot_specialisations
+
+    return unique + aot_specialisations()
 
 
 def _ast_source(spec: Specialisation):
@@ -87,6 +90,8 @@ def _ast_source(spec: Specialisation):
     as Triton's launcher specialises them; pointers and the other strides get the
     16-divisibility hint the launcher derives for 16-aligned allocations and D % 16 == 0.
     """
+    if hasattr(spec, "ast_source"):  # a triton_maps.AotSpec builds its own (source, config)
+        return spec.ast_source()
     from triton.compiler import ASTSource
 
     from . import triton_attention as ta

@@ -170,7 +170,7 @@ def js_config(L: int, D: int) -> dict:
     """Block sizes of both JS passes: 32 x 32 tiles (the pair kernel holds two heads' tiles;
     64-row blocks spill registers on sm_80 in fp32)."""
     block = max(16, min(32, triton.next_power_of_2(L)))
-    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4, num_stages=2)
 
 
 def row_lse_triton(q, k, key_valid, scale):
@@ -188,7 +188,7 @@ def row_lse_triton(q, k, key_valid, scale):
         *q.stride(), *k.stride(), *valid.stride(),  #
         H, L, D,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],  #
-        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return lse, entropy
 
@@ -224,7 +224,7 @@ def pairwise_js_triton(q, k, key_valid, scale):
         *q.stride(), *k.stride(), *valid.stride(),  #
         N, L, D, n_mblocks,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],  #
-        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     js = partial.double().sum(1).cpu()  # (P,), deterministic reduction
     out[a, c] = js

@@ -224,7 +224,7 @@ def column_mass_config(L: int, D: int) -> dict:
     32 x 32 tiles: fp32 dots run on FMA units and hold their operands in registers, and
     64-row blocks reach sm_80's 255-register limit (kernels/triton_aot.py checks spills)."""
     block = max(16, min(32, triton.next_power_of_2(L)))
-    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4, num_stages=2)
 
 
 def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
@@ -250,7 +250,7 @@ def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
         *q.stride(), *k.stride(), *valid.stride(),  #
         H, L, D,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],  #
-        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
 
@@ -262,7 +262,7 @@ def word_map_config(L: int, D: int, W: int, fp32: bool = True) -> dict:
     16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers)."""
     block = max(16, min(32, triton.next_power_of_2(L)))
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)),
-                BLOCK_W=32, num_warps=8 if fp32 else 4)
+                BLOCK_W=32, num_warps=8 if fp32 else 4, num_stages=2)
 
 
 def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out_dtype=None):
@@ -298,7 +298,7 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
         *fw.stride(), *tw.stride(), *cand.stride(),  #
         H, L, D, W,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_W=cfg["BLOCK_W"],  #
-        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return word_map, word_arg
 
@@ -331,8 +331,9 @@ class AotSpec:
         return f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
 
     def ast_source(self):
-        """(ASTSource, num_warps) as a typical launch specialises it: unit strides of the
-        innermost dimensions are constants, pointers and the q/k strides 16-divisible."""
+        """(ASTSource, config with num_warps and num_stages) as a typical launch specialises
+        it: unit strides of the innermost dimensions are constants, pointers and the q/k
+        strides 16-divisible."""
         from triton.compiler import ASTSource
 
         from . import triton_js
@@ -356,7 +357,7 @@ class AotSpec:
         aligned = [n for n in fn.arg_names if n in pointers] + [
             n for n in ("stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl", "D")]
         attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c["num_warps"]
+        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
 
 
 def aot_specialisations() -> list[AotSpec]:
