@@ -185,3 +185,21 @@ def test_maps_match_eager_on_random_shapes(B, H, L, D, data, from_word):
     torch.testing.assert_close(col, ref.column_mass, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(wmap, ref.word_map, atol=1e-5, rtol=1e-5)
     assert_argmax_matches(warg, ref)
+
+
+def test_through_the_triton_backend_with_the_fused_lse():
+    """attention_stats(backend="triton"): the fused forward's lse feeds both passes; a
+    key-less sequence with units on it (uniform rows in eager) included."""
+    from bertscope.kernels import attention_stats
+
+    inputs, unit, candidate = make_inputs(3, 2, 37, 16, [37, 1, 0], seed=21)
+    unit[2, :5] = torch.tensor([0, 1, 1, 2, 3])
+    candidate[2, :4] = True
+    pooling = word_pooling(unit, candidate, "mean")
+    spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2, column_mass=True, word_maps=True)
+    _, ref = attention_stats(*inputs, spec, backend="eager", pooling=pooling)
+    _, got = attention_stats(*inputs, spec, backend="triton", pooling=pooling)
+    torch.testing.assert_close(got.column_mass, ref.column_mass, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.word_map, ref.word_map, atol=1e-5, rtol=1e-5)
+    assert_argmax_matches(got.word_argmax, ref)
+    torch.testing.assert_close(got.word_map[2, :, 1, :4], torch.tensor([1, 2, 1, 1]).float().div(37).expand(2, 4))
