@@ -80,10 +80,7 @@ def paper_table() -> str:
 def aot_table() -> str:
     from bertscope.kernels import triton_aot
 
-    rows = triton_aot.compile_all()
-    extra = getattr(triton_aot, "compile_extra", None)
-    if extra is not None:
-        rows += extra()
+    rows = triton_aot.compile_all()  # the fused forward, column, word-map and JS kernels, sm_80 and sm_90
     lines = ["| kernel | specialisation | D | arch | registers | spill st/ld (B) | shared (B) |",
              "|---|---|---:|---|---:|---:|---:|"]
     for r in rows:
