@@ -9,7 +9,8 @@ the results are deterministic.
 
 - column mass (B, H, L): the mass each key receives, summed over the valid query rows.
   One program per (b, h, key block) keeps its K tile and runs over the query blocks, like
-  the dK/dV loop of the FlashAttention backward.
+  the dK/dV loop of the FlashAttention backward; blocks of padding keys or padding rows
+  add exactly 0 and are skipped.
 - word maps (B, H, W, W) = from_word @ P @ to_word (`spec.WordPooling`) and their row
   argmax over the *other* candidate units (lowest index on ties, -1 when there is none).
   One program per (b, h, block of BLOCK_W units) walks the column tiles of its rows: for
@@ -38,9 +39,6 @@ import triton.language as tl
 
 from .eager import require_pooling
 from .spec import WordPooling
-
-FMIN_F32 = -3.4028234663852886e38  # torch.finfo(torch.float32).min
-
 
 @triton.jit
 def _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
