@@ -240,6 +240,8 @@ def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
     valid = _mask_int8(key_valid, dev)
     lse = lse.contiguous()
     out = torch.empty(B, H, L, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
+    if out.numel() == 0:
+        return out
     cfg = column_mass_config(L, D)
     grid = (triton.cdiv(L, cfg["BLOCK_N"]), B * H)
     _column_mass_kernel[grid](
@@ -286,7 +288,7 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
     lse = lse.contiguous()
     word_map = torch.empty(B, H, W, W, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
     word_arg = torch.empty(B, H, W, dtype=torch.int64, device=dev)
-    if W == 0:
+    if word_map.numel() == 0:
         return word_map, word_arg
     cfg = word_map_config(L, D, W, q.dtype == torch.float32)
     _word_map_kernel[(triton.cdiv(W, cfg["BLOCK_W"]), B * H)](
