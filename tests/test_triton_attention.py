@@ -1,30 +1,16 @@
 """The fused Triton forward (kernels/triton_attention.py) against the eager reference, run
 by Triton's interpreter on the CPU.
 
-@triton.jit decides between compiled and interpreted kernels when the kernel module runs,
-so TRITON_INTERPRET=1 is set before it is imported. The interpreter also reads it while a
-kernel runs, so an autouse fixture sets it for every test here; in between, the previous
-value is put back, and other test modules (the CLI's "triton is unavailable" checks) see
-the environment they started with.
+TRITON_INTERPRET=1 must be in the environment before triton is first imported in the
+process: @triton.jit (triton.language's own helpers included) decides between compiled and
+interpreted functions when a module runs. tests/conftest.py sets it before any test module
+is collected; it is set here as well for a run of this file alone.
 """
 import dataclasses
-import importlib
 import math
 import os
 
-_previous = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
-import bertscope.kernels.triton_attention as ta  # noqa: E402
-import bertscope.kernels.triton_maps as tm  # noqa: E402  (the extras' passes, interpreted as well)
-
-if not ta.INTERPRETED:  # imported earlier in this process without the interpreter
-    ta = importlib.reload(ta)
-if not tm.INTERPRETED:
-    tm = importlib.reload(tm)
-if _previous is None:
-    del os.environ["TRITON_INTERPRET"]
-else:
-    os.environ["TRITON_INTERPRET"] = _previous
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -34,6 +20,11 @@ from hypothesis import strategies as st  # noqa: E402
 from bertscope.kernels import Gate, StatsSpec, attention_stats, describe_backend, resolve_backend  # noqa: E402
 from bertscope.kernels.eager import attention_stats_eager, masked_scores  # noqa: E402
 
+import bertscope.kernels.triton_attention as ta  # noqa: E402
+
+if not ta.INTERPRETED:
+    pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
+
 SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4)
 ROW_FIELDS = ("entropy", "offset_mass", "class_mass")
 PATHS = [None, True, False]  # by length, single-tile forced, online forced
@@ -41,7 +32,7 @@ PATHS = [None, True, False]  # by length, single-tile forced, online forced
 
 @pytest.fixture(autouse=True)
 def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter reads it again while a kernel runs
 
 
 def make_inputs(B, H, L, D, lengths, seed=0, scale=2.0, C=4, dtype=torch.float32):
