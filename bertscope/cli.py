@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
                    help="segments per forward pass (default: 16); results do not depend on it")
     r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="attention-statistics kernel; auto (the default) picks chunked on CPU")
+                   help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, chunked on the CPU")
     r.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     r.add_argument("--out", metavar="DIR", default=None, help="run directory (default: runs/<timestamp>)")
     r.add_argument("--resume", metavar="DIR", default=None,

@@ -41,7 +41,7 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
                    "depends on the probe and is counted")
     p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="inputs per forward pass (default: 32)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="attention-statistics kernel; auto picks chunked on CPU (default: auto)")
+                   help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
