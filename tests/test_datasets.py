@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bertscope.data import dataset_dir
-from bertscope.datasets import coref, gap, glove, treebank
+from bertscope.datasets import coref, gap, glove
 from bertscope.datasets.coref import CorefDocument, Mention, coref_document, head_word, read_gum_coref
 from bertscope.datasets.gap import read_gap, read_gap_file, split_text
 from bertscope.datasets.glove import load_glove

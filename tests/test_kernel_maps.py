@@ -1,6 +1,5 @@
 """Whole-map statistics (column mass, word-level maps) and Jensen-Shannon divergence between
 heads: every backend against the eager reference, the reference against first principles."""
-import functools
 
 import pytest
 import torch

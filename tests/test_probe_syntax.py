@@ -186,7 +186,7 @@ def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_availa
 def test_cli_end_to_end(tiny_checkpoint, ewt_available, tmp_path):
     from bertscope.datasets.treebank import read_ewt_dev
     from bertscope.models import load_model
-    from bertscope.probes.syntax import select_sentences
+    from bertscope.probes.common import seeded_sample
     from bertscope.segments import word_segment
 
     out = tmp_path / "run"
@@ -199,7 +199,7 @@ def test_cli_end_to_end(tiny_checkpoint, ewt_available, tmp_path):
 
     # sentences longer than --max-len tokens are skipped and counted
     tokenizer = load_model(str(tiny_checkpoint)).tokenizer
-    sample = select_sentences(read_ewt_dev(), 40, 0)
+    sample = seeded_sample(read_ewt_dev(), 40, 0)
     scored = [s for s in sample if any(h != 0 for h in s.heads)]
     long = sum(word_segment(s.words, tokenizer, 24) is None for s in scored)
     result = json.loads((out / "run.json").read_text())["probes"]["syntax"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import random
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,15 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def seeded_sample(items: list, limit: int | None, seed: int) -> list:
+    """All items, or a seeded sample of `limit` of them kept in their original order (a
+    prefix would be biased: GUM's files, for one, are sorted by genre)."""
+    if limit is None or limit >= len(items):
+        return list(items)
+    keep = sorted(random.Random(seed).sample(range(len(items)), limit))
+    return [items[i] for i in keep]
 
 
 class ProbeRun:

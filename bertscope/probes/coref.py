@@ -16,7 +16,6 @@ GAP: each row's text is one input; its pronoun picks the name it attends to more
 """
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 
 from bertscope.analyses import coref
 from bertscope.errors import UserError
-from bertscope.probes.common import add_common_arguments
+from bertscope.probes.common import add_common_arguments, seeded_sample
 
 NAME = "coref"
 HELP = "which heads find coreferent antecedents (Clark et al. 2019, Table 2), on GUM and GAP"
@@ -56,14 +55,6 @@ def add_arguments(p):
                    "(default: sum)")
 
 
-def sample(items: list, limit: int | None, seed: int) -> list:
-    """All items, or a seeded sample of `limit` of them in their original order."""
-    if limit is None or limit >= len(items):
-        return list(items)
-    keep = sorted(random.Random(seed).sample(range(len(items)), limit))
-    return [items[i] for i in keep]
-
-
 # --- GUM ---------------------------------------------------------------------------------
 
 
@@ -74,7 +65,7 @@ def read_gum_documents(data_dir: str | None, limit: int | None, seed: int) -> li
     from bertscope.datasets.coref import coref_document
     from bertscope.datasets.treebank import read_gum_document
 
-    paths = sample(sorted(dataset_dir("gum", data_dir).glob("GUM_*.conllu")), limit, seed)
+    paths = seeded_sample(sorted(dataset_dir("gum", data_dir).glob("GUM_*.conllu")), limit, seed)
     out = []
     for path in paths:
         doc = read_gum_document(path)
@@ -210,7 +201,7 @@ def run(args, probe_run_cls):
     if "gum" in datasets:
         data["gum"] = read_gum_documents(args.data_dir, args.limit_docs, args.seed)
     if "gap" in datasets:
-        data["gap"] = sample(read_gap(args.gap_split, args.data_dir), args.limit_gap, args.seed)
+        data["gap"] = seeded_sample(read_gap(args.gap_split, args.data_dir), args.limit_gap, args.seed)
 
     run = probe_run_cls(NAME, args)
     path = Path(run.loaded.path)

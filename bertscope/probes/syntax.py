@@ -12,12 +12,11 @@ of 3,000 sentences is used by default (`--limit all` for every one).
 """
 from __future__ import annotations
 
-import random
 import time
 
 from bertscope.analyses import syntax
 from bertscope.errors import UserError
-from bertscope.probes.common import add_common_arguments
+from bertscope.probes.common import add_common_arguments, seeded_sample
 
 NAME = "syntax"
 HELP = "which heads track which dependency relation (Clark et al. 2019, Table 1)"
@@ -55,14 +54,6 @@ def add_arguments(p):
     p.add_argument("--plain-poss", action="store_true",
                    help="score nmod:poss possessors by their own attention even when a clitic 's follows "
                    "(by default the 's word's prediction is used, as in Clark et al.'s code)")
-
-
-def select_sentences(sentences: list, limit: int | None, seed: int) -> list:
-    """All sentences, or a seeded sample of `limit` of them in their original order."""
-    if limit is None or limit >= len(sentences):
-        return list(sentences)
-    keep = sorted(random.Random(seed).sample(range(len(sentences)), limit))
-    return [sentences[i] for i in keep]
 
 
 def read_sentences(treebank: str, data_dir: str | None) -> list:
@@ -140,7 +131,7 @@ def run(args, probe_run_cls):
             limit = DEFAULT_LIMITS[tb]
         else:
             limit = None if args.limit == ALL_SENTENCES else args.limit
-        data[tb] = select_sentences(read_sentences(tb, args.data_dir), limit, args.seed)
+        data[tb] = seeded_sample(read_sentences(tb, args.data_dir), limit, args.seed)
 
     run = probe_run_cls(NAME, args)
     path = run.loaded.path
