@@ -95,51 +95,38 @@ def run(args, probe_run_cls):
         return [clf.make_example(s.heads, s.deprels, vectors(s.words), None if maps is None else maps[i])
                 for i, s in enumerate(sents)]
 
-    rows, curves, results = [], {}, {}
+    rows, curves = [], {}
     eval_plain = examples(eval_sents)
+    split = (train_idx, heldout_idx)
 
     # baselines without attention
     predicted = [clf.right_branching(e.n_words) for e in eval_plain]
     rows.append(table_row("Right-branching", clf.attachment(predicted, eval_plain)))
-    train_plain = examples(train_sents)
-    dim = train_plain[0].vectors.shape[1]
+    dim = eval_plain[0].vectors.shape[1]
     t = time.perf_counter()
-    rows.append(fit_and_score(clf.DistancesGloveProbe(dim), "Distances + GloVe", train_plain, train_idx,
-                              heldout_idx, eval_plain, args, run, curves))
+    rows.append(fit_and_score(clf.DistancesGloveProbe(dim), "Distances + GloVe", examples(train_sents), split,
+                              eval_plain, args, run, curves))
     timings["distances_glove_s"] = time.perf_counter() - t
-    del train_plain
 
-    # the pre-trained model's attention
-    t = time.perf_counter()
-    train_maps = collect_maps(run.loaded, train_segs, args, run, "GUM word maps")
-    eval_maps = collect_maps(run.loaded, eval_segs, args, run, "EWT word maps")
-    timings["maps_s"] = time.perf_counter() - t
-    train_ex, eval_ex = examples(train_sents, train_maps), examples(eval_sents, eval_maps)
-    del train_maps, eval_maps
-    n_maps = train_ex[0].maps.shape[0]
+    def on_maps(loaded, what, probes):
+        """Word maps of `loaded` for every sentence, then train and score each (label, probe)."""
+        train_maps = collect_maps(loaded, train_segs, args, run, f"GUM word maps{what}")
+        eval_maps = collect_maps(loaded, eval_segs, args, run, f"EWT word maps{what}")
+        train_ex, eval_ex = examples(train_sents, train_maps), examples(eval_sents, eval_maps)
+        return [fit_and_score(probe, label, train_ex, split, eval_ex, args, run, curves)
+                for label, probe in probes]
+
+    n_maps = run.loaded.n_layers * run.loaded.n_heads
     t = time.perf_counter()
     attn_only = clf.AttentionOnlyProbe(n_maps)
-    attn_row = fit_and_score(attn_only, "Attn", train_ex, train_idx, heldout_idx, eval_ex, args, run, curves)
-    timings["attn_s"] = time.perf_counter() - t
+    trained = on_maps(run.loaded, "", [("Attn", attn_only),
+                                       ("Attn + GloVe", clf.AttentionAndWordsProbe(n_maps, dim))])
+    timings["pretrained_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    words_row = fit_and_score(clf.AttentionAndWordsProbe(n_maps, dim), "Attn + GloVe", train_ex, train_idx,
-                              heldout_idx, eval_ex, args, run, curves)
-    timings["attn_glove_s"] = time.perf_counter() - t
-    del train_ex, eval_ex
-
-    # a randomly initialised copy of the model
-    t = time.perf_counter()
-    random_model = random_copy(run.loaded, args.seed)
-    train_maps = collect_maps(random_model, train_segs, args, run, "GUM word maps (random init)")
-    eval_maps = collect_maps(random_model, eval_segs, args, run, "EWT word maps (random init)")
-    del random_model
-    train_ex, eval_ex = examples(train_sents, train_maps), examples(eval_sents, eval_maps)
-    del train_maps, eval_maps
-    rows.append(fit_and_score(clf.AttentionAndWordsProbe(n_maps, dim), "Random Init Attn + GloVe", train_ex,
-                              train_idx, heldout_idx, eval_ex, args, run, curves))
+    rows += on_maps(random_copy(run.loaded, args.seed), " (random init)",
+                    [("Random Init Attn + GloVe", clf.AttentionAndWordsProbe(n_maps, dim))])
     timings["random_init_s"] = time.perf_counter() - t
-    del train_ex, eval_ex
-    rows += [attn_row, words_row]
+    rows += trained  # the paper's row order
 
     run.write_csv("classifier_table.csv", rows, COLUMNS)
     run.write_text("classifier_table.txt", table_text(rows, run, len(eval_segs)))
@@ -148,11 +135,9 @@ def run(args, probe_run_cls):
     figures(run, curves, weights)
     log(table_text(rows, run, len(eval_segs)))
 
-    for row in rows:
-        results[row["model"]] = {"uas": row["uas"], "uas_with_punct": row["uas_with_punct"]}
     timings = {k: round(v, 1) for k, v in timings.items()}
     run.finish({
-        "uas": results,
+        "uas": {row["model"]: {"uas": row["uas"], "uas_with_punct": row["uas_with_punct"]} for row in rows},
         "n_words": rows[0]["n_words"],
         "n_words_with_punct": rows[0]["n_words_with_punct"],
         "sentences": {"train": len(train_idx), "heldout": len(heldout_idx), "eval": len(eval_segs),
@@ -254,7 +239,10 @@ def random_copy(loaded, seed: int):
 # --- training --------------------------------------------------------------------------------------
 
 
-def fit_and_score(model, label, train_ex, train_idx, heldout_idx, eval_ex, args, run, curves):
+def fit_and_score(model, label, train_ex, split, eval_ex, args, run, curves):
+    """Train `model` on the training part of `train_ex` (split = (train indices, held-out
+    indices)), log and record its curve, and return its table row on `eval_ex`."""
+    train_idx, heldout_idx = split
     model.name = label
     run.log(f"training {label} ({clf.n_parameters(model):,} parameters)")
 
