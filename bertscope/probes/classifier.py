@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from bertscope.analyses import classifier as clf
 from bertscope.errors import UserError
-from bertscope.probes.common import add_common_arguments
+from bertscope.probes.common import add_common_arguments, seeded_sample
 
 NAME = "classifier"
 HELP = "attention-based probing classifiers for dependency heads: UAS of Clark et al.'s Table 3"
@@ -171,8 +171,7 @@ def read_data(args):
             break
         gum += read_gum_document(path).sentences
         documents += 1
-    if args.limit_train is not None and len(gum) > args.limit_train:
-        gum = random.Random(args.seed).sample(gum, args.limit_train)
+    gum = seeded_sample(gum, args.limit_train, args.seed)
     ewt = read_ewt_dev(args.data_dir)
     if args.limit_eval is not None:
         ewt = ewt[: args.limit_eval]
