@@ -27,6 +27,26 @@ ROBERTA_TRAINING_TEXT = [
 ]
 
 
+def require_data(*names: str, glove: bool = False) -> Path:
+    """The folder of the first annotated data set named (bertscope.data), after checking all
+    of them (and the GloVe package): a skip when one is missing, a failure in CI, where a
+    missing data set is a broken checkout, not a reason to test less."""
+    from bertscope.data import dataset_dir
+    from bertscope.errors import UserError
+
+    try:
+        folders = [dataset_dir(name) for name in names]
+        if glove:
+            from bertscope.datasets.glove import glove_files
+
+            glove_files()
+    except UserError as error:
+        if os.environ.get("CI"):
+            pytest.fail(str(error))
+        pytest.skip(str(error))
+    return folders[0] if folders else None
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """Folder of the MiniLM weights and tokenizer files (skips when the package is missing)."""

@@ -6,28 +6,22 @@ files by hand.
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
-from bertscope.data import dataset_dir
 from bertscope.datasets import coref, gap, glove
 from bertscope.datasets.coref import CorefDocument, Mention, coref_document, head_word, read_gum_coref
 from bertscope.datasets.gap import read_gap, read_gap_file, split_text
 from bertscope.datasets.glove import load_glove
 from bertscope.datasets.treebank import read_ewt_dev, read_gum, read_gum_document, read_treebank
 from bertscope.errors import UserError
+from conftest import require_data
 
 
 def need(name: str):
     """The data set's folder, or a skip (a failure in CI) when it is not there."""
-    try:
-        return dataset_dir(name)
-    except UserError as error:
-        if os.environ.get("CI"):
-            pytest.fail(str(error))
-        pytest.skip(str(error))
+    return require_data(name)
 
 
 @pytest.fixture(scope="session")
@@ -344,12 +338,8 @@ def test_malformed_gap_row(tmp_path):
 
 @pytest.fixture(scope="session")
 def glove_installed():
-    try:
-        return glove.glove_files()
-    except UserError as error:
-        if os.environ.get("CI"):
-            pytest.fail(str(error))
-        pytest.skip(str(error))
+    require_data(glove=True)
+    return glove.glove_files()
 
 
 def test_glove_requested_words(glove_installed):

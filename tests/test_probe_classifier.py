@@ -2,13 +2,13 @@
 where the answer is known, the training loop's early stopping and determinism, and one
 end-to-end `bertscope probe classifier` run with the tiny random BERT."""
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
 
 from bertscope.analyses import classifier as clf
+from conftest import require_data
 
 K_LAYERS, K_HEADS = 2, 3
 K = K_LAYERS * K_HEADS
@@ -207,19 +207,7 @@ def test_batches_group_similar_lengths_under_the_cell_budget():
 
 
 def data_or_skip():
-    from bertscope.data import dataset_dir
-    from bertscope.errors import UserError
-
-    try:
-        dataset_dir("gum")
-        dataset_dir("ud-ewt")
-        from bertscope.datasets.glove import glove_files
-
-        glove_files()
-    except UserError as error:
-        if os.environ.get("CI"):
-            pytest.fail(str(error))
-        pytest.skip(str(error))
+    require_data("gum", "ud-ewt", glove=True)
 
 
 def test_cli_end_to_end(tiny_checkpoint, tmp_path, capsys):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 
 import numpy as np
 import pytest
 
 from bertscope.analyses import coref
 from bertscope.datasets.coref import CorefDocument, Mention
+from conftest import require_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -174,16 +174,7 @@ def test_format_table_marks_missing_columns():
 
 
 def shared_data_or_skip():
-    from bertscope.data import dataset_dir
-    from bertscope.errors import UserError
-
-    try:
-        dataset_dir("gum")
-        dataset_dir("gap")
-    except UserError as error:
-        if os.environ.get("CI"):
-            pytest.fail(f"shared data missing in CI: {error}")
-        pytest.skip(f"no shared data on this machine: {error}")
+    require_data("gum", "gap")
 
 
 def test_windows_score_only_antecedents_inside_the_segment(minilm_tokenizer):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 
 import numpy as np
 import pytest
@@ -12,8 +11,7 @@ import pytest
 from bertscope.analyses.syntax import (ALL, OFFSETS, SyntaxCounts, format_table, sentence_dependents, summarise,
                                        word_predictions)
 from bertscope.cli import main
-from bertscope.data import dataset_dir
-from bertscope.errors import UserError
+from conftest import require_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -150,12 +148,7 @@ def test_format_table_leaves_out_rare_relations():
 
 @pytest.fixture(scope="module")
 def ewt_available():
-    try:
-        dataset_dir("ud-ewt")
-    except UserError as error:
-        if os.environ.get("CI"):
-            pytest.fail(str(error))
-        pytest.skip(str(error))
+    require_data("ud-ewt")
 
 
 def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_available):

@@ -1,14 +1,12 @@
 """Segments of pre-split gold words (`word_segment`, `split_words`) for BERT and RoBERTa."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from bertscope.corpus import Document
-from bertscope.data import dataset_dir
-from bertscope.errors import UserError
 from bertscope.segments import SegmentOptions, make_segments, split_words, word_segment
+from conftest import require_data
 
 WORDS = ["The", "sheikh", "in", "wheel", "-", "chair", "has", "been", "attacked", "."]
 SECOND = ["He", "did", "n't", "flinch", "!"]
@@ -156,12 +154,7 @@ def test_split_words_lone_long_word(minilm_tokenizer):
 
 
 def need(name: str):
-    try:
-        return dataset_dir(name)
-    except UserError as error:
-        if os.environ.get("CI"):
-            pytest.fail(str(error))
-        pytest.skip(str(error))
+    return require_data(name)
 
 
 def test_ewt_sentences(minilm_tokenizer, roberta_tokenizer):
