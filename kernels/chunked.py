@@ -101,7 +101,7 @@ def attention_stats_chunked(
             entropy[c] = lse - torch.linalg.vecdot(p, s)
         if spec.argmax:
             argmax[c] = p.argmax(-1)
-        maps.add(p, torch.arange(c.start, c.stop, device=dev) // H, c)
+        maps.add(p, c.start)
 
     out = apply_gates(out_ext.view(B, H, L, D + C)[..., :D], v, key_valid, gates)  # (B, H, L, D) view
     stats = RowStats(
@@ -169,7 +169,7 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
                 offset_mass[b, h], _rows(argmax, b, h),
             )
             torch.bmm(s, v[b, h], out=out[b, h])
-            maps.add(s, torch.full((h.stop - h.start,), b, device=dev), slice(b * H + h.start, b * H + h.stop))
+            maps.add(s, b * H + h.start)
 
     out = apply_gates(out, v, key_valid, gates)  # (B, H, L, D)
     stats = RowStats(
@@ -189,18 +189,24 @@ class MapStats:
 
     def __init__(self, spec: StatsSpec, key_valid, pooling, heads: tuple[int, int], dtype):
         B, H = heads
-        self.spec, self.H = spec, H
-        self.query_valid = key_valid.to(dtype)[:, None, :]  # (B, 1, L)
+        L, dev = key_valid.shape[1], key_valid.device
+        self.H = H
         self.pooling = require_pooling(pooling) if spec.word_maps else None
-        L = key_valid.shape[1]
-        self.column_mass = torch.empty(B * H, 1, L, dtype=dtype) if spec.column_mass else None
-        self.word_map = None
+        self.column_mass = self.word_map = None
+        if spec.column_mass:
+            self.query_valid = key_valid.to(dtype)[:, None, :]  # (B, 1, L)
+            self.column_mass = torch.empty(B * H, 1, L, dtype=dtype, device=dev)
         if spec.word_maps:
             W = pooling.n_units
-            self.word_map = torch.empty(B * H, W, W, dtype=dtype)
+            self.word_map = torch.empty(B * H, W, W, dtype=dtype, device=dev)
+        self.active = spec.column_mass or spec.word_maps
 
-    def add(self, p, batch_index, maps):
-        """p (n, L, L): the probabilities of maps `maps` (flat b*H + h), of sequences batch_index (n,)."""
+    def add(self, p, first_map: int):
+        """p (n, L, L): the probabilities of the maps first_map.. first_map+n-1 (flat b*H + h)."""
+        if not self.active:
+            return
+        maps = slice(first_map, first_map + p.shape[0])
+        batch_index = torch.arange(maps.start, maps.stop, device=p.device) // self.H  # (n,) sequence of each map
         if self.column_mass is not None:
             self.column_mass[maps] = torch.matmul(self.query_valid[batch_index], p)  # (n, 1, L)
         if self.word_map is not None:
