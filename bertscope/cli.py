@@ -23,6 +23,8 @@ def limit_arg(text: str) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bertscope.probes.common import add_threads_argument
+
     parser = argparse.ArgumentParser(
         prog="bertscope",
         description="What every attention head of a BERT-family encoder does, over a whole corpus.",
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, chunked on the CPU")
     r.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_threads_argument(r)
     r.add_argument("--out", metavar="DIR", default=None, help="run directory (default: runs/<timestamp>)")
     r.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
@@ -136,6 +139,10 @@ def cmd_run(args) -> int:
         backend=args.backend, device=args.device,
     )
     check_device(settings.device, settings.backend)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     run(settings, out=args.out, resume=args.resume, figures=not args.no_figures, progress=not args.quiet)
     return 0
 

@@ -38,7 +38,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.cli import limit_arg, positive_int
+    from bertscope.cli import limit_arg
 
     add_common_arguments(p, from_word=False)
     p.add_argument("--corpus", default="wiki",
@@ -52,9 +52,6 @@ def add_arguments(p):
     p.add_argument("--js-backend", choices=JS_BACKENDS, default="chunked",
                    help="pairwise JS kernel: eager (the reference, slow), chunked (CPU) or triton (GPU) "
                    "(default: chunked)")
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
-                   "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
 
 
 @dataclass
@@ -122,8 +119,6 @@ def run(args, probe_run_cls):
     from bertscope.segments import SegmentOptions, make_segments
 
     check_js_backend(args.js_backend)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     probe = probe_run_cls(NAME, args)
     loaded = probe.loaded
     documents, corpus_report = load_corpus(args.corpus)

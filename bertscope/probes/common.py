@@ -23,6 +23,14 @@ from bertscope.kernels import BACKEND_CHOICES
 from bertscope.results import new_run_dir, read_json, write_csv, write_json
 
 
+def add_threads_argument(p: argparse.ArgumentParser):
+    from bertscope.cli import positive_int
+
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
+                   "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
+
+
 def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
     from bertscope.cli import positive_int
 
@@ -45,6 +53,7 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
                    help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    add_threads_argument(p)
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -69,6 +78,8 @@ class ProbeRun:
         self.log = (lambda *a, **k: None) if getattr(args, "quiet", False) else log
         self.progress = not getattr(args, "quiet", False)
         check_device(args.device, args.backend)
+        if args.threads:
+            torch.set_num_threads(args.threads)
         self.loaded = load_model(args.model, device=args.device)
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
