@@ -42,6 +42,7 @@ import triton.language as tl
 
 from .eager import keep_qk, require_pooling, zero_padding_rows
 from .spec import RowStats, StatsSpec, WordPooling
+from .triton_tiles import key_block_scores, map_base
 
 # rows up to this length take the single-tile path (fp16; fp32, whose exact dots need more registers)
 SINGLE_TILE_MAX_L = 128
@@ -69,18 +70,9 @@ def _attn_stats_inner(
         hi = L
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        n_in = offs_n < L
         # -- scores of this key block
-        k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
-                    mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
-        if IS_FP32:
-            s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
-        else:
-            s = tl.dot(q, k)  # (BLOCK_M, BLOCK_N), fp32 accumulation
-        s = s * sm_scale
-        kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-        s = tl.where(kv[None, :], s, FMIN)  # padding keys: finite fill, as eager
-        s = tl.where(n_in[None, :], s, float("-inf"))  # past the row end: no key at all
+        s, kv, n_in = key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, stride_ml,
+                                       sm_scale, L, D, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
         # -- update m_i; e = exp(s - m_new); rescale factor alpha
         m_blk = tl.max(s, 1)  # (BLOCK_M,)
         m_new = tl.maximum(m_i, m_blk)
@@ -138,15 +130,11 @@ def _attn_stats_fwd(
     IS_FP32: tl.constexpr,
 ):
     start_m = tl.program_id(0)
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // H).to(tl.int64)
-    off_h = (off_bh % H).to(tl.int64)
     FMIN: tl.constexpr = -3.4028234663852886e38  # torch.finfo(torch.float32).min
     # -- this program's (b, h) map
-    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
-    K_ptr = K + off_b * stride_kb + off_h * stride_kh
+    off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
+                                                             stride_kh, stride_mb, H)
     V_ptr = V + off_b * stride_vb + off_h * stride_vh
-    Valid_ptr = KeyValid + off_b * stride_mb
     Class_ptr = KeyClass + off_b * stride_cb
     row0 = off_bh.to(tl.int64) * L  # first row of this map in the (B, H, L, ...) statistics
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)

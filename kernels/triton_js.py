@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .triton_maps import _mask_int8, _probs
+from .triton_tiles import key_block_scores, map_base
 
 
 @triton.jit
@@ -34,19 +35,10 @@ def _row_lse_inner(
     BLOCK_N: tl.constexpr, IS_FP32: tl.constexpr,
 ):
     """Online softmax over every key block of one row block: l, m and t of each row."""
-    d_in = offs_d < D
     for start_n in range(0, L, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        n_in = offs_n < L
-        k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
-                    mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
-        if IS_FP32:
-            s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
-        else:
-            s = tl.dot(q, k, out_dtype=tl.float32)
-        kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-        s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
-        s = tl.where(n_in[None, :], s, float("-inf"))  # past the row end: no key at all
+        s, kv, n_in = key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, stride_ml,
+                                       sm_scale, L, D, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
         # -- running max, rescale, block sums
         m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,); finite: every block has a key < L
         alpha = tl.exp(m_i - m_new)  # 0 on the first block
@@ -70,13 +62,9 @@ def _row_lse_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP32: tl.constexpr,
 ):
     start_m = tl.program_id(0)
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // H).to(tl.int64)
-    off_h = (off_bh % H).to(tl.int64)
     FMIN: tl.constexpr = -3.4028234663852886e38
-    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
-    K_ptr = K + off_b * stride_kb + off_h * stride_kh
-    Valid_ptr = KeyValid + off_b * stride_mb
+    off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
+                                                             stride_kh, stride_mb, H)
     row0 = off_bh.to(tl.int64) * L
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)

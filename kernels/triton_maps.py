@@ -39,6 +39,7 @@ import triton.language as tl
 
 from .eager import require_pooling
 from .spec import WordPooling
+from .triton_tiles import map_base
 
 @triton.jit
 def _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
@@ -66,13 +67,9 @@ def _column_mass_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP32: tl.constexpr,
 ):
     start_n = tl.program_id(0)
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // H).to(tl.int64)
-    off_h = (off_bh % H).to(tl.int64)
     FMIN: tl.constexpr = -3.4028234663852886e38
-    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
-    K_ptr = K + off_b * stride_kb + off_h * stride_kh
-    Valid_ptr = KeyValid + off_b * stride_mb
+    off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
+                                                             stride_kh, stride_mb, H)
     row0 = off_bh.to(tl.int64) * L  # this map's first row in (B, H, L)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
@@ -155,13 +152,9 @@ def _word_map_kernel(
     IS_FP32: tl.constexpr,
 ):
     start_r = tl.program_id(0)
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // H).to(tl.int64)
-    off_h = (off_bh % H).to(tl.int64)
     FMIN: tl.constexpr = -3.4028234663852886e38
-    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
-    K_ptr = K + off_b * stride_kb + off_h * stride_kh
-    Valid_ptr = KeyValid + off_b * stride_mb
+    off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
+                                                             stride_kh, stride_mb, H)
     Lse_ptr = Lse + off_bh.to(tl.int64) * L
     FW_ptr = FromWord + off_b * stride_fb
     TW_ptr = ToWord + off_b * stride_tb

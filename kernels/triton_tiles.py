@@ -1,0 +1,37 @@
+"""Pieces every bertscope Triton kernel shares: which (b, h) map a program owns, and the
+masked scores of one key block. Kept apart so the kernels agree on both by construction
+(`eager`'s conventions: padding keys at the most negative finite float, so a sequence with
+no valid key gets uniform rows; keys past the row end at -inf, so they are no key at all).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb, stride_kh, stride_mb, H):
+    """Program axis 1 is one (b, h) map: its flat index b*H + h, b, h, and the base pointers
+    of its queries, keys and key mask."""
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh
+    K_ptr = K + off_b * stride_kb + off_h * stride_kh
+    return off_bh, off_b, off_h, Q_ptr, K_ptr, KeyValid + off_b * stride_mb
+
+
+@triton.jit
+def key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, stride_ml, sm_scale, L, D, FMIN,
+                     IS_FP32: tl.constexpr):
+    """Scaled scores (BLOCK_M, BLOCK_N) of the query tile q (BLOCK_M, BLOCK_D) against keys
+    offs_n, with the keys' validity kv and range n_in (BLOCK_N,)."""
+    n_in = offs_n < L
+    k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                mask=n_in[None, :] & (offs_d < D)[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+    if IS_FP32:
+        s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N); exact fp32, not tf32
+    else:
+        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 in, fp32 out
+    kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+    s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
+    s = tl.where(n_in[None, :], s, float("-inf"))  # past the row end: no key at all
+    return s, kv, n_in
