@@ -208,7 +208,7 @@ class Runner:
                 out = self.models["eager+maps"](**inputs, output_attentions=True)
                 acc.add(out.attentions, inputs["attention_mask"].bool(), self.class_table[inputs["input_ids"]])
             elif method == "bertscope":
-                run_batch(self.loaded, self.probe, batch, acc, self.pad_id, "cpu")
+                run_batch(self.loaded, self.probe, batch, acc)
             else:
                 raise ValueError(method)
 
@@ -388,11 +388,10 @@ def profile(runner, batches, repeats=3, rows=16):
         return wrapper
 
     F = torch.nn.functional
-    saved = (F.scaled_dot_product_attention, K.BACKENDS["chunked"], HeadStats.add, HeadStats.start_batch)
+    saved = (F.scaled_dot_product_attention, K.BACKENDS["chunked"], HeadStats.add)
     F.scaled_dot_product_attention = timed("attention (torch SDPA)", saved[0])
     K.BACKENDS["chunked"] = timed("attention + row stats (chunked kernel)", saved[1])
-    HeadStats.add = timed("HeadStats.add (sink, float64 einsums)", saved[2])
-    HeadStats.start_batch = timed("HeadStats.start_batch", saved[3])
+    HeadStats.add = timed("HeadStats.add (per-segment sums, float64 einsums)", saved[2])
     best = {}
     try:
         for method in ("floor", "bertscope"):
@@ -407,7 +406,7 @@ def profile(runner, batches, repeats=3, rows=16):
                 if method not in best or total < best[method][0]:
                     best[method] = (total, dict(timers))
     finally:
-        F.scaled_dot_product_attention, K.BACKENDS["chunked"], HeadStats.add, HeadStats.start_batch = saved
+        F.scaled_dot_product_attention, K.BACKENDS["chunked"], HeadStats.add = saved
     B, L = len(batches[0]), batches[0][0].n_tokens
     print(f"\n### wall-clock split, one batch of {B} x L={L} (fastest of {repeats}, load {os.getloadavg()[0]:.2f})\n")
     print("| method | part | s | share |\n|---|---|---:|---:|")

@@ -16,13 +16,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertscope.kernels import RowStats, StatsSpec
+from bertscope.batch import BatchContext
+from bertscope.kernels import StatsSpec
+from bertscope.token_classes import TokenClasses
 
+# BatchContext.segment_sums name -> the HeadStats array that sums it
+_SUMS = (("entropy", "entropy_sum"), ("offset_mass", "offset_mass_sum"), ("class_mass", "class_mass_sum"),
+         ("argmax_offset", "argmax_offset_count"), ("argmax_class", "argmax_class_count"))
 ARRAYS = ("n_rows", "uniform_entropy_sum", "entropy_sum", "offset_mass_sum", "class_mass_sum", "argmax_offset_count", "argmax_class_count")
 
 
 class HeadStats:
-    """Additive accumulator of `RowStats` over a corpus.
+    """Additive accumulator of per-head row statistics over a corpus (an `Accumulator`).
 
     n_rows              (layers, G)          query rows seen per group
     uniform_entropy_sum (G,)                 sum over rows of ln(valid keys): the entropy a
@@ -32,14 +37,18 @@ class HeadStats:
     class_mass_sum      (layers, H, G, C)    sum of mass on each key class
     argmax_offset_count (layers, H, G, O+1)  rows whose argmax is at offset o; last: elsewhere
     argmax_class_count  (layers, H, G, C)    rows whose argmax key is of class c
+
+    `classes` is a `TokenClasses` scheme, or bare class names (every class but the last
+    catch-all then gets a row group, as the vocabulary scheme does).
     """
 
-    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, class_names: tuple[str, ...]):
-        if len(class_names) != spec.n_key_classes:
+    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, classes):
+        classes = TokenClasses.of(classes)
+        if classes.n_classes != spec.n_key_classes:
             raise ValueError("one class name per key class")
-        self.n_layers, self.n_heads, self.spec = n_layers, n_heads, spec
-        self.class_names = tuple(class_names)
-        self.group_names = ("all",) + tuple(class_names[:-1])  # the last class is the catch-all
+        self.n_layers, self.n_heads, self.spec, self.classes = n_layers, n_heads, spec, classes
+        self.class_names = classes.names
+        self.group_names = classes.group_names
         Ly, H, G, O, C = n_layers, n_heads, len(self.group_names), len(spec.offsets), spec.n_key_classes
         self.n_rows = np.zeros((Ly, G))
         self.uniform_entropy_sum = np.zeros(G)
@@ -52,49 +61,21 @@ class HeadStats:
         # batches of the engine's plan these sums cover: saved in the same file as the sums,
         # so a checkpoint is one atomic write and a resumed run can never count a batch twice
         self.batches_done = 0
-        self._groups = self._key_class = self._group_rows = None
 
     # -- filling
 
-    def start_batch(self, key_valid: torch.Tensor, key_class: torch.Tensor):
-        """Set the row-group masks of the batch about to run: (B, L) valid mask and classes."""
-        valid = key_valid.double()  # (B, L)
-        by_class = torch.nn.functional.one_hot(key_class, self.spec.n_key_classes)[..., :-1].double()  # (B, L, C-1)
-        self._groups = torch.cat([valid[..., None], by_class * valid[..., None]], dim=-1)  # (B, L, G)
-        self._key_class = key_class
-        self._group_rows = self._groups.sum((0, 1)).cpu().numpy()  # (G,) the same for every layer
-        log_len = torch.log(valid.sum(1).clamp_min(1))  # (B,)
-        self.uniform_entropy_sum += torch.einsum("b,blg->g", log_len, self._groups).cpu().numpy()
-        self.n_segments += int(key_valid.shape[0])
-
-    def add(self, layer: int, stats: RowStats, key_valid: torch.Tensor):
-        """Sink for `HeadProbe.active`: fold one layer's row statistics into the sums."""
-        g = self._groups  # (B, L, G)
-        self.n_rows[layer] += self._group_rows
-        # -- every float statistic in one (B, H, L, F) tensor: one reduction instead of three
-        targets = [(t, getattr(self, name)) for t, name in (
-            (None if stats.entropy is None else stats.entropy[..., None], "entropy_sum"),
-            (stats.offset_mass, "offset_mass_sum"),
-            (stats.class_mass, "class_mass_sum"),
-        ) if t is not None]
-        if targets:
-            sums = _group_sum(torch.cat([t for t, _ in targets], dim=-1), g)  # (H, G, F)
-            f0 = 0
-            for t, total in targets:
-                f1 = f0 + t.shape[-1]
-                total[layer] += sums[..., f0:f1].reshape(total[layer].shape)
-                f0 = f1
-        if stats.argmax is not None:
-            am = stats.argmax  # (B, H, L)
-            L = am.shape[-1]
-            rel = am - torch.arange(L, device=am.device)  # (B, H, L) offset of the argmax key
-            offsets = torch.tensor(self.spec.offsets, device=am.device)
-            at = rel[..., None] == offsets  # (B, H, L, O)
-            at = torch.cat([at, ~at.any(-1, keepdim=True)], dim=-1)  # (B, H, L, O+1)
-            self.argmax_offset_count[layer] += _group_sum(at, g)
-            cls = self._key_class[:, None, :].expand_as(am).gather(-1, am)  # (B, H, L) class of argmax key
-            onehot = torch.nn.functional.one_hot(cls, self.spec.n_key_classes)  # (B, H, L, C)
-            self.argmax_class_count[layer] += _group_sum(onehot, g)
+    def add(self, batch: BatchContext):
+        """Fold every layer of one batch into the sums (the per-segment sums, added up)."""
+        rows = batch.group_rows.sum(0).cpu().numpy()  # (G,) the same for every layer
+        log_len = torch.log(batch.n_tokens.double().clamp_min(1))  # (B,)
+        self.uniform_entropy_sum += (log_len[:, None] * batch.group_rows).sum(0).cpu().numpy()
+        self.n_segments += batch.size
+        for layer in range(len(batch.layers)):
+            self.n_rows[layer] += rows
+            for name, total in _SUMS:
+                s = batch.segment_sums(layer).get(name)
+                if s is not None:
+                    getattr(self, total)[layer] += s.sum(0).reshape(getattr(self, total)[layer].shape).cpu().numpy()
 
     # -- combining and storing
 
@@ -113,6 +94,8 @@ class HeadStats:
             "n_heads": self.n_heads,
             "offsets": list(self.spec.offsets),
             "class_names": list(self.class_names),
+            "row_groups": list(self.classes.row_groups),
+            "class_source": self.classes.source,
             "entropy": self.spec.entropy,
             "argmax": self.spec.argmax,
         }
@@ -131,7 +114,9 @@ class HeadStats:
             meta = json.loads(str(f["meta"]))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
                              entropy=meta["entropy"], argmax=meta["argmax"])
-            acc = cls(meta["n_layers"], meta["n_heads"], spec, tuple(meta["class_names"]))
+            names = tuple(meta["class_names"])
+            classes = TokenClasses(names, tuple(meta.get("row_groups", names[:-1])), meta.get("class_source", "vocab"))
+            acc = cls(meta["n_layers"], meta["n_heads"], spec, classes)
             for name in ARRAYS:
                 getattr(acc, name)[...] = f[name]
             acc.n_segments = int(f["n_segments"])
@@ -154,6 +139,3 @@ class HeadStats:
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
 
-def _group_sum(x: torch.Tensor, groups: torch.Tensor) -> np.ndarray:
-    """x (B, H, L, F), groups (B, L, G) -> (H, G, F): sums over the rows of every group."""
-    return torch.einsum("bhlf,blg->hgf", x.double(), groups).cpu().numpy()

@@ -1,4 +1,4 @@
-"""The engine: segments in, per-head statistics out, one forward pass per batch.
+"""The engine: segments in, one `BatchContext` per forward pass out, folded into accumulators.
 
 Batches are formed from segments sorted by length, so padding (which costs time but never
 changes a result) stays small. The plan of batches is a pure function of the segments,
@@ -15,9 +15,11 @@ from tqdm.auto import tqdm
 
 from bertscope.accumulate import HeadStats
 from bertscope.attention import HeadProbe
-from bertscope.kernels import RowStats, StatsSpec, WordPooling, word_pooling
+from bertscope.batch import Accumulator, BatchContext
+from bertscope.kernels import StatsSpec, WordPooling, word_pooling
 from bertscope.models import LoadedModel
 from bertscope.segments import Segment, collate
+from bertscope.token_classes import TokenClasses, check_ids
 
 
 @dataclass
@@ -43,53 +45,106 @@ def run_stats(
     checkpoint: Callable[[HeadStats], None] | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> HeadStats:
-    """Accumulate head statistics of `spec` over `segments`.
+    """Accumulate head statistics of `spec` over `segments`: `fold` with one `HeadStats`.
 
     `stats` loaded from a checkpoint continues an interrupted run after its
     `stats.batches_done` batches; `checkpoint(stats)` is called every
     `options.checkpoint_every` batches and at the end.
     `shard=(rank, world_size)` keeps every world_size-th batch, starting at `rank`.
     """
-    options = options or EngineOptions()
     if stats is None:
-        stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.class_names)
-    device = next(loaded.model.parameters()).device
-    probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=options.backend, device=device)
-    rank, world_size = shard
-    batches = plan_batches(segments, options.batch_size)[rank::world_size]
-    batches_done = stats.batches_done
-    pad_id = loaded.tokenizer.pad_token_id or 0
-    bar = tqdm(total=sum(len(b) for b in batches), unit="seg", disable=not options.progress, desc="attention stats",
-               initial=sum(len(b) for b in batches[:batches_done]))
-    with torch.inference_mode():
-        for n, batch in enumerate(batches[batches_done:], start=batches_done + 1):
-            run_batch(loaded, probe, [segments[i] for i in batch], stats, pad_id, device)
-            bar.update(len(batch))
-            stats.batches_done = n
-            if checkpoint is not None and (n % options.checkpoint_every == 0 or n == len(batches)):
-                checkpoint(stats)
-    bar.close()
+        stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes)
+    fold(loaded, segments, spec, [stats], options, checkpoint=None if checkpoint is None else lambda: checkpoint(stats),
+         shard=shard)
     return stats
 
 
-def run_batch(loaded: LoadedModel, probe: HeadProbe, batch: Sequence[Segment], stats: HeadStats, pad_id, device):
-    forward(loaded, probe, batch, pad_id, device, stats.add, before=stats.start_batch)
+def fold(
+    loaded: LoadedModel,
+    segments: Sequence[Segment],
+    spec: StatsSpec,
+    accumulators: Sequence[Accumulator],
+    options: EngineOptions | None = None,
+    classes: TokenClasses | None = None,
+    checkpoint: Callable[[], None] | None = None,
+    shard: tuple[int, int] = (0, 1),
+    desc: str = "attention stats",
+) -> Sequence[Accumulator]:
+    """Fold every batch of `segments` into every accumulator: the engine's one loop.
+
+    Accumulators restored from a checkpoint carry `batches_done`; the fold resumes after the
+    fewest of them (they are saved together, so they agree unless a crash fell between two
+    saves: then the ones ahead must have been rewound by the caller). `checkpoint()` runs
+    every `options.checkpoint_every` batches and after the last one, once every accumulator
+    has the batch.
+    """
+    options = options or EngineOptions()
+    done = min((acc.batches_done for acc in accumulators), default=0)
+    ahead = [type(acc).__name__ for acc in accumulators if acc.batches_done != done]
+    if ahead:
+        raise ValueError(f"accumulators disagree on the batches done ({', '.join(ahead)} ahead): rewind them first")
+    n_batches = len(plan_batches(segments, options.batch_size)[shard[0]::shard[1]])
+    for batch in stream_batches(loaded, segments, spec, classes=classes, batch_size=options.batch_size,
+                                backend=options.backend, progress=options.progress, desc=desc,
+                                shard=shard, skip=done):
+        for acc in accumulators:
+            acc.add(batch)
+            acc.batches_done = batch.number
+        if checkpoint is not None and (batch.number % options.checkpoint_every == 0 or batch.number == n_batches):
+            checkpoint()
+    return accumulators
 
 
-def forward(loaded: LoadedModel, probe: HeadProbe, batch: Sequence[Segment], pad_id, device, sink,
-            before=None, pooling: WordPooling | None = None):
-    """One forward pass over `batch`; `sink(layer, RowStats, key_valid)` gets every layer's statistics.
-    `before(key_valid, key_class)` runs first (the accumulator sets its row groups there)."""
-    inputs = {k: t.to(device) for k, t in collate(batch, pad_id).items()}
+def collate_batch(loaded: LoadedModel, segments: Sequence[Segment], indices: Sequence[int], spec: StatsSpec,
+                  classes: TokenClasses | None = None, from_word: str | None = None, device="cpu",
+                  number: int = 0) -> BatchContext:
+    """The padded batch of `segments[i] for i in indices` on `device`, with its classes and pooling.
+
+    Classes come from the vocabulary table, or from each segment's `token_class` for a
+    per-segment scheme (checked against the tokens first: a misaligned source is an error,
+    never a silently shifted class).
+    """
+    classes = classes or loaded.classes
+    if classes.n_classes != spec.n_key_classes:
+        raise ValueError(f"the spec counts {spec.n_key_classes} key classes, the class scheme "
+                         f"{classes.source!r} has {classes.n_classes}")
+    batch = [segments[i] for i in indices]
+    inputs = {k: t.to(device) for k, t in collate(batch, loaded.tokenizer.pad_token_id or 0).items()}
     if not loaded.takes_token_types:
         inputs.pop("token_type_ids", None)
     key_valid = inputs["attention_mask"].bool()  # (B, L)
-    key_class = loaded.class_table.to(device)[inputs["input_ids"]]  # (B, L)
-    if before is not None:
-        before(key_valid, key_class)
-    with probe.active(key_class, sink, pooling):
-        loaded.model(**inputs)
-    return key_valid
+    if classes.per_segment:
+        key_class = torch.full(key_valid.shape, classes.n_classes - 1, dtype=torch.long)  # (B, L)
+        for row, s in enumerate(batch):
+            check_ids(s, s.token_class, classes)
+            key_class[row, : s.n_tokens] = torch.tensor(s.token_class, dtype=torch.long)
+        key_class = key_class.to(device)
+    else:
+        key_class = loaded.class_table.to(device)[inputs["input_ids"]]  # (B, L)
+    pooling = None
+    if spec.word_maps:
+        if from_word is None:
+            raise ValueError("spec.word_maps needs from_word ('mean' or 'first')")
+        pooling = _to(batch_pooling(batch, from_word), device)
+    return BatchContext(list(indices), batch, inputs, key_valid, key_class, classes, spec, pooling, number=number)
+
+
+def _to(pooling: WordPooling, device) -> WordPooling:
+    return WordPooling(pooling.from_word.to(device), pooling.to_word.to(device), pooling.candidate.to(device))
+
+
+def forward(loaded: LoadedModel, probe: HeadProbe, batch: BatchContext) -> BatchContext:
+    """One forward pass: fills `batch.layers` (every layer's `RowStats`) and `batch.outputs`."""
+    sink = lambda layer, stats, key_valid: batch.layers.append(stats)  # noqa: E731
+    with probe.active(batch.key_class, sink, batch.pooling):
+        batch.outputs = loaded.model(**batch.inputs)
+    return batch
+
+
+def run_batch(loaded: LoadedModel, probe: HeadProbe, segments: Sequence[Segment], stats: HeadStats, device="cpu"):
+    """One batch into one accumulator (what `bertscope run` does per batch; the benchmark's unit)."""
+    batch = collate_batch(loaded, segments, range(len(segments)), probe.spec, device=device)
+    stats.add(forward(loaded, probe, batch))
 
 
 # --- per-segment results, for the probes ------------------------------------------------
@@ -124,25 +179,28 @@ def batch_pooling(batch: Sequence[Segment], from_word: str = "mean") -> WordPool
 
 def stream_batches(loaded: LoadedModel, segments: Sequence[Segment], spec: StatsSpec,
                    from_word: str | None = None, batch_size: int = 16, backend: str = "auto",
-                   progress: bool = True, desc: str = "attention") -> Iterator[tuple[list[int], list[RowStats]]]:
-    """Forward passes over `segments` in length-sorted batches, yielding for each batch the
-    indices of its segments and every layer's `RowStats` (padded to the batch).
+                   progress: bool = True, desc: str = "attention", classes: TokenClasses | None = None,
+                   shard: tuple[int, int] = (0, 1), skip: int = 0) -> Iterator[BatchContext]:
+    """Forward passes over `segments` in length-sorted batches: one `BatchContext` per batch,
+    its `layers` holding every layer's `RowStats` (padded to the batch).
 
-    `from_word` ("mean" or "first") builds the word pooling that `spec.word_maps` needs.
+    `from_word` ("mean" or "first") builds the word pooling that `spec.word_maps` needs;
+    `classes` is the class scheme (default: the vocabulary's); `shard=(rank, world_size)`
+    keeps every world_size-th batch from `rank`; `skip` passes over that many batches of the
+    shard (a resumed run). Each context's `number` is its 1-based position in the shard.
     """
     if spec.word_maps and from_word is None:
         raise ValueError("spec.word_maps needs from_word ('mean' or 'first')")
     device = next(loaded.model.parameters()).device
     probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=backend, device=device)
-    pad_id = loaded.tokenizer.pad_token_id or 0
-    with torch.inference_mode(), tqdm(total=len(segments), unit="seg", disable=not progress, desc=desc) as bar:
-        for batch in plan_batches(segments, batch_size):
-            layers: list[RowStats] = []
-            pooling = batch_pooling([segments[i] for i in batch], from_word) if spec.word_maps else None
-            forward(loaded, probe, [segments[i] for i in batch], pad_id, device,
-                    lambda layer, stats, key_valid: layers.append(stats), pooling=pooling)
-            yield batch, layers
-            bar.update(len(batch))
+    rank, world_size = shard
+    plan = plan_batches(segments, batch_size)[rank::world_size]
+    with torch.inference_mode(), tqdm(total=sum(map(len, plan)), initial=sum(map(len, plan[:skip])), unit="seg",
+                                      disable=not progress, desc=desc) as bar:
+        for number, indices in enumerate(plan[skip:], start=skip + 1):
+            batch = collate_batch(loaded, segments, indices, spec, classes, from_word, device, number)
+            yield forward(loaded, probe, batch)
+            bar.update(len(indices))
 
 
 def iter_word_maps(loaded: LoadedModel, segments: Sequence[Segment], from_word: str = "mean",
@@ -154,8 +212,8 @@ def iter_word_maps(loaded: LoadedModel, segments: Sequence[Segment], from_word: 
     special tokens; every row sums to 1. See `bertscope.kernels.WordPooling` for the pooling.
     """
     spec = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, word_maps=True)
-    for batch, layers in stream_batches(loaded, segments, spec, from_word, batch_size, backend, progress, desc):
-        maps = torch.stack([stats.word_map for stats in layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
-        for row, i in enumerate(batch):
+    for batch in stream_batches(loaded, segments, spec, from_word, batch_size, backend, progress, desc):
+        maps = torch.stack([stats.word_map for stats in batch.layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
+        for row, i in enumerate(batch.indices):
             W = max(segment_units(segments[i])[0]) + 1
             yield i, maps[row, :, :, :W, :W]

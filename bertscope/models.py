@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from bertscope import attention  # noqa: E402  (registers the "bertscope" attention implementation)
 from bertscope.errors import UserError  # noqa: E402
-from bertscope.token_classes import KEY_CLASSES, token_class_table  # noqa: E402
+from bertscope.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table  # noqa: E402
 
 # Encoder families whose self-attention goes through transformers' AttentionInterface
 # with a plain key-padding mask: what bertscope's attention function can stand in for.
@@ -36,6 +36,11 @@ class LoadedModel:
     n_heads: int
     class_table: torch.Tensor  # (vocab,) key class id of every token id
     class_names: tuple[str, ...] = KEY_CLASSES
+
+    @property
+    def classes(self) -> TokenClasses:
+        """The default class scheme: `class_table` looks it up by token id."""
+        return VOCAB
 
     @property
     def max_len(self) -> int:

@@ -37,6 +37,7 @@ class Segment:
     words: list[str]  # the tokenizer's pre-tokenizer words (punctuation is a word of its own)
     doc_id: str
     truncated: bool = False
+    token_class: list[int] | None = None  # per token, a class id of a per-segment scheme (token_classes.py)
 
     @property
     def n_tokens(self) -> int:

@@ -326,14 +326,14 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
             "--batch-size", "4", "--quiet", "--no-figures"]
     # checkpoint after every batch (the default is every 20)
     monkeypatch.setattr(bertscope.run, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
-    real_run_batch = bertscope.engine.run_batch
+    real_forward = bertscope.engine.forward
     calls = []
 
     def crash_on_third(*a, **k):
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real_run_batch(*a, **k)
+        return real_forward(*a, **k)
 
     # the uninterrupted reference
     whole = tmp_path / "whole"
@@ -342,7 +342,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
 
     # crash in the third of three batches: two are checkpointed
     broken = tmp_path / "broken"
-    monkeypatch.setattr(bertscope.engine, "run_batch", crash_on_third)
+    monkeypatch.setattr(bertscope.engine, "forward", crash_on_third)
     check_error(capsys, main([*args, "--out", str(broken)]), f"bertscope run --resume {broken}")
     assert len(calls) == 3
     assert json.loads((broken / "run.json").read_text())["status"] == "running"
@@ -352,7 +352,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
 
     # resume: only the missing batch runs, and the result is the uninterrupted one
     calls.clear()
-    monkeypatch.setattr(bertscope.engine, "run_batch", lambda *a, **k: (calls.append(1), real_run_batch(*a, **k)))
+    monkeypatch.setattr(bertscope.engine, "forward", lambda *a, **k: (calls.append(1), real_forward(*a, **k))[1])
     assert main(["run", "--resume", str(broken), "--quiet", "--no-figures"]) == 0
     assert "resuming after 2 of 3 batches" in capsys.readouterr().out
     assert len(calls) == 1

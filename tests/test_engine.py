@@ -92,7 +92,7 @@ def stats_over(loaded, batches, spec=SPEC, backend="chunked", gates=()):
         probe.set_gate(layer, head, gate)
     with torch.inference_mode():
         for batch in batches:
-            run_batch(loaded, probe, batch, stats, loaded.tokenizer.pad_token_id, "cpu")
+            run_batch(loaded, probe, batch, stats)
     return stats
 
 
@@ -335,10 +335,10 @@ def test_save_load_round_trip(tiny_model, tmp_path):
     dict(n_heads=2),
     dict(spec=StatsSpec(offsets=(-1, 0, 1), n_key_classes=4)),
     dict(spec=StatsSpec(offsets=SPEC.offsets, n_key_classes=4, argmax=False)),
-    dict(class_names=("a", "b", "c", "d")),
+    dict(classes=("a", "b", "c", "d")),
 ])
 def test_merge_of_mismatched_statistics_raises(other):
-    args = dict(n_layers=2, n_heads=4, spec=SPEC, class_names=("cls", "sep", "punct", "other"))
+    args = dict(n_layers=2, n_heads=4, spec=SPEC, classes=("cls", "sep", "punct", "other"))
     base = HeadStats(**args)
     with pytest.raises(ValueError, match="cannot merge"):
         base.merge(HeadStats(**{**args, **other}))

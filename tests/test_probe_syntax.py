@@ -165,7 +165,8 @@ def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_availa
     segments = [word_segment(s.words, loaded.tokenizer, 128) for s in read_ewt_dev()[:6]]
     spec = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, word_maps=True)
     checked = 0
-    for batch, layers in stream_batches(loaded, segments, spec, "mean", batch_size=4, progress=False):
+    for ctx in stream_batches(loaded, segments, spec, "mean", batch_size=4, progress=False):
+        batch, layers = ctx.indices, ctx.layers
         maps = torch.stack([s.word_map for s in layers], dim=1).float().numpy()  # (B, layers, H, W, W)
         argmax = torch.stack([s.word_argmax for s in layers], dim=1).numpy()  # (B, layers, H, W)
         for b, i in enumerate(batch):

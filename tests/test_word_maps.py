@@ -47,7 +47,8 @@ def test_stream_batches_yields_every_layer_and_keeps_qk(tiny_model):
     segments = hand_segments(loaded.tokenizer)
     spec = StatsSpec(offsets=(), n_key_classes=4, entropy=False, argmax=False, keep_qk=True)
     seen = []
-    for batch, layers in stream_batches(loaded, segments, spec, batch_size=4, progress=False):
+    for ctx in stream_batches(loaded, segments, spec, batch_size=4, progress=False):
+        batch, layers = ctx.indices, ctx.layers
         assert len(layers) == loaded.n_layers
         L = max(segments[i].n_tokens for i in batch)
         assert layers[0].queries.shape == (len(batch), loaded.n_heads, L, 32 // loaded.n_heads)

@@ -13,6 +13,7 @@ than the forward pass: the default sample is 200 segments of up to 128 tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -54,14 +55,62 @@ def add_arguments(p):
                    "(default: chunked)")
 
 
+class JSSums:
+    """Accumulator (`bertscope.batch.Accumulator`) of the (N, N) JS sums between all heads,
+    N = layers x heads layer-major, over `n_tokens` query tokens."""
+
+    def __init__(self, n_heads_total: int, js_backend: str = "chunked"):
+        self.js_sum = np.zeros((n_heads_total, n_heads_total))
+        self.n_tokens = 0
+        self.js_backend = js_backend
+        self.batches_done = 0
+
+    def add(self, batch):
+        from bertscope.kernels.js import pairwise_js
+
+        layers = batch.layers
+        # scale folded into q per layer, so layers with different scales could share one call
+        q = torch.cat([s.queries * s.scale for s in layers], dim=1)  # (B, layers*H, L, D)
+        k = torch.cat([s.keys for s in layers], dim=1)  # (B, layers*H, L, D)
+        self.js_sum += pairwise_js(q, k, batch.key_valid, 1.0, backend=self.js_backend).cpu().numpy()  # (N, N)
+        self.n_tokens += int(batch.n_tokens.sum())
+
+    def merge(self, other: "JSSums") -> "JSSums":
+        if other.js_sum.shape != self.js_sum.shape:
+            raise ValueError("cannot merge JS sums of different models")
+        self.js_sum += other.js_sum
+        self.n_tokens += other.n_tokens
+        return self
+
+    def save(self, path):
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, js_sum=self.js_sum, n_tokens=self.n_tokens, batches_done=self.batches_done)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path) -> "JSSums":
+        with np.load(path) as f:
+            acc = cls(f["js_sum"].shape[0])
+            acc.js_sum[...] = f["js_sum"]
+            acc.n_tokens, acc.batches_done = int(f["n_tokens"]), int(f["batches_done"])
+        return acc
+
+
 @dataclass
 class ClusterSums:
-    """What the pass accumulates: the (N, N) JS sums, N = layers x heads layer-major, over
-    `n_tokens` query tokens, and the surface statistics of the same tokens."""
+    """What the pass accumulates: the JS sums and the surface statistics of the same tokens."""
 
-    js_sum: np.ndarray
-    n_tokens: int
+    js: JSSums
     stats: HeadStats
+
+    @property
+    def js_sum(self) -> np.ndarray:
+        return self.js.js_sum
+
+    @property
+    def n_tokens(self) -> int:
+        return self.js.n_tokens
 
 
 def spec_for(loaded) -> StatsSpec:
@@ -74,31 +123,14 @@ def spec_for(loaded) -> StatsSpec:
 def js_sums(loaded, segments: Sequence, js_backend: str = "chunked", batch_size: int = 32,
             backend: str = "auto", progress: bool = True) -> ClusterSums:
     """One pass over `segments`: JS sums between all heads of all layers, and surface sums."""
-    from bertscope.engine import stream_batches
-    from bertscope.kernels.js import pairwise_js
-    from bertscope.segments import collate
+    from bertscope.engine import EngineOptions, fold
 
     spec = spec_for(loaded)
-    stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.class_names)
-    N = loaded.n_layers * loaded.n_heads
-    js_sum = np.zeros((N, N))
-    n_tokens = 0
-    pad_id = loaded.tokenizer.pad_token_id or 0
-    for batch, layers in stream_batches(loaded, segments, spec, batch_size=batch_size, backend=backend,
-                                        progress=progress, desc="JS between heads"):
-        inputs = collate([segments[i] for i in batch], pad_id)  # the same padded batch the model saw
-        device = layers[0].queries.device
-        key_valid = inputs["attention_mask"].bool().to(device)  # (B, L)
-        key_class = loaded.class_table.to(device)[inputs["input_ids"].to(device)]  # (B, L)
-        stats.start_batch(key_valid, key_class)
-        for layer, row_stats in enumerate(layers):
-            stats.add(layer, row_stats, key_valid)
-        # scale folded into q per layer, so layers with different scales could share one call
-        q = torch.cat([s.queries * s.scale for s in layers], dim=1)  # (B, layers*H, L, D)
-        k = torch.cat([s.keys for s in layers], dim=1)  # (B, layers*H, L, D)
-        js_sum += pairwise_js(q, k, key_valid, 1.0, backend=js_backend).cpu().numpy()  # (N, N)
-        n_tokens += int(key_valid.sum())
-    return ClusterSums(js_sum, n_tokens, stats)
+    sums = ClusterSums(JSSums(loaded.n_layers * loaded.n_heads, js_backend),
+                       HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes))
+    fold(loaded, segments, spec, [sums.js, sums.stats],
+         EngineOptions(batch_size=batch_size, backend=backend, progress=progress), desc="JS between heads")
+    return sums
 
 
 def check_js_backend(name: str):

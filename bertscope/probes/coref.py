@@ -133,10 +133,10 @@ def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scor
         raise UserError("gum: no segment holds a mention with an antecedent")
     scores = coref.Scores(loaded.n_layers, loaded.n_heads)
     spec = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, word_maps=True)
-    for batch, layers in stream_batches(loaded, segments, spec, args.from_word, args.batch_size, args.backend,
-                                        progress, desc="gum word argmax"):
-        argmax = torch.stack([s.word_argmax for s in layers], dim=1).cpu().numpy()  # (B, layers, H, W)
-        for row, i in enumerate(batch):
+    for batch in stream_batches(loaded, segments, spec, args.from_word, args.batch_size, args.backend,
+                                progress, desc="gum word argmax"):
+        argmax = torch.stack([s.word_argmax for s in batch.layers], dim=1).cpu().numpy()  # (B, layers, H, W)
+        for row, i in enumerate(batch.indices):
             seg = scored[i]
             hits = coref.head_hits(argmax[row], seg.heads, seg.gold)  # (layers, H, M)
             scores.add(seg.kinds, hits, seg.baseline_hits)
