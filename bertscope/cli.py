@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report attention mass at relative offsets -K..K (default: 2)")
     r.add_argument("--argmax", action="store_true",
                    help="also report where each head's most-attended key lies (argmax_* columns; a few percent slower)")
+    r.add_argument("--per-example", action="store_true",
+                   help="also write examples.parquet: the heads.csv statistics of every segment, layer and head "
+                   "(one row each), streamed to disk as batches finish")
     r.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
                    help="segments per forward pass (default: 16); results do not depend on it")
     r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
@@ -136,7 +139,7 @@ def cmd_run(args) -> int:
     settings = RunSettings(
         corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
-        backend=args.backend, device=args.device,
+        backend=args.backend, device=args.device, per_example=args.per_example,
     )
     check_device(settings.device, settings.backend)
     if args.threads:

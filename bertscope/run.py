@@ -21,10 +21,11 @@ from bertscope.accumulate import HeadStats
 from bertscope.analyses import surface
 from bertscope.corpus import load_corpus
 from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
-from bertscope.engine import EngineOptions, plan_batches, run_stats
+from bertscope.engine import EngineOptions, fold, plan_batches
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec, describe_backend
 from bertscope.models import load_model
+from bertscope.per_example import FILE_NAME, PerExampleWriter
 from bertscope.report import write_report
 from bertscope.results import new_run_dir, read_json, write_csv, write_json
 from bertscope.segments import SegmentOptions, make_segments
@@ -45,6 +46,7 @@ class RunSettings:
     batch_size: int = 16
     backend: str = "auto"
     device: str = "cpu"
+    per_example: bool = False  # also write examples.parquet: one row per (segment, layer, head)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunSettings":
@@ -87,6 +89,10 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
                                  token_types=settings.token_types)
     segments, seg_report = make_segments(documents, loaded.tokenizer, seg_options)
+    # corpus order (the sample is drawn in shuffled order): segment i of examples.parquet is
+    # the i-th sampled segment as the corpus lists them
+    doc_index = {d.id: i for i, d in enumerate(documents)}
+    segments.sort(key=lambda s: doc_index[s.doc_id])
     if not segments:
         raise UserError(f"no usable segments in corpus {settings.corpus!r}: {seg_report.as_dict()}")
     log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads); "
@@ -111,17 +117,29 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
     # rank under torchrun; it records how many batches its sums cover
     stats_path = run_dir / f"stats{world.suffix()}.npz"
-    stats = None
+    spec = settings.spec()
+    stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes)
     if resume and stats_path.exists():
         stats = HeadStats.load(stats_path)
         log(f"resuming after {stats.batches_done} of {len(plan_batches(segments, settings.batch_size))} batches")
+    examples = None
+    if settings.per_example:
+        # parts first, sums last: the sums' batches_done is the checkpoint; parts beyond it go
+        examples = PerExampleWriter.load(run_dir / "examples", spec, loaded.classes,
+                                         [doc_index[s.doc_id] for s in segments], rank=world.rank)
+        examples.rewind(stats.batches_done)
+
+    def checkpoint():
+        if examples is not None:
+            examples.save()
+        stats.save(stats_path)
     if world.is_main:
         write_json(run_dir / "run.json", record)
 
     options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress)
     try:
-        stats = run_stats(loaded, segments, settings.spec(), options, stats, checkpoint=lambda acc: acc.save(stats_path),
-                          shard=(world.rank, world.size))
+        fold(loaded, segments, spec, [acc for acc in (examples, stats) if acc is not None], options,
+             checkpoint=checkpoint, shard=(world.rank, world.size))
     except KeyboardInterrupt:
         raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None
     stats = all_reduce_stats(world, stats)
@@ -132,7 +150,13 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         stats.save(run_dir / "stats.npz")
 
     record.update(n_tokens=int(stats.n_rows[0, 0]), elapsed_s=round(time.perf_counter() - t0, 2))
-    record.update(status="complete", outputs=write_surface(stats, run_dir, loaded, record, figures, log))
+    outputs = write_surface(stats, run_dir, loaded, record, figures, log)
+    if settings.per_example:
+        rows = examples.finish(run_dir / FILE_NAME)
+        record["per_example"] = {"file": FILE_NAME, "rows": rows}
+        outputs.append(FILE_NAME)
+        log(f"wrote {rows} per-example rows (segment x layer x head) to {FILE_NAME}")
+    record.update(status="complete", outputs=outputs)
     write_json(run_dir / "run.json", record)
     return run_dir
 

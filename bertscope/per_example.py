@@ -1,0 +1,210 @@
+"""Per-example statistics: one row per (segment, layer, head), streamed to Parquet.
+
+Kovaleva et al. classify the attention map of every (example, head) into a pattern type,
+and compare heads before and after fine-tuning example by example: corpus means are not
+enough. `PerExampleWriter` is an `Accumulator` that turns each batch's per-segment sums
+(`BatchContext.segment_sums`, the same sums `HeadStats` adds up) into per-segment means and
+writes them as Parquet parts while the corpus streams by: memory holds at most one
+checkpoint's worth of rows, whatever the corpus size.
+
+Columns (every mass a mean over the segment's valid query rows, like heads.csv):
+    segment, document, doc_id   the segment's index in the run, its document's index in
+                                the corpus (a text file: the n-th non-blank line), its id
+    layer, head                 from 1
+    n_tokens                    valid tokens of the segment (the rows averaged)
+    prev, self, next, offset_k  mass at relative offsets
+    <class>                     mass on each key class (cls, sep, punct, other by default)
+    entropy                     row entropy, nats
+    n_<g>, <g>_<class>, <g>_entropy
+                                the same over the rows of each row group g only (e.g.
+                                sep_sep, cls_entropy); NaN when the segment has no such row
+    argmax_*                    share of rows whose argmax is at an offset / of a class
+                                (spec.argmax)
+    column_max, column_argmax   the largest attention mass a key receives, as a share of
+                                all rows' mass, and that key's position (spec.column_mass):
+                                Kovaleva et al.'s "vertical" stripes
+Averaged over segments with weights n_tokens (n_<g> for group columns), the rows give back
+heads.csv exactly.
+
+Parts are named by rank and the batches they cover, so a resumed run drops the parts
+beyond its checkpoint, torchrun ranks write side by side, and `finish` streams every part
+into one `examples.parquet` (rows in batch order; sort by `segment` when needed).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from bertscope.batch import BatchContext
+from bertscope.kernels import StatsSpec
+from bertscope.token_classes import TokenClasses
+
+PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")
+FILE_NAME = "examples.parquet"
+
+
+def offset_name(o: int) -> str:
+    return {-1: "prev", 0: "self", 1: "next"}.get(o, f"offset_{o:+d}")
+
+
+def stat_columns(spec: StatsSpec, classes: TokenClasses) -> list[str]:
+    """The statistic columns, in the order `example_rows` fills them."""
+    cols = []
+    for g in classes.group_names:
+        pre = "" if g == "all" else f"{g}_"
+        if g != "all":
+            cols.append(f"n_{g}")
+        cols += [pre + offset_name(o) for o in spec.offsets]
+        cols += [pre + c for c in classes.names]
+        if spec.entropy:
+            cols.append(pre + "entropy")
+        if spec.argmax:
+            cols += [pre + "argmax_" + offset_name(o) for o in spec.offsets] + [pre + "argmax_elsewhere"]
+            cols += [pre + "argmax_" + c for c in classes.names]
+    if spec.column_mass:
+        cols += ["column_max", "column_argmax"]
+    return cols
+
+
+def example_rows(batch: BatchContext) -> np.ndarray:
+    """(B, layers, H, K) float64 statistic columns of every segment, layer and head."""
+    rows = batch.group_rows  # (B, G)
+    out = []
+    for layer, stats in enumerate(batch.layers):
+        sums = batch.segment_sums(layer)  # name -> (B, H, G, F)
+        B, H = stats.class_mass.shape[:2]
+        n = rows[:, None, :, None].expand(B, H, -1, 1)  # (B, H, G, 1)
+        parts = [sums[name] for name in ("offset_mass", "class_mass", "entropy", "argmax_offset", "argmax_class")
+                 if name in sums]
+        means = torch.cat(parts, dim=-1) / n  # (B, H, G, F); NaN for a group without rows
+        per_group = [torch.cat([n[:, :, g], means[:, :, g]], -1) if g else means[:, :, g]
+                     for g in range(rows.shape[1])]  # group 0 ("all") has no row-count column
+        cols = torch.cat(per_group, dim=-1)  # (B, H, K')
+        if stats.column_mass is not None:
+            share = stats.column_mass.double() / batch.n_tokens[:, None, None].clamp_min(1)  # (B, H, L)
+            share = share.masked_fill(~batch.key_valid[:, None, :], -1.0)
+            best, where = share.max(-1)  # (B, H)
+            cols = torch.cat([cols, best[..., None], where[..., None].double()], dim=-1)
+        out.append(cols)
+    return torch.stack(out, dim=1).cpu().numpy()  # (B, layers, H, K)
+
+
+class PerExampleWriter:
+    """Accumulator writing per-example rows as Parquet parts under `directory`.
+
+    document_of: for each segment index, its document's index in the corpus (default: the
+    segment index itself).
+    """
+
+    def __init__(self, directory: Path, spec: StatsSpec, classes: TokenClasses,
+                 document_of: Sequence[int] | None = None, rank: int = 0):
+        self.directory, self.spec, self.classes, self.rank = Path(directory), spec, classes, rank
+        self.document_of = document_of
+        self.columns = stat_columns(spec, classes)
+        self.batches_done = 0
+        self._flushed = 0  # batches already in part files
+        self._pending: list[pa.RecordBatch] = []
+
+    # -- filling
+
+    def add(self, batch: BatchContext):
+        values = example_rows(batch)  # (B, layers, H, K)
+        B, Ly, H, K = values.shape
+        index = np.asarray(batch.indices)
+        docs = index if self.document_of is None else np.asarray([self.document_of[i] for i in batch.indices])
+        rep = Ly * H
+        arrays = {
+            "segment": pa.array(np.repeat(index, rep).astype(np.int64)),
+            "document": pa.array(np.repeat(docs, rep).astype(np.int64)),
+            "doc_id": pa.array(np.repeat(np.array([s.doc_id for s in batch.segments], dtype=object), rep)),
+            "layer": pa.array(np.tile(np.repeat(np.arange(1, Ly + 1, dtype=np.int16), H), B)),
+            "head": pa.array(np.tile(np.arange(1, H + 1, dtype=np.int16), B * Ly)),
+            "n_tokens": pa.array(np.repeat(batch.n_tokens.cpu().numpy(), rep).astype(np.int32)),
+        }
+        flat = values.reshape(B * rep, K)
+        for k, name in enumerate(self.columns):
+            col = flat[:, k]
+            if name.startswith("n_") or name == "column_argmax":
+                arrays[name] = pa.array(col.astype(np.int32))
+            else:
+                arrays[name] = pa.array(col)
+        self._pending.append(pa.RecordBatch.from_pydict(arrays))
+
+    # -- storing
+
+    def save(self, directory: Path | None = None):
+        """Write the rows since the last save as one part, atomically (tmp name, then rename)."""
+        if not self._pending:
+            return
+        directory = Path(directory or self.directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"part-r{self.rank:03d}-b{self._flushed + 1:06d}-{self.batches_done:06d}.parquet"
+        tmp = directory / (name + ".tmp")
+        pq.write_table(pa.Table.from_batches(self._pending), tmp)
+        tmp.replace(directory / name)
+        self._pending, self._flushed = [], self.batches_done
+
+    @classmethod
+    def load(cls, directory: Path, spec: StatsSpec, classes: TokenClasses, document_of=None, rank: int = 0):
+        """A writer that continues after the parts this rank already wrote."""
+        acc = cls(directory, spec, classes, document_of, rank)
+        ends = [last for r, _, last in _parts(acc.directory) if r == rank]
+        acc.batches_done = acc._flushed = max(ends, default=0)
+        return acc
+
+    def rewind(self, batches_done: int):
+        """Drop this rank's parts beyond `batches_done` (a crash fell between two saves)."""
+        for path in sorted(self.directory.glob("part-*.parquet")):
+            r, first, last = _parse(path)
+            if r != self.rank or last <= batches_done:
+                continue
+            if first <= batches_done:
+                raise ValueError(f"{path.name} straddles the checkpoint after batch {batches_done}")
+            path.unlink()
+        self.batches_done = self._flushed = min(self.batches_done, batches_done)
+
+    def merge(self, other: "PerExampleWriter") -> "PerExampleWriter":
+        """Parts of several ranks live in one directory: merging is `finish` reading them all."""
+        if other.columns != self.columns:
+            raise ValueError("cannot merge per-example rows of different specs")
+        return self
+
+    def finish(self, path: Path) -> int:
+        """Stream every part of every rank into one Parquet file, then remove the parts;
+        returns the number of rows."""
+        parts = sorted(self.directory.glob("part-*.parquet"), key=lambda p: (_parse(p)[1], _parse(p)[0]))
+        path, n = Path(path), 0
+        tmp = path.with_name(path.name + ".tmp")
+        writer = None
+        try:
+            for part in parts:
+                table = pq.read_table(part)
+                writer = writer or pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table)
+                n += table.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            return 0
+        tmp.replace(path)
+        for part in parts:
+            part.unlink()
+        if not any(self.directory.iterdir()):
+            self.directory.rmdir()
+        return n
+
+
+def _parse(path: Path) -> tuple[int, int, int]:
+    m = PART.search(path.name)
+    return int(m[1]), int(m[2]), int(m[3])
+
+
+def _parts(directory: Path):
+    return [_parse(p) for p in directory.glob("part-*.parquet")] if directory.is_dir() else []
