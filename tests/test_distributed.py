@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 
 from bertscope.accumulate import HeadStats
 
@@ -15,7 +16,7 @@ def read_heads(path):
 
 
 def test_two_ranks_equal_one_process(tmp_path):
-    args = ["run", "--corpus", "wiki", "--limit", "12", "--batch-size", "2", "--quiet", "--no-figures"]
+    args = ["run", "--corpus", "wiki", "--limit", "12", "--batch-size", "2", "--quiet", "--no-figures", "--per-example"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": os.environ.get("CI", "")}
     single = subprocess.run([sys.executable, "-m", "bertscope.cli", *args, "--out", str(tmp_path / "one")],
                             env=env, capture_output=True, text=True, timeout=300)
@@ -39,3 +40,9 @@ def test_two_ranks_equal_one_process(tmp_path):
     for a, b in zip(rows_one, rows_two):
         assert a.keys() == b.keys()
         np.testing.assert_allclose([float(b[k]) for k in b], [float(a[k]) for k in a], rtol=1e-5, atol=1e-9)
+    # per-example rows: each rank wrote its parts, rank 0 streamed them into one file
+    keys = ["segment", "layer", "head"]
+    ex_one = pd.read_parquet(tmp_path / "one" / "examples.parquet").sort_values(keys).reset_index(drop=True)
+    ex_two = pd.read_parquet(tmp_path / "two" / "examples.parquet").sort_values(keys).reset_index(drop=True)
+    assert len(ex_one) == len(ex_two) == 12 * 72
+    pd.testing.assert_frame_equal(ex_one, ex_two, rtol=1e-9)
