@@ -1,0 +1,135 @@
+"""A small API for notebooks: load a model once, then ask for tables.
+
+    import bertscope
+    scope = bertscope.load()                          # the embedded all-MiniLM-L6-v2
+    heads = scope.stats(["The cat sat.", ("A first part.", "A second one.")])
+    rows = scope.per_example(texts)                   # one row per (text, layer, head)
+    words, maps = scope.word_maps("The cat sat on the mat.")
+
+Texts are strings (one part: `[CLS] text [SEP]`) or (a, b) pairs (`[CLS] a [SEP] b [SEP]`),
+segmented exactly as `bertscope run` segments a text file, and kept in the order given.
+Every method runs the same engine, kernels and accumulators as the command line; the tables
+are the CLI's CSV/Parquet columns as pandas DataFrames.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence, Union
+
+import numpy as np
+
+from bertscope.kernels import StatsSpec
+from bertscope.token_classes import TokenClasses
+
+Text = Union[str, tuple[str, str]]
+
+
+def load(model: str | Path | None = None, device: str = "cpu", backend: str = "auto", **kwargs) -> "Scope":
+    """A `Scope` over a local checkpoint directory (default: the embedded all-MiniLM-L6-v2).
+    Extra keyword arguments go to `bertscope.models.load_model`."""
+    from bertscope.models import load_model
+
+    return Scope(load_model(model, device=device, **kwargs), backend)
+
+
+@dataclass
+class Scope:
+    """A loaded model and the analyses that can be asked of it.
+
+    loaded:  `bertscope.models.LoadedModel` (model, tokenizer, layers, heads, class table)
+    backend: statistics kernel ("auto": triton on CUDA, chunked on the CPU)
+    """
+
+    loaded: object
+    backend: str = "auto"
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def segments(self, texts: Sequence[Text], max_len: int = 128, token_types: str = "pair") -> list:
+        """`Segment`s of `texts`, in the order given (a text too long for max_len is cut at a
+        sentence boundary, as the CLI does)."""
+        from bertscope.corpus import Document
+        from bertscope.segments import SegmentOptions, make_segments
+
+        if isinstance(texts, (str, tuple)):
+            raise TypeError("texts must be a list of strings or (a, b) pairs, not a single text")
+        docs = []
+        for i, t in enumerate(texts):
+            parts = [t] if isinstance(t, str) else list(t)
+            if len(parts) not in (1, 2) or not all(isinstance(p, str) and p.strip() for p in parts):
+                raise ValueError(f"text {i} must be a non-empty string or a pair of them, got {t!r}")
+            docs.append(Document(str(i), parts))
+        segments, report = make_segments(docs, self.tokenizer, SegmentOptions(max_len=max_len, limit=None,
+                                                                              token_types=token_types))
+        if len(segments) != len(docs):
+            raise ValueError(f"{len(docs) - len(segments)} texts gave no tokens: {report.as_dict()}")
+        return sorted(segments, key=lambda s: int(s.doc_id))
+
+    def _spec(self, spec: StatsSpec | None, classes: TokenClasses | None) -> StatsSpec:
+        from bertscope.run import RunSettings
+
+        if spec is None:
+            spec = RunSettings().spec()
+        n = (classes or self.loaded.classes).n_classes
+        if spec.n_key_classes != n:
+            raise ValueError(f"spec.n_key_classes is {spec.n_key_classes}, the class scheme has {n} classes")
+        return spec
+
+    def stats(self, texts: Sequence[Text], spec: StatsSpec | None = None, batch_size: int = 16,
+              progress: bool = False, **segment_options):
+        """Per-head surface table (the columns of heads.csv) over `texts`, a pandas DataFrame."""
+        import pandas as pd
+
+        from bertscope.analyses import surface
+        from bertscope.engine import EngineOptions, run_stats
+
+        spec = self._spec(spec, None)
+        stats = run_stats(self.loaded, self.segments(texts, **segment_options), spec,
+                          EngineOptions(batch_size=batch_size, backend=self.backend, progress=progress))
+        return pd.DataFrame(surface.table_rows(surface.head_table(stats)))
+
+    def per_example(self, texts: Sequence[Text], spec: StatsSpec | None = None, classes: TokenClasses | None = None,
+                    batch_size: int = 16, progress: bool = False, segments: list | None = None, **segment_options):
+        """One row per (text, layer, head): the columns of examples.parquet, sorted by
+        `segment` (the text's index), layer and head. `classes` is a per-segment scheme
+        (`bertscope.token_classes`) whose ids are set on `segments` (made from `texts` when
+        not given)."""
+        import pandas as pd
+
+        from bertscope.engine import EngineOptions, fold
+        from bertscope.per_example import PerExampleWriter
+
+        spec = self._spec(spec, classes)
+        segments = segments if segments is not None else self.segments(texts, **segment_options)
+        with tempfile.TemporaryDirectory() as tmp:
+            writer = PerExampleWriter(Path(tmp) / "parts", spec, classes or self.loaded.classes)
+            fold(self.loaded, segments, spec, [writer], EngineOptions(batch_size=batch_size, backend=self.backend,
+                                                                        progress=progress), classes=classes)
+            writer.save()
+            writer.finish(Path(tmp) / "examples.parquet")
+            table = pd.read_parquet(Path(tmp) / "examples.parquet")
+        return table.sort_values(["segment", "layer", "head"]).reset_index(drop=True)
+
+    def word_maps(self, text: Text | Sequence[str], from_word: str = "mean", max_len: int = 128):
+        """(words, maps): the words of one text and its word-level attention maps
+        (layers, H, W, W) float32; W counts the words and then the special tokens, rows sum to 1.
+        A list of words is taken as given (gold words, e.g. a treebank sentence)."""
+        from bertscope.engine import iter_word_maps
+        from bertscope.segments import word_segment
+
+        if isinstance(text, list):
+            segment = word_segment(text, self.tokenizer, max_len)
+            if segment is None:
+                raise ValueError(f"{len(text)} words do not fit max_len={max_len}")
+        else:
+            segment = self.segments([text], max_len=max_len)[0]
+        ((_, maps),) = iter_word_maps(self.loaded, [segment], from_word=from_word, backend=self.backend, progress=False)
+        return list(segment.words), np.asarray(maps)

@@ -1,0 +1,44 @@
+"""The notebook API: the same numbers as the command line, and clear errors for bad input."""
+import csv
+
+import numpy as np
+import pytest
+
+import bertscope
+from bertscope.cli import main
+from bertscope.kernels import StatsSpec
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TEXTS = ["The cat sat on the mat.", ("Mr. Smith went to Washington.", "He liked it there, he said."), "Yes."]
+
+
+def test_stats_equal_the_cli_heads_csv(tiny_checkpoint, tmp_path, capsys):
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("\n".join(t if isinstance(t, str) else "\t".join(t) for t in TEXTS) + "\n", encoding="utf-8")
+    assert main(["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--limit", "all", "--quiet",
+                 "--no-figures", "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    with open(tmp_path / "run" / "heads.csv", newline="") as f:
+        cli = list(csv.DictReader(f))
+    scope = bertscope.load(str(tiny_checkpoint))
+    api = scope.stats(TEXTS)
+    assert list(api.columns) == list(cli[0].keys()) and len(api) == len(cli) == 2 * 4
+    for col in ("prev", "cls", "sep_sep", "entropy", "cls_entropy", "n_tokens"):
+        np.testing.assert_allclose(api[col].to_numpy(), [float(r[col]) for r in cli], rtol=1e-5, err_msg=col)
+
+    rows = scope.per_example(TEXTS)
+    assert rows["segment"].tolist() == sorted(rows["segment"].tolist()) and set(rows["segment"]) == {0, 1, 2}
+    assert rows.groupby("segment")["n_tokens"].first().tolist() == [s.n_tokens for s in scope.segments(TEXTS)]
+
+
+def test_bad_input_is_a_clear_exception(tiny_checkpoint):
+    scope = bertscope.load(str(tiny_checkpoint))
+    with pytest.raises(TypeError, match="list of strings"):
+        scope.stats("The cat sat.")
+    with pytest.raises(ValueError, match="text 1 must be a non-empty string"):
+        scope.stats(["fine", "  "])
+    with pytest.raises(ValueError, match="the class scheme has 4 classes"):
+        scope.stats(["fine"], spec=StatsSpec(n_key_classes=5))
+    with pytest.raises(ValueError, match="do not fit"):
+        scope.word_maps(["word"] * 200, max_len=32)
