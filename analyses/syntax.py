@@ -40,6 +40,7 @@ counterpart; SD `prep` (verb/noun -> preposition) has none in UD.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -111,16 +112,21 @@ def word_predictions(maps: np.ndarray, n_words: int) -> tuple[np.ndarray, np.nda
 class SyntaxCounts:
     """Correct predictions per (relation, direction, layer, head), summed over sentences.
 
-    Additive, so sentences can be added in any order (and counts of two runs merged).
+    Additive, so sentences can be added in any order and counts of two runs or ranks merged.
+    An engine accumulator (`bertscope.batch.Accumulator`): `add(batch)` scores every segment
+    of a batch from its word-level maps, with `dependents[i]` (the `sentence_dependents` of
+    segment i) as the gold standard; `add_sentence` scores one sentence's predictions.
     """
 
     relations: list[str]
     n_layers: int
     n_heads: int
     head_to_dep: str = "column"
+    dependents: Sequence | None = field(default=None, repr=False)  # per segment index; not saved
     correct: np.ndarray = field(init=False)  # (R, 2, layers, H)
     baseline: np.ndarray = field(init=False)  # (R, len(OFFSETS))
     n: np.ndarray = field(init=False)  # (R,)
+    batches_done: int = field(default=0, init=False)
 
     def __post_init__(self):
         if self.head_to_dep not in HEAD_TO_DEP_MODES:
@@ -131,8 +137,14 @@ class SyntaxCounts:
         self.baseline = np.zeros((R, len(OFFSETS)), dtype=np.int64)
         self.n = np.zeros(R, dtype=np.int64)
 
-    def add(self, row: np.ndarray, column: np.ndarray, source: np.ndarray, head: np.ndarray,
-            relations: Sequence[str]):
+    def add(self, batch):
+        """Score every segment of an engine batch (its layers' `word_map`s) against `dependents`."""
+        maps = np.stack([s.word_map.float().cpu().numpy() for s in batch.layers], axis=1)  # (B, layers, H, W, W)
+        for row, i in enumerate(batch.indices):
+            self.add_sentence(*word_predictions(maps[row], len(batch.segments[row].words)), *self.dependents[i])
+
+    def add_sentence(self, row: np.ndarray, column: np.ndarray, source: np.ndarray, head: np.ndarray,
+                     relations: Sequence[str]):
         """One sentence: `row`/`column` from `word_predictions`, dependents from `sentence_dependents`."""
         if len(source) == 0:
             return
@@ -147,6 +159,32 @@ class SyntaxCounts:
         offset_hit = source[:, None] + np.array(OFFSETS) == head[:, None]  # (m, K)
         np.add.at(self.baseline, rel, offset_hit)
         np.add.at(self.n, rel, 1)
+
+    def merge(self, other: "SyntaxCounts") -> "SyntaxCounts":
+        if (other.relations, other.n_layers, other.n_heads, other.head_to_dep) != (
+                self.relations, self.n_layers, self.n_heads, self.head_to_dep):
+            raise ValueError("cannot merge syntax counts of different relations, models or scorings")
+        self.correct += other.correct
+        self.baseline += other.baseline
+        self.n += other.n
+        return self
+
+    def save(self, path):
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, relations=np.array(self.relations), shape=[self.n_layers, self.n_heads],
+                 head_to_dep=self.head_to_dep, correct=self.correct, baseline=self.baseline, n=self.n,
+                 batches_done=self.batches_done)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path, dependents: Sequence | None = None) -> "SyntaxCounts":
+        with np.load(path) as f:
+            counts = cls([str(r) for r in f["relations"]], *map(int, f["shape"]), head_to_dep=str(f["head_to_dep"]),
+                         dependents=dependents)
+            counts.correct[...], counts.baseline[...], counts.n[...] = f["correct"], f["baseline"], f["n"]
+            counts.batches_done = int(f["batches_done"])
+        return counts
 
 
 def _best(values: np.ndarray) -> tuple[int, int]:

@@ -69,6 +69,7 @@ def fold(
     checkpoint: Callable[[], None] | None = None,
     shard: tuple[int, int] = (0, 1),
     desc: str = "attention stats",
+    from_word: str | None = None,
 ) -> Sequence[Accumulator]:
     """Fold every batch of `segments` into every accumulator: the engine's one loop.
 
@@ -84,7 +85,7 @@ def fold(
     if ahead:
         raise ValueError(f"accumulators disagree on the batches done ({', '.join(ahead)} ahead): rewind them first")
     n_batches = len(plan_batches(segments, options.batch_size)[shard[0]::shard[1]])
-    for batch in stream_batches(loaded, segments, spec, classes=classes, batch_size=options.batch_size,
+    for batch in stream_batches(loaded, segments, spec, from_word, classes=classes, batch_size=options.batch_size,
                                 backend=options.backend, progress=options.progress, desc=desc,
                                 shard=shard, skip=done):
         for acc in accumulators:
@@ -211,9 +212,14 @@ def iter_word_maps(loaded: LoadedModel, segments: Sequence[Segment], from_word: 
     Units are the segment's words (0..n_words-1, `Segment.words` order) followed by its
     special tokens; every row sums to 1. See `bertscope.kernels.WordPooling` for the pooling.
     """
-    spec = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, word_maps=True)
+    spec = word_map_spec(loaded)
     for batch in stream_batches(loaded, segments, spec, from_word, batch_size, backend, progress, desc):
         maps = torch.stack([stats.word_map for stats in batch.layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
         for row, i in enumerate(batch.indices):
             W = max(segment_units(segments[i])[0]) + 1
             yield i, maps[row, :, :, :W, :W]
+
+
+def word_map_spec(loaded: LoadedModel) -> StatsSpec:
+    """Word-level maps and their argmax only: what the word-level probes read."""
+    return StatsSpec(offsets=(), n_key_classes=loaded.classes.n_classes, entropy=False, argmax=False, word_maps=True)

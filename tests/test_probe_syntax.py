@@ -37,7 +37,7 @@ def planted_maps(rows_by_head: list[dict[int, dict[int, float]]]) -> np.ndarray:
 
 def score(maps: np.ndarray, head_to_dep: str = "column", heads=HEADS, deprels=DEPRELS):
     counts = SyntaxCounts(sorted(set(deprels) - {"root"}), maps.shape[0], maps.shape[1], head_to_dep=head_to_dep)
-    counts.add(*word_predictions(maps, len(heads)), *sentence_dependents(heads, deprels))
+    counts.add_sentence(*word_predictions(maps, len(heads)), *sentence_dependents(heads, deprels))
     _, table = summarise(counts, "toy")
     return {(row["relation"], row["direction"]): row for row in table}
 
@@ -69,7 +69,7 @@ def test_gold_heads_planted_in_one_head():
 
 def _counts(maps):
     counts = SyntaxCounts(sorted(set(DEPRELS) - {"root"}), 1, maps.shape[1])
-    counts.add(*word_predictions(maps, N), *sentence_dependents(HEADS, DEPRELS))
+    counts.add_sentence(*word_predictions(maps, N), *sentence_dependents(HEADS, DEPRELS))
     return counts
 
 
@@ -126,7 +126,7 @@ def test_counts_add_up_over_sentences_and_offsets_leave_the_sentence():
     for heads, deprels in (([2, 0], ["nsubj", "root"]), ([2, 0], ["det", "root"])):
         maps = np.zeros((1, 1, 4, 4))
         maps[0, 0, :, 1] = 1.0  # everything on word 1: word 0 predicts 1, word 1 predicts 0
-        counts.add(*word_predictions(maps, 2), *sentence_dependents(heads, deprels))
+        counts.add_sentence(*word_predictions(maps, 2), *sentence_dependents(heads, deprels))
     assert counts.n.tolist() == [1, 1]
     assert counts.correct[:, 0, 0, 0].tolist() == [1, 1]
     assert counts.baseline[:, OFFSETS.index(1)].tolist() == [1, 1]
@@ -228,3 +228,34 @@ def test_cli_user_mistakes(tiny_checkpoint, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("bertscope: error: ") and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # the data are read before the run directory is made
+
+
+def test_counts_merge_save_and_load_like_any_accumulator(tmp_path):
+    """Two halves merged equal the whole; a saved state loads back equal (resume, torchrun)."""
+    rng = np.random.default_rng(3)
+    sentences = []
+    for _ in range(6):
+        n = int(rng.integers(3, 9))
+        heads = [0] + [int(rng.integers(1, n + 1)) for _ in range(n - 1)]  # word 1 is the root
+        heads = [h if h != i + 1 else 0 for i, h in enumerate(heads)]
+        deprels = ["root" if h == 0 else str(rng.choice(["det", "nsubj", "obj"])) for h in heads]
+        maps = rng.random((2, 3, n + 2, n + 2))
+        sentences.append((maps / maps.sum(-1, keepdims=True), heads, deprels))
+
+    def counts_of(part):
+        counts = SyntaxCounts(["det", "nsubj", "obj"], 2, 3)
+        for maps, heads, deprels in part:
+            counts.add_sentence(*word_predictions(maps, len(heads)), *sentence_dependents(heads, deprels))
+        return counts
+
+    whole, merged = counts_of(sentences), counts_of(sentences[:2]).merge(counts_of(sentences[2:]))
+    assert whole.n.sum() > 10 and whole.correct.sum() > 0
+    for name in ("correct", "baseline", "n"):
+        np.testing.assert_array_equal(getattr(merged, name), getattr(whole, name))
+    whole.batches_done = 4
+    whole.save(tmp_path / "syntax.npz")
+    back = SyntaxCounts.load(tmp_path / "syntax.npz")
+    assert (back.relations, back.head_to_dep, back.batches_done) == (whole.relations, "column", 4)
+    np.testing.assert_array_equal(back.correct, whole.correct)
+    with pytest.raises(ValueError, match="cannot merge"):
+        whole.merge(SyntaxCounts(["det"], 2, 3))

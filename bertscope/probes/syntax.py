@@ -66,7 +66,7 @@ def read_sentences(treebank: str, data_dir: str | None) -> list:
 
 def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank: str):
     """Segments, word maps and counts for one treebank: (SyntaxCounts, report dict)."""
-    from bertscope.engine import iter_word_maps
+    from bertscope.engine import EngineOptions, fold, word_map_spec
     from bertscope.segments import word_segment
 
     t0 = time.perf_counter()
@@ -92,11 +92,10 @@ def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank:
         f"dependents; {report['skipped_long']} skipped as longer than {args.max_len} tokens")
 
     relations = sorted({r for _, _, rels in dependents for r in rels})
-    counts = syntax.SyntaxCounts(relations, loaded.n_layers, loaded.n_heads, head_to_dep=args.head_to_dep)
-    for i, maps in iter_word_maps(loaded, segments, from_word=args.from_word, batch_size=args.batch_size,
-                                  backend=args.backend, progress=progress, desc=f"{treebank} word maps"):
-        row, column = syntax.word_predictions(maps, len(segments[i].words))  # (layers, H, n) each
-        counts.add(row, column, *dependents[i])
+    counts = syntax.SyntaxCounts(relations, loaded.n_layers, loaded.n_heads, head_to_dep=args.head_to_dep,
+                                 dependents=dependents)
+    fold(loaded, segments, word_map_spec(loaded), [counts], EngineOptions(batch_size=args.batch_size,
+         backend=args.backend, progress=progress), from_word=args.from_word, desc=f"{treebank} word maps")
     report["wall_s"] = round(time.perf_counter() - t0, 2)
     return counts, report
 
