@@ -1,10 +1,18 @@
 """bertscope's attention function, plugged into transformers through `AttentionInterface`.
 
 Loading a model with `attn_implementation="bertscope"` routes every self-attention call
-through `bertscope_attention`. Outside an analysis it is plain attention (torch SDPA);
-inside `HeadProbe.active(...)` it computes the layer's output *and* its row statistics
-with the chosen kernel backend, hands the statistics to a sink, and applies head gates.
-Nothing in transformers is edited or patched: we register two functions by name.
+through `bertscope_attention`. Outside an analysis it is plain attention (torch SDPA, with
+its dropout in training mode); inside `HeadProbe.active(...)` it computes the layer's output
+*and* its row statistics with the chosen kernel backend and hands the statistics to a sink.
+On both paths the model's head gates (`bertscope.gates`, attached by `load_model`) scale
+each head's output. Nothing in transformers is edited or patched: we register two
+functions by name.
+
+Gradients. The statistics backends' fast paths cannot be differentiated (out= writes, the
+compiled C row pass, a Triton kernel without backward). When autograd needs the output
+(grad enabled and q, k, v or the gates require grad) the statistics are computed without
+grad by the chosen backend and the output by SDPA with autograd: d loss / d xi is exact.
+`output_path` names the choice; `HeadProbe.output_paths` collects the ones a run took.
 
 The mask function registered under the same name hands the attention function the plain
 (B, L) key-padding mask instead of an (B, 1, L, L) additive bias: the kernels only need
@@ -21,7 +29,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from bertscope.kernels import Gate, RowStats, StatsSpec, WordPooling, attention_stats, resolve_backend
+from bertscope.gates import layer_gates
+from bertscope.kernels import LayerGates, RowStats, StatsSpec, WordPooling, apply_gates, attention_stats, resolve_backend
 
 ATTN_IMPLEMENTATION = "bertscope"
 
@@ -44,7 +53,8 @@ _ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("berts
 
 
 class HeadProbe:
-    """Owns what stays fixed across forwards: statistics spec, backend and head gates.
+    """Owns what stays fixed across forwards: statistics spec and backend (head gates live on
+    the model: `bertscope.gates`).
 
     Layers are numbered by call order within a forward, not read from the module:
     DistilBERT's attention modules carry no `layer_idx`, and ALBERT calls one shared
@@ -54,10 +64,7 @@ class HeadProbe:
     def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, backend: str = "auto", device="cpu"):
         self.n_layers, self.n_heads, self.spec = n_layers, n_heads, spec
         self.backend = resolve_backend(backend, torch.device(device))
-        self.gates = torch.full((n_layers, n_heads), int(Gate.KEEP), dtype=torch.int8)  # (layers, H)
-
-    def set_gate(self, layer: int, head: int, gate: Gate):
-        self.gates[layer, head] = int(gate)
+        self.output_paths: set[str] = set()  # where layer outputs came from (`output_path`), for run.json
 
     @contextmanager
     def active(self, key_class: torch.Tensor, sink: Sink, pooling: WordPooling | None = None):
@@ -86,26 +93,56 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
     raise ValueError(f"unsupported attention mask of shape {tuple(attention_mask.shape)}")
 
 
+def plain_attention(query, key, value, key_valid, gates: LayerGates | None, scaling=None, dropout=0.0):
+    """SDPA with its dropout, then the head gates: (B, H, L, D) in, (B, L, H, D) out.
+    Differentiable in everything; with no gates, bit for bit transformers' "sdpa" output."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scaling
+    )  # (B, H, L, D)
+    return apply_gates(out, value, key_valid, gates).transpose(1, 2).contiguous()
+
+
+def needs_grad(query, key, value, gates: LayerGates | None) -> bool:
+    """Whether autograd will want this layer's output."""
+    xi = None if gates is None else gates.xi
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, xi))
+
+
+def output_path(backend: str, grad: bool) -> str:
+    """Where an analysed layer's output comes from: the backend's fused pass, or (for a
+    gradient) SDPA with autograd beside statistics computed without grad."""
+    if grad:
+        return f"sdpa with autograd (statistics: {backend}, without grad)"
+    return f"{backend} (output fused with the statistics)"
+
+
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
     key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
+    gates = layer_gates(query)  # this call's LayerGates from the model's HeadGates, or None
     fwd = _ACTIVE.get()
     if fwd is None:
         # -- plain attention, for a model used outside an analysis
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scaling
-        )
-        return out.transpose(1, 2).contiguous(), None
+        return plain_attention(query, key, value, key_valid, gates, scaling, dropout), None
     if query.shape[-2] != key.shape[-2]:
         raise ValueError("bertscope analyses self-attention only (query and key lengths differ)")
+    if dropout > 0:
+        raise RuntimeError(f"attention statistics need the model in eval mode: it is training, with attention "
+                           f"dropout {dropout}, which the statistics would not see (call model.eval())")
     layer, probe = fwd.layer, fwd.probe
     if layer >= probe.n_layers:
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
     fwd.layer += 1
-    out, stats = attention_stats(
-        query, key, value, key_valid, fwd.key_class, probe.spec,
-        gates=probe.gates[layer], scale=scaling, backend=probe.backend, pooling=fwd.pooling,
-    )
+    grad = needs_grad(query, key, value, gates)
+    probe.output_paths.add(output_path(probe.backend, grad))
+    stats_args = (key_valid, fwd.key_class, probe.spec)
+    stats_kwargs = dict(scale=scaling, backend=probe.backend, pooling=fwd.pooling)
+    if grad:
+        with torch.no_grad():
+            _, stats = attention_stats(query.detach(), key.detach(), value.detach(), *stats_args, **stats_kwargs)
+        out = plain_attention(query, key, value, key_valid, gates, scaling)
+    else:
+        out, stats = attention_stats(query, key, value, *stats_args, gates=gates, **stats_kwargs)
     fwd.sink(layer, stats, key_valid)
     return out, None
 

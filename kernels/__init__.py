@@ -19,7 +19,8 @@ from . import cpu_rows
 from .chunked import attention_stats_chunked
 from .eager import attention_stats_eager
 from .pooling import word_pooling
-from .spec import Gate, RowStats, StatsSpec, WordPooling
+from .gates import apply_gates, check_layer_gates
+from .spec import Gate, LayerGates, RowStats, StatsSpec, WordPooling
 
 
 def attention_stats_triton(*args, **kwargs):
@@ -86,10 +87,17 @@ def describe_backend(name: str, device) -> dict:
 
 def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto",
                     pooling: WordPooling | None = None):
-    """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D)."""
+    """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D).
+
+    gates: the layer's `LayerGates` (head scale xi, uniform heads), or None. They change the
+    output only; the statistics describe the un-gated heads. The fast paths cannot be
+    differentiated (chunked writes with out= and its C row pass; the Triton kernel has no
+    backward): `bertscope.attention` takes the output from SDPA when a gradient is needed.
+    """
+    check_layer_gates(gates, q.shape[0], q.shape[1])
     fn = BACKENDS[resolve_backend(backend, q.device)]
     return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
 
 
 __all__ = ["attention_stats", "describe_backend", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
-           "Gate", "RowStats", "StatsSpec", "WordPooling"]
+           "apply_gates", "Gate", "LayerGates", "RowStats", "StatsSpec", "WordPooling"]
