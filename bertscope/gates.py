@@ -134,14 +134,14 @@ class _GateForward:
         if layer >= self.gates.n_layers:
             raise RuntimeError(f"expected {self.gates.n_layers} attention calls in a forward pass, saw more")
         self.layer += 1
-        if self.xi is None and self.uniform is None:
-            return None
         B, H = query.shape[0], query.shape[1]
         if H != self.gates.n_heads:
             raise ValueError(f"the gates have {self.gates.n_heads} heads per layer, the model {H}")
+        if self.gates.xi.dim() == 3 and self.gates.xi.shape[0] != B:
+            raise ValueError(f"gates.xi holds {self.gates.xi.shape[0]} sequences, the batch {B}")
+        if self.xi is None and self.uniform is None:
+            return None
         xi = None if self.xi is None else self._on(query.device, "xi", self.xi)[..., layer, :]  # (H,) or (B, H)
-        if xi is not None and xi.dim() == 2 and xi.shape[0] != B:
-            raise ValueError(f"gates.xi holds {xi.shape[0]} sequences, the batch {B}")
         uniform = None if self.uniform is None else self._on(query.device, "uniform", self.uniform)[layer]  # (H,)
         return LayerGates(xi=xi, uniform=uniform)
 
