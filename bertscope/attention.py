@@ -10,9 +10,10 @@ functions by name.
 
 Gradients. The statistics backends' fast paths cannot be differentiated (out= writes, the
 compiled C row pass, a Triton kernel without backward). When autograd needs the output
-(grad enabled and q, k, v or the gates require grad) the statistics are computed without
-grad by the chosen backend and the output by SDPA with autograd: d loss / d xi is exact.
-`output_path` names the choice; `HeadProbe.output_paths` collects the ones a run took.
+(grad enabled and q, k, v or the gates require grad) `attention_stats` computes the
+statistics without grad with the chosen backend and the output by SDPA with autograd:
+d loss / d xi is exact. `kernels.output_path` names the choice; `HeadProbe.output_paths`
+collects the ones a run took (for run.json).
 
 The mask function registered under the same name hands the attention function the plain
 (B, L) key-padding mask instead of an (B, 1, L, L) additive bias: the kernels only need
@@ -30,7 +31,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from bertscope.gates import layer_gates
-from bertscope.kernels import LayerGates, RowStats, StatsSpec, WordPooling, apply_gates, attention_stats, resolve_backend
+from bertscope.kernels import (RowStats, StatsSpec, WordPooling, attention_stats, gated_sdpa, needs_grad, output_path,
+                               resolve_backend)
 
 ATTN_IMPLEMENTATION = "bertscope"
 
@@ -93,29 +95,6 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
     raise ValueError(f"unsupported attention mask of shape {tuple(attention_mask.shape)}")
 
 
-def plain_attention(query, key, value, key_valid, gates: LayerGates | None, scaling=None, dropout=0.0):
-    """SDPA with its dropout, then the head gates: (B, H, L, D) in, (B, L, H, D) out.
-    Differentiable in everything; with no gates, bit for bit transformers' "sdpa" output."""
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scaling
-    )  # (B, H, L, D)
-    return apply_gates(out, value, key_valid, gates).transpose(1, 2).contiguous()
-
-
-def needs_grad(query, key, value, gates: LayerGates | None) -> bool:
-    """Whether autograd will want this layer's output."""
-    xi = None if gates is None else gates.xi
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, xi))
-
-
-def output_path(backend: str, grad: bool) -> str:
-    """Where an analysed layer's output comes from: the backend's fused pass, or (for a
-    gradient) SDPA with autograd beside statistics computed without grad."""
-    if grad:
-        return f"sdpa with autograd (statistics: {backend}, without grad)"
-    return f"{backend} (output fused with the statistics)"
-
-
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
     key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
@@ -123,7 +102,7 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     fwd = _ACTIVE.get()
     if fwd is None:
         # -- plain attention, for a model used outside an analysis
-        return plain_attention(query, key, value, key_valid, gates, scaling, dropout), None
+        return gated_sdpa(query, key, value, key_valid, gates, scaling, dropout), None
     if query.shape[-2] != key.shape[-2]:
         raise ValueError("bertscope analyses self-attention only (query and key lengths differ)")
     if dropout > 0:
@@ -133,16 +112,11 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     if layer >= probe.n_layers:
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
     fwd.layer += 1
-    grad = needs_grad(query, key, value, gates)
-    probe.output_paths.add(output_path(probe.backend, grad))
-    stats_args = (key_valid, fwd.key_class, probe.spec)
-    stats_kwargs = dict(scale=scaling, backend=probe.backend, pooling=fwd.pooling)
-    if grad:
-        with torch.no_grad():
-            _, stats = attention_stats(query.detach(), key.detach(), value.detach(), *stats_args, **stats_kwargs)
-        out = plain_attention(query, key, value, key_valid, gates, scaling)
-    else:
-        out, stats = attention_stats(query, key, value, *stats_args, gates=gates, **stats_kwargs)
+    probe.output_paths.add(output_path(probe.backend, needs_grad(query, key, value, gates)))
+    out, stats = attention_stats(
+        query, key, value, key_valid, fwd.key_class, probe.spec,
+        gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling,
+    )
     fwd.sink(layer, stats, key_valid)
     return out, None
 

@@ -1,4 +1,6 @@
-"""Head gates on an attention output, shared by every path but the Triton kernel's epilogue."""
+"""Head gates on an attention output, shared by every path but the Triton kernel's epilogue,
+and the differentiable output (SDPA, then the gates) that autograd gets instead of a fast
+path's."""
 from __future__ import annotations
 
 import torch
@@ -51,3 +53,18 @@ def check_layer_gates(gates, batch: int, heads: int):
     if gates.uniform is not None and (gates.uniform.dtype != torch.bool or tuple(gates.uniform.shape) != (heads,)):
         raise ValueError(f"uniform gates of a layer must be a bool tensor of shape ({heads},), "
                          f"not {gates.uniform.dtype} {tuple(gates.uniform.shape)}")
+
+
+def needs_grad(q, k, v, gates: LayerGates | None) -> bool:
+    """Whether autograd will want the attention output: grad enabled and q, k, v or xi require it."""
+    xi = None if gates is None else gates.xi
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, xi))
+
+
+def gated_sdpa(q, k, v, key_valid, gates: LayerGates | None, scale=None, dropout=0.0):
+    """SDPA (with its dropout), then the head gates: (B, H, L, D) in, (B, L, H, D) out.
+    Differentiable in everything; without gates, bit for bit transformers' "sdpa" output."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scale
+    )  # (B, H, L, D)
+    return apply_gates(out, v, key_valid, gates).transpose(1, 2).contiguous()

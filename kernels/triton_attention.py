@@ -125,7 +125,7 @@ def _attn_stats_fwd(
     stride_kb, stride_kh, stride_kl, stride_kd,  #
     stride_vb, stride_vh, stride_vl, stride_vd,  #
     stride_ob, stride_oh, stride_ol, stride_od,  #
-    stride_mb, stride_ml, stride_cb, stride_cl, stride_gb,  #
+    stride_mb, stride_ml, stride_cb, stride_cl,  #
     H, L, D, n_offsets, n_classes,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
     SINGLE_TILE: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,  #
@@ -189,7 +189,7 @@ def _attn_stats_fwd(
         tl.store(OffsetMass + (row0 + offs_m) * n_offsets + o, p_o, mask=m_in)
     # -- head gate: uniform -> mean of V over valid keys, then times xi; statistics stay un-gated
     uniform = tl.load(GateUniform + off_h) != 0
-    xi = tl.load(GateXi + off_b * stride_gb + off_h)  # stride_gb = 0: one xi per head
+    xi = tl.load(GateXi + off_bh)  # (B, H) flat: one xi per map
     vmean = vsum_i / tl.maximum(nvalid_i, 1).to(tl.float32)  # (BLOCK_D,)
     acc = tl.where(uniform, vmean[None, :] + tl.zeros_like(acc), acc) * xi
     O_ptr = Out + off_b * stride_ob + off_h * stride_oh
@@ -270,7 +270,7 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
 
     valid = key_valid.to(device=dev).view(torch.int8) if key_valid.dtype == torch.bool else key_valid.to(dev, torch.int8)
     classes = key_class.to(device=dev, dtype=torch.int32)  # (B, L), a small copy
-    xi, uniform = gate_operands(gates, H, dev)
+    xi, uniform = gate_operands(gates, B, H, dev)
     offsets = torch.tensor(spec.offsets if O else [0], dtype=torch.int32, device=dev)
 
     out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # written as (B, H, L, D) through strides
@@ -287,7 +287,7 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
         scale,  #
         *q.stride(), *k.stride(), *v.stride(),  #
         out.stride(0), out.stride(2), out.stride(1), out.stride(3),  #
-        valid.stride(0), valid.stride(1), classes.stride(0), classes.stride(1), xi.stride(0) if xi.dim() == 2 else 0,  #
+        valid.stride(0), valid.stride(1), classes.stride(0), classes.stride(1),  #
         H, L, D, O, C,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C),  #
         SINGLE_TILE=cfg["SINGLE_TILE"], ENTROPY=spec.entropy, ARGMAX=spec.argmax,  #
@@ -303,13 +303,14 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     return out, stats, lse
 
 
-def gate_operands(gates, H, dev):
-    """The kernel's gate operands: xi (H,) or (B, H) fp32 and uniform (H,) int8, fresh (so
-    16-byte aligned, as the AOT specialisations assume) even when the gates are views."""
-    xi = torch.ones(H, dtype=torch.float32, device=dev)
+def gate_operands(gates, B, H, dev):
+    """The kernel's gate operands: xi (B, H) fp32, one per map (a per-head xi repeated: no
+    batch stride in the kernel, which keeps it under the register budget), and uniform (H,)
+    int8; fresh (so 16-byte aligned, as the AOT specialisations assume)."""
+    xi = torch.ones(B, H, dtype=torch.float32, device=dev)
     uniform = torch.zeros(H, dtype=torch.int8, device=dev)
     if gates is not None and gates.xi is not None:
-        xi = torch.empty(gates.xi.shape, dtype=torch.float32, device=dev).copy_(gates.xi.detach())
+        xi.copy_(gates.xi.detach().expand(B, H))
     if gates is not None and gates.uniform is not None:
         uniform.copy_(gates.uniform)
     return xi, uniform

@@ -281,6 +281,34 @@ def test_gates_on_every_backend(backend, per_sequence):
     torch.testing.assert_close(out * rows, ref * rows, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["eager", "chunked", "triton"])
+def test_attention_stats_is_differentiable_on_every_backend(backend):
+    """With grad, attention_stats returns an output autograd can go through (SDPA beside the
+    backend's statistics): the gradients of q, k, v and xi are those of the eager oracle's
+    autograd graph, and the statistics those of a no-grad call."""
+    q, k, v, key_valid, key_class = kernel_inputs(lengths=(11, 6, 2))
+    xi = torch.tensor([0.5, 1.0, -1.5, 2.0])
+    gates = LayerGates(xi=xi, uniform=torch.tensor([False, True, False, False]))
+    rows = key_valid[:, :, None, None]  # (B, L, 1, 1)
+    w = torch.randn(q.shape[0], q.shape[2], q.shape[1], q.shape[3], generator=torch.Generator().manual_seed(4))
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, xi)]
+        out, stats = fn(*leaves[:3], key_valid, key_class, SPEC,
+                        gates=LayerGates(xi=leaves[3], uniform=gates.uniform))
+        ((out * w) * rows).sum().backward()
+        return [t.grad for t in leaves], stats
+
+    want, _ = grads(attention_stats_eager)  # eager is differentiable as it stands
+    got, stats = grads(functools.partial(attention_stats, backend=backend))
+    for name, a, b in zip("q k v xi".split(), got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
+    assert bool((got[3] != 0).all())
+    _, ref = attention_stats(q, k, v, key_valid, key_class, SPEC, backend=backend)
+    for name in ("entropy", "class_mass", "argmax", "column_mass"):
+        assert torch.equal(getattr(stats, name), getattr(ref, name)), name
+
+
 def test_gate_codes_map_onto_xi_and_uniform():
     gates = LayerGates.from_codes([Gate.KEEP, Gate.ZERO, Gate.UNIFORM])
     assert gates.xi.tolist() == [1.0, 0.0, 1.0] and gates.uniform.tolist() == [False, False, True]
