@@ -111,6 +111,10 @@ class HeadGates:
     def _enter(self, module, args):
         ones, any_uniform = self._check()
         identity_xi = ones and not self._xi.requires_grad  # xi = 1 that requires grad still multiplies
+        if not (identity_xi and not any_uniform) and module.training and getattr(module, "is_gradient_checkpointing", False):
+            # the layers would be re-run during backward, after this forward's gates are gone
+            raise RuntimeError("bertscope's head gates do not work with gradient checkpointing "
+                               "(model.gradient_checkpointing_disable(), or reset the gates)")
         state = _GateForward(self, xi=None if identity_xi else self._xi, uniform=self._uniform if any_uniform else None)
         self._tokens.append(_CURRENT.set(state))
 

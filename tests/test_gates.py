@@ -385,3 +385,15 @@ def test_statistics_refuse_training_mode_dropout(tiny_model, minilm_tokenizer):
     model.eval()
     with torch.no_grad(), probe.active(loaded.class_table[inputs["input_ids"]], lambda *a: None):
         loaded.model(**inputs)
+
+
+def test_gradient_checkpointing_is_refused(tiny_model):
+    """Checkpointed layers re-run in backward, outside the forward that set the gates: that
+    would silently drop them, so it is an error."""
+    loaded, inputs = tiny(tiny_model, "bert")
+    loaded.model.gradient_checkpointing_enable()
+    loaded.model.train()
+    loss_of(loaded, inputs).backward()  # gates as trained: nothing to lose
+    loaded.gates.requires_grad_()
+    with pytest.raises(RuntimeError, match="gradient checkpointing"):
+        loaded.model(**inputs)
