@@ -97,7 +97,8 @@ def main(argv=None):
     for r in range(args.repeats):
         for name in order[r % 3:] + order[: r % 3]:  # rotated: no method always first
             models[name].zero_grad(set_to_none=True)
-            loaded.gates.xi.grad = None
+            if name == "gates":
+                loaded.gates.xi.grad = None
             times[name].append(step(models[name], inputs, sync, embeds=name == "frozen"))
 
     assert loaded.gates.xi.grad is not None and bool((loaded.gates.xi.grad != 0).any())
