@@ -111,10 +111,10 @@ class HeadGates:
     def _enter(self, module, args):
         ones, any_uniform = self._check()
         identity_xi = ones and not self._xi.requires_grad  # xi = 1 that requires grad still multiplies
-        if not (identity_xi and not any_uniform) and module.training and getattr(module, "is_gradient_checkpointing", False):
+        if not (identity_xi and not any_uniform) and module.training and _checkpointing(module):
             # the layers would be re-run during backward, after this forward's gates are gone
-            raise RuntimeError("bertscope's head gates do not work with gradient checkpointing "
-                               "(model.gradient_checkpointing_disable(), or reset the gates)")
+            raise RuntimeError("bertscope's head gates do not work with activation (gradient) checkpointing "
+                               "(model.activation_checkpointing_disable(), or reset the gates)")
         state = _GateForward(self, xi=None if identity_xi else self._xi, uniform=self._uniform if any_uniform else None)
         self._tokens.append(_CURRENT.set(state))
 
@@ -153,6 +153,14 @@ class _GateForward:
         if name not in self.moved:
             self.moved[name] = t.to(device)  # differentiable: grad flows back to a CPU leaf
         return self.moved[name]
+
+
+def _checkpointing(module) -> bool:
+    """Whether transformers will re-run the layers in backward (named `is_activation_checkpointing`
+    from transformers 5, `is_gradient_checkpointing` before)."""
+    name = "is_activation_checkpointing" if hasattr(type(module), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(module, name, False))
 
 
 def layer_gates(query) -> LayerGates | None:
