@@ -92,8 +92,8 @@ class HeadGates:
     def _check_uniform(self, uniform):
         shape = (self.n_layers, self.n_heads)
         if not isinstance(uniform, torch.Tensor) or uniform.dtype != torch.bool or tuple(uniform.shape) != shape:
-            raise ValueError(f"gates.uniform must be a bool tensor of shape {shape}, not "
-                             f"{getattr(uniform, 'dtype', type(uniform).__name__)} {tuple(getattr(uniform, 'shape', ()))}")
+            got = f"{getattr(uniform, 'dtype', type(uniform).__name__)} {tuple(getattr(uniform, 'shape', ()))}"
+            raise ValueError(f"gates.uniform must be a bool tensor of shape {shape}, not {got}")
 
     def _check(self) -> tuple[bool, bool]:
         """(xi is all ones, some head is uniform), validated once per change of the tensors

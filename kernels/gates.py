@@ -43,7 +43,8 @@ def check_layer_gates(gates, batch: int, heads: int):
     if gates is None:
         return
     if not isinstance(gates, LayerGates):
-        raise TypeError(f"gates must be a LayerGates (LayerGates.from_codes(...) for Gate codes), not {type(gates).__name__}")
+        raise TypeError("gates must be a LayerGates (LayerGates.from_codes(...) for Gate codes), "
+                        f"not {type(gates).__name__}")
     if gates.xi is not None:
         if not gates.xi.is_floating_point():
             raise ValueError(f"gate xi must be a float tensor, not {gates.xi.dtype}")

@@ -391,8 +391,8 @@ def test_gradient_checkpointing_is_refused(tiny_model):
     """Checkpointed layers re-run in backward, outside the forward that set the gates: that
     would silently drop them, so it is an error."""
     loaded, inputs = tiny(tiny_model, "bert")
-    enable = getattr(loaded.model, "activation_checkpointing_enable", None) or loaded.model.gradient_checkpointing_enable
-    enable()
+    model = loaded.model
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     loaded.model.train()
     loss_of(loaded, inputs).backward()  # gates as trained: nothing to lose
     loaded.gates.requires_grad_()
