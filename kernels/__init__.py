@@ -19,7 +19,8 @@ from . import cpu_rows
 from .chunked import attention_stats_chunked
 from .eager import attention_stats_eager
 from .pooling import word_pooling
-from .spec import Gate, RowStats, StatsSpec, WordPooling
+from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
+from .spec import Gate, LayerGates, RowStats, StatsSpec, WordPooling
 
 
 def attention_stats_triton(*args, **kwargs):
@@ -86,10 +87,32 @@ def describe_backend(name: str, device) -> dict:
 
 def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto",
                     pooling: WordPooling | None = None):
-    """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D)."""
+    """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D).
+
+    gates: the layer's `LayerGates` (head scale xi, uniform heads), or None. They change the
+    output only; the statistics describe the un-gated heads.
+
+    Gradients: the fast paths cannot be differentiated (chunked writes with out= and its C
+    row pass; the Triton kernel has no backward). When autograd needs the output
+    (`needs_grad`), the backend computes the statistics without grad and the output comes
+    from `gated_sdpa`, so d loss / d (q, k, v, xi) is exact; `output_path` names the choice.
+    """
+    check_layer_gates(gates, q.shape[0], q.shape[1])
     fn = BACKENDS[resolve_backend(backend, q.device)]
-    return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
+    if not needs_grad(q, k, v, gates):
+        return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
+    with torch.no_grad():
+        _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling)
+    return gated_sdpa(q, k, v, key_valid, gates, scale), stats
 
 
-__all__ = ["attention_stats", "describe_backend", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
-           "Gate", "RowStats", "StatsSpec", "WordPooling"]
+def output_path(backend: str, grad: bool) -> str:
+    """Where `attention_stats` takes the output from (for run.json): the backend's fused
+    pass, or, when a gradient is needed, SDPA with autograd beside statistics without grad."""
+    if grad:
+        return f"sdpa with autograd (statistics: {backend}, without grad)"
+    return f"{backend} (output fused with the statistics)"
+
+
+__all__ = ["attention_stats", "describe_backend", "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
+           "apply_gates", "Gate", "LayerGates", "RowStats", "StatsSpec", "WordPooling"]

@@ -30,7 +30,7 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
     q, k, v:   (B, H, L, D)
     key_valid: (B, L) bool, False for padding
     key_class: (B, L) int64 in [0, spec.n_key_classes)
-    gates:     (H,) int tensor of `Gate` values, or None for all KEEP
+    gates:     `LayerGates` (xi, uniform) of the layer, or None for none
     pooling:   word pooling of the batch, needed when spec.word_maps
     Returns (out (B, L, H, D), RowStats); rows of padding queries are all zero.
     """

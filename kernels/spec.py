@@ -18,20 +18,47 @@ import torch
 
 
 class Gate(IntEnum):
-    """What a head contributes to the layer output.
+    """Shorthand for the three things a head is commonly made to contribute; each one is a
+    point of the continuous representation in `LayerGates` (xi, uniform):
 
-    KEEP    the head as trained.
-    ZERO    Michel et al. (2019) head masking: the head's output is multiplied by 0.
-    UNIFORM Kovaleva et al. (2019) "disabling": the head's attention is replaced by the
-            uniform distribution over valid (non-padding) keys, i.e. its output is the
-            mean of V.
-    Statistics are always those of the head's own, un-gated attention: a gate changes
-    what the head passes on to later layers, not what we report it attends to.
+    KEEP    (1, False)  the head as trained.
+    ZERO    (0, False)  Michel et al. (2019) head masking: the head's output times xi = 0.
+    UNIFORM (1, True)   Kovaleva et al. (2019) "disabling": the head's attention is replaced
+                        by the uniform distribution over valid (non-padding) keys, i.e. its
+                        output is the mean of V.
     """
 
     KEEP = 0
     ZERO = 1
     UNIFORM = 2
+
+
+@dataclass(frozen=True)
+class LayerGates:
+    """One layer's head gates, as every backend takes them.
+
+    xi:      (H,) or (B, H) float, or None for all 1. Michel et al.'s mask variable: the
+             head's output O_h becomes xi_h * O_h, so dL/dxi_h = sum <dL/d(xi_h O_h), O_h>
+             is the first-order estimate of what masking the head costs. A (B, H) xi gates
+             each sequence on its own (per-example importance).
+    uniform: (H,) bool, or None for none: heads whose attention is replaced by the uniform
+             distribution over valid keys before xi scales them (Kovaleva et al.).
+    Statistics are always those of the head's own, un-gated attention: a gate changes what
+    the head passes on to later layers, not what we report it attends to.
+    """
+
+    xi: torch.Tensor | None = None
+    uniform: torch.Tensor | None = None
+
+    @classmethod
+    def from_codes(cls, codes) -> "LayerGates":
+        """Gates from one `Gate` per head."""
+        codes = torch.as_tensor([int(c) for c in codes])  # (H,)
+        return cls(xi=(codes != Gate.ZERO).float(), uniform=codes == Gate.UNIFORM)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.xi is None and self.uniform is None
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,8 @@ def _ast_source(spec: Specialisation):
     c = spec.config()
     t = "fp32" if spec.dtype == "fp32" else "fp16"
     sig = {
-        "Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "Gates": "*i32",
+        "Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
+        "GateUniform": "*i8",
         "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "Entropy": f"*{t}", "OffsetMass": f"*{t}",
         "ClassMass": f"*{t}", "Argmax": "*i64" if spec.argmax else "*fp32", "sm_scale": "fp32",
     }

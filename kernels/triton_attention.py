@@ -21,9 +21,11 @@ Two code paths, chosen by the constexpr SINGLE_TILE:
 - online: key blocks of BLOCK_N with a running max, FlashAttention-style rescaling of
   the output, the class masses and t.
 
-Head gates are applied in the epilogue: ZERO writes 0, UNIFORM writes the mean of V over
-the valid keys (summed in the same key loop). The statistics, lse included, are always
-those of the head's own un-gated attention.
+Head gates are applied in the epilogue: a uniform head's output is the mean of V over the
+valid keys (summed in the same key loop), and every head's output is scaled by its float
+gate xi (per head, or per sequence and head). The statistics, lse included, are always
+those of the head's own un-gated attention. The kernel has no backward: with a gradient
+to compute, `bertscope.attention` takes the output from SDPA instead.
 
 Inputs are (B, H, L, D) tensors, possibly strided views of the model's projections: the
 kernel reads them through their strides, nothing is copied. fp32 and fp16 inputs are
@@ -116,7 +118,7 @@ def _attn_stats_inner(
 
 @triton.jit
 def _attn_stats_fwd(
-    Q, K, V, KeyValid, KeyClass, Gates, Offsets,  #
+    Q, K, V, KeyValid, KeyClass, GateXi, GateUniform, Offsets,  #
     Out, Lse, Entropy, OffsetMass, ClassMass, Argmax,  #
     sm_scale,  #
     stride_qb, stride_qh, stride_ql, stride_qd,  #
@@ -185,11 +187,11 @@ def _attn_stats_fwd(
         s_o = tl.where(kv_o, s_o, FMIN)
         p_o = tl.where(inside, tl.exp(s_o - m_i) / l_i, 0.0)
         tl.store(OffsetMass + (row0 + offs_m) * n_offsets + o, p_o, mask=m_in)
-    # -- head gate: ZERO -> 0, UNIFORM -> mean of V over valid keys; statistics stay un-gated
-    gate = tl.load(Gates + off_h)
+    # -- head gate: uniform -> mean of V over valid keys, then times xi; statistics stay un-gated
+    uniform = tl.load(GateUniform + off_h) != 0
+    xi = tl.load(GateXi + off_bh)  # (B, H) flat: one xi per map
     vmean = vsum_i / tl.maximum(nvalid_i, 1).to(tl.float32)  # (BLOCK_D,)
-    acc = tl.where(gate == 2, vmean[None, :] + tl.zeros_like(acc), acc)
-    acc = tl.where(gate == 1, 0.0, acc)
+    acc = tl.where(uniform, vmean[None, :] + tl.zeros_like(acc), acc) * xi
     O_ptr = Out + off_b * stride_ob + off_h * stride_oh
     tl.store(O_ptr + offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od, acc.to(Out.dtype.element_ty),
              mask=m_in[:, None] & d_in[None, :])
@@ -244,7 +246,7 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     q, k, v:    (B, H, L, D) fp32 or fp16, any strides (read in place)
     key_valid:  (B, L) bool, False for padding keys
     key_class:  (B, L) integer class ids in [0, spec.n_key_classes)
-    gates:      (H,) int tensor of `Gate` values, or None (all KEEP)
+    gates:      `LayerGates` (xi (H,) or (B, H) float, uniform (H,) bool), or None
     single_tile: force the single-tile (True) or online (False) path; None picks by L
     stats_dtype: dtype of entropy / offset_mass / class_mass (default: the input dtype)
     Returns (out (B, L, H, D) contiguous in the input dtype, dict of statistics tensors
@@ -268,10 +270,7 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
 
     valid = key_valid.to(device=dev).view(torch.int8) if key_valid.dtype == torch.bool else key_valid.to(dev, torch.int8)
     classes = key_class.to(device=dev, dtype=torch.int32)  # (B, L), a small copy
-    if gates is None:
-        gates_t = torch.zeros(H, dtype=torch.int32, device=dev)
-    else:
-        gates_t = torch.as_tensor(gates).to(device=dev, dtype=torch.int32)
+    xi, uniform = gate_operands(gates, B, H, dev)
     offsets = torch.tensor(spec.offsets if O else [0], dtype=torch.int32, device=dev)
 
     out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # written as (B, H, L, D) through strides
@@ -283,7 +282,7 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
 
     grid = (triton.cdiv(L, cfg["BLOCK_M"]), B * H)
     _attn_stats_fwd[grid](
-        q, k, v, valid, classes, gates_t, offsets,  #
+        q, k, v, valid, classes, xi, uniform, offsets,  #
         out, lse, entropy, offset_mass, class_mass, argmax,  #
         scale,  #
         *q.stride(), *k.stride(), *v.stride(),  #
@@ -302,6 +301,19 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     if spec.argmax:
         stats["argmax"] = argmax
     return out, stats, lse
+
+
+def gate_operands(gates, B, H, dev):
+    """The kernel's gate operands: xi (B, H) fp32, one per map (a per-head xi repeated: no
+    batch stride in the kernel, which keeps it under the register budget), and uniform (H,)
+    int8; fresh (so 16-byte aligned, as the AOT specialisations assume)."""
+    xi = torch.ones(B, H, dtype=torch.float32, device=dev)
+    uniform = torch.zeros(H, dtype=torch.int8, device=dev)
+    if gates is not None and gates.xi is not None:
+        xi.copy_(gates.xi.detach().expand(B, H))
+    if gates is not None and gates.uniform is not None:
+        uniform.copy_(gates.uniform)
+    return xi, uniform
 
 
 def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,

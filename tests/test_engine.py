@@ -88,11 +88,15 @@ def stats_over(loaded, batches, spec=SPEC, backend="chunked", gates=()):
     """HeadStats over explicit batches (lists of segments), with optional (layer, head, gate)s."""
     stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.class_names)
     probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=backend)
+    loaded.gates.reset()
     for layer, head, gate in gates:
-        probe.set_gate(layer, head, gate)
-    with torch.inference_mode():
-        for batch in batches:
-            run_batch(loaded, probe, batch, stats)
+        loaded.gates.set(layer, head, gate)
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                run_batch(loaded, probe, batch, stats)
+    finally:
+        loaded.gates.reset()
     return stats
 
 
@@ -365,11 +369,12 @@ def gated_forward(loaded, segments, gates=()):
         stats = stats_over(loaded, [segments], gates=gates)
         probe = HeadProbe(loaded.n_layers, loaded.n_heads, SPEC)
         for layer, head, gate in gates:
-            probe.set_gate(layer, head, gate)
+            loaded.gates.set(layer, head, gate)
         inputs = inputs_of(loaded, segments)
         with torch.no_grad(), probe.active(loaded.class_table[inputs["input_ids"]], lambda *a: None):
             out = loaded.model(**inputs).last_hidden_state
     finally:
+        loaded.gates.reset()
         for h in handles:
             h.remove()
     return out, stats, seen

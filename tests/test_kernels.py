@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertscope.kernels import Gate, StatsSpec, attention_stats
+from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats
 from bertscope.kernels import cpu_rows
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
@@ -163,7 +163,7 @@ def test_planted_ties_agree_across_backends(row_pass):
 @pytest.mark.parametrize("backend", ["eager", "chunked"])
 def test_gates(backend):
     q, k, v, key_valid, key_class = make_inputs(2, 3, 10, 4, [10, 6])
-    gates = torch.tensor([Gate.KEEP, Gate.ZERO, Gate.UNIFORM], dtype=torch.int8)
+    gates = LayerGates.from_codes([Gate.KEEP, Gate.ZERO, Gate.UNIFORM])
     kept, s_kept = attention_stats(q, k, v, key_valid, key_class, SPEC, backend=backend)
     out, s = attention_stats(q, k, v, key_valid, key_class, SPEC, gates=gates, backend=backend)
     torch.testing.assert_close(out[:, :, 0], kept[:, :, 0])

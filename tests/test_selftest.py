@@ -31,5 +31,5 @@ def test_selftest_cases_cover_padding_single_keys_and_gates():
     (q, k, v, key_valid, key_class), gates, unit, candidate = selftest.inputs(selftest.QUICK[1])
     lengths = key_valid.sum(-1).tolist()
     assert lengths[0] == q.shape[2] and lengths[-1] == 1
-    assert set(gates.tolist()) == {0, 1, 2}
+    assert gates.uniform.any() and (gates.xi == 0).any() and ((gates.xi != 0) & (gates.xi != 1)).any()
     assert torch.all(unit[~key_valid] == -1)

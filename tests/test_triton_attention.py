@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from bertscope.kernels import Gate, StatsSpec, attention_stats, describe_backend, resolve_backend  # noqa: E402
+from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats, describe_backend, resolve_backend  # noqa: E402
 from bertscope.kernels.eager import attention_stats_eager, masked_scores  # noqa: E402
 
 import bertscope.kernels.triton_attention as ta  # noqa: E402
@@ -163,7 +163,7 @@ def test_planted_ties_agree_with_eager():
 @pytest.mark.parametrize("single_tile", [True, False])
 def test_gates_in_the_epilogue(single_tile):
     q, k, v, key_valid, key_class = make_inputs(2, 3, 10, 4, [10, 6])
-    gates = torch.tensor([Gate.KEEP, Gate.ZERO, Gate.UNIFORM], dtype=torch.int8)
+    gates = LayerGates.from_codes([Gate.KEEP, Gate.ZERO, Gate.UNIFORM])
     kept, s_kept = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
     out, s = triton(q, k, v, key_valid, key_class, gates=gates, single_tile=single_tile)
     ref = attention_stats_eager(q, k, v, key_valid, key_class, SPEC, gates=gates)
