@@ -23,7 +23,7 @@ from bertscope.corpus import load_corpus
 from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
 from bertscope.engine import EngineOptions, fold, plan_batches
 from bertscope.errors import UserError
-from bertscope.kernels import StatsSpec, describe_backend
+from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_backend
 from bertscope.models import load_model
 from bertscope.per_example import FILE_NAME, PerExampleWriter
 from bertscope.report import write_report
@@ -112,6 +112,8 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
                      "transformers": transformers.__version__},
         "analyses": [surface.NAME],
         "kernel": describe_backend(settings.backend, next(loaded.model.parameters()).device),
+        # a run needs no gradient: every layer's output comes from the backend's fused pass
+        "output": output_path(resolve_backend(settings.backend, next(loaded.model.parameters()).device), grad=False),
         "world_size": world.size,
     }
     # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
