@@ -5,8 +5,15 @@ so batches, resumed runs and processes merge exactly by addition, and no result 
 on batch size or padding (padding rows are weighted 0 by the row-group masks).
 
 Row groups say which query rows a sum runs over: "all" valid tokens, then one group per
-named key class (queries that *are* [CLS], [SEP], punctuation). That gives Clark et al.'s
-[CLS]-row entropy and [SEP]->[SEP] mass without special cases.
+named key class (queries that *are* [CLS], [SEP], punctuation), then "non_sep" (every row
+but [SEP]'s). That gives Clark et al.'s [CLS]-row entropy, [SEP]->[SEP] and
+other->[SEP] masses without special cases.
+
+Averaging (`average`): "tokens" weighs every query row 1, so a mean pools all tokens of
+the corpus. "segments" weighs each row of group g in segment s by 1 / (rows of g in s) and
+counts a segment once in `n_rows[g]` when it has rows of g: a mean is then the mean over
+segments of the per-segment mean, as Clark et al.'s notebook computed it. Either way the
+sums stay additive, so merging and resuming work the same.
 """
 from __future__ import annotations
 
@@ -18,13 +25,16 @@ import torch
 
 from bertscope.kernels import RowStats, StatsSpec
 
-ARRAYS = ("n_rows", "uniform_entropy_sum", "entropy_sum", "offset_mass_sum", "class_mass_sum", "argmax_offset_count", "argmax_class_count")
+AVERAGES = ("tokens", "segments")
+ARRAYS = ("n_rows", "n_tokens", "uniform_entropy_sum", "entropy_sum", "offset_mass_sum", "class_mass_sum", "argmax_offset_count", "argmax_class_count")
 
 
 class HeadStats:
     """Additive accumulator of `RowStats` over a corpus.
 
-    n_rows              (layers, G)          query rows seen per group
+    n_rows              (layers, G)          query rows seen per group (segments with such
+                                             rows, with average="segments")
+    n_tokens            (G,)                 query rows seen per group, never weighted
     uniform_entropy_sum (G,)                 sum over rows of ln(valid keys): the entropy a
                                              uniform head would have (Clark's Fig. 4 baseline)
     entropy_sum         (layers, H, G)       sum of row entropies (nats)
@@ -34,14 +44,19 @@ class HeadStats:
     argmax_class_count  (layers, H, G, C)    rows whose argmax key is of class c
     """
 
-    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, class_names: tuple[str, ...]):
+    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, class_names: tuple[str, ...],
+                 average: str = "tokens"):
         if len(class_names) != spec.n_key_classes:
             raise ValueError("one class name per key class")
-        self.n_layers, self.n_heads, self.spec = n_layers, n_heads, spec
+        if average not in AVERAGES:
+            raise ValueError(f"average must be one of {', '.join(AVERAGES)}, not {average!r}")
+        self.n_layers, self.n_heads, self.spec, self.average = n_layers, n_heads, spec, average
         self.class_names = tuple(class_names)
-        self.group_names = ("all",) + tuple(class_names[:-1])  # the last class is the catch-all
+        # the last class is the catch-all; "non_sep" rows are every row but [SEP]'s
+        self.group_names = ("all",) + tuple(class_names[:-1]) + (("non_sep",) if "sep" in class_names else ())
         Ly, H, G, O, C = n_layers, n_heads, len(self.group_names), len(spec.offsets), spec.n_key_classes
         self.n_rows = np.zeros((Ly, G))
+        self.n_tokens = np.zeros(G)
         self.uniform_entropy_sum = np.zeros(G)
         self.entropy_sum = np.zeros((Ly, H, G))
         self.offset_mass_sum = np.zeros((Ly, H, G, O))
@@ -59,10 +74,21 @@ class HeadStats:
     def start_batch(self, key_valid: torch.Tensor, key_class: torch.Tensor):
         """Set the row-group masks of the batch about to run: (B, L) valid mask and classes."""
         valid = key_valid.double()  # (B, L)
-        by_class = torch.nn.functional.one_hot(key_class, self.spec.n_key_classes)[..., :-1].double()  # (B, L, C-1)
-        self._groups = torch.cat([valid[..., None], by_class * valid[..., None]], dim=-1)  # (B, L, G)
+        by_class = torch.nn.functional.one_hot(key_class, self.spec.n_key_classes).double()  # (B, L, C)
+        groups = [valid[..., None], by_class[..., :-1] * valid[..., None]]
+        if "non_sep" in self.group_names:
+            sep = by_class[..., self.class_names.index("sep")]  # (B, L)
+            groups.append(((1 - sep) * valid)[..., None])
+        groups = torch.cat(groups, dim=-1)  # (B, L, G) 0/1
+        rows = groups.sum(1)  # (B, G) rows of each group in each segment
+        self.n_tokens += rows.sum(0).cpu().numpy()
+        if self.average == "segments":  # each segment's rows of a group weigh 1 in all
+            self._groups = groups / rows.clamp_min(1)[:, None, :]  # (B, L, G)
+            self._group_rows = (rows > 0).double().sum(0).cpu().numpy()  # (G,) segments
+        else:
+            self._groups = groups
+            self._group_rows = rows.sum(0).cpu().numpy()  # (G,) the same for every layer
         self._key_class = key_class
-        self._group_rows = self._groups.sum((0, 1)).cpu().numpy()  # (G,) the same for every layer
         log_len = torch.log(valid.sum(1).clamp_min(1))  # (B,)
         self.uniform_entropy_sum += torch.einsum("b,blg->g", log_len, self._groups).cpu().numpy()
         self.n_segments += int(key_valid.shape[0])
@@ -115,6 +141,7 @@ class HeadStats:
             "class_names": list(self.class_names),
             "entropy": self.spec.entropy,
             "argmax": self.spec.argmax,
+            "average": self.average,
         }
 
     def save(self, path: Path):
@@ -131,8 +158,12 @@ class HeadStats:
             meta = json.loads(str(f["meta"]))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
                              entropy=meta["entropy"], argmax=meta["argmax"])
-            acc = cls(meta["n_layers"], meta["n_heads"], spec, tuple(meta["class_names"]))
+            acc = cls(meta["n_layers"], meta["n_heads"], spec, tuple(meta["class_names"]),
+                      meta.get("average", "tokens"))
             for name in ARRAYS:
+                if name not in f or getattr(acc, name).shape != f[name].shape:
+                    raise ValueError(f"{path} has no {name} of shape {getattr(acc, name).shape}: "
+                                     "written by another bertscope version")
                 getattr(acc, name)[...] = f[name]
             acc.n_segments = int(f["n_segments"])
             acc.batches_done = int(f["batches_done"])
