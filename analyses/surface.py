@@ -86,5 +86,5 @@ def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
         heads = ", ".join(f"{table['layer'].ravel()[i]}-{table['head'].ravel()[i]} ({flat[i]:.2f})" for i in top)
         lines.append(f"  {what:<26} {heads}")
     for col, what in (("sep", "[SEP] mass"), ("rest_sep", "other -> [SEP]"), ("sep_sep", "[SEP] -> [SEP]")):
-        lines.append(f"  {'mean ' + what + ' per layer':<26} " + " ".join(f"{x:.2f}" for x in table[col].mean(1)))
+        lines.append(f"  {what + ' by layer':<26} " + " ".join(f"{x:.2f}" for x in table[col].mean(1)))
     return "\n".join(lines)

@@ -99,7 +99,6 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         f"{len(segments)} segments from {settings.corpus}"
         + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
-    log(describe_lengths(seg_report.lengths) + f"; statistics averaged over {settings.average}")
 
     record = {
         "bertscope_version": bertscope.__version__,
@@ -177,9 +176,9 @@ def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures
         figure_names = [p.name for p in paths]
     text = surface.summary(table)
     outputs += figure_names + [write_report(run_dir, record, table, figure_names, text).name]
-    lengths = record["segments"].get("lengths", {})
-    log(f"surface patterns over {record['n_tokens']} tokens (head = layer-head, numbered from 1; "
-        f"{describe_lengths(lengths)}; means over {record['settings'].get('average', 'tokens')}):")
+    log(f"surface patterns over {record['n_tokens']} tokens, means over "
+        f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
+    log(f"  {describe_lengths(record['segments'].get('lengths', {}))}")
     log(text)
     log(f"wrote {', '.join(outputs)} to {run_dir}")
     return outputs

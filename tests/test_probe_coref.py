@@ -153,7 +153,7 @@ def test_sieve_rule_2_head_word_match_comes_before_agreement():
     assert right == {"nearest": False, "head_match": True, "sieve": True}
 
 
-def test_sieve_rule_3_agreement_in_person_number_gender():
+def test_sieve_rule_3_agreement_in_person_number_gender_animacy():
     # "Mary met the boys . She smiled": "She" is singular, "the boys" plural; no string matches
     words = "Mary met the boys . She smiled".split()
     xpos = ["NNP", "VBD", "DT", "NNS", ".", "PRP", "VBD"]
@@ -164,8 +164,18 @@ def test_sieve_rule_3_agreement_in_person_number_gender():
     assert right == {"nearest": False, "head_match": False, "sieve": True}
     # without FEATS the lexicon gives the pronoun's features; nouns are third person, any gender
     doc = document(words, [(0, 1, "1", 0, "proper"), (2, 4, "2", 3, "nominal"), (5, 6, "1", 5, "pronoun")])
-    assert coref.agreement(doc, doc.mentions[2], xpos, ["_"] * 7) == coref.Agreement("3", "Sing", "Fem")
-    assert coref.agreement(doc, doc.mentions[1], xpos, ["_"] * 7) == coref.Agreement("3", "Plur", None)
+    assert coref.agreement(doc, doc.mentions[2], xpos, ["_"] * 7) == coref.Agreement("3", "Sing", "Fem", True)
+    assert coref.agreement(doc, doc.mentions[1], xpos, ["_"] * 7) == coref.Agreement("3", "Plur", None, None)
+
+    # "The book fell on John . It broke": "It" is inanimate, John a person (GUM entity types)
+    words = "The book fell on John . It broke".split()
+    xpos = ["DT", "NN", "VBD", "IN", "NNP", ".", "PRP", "VBD"]
+    mentions = [(0, 2, "1", 1, "nominal", "object"), (4, 5, "2", 4, "proper", "person"),
+                (6, 7, "1", 6, "pronoun", "object")]
+    chosen, right = choose(words, mentions, xpos=xpos)
+    assert chosen == {"nearest": 4, "head_match": -1, "sieve": 1} and right["sieve"]
+    doc = document(words, mentions)
+    assert coref.agreement(doc, doc.mentions[2], xpos, ["_"] * 8) == coref.Agreement("3", "Sing", "Neut", False)
 
 
 def test_sieve_rule_4_nearest_when_nothing_agrees():

@@ -34,7 +34,7 @@ class Mention:
     head: the document index of the span's head word, the word whose syntactic head lies
     outside the span (several: the first; none, e.g. a span that is not a subtree: the
     last word); with `mention_head="last-flat"`, the last word of a flat/compound name
-    instead (see `head_word`). kind: from the head word's UPOS, PRON/DET -> "pronoun", PROPN -> "proper",
+    instead (see `head_word`); `kind` is read from the UD head in both cases. kind: from the head word's UPOS, PRON/DET -> "pronoun", PROPN -> "proper",
     anything else -> "nominal". sentence: index of the sentence the mention starts in.
     """
 
@@ -202,8 +202,11 @@ def coref_document(doc: Document, mention_head: str = "ud") -> CorefDocument:
 
     mentions = []
     for start, end, entity, etype, sentence_index in sorted(raw, key=lambda r: (r[0], -r[1])):
-        head = head_word(start, end, heads, *((deprels, upos) if mention_head == "last-flat" else ()))
-        mentions.append(Mention(start, end, entity, head, mention_kind(upos[head]), etype, sentence_index))
+        head = ud_head = head_word(start, end, heads)
+        if mention_head == "last-flat":
+            head = head_word(start, end, heads, deprels, upos)
+        # the type is read from the UD head either way, so both heads score the same mentions per type
+        mentions.append(Mention(start, end, entity, head, mention_kind(upos[ud_head]), etype, sentence_index))
     return CorefDocument(doc.id, doc.genre, words, upos, heads, spans, mentions, paragraphs)
 
 
