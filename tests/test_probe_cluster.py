@@ -274,3 +274,4 @@ def test_cli_user_errors(tmp_path, tiny_checkpoint, capsys, extra, fragment):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("bertscope: error: ") and err.count("\n") == 1, err
     assert fragment in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing is left behind

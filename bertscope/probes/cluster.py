@@ -126,9 +126,9 @@ def run(args, probe_run_cls):
     from bertscope.segments import SegmentOptions, make_segments
 
     check_js_backend(args.js_backend)
+    documents, corpus_report = load_corpus(args.corpus)  # a bad corpus should not leave a run directory
     probe = probe_run_cls(NAME, args)
     loaded = probe.loaded
-    documents, corpus_report = load_corpus(args.corpus)
     options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed, token_types=args.token_types,
                              packing=args.packing)
     segments, seg_report = make_segments(documents, loaded.tokenizer, options)
