@@ -1,8 +1,9 @@
 """`bertscope run`: corpus -> segments -> engine -> accumulators -> surface analysis -> outputs.
 
 Nothing is written before the input is known to be good (model, corpus, segments): a run
-that fails on bad input leaves no run directory behind. A run then writes run.json (status "running"), checkpoints stats.npz every few batches
-with the number of batches done, and rewrites run.json as "complete" at the end. An
+that fails on bad input leaves no run directory behind. A run then writes run.json (status
+"running"), checkpoints stats.npz every few batches with the number of batches done, and
+rewrites run.json as "complete" at the end. An
 interrupted run continues with `bertscope run --resume DIR`: the segments are rebuilt
 deterministically from the recorded settings and the finished batches are skipped.
 """
@@ -51,6 +52,7 @@ class RunSettings:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunSettings":
+        d = {"packing": "balanced", **d}  # runs recorded before --packing existed used the balanced split
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def spec(self) -> StatsSpec:
@@ -174,11 +176,10 @@ def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures
         paths = plot_surface(table, run_dir, title=title, uniform_entropy=stats.uniform_entropy(),
                              cls_uniform_entropy=stats.uniform_entropy("cls"))
         figure_names = [p.name for p in paths]
-    text = surface.summary(table)
+    text = f"  {describe_lengths(record['segments'].get('lengths', {}))}\n" + surface.summary(table)
     outputs += figure_names + [write_report(run_dir, record, table, figure_names, text).name]
     log(f"surface patterns over {record['n_tokens']} tokens, means over "
         f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
-    log(f"  {describe_lengths(record['segments'].get('lengths', {}))}")
     log(text)
     log(f"wrote {', '.join(outputs)} to {run_dir}")
     return outputs

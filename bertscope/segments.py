@@ -257,10 +257,10 @@ def _clark_pairs(text: str, tokenizer, max_len: int, rng: random.Random) -> list
         a_end = rng.randint(1, len(chunk) - 1)
         a = [w for k in chunk[:a_end] for w in _word_spans(sentences[k], spans[k][0])]
         b = [w for k in chunk[a_end:] for w in _word_spans(sentences[k], spans[k][0])]
-        cut = False
-        while sum(n for *_, n in a) + sum(n for *_, n in b) > budget and a and b:
-            longer = a if sum(n for *_, n in a) > sum(n for *_, n in b) else b
-            longer.pop(0 if rng.random() < 0.5 else -1)
+        words, totals, cut = (a, b), [sum(n for *_, n in a), sum(n for *_, n in b)], False
+        while sum(totals) > budget and a and b:
+            k = 0 if totals[0] > totals[1] else 1  # the longer part, B on ties
+            totals[k] -= words[k].pop(0 if rng.random() < 0.5 else -1)[2]
             cut = True
         if not a or not b:
             break
@@ -272,15 +272,8 @@ def _clark_pairs(text: str, tokenizer, max_len: int, rng: random.Random) -> list
 def _word_spans(part: _Part, offset: int) -> list[tuple[int, int, int]]:
     """(start, end, tokens) of each word of a tokenized text, in characters of the text
     that starts at `offset`."""
-    spans, previous = [], object()
-    for word_id, (start, end) in zip(part.encoding.word_ids, part.encoding.offsets):
-        if word_id is None or word_id != previous:
-            spans.append([offset + start, offset + end, 1])
-        else:
-            spans[-1][1] = max(spans[-1][1], offset + end)
-            spans[-1][2] += 1
-        previous = word_id
-    return [tuple(span) for span in spans]
+    spans, _ = _word_groups(part.encoding, part.n)
+    return [(offset + start, offset + end, n) for start, end, n in spans]
 
 
 def _sentence_pair(text: str, tokenizer, options: SegmentOptions) -> list[str] | None:
@@ -390,19 +383,26 @@ def _words(part: _Part) -> tuple[list[str], list[int]]:
     A word is the text spanned by the tokens sharing a pre-tokenizer word id; a token
     without a word id (an added token) is a word of its own.
     """
-    encoding = part.encoding
+    spans, token_words = _word_groups(part.encoding, part.n)
+    return [part.text[start:end].strip() for start, end, _ in spans], token_words
+
+
+def _word_groups(encoding: Encoding, n: int) -> tuple[list[list[int]], list[int]]:
+    """The first `n` tokens grouped into words: [start, end, tokens] of each word in
+    characters, and per token the index of its word."""
     spans: list[list[int]] = []
     token_words = []
     previous = object()
-    for i in range(part.n):
+    for i in range(n):
         word_id, (start, end) = encoding.word_ids[i], encoding.offsets[i]
         if word_id is None or word_id != previous:
-            spans.append([start, end])
+            spans.append([start, end, 1])
         else:
             spans[-1][1] = max(spans[-1][1], end)
+            spans[-1][2] += 1
         previous = word_id
         token_words.append(len(spans) - 1)
-    return [part.text[start:end].strip() for start, end in spans], token_words
+    return spans, token_words
 
 
 # --- segments of pre-split gold words (treebanks, coreference, GAP) ---------------------

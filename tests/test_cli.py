@@ -303,6 +303,15 @@ def test_limit_accepts_all_but_not_zero(capsys):
     assert parser.parse_args(["run"]).limit == 1000
 
 
+def test_runs_recorded_before_packing_resume_with_the_balanced_split():
+    from dataclasses import asdict
+
+    from bertscope.run import RunSettings
+
+    assert RunSettings.from_dict({"corpus": "wiki", "limit": 5}).packing == "balanced"
+    assert RunSettings.from_dict(asdict(RunSettings())) == RunSettings()  # packing "clark", average "tokens"
+
+
 def test_help_mentions_the_main_options(capsys):
     with pytest.raises(SystemExit) as info:
         main(["run", "--help"])
