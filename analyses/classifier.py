@@ -17,7 +17,11 @@ attention channel, s * (attention between j and the input's first special token,
 + e * (attention between j and its last special token, [SEP]), with two learned scalars s, e
 shared by all heads, so a head's weight also says how much its [CLS]/[SEP] attention means
 "no head here". In the attention-and-words probe ROOT has a zero word vector, so its
-per-head weights are the linear maps' biases. Every probe also learns one ROOT bias.
+per-head weights are the linear maps' biases. Every probe also learns one ROOT bias, which
+the released code does not have: one parameter that lets a probe favour or avoid ROOT as a
+whole, whatever the heads' [CLS]/[SEP] attention. The released attention-and-words probe put
+ROOT first among the attention candidates but last among the word vectors, so candidate i
+was weighted with word i+1's vector; this module uses v_i, as the paper's formula says.
 
 A word is never its own head: the candidate i = j is masked out (the released code left it
 in, where it can only cost probability). Training uses every word; UAS is reported without

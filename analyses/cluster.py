@@ -49,12 +49,40 @@ def head_layers(n_layers: int, n_heads: int) -> np.ndarray:
     return np.repeat(np.arange(1, n_layers + 1), n_heads)
 
 
+LABEL_RULES = ("clark", "bertscope")
+
+
+@dataclass(frozen=True)
+class ClarkThresholds:
+    """Clark et al.'s behaviour labels (the markers of the paper's Fig. 6), as the released
+    notebook General_Analysis.ipynb sets them; the paper text prints no cut-offs.
+
+      position  mean mass on the next (previous) token above 0.5: "next" ("previous");
+      special   mean mass on [CLS], on [SEP], on "." and "," above 0.6: "[CLS]", "[SEP]",
+                "punctuation";
+      broad     mean entropy above 3.8 nats: "broad". That number was set on segments of
+                about 128 tokens, where uniform attention has ln 128 = 4.85 nats; bertscope
+                scales it by (uniform entropy of the run) / ln(reference_length), so it is
+                3.8 nats exactly when every segment has 128 tokens and lower for shorter ones.
+    The tests run in the notebook's order (next, previous, broad, [CLS], [SEP], punctuation)
+    and the last test a head passes wins: a broad head with 0.7 of its mass on [CLS] is
+    "[CLS]". A head that passes none is "other".
+    """
+
+    position: float = 0.5
+    special: float = 0.6
+    broad_nats: float = 3.8
+    reference_length: int = 128
+
+    def broad_cut(self, uniform_entropy: float) -> float:
+        """The entropy above which a head is broad, for a run whose uniform entropy is given."""
+        return self.broad_nats * uniform_entropy / float(np.log(self.reference_length))
+
+
 @dataclass(frozen=True)
 class Thresholds:
-    """When a head counts as showing a behaviour (the marker of Clark et al.'s Fig. 6).
-
-    The paper's figure marks heads that attend broadly, to the next / previous token, to
-    [CLS], to [SEP] and to punctuation, without printing the cut-offs. Ours:
+    """bertscope's own behaviour labels (`--labels bertscope`), set before Clark et al.'s
+    notebook cut-offs (`ClarkThresholds`, the default) were known. They are:
       position  mean mass on the previous (next) token above this: "previous" ("next");
       special   mean mass on [CLS] ([SEP]) above this: "[CLS]" ("[SEP]");
                 above 0.5 means one token gets more than all the others together;
@@ -76,10 +104,26 @@ class Thresholds:
 
 
 def behaviours(table: dict[str, np.ndarray], uniform_entropy: float,
-               thresholds: Thresholds = Thresholds()) -> np.ndarray:
+               thresholds: Thresholds | ClarkThresholds = ClarkThresholds()) -> np.ndarray:
     """(layers, H) behaviour label of every head, from the surface table's columns
-    `prev, next, cls, sep, punct, entropy` (each (layers, H))."""
+    `prev, next, cls, sep, punct, entropy` (each (layers, H)).
+
+    `ClarkThresholds` (the default): the last test passed wins; `Thresholds`: the first."""
     t = thresholds
+    shape = np.shape(table["prev"])
+    if isinstance(t, ClarkThresholds):
+        tests = [
+            ("next", table["next"] > t.position),
+            ("previous", table["prev"] > t.position),
+            ("broad", table["entropy"] > t.broad_cut(uniform_entropy)),
+            ("[CLS]", table["cls"] > t.special),
+            ("[SEP]", table["sep"] > t.special),
+            ("punctuation", table["punct"] > t.special),
+        ]
+        labels = np.full(shape, "other", dtype=object)
+        for name, hit in tests:
+            labels[hit] = name  # a later test overrides an earlier one
+        return labels
     tests = [
         ("previous", table["prev"] > t.position),
         ("next", table["next"] > t.position),
@@ -88,7 +132,7 @@ def behaviours(table: dict[str, np.ndarray], uniform_entropy: float,
         ("punctuation", table["punct"] > t.punct),
         ("broad", table["entropy"] > t.broad * uniform_entropy),
     ]
-    labels = np.full(np.shape(table["prev"]), "other", dtype=object)
+    labels = np.full(shape, "other", dtype=object)
     decided = np.zeros(labels.shape, dtype=bool)
     for name, hit in tests:
         labels[hit & ~decided] = name
@@ -97,6 +141,12 @@ def behaviours(table: dict[str, np.ndarray], uniform_entropy: float,
 
 
 # ----------------------------------------------------------------------------- distances
+
+def thresholds_for(rules: str) -> Thresholds | ClarkThresholds:
+    if rules not in LABEL_RULES:
+        raise ValueError(f"label rules must be one of {', '.join(LABEL_RULES)}, not {rules!r}")
+    return ClarkThresholds() if rules == "clark" else Thresholds()
+
 
 def mean_per_token(js_sum: np.ndarray, n_tokens: int) -> np.ndarray:
     """(N, N) mean JS per query token, nats: the corpus-size-free version of D."""

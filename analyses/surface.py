@@ -8,8 +8,13 @@ Per head, averaged over every non-padding query token of the corpus:
                          near ln(L) for heads that attend broadly ("bag of vectors")
 and over special rows only:
     sep_sep              mass [SEP] rows put on [SEP] keys (Clark: > 90% in many heads)
+    rest_sep             mass every other row puts on [SEP] keys (Clark's "other -> [SEP]",
+                         beside [SEP] -> [SEP] in his Fig. 2)
     cls_entropy          entropy of the [CLS] row (Clark: 3.89 nats in bert-base layer 12)
-Mass columns are means of the attention probabilities themselves, as in the paper. With
+Mass columns are means of the attention probabilities themselves, as in the paper. Means
+pool all tokens of the corpus, or with `HeadStats(average="segments")` are means over
+segments of per-segment means, as Clark et al.'s notebook computed them; `n_tokens` is
+the number of query tokens either way. With
 wider offsets (`--max-offset`) come `offset_-2`, `offset_+2`, ... columns; with `--argmax`
 the `argmax_*` columns give the share of tokens whose most-attended key is of that kind, a
 stricter "this head points at X" reading (off by default: an index-tracking reduction
@@ -26,7 +31,7 @@ NAME = "surface"
 NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=False)
 
 COLUMNS = (
-    "layer", "head", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep",
+    "layer", "head", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "rest_sep",
     "entropy", "cls_entropy", "n_tokens",
 )
 ARGMAX_COLUMNS = ("argmax_prev", "argmax_self", "argmax_next", "argmax_cls", "argmax_sep", "argmax_punct")
@@ -48,9 +53,10 @@ def head_table(stats: HeadStats) -> dict[str, np.ndarray]:
     for col in ("cls", "sep", "punct", "other"):
         table[col] = class_mass[..., cls_of[col]]
     table["sep_sep"] = stats.mean("class_mass_sum", group="sep")[..., cls_of["sep"]]
+    table["rest_sep"] = stats.mean("class_mass_sum", group="non_sep")[..., cls_of["sep"]]
     table["entropy"] = stats.mean("entropy_sum")
     table["cls_entropy"] = stats.mean("entropy_sum", group="cls")
-    table["n_tokens"] = np.repeat(stats.n_rows[:, 0][:, None], H, axis=1).astype(np.int64)
+    table["n_tokens"] = np.full((Ly, H), int(stats.n_tokens[0]), dtype=np.int64)
     for t, o in enumerate(offsets):
         if o not in (-1, 0, 1):
             table[f"offset_{o:+d}"] = offset_mass[..., t]
@@ -79,6 +85,6 @@ def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
         top = np.argsort(-flat, kind="stable")[:k]
         heads = ", ".join(f"{table['layer'].ravel()[i]}-{table['head'].ravel()[i]} ({flat[i]:.2f})" for i in top)
         lines.append(f"  {what:<26} {heads}")
-    layer_sep = table["sep"].mean(1)
-    lines.append("  mean [SEP] mass per layer   " + " ".join(f"{x:.2f}" for x in layer_sep))
+    for col, what in (("sep", "[SEP] mass"), ("rest_sep", "other -> [SEP]"), ("sep_sep", "[SEP] -> [SEP]")):
+        lines.append(f"  {what + ' by layer':<26} " + " ".join(f"{x:.2f}" for x in table[col].mean(1)))
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 `plot_surface` turns the per-head table of `bertscope.analyses.surface` (every column a
 (n_layers, n_heads) array) into five PNGs:
 
-    fig_tokens_by_layer.png   attention to [CLS] / [SEP] / ". or ," by layer   (Clark Fig. 2)
+    fig_tokens_by_layer.png   attention to [CLS] / [SEP] / ". or ," by layer, and to [SEP]
+                              from other tokens and from [SEP] itself         (Clark Fig. 2)
     fig_entropy_by_layer.png  attention entropy by layer, all rows and [CLS]    (Clark Fig. 4)
     fig_offsets_heatmap.png   layer x head mass on previous / same / next token
                               (the numbers behind Clark 3.1 "relative position"; no paper figure)
@@ -62,17 +63,19 @@ def plot_surface(table: dict[str, np.ndarray], out_dir: Path, title: str,
 
 # ---------------------------------------------------------------------------- by layer
 
-def _by_layer(ax, values: np.ndarray, color: str, rng: np.random.Generator) -> None:
+def _by_layer(ax, values: np.ndarray, color: str, rng: np.random.Generator, label: str = "head",
+              mean_color: str = "black") -> None:
     """One jittered point per head at its layer, plus the per-layer mean as a line."""
     n_layers, n_heads = values.shape
     layers = np.arange(1, n_layers + 1)
     jitter = 0.15 if n_heads > 1 else 0.0
     x = np.repeat(layers[:, None], n_heads, axis=1) + rng.uniform(-jitter, jitter, values.shape)
-    ax.scatter(x.ravel(), values.ravel(), s=14, color=color, alpha=0.6, linewidths=0, label="head")
+    ax.scatter(x.ravel(), values.ravel(), s=14, color=color, alpha=0.6, linewidths=0, label=label)
     with warnings.catch_warnings():  # an all-NaN layer gives a NaN mean, not a warning
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(values, axis=1)
-    ax.plot(layers, mean, color="black", lw=1.5, marker="o", ms=3, label="layer mean")
+    ax.plot(layers, mean, color=mean_color, lw=1.5, marker="o", ms=3,
+            label="layer mean" if mean_color == "black" else None)
     ax.set_xlabel("layer")
     ax.set_xticks(layers if n_layers <= 16 else layers[::2])
     ax.set_xlim(0.5, n_layers + 0.5)
@@ -80,19 +83,33 @@ def _by_layer(ax, values: np.ndarray, color: str, rng: np.random.Generator) -> N
 
 
 def _tokens_by_layer(table, path: Path, title: str) -> Path:
-    """Clark Fig. 2: per-head average attention to [CLS], [SEP] and ". or ," by layer."""
+    """Clark Fig. 2: per-head average attention to [CLS], [SEP] and ". or ," by layer, and
+    (his middle panel) the attention to [SEP] from other tokens beside [SEP] -> [SEP]."""
     rng = np.random.default_rng(0)
     panels = [("cls", "[CLS]", BLUE), ("sep", "[SEP]", ORANGE), ("punct", '". or ,"', GREEN)]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=False)
+    from_sep = [c for c in ("rest_sep", "sep_sep") if c in table]
+    fig, axes = plt.subplots(1, 3 + bool(from_sep), figsize=(4 * (3 + bool(from_sep)), 3.8), sharey=False)
     for ax, (col, label, color) in zip(axes, panels):
         values = np.asarray(table[col], dtype=float)
         _by_layer(ax, values, color, rng)
-        top = min(1.02, max(0.05, 1.1 * _finite_max(values)))
-        ax.set_ylim(-0.02 * top, top)  # a little room so points at 0 are not clipped
-        ax.set_title(f"attention to {label}")
-        ax.set_ylabel("average attention")
+        _mass_axis(ax, values, f"attention to {label}")
+    if from_sep:
+        ax = axes[-1]
+        series = {"rest_sep": ("other → [SEP]", VERMILLION), "sep_sep": ("[SEP] → [SEP]", BLUE)}
+        for col in from_sep:
+            label, color = series[col]
+            _by_layer(ax, np.asarray(table[col], dtype=float), color, rng, label=label, mean_color=color)
+        _mass_axis(ax, np.concatenate([np.asarray(table[c], dtype=float).ravel() for c in from_sep]),
+                   "attention to [SEP], by query")
     fig.suptitle(f"{title}: average attention to special tokens by layer (Clark et al. Fig. 2)")
     return _save(fig, path, legend_axes=axes)
+
+
+def _mass_axis(ax, values: np.ndarray, title: str) -> None:
+    top = min(1.02, max(0.05, 1.1 * _finite_max(values)))
+    ax.set_ylim(-0.02 * top, top)  # a little room so points at 0 are not clipped
+    ax.set_title(title)
+    ax.set_ylabel("average attention")
 
 
 def _entropy_by_layer(table, path: Path, title: str, uniform: float | None,

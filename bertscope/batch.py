@@ -59,10 +59,14 @@ class BatchContext:
     @cached_property
     def row_groups(self) -> torch.Tensor:
         """(B, L, G) float64: 1 where row l of segment b is in group g (group 0: every valid
-        row; then the rows of each of `classes.row_groups`); 0 on padding."""
+        row; then the rows of each of `classes.row_groups`, "non_<class>" its complement);
+        0 on padding."""
         valid = self.key_valid.double()  # (B, L)
-        cols = [valid] + [(self.key_class == self.classes.names.index(g)).double() * valid
-                          for g in self.classes.row_groups]
+        cols = [valid]
+        for g in self.classes.row_groups:
+            name, complement = self.classes.group_class(g)
+            of_class = self.key_class == self.classes.names.index(name)  # (B, L)
+            cols.append((~of_class if complement else of_class).double() * valid)
         return torch.stack(cols, dim=-1)  # (B, L, G)
 
     @cached_property

@@ -19,7 +19,8 @@ def positive_int(text: str) -> int:
 
 
 def limit_arg(text: str) -> int | None:
-    return None if text.lower() in ("all", "none", "0") else positive_int(text)
+    """A count, or 'all'/'none' for no limit; 0 is refused like any number below 1."""
+    return None if text.lower() in ("all", "none") else positive_int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--token-types", choices=("pair", "zeros"), default="pair",
                    help="token type ids: 'pair' gives 0/1 to the two parts; 'zeros' is what Clark et "
                    "al.'s released code used (default: pair)")
+    r.add_argument("--packing", choices=("clark", "balanced"), default="clark",
+                   help="how Wikipedia text becomes segments: 'clark' packs sentences up to --max-len and "
+                   "splits at a random sentence, several segments per long article, as Clark et al.'s code; "
+                   "'balanced' takes an article's leading sentences that fit, split into two equal halves "
+                   "(default: clark)")
+    r.add_argument("--average", choices=("tokens", "segments"), default="tokens",
+                   help="pool every token of the corpus, or average within each segment first and then over "
+                   "segments, as Clark et al.'s notebook did (default: tokens)")
     r.add_argument("--max-offset", type=int, default=2, metavar="K",
                    help="report attention mass at relative offsets -K..K (default: 2)")
     r.add_argument("--argmax", action="store_true",
@@ -139,7 +148,8 @@ def cmd_run(args) -> int:
     settings = RunSettings(
         corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
-        backend=args.backend, device=args.device, per_example=args.per_example,
+        backend=args.backend, device=args.device, packing=args.packing, average=args.average,
+        per_example=args.per_example,
     )
     check_device(settings.device, settings.backend)
     if args.threads:

@@ -18,11 +18,19 @@ from pathlib import Path
 from bertscope.errors import UserError
 
 
+def check_run_dir(out: str | None):
+    """Refuse a used `--out` early, before any work, without creating anything."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{path} already exists and is not empty: choose another --out, or --resume {path}")
+
+
 def new_run_dir(out: str | None) -> Path:
     """The run's directory: `out`, or runs/<timestamp>; refuses to overwrite a used one."""
     path = Path(out) if out else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UserError(f"{path} already exists and is not empty: choose another --out, or --resume {path}")
+    check_run_dir(str(path))
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

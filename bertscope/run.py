@@ -1,7 +1,9 @@
 """`bertscope run`: corpus -> segments -> engine -> accumulators -> surface analysis -> outputs.
 
-A run writes run.json first (status "running"), checkpoints stats.npz every few batches
-with the number of batches done, and rewrites run.json as "complete" at the end. An
+Nothing is written before the input is known to be good (model, corpus, segments): a run
+that fails on bad input leaves no run directory behind. A run then writes run.json (status
+"running"), checkpoints stats.npz every few batches with the number of batches done, and
+rewrites run.json as "complete" at the end. An
 interrupted run continues with `bertscope run --resume DIR`: the segments are rebuilt
 deterministically from the recorded settings and the finished batches are skipped.
 """
@@ -27,8 +29,8 @@ from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_
 from bertscope.models import load_model
 from bertscope.per_example import FILE_NAME, PerExampleWriter
 from bertscope.report import write_report
-from bertscope.results import new_run_dir, read_json, write_csv, write_json
-from bertscope.segments import SegmentOptions, make_segments
+from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
+from bertscope.segments import SegmentOptions, describe_lengths, make_segments
 
 
 @dataclass
@@ -46,10 +48,13 @@ class RunSettings:
     batch_size: int = 16
     backend: str = "auto"
     device: str = "cpu"
+    packing: str = "clark"  # how Wikipedia text becomes segments (bertscope.segments)
+    average: str = "tokens"  # pool all tokens, or average per segment first (HeadStats)
     per_example: bool = False  # also write examples.parquet: one row per (segment, layer, head)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunSettings":
+        d = {"packing": "balanced", **d}  # runs recorded before --packing existed used the balanced split
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def spec(self) -> StatsSpec:
@@ -69,6 +74,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     world = init_world()
     if not world.is_main:
         log, progress = (lambda *a, **k: None), False
+    run_dir = None
     if resume:
         run_dir = Path(resume)
         record = read_json(run_dir / "run.json")
@@ -78,16 +84,15 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
                             f"resume it with the same number (now {world.size})")
         if record.get("status") == "complete":
             log(f"{run_dir} is already complete; writing its outputs again")
-    else:
-        run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
-    log(f"bertscope {bertscope.__version__}: run directory {run_dir}")
+    elif world.is_main:
+        check_run_dir(out)  # a used --out fails before any work
 
     loaded = load_model(settings.model, device=settings.device)
     if settings.max_len > loaded.max_len:
         raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
     documents, corpus_report = load_corpus(settings.corpus)
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
-                                 token_types=settings.token_types)
+                                 token_types=settings.token_types, packing=settings.packing)
     segments, seg_report = make_segments(documents, loaded.tokenizer, seg_options)
     # corpus order (the sample is drawn in shuffled order): segment i of examples.parquet is
     # the i-th sampled segment as the corpus lists them
@@ -95,8 +100,12 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     segments.sort(key=lambda s: doc_index[s.doc_id])
     if not segments:
         raise UserError(f"no usable segments in corpus {settings.corpus!r}: {seg_report.as_dict()}")
+    if run_dir is None:  # the input is good: only now is anything written
+        run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
+    log(f"bertscope {bertscope.__version__}: run directory {run_dir}")
     log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads); "
         f"{len(segments)} segments from {settings.corpus}"
+        + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
 
     record = {
@@ -120,9 +129,12 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     # rank under torchrun; it records how many batches its sums cover
     stats_path = run_dir / f"stats{world.suffix()}.npz"
     spec = settings.spec()
-    stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes)
+    stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes, settings.average)
     if resume and stats_path.exists():
-        stats = HeadStats.load(stats_path)
+        try:
+            stats = HeadStats.load(stats_path)
+        except ValueError as e:
+            raise UserError(f"cannot resume: {e}") from None
         log(f"resuming after {stats.batches_done} of {len(plan_batches(segments, settings.batch_size))} batches")
     examples = None
     if settings.per_example:
@@ -151,7 +163,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     if world.size > 1:
         stats.save(run_dir / "stats.npz")
 
-    record.update(n_tokens=int(stats.n_rows[0, 0]), elapsed_s=round(time.perf_counter() - t0, 2))
+    record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
     outputs = write_surface(stats, run_dir, loaded, record, figures, log)
     if settings.per_example:
         rows = examples.finish(run_dir / FILE_NAME)
@@ -190,9 +202,10 @@ def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures
         paths = plot_surface(table, run_dir, title=title, uniform_entropy=stats.uniform_entropy(),
                              cls_uniform_entropy=stats.uniform_entropy("cls"))
         figure_names = [p.name for p in paths]
-    text = surface.summary(table)
+    text = f"  {describe_lengths(record['segments'].get('lengths', {}))}\n" + surface.summary(table)
     outputs += figure_names + [write_report(run_dir, record, table, figure_names, text).name]
-    log(f"surface patterns over {record['n_tokens']} tokens (head = layer-head, numbered from 1):")
+    log(f"surface patterns over {record['n_tokens']} tokens, means over "
+        f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
     log(text)
     log(f"wrote {', '.join(outputs)} to {run_dir}")
     return outputs

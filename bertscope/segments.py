@@ -5,6 +5,18 @@ post-processor then adds them, so every model family gets its own template: BERT
 `[CLS] a [SEP] b [SEP]` with token types 0/1, RoBERTa's `<s> a </s></s> b </s>` with token
 types all 0 (its model has a single token-type embedding).
 
+Running text (Wikipedia) becomes sentence pairs in one of two ways (`SegmentOptions.packing`):
+- "clark", the default, packs a document as Clark et al.'s `preprocess_unlabeled.py` did
+  (BERT's pre-training recipe): sentences are gathered into a chunk until it reaches the
+  token budget (max_len minus the specials) or the document ends; the chunk is split into
+  part A and part B at a random sentence boundary; the longer part loses a word at its
+  front or back, at random, until the pair fits. A long document gives several segments,
+  one per chunk; a chunk of one sentence ends the document. Randomness is seeded per
+  document (`seed` and document id). The one deliberate difference: Clark cut single
+  word-pieces, bertscope cuts whole words, so every token keeps its word.
+- "balanced" takes the leading sentences of the document that fit and splits them where
+  the two parts are closest to equal length: one segment per document.
+
 Segments longer than `max_len` are cut where a reader would cut them: trailing sentences
 go first; a single sentence that still does not fit loses trailing words, never part of
 a word's word-pieces, unless one word alone is longer than the room left (then, and only
@@ -24,6 +36,7 @@ from bertscope.corpus import Document, sentence_spans
 from bertscope.errors import UserError
 
 TOKEN_TYPES = ("pair", "zeros")
+PACKINGS = ("clark", "balanced")
 MIN_MAX_LEN = 8  # room for the specials of any template plus a few tokens of each part
 
 
@@ -52,7 +65,9 @@ class SegmentOptions:
     `[CLS] part-1 [SEP]`, 1 for `part-2 [SEP]`); "zeros" makes them all 0, which is what
     Clark et al.'s released code did. allow_single: a one-sentence document meant to become
     a sentence pair (`Document.pair_from_sentences`) becomes a single-part segment instead
-    of being skipped.
+    of being skipped. packing: how running text becomes sentence pairs, "clark" (several
+    full-length segments per long document) or "balanced" (one per document); see the
+    module docstring.
     """
 
     max_len: int = 128
@@ -60,10 +75,13 @@ class SegmentOptions:
     seed: int = 0
     token_types: str = "pair"
     allow_single: bool = False
+    packing: str = "clark"
 
     def __post_init__(self):
         if self.token_types not in TOKEN_TYPES:
             raise UserError(f"token types must be one of {', '.join(TOKEN_TYPES)}, not {self.token_types!r}")
+        if self.packing not in PACKINGS:
+            raise UserError(f"packing must be one of {', '.join(PACKINGS)}, not {self.packing!r}")
         if self.max_len < MIN_MAX_LEN:
             raise UserError(f"maximum segment length must be at least {MIN_MAX_LEN} tokens, not {self.max_len}")
         if self.limit is not None and self.limit < 1:
@@ -79,9 +97,42 @@ class SegmentReport:
     truncated: int = 0  # segments cut to fit max_len
     empty: int = 0  # documents skipped: a part without any token
     too_short: int = 0  # documents skipped: one sentence where a sentence pair was wanted
+    lengths: dict = field(default_factory=dict)  # `length_summary` of the segments' token counts
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def length_summary(lengths: Sequence[int], bin_width: int = 16) -> dict:
+    """Mean and distribution of segment lengths in tokens, specials included.
+
+    Entropy, its uniform baseline ln L and every 1/L mass depend on L, so a result is only
+    comparable to another one with the same length distribution. `histogram` counts
+    segments per bin of `bin_width` tokens ("1-16", "17-32", ...).
+    """
+    if not lengths:
+        return {}
+    ordered = sorted(lengths)
+
+    def quantile(q: float) -> int:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    histogram: dict[str, int] = {}
+    for n in ordered:
+        low = (n - 1) // bin_width * bin_width + 1
+        key = f"{low}-{low + bin_width - 1}"
+        histogram[key] = histogram.get(key, 0) + 1
+    return {"mean": round(sum(ordered) / len(ordered), 2), "min": ordered[0], "p10": quantile(0.1),
+            "p25": quantile(0.25), "median": quantile(0.5), "p75": quantile(0.75), "p90": quantile(0.9),
+            "max": ordered[-1], "histogram": histogram}
+
+
+def describe_lengths(lengths: dict) -> str:
+    """One line for the terminal from `length_summary`."""
+    if not lengths:
+        return "no segments"
+    return (f"segment length {lengths['mean']:.1f} tokens on average (min {lengths['min']}, quartiles "
+            f"{lengths['p25']} / {lengths['median']} / {lengths['p75']}, max {lengths['max']})")
 
 
 def make_segments(
@@ -90,8 +141,9 @@ def make_segments(
     """Segments of a seeded sample of `documents`, in sampled order.
 
     The document order is shuffled with `random.Random(options.seed)` and documents are
-    turned into segments in that order until `options.limit` are made; skipped documents
-    do not count towards the limit. The result depends on nothing but the arguments.
+    turned into segments in that order until `options.limit` are made (a document packed
+    Clark's way may give several, in text order); skipped documents do not count towards
+    the limit. The result depends on nothing but the arguments.
     """
     report = SegmentReport()
     segments = []
@@ -101,11 +153,13 @@ def make_segments(
         if options.limit is not None and len(segments) >= options.limit:
             break
         report.documents_seen += 1
-        segment = _document_segment(documents[index], tokenizer, options, report)
-        if segment is not None:
-            segments.append(segment)
-            report.truncated += segment.truncated
+        made = _document_segments(documents[index], tokenizer, options, report)
+        if options.limit is not None:
+            made = made[: options.limit - len(segments)]
+        segments += made
+        report.truncated += sum(s.truncated for s in made)
     report.segments = len(segments)
+    report.lengths = length_summary([s.n_tokens for s in segments])
     return segments, report
 
 
@@ -145,22 +199,82 @@ class _Part:
         self.n = len(self.encoding.ids)
 
 
-def _document_segment(doc: Document, tokenizer, options: SegmentOptions, report: SegmentReport) -> Segment | None:
-    """The segment of one document, or None (counted in `report`) when it is skipped."""
+def _document_segments(doc: Document, tokenizer, options: SegmentOptions, report: SegmentReport) -> list[Segment]:
+    """The segments of one document; none (counted in `report`) when it is skipped."""
     if not 1 <= len(doc.parts) <= 2:
         raise ValueError(f"document {doc.id!r} has {len(doc.parts)} parts; segments take one or two")
     texts = doc.parts
     if doc.pair_from_sentences and len(texts) == 1:
+        if options.packing == "clark" and len(sentence_spans(texts[0])) >= 2:
+            pairs = _clark_pairs(texts[0], tokenizer, options.max_len, random.Random(f"{options.seed}:{doc.id}"))
+            if not pairs:  # the first sentence alone fills the budget: no part B
+                report.too_short += 1
+                return []
+            made = [_text_segment(pair, tokenizer, doc.id, options, cut) for pair, cut in pairs]
+            made = [segment for segment in made if segment is not None]
+            report.empty += not made
+            return made
         texts = _sentence_pair(texts[0], tokenizer, options)
         if texts is None:
             report.too_short += 1
-            return None
+            return []
+    segment = _text_segment(texts, tokenizer, doc.id, options)
+    if segment is None:
+        report.empty += 1
+        return []
+    return [segment]
+
+
+def _text_segment(texts: Sequence[str], tokenizer, doc_id: str, options: SegmentOptions,
+                  truncated: bool = False) -> Segment | None:
+    """One segment of one or two texts, cut to fit; None when a part has no token."""
     parts = _tokenize(tokenizer, texts)
     if not parts or any(p.n == 0 for p in parts):
-        report.empty += 1
         return None
-    truncated = _fit(parts, options.max_len - _n_special(tokenizer, len(parts)))
-    return _assemble(parts, tokenizer, doc.id, truncated, options)
+    truncated = _fit(parts, options.max_len - _n_special(tokenizer, len(parts))) or truncated
+    return _assemble(parts, tokenizer, doc_id, truncated, options)
+
+
+def _clark_pairs(text: str, tokenizer, max_len: int, rng: random.Random) -> list[tuple[list[str], bool]]:
+    """Clark et al.'s packing of running text: ([part A, part B], whether words were cut) per chunk.
+
+    Sentences are added to a chunk until its tokens reach the budget or the text ends (so a
+    chunk usually overshoots and is cut back); part A is the chunk's first 1..k-1 sentences,
+    k drawn uniformly; while the pair is too long, its longer part (B on ties) loses its
+    first or its last word, each with probability 1/2. A chunk of a single sentence has no
+    part B and ends the text, as in Clark's code.
+    """
+    spans = sentence_spans(text)
+    budget = max_len - _n_special(tokenizer, 2)
+    sentences = _tokenize(tokenizer, [text[start:end] for start, end in spans])
+    pairs, chunk, length = [], [], 0
+    for i, sentence in enumerate(sentences):
+        chunk.append(i)
+        length += sentence.n
+        if i < len(sentences) - 1 and length < budget:
+            continue
+        if len(chunk) < 2:
+            break
+        a_end = rng.randint(1, len(chunk) - 1)
+        a = [w for k in chunk[:a_end] for w in _word_spans(sentences[k], spans[k][0])]
+        b = [w for k in chunk[a_end:] for w in _word_spans(sentences[k], spans[k][0])]
+        words, totals, cut = (a, b), [sum(n for *_, n in a), sum(n for *_, n in b)], False
+        while sum(totals) > budget and a and b:
+            k = 0 if totals[0] > totals[1] else 1  # the longer part, B on ties
+            totals[k] -= words[k].pop(0 if rng.random() < 0.5 else -1)[2]
+            cut = True
+        if not a or not b:
+            break
+        pairs.append(([text[a[0][0] : a[-1][1]], text[b[0][0] : b[-1][1]]], cut))
+        chunk, length = [], 0
+    return pairs
+
+
+def _word_spans(part: _Part, offset: int) -> list[tuple[int, int, int]]:
+    """(start, end, tokens) of each word of a tokenized text, in characters of the text
+    that starts at `offset`."""
+    spans, _ = _word_groups(part.encoding, part.n)
+    return [(offset + start, offset + end, n) for start, end, n in spans]
 
 
 def _sentence_pair(text: str, tokenizer, options: SegmentOptions) -> list[str] | None:
@@ -270,19 +384,26 @@ def _words(part: _Part) -> tuple[list[str], list[int]]:
     A word is the text spanned by the tokens sharing a pre-tokenizer word id; a token
     without a word id (an added token) is a word of its own.
     """
-    encoding = part.encoding
+    spans, token_words = _word_groups(part.encoding, part.n)
+    return [part.text[start:end].strip() for start, end, _ in spans], token_words
+
+
+def _word_groups(encoding: Encoding, n: int) -> tuple[list[list[int]], list[int]]:
+    """The first `n` tokens grouped into words: [start, end, tokens] of each word in
+    characters, and per token the index of its word."""
     spans: list[list[int]] = []
     token_words = []
     previous = object()
-    for i in range(part.n):
+    for i in range(n):
         word_id, (start, end) = encoding.word_ids[i], encoding.offsets[i]
         if word_id is None or word_id != previous:
-            spans.append([start, end])
+            spans.append([start, end, 1])
         else:
             spans[-1][1] = max(spans[-1][1], end)
+            spans[-1][2] += 1
         previous = word_id
         token_words.append(len(spans) - 1)
-    return [part.text[start:end].strip() for start, end in spans], token_words
+    return spans, token_words
 
 
 # --- segments of pre-split gold words (treebanks, coreference, GAP) ---------------------

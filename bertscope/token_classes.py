@@ -39,13 +39,15 @@ class TokenClasses:
 
     names:      C class names; a token's class id indexes them
     row_groups: names of the classes whose query rows get sums of their own (e.g. the rows of
-                [SEP] for Clark's [SEP] -> [SEP] mass, the rows of nouns for Kovaleva et al.)
+                [SEP] for Clark's [SEP] -> [SEP] mass, the rows of nouns for Kovaleva et al.);
+                "non_<class>" is every row but that class's (Clark's other -> [SEP] is the
+                [SEP] mass of the "non_sep" rows)
     source:     where the ids come from: "vocab" (looked up by token id) or the name of a
                 per-segment source ("parts", "tags:upos", "words:negation", ...)
     """
 
     names: tuple[str, ...] = KEY_CLASSES
-    row_groups: tuple[str, ...] = ("cls", "sep", "punct")
+    row_groups: tuple[str, ...] = ("cls", "sep", "punct", "non_sep")
     source: str = "vocab"
 
     def __post_init__(self):
@@ -53,11 +55,16 @@ class TokenClasses:
             raise ValueError("a class scheme needs at least one class")
         if len(set(self.names)) != len(self.names):
             raise ValueError(f"class names must be distinct, got {self.names}")
-        unknown = [g for g in self.row_groups if g not in self.names]
+        unknown = [g for g in self.row_groups if self.group_class(g)[0] not in self.names]
         if unknown:
             raise ValueError(f"row groups {unknown} are not classes of {self.names}")
         if "all" in self.names:
             raise ValueError("'all' is reserved for the group of every row")
+
+    @staticmethod
+    def group_class(group: str) -> tuple[str, bool]:
+        """(class, complement) of a row group: ("sep", False) for "sep", ("sep", True) for "non_sep"."""
+        return (group[4:], True) if group.startswith("non_") else (group, False)
 
     @property
     def n_classes(self) -> int:
@@ -82,11 +89,11 @@ class TokenClasses:
     @classmethod
     def of(cls, classes) -> "TokenClasses":
         """A scheme from a scheme or from bare class names (vocab-style: every class but the
-        last catch-all is a row group)."""
+        last catch-all is a row group, and so are the rows that are not [SEP])."""
         if isinstance(classes, TokenClasses):
             return classes
         names = tuple(classes)
-        return cls(names, names[:-1])
+        return cls(names, names[:-1] + (("non_sep",) if "sep" in names else ()))
 
 
 VOCAB = TokenClasses()

@@ -75,13 +75,14 @@ def check_heads(path: Path, n_layers: int, n_heads: int, max_len: int = 128) -> 
     return rows
 
 
-def check_error(capsys, code: int, fragment: str):
-    """Exit code 2 and exactly one line on stderr, no traceback."""
-    err = capsys.readouterr().err
+def check_error(capsys, code: int, fragment: str) -> str:
+    """Exit code 2 and exactly one line on stderr, no traceback; returns stdout."""
+    out, err = capsys.readouterr()
     assert code == 2, err
     assert err.startswith("bertscope: error: ") and err.endswith("\n") and err.count("\n") == 1, err
     assert "Traceback" not in err
     assert fragment in err, err
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +261,10 @@ def test_user_errors_exit_2_with_one_line(case, errors, tmp_path, capsys, monkey
     args, fragment = errors[case]
     if "--out" not in args and "--resume" not in args:
         args = [*args, "--out", str(tmp_path / "out")]
-    check_error(capsys, main(["run", *args, "--quiet", "--no-figures"]), fragment)
+    out = check_error(capsys, main(["run", *args, "--quiet", "--no-figures"]), fragment)
+    # bad input leaves nothing behind and never announces a run directory
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+    assert "run directory" not in out, out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
@@ -271,6 +275,9 @@ def test_cuda_without_gpu(capsys, tmp_path):
 @pytest.mark.parametrize("args, fragment", [
     (["--limit", "abc"], "expected a whole number, got 'abc'"),
     (["--limit", "-3"], "expected a number >= 1, got -3"),
+    (["--limit", "0"], "expected a number >= 1, got 0"),
+    (["--packing", "greedy"], "invalid choice"),
+    (["--average", "words"], "invalid choice"),
     (["--batch-size", "0"], "expected a number >= 1, got 0"),
     (["--backend", "cuda-magic"], "invalid choice"),
     (["--token-types", "ones"], "invalid choice"),
@@ -283,14 +290,26 @@ def test_bad_option_values_exit_2(args, fragment, capsys):
     assert "Traceback" not in err and fragment in err.splitlines()[-1], err
 
 
-def test_limit_accepts_all_and_zero():
+def test_limit_accepts_all_but_not_zero(capsys):
     from bertscope.cli import build_parser
 
     parser = build_parser()
-    for text in ("all", "ALL", "none", "0"):
+    for text in ("all", "ALL", "none"):
         assert parser.parse_args(["run", "--limit", text]).limit is None
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["run", "--limit", "0"])  # 0 used to mean "all"
+    assert info.value.code == 2 and "expected a number >= 1, got 0" in capsys.readouterr().err
     assert parser.parse_args(["run", "--limit", "7"]).limit == 7
     assert parser.parse_args(["run"]).limit == 1000
+
+
+def test_runs_recorded_before_packing_resume_with_the_balanced_split():
+    from dataclasses import asdict
+
+    from bertscope.run import RunSettings
+
+    assert RunSettings.from_dict({"corpus": "wiki", "limit": 5}).packing == "balanced"
+    assert RunSettings.from_dict(asdict(RunSettings())) == RunSettings()  # packing "clark", average "tokens"
 
 
 def test_help_mentions_the_main_options(capsys):

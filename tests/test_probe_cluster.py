@@ -88,7 +88,7 @@ def test_js_rows_long_form():
         cluster.mean_per_token(js_sum, 0)
 
 
-def test_behaviour_thresholds_on_a_hand_table():
+def test_bertscope_behaviour_thresholds_on_a_hand_table():
     #         prev  next  cls   sep   punct entropy   expected
     heads = [(0.90, 0.01, 0.02, 0.00, 0.05, 0.50, "previous"),
              (0.02, 0.60, 0.05, 0.01, 0.02, 1.20, "next"),
@@ -101,12 +101,44 @@ def test_behaviour_thresholds_on_a_hand_table():
              (0.55, 0.10, 0.02, 0.02, 0.60, 1.00, "previous")]  # previous comes before punctuation
     cols = ("prev", "next", "cls", "sep", "punct", "entropy")
     table = {c: np.array([[h[i] for h in heads]]) for i, c in enumerate(cols)}  # one layer
-    labels = cluster.behaviours(table, uniform_entropy=4.0)
+    labels = cluster.behaviours(table, 4.0, cluster.Thresholds())
     assert labels.shape == (1, len(heads))
     assert list(labels[0]) == [h[-1] for h in heads]
     looser = cluster.behaviours(table, 4.0, cluster.Thresholds(position=0.25, broad=0.85))
     assert list(looser[0, 6:8]) == ["previous", "previous"]
-    assert looser[0, 5] == "broad" and cluster.behaviours(table, 4.2)[0, 5] == "other"
+    assert looser[0, 5] == "broad" and cluster.behaviours(table, 4.2, cluster.Thresholds())[0, 5] == "other"
+
+
+def test_clark_behaviour_rules_on_a_hand_table():
+    ln128 = math.log(128)  # at the reference length the broad cut is 3.8 nats
+    #         prev  next  cls   sep   punct entropy   expected
+    heads = [(0.90, 0.01, 0.02, 0.00, 0.05, 0.50, "previous"),
+             (0.02, 0.60, 0.05, 0.01, 0.02, 1.20, "next"),
+             (0.10, 0.10, 0.70, 0.05, 0.05, 1.50, "[CLS]"),
+             (0.10, 0.10, 0.55, 0.05, 0.05, 1.50, "other"),  # 0.55 is no [CLS] head (cut 0.6)
+             (0.05, 0.05, 0.10, 0.80, 0.02, 0.90, "[SEP]"),
+             (0.10, 0.10, 0.10, 0.10, 0.65, 2.00, "punctuation"),
+             (0.10, 0.10, 0.10, 0.10, 0.40, 2.00, "other"),  # punctuation needs 0.6 too
+             (0.02, 0.02, 0.03, 0.02, 0.08, 3.81, "broad"),
+             (0.02, 0.02, 0.03, 0.02, 0.08, 3.79, "other"),
+             (0.50, 0.50, 0.60, 0.60, 0.60, 1.00, "other"),  # every mass cut is strict
+             (0.55, 0.10, 0.02, 0.02, 0.61, 1.00, "punctuation"),  # the last test passed wins...
+             (0.55, 0.60, 0.02, 0.02, 0.02, 1.00, "previous"),  # ...previous is tested after next
+             (0.02, 0.02, 0.70, 0.02, 0.02, 3.90, "[CLS]")]  # ...and [CLS] after broad
+    cols = ("prev", "next", "cls", "sep", "punct", "entropy")
+    table = {c: np.array([[h[i] for h in heads]]) for i, c in enumerate(cols)}
+    labels = cluster.behaviours(table, ln128)  # Clark's rules are the default
+    assert list(labels[0]) == [h[-1] for h in heads]
+    # shorter segments: uniform entropy ln 64, so the cut scales to 3.8 * ln 64 / ln 128 = 3.257 nats
+    t = cluster.ClarkThresholds()
+    assert t.broad_cut(math.log(64)) == pytest.approx(3.8 * 6 / 7)
+    zeros = np.zeros((1, 2))
+    short = {"prev": zeros, "next": zeros, "cls": zeros, "sep": zeros, "punct": zeros,
+             "entropy": np.array([[3.26, 3.25]])}
+    assert list(cluster.behaviours(short, math.log(64))[0]) == ["broad", "other"]
+    assert cluster.thresholds_for("bertscope") == cluster.Thresholds()
+    with pytest.raises(ValueError, match="label rules"):
+        cluster.thresholds_for("kovaleva")
 
 
 def test_mds_rows_and_figures(tmp_path):
@@ -221,6 +253,7 @@ def test_cli_end_to_end(tmp_path, tiny_checkpoint, capsys):
     assert [(int(r["layer"]), int(r["head"])) for r in mds] == [(l, h) for l in (1, 2) for h in (1, 2, 3, 4)]
     assert all(math.isfinite(float(r["x"])) and r["behaviour"] in cluster.BEHAVIOURS for r in mds)
     table = {c: np.array([[float(r[c]) for r in mds]]) for c in cluster.LABEL_COLUMNS}  # labels from their columns
+    assert record["results"]["label_rules"] == "clark"
     relabelled = cluster.behaviours(table, record["results"]["uniform_entropy"])[0]
     assert list(relabelled) == [r["behaviour"] for r in mds]
     assert len(read_csv(out / "cluster_layers.csv")) == TINY_LAYERS ** 2
@@ -241,3 +274,4 @@ def test_cli_user_errors(tmp_path, tiny_checkpoint, capsys, extra, fragment):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("bertscope: error: ") and err.count("\n") == 1, err
     assert fragment in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing is left behind

@@ -101,39 +101,110 @@ def test_nearest_and_string_match_baselines():
         {"nearest": [False], "head_match": [True], "sieve": [True]}
 
 
-def test_head_match_falls_back_to_nearest_and_sieve_relaxed_head_match():
+def choose(words, mentions, xpos=None, feats=None, upos=None):
+    """Each baseline's chosen head word for the last scored mention, and whether it is right."""
+    doc = document(words, mentions, upos)
+    items = coref.anaphors(doc)
+    xpos = xpos or ["NN"] * len(words)
+    choices = coref.baseline_choices(doc, items, xpos, feats or ["_"] * len(words))
+    gold = coref.gold_matrix(items, len(words))
+    return ({k: int(v[-1]) for k, v in choices.items()},
+            {k: bool(coref.choice_hits(v, gold)[-1]) for k, v in choices.items()})
+
+
+def test_head_match_has_no_fallback():
+    # "Barack Obama met Merkel . Obama smiled": UD's head of "Barack Obama" is "Barack"
     words = "Barack Obama met Merkel . Obama smiled".split()
     upos = ["PROPN", "PROPN", "VERB", "PROPN", "PUNCT", "PROPN", "VERB"]
-    doc = document(words, [(0, 2, "1", 0, "proper"), (3, 4, "2", 3, "proper"), (5, 6, "1", 5, "proper")], upos)
-    items = coref.anaphors(doc)
-    choices = coref.baseline_choices(doc, items, ["NNP"] * len(words), ["_"] * len(words))
-    assert choices["nearest"].tolist() == [3]
-    assert choices["head_match"].tolist() == [3]  # "Obama" is no candidate's head ("Barack" is): nearest
-    assert choices["sieve"].tolist() == [0]  # "Obama" is a word of "Barack Obama"
+    chosen, right = choose(words, [(0, 2, "1", 0, "proper"), (3, 4, "2", 3, "proper"), (5, 6, "1", 5, "proper")],
+                           xpos=["NNP"] * 7, upos=upos)
+    assert chosen["nearest"] == 3 and chosen["head_match"] == -1  # no candidate's head is "obama": no choice
+    assert right == {"nearest": False, "head_match": False, "sieve": False}  # the sieve: agreement, then Merkel
+    # with the last word as the head of a flat name, head-word match finds it
+    chosen, right = choose(words, [(0, 2, "1", 1, "proper"), (3, 4, "2", 3, "proper"), (5, 6, "1", 5, "proper")],
+                           xpos=["NNP"] * 7, upos=upos)
+    assert chosen["head_match"] == 1 and right["head_match"] and right["sieve"]
 
 
-def test_sieve_pronouns_agree_in_number_gender_and_animacy():
-    # "Mary met the boys . She smiled": "She" is singular, "the boys" plural
+def test_sieve_rule_1_exact_string_match_decides():
+    # "the red car hit a blue car . the red car stopped": head match alone would take "a blue car"
+    words = "the red car hit a blue car . the red car stopped".split()
+    chosen, right = choose(words, [(0, 3, "1", 2, "nominal"), (4, 7, "2", 6, "nominal"), (8, 11, "1", 10, "nominal")])
+    assert chosen == {"nearest": 6, "head_match": 6, "sieve": 2}
+    assert right == {"nearest": False, "head_match": False, "sieve": True}
+
+
+def test_sieve_rule_1_applies_to_pronouns_too():
+    # "He met Bill . he smiled": "he" matches "He" exactly, although "Bill" is nearer and agrees
+    words = "He met Bill . he smiled".split()
+    feats = ["Gender=Masc|Number=Sing|Person=3", "_", "Number=Sing", "_", "Gender=Masc|Number=Sing|Person=3", "_"]
+    chosen, right = choose(words, [(0, 1, "1", 0, "pronoun"), (2, 3, "2", 2, "proper"), (4, 5, "1", 4, "pronoun")],
+                           feats=feats)
+    assert chosen["sieve"] == 0 and chosen["nearest"] == 2 and right["sieve"] and not right["nearest"]
+
+
+def test_sieve_rule_2_head_word_match_comes_before_agreement():
+    # "The dogs saw the cats . Two dogs ran": "the cats" is plural too and nearer
+    words = "The dogs saw the cats . Two dogs ran".split()
+    xpos = ["DT", "NNS", "VBD", "DT", "NNS", ".", "CD", "NNS", "VBD"]
+    chosen, right = choose(words, [(0, 2, "1", 1, "nominal"), (3, 5, "2", 4, "nominal"), (6, 8, "1", 7, "nominal")],
+                           xpos=xpos)
+    assert chosen == {"nearest": 4, "head_match": 1, "sieve": 1}
+    assert right == {"nearest": False, "head_match": True, "sieve": True}
+
+
+def test_sieve_rule_3_agreement_in_person_number_gender_animacy():
+    # "Mary met the boys . She smiled": "She" is singular, "the boys" plural; no string matches
     words = "Mary met the boys . She smiled".split()
     xpos = ["NNP", "VBD", "DT", "NNS", ".", "PRP", "VBD"]
     feats = ["Number=Sing", "_", "_", "Number=Plur", "_", "Case=Nom|Gender=Fem|Number=Sing|Person=3|PronType=Prs", "_"]
-    doc = document(words, [(0, 1, "1", 0, "proper", "person"), (2, 4, "2", 3, "nominal", "person"),
-                           (5, 6, "1", 5, "pronoun", "person")])
-    items = coref.anaphors(doc)
-    choices = coref.baseline_choices(doc, items, xpos, feats)
-    assert choices["nearest"].tolist() == [3] and choices["head_match"].tolist() == [3]
-    assert choices["sieve"].tolist() == [0]
+    chosen, right = choose(words, [(0, 1, "1", 0, "proper"), (2, 4, "2", 3, "nominal"), (5, 6, "1", 5, "pronoun")],
+                           xpos=xpos, feats=feats)
+    assert chosen == {"nearest": 3, "head_match": -1, "sieve": 0}
+    assert right == {"nearest": False, "head_match": False, "sieve": True}
+    # without FEATS the lexicon gives the pronoun's features; nouns are third person, any gender
+    doc = document(words, [(0, 1, "1", 0, "proper"), (2, 4, "2", 3, "nominal"), (5, 6, "1", 5, "pronoun")])
+    assert coref.agreement(doc, doc.mentions[2], xpos, ["_"] * 7) == coref.Agreement("3", "Sing", "Fem", True)
+    assert coref.agreement(doc, doc.mentions[1], xpos, ["_"] * 7) == coref.Agreement("3", "Plur", None, None)
 
-    # "The book fell on John . It broke": "It" is inanimate, John a person; no FEATS -> lexicon
+    # "The book fell on John . It broke": "It" is inanimate, John a person (GUM entity types)
     words = "The book fell on John . It broke".split()
     xpos = ["DT", "NN", "VBD", "IN", "NNP", ".", "PRP", "VBD"]
-    doc = document(words, [(0, 2, "1", 1, "nominal", "object"), (4, 5, "2", 4, "proper", "person"),
-                           (6, 7, "1", 6, "pronoun", "object")])
-    items = coref.anaphors(doc)
-    choices = coref.baseline_choices(doc, items, xpos, ["_"] * len(words))
-    assert choices["nearest"].tolist() == [4]
-    assert choices["sieve"].tolist() == [1]
-    assert coref.agreement(doc, doc.mentions[2], xpos, ["_"] * len(words)) == coref.Agreement("3", "Sing", "Neut", False)
+    mentions = [(0, 2, "1", 1, "nominal", "object"), (4, 5, "2", 4, "proper", "person"),
+                (6, 7, "1", 6, "pronoun", "object")]
+    chosen, right = choose(words, mentions, xpos=xpos)
+    assert chosen == {"nearest": 4, "head_match": -1, "sieve": 1} and right["sieve"]
+    doc = document(words, mentions)
+    assert coref.agreement(doc, doc.mentions[2], xpos, ["_"] * 8) == coref.Agreement("3", "Sing", "Neut", False)
+
+
+def test_sieve_rule_4_nearest_when_nothing_agrees():
+    # "Sue met the boys . She said : I left": first person "I" agrees with no third-person candidate
+    words = "Sue met the boys . She said : I left".split()
+    xpos = ["NNP", "VBD", "DT", "NNS", ".", "PRP", "VBD", ":", "PRP", "VBD"]
+    chosen, right = choose(words, [(0, 1, "1", 0, "proper"), (2, 4, "2", 3, "nominal"), (5, 6, "1", 5, "pronoun"),
+                                   (8, 9, "1", 8, "pronoun")], xpos=xpos)
+    assert chosen == {"nearest": 5, "head_match": -1, "sieve": 5}
+    assert right == {"nearest": True, "head_match": False, "sieve": True}
+
+
+def test_choice_hits_scores_no_choice_as_wrong():
+    gold = np.array([[True, False], [False, True]])
+    assert coref.choice_hits(np.array([-1, 1]), gold).tolist() == [False, True]
+
+
+def test_last_flat_head_word():
+    from bertscope.datasets.coref import head_word
+
+    # "Barack Obama visited New York City": Obama -flat-> Barack; New, York -compound-> City
+    heads = [2, 0, -1, 5, 5, 2]
+    deprels = ["nsubj", "flat", "root", "compound", "compound", "obj"]
+    upos = ["PROPN", "PROPN", "VERB", "PROPN", "PROPN", "PROPN"]
+    assert head_word(0, 2, heads) == 0  # UD: the first word
+    assert head_word(0, 2, heads, deprels, upos) == 1  # last-flat: "Obama"
+    assert head_word(3, 6, heads) == 5 == head_word(3, 6, heads, deprels, upos)  # compounds precede their head
+    nominal = ["NOUN", "NOUN", "VERB", "PROPN", "PROPN", "PROPN"]
+    assert head_word(0, 2, heads, deprels, nominal) == 0  # only proper names move
 
 
 # --- GAP ---------------------------------------------------------------------------------------

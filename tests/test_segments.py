@@ -6,7 +6,7 @@ import torch
 
 from bertscope.corpus import Document
 from bertscope.errors import UserError
-from bertscope.segments import Segment, SegmentOptions, SegmentReport, collate, make_segments
+from bertscope.segments import Segment, SegmentOptions, SegmentReport, collate, length_summary, make_segments
 
 THREE_SENTENCES = "One two three four five. Six seven. Eight nine ten."  # 6 + 3 + 4 MiniLM tokens
 LONG_WORDS = "The unbelievably photosynthesising hippopotamus ate."  # 16 tokens in 6 words
@@ -33,7 +33,8 @@ def test_bert_pair_template(minilm_tokenizer):
     assert segment.word_ids == [-1, 0, 1, 2, -1, 3, 4, 5, -1]
     assert segment.words == ["Hello", "world", ".", "Bye", "now", "."]
     assert segment.doc_id == "d" and not segment.truncated and segment.n_tokens == 9
-    assert report.as_dict() == {"documents_seen": 1, "segments": 1, "truncated": 0, "empty": 0, "too_short": 0}
+    assert report.as_dict() == {"documents_seen": 1, "segments": 1, "truncated": 0, "empty": 0, "too_short": 0,
+                                "lengths": length_summary([9])}
 
 
 def test_bert_single_part_template(minilm_tokenizer):
@@ -116,7 +117,7 @@ def test_a_word_longer_than_the_room_is_cut_inside(minilm_tokenizer):
 
 def test_sentence_pair_splits_where_the_parts_are_closest_to_equal(minilm_tokenizer):
     doc = Document("w", [THREE_SENTENCES], pair_from_sentences=True)
-    segment, _ = one([doc], minilm_tokenizer)  # 6 | 3+4 beats 6+3 | 4
+    segment, _ = one([doc], minilm_tokenizer, packing="balanced")  # 6 | 3+4 beats 6+3 | 4
     assert tokens(minilm_tokenizer, segment) == [
         "[CLS]", "one", "two", "three", "four", "five", ".", "[SEP]",
         "six", "seven", ".", "eight", "nine", "ten", ".", "[SEP]",
@@ -126,7 +127,7 @@ def test_sentence_pair_splits_where_the_parts_are_closest_to_equal(minilm_tokeni
 
 def test_sentence_pair_takes_the_leading_sentences_that_fit(minilm_tokenizer):
     doc = Document("w", [THREE_SENTENCES], pair_from_sentences=True)
-    segment, report = one([doc], minilm_tokenizer, max_len=12)  # 6 + 3 fit, the third does not
+    segment, report = one([doc], minilm_tokenizer, max_len=12, packing="balanced")  # 6 + 3 fit, the third does not
     assert tokens(minilm_tokenizer, segment) == [
         "[CLS]", "one", "two", "three", "four", "five", ".", "[SEP]", "six", "seven", ".", "[SEP]",
     ]  # fmt: skip
@@ -135,7 +136,7 @@ def test_sentence_pair_takes_the_leading_sentences_that_fit(minilm_tokenizer):
 
 def test_sentence_pair_whose_first_two_sentences_do_not_fit_is_cut(minilm_tokenizer):
     doc = Document("w", [THREE_SENTENCES], pair_from_sentences=True)
-    segment, report = one([doc], minilm_tokenizer, max_len=11)
+    segment, report = one([doc], minilm_tokenizer, max_len=11, packing="balanced")
     assert tokens(minilm_tokenizer, segment) == [
         "[CLS]", "one", "two", "three", "four", "five", "[SEP]", "six", "seven", ".", "[SEP]",
     ]  # fmt: skip
@@ -162,7 +163,8 @@ def test_empty_documents_are_skipped_and_counted(minilm_tokenizer):
     ]
     segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(limit=None))
     assert [s.doc_id for s in segments] == ["ok"]
-    assert report.as_dict() == {"documents_seen": 5, "segments": 1, "truncated": 0, "empty": 4, "too_short": 0}
+    assert report.as_dict() == {"documents_seen": 5, "segments": 1, "truncated": 0, "empty": 4, "too_short": 0,
+                                "lengths": length_summary([4])}  # [CLS] fine . [SEP]
 
 
 def test_more_than_two_parts_is_a_programming_error(minilm_tokenizer):
@@ -173,7 +175,7 @@ def test_more_than_two_parts_is_a_programming_error(minilm_tokenizer):
 @pytest.mark.parametrize(
     "options, message",
     [({"token_types": "ones"}, "token types must be one of pair, zeros"), ({"max_len": 4}, "at least 8"),
-     ({"limit": 0}, "at least 1")],
+     ({"limit": 0}, "at least 1"), ({"packing": "greedy"}, "packing must be one of clark, balanced")],
 )
 def test_bad_options_are_user_errors(options, message):
     with pytest.raises(UserError, match=message):
@@ -198,21 +200,116 @@ def test_sample_follows_the_seeded_shuffle_and_skips_do_not_count(minilm_tokeniz
     assert report.segments == 5 and report.documents_seen - report.empty == 5
 
 
+# --- Clark et al.'s packing ----------------------------------------------------------------
+
+# 45 words that MiniLM keeps whole: sentences of three of them and a full stop, 4 tokens each
+NOUNS = ("apple bread chair dog eagle fish grape house iron jacket kite lemon mouse nest orange pencil queen river "
+         "stone table umbrella violin water yellow zebra anchor bottle candle desk engine forest garden hammer "
+         "island jungle kettle ladder mirror needle ocean piano rabbit saddle tiger valley").split()
+
+
+def running_text(n_sentences: int) -> tuple[str, list[str]]:
+    """n sentences of 3 distinct words + "." (4 tokens each), and the text's words in order."""
+    words, sentences = [], []
+    for k in range(n_sentences):
+        three = NOUNS[3 * k : 3 * k + 3]
+        sentences.append(" ".join([three[0].capitalize(), *three[1:]]) + ".")
+        words += [three[0].capitalize(), *three[1:], "."]
+    return " ".join(sentences), words
+
+
+def parts(segment: Segment) -> tuple[list[str], list[str]]:
+    """The words of part A and part B (split at the middle special token)."""
+    middle = [i for i, w in enumerate(segment.word_ids) if w == -1][1]
+    a = sorted({w for w in segment.word_ids[:middle] if w >= 0})
+    b = sorted({w for w in segment.word_ids[middle:] if w >= 0})
+    return [segment.words[w] for w in a], [segment.words[w] for w in b]
+
+
+def is_run_of(part: list[str], words: list[str]) -> int:
+    """Where `part` lies in `words` as one contiguous run; fails the test if it does not."""
+    starts = [i for i in range(len(words) - len(part) + 1) if words[i : i + len(part)] == part]
+    assert len(starts) == 1, (part, words)
+    return starts[0]
+
+
+def test_clark_packing_fills_chunks_and_cuts_them_back(minilm_tokenizer):
+    # max_len 24: a budget of 21 tokens; chunks close once they reach it: 6 sentences (24
+    # tokens, cut back by 3), 6 more, then the last 3 at the end of the text (12 tokens, uncut)
+    text, words = running_text(15)
+    segments, report = make_segments([Document("w", [text], pair_from_sentences=True)], minilm_tokenizer,
+                                     SegmentOptions(max_len=24, limit=None))
+    assert [s.n_tokens for s in segments] == [24, 24, 15] and [s.truncated for s in segments] == [True, True, False]
+    assert report.segments == 3 and report.truncated == 2 and report.documents_seen == 1
+    assert report.lengths["mean"] == pytest.approx((24 + 24 + 15) / 3, abs=0.01)
+    chunks = [words[:24], words[24:48], words[48:]]
+    for segment, chunk in zip(segments, chunks):
+        a, b = parts(segment)
+        assert a and b and segment.token_type_ids.count(1) == len(b) + 1
+        # each part is one run of the chunk's words, A before B: words only go at a part's ends
+        assert is_run_of(a, chunk) + len(a) <= is_run_of(b, chunk)
+    a, b = parts(segments[2])
+    assert a + b == chunks[2] and a[-1] == "." and len(a) in (4, 8)  # uncut: whole sentences, random split
+
+
+def test_clark_packing_is_seeded_and_the_split_is_random(minilm_tokenizer):
+    text, _ = running_text(15)
+    doc = [Document("w", [text], pair_from_sentences=True)]
+    runs = {seed: make_segments(doc, minilm_tokenizer, SegmentOptions(max_len=24, limit=None, seed=seed))[0]
+            for seed in range(8)}
+    assert runs[3] == make_segments(doc, minilm_tokenizer, SegmentOptions(max_len=24, limit=None, seed=3))[0]
+    splits = {len(parts(segments[2])[0]) for segments in runs.values()}
+    assert splits == {4, 8}  # part A of the last chunk: one sentence or two, both drawn
+
+
+def test_clark_packing_ends_a_text_at_a_one_sentence_chunk(minilm_tokenizer):
+    text, _ = running_text(13)  # chunks of 6, 6, then the 13th sentence alone: no part B
+    segments, report = make_segments([Document("w", [text], pair_from_sentences=True)], minilm_tokenizer,
+                                     SegmentOptions(max_len=24, limit=None))
+    assert len(segments) == 2 and report.too_short == 0
+    # a first sentence that fills the budget alone gives nothing at all
+    long_first = " ".join(NOUNS[:25]).capitalize() + ". Short one here."
+    segments, report = make_segments([Document("w", [long_first], pair_from_sentences=True)], minilm_tokenizer,
+                                     SegmentOptions(max_len=24, limit=None))
+    assert segments == [] and report.too_short == 1
+
+
+def test_limit_counts_segments_not_documents(minilm_tokenizer):
+    text, _ = running_text(15)
+    documents = [Document("w", [text], pair_from_sentences=True), Document("x", ["Other text. And more."])]
+    segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(max_len=24, limit=2, seed=0))
+    assert len(segments) == 2 and report.segments == 2
+
+
+def test_length_summary():
+    lengths = [10, 20, 30, 40, 128, 128, 128, 128, 17, 16]
+    summary = length_summary(lengths)
+    assert summary["mean"] == 64.5 and summary["min"] == 10 and summary["max"] == 128
+    assert summary["median"] == 40 and summary["p25"] == 17 and summary["p90"] == 128
+    assert summary["histogram"] == {"1-16": 2, "17-32": 3, "33-48": 1, "113-128": 4}
+    assert length_summary([]) == {}
+
+
 # --- Wikipedia ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def wiki_segments(wiki, minilm_tokenizer):
-    return make_segments(wiki, minilm_tokenizer, SegmentOptions(limit=50))
+@pytest.fixture(scope="module", params=["clark", "balanced"])
+def wiki_segments(request, wiki, minilm_tokenizer):
+    return *make_segments(wiki, minilm_tokenizer, SegmentOptions(limit=50, packing=request.param)), request.param
 
 
 def test_wiki_segments_are_clark_pairs(wiki_segments, minilm_tokenizer):
-    segments, report = wiki_segments
+    segments, report, _ = wiki_segments
     cls, sep = minilm_tokenizer.cls_token_id, minilm_tokenizer.sep_token_id
     assert len(segments) == 50 and report.segments == 50
-    assert report.documents_seen == 50 + report.too_short + report.empty
+    docs = list(dict.fromkeys(s.doc_id for s in segments))
+    assert report.documents_seen == len(docs) + report.too_short + report.empty
     assert report.truncated == sum(s.truncated for s in segments)
-    assert len({s.doc_id for s in segments}) == 50
+    assert report.lengths == length_summary([s.n_tokens for s in segments])
+    if wiki_segments[2] == "balanced":
+        assert len(docs) == 50  # one segment per article
+    else:
+        assert len(docs) < 50  # clark: long articles give several
     for s in segments:
         assert s.n_tokens <= 128
         specials = [i for i, t in enumerate(s.input_ids) if t in (cls, sep)]
@@ -233,9 +330,10 @@ def test_wiki_word_ids_point_at_the_words_holding_each_token(wiki_segments, mini
 
 
 def test_wiki_sample_is_deterministic(wiki, wiki_segments, minilm_tokenizer):
-    again, report = make_segments(wiki, minilm_tokenizer, SegmentOptions(limit=50))
-    assert again == wiki_segments[0] and report == wiki_segments[1]
-    other, _ = make_segments(wiki, minilm_tokenizer, SegmentOptions(limit=50, seed=1))
+    segments, report, packing = wiki_segments
+    again, again_report = make_segments(wiki, minilm_tokenizer, SegmentOptions(limit=50, packing=packing))
+    assert again == segments and again_report == report
+    other, _ = make_segments(wiki, minilm_tokenizer, SegmentOptions(limit=50, seed=1, packing=packing))
     assert [s.doc_id for s in other] != [s.doc_id for s in again]
 
 

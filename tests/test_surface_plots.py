@@ -11,7 +11,7 @@ FIGURES = {
     "fig_tokens_by_layer.png", "fig_entropy_by_layer.png", "fig_offsets_heatmap.png",
     "fig_special_heatmap.png", "fig_entropy_heatmap.png",
 }
-MASS = ("prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep",
+MASS = ("prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "rest_sep",
         "argmax_prev", "argmax_self", "argmax_next", "argmax_cls", "argmax_sep", "argmax_punct")
 
 

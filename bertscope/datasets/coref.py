@@ -20,6 +20,8 @@ from bertscope.datasets.treebank import Document, read_gum
 from bertscope.errors import UserError
 
 KINDS = ("pronoun", "proper", "nominal")
+MENTION_HEADS = ("ud", "last-flat")
+_NAME_RELATIONS = ("flat", "compound")  # with subtypes (flat:name)
 
 # one bracket: "(ID-attrs" or "(ID-attrs)" (an opening, closed at once with ")"), or "ID)"
 _BRACKET = re.compile(r"\((?P<open>[^()\-]+)(?P<attrs>[^()]*)(?P<single>\))?|(?P<close>[^()]+)\)")
@@ -31,7 +33,8 @@ class Mention:
 
     head: the document index of the span's head word, the word whose syntactic head lies
     outside the span (several: the first; none, e.g. a span that is not a subtree: the
-    last word). kind: from the head word's UPOS, PRON/DET -> "pronoun", PROPN -> "proper",
+    last word); with `mention_head="last-flat"`, the last word of a flat/compound name
+    instead (see `head_word`); `kind` is read from the UD head in both cases. kind: from the head word's UPOS, PRON/DET -> "pronoun", PROPN -> "proper",
     anything else -> "nominal". sentence: index of the sentence the mention starts in.
     """
 
@@ -114,14 +117,22 @@ class CorefDocument:
                              mentions, paragraphs)
 
 
-def head_word(start: int, end: int, heads: list[int]) -> int:
+def head_word(start: int, end: int, heads: list[int], deprels: list[str] | None = None,
+              upos: list[str] | None = None) -> int:
     """The head of span start..end-1: the first word whose head (-1 = root) lies outside
     the span; the last word when every word's head is inside (a span with a cycle-free
-    tree always has one, but spans of broken or crossing annotation may not)."""
-    for w in range(start, end):
-        if not start <= heads[w] < end:
-            return w
-    return end - 1
+    tree always has one, but spans of broken or crossing annotation may not).
+
+    With `deprels` and `upos` ("last-flat" heads): when that word is a proper noun with
+    `flat` or `compound` dependents after it inside the span, the last of them. UD makes
+    the first word the head of a flat name ("Barack" of "Barack Obama"); the Collins-style
+    heads of Clark et al.'s CoNLL-2012 data make it the last ("Obama").
+    """
+    head = next((w for w in range(start, end) if not start <= heads[w] < end), end - 1)
+    if deprels is None or upos is None or upos[head] != "PROPN":
+        return head
+    parts = [w for w in range(head + 1, end) if heads[w] == head and deprels[w].split(":")[0] in _NAME_RELATIONS]
+    return parts[-1] if parts else head
 
 
 def mention_kind(upos: str) -> str:
@@ -132,11 +143,17 @@ def mention_kind(upos: str) -> str:
     return "nominal"
 
 
-def coref_document(doc: Document) -> CorefDocument:
-    """The CorefDocument of a GUM document read by `bertscope.datasets.treebank`."""
+def coref_document(doc: Document, mention_head: str = "ud") -> CorefDocument:
+    """The CorefDocument of a GUM document read by `bertscope.datasets.treebank`.
+
+    mention_head: "ud" (the word whose head lies outside the span) or "last-flat" (the
+    same, except the last word of a flat/compound proper name; see `head_word`)."""
+    if mention_head not in MENTION_HEADS:
+        raise ValueError(f"mention_head must be one of {', '.join(MENTION_HEADS)}, not {mention_head!r}")
     words: list[str] = []
     upos: list[str] = []
     heads: list[int] = []
+    deprels: list[str] = []
     spans: list[tuple[int, int]] = []
     paragraphs: list[int] = []
     raw: list[tuple[int, int, str, str, int]] = []  # start, end, entity, etype, sentence
@@ -150,6 +167,7 @@ def coref_document(doc: Document) -> CorefDocument:
         words += sentence.words
         upos += sentence.upos
         heads += [base + h - 1 if h > 0 else -1 for h in sentence.heads]
+        deprels += sentence.deprels
         for i, misc in enumerate(sentence.misc):
             value = misc.get("Entity")
             if not value:
@@ -184,11 +202,15 @@ def coref_document(doc: Document) -> CorefDocument:
 
     mentions = []
     for start, end, entity, etype, sentence_index in sorted(raw, key=lambda r: (r[0], -r[1])):
-        head = head_word(start, end, heads)
-        mentions.append(Mention(start, end, entity, head, mention_kind(upos[head]), etype, sentence_index))
+        head = ud_head = head_word(start, end, heads)
+        if mention_head == "last-flat":
+            head = head_word(start, end, heads, deprels, upos)
+        # the type is read from the UD head either way, so both heads score the same mentions per type
+        mentions.append(Mention(start, end, entity, head, mention_kind(upos[ud_head]), etype, sentence_index))
     return CorefDocument(doc.id, doc.genre, words, upos, heads, spans, mentions, paragraphs)
 
 
-def read_gum_coref(data_dir: str | None = None, documents: list[Document] | None = None) -> list[CorefDocument]:
+def read_gum_coref(data_dir: str | None = None, documents: list[Document] | None = None,
+                   mention_head: str = "ud") -> list[CorefDocument]:
     """The GUM documents with their coreference (pass `documents` to reuse a `read_gum` result)."""
-    return [coref_document(doc) for doc in (documents if documents is not None else read_gum(data_dir))]
+    return [coref_document(doc, mention_head) for doc in (documents if documents is not None else read_gum(data_dir))]

@@ -5,8 +5,8 @@ Probes are trained on GUM (every document's gold UD trees; a seeded 10% of the s
 out for early stopping) and scored on UD English-EWT dev. Each sentence is one input
 `[CLS] words [SEP]` of its gold words; its word-level maps of every head are kept as float16.
 The maps of the pre-trained model feed the attention-only and attention-and-words probes; the
-maps of a randomly initialised copy (same config, seeded, pre-trained embeddings kept, as in
-the paper) feed the "Random Init Attn + GloVe" baseline. The math is in
+maps of a randomly initialised copy (same config, seeded, pre-trained embeddings kept: a
+bertscope choice, the paper does not say) feed the "Random Init Attn + GloVe" baseline. The math is in
 `bertscope.analyses.classifier`.
 """
 from __future__ import annotations
@@ -221,7 +221,8 @@ def collect_maps(loaded, segments, args, run, desc):
 
 def random_copy(loaded, seed: int):
     """The model's architecture with fresh random weights (seeded), keeping the pre-trained
-    embeddings as Clark et al.'s baseline did, so only what attention learned is removed."""
+    embeddings (bertscope's choice; the paper does not say), so only what the layers learned
+    is removed."""
     from transformers import AutoModel
 
     from bertscope.attention import ATTN_IMPLEMENTATION

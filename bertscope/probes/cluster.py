@@ -50,6 +50,13 @@ def add_arguments(p):
                    "the JS pass costs about 0.2 s of one CPU core per Wikipedia segment for 6 x 12 heads)")
     p.add_argument("--token-types", choices=("pair", "zeros"), default="pair",
                    help="token type ids, as in `bertscope run` (default: pair)")
+    p.add_argument("--packing", choices=("clark", "balanced"), default="clark",
+                   help="how Wikipedia text becomes segments, as in `bertscope run` (default: clark)")
+    p.add_argument("--labels", choices=("clark", "bertscope"), default="clark",
+                   help="behaviour label rules: 'clark', the cut-offs of Clark et al.'s released notebook "
+                   "(next/previous > 0.5, [CLS]/[SEP]/punctuation > 0.6, entropy > 3.8 nats scaled with "
+                   "ln L; the last test passed wins), or 'bertscope', the earlier rules of this project "
+                   "(default: clark)")
     p.add_argument("--js-backend", choices=JS_BACKENDS, default="chunked",
                    help="pairwise JS kernel: eager (the reference, slow), chunked (CPU) or triton (GPU) "
                    "(default: chunked)")
@@ -151,10 +158,11 @@ def run(args, probe_run_cls):
     from bertscope.segments import SegmentOptions, make_segments
 
     check_js_backend(args.js_backend)
+    documents, corpus_report = load_corpus(args.corpus)  # a bad corpus should not leave a run directory
     probe = probe_run_cls(NAME, args)
     loaded = probe.loaded
-    documents, corpus_report = load_corpus(args.corpus)
-    options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed, token_types=args.token_types)
+    options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed, token_types=args.token_types,
+                             packing=args.packing)
     segments, seg_report = make_segments(documents, loaded.tokenizer, options)
     if not segments:
         raise UserError(f"no usable segments in corpus {args.corpus!r}: {seg_report.as_dict()}")
@@ -167,7 +175,8 @@ def run(args, probe_run_cls):
     js_mean = cluster.mean_per_token(sums.js_sum, sums.n_tokens)  # (N, N)
     table = surface.head_table(sums.stats)
     uniform = sums.stats.uniform_entropy()
-    labels = cluster.behaviours(table, uniform)  # (layers, H)
+    thresholds = cluster.thresholds_for(args.labels)
+    labels = cluster.behaviours(table, uniform, thresholds)  # (layers, H)
     xy = cluster.embed(js_mean, seed=args.seed)  # (N, 2)
     layer_js = cluster.layer_mean_js(js_mean, Ly, H)  # (layers, layers)
 
@@ -198,5 +207,7 @@ def run(args, probe_run_cls):
         "closest_pairs_across_layers": [[a, b, round(v, 4)] for a, b, v in
                                         cluster.closest_pairs(js_mean, Ly, H, 5, True)],
         "behaviours": {b: int((labels == b).sum()) for b in cluster.BEHAVIOURS},
-        "thresholds": vars(cluster.Thresholds()),
+        "label_rules": args.labels,
+        "thresholds": {**vars(thresholds), **({"broad_cut_nats": round(thresholds.broad_cut(uniform), 4)}
+                                              if args.labels == "clark" else {})},
     })

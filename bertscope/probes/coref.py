@@ -44,6 +44,10 @@ def add_arguments(p):
     p.add_argument("--segments", choices=("windows", "first"), default="windows",
                    help="GUM: every consecutive window of whole sentences (the whole corpus), or only "
                    "each document's first window, as the paper truncated documents (default: windows)")
+    p.add_argument("--mention-head", choices=("ud", "last-flat"), default="ud",
+                   help="GUM: a mention's head word is the word whose syntactic head lies outside it ('ud'), "
+                   "or, for a flat/compound proper name, its last word ('last-flat': 'Obama' of 'Barack Obama', "
+                   "as the Collins-style heads of the paper's CoNLL-2012 data) (default: ud)")
     p.add_argument("--limit-docs", type=positive_int, default=None, metavar="N",
                    help="GUM: a seeded sample (--seed) of N documents (default: all 160)")
     p.add_argument("--limit-gap", type=positive_int, default=None, metavar="N",
@@ -58,7 +62,7 @@ def add_arguments(p):
 # --- GUM ---------------------------------------------------------------------------------
 
 
-def read_gum_documents(data_dir: str | None, limit: int | None, seed: int) -> list:
+def read_gum_documents(data_dir: str | None, limit: int | None, seed: int, mention_head: str = "ud") -> list:
     """(CorefDocument, xpos, feats) of the sampled GUM documents; xpos and feats are flat
     per-word lists in the document's word order (the coreference reader keeps neither)."""
     from bertscope.data import dataset_dir
@@ -71,7 +75,7 @@ def read_gum_documents(data_dir: str | None, limit: int | None, seed: int) -> li
         doc = read_gum_document(path)
         xpos = [x for s in doc.sentences for x in s.xpos]
         feats = [f for s in doc.sentences for f in s.feats]
-        out.append((coref_document(doc), xpos, feats))
+        out.append((coref_document(doc, mention_head), xpos, feats))
     return out
 
 
@@ -199,7 +203,7 @@ def run(args, probe_run_cls):
     datasets = DATASETS if args.dataset == "both" else (args.dataset,)
     data = {}  # read the data first: a missing data set should not leave a run directory
     if "gum" in datasets:
-        data["gum"] = read_gum_documents(args.data_dir, args.limit_docs, args.seed)
+        data["gum"] = read_gum_documents(args.data_dir, args.limit_docs, args.seed, args.mention_head)
     if "gap" in datasets:
         data["gap"] = seeded_sample(read_gap(args.gap_split, args.data_dir), args.limit_gap, args.seed)
 
@@ -213,7 +217,7 @@ def run(args, probe_run_cls):
         head_rows += scores.head_rows("gum")
         rows = scores.table_rows("gum")
         table_rows += rows
-        results["gum"] = {**report, "segments_mode": args.segments, "table": rows}
+        results["gum"] = {**report, "segments_mode": args.segments, "mention_head": args.mention_head, "table": rows}
         notes.append(f"gum: {report['documents']} documents, {report['segments']} segments ({args.segments}, "
                      f"<= {args.max_len} tokens), {report['scored_mentions']} scored mentions "
                      f"(of {report['anaphoric_mentions']} with an antecedent in their document); "
