@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .eager import masked_scores
+from .common import masked_scores
 
 JS_BACKENDS = ("eager", "chunked")
 

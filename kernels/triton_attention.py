@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .eager import keep_qk, require_pooling, zero_padding_rows
+from .common import keep_qk, require_pooling, zero_padding_rows
 from .spec import RowStats, StatsSpec, WordPooling
 from .triton_tiles import key_block_scores, map_base
 

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .eager import require_pooling
+from .common import require_pooling
 from .spec import WordPooling
 from .triton_tiles import map_base
 
