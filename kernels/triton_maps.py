@@ -39,21 +39,7 @@ import triton.language as tl
 
 from .common import require_pooling
 from .spec import WordPooling
-from .triton_tiles import map_base
-
-@triton.jit
-def _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
-    """p = exp(s - lse) of one tile from q (BLOCK_M, BLOCK_D), k (BLOCK_D, BLOCK_N), the
-    rows' lse (BLOCK_M,), the keys' validity kv and range n_in (BLOCK_N,)."""
-    if IS_FP32:
-        s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
-    else:
-        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 in, fp32 out
-    s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
-    p = tl.exp(s - lse[:, None])
-    # -- a sequence with no valid key: uniform rows (lse = FMIN + ln L rounds to FMIN)
-    p = tl.where((lse < 0.5 * FMIN)[:, None], 1.0 / L, p)
-    return tl.where(n_in[None, :], p, 0.0)  # (BLOCK_M, BLOCK_N); 0 past the row end
+from .triton_tiles import FMIN, map_base, mask_int8, tile_probs
 
 
 @triton.jit
@@ -67,7 +53,6 @@ def _column_mass_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP32: tl.constexpr,
 ):
     start_n = tl.program_id(0)
-    FMIN: tl.constexpr = -3.4028234663852886e38
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)
     row0 = off_bh.to(tl.int64) * L  # this map's first row in (B, H, L)
@@ -90,7 +75,7 @@ def _column_mass_kernel(
                 q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
                             mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
                 lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
-                p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
                 col += tl.sum(tl.where(qv[:, None], p, 0.0), 0)
     tl.store(ColMass + row0 + offs_n, col.to(ColMass.dtype.element_ty), mask=n_in)
 
@@ -130,7 +115,7 @@ def _word_tile_inner(
                     k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
                                 mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
                     kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-                    p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                    p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
                     r = tl.dot(p, tw, r, input_precision="ieee")  # (BLOCK_M, BLOCK_W)
             # -- word map tile += from_word[rows, block] @ R
             acc = tl.dot(fw, r, acc, input_precision="ieee")  # (BLOCK_W, BLOCK_W)
@@ -152,7 +137,6 @@ def _word_map_kernel(
     IS_FP32: tl.constexpr,
 ):
     start_r = tl.program_id(0)
-    FMIN: tl.constexpr = -3.4028234663852886e38
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)
     Lse_ptr = Lse + off_bh.to(tl.int64) * L
@@ -203,12 +187,6 @@ def _check(q, k, key_valid, lse):
         raise ValueError(f"lse must be float32 (B, H, L) = {(B, H, L)}, got {lse.dtype} {tuple(lse.shape)}")
 
 
-def _mask_int8(key_valid, dev):
-    """(B, L) key mask as int8 without a copy when it is already bool on the device."""
-    key_valid = key_valid.to(dev)
-    return key_valid.view(torch.int8) if key_valid.dtype == torch.bool else (key_valid != 0).view(torch.int8)
-
-
 def column_mass_config(L: int, D: int) -> dict:
     """Block sizes of the column-mass pass for rows of length L and head dimension D.
 
@@ -230,7 +208,7 @@ def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
     B, H, L, D = q.shape
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
-    valid = _mask_int8(key_valid, dev)
+    valid = mask_int8(key_valid, dev)
     lse = lse.contiguous()
     out = torch.empty(B, H, L, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
     if out.numel() == 0:
@@ -275,9 +253,9 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
                          f"to_word {tuple(tw.shape)}, candidate {tuple(cand.shape)}")
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
-    valid = _mask_int8(key_valid, dev)
+    valid = mask_int8(key_valid, dev)
     fw, tw = fw.to(dev), tw.to(dev)
-    cand = _mask_int8(cand, dev)
+    cand = mask_int8(cand, dev)
     lse = lse.contiguous()
     word_map = torch.empty(B, H, W, W, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
     word_arg = torch.empty(B, H, W, dtype=torch.int64, device=dev)
