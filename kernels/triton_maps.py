@@ -31,8 +31,6 @@ TRITON_INTERPRET=1 (set before this module is imported) the kernels run on CPU t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -274,75 +272,4 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
     return word_map, word_arg
 
 
-@dataclass(frozen=True)
-class AotSpec:
-    """One GPU launch specialisation of a kernel in this file or in triton_js.py, for the
-    ahead-of-time compilation and spill check of kernels/triton_aot.py (which calls
-    `name()` and `ast_source()`). Block sizes come from the same *_config functions the
-    wrappers launch with."""
-
-    kernel: str  # _column_mass_kernel, _word_map_kernel, _row_lse_kernel or _js_pair_kernel
-    L: int  # a row length that selects the configuration
-    D: int
-    dtype: str  # "fp32" or "fp16"
-    W: int = 0  # units (word maps only)
-
-    def config(self) -> dict:
-        if self.kernel == "_word_map_kernel":
-            return word_map_config(self.L, self.D, self.W, self.dtype == "fp32")
-        if self.kernel == "_column_mass_kernel":
-            return column_mass_config(self.L, self.D)
-        from .triton_js import js_config
-
-        return js_config(self.L, self.D)
-
-    def name(self) -> str:
-        c = self.config()
-        blocks = f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
-        return f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
-
-    def ast_source(self):
-        """(ASTSource, config with num_warps and num_stages) as a typical launch specialises
-        it: unit strides of the innermost dimensions are constants, pointers and the q/k
-        strides 16-divisible."""
-        from triton.compiler import ASTSource
-
-        from . import triton_js
-
-        fn = globals().get(self.kernel) or getattr(triton_js, self.kernel)
-        if not isinstance(fn, triton.runtime.jit.JITFunction):
-            raise RuntimeError("the kernel module was imported under TRITON_INTERPRET=1; compile in a process "
-                               "without it (python -m bertscope.kernels.triton_aot)")
-        t = self.dtype
-        pointers = {"Q": f"*{t}", "K": f"*{t}", "KeyValid": "*i8", "Lse": "*fp32", "ColMass": f"*{t}",
-                    "FromWord": "*fp32", "ToWord": "*fp32", "Candidate": "*i8", "WordMap": f"*{t}",
-                    "WordArgmax": "*i64", "Entropy": "*fp32", "Pairs": "*i32", "Partial": "*fp32"}
-        unit = {"stride_qd", "stride_kd", "stride_ml", "stride_cw"}
-        c = self.config()
-        constexprs = {n: 1 for n in unit if n in fn.arg_names}
-        constexprs.update({n: c[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_W") if n in fn.arg_names})
-        constexprs["IS_FP32"] = t == "fp32"
-        sig = {}
-        for n in fn.arg_names:
-            sig[n] = pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n == "sm_scale" else "i32")
-        aligned = [n for n in fn.arg_names if n in pointers] + [
-            n for n in ("stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl", "D")]
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
-
-
-def aot_specialisations() -> list[AotSpec]:
-    """The shipped specialisations of the column-mass, word-map and JS kernels for rows of
-    32 keys or more (shorter rows take 16-wide blocks, which hold fewer registers): head
-    dimension 64 (the larger of the shipped models'; D = 32 holds fewer registers), and
-    D = 32 too for the word maps, whose register use does not shrink monotonically."""
-    specs = []
-    for t in ("fp32", "fp16"):
-        specs += [AotSpec("_column_mass_kernel", 128, 64, t), AotSpec("_row_lse_kernel", 128, 64, t),
-                  AotSpec("_js_pair_kernel", 128, 64, t)]
-        specs += [AotSpec("_word_map_kernel", 128, D, t, W=128) for D in (32, 64)]
-    return specs
-
-
-__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "aot_specialisations",
-           "INTERPRETED"]
+__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "INTERPRETED"]
