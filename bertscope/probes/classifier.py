@@ -49,7 +49,7 @@ COLUMNS = ("model", "uas", "uas_with_punct", "n_words", "n_words_with_punct", "p
 
 
 def add_arguments(p):
-    from bertscope.cli import limit_arg, positive_int
+    from bertscope.args import limit_arg, positive_int
 
     add_common_arguments(p)
     p.add_argument("--limit-train", type=limit_arg, default=DEFAULT_TRAIN, metavar="N",

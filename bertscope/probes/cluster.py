@@ -38,7 +38,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.cli import limit_arg
+    from bertscope.args import limit_arg
 
     add_common_arguments(p, from_word=False)
     p.add_argument("--corpus", default="wiki",

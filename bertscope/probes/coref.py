@@ -36,7 +36,7 @@ DATASETS = ("gum", "gap")
 
 
 def add_arguments(p):
-    from bertscope.cli import positive_int
+    from bertscope.args import positive_int
 
     add_common_arguments(p)
     p.add_argument("--dataset", choices=("gum", "gap", "both"), default="both",

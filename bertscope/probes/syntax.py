@@ -32,7 +32,7 @@ ALL_SENTENCES = 0  # --limit all
 
 
 def limit_option(text: str) -> int:
-    from bertscope.cli import positive_int
+    from bertscope.args import positive_int
 
     return ALL_SENTENCES if text.lower() == "all" else positive_int(text)
 
