@@ -24,7 +24,7 @@ from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutd
 from bertscope.engine import EngineOptions, plan_batches, run_stats
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec, describe_backend
-from bertscope.models import load_model
+from bertscope.models import load_model, model_name
 from bertscope.report import write_report
 from bertscope.results import new_run_dir, read_json, write_csv, write_json
 from bertscope.segments import SegmentOptions, make_segments
@@ -160,7 +160,7 @@ def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures
     if figures:
         from bertscope.analyses.surface_plots import plot_surface
 
-        title = loaded.path.parent.name if loaded.path.name == "model" else loaded.path.name
+        title = model_name(loaded.path)
         paths = plot_surface(table, run_dir, title=title, uniform_entropy=stats.uniform_entropy(),
                              cls_uniform_entropy=stats.uniform_entropy("cls"))
         figure_names = [p.name for p in paths]

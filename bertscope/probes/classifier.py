@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from bertscope.analyses import classifier as clf
 from bertscope.errors import UserError
+from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments, seeded_sample
 
 NAME = "classifier"
@@ -273,12 +274,6 @@ def table_row(label: str, score: clf.Attachment) -> dict:
 # --- outputs -----------------------------------------------------------------------------------------
 
 
-def model_label(loaded) -> str:
-    """A readable model name: the checkpoint folder, or its parent for a package's `model/` folder."""
-    path = loaded.path
-    return path.parent.name if path.name == "model" and path.parent.name else path.name
-
-
 def head_weights(model: clf.AttentionOnlyProbe, n_layers: int, n_heads: int) -> dict[str, np.ndarray]:
     """The attention-only probe's weights as (layers, heads) arrays: w for attention from the
     candidate head to the dependent, u for attention from the dependent to the candidate head."""
@@ -302,7 +297,7 @@ def top_heads(weights, k: int = 5) -> dict[str, list[str]]:
 
 
 def table_text(rows, run, n_sentences: int) -> str:
-    lines = [f"Attention-based probing classifiers (Clark et al. 2019, Table 3): {model_label(run.loaded)} "
+    lines = [f"Attention-based probing classifiers (Clark et al. 2019, Table 3): {model_name(run.loaded.path)} "
              f"({run.loaded.n_layers} layers x {run.loaded.n_heads} heads)",
              f"trained on GUM, UAS on UD English-EWT dev ({n_sentences} sentences, {rows[0]['n_words']} "
              f"non-punctuation words); paper: bert-base on PTB WSJ dev",
@@ -330,7 +325,7 @@ def figures(run, curves, weights):
                 label=label)
     ax.set_xlabel("epoch")
     ax.set_ylabel("held-out UAS (GUM, no punctuation)")
-    ax.set_title(f"{model_label(run.loaded)}: probe training")
+    ax.set_title(f"{model_name(run.loaded.path)}: probe training")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
@@ -353,5 +348,5 @@ def figures(run, curves, weights):
                     ax.text(h, l, f"{array[l, h]:.1f}", ha="center", va="center", fontsize=6,
                             color="white" if abs(array[l, h]) > 0.6 * bound else "black")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="probe weight")
-    fig.suptitle(f"{model_label(run.loaded)}: attention-only probe weight per head")
+    fig.suptitle(f"{model_name(run.loaded.path)}: attention-only probe weight per head")
     run.save_figure(fig, "fig_classifier_head_weights.png")

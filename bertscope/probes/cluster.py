@@ -21,6 +21,7 @@ import torch
 from bertscope.accumulate import HeadStats
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
+from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments
 
 NAME = "cluster"
@@ -145,7 +146,7 @@ def run(args, probe_run_cls):
                     [{"layer_a": a + 1, "layer_b": b + 1, "js_mean_per_token": float(layer_js[a, b])}
                      for a in range(Ly) for b in range(Ly)], ("layer_a", "layer_b", "js_mean_per_token"))
     if not args.no_figures:
-        title = loaded.path.parent.name if loaded.path.name == "model" else loaded.path.name
+        title = model_name(loaded.path)
         probe.save_figure(cluster.plot_mds(xy, labels, Ly, H, title), "fig_cluster_mds.png")
         probe.save_figure(cluster.plot_layer_js(layer_js, title), "fig_cluster_layers.png")
 
