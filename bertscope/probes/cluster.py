@@ -21,12 +21,12 @@ import torch
 from bertscope.accumulate import HeadStats
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
+from bertscope.kernels.js import JS_BACKENDS
 from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
-JS_BACKENDS = ("eager", "chunked", "triton")
 HELP = "cluster heads by the Jensen-Shannon divergence of their attention, MDS to 2-D (Clark et al. 2019, section 6)"
 DESCRIPTION = (
     "Sum the Jensen-Shannon divergence between the attention of every pair of heads (all layers) over "
