@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ARCHS = (80, 90)
-# bertscope's key classes: [CLS], [SEP], punctuation, other (the offsets are a runtime loop)
-N_CLASSES = 4
+# key class counts: the vocabulary's [CLS], [SEP], punctuation, other (4), and 16 for classes from
+# tags (UPOS has 17 tags; class masses are a runtime loop over the classes, but their accumulator
+# is (BLOCK_M, C_PAD) registers, C_PAD the next power of two, so its width is compiled in)
+CLASS_COUNTS = (4, 16)
 # head dimensions of the supported models: MiniLM (32), bert-base and larger (64)
 HEAD_DIMS = (32, 64)
 # row lengths that select every shipped path / block size (kernel_config picks them by L and dtype)
@@ -42,6 +44,7 @@ class Specialisation:
     dtype: str  # "fp32" or "fp16"
     entropy: bool
     argmax: bool
+    n_classes: int = 4
 
     def config(self) -> dict:
         import torch
@@ -55,7 +58,7 @@ class Specialisation:
         path = "single" if c["SINGLE_TILE"] else "online"
         flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
         return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
-                f"{self.dtype} {flags}")
+                f"{self.dtype} C{self.n_classes} {flags}")
 
 
 @dataclass(frozen=True)
@@ -134,13 +137,15 @@ def shipped_specialisations() -> list[Specialisation]:
 
     The surface analysis (`bertscope run`) always asks for the entropy, and --argmax
     switches the argmax on, so both are covered: (single-tile, online) x (fp32, fp16) x
-    (D 32, 64) x (argmax off, on). The probes' specs (entropy and argmax off) also need
-    word maps or column mass, which the fused forward delegates to other kernels; the
-    entropy-off, argmax-off forward is compiled once per path and dtype at D = 64.
+    (D 32, 64) x (argmax off, on), each for 4 and 16 key classes. The probes' specs (entropy
+    and argmax off) also need word maps or column mass, which the fused forward delegates to
+    other kernels; the entropy-off, argmax-off forward is compiled once per path, dtype and
+    class count at D = 64.
     """
-    specs = [Specialisation(L, D, dtype, True, argmax)
+    specs = [Specialisation(L, D, dtype, True, argmax, C) for C in CLASS_COUNTS
              for dtype in ("fp32", "fp16") for L in LENGTHS for D in HEAD_DIMS for argmax in (False, True)]
-    specs += [Specialisation(L, 64, dtype, False, False) for dtype in ("fp32", "fp16") for L in LENGTHS]
+    specs += [Specialisation(L, 64, dtype, False, False, C)
+              for C in CLASS_COUNTS for dtype in ("fp32", "fp16") for L in LENGTHS]
     # one per distinct configuration (several L select the same one)
     seen, unique = set(), []
     for s in specs:
@@ -183,7 +188,7 @@ def _ast_source(spec: Specialisation):
     sig.update(H="i32", L="i32", D="i32", n_offsets="i32", n_classes="i32")
     constexprs = {name: 1 for name in unit}
     constexprs.update(
-        C_PAD=ta.c_pad(N_CLASSES), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"],
+        C_PAD=ta.c_pad(spec.n_classes), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"],
         ENTROPY=spec.entropy, ARGMAX=spec.argmax, IS_FP32=spec.dtype == "fp32",
     )
     for name in constexprs:
