@@ -31,6 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
+
+from bertscope.kernels.pooling import word_argmax as kernel_word_argmax
 
 TYPES = ("All", "pronoun", "proper", "nominal")
 GUM_BASELINES = ("nearest", "head_match", "sieve")
@@ -114,12 +117,10 @@ def head_hits(argmax: np.ndarray, heads: np.ndarray, gold: np.ndarray) -> np.nda
 
 def word_argmax(maps: np.ndarray, n_words: int) -> np.ndarray:
     """(layers, H, W, W) word maps -> (layers, H, W): most-attended other word among the
-    first `n_words` units (the words; later units are special tokens), lowest on ties."""
-    scores = maps[..., :n_words].copy()  # (layers, H, W, n_words)
-    rows = np.arange(min(n_words, maps.shape[-2]))
-    scores[..., rows, rows] = -1.0
-    best = scores.argmax(-1)
-    return np.where(n_words > 1, best, -1)
+    first `n_words` units (the words; later units are special tokens), lowest on ties, -1
+    when there is none: the kernel's `word_argmax` with the words as candidates."""
+    candidate = (torch.arange(maps.shape[-1]) < n_words)[None]  # (1, W)
+    return kernel_word_argmax(torch.as_tensor(maps), candidate).numpy()
 
 
 # --- GUM baselines --------------------------------------------------------------------------

@@ -44,6 +44,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import torch
+
+from bertscope.kernels.pooling import word_argmax
 
 DIRECTIONS = ("dep->head", "head->dep")
 HEAD_TO_DEP_MODES = ("column", "row")
@@ -99,13 +102,11 @@ def word_predictions(maps: np.ndarray, n_words: int) -> tuple[np.ndarray, np.nda
     word i attends to most (= `RowStats.word_argmax`), `column[l, h, i]` the other word that
     attends most to word i. Ties go to the lowest index; -1 when there is no other word.
     """
-    block = np.array(maps[:, :, :n_words, :n_words], dtype=np.float64)  # (layers, H, n, n)
-    diagonal = np.arange(n_words)
-    block[:, :, diagonal, diagonal] = -np.inf
-    if n_words < 2:
-        empty = np.full(block.shape[:2] + (n_words,), -1, dtype=np.int64)
-        return empty, empty.copy()
-    return block.argmax(axis=3), block.argmax(axis=2)  # (layers, H, n) each
+    block = torch.as_tensor(np.asarray(maps)[:, :, :n_words, :n_words])  # (layers, H, n, n)
+    words = torch.ones(1, n_words, dtype=torch.bool)  # (1, n): every word is a candidate
+    row = word_argmax(block, words)  # (layers, H, n): the kernel's own row argmax
+    column = word_argmax(block.transpose(-1, -2), words)  # (layers, H, n): over the columns
+    return row.numpy(), column.numpy()
 
 
 @dataclass

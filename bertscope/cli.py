@@ -4,23 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertscope.args import check_device, limit_arg, positive_int
 from bertscope.errors import UserError
 from bertscope.kernels import BACKEND_CHOICES
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
-def limit_arg(text: str) -> int | None:
-    """A count, or 'all'/'none' for no limit; 0 is refused like any number below 1."""
-    return None if text.lower() in ("all", "none") else positive_int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,23 +172,6 @@ def cmd_data(args) -> int:
             missing += 1
             print(f"  {name:<18} MISSING: {e}")
     return 1 if missing else 0
-
-
-def check_device(device: str, backend: str):
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"unknown --device {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for, but torch sees no GPU")
-    from bertscope.kernels import resolve_backend
-
-    try:
-        resolve_backend(backend, dev)
-    except ValueError as e:
-        raise UserError(str(e)) from None
 
 
 if __name__ == "__main__":

@@ -78,6 +78,13 @@ def default_model_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "model"
 
 
+def model_name(path) -> str:
+    """A readable model name for titles and tables: the checkpoint folder's name, or its
+    parent's for a package's `model/` folder (the embedded MiniLM lives in .../model)."""
+    path = Path(path)
+    return path.parent.name if path.name == "model" and path.parent.name else path.name
+
+
 def load_model(path: str | Path | None = None, device: str = "cpu", task: str | None = None,
                num_labels: int | None = None) -> LoadedModel:
     """Load model and tokenizer with bertscope's attention implementation, in eval mode.

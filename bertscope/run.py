@@ -26,7 +26,7 @@ from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutd
 from bertscope.engine import EngineOptions, fold, plan_batches
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_backend
-from bertscope.models import load_model
+from bertscope.models import load_model, model_name
 from bertscope.per_example import FILE_NAME, PerExampleWriter
 from bertscope.report import write_report
 from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
@@ -198,7 +198,7 @@ def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures
     if figures:
         from bertscope.analyses.surface_plots import plot_surface
 
-        title = loaded.path.parent.name if loaded.path.name == "model" else loaded.path.name
+        title = model_name(loaded.path)
         paths = plot_surface(table, run_dir, title=title, uniform_entropy=stats.uniform_entropy(),
                              cls_uniform_entropy=stats.uniform_entropy("cls"))
         figure_names = [p.name for p in paths]

@@ -7,7 +7,7 @@ On a CPU it checks `chunked` (and `triton` when TRITON_INTERPRET=1 is set, on sm
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -26,14 +26,16 @@ class Case:
     L: int
     D: int
     dtype: torch.dtype = torch.float32
+    C: int = 4  # key classes: the vocabulary's 4, or more from tags
 
     def __str__(self):
-        return f"{self.B}x{self.H}x{self.L} D={self.D} {str(self.dtype).replace('torch.', '')}"
+        return f"{self.B}x{self.H}x{self.L} D={self.D} C={self.C} {str(self.dtype).replace('torch.', '')}"
 
 
 FULL = [Case(2, 3, 1, 32), Case(3, 4, 37, 32), Case(2, 12, 128, 64), Case(2, 4, 200, 32), Case(1, 12, 512, 64),
-        Case(2, 12, 128, 64, torch.float16), Case(1, 4, 512, 32, torch.float16)]
-QUICK = [Case(2, 3, 1, 16), Case(2, 3, 37, 16), Case(1, 3, 130, 16)]
+        Case(2, 12, 128, 64, torch.float16), Case(1, 4, 512, 32, torch.float16),
+        Case(3, 4, 37, 32, C=16), Case(2, 4, 200, 64, C=20), Case(2, 12, 128, 64, torch.float16, C=16)]
+QUICK = [Case(2, 3, 1, 16), Case(2, 3, 37, 16), Case(1, 3, 130, 16, C=16)]
 
 
 def inputs(case: Case, seed=0):
@@ -44,7 +46,7 @@ def inputs(case: Case, seed=0):
     lengths = [L] + [max(1, L - 1 - 7 * b) for b in range(1, B)]
     lengths[-1] = 1 if B > 1 else lengths[-1]  # a sequence with a single valid key
     key_valid = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
-    key_class = torch.randint(0, 4, (B, L), generator=g)
+    key_class = torch.randint(0, case.C, (B, L), generator=g)
     unit = torch.where(key_valid, torch.arange(L)[None, :] // 2, -1)  # words of two tokens
     candidate = torch.ones(B, (L + 1) // 2, dtype=torch.bool)
     codes = LayerGates.from_codes(([Gate.KEEP, Gate.ZERO, Gate.UNIFORM] * H)[:H])
@@ -56,10 +58,12 @@ def inputs(case: Case, seed=0):
 def check(backend: str, case: Case, device) -> dict:
     """Largest absolute error of each statistic against eager (float64 on the CPU)."""
     args, gates, unit, candidate = inputs(case)
+    spec = replace(SPEC, n_key_classes=case.C)
     ref_args = [a.double() if a.is_floating_point() else a for a in args]
-    out_ref, ref = attention_stats(*ref_args, SPEC, gates=gates, backend="eager", pooling=word_pooling(unit, candidate))
+    out_ref, ref = attention_stats(*ref_args, spec, gates=gates, backend="eager", pooling=word_pooling(unit, candidate))
     dev_args = [a.to(device, case.dtype) if a.is_floating_point() else a.to(device) for a in args]
-    out, got = attention_stats(*dev_args, SPEC, gates=LayerGates(gates.xi.to(device), gates.uniform.to(device)), backend=backend,
+    out, got = attention_stats(*dev_args, spec, gates=LayerGates(gates.xi.to(device), gates.uniform.to(device)),
+                               backend=backend,
                                pooling=word_pooling(unit.to(device), candidate.to(device)))
     valid = args[3]
     err = {"out": float(((out.cpu().double() - out_ref) * valid[:, :, None, None]).abs().max())}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from . import cpu_rows
-from .eager import keep_qk, require_pooling, zero_padding_rows
+from .common import keep_qk, require_pooling, zero_padding_rows
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
 from .spec import RowStats, StatsSpec, WordPooling

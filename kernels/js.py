@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .eager import masked_scores
+from .common import masked_scores
 
-JS_BACKENDS = ("eager", "chunked")
+JS_BACKENDS = ("eager", "chunked", "triton")
 
 
 def pairwise_js(q, k, key_valid, scale, backend: str = "chunked", pair_bytes: int = 64 << 20):
@@ -34,7 +34,7 @@ def pairwise_js(q, k, key_valid, scale, backend: str = "chunked", pair_bytes: in
         from .triton_js import pairwise_js_triton
 
         return pairwise_js_triton(q, k, key_valid, scale)
-    raise ValueError(f"unknown JS backend {backend!r}; choose one of {JS_BACKENDS + ('triton',)}")
+    raise ValueError(f"unknown JS backend {backend!r}; choose one of {JS_BACKENDS}")
 
 
 def pairwise_js_eager(q, k, key_valid, scale):

@@ -55,6 +55,8 @@ def word_argmax(word_map: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor
     The unit itself is excluded, as in the paper: "the most-attended-to *other* word".
     """
     B, H, W, _ = word_map.shape
+    if W == 0:  # no unit at all (argmax over an empty row is undefined)
+        return torch.full((B, H, 0), -1, dtype=torch.long, device=word_map.device)
     allowed = candidate[:, None, None, :] & ~torch.eye(W, dtype=torch.bool, device=word_map.device)  # (B, 1, W, W)
     scores = word_map.masked_fill(~allowed, -1.0)  # probabilities are >= 0, so -1 never wins
     best = scores.argmax(-1)  # (B, H, W), first maximum on ties

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ARCHS = (80, 90)
-# bertscope's key classes: [CLS], [SEP], punctuation, other (the offsets are a runtime loop)
-N_CLASSES = 4
+# key class counts: the vocabulary's [CLS], [SEP], punctuation, other (4), and 16 for classes from
+# tags (UPOS has 17 tags; class masses are a runtime loop over the classes, but their accumulator
+# is (BLOCK_M, C_PAD) registers, C_PAD the next power of two, so its width is compiled in)
+CLASS_COUNTS = (4, 16)
 # head dimensions of the supported models: MiniLM (32), bert-base and larger (64)
 HEAD_DIMS = (32, 64)
 # row lengths that select every shipped path / block size (kernel_config picks them by L and dtype)
@@ -42,6 +44,7 @@ class Specialisation:
     dtype: str  # "fp32" or "fp16"
     entropy: bool
     argmax: bool
+    n_classes: int = 4
 
     def config(self) -> dict:
         import torch
@@ -55,7 +58,78 @@ class Specialisation:
         path = "single" if c["SINGLE_TILE"] else "online"
         flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
         return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
-                f"{self.dtype} {flags}")
+                f"{self.dtype} C{self.n_classes} {flags}")
+
+
+@dataclass(frozen=True)
+class AotSpec:
+    """One GPU launch specialisation of a whole-map kernel (triton_maps.py, triton_js.py) for
+    the compilation and spill check; it builds its own (ASTSource, config). Block sizes come
+    from the same *_config functions the wrappers launch with."""
+
+    kernel: str  # _column_mass_kernel, _word_map_kernel, _row_lse_kernel or _js_pair_kernel
+    L: int  # a row length that selects the configuration
+    D: int
+    dtype: str  # "fp32" or "fp16"
+    W: int = 0  # units (word maps only)
+
+    def config(self) -> dict:
+        from .triton_js import js_config
+        from .triton_maps import column_mass_config, word_map_config
+
+        if self.kernel == "_word_map_kernel":
+            return word_map_config(self.L, self.D, self.W, self.dtype == "fp32")
+        if self.kernel == "_column_mass_kernel":
+            return column_mass_config(self.L, self.D)
+        return js_config(self.L, self.D)
+
+    def name(self) -> str:
+        c = self.config()
+        blocks = f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
+        return f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
+
+    def ast_source(self):
+        """(ASTSource, config with num_warps and num_stages) as a typical launch specialises
+        it: unit strides of the innermost dimensions are constants, pointers and the q/k
+        strides 16-divisible."""
+        import triton
+        from triton.compiler import ASTSource
+
+        from . import triton_js, triton_maps
+
+        fn = getattr(triton_maps, self.kernel, None) or getattr(triton_js, self.kernel)
+        if not isinstance(fn, triton.runtime.jit.JITFunction):
+            raise RuntimeError("the kernel module was imported under TRITON_INTERPRET=1; compile in a process "
+                               "without it (python -m bertscope.kernels.triton_aot)")
+        t = self.dtype
+        pointers = {"Q": f"*{t}", "K": f"*{t}", "KeyValid": "*i8", "Lse": "*fp32", "ColMass": f"*{t}",
+                    "FromWord": "*fp32", "ToWord": "*fp32", "Candidate": "*i8", "WordMap": f"*{t}",
+                    "WordArgmax": "*i64", "Entropy": "*fp32", "Pairs": "*i32", "Partial": "*fp32"}
+        unit = {"stride_qd", "stride_kd", "stride_ml", "stride_cw"}
+        c = self.config()
+        constexprs = {n: 1 for n in unit if n in fn.arg_names}
+        constexprs.update({n: c[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_W") if n in fn.arg_names})
+        constexprs["IS_FP32"] = t == "fp32"
+        sig = {}
+        for n in fn.arg_names:
+            sig[n] = pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n == "sm_scale" else "i32")
+        aligned = [n for n in fn.arg_names if n in pointers] + [
+            n for n in ("stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl", "D")]
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
+
+
+def aot_specialisations() -> list[AotSpec]:
+    """The shipped specialisations of the column-mass, word-map and JS kernels for rows of
+    32 keys or more (shorter rows take 16-wide blocks, which hold fewer registers): head
+    dimension 64 (the larger of the shipped models'; D = 32 holds fewer registers), and
+    D = 32 too for the word maps, whose register use does not shrink monotonically."""
+    specs = []
+    for t in ("fp32", "fp16"):
+        specs += [AotSpec("_column_mass_kernel", 128, 64, t), AotSpec("_row_lse_kernel", 128, 64, t),
+                  AotSpec("_js_pair_kernel", 128, 64, t)]
+        specs += [AotSpec("_word_map_kernel", 128, D, t, W=128) for D in (32, 64)]
+    return specs
 
 
 def shipped_specialisations() -> list[Specialisation]:
@@ -63,13 +137,15 @@ def shipped_specialisations() -> list[Specialisation]:
 
     The surface analysis (`bertscope run`) always asks for the entropy, and --argmax
     switches the argmax on, so both are covered: (single-tile, online) x (fp32, fp16) x
-    (D 32, 64) x (argmax off, on). The probes' specs (entropy and argmax off) also need
-    word maps or column mass, which the fused forward delegates to other kernels; the
-    entropy-off, argmax-off forward is compiled once per path and dtype at D = 64.
+    (D 32, 64) x (argmax off, on), each for 4 and 16 key classes. The probes' specs (entropy
+    and argmax off) also need word maps or column mass, which the fused forward delegates to
+    other kernels; the entropy-off, argmax-off forward is compiled once per path, dtype and
+    class count at D = 64.
     """
-    specs = [Specialisation(L, D, dtype, True, argmax)
+    specs = [Specialisation(L, D, dtype, True, argmax, C) for C in CLASS_COUNTS
              for dtype in ("fp32", "fp16") for L in LENGTHS for D in HEAD_DIMS for argmax in (False, True)]
-    specs += [Specialisation(L, 64, dtype, False, False) for dtype in ("fp32", "fp16") for L in LENGTHS]
+    specs += [Specialisation(L, 64, dtype, False, False, C)
+              for C in CLASS_COUNTS for dtype in ("fp32", "fp16") for L in LENGTHS]
     # one per distinct configuration (several L select the same one)
     seen, unique = set(), []
     for s in specs:
@@ -78,8 +154,6 @@ def shipped_specialisations() -> list[Specialisation]:
             seen.add(key)
             unique.append(s)
     # column mass, word maps and JS (kernels/triton_maps.py, triton_js.py): their own AotSpec
-    from .triton_maps import aot_specialisations
-
     return unique + aot_specialisations()
 
 
@@ -90,7 +164,7 @@ def _ast_source(spec: Specialisation):
     as Triton's launcher specialises them; pointers and the other strides get the
     16-divisibility hint the launcher derives for 16-aligned allocations and D % 16 == 0.
     """
-    if hasattr(spec, "ast_source"):  # a triton_maps.AotSpec builds its own (source, config)
+    if isinstance(spec, AotSpec):  # a whole-map kernel builds its own (source, config)
         return spec.ast_source()
     from triton.compiler import ASTSource
 
@@ -115,7 +189,7 @@ def _ast_source(spec: Specialisation):
     sig.update(H="i32", L="i32", D="i32", n_offsets="i32", n_classes="i32")
     constexprs = {name: 1 for name in unit}
     constexprs.update(
-        C_PAD=ta.c_pad(N_CLASSES), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"],
+        C_PAD=ta.c_pad(spec.n_classes), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"],
         ENTROPY=spec.entropy, ARGMAX=spec.argmax, IS_FP32=spec.dtype == "fp32",
     )
     for name in constexprs:

@@ -42,9 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .eager import keep_qk, require_pooling, zero_padding_rows
+from .common import keep_qk, require_pooling, zero_padding_rows
 from .spec import RowStats, StatsSpec, WordPooling
-from .triton_tiles import key_block_scores, map_base
+from .triton_tiles import FMIN, key_block_scores, map_base
 
 # rows up to this length take the single-tile path (fp16; fp32, whose exact dots need more registers)
 SINGLE_TILE_MAX_L = 128
@@ -132,7 +132,6 @@ def _attn_stats_fwd(
     IS_FP32: tl.constexpr,
 ):
     start_m = tl.program_id(0)
-    FMIN: tl.constexpr = -3.4028234663852886e38  # torch.finfo(torch.float32).min
     # -- this program's (b, h) map
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)

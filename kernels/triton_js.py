@@ -9,7 +9,7 @@ keeping any L x L map:
    gives each row's lse = m + ln l and entropy H = ln l - t / l, with l = sum_j e_j,
    t = sum_j e_j (s_j - m), e_j = exp(s_j - m) relative to the running max m;
 2. a pair pass, one program per (pair a < c, b, query block): both heads' tiles are
-   recomputed from q, k and the lse (p = exp(s - lse), `triton_maps._probs`), and
+   recomputed from q, k and the lse (p = exp(s - lse), `triton_tiles.tile_probs`), and
    JS = H(m) - (H(p) + H(q)) / 2 with m = (p + q) / 2 needs one log per key (0 ln 0 = 0).
    Each program writes the sum over its valid rows to its own slot; torch reduces the
    slots in float64, so the result is deterministic (no atomics).
@@ -23,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_maps import _mask_int8, _probs
-from .triton_tiles import key_block_scores, map_base
+from .triton_tiles import FMIN, key_block_scores, map_base, mask_int8, tile_probs
 
 
 @triton.jit
@@ -62,7 +61,6 @@ def _row_lse_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP32: tl.constexpr,
 ):
     start_m = tl.program_id(0)
-    FMIN: tl.constexpr = -3.4028234663852886e38
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)
     row0 = off_bh.to(tl.int64) * L
@@ -101,8 +99,8 @@ def _js_pair_inner(
             ka = tl.load(Ka_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
                          mask=kmask, other=0.0)  # (BLOCK_D, BLOCK_N)
             kc = tl.load(Kc_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd, mask=kmask, other=0.0)
-            pa = _probs(qa, ka, lse_a, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
-            pc = _probs(qc, kc, lse_c, kv, n_in, sm_scale, L, FMIN, IS_FP32)
+            pa = tile_probs(qa, ka, lse_a, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+            pc = tile_probs(qc, kc, lse_c, kv, n_in, sm_scale, L, FMIN, IS_FP32)
             m = 0.5 * (pa + pc)  # (BLOCK_M, BLOCK_N)
             h_m -= tl.sum(m * tl.log(tl.where(m > 0, m, 1.0)), 1)  # 0 ln 0 = 0, no NaN
     return h_m
@@ -122,7 +120,6 @@ def _js_pair_kernel(
     pid = tl.program_id(1)
     off_b = (pid // N_MBLOCKS).to(tl.int64)
     start_m = pid % N_MBLOCKS
-    FMIN: tl.constexpr = -3.4028234663852886e38
     head_a = tl.load(Pairs + 2 * pair).to(tl.int64)
     head_c = tl.load(Pairs + 2 * pair + 1).to(tl.int64)
     Valid_ptr = KeyValid + off_b * stride_mb
@@ -165,7 +162,7 @@ def row_lse_triton(q, k, key_valid, scale):
     """Row lse and entropy (both (B, H, L) fp32) of the masked scaled scores q k^T * scale."""
     B, H, L, D = q.shape
     dev = q.device
-    valid = _mask_int8(key_valid, dev)
+    valid = mask_int8(key_valid, dev)
     lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
     entropy = torch.empty(B, H, L, dtype=torch.float32, device=dev)
     cfg = js_config(L, D)
@@ -200,7 +197,7 @@ def pairwise_js_triton(q, k, key_valid, scale):
         return out
     dev = q.device
     lse, entropy = row_lse_triton(q, k, key_valid, scale)  # (B, N, L) each
-    valid = _mask_int8(key_valid, dev)
+    valid = mask_int8(key_valid, dev)
     a, c = torch.triu_indices(N, N, offset=1)  # (P,) each, a < c
     pairs = torch.stack([a, c], 1).to(device=dev, dtype=torch.int32).contiguous()  # (P, 2)
     cfg = js_config(L, D)

@@ -31,29 +31,13 @@ TRITON_INTERPRET=1 (set before this module is imported) the kernels run on CPU t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from .eager import require_pooling
+from .common import require_pooling
 from .spec import WordPooling
-from .triton_tiles import map_base
-
-@triton.jit
-def _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
-    """p = exp(s - lse) of one tile from q (BLOCK_M, BLOCK_D), k (BLOCK_D, BLOCK_N), the
-    rows' lse (BLOCK_M,), the keys' validity kv and range n_in (BLOCK_N,)."""
-    if IS_FP32:
-        s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
-    else:
-        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 in, fp32 out
-    s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
-    p = tl.exp(s - lse[:, None])
-    # -- a sequence with no valid key: uniform rows (lse = FMIN + ln L rounds to FMIN)
-    p = tl.where((lse < 0.5 * FMIN)[:, None], 1.0 / L, p)
-    return tl.where(n_in[None, :], p, 0.0)  # (BLOCK_M, BLOCK_N); 0 past the row end
+from .triton_tiles import FMIN, map_base, mask_int8, tile_probs
 
 
 @triton.jit
@@ -67,7 +51,6 @@ def _column_mass_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP32: tl.constexpr,
 ):
     start_n = tl.program_id(0)
-    FMIN: tl.constexpr = -3.4028234663852886e38
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)
     row0 = off_bh.to(tl.int64) * L  # this map's first row in (B, H, L)
@@ -90,7 +73,7 @@ def _column_mass_kernel(
                 q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
                             mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
                 lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
-                p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
                 col += tl.sum(tl.where(qv[:, None], p, 0.0), 0)
     tl.store(ColMass + row0 + offs_n, col.to(ColMass.dtype.element_ty), mask=n_in)
 
@@ -130,7 +113,7 @@ def _word_tile_inner(
                     k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
                                 mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
                     kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-                    p = _probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                    p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
                     r = tl.dot(p, tw, r, input_precision="ieee")  # (BLOCK_M, BLOCK_W)
             # -- word map tile += from_word[rows, block] @ R
             acc = tl.dot(fw, r, acc, input_precision="ieee")  # (BLOCK_W, BLOCK_W)
@@ -152,7 +135,6 @@ def _word_map_kernel(
     IS_FP32: tl.constexpr,
 ):
     start_r = tl.program_id(0)
-    FMIN: tl.constexpr = -3.4028234663852886e38
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)
     Lse_ptr = Lse + off_bh.to(tl.int64) * L
@@ -203,12 +185,6 @@ def _check(q, k, key_valid, lse):
         raise ValueError(f"lse must be float32 (B, H, L) = {(B, H, L)}, got {lse.dtype} {tuple(lse.shape)}")
 
 
-def _mask_int8(key_valid, dev):
-    """(B, L) key mask as int8 without a copy when it is already bool on the device."""
-    key_valid = key_valid.to(dev)
-    return key_valid.view(torch.int8) if key_valid.dtype == torch.bool else (key_valid != 0).view(torch.int8)
-
-
 def column_mass_config(L: int, D: int) -> dict:
     """Block sizes of the column-mass pass for rows of length L and head dimension D.
 
@@ -230,7 +206,7 @@ def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
     B, H, L, D = q.shape
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
-    valid = _mask_int8(key_valid, dev)
+    valid = mask_int8(key_valid, dev)
     lse = lse.contiguous()
     out = torch.empty(B, H, L, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
     if out.numel() == 0:
@@ -275,9 +251,9 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
                          f"to_word {tuple(tw.shape)}, candidate {tuple(cand.shape)}")
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
-    valid = _mask_int8(key_valid, dev)
+    valid = mask_int8(key_valid, dev)
     fw, tw = fw.to(dev), tw.to(dev)
-    cand = _mask_int8(cand, dev)
+    cand = mask_int8(cand, dev)
     lse = lse.contiguous()
     word_map = torch.empty(B, H, W, W, dtype=q.dtype if out_dtype is None else out_dtype, device=dev)
     word_arg = torch.empty(B, H, W, dtype=torch.int64, device=dev)
@@ -296,75 +272,4 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
     return word_map, word_arg
 
 
-@dataclass(frozen=True)
-class AotSpec:
-    """One GPU launch specialisation of a kernel in this file or in triton_js.py, for the
-    ahead-of-time compilation and spill check of kernels/triton_aot.py (which calls
-    `name()` and `ast_source()`). Block sizes come from the same *_config functions the
-    wrappers launch with."""
-
-    kernel: str  # _column_mass_kernel, _word_map_kernel, _row_lse_kernel or _js_pair_kernel
-    L: int  # a row length that selects the configuration
-    D: int
-    dtype: str  # "fp32" or "fp16"
-    W: int = 0  # units (word maps only)
-
-    def config(self) -> dict:
-        if self.kernel == "_word_map_kernel":
-            return word_map_config(self.L, self.D, self.W, self.dtype == "fp32")
-        if self.kernel == "_column_mass_kernel":
-            return column_mass_config(self.L, self.D)
-        from .triton_js import js_config
-
-        return js_config(self.L, self.D)
-
-    def name(self) -> str:
-        c = self.config()
-        blocks = f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
-        return f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
-
-    def ast_source(self):
-        """(ASTSource, config with num_warps and num_stages) as a typical launch specialises
-        it: unit strides of the innermost dimensions are constants, pointers and the q/k
-        strides 16-divisible."""
-        from triton.compiler import ASTSource
-
-        from . import triton_js
-
-        fn = globals().get(self.kernel) or getattr(triton_js, self.kernel)
-        if not isinstance(fn, triton.runtime.jit.JITFunction):
-            raise RuntimeError("the kernel module was imported under TRITON_INTERPRET=1; compile in a process "
-                               "without it (python -m bertscope.kernels.triton_aot)")
-        t = self.dtype
-        pointers = {"Q": f"*{t}", "K": f"*{t}", "KeyValid": "*i8", "Lse": "*fp32", "ColMass": f"*{t}",
-                    "FromWord": "*fp32", "ToWord": "*fp32", "Candidate": "*i8", "WordMap": f"*{t}",
-                    "WordArgmax": "*i64", "Entropy": "*fp32", "Pairs": "*i32", "Partial": "*fp32"}
-        unit = {"stride_qd", "stride_kd", "stride_ml", "stride_cw"}
-        c = self.config()
-        constexprs = {n: 1 for n in unit if n in fn.arg_names}
-        constexprs.update({n: c[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_W") if n in fn.arg_names})
-        constexprs["IS_FP32"] = t == "fp32"
-        sig = {}
-        for n in fn.arg_names:
-            sig[n] = pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n == "sm_scale" else "i32")
-        aligned = [n for n in fn.arg_names if n in pointers] + [
-            n for n in ("stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl", "D")]
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
-
-
-def aot_specialisations() -> list[AotSpec]:
-    """The shipped specialisations of the column-mass, word-map and JS kernels for rows of
-    32 keys or more (shorter rows take 16-wide blocks, which hold fewer registers): head
-    dimension 64 (the larger of the shipped models'; D = 32 holds fewer registers), and
-    D = 32 too for the word maps, whose register use does not shrink monotonically."""
-    specs = []
-    for t in ("fp32", "fp16"):
-        specs += [AotSpec("_column_mass_kernel", 128, 64, t), AotSpec("_row_lse_kernel", 128, 64, t),
-                  AotSpec("_js_pair_kernel", 128, 64, t)]
-        specs += [AotSpec("_word_map_kernel", 128, D, t, W=128) for D in (32, 64)]
-    return specs
-
-
-__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "aot_specialisations",
-           "INTERPRETED"]
+__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "INTERPRETED"]

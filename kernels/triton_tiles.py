@@ -1,10 +1,15 @@
-"""Pieces every bertscope Triton kernel shares: which (b, h) map a program owns, and the
-masked scores of one key block. Kept apart so the kernels agree on both by construction
+"""Pieces every bertscope Triton kernel shares: which (b, h) map a program owns, the masked
+scores of one key block, a tile's probabilities from the row lse (`tile_probs`), the padding
+fill FMIN and the int8 key mask the kernels read. Kept apart so the kernels agree on both by construction
 (`eager`'s conventions: padding keys at the most negative finite float, so a sequence with
 no valid key gets uniform rows; keys past the row end at -inf, so they are no key at all).
 """
+import torch
 import triton
 import triton.language as tl
+
+# the most negative finite float32, torch.finfo(torch.float32).min: the score of a padding key
+FMIN = tl.constexpr(-3.4028234663852886e38)
 
 
 @triton.jit
@@ -35,3 +40,24 @@ def key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, 
     s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
     s = tl.where(n_in[None, :], s, float("-inf"))  # past the row end: no key at all
     return s, kv, n_in
+
+
+@triton.jit
+def tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
+    """p = exp(s - lse) of one tile from q (BLOCK_M, BLOCK_D), k (BLOCK_D, BLOCK_N), the
+    rows' lse (BLOCK_M,), the keys' validity kv and range n_in (BLOCK_N,)."""
+    if IS_FP32:
+        s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
+    else:
+        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 in, fp32 out
+    s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
+    p = tl.exp(s - lse[:, None])
+    # -- a sequence with no valid key: uniform rows (lse = FMIN + ln L rounds to FMIN)
+    p = tl.where((lse < 0.5 * FMIN)[:, None], 1.0 / L, p)
+    return tl.where(n_in[None, :], p, 0.0)  # (BLOCK_M, BLOCK_N); 0 past the row end
+
+
+def mask_int8(key_valid, dev):
+    """(B, L) key mask as int8 without a copy when it is already bool on the device."""
+    key_valid = key_valid.to(dev)
+    return key_valid.view(torch.int8) if key_valid.dtype == torch.bool else (key_valid != 0).view(torch.int8)

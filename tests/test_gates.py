@@ -15,14 +15,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModel  # noqa: E402
 
-from bertscope import attention  # noqa: E402
 from bertscope.attention import HeadProbe  # noqa: E402
 from bertscope.gates import HeadGates  # noqa: E402
 from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats  # noqa: E402
 from bertscope.kernels.chunked import attention_stats_chunked  # noqa: E402
 from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
 from bertscope.models import wrap_model  # noqa: E402
-from bertscope.segments import collate  # noqa: E402
 
 from conftest import TINY_HEADS, TINY_LAYERS, tiny_config  # noqa: E402
 

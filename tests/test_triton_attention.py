@@ -18,7 +18,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats, describe_backend, resolve_backend  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager, masked_scores  # noqa: E402
+from bertscope.kernels.common import masked_scores  # noqa: E402
+from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
 
 import bertscope.kernels.triton_attention as ta  # noqa: E402
 

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from bertscope.kernels.eager import masked_scores  # noqa: E402
+from bertscope.kernels.common import masked_scores  # noqa: E402
 from bertscope.kernels.js import pairwise_js, pairwise_js_eager  # noqa: E402
 from bertscope.kernels.triton_js import pairwise_js_triton, row_lse_triton  # noqa: E402
 from bertscope.kernels.triton_maps import INTERPRETED  # noqa: E402

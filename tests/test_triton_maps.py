@@ -15,7 +15,8 @@ from hypothesis import strategies as st  # noqa: E402
 from test_kernel_maps import MAP_SPEC, make_inputs  # noqa: E402
 
 from bertscope.kernels import StatsSpec, word_pooling  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager, masked_scores  # noqa: E402
+from bertscope.kernels.common import masked_scores  # noqa: E402
+from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
 from bertscope.kernels.spec import WordPooling  # noqa: E402
 from bertscope.kernels.triton_maps import INTERPRETED, column_mass_triton, word_maps_triton  # noqa: E402
 

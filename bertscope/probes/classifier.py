@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from bertscope.analyses import classifier as clf
 from bertscope.errors import UserError
+from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments, seeded_sample
 
 NAME = "classifier"
@@ -49,7 +50,7 @@ COLUMNS = ("model", "uas", "uas_with_punct", "n_words", "n_words_with_punct", "p
 
 
 def add_arguments(p):
-    from bertscope.cli import limit_arg, positive_int
+    from bertscope.args import limit_arg, positive_int
 
     add_common_arguments(p)
     p.add_argument("--limit-train", type=limit_arg, default=DEFAULT_TRAIN, metavar="N",
@@ -274,12 +275,6 @@ def table_row(label: str, score: clf.Attachment) -> dict:
 # --- outputs -----------------------------------------------------------------------------------------
 
 
-def model_label(loaded) -> str:
-    """A readable model name: the checkpoint folder, or its parent for a package's `model/` folder."""
-    path = loaded.path
-    return path.parent.name if path.name == "model" and path.parent.name else path.name
-
-
 def head_weights(model: clf.AttentionOnlyProbe, n_layers: int, n_heads: int) -> dict[str, np.ndarray]:
     """The attention-only probe's weights as (layers, heads) arrays: w for attention from the
     candidate head to the dependent, u for attention from the dependent to the candidate head."""
@@ -303,7 +298,7 @@ def top_heads(weights, k: int = 5) -> dict[str, list[str]]:
 
 
 def table_text(rows, run, n_sentences: int) -> str:
-    lines = [f"Attention-based probing classifiers (Clark et al. 2019, Table 3): {model_label(run.loaded)} "
+    lines = [f"Attention-based probing classifiers (Clark et al. 2019, Table 3): {model_name(run.loaded.path)} "
              f"({run.loaded.n_layers} layers x {run.loaded.n_heads} heads)",
              f"trained on GUM, UAS on UD English-EWT dev ({n_sentences} sentences, {rows[0]['n_words']} "
              f"non-punctuation words); paper: bert-base on PTB WSJ dev",
@@ -318,41 +313,6 @@ def table_text(rows, run, n_sentences: int) -> str:
 def figures(run, curves, weights):
     if getattr(run.args, "no_figures", False):
         return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    colors = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7"]
-    for color, (label, history) in zip(colors, curves.items()):
-        ax.plot([h["epoch"] for h in history], [100 * h["heldout_uas"] for h in history], "o-", color=color,
-                label=label)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("held-out UAS (GUM, no punctuation)")
-    ax.set_title(f"{model_label(run.loaded)}: probe training")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    run.save_figure(fig, "fig_classifier_training.png")
-
-    n_layers, n_heads = weights["w"].shape
-    fig, axes = plt.subplots(1, 2, figsize=(2 + 0.55 * n_heads * 2, 1.5 + 0.45 * n_layers), squeeze=False)
-    bound = max(float(np.abs(weights["w"]).max()), float(np.abs(weights["u"]).max()), 1e-6)
-    titles = {"w": "w: candidate head → dependent", "u": "u: dependent → candidate head"}
-    for ax, (name, array) in zip(axes[0], weights.items()):
-        image = ax.imshow(array, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
-        ax.set_xticks(range(n_heads), [str(h + 1) for h in range(n_heads)])
-        ax.set_yticks(range(n_layers), [str(l + 1) for l in range(n_layers)])
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title(titles[name])
-        if n_layers <= 12 and n_heads <= 12:
-            for l in range(n_layers):
-                for h in range(n_heads):
-                    ax.text(h, l, f"{array[l, h]:.1f}", ha="center", va="center", fontsize=6,
-                            color="white" if abs(array[l, h]) > 0.6 * bound else "black")
-    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="probe weight")
-    fig.suptitle(f"{model_label(run.loaded)}: attention-only probe weight per head")
-    run.save_figure(fig, "fig_classifier_head_weights.png")
+    title = model_name(run.loaded.path)
+    run.save_figure(clf.plot_training(curves, title), "fig_classifier_training.png")
+    run.save_figure(clf.plot_head_weights(weights, title), "fig_classifier_head_weights.png")

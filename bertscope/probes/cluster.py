@@ -22,11 +22,12 @@ import torch
 from bertscope.accumulate import HeadStats
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
+from bertscope.kernels.js import JS_BACKENDS
+from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
-JS_BACKENDS = ("eager", "chunked", "triton")
 HELP = "cluster heads by the Jensen-Shannon divergence of their attention, MDS to 2-D (Clark et al. 2019, section 6)"
 DESCRIPTION = (
     "Sum the Jensen-Shannon divergence between the attention of every pair of heads (all layers) over "
@@ -39,7 +40,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.cli import limit_arg
+    from bertscope.args import limit_arg
 
     add_common_arguments(p, from_word=False)
     p.add_argument("--corpus", default="wiki",
@@ -186,7 +187,7 @@ def run(args, probe_run_cls):
                     [{"layer_a": a + 1, "layer_b": b + 1, "js_mean_per_token": float(layer_js[a, b])}
                      for a in range(Ly) for b in range(Ly)], ("layer_a", "layer_b", "js_mean_per_token"))
     if not args.no_figures:
-        title = loaded.path.parent.name if loaded.path.name == "model" else loaded.path.name
+        title = model_name(loaded.path)
         probe.save_figure(cluster.plot_mds(xy, labels, Ly, H, title), "fig_cluster_mds.png")
         probe.save_figure(cluster.plot_layer_js(layer_js, title), "fig_cluster_layers.png")
 

@@ -24,7 +24,7 @@ from bertscope.results import new_run_dir, read_json, write_csv, write_json
 
 
 def add_threads_argument(p: argparse.ArgumentParser):
-    from bertscope.cli import positive_int
+    from bertscope.args import positive_int
 
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
@@ -32,7 +32,7 @@ def add_threads_argument(p: argparse.ArgumentParser):
 
 
 def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
-    from bertscope.cli import positive_int
+    from bertscope.args import positive_int
 
     p.add_argument("--model", metavar="PATH", default=None,
                    help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
@@ -71,7 +71,7 @@ class ProbeRun:
     """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
 
     def __init__(self, name: str, args: argparse.Namespace, log=print):
-        from bertscope.cli import check_device
+        from bertscope.args import check_device
         from bertscope.models import load_model
 
         self.name, self.args, self.t0 = name, args, time.perf_counter()

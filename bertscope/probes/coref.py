@@ -17,12 +17,12 @@ GAP: each row's text is one input; its pronoun picks the name it attends to more
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 
 from bertscope.analyses import coref
 from bertscope.errors import UserError
+from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments, seeded_sample
 
 NAME = "coref"
@@ -36,7 +36,7 @@ DATASETS = ("gum", "gap")
 
 
 def add_arguments(p):
-    from bertscope.cli import positive_int
+    from bertscope.args import positive_int
 
     add_common_arguments(p)
     p.add_argument("--dataset", choices=("gum", "gap", "both"), default="both",
@@ -208,8 +208,7 @@ def run(args, probe_run_cls):
         data["gap"] = seeded_sample(read_gap(args.gap_split, args.data_dir), args.limit_gap, args.seed)
 
     run = probe_run_cls(NAME, args)
-    path = Path(run.loaded.path)
-    model_name = path.parent.name if path.name == "model" else path.name  # the embedded MiniLM lives in .../model
+    label = model_name(run.loaded.path)
     head_rows, table_rows, results = [], [], {"from_word": args.from_word}
     notes = []
     if "gum" in datasets:
@@ -232,7 +231,7 @@ def run(args, probe_run_cls):
                      f"{report['skipped_neither']} with neither name correct, {report['skipped_too_long']} "
                      f"longer than {args.max_len} tokens; attention to a name = {args.gap_name} over its words")
 
-    text = (f"Coreference heads of {model_name} (accuracy %, heads <layer>-<head> from 1; "
+    text = (f"Coreference heads of {label} (accuracy %, heads <layer>-<head> from 1; "
             f"'All-best head' = the best head on All, scored on each type)\n"
             + coref.format_table(table_rows) + "\n".join(notes) + "\n")
     print(text, end="")
@@ -240,9 +239,9 @@ def run(args, probe_run_cls):
     run.write_csv("coref_table.csv", table_rows, coref.TABLE_COLUMNS)
     run.write_csv("coref_heads.csv", head_rows, ("dataset", "mention_type", "layer", "head", "accuracy", "n"))
     if not args.no_figures:
-        run.save_figure(coref.plot_bars(table_rows, f"{model_name}: coreference heads vs baselines"),
+        run.save_figure(coref.plot_bars(table_rows, f"{label}: coreference heads vs baselines"),
                         "coref_bars.png")
-        run.save_figure(coref.plot_heatmaps(head_rows, f"{model_name}: accuracy of every head"),
+        run.save_figure(coref.plot_heatmaps(head_rows, f"{label}: accuracy of every head"),
                         "coref_heads.png")
     run.finish(results)
     return 0

@@ -16,6 +16,7 @@ import time
 
 from bertscope.analyses import syntax
 from bertscope.errors import UserError
+from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments, seeded_sample
 
 NAME = "syntax"
@@ -32,7 +33,7 @@ ALL_SENTENCES = 0  # --limit all
 
 
 def limit_option(text: str) -> int:
-    from bertscope.cli import positive_int
+    from bertscope.args import positive_int
 
     return ALL_SENTENCES if text.lower() == "all" else positive_int(text)
 
@@ -133,8 +134,7 @@ def run(args, probe_run_cls):
         data[tb] = seeded_sample(read_sentences(tb, args.data_dir), limit, args.seed)
 
     run = probe_run_cls(NAME, args)
-    path = run.loaded.path
-    model_name = path.parent.name if path.name == "model" else path.name  # as `bertscope run` titles it
+    label = model_name(run.loaded.path)
     all_heads, all_table, texts, results = [], [], [], {"head_to_dep": args.head_to_dep, "poss_clitic": not args.plain_poss,
                                              "from_word": args.from_word}
     for tb in treebanks:
@@ -144,14 +144,14 @@ def run(args, probe_run_cls):
         all_table += table_rows
         text = syntax.format_table(table_rows, args.min_count)
         header = (f"{tb}: {report['used']} sentences, {report['dependents']} dependents, "
-                  f"{report['skipped_long']} skipped (> {args.max_len} tokens), model {model_name}, "
+                  f"{report['skipped_long']} skipped (> {args.max_len} tokens), model {label}, "
                   f"head->dep = {args.head_to_dep}\n")
         texts.append(header + text)
         print(header + text)
         results[tb] = {**report, "relations": headline(table_rows, args.min_count)}
-        run.save_figure(syntax.plot_best_heads(table_rows, f"{model_name} on {tb.upper()}: best head per relation",
+        run.save_figure(syntax.plot_best_heads(table_rows, f"{label} on {tb.upper()}: best head per relation",
                                                args.min_count), f"syntax_best_heads_{tb}.png")
-        run.save_figure(syntax.plot_relation_heatmaps(head_rows, f"{model_name} on {tb.upper()}"),
+        run.save_figure(syntax.plot_relation_heatmaps(head_rows, f"{label} on {tb.upper()}"),
                         f"syntax_heatmaps_{tb}.png")
     run.write_text("syntax_table.txt", "\n".join(texts))
     run.write_csv("syntax_heads.csv", all_heads,
