@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -234,15 +236,21 @@ def choice_hits(choices: np.ndarray, gold: np.ndarray) -> np.ndarray:
 
 class Scores:
     """Per-type sums of right selections: every head's, and every baseline's, over the
-    same scored mentions."""
+    same scored mentions.
+
+    Additive: an engine accumulator (`bertscope.batch.Accumulator`) once a probe gives it an
+    `add(batch)` that scores a batch's segments (`bertscope.probes.coref`); `add_mentions`
+    adds one segment's scored mentions; `merge`, `save` and `load` serve resume and ranks.
+    """
 
     def __init__(self, n_layers: int, n_heads: int, types=TYPES, baselines=GUM_BASELINES):
         self.types, self.baselines = tuple(types), tuple(baselines)
         self.heads = {t: np.zeros((n_layers, n_heads), dtype=np.int64) for t in self.types}
         self.base = {t: dict.fromkeys(self.baselines, 0) for t in self.types}
         self.n = dict.fromkeys(self.types, 0)
+        self.batches_done = 0
 
-    def add(self, kinds, hits: np.ndarray, baseline_hits: dict[str, np.ndarray]):
+    def add_mentions(self, kinds, hits: np.ndarray, baseline_hits: dict[str, np.ndarray]):
         """kinds (M,) mention types; hits (layers, H, M) bool; baseline_hits name -> (M,) bool."""
         kinds = np.asarray(kinds)
         for t in self.types:
@@ -253,6 +261,37 @@ class Scores:
             for name in self.baselines:
                 self.base[t][name] += int(baseline_hits[name][keep].sum())
             self.n[t] += int(keep.sum())
+
+    def merge(self, other: "Scores") -> "Scores":
+        if (other.types, other.baselines) != (self.types, self.baselines) or \
+                other.heads[self.types[0]].shape != self.heads[self.types[0]].shape:
+            raise ValueError("cannot merge coreference scores of different types, baselines or models")
+        for t in self.types:
+            self.heads[t] += other.heads[t]
+            self.n[t] += other.n[t]
+            for name in self.baselines:
+                self.base[t][name] += other.base[t][name]
+        return self
+
+    def save(self, path):
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, types=np.array(self.types), baselines=np.array(self.baselines), batches_done=self.batches_done,
+                 heads=np.stack([self.heads[t] for t in self.types]), n=np.array([self.n[t] for t in self.types]),
+                 base=np.array([[self.base[t][b] for b in self.baselines] for t in self.types]))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path) -> "Scores":
+        with np.load(path) as f:
+            types, baselines = [str(t) for t in f["types"]], [str(b) for b in f["baselines"]]
+            scores = cls(*f["heads"].shape[1:], types=types, baselines=baselines)
+            for k, t in enumerate(types):
+                scores.heads[t][...] = f["heads"][k]
+                scores.n[t] = int(f["n"][k])
+                scores.base[t] = {b: int(f["base"][k, j]) for j, b in enumerate(baselines)}
+            scores.batches_done = int(f["batches_done"])
+        return scores
 
     def accuracy(self, t: str) -> np.ndarray:
         """(layers, H) accuracy on type t (NaN when no mention of that type was scored)."""

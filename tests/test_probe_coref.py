@@ -48,7 +48,7 @@ def test_two_mention_document_with_planted_attention():
     gold = coref.gold_matrix(items, 4)
     hits = coref.head_hits(argmax, np.array([a.head for a in items]), gold)  # (1, 2, 1)
     scores = coref.Scores(1, 2)
-    scores.add([a.kind for a in items], hits, {b: np.array([True]) for b in coref.GUM_BASELINES})
+    scores.add_mentions([a.kind for a in items], hits, {b: np.array([True]) for b in coref.GUM_BASELINES})
     assert scores.accuracy("All").tolist() == [[1.0, 0.0]]
     assert scores.accuracy("pronoun").tolist() == [[1.0, 0.0]]
     assert np.isnan(scores.accuracy("nominal")).all()
@@ -235,7 +235,7 @@ def test_gap_baselines():
 
 def test_format_table_marks_missing_columns():
     scores = coref.Scores(1, 1, types=("All",), baselines=coref.GAP_BASELINES)
-    scores.add(["masculine"], np.array([[[True]]]), {"nearest": np.array([False]), "first_name": np.array([True])})
+    scores.add_mentions(["masculine"], np.array([[[True]]]), {"nearest": np.array([False]), "first_name": np.array([True])})
     text = coref.format_table(scores.table_rows("gap"))
     header, row = text.splitlines()
     assert row.split() == ["gap", "All", "1-1", "100.0", "1-1", "100.0", "0.0", "-", "-", "100.0", "1"]
@@ -331,7 +331,7 @@ def test_kernel_argmax_path_matches_word_maps(tiny_checkpoint):
     for i, maps in iter_word_maps(loaded, segments, progress=False):
         seg = scored[i]
         argmax = coref.word_argmax(maps, len(segments[i].words))
-        expected.add(seg.kinds, coref.head_hits(argmax, seg.heads, seg.gold), seg.baseline_hits)
+        expected.add_mentions(seg.kinds, coref.head_hits(argmax, seg.heads, seg.gold), seg.baseline_hits)
     assert report["segments"] == 1
     for t in coref.TYPES:
         assert scores.n[t] == expected.n[t]
@@ -346,3 +346,31 @@ def test_user_mistakes(tiny_checkpoint, tmp_path, capsys):
     assert code == 2
     assert "bertscope: error:" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_scores_merge_save_and_load_like_any_accumulator(tmp_path):
+    rng = np.random.default_rng(0)
+    parts = []
+    for _ in range(4):
+        m = int(rng.integers(1, 5))
+        kinds = rng.choice(["pronoun", "proper", "nominal"], m)
+        parts.append((kinds, rng.random((2, 3, m)) > 0.5, {b: rng.random(m) > 0.5 for b in coref.GUM_BASELINES}))
+
+    def scores_of(chunk):
+        scores = coref.Scores(2, 3)
+        for kinds, hits, base in chunk:
+            scores.add_mentions(kinds, hits, base)
+        return scores
+
+    whole, merged = scores_of(parts), scores_of(parts[:1]).merge(scores_of(parts[1:]))
+    assert whole.n["All"] == sum(len(k) for k, _, _ in parts)
+    for t in coref.TYPES:
+        assert merged.n[t] == whole.n[t] and merged.base[t] == whole.base[t]
+        np.testing.assert_array_equal(merged.heads[t], whole.heads[t])
+    whole.batches_done = 2
+    whole.save(tmp_path / "coref.npz")
+    back = coref.Scores.load(tmp_path / "coref.npz")
+    assert back.batches_done == 2 and back.n == whole.n and back.base == whole.base
+    np.testing.assert_array_equal(back.accuracy("pronoun"), whole.accuracy("pronoun"))
+    with pytest.raises(ValueError, match="cannot merge"):
+        whole.merge(coref.Scores(2, 3, types=("All",), baselines=coref.GAP_BASELINES))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 
 from bertscope.analyses import coref
 from bertscope.errors import UserError
@@ -125,25 +126,31 @@ def gum_segments(documents: list, tokenizer, max_len: int, mode: str):
     return segments, scored, report
 
 
-def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scores, dict]:
-    import torch
+class GumScores(coref.Scores):
+    """GUM scores as an engine accumulator: each segment's mentions scored from the kernel's
+    word argmax (`RowStats.word_argmax`), against `scored[i]` of segment i."""
 
-    from bertscope.engine import stream_batches
-    from bertscope.kernels import StatsSpec
+    def __init__(self, n_layers: int, n_heads: int, scored: list):
+        super().__init__(n_layers, n_heads)
+        self.scored = scored
+
+    def add(self, batch):
+        argmax = torch.stack([s.word_argmax for s in batch.layers], dim=1).cpu().numpy()  # (B, layers, H, W)
+        for row, i in enumerate(batch.indices):
+            seg = self.scored[i]
+            self.add_mentions(seg.kinds, coref.head_hits(argmax[row], seg.heads, seg.gold), seg.baseline_hits)
+
+
+def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scores, dict]:
+    from bertscope.engine import EngineOptions, fold, word_map_spec
 
     t0 = time.perf_counter()
     segments, scored, report = gum_segments(documents, loaded.tokenizer, args.max_len, args.segments)
     if not segments:
         raise UserError("gum: no segment holds a mention with an antecedent")
-    scores = coref.Scores(loaded.n_layers, loaded.n_heads)
-    spec = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, word_maps=True)
-    for batch in stream_batches(loaded, segments, spec, args.from_word, args.batch_size, args.backend,
-                                progress, desc="gum word argmax"):
-        argmax = torch.stack([s.word_argmax for s in batch.layers], dim=1).cpu().numpy()  # (B, layers, H, W)
-        for row, i in enumerate(batch.indices):
-            seg = scored[i]
-            hits = coref.head_hits(argmax[row], seg.heads, seg.gold)  # (layers, H, M)
-            scores.add(seg.kinds, hits, seg.baseline_hits)
+    scores = GumScores(loaded.n_layers, loaded.n_heads, scored)
+    fold(loaded, segments, word_map_spec(loaded), [scores], EngineOptions(batch_size=args.batch_size,
+         backend=args.backend, progress=progress), from_word=args.from_word, desc="gum word argmax")
     report["wall_s"] = round(time.perf_counter() - t0, 2)
     return scores, report
 
@@ -160,8 +167,26 @@ def pronoun_gender(pronoun: str) -> str:
     return "other"
 
 
+class GapScores(coref.Scores):
+    """GAP scores as an engine accumulator: each example's pronoun scored from its word maps,
+    against `examples[i]` of segment i."""
+
+    def __init__(self, n_layers: int, n_heads: int, examples: list, gap_name: str):
+        super().__init__(n_layers, n_heads, types=("All", "masculine", "feminine"), baselines=coref.GAP_BASELINES)
+        self.examples, self.gap_name = examples, gap_name
+
+    def add(self, batch):
+        maps = torch.stack([s.word_map for s in batch.layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
+        for row, i in enumerate(batch.indices):
+            ex = self.examples[i]
+            hits = coref.gap_head_hits(maps[row], ex.pronoun_word, ex.a_words, ex.b_words, ex.label, self.gap_name)
+            picks = coref.gap_baselines(ex.pronoun_word, ex.a_words, ex.b_words)
+            base = {name: np.array([pick == ex.label]) for name, pick in picks.items()}
+            self.add_mentions([pronoun_gender(ex.pronoun)], hits[:, :, None], base)
+
+
 def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Scores, dict]:
-    from bertscope.engine import iter_word_maps
+    from bertscope.engine import EngineOptions, fold, word_map_spec
     from bertscope.segments import word_segment
 
     t0 = time.perf_counter()
@@ -178,18 +203,10 @@ def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Score
         segments.append(segment)
         kept.append(ex)
     report["scored"] = len(kept)
-    types = ("All", "masculine", "feminine")
-    scores = coref.Scores(loaded.n_layers, loaded.n_heads, types=types, baselines=coref.GAP_BASELINES)
-    if not kept:
-        report["wall_s"] = round(time.perf_counter() - t0, 2)
-        return scores, report
-    for i, maps in iter_word_maps(loaded, segments, from_word=args.from_word, batch_size=args.batch_size,
-                                  backend=args.backend, progress=progress, desc="gap word maps"):
-        ex = kept[i]
-        hits = coref.gap_head_hits(maps, ex.pronoun_word, ex.a_words, ex.b_words, ex.label, args.gap_name)
-        picks = coref.gap_baselines(ex.pronoun_word, ex.a_words, ex.b_words)
-        base = {name: np.array([pick == ex.label]) for name, pick in picks.items()}
-        scores.add([pronoun_gender(ex.pronoun)], hits[:, :, None], base)
+    scores = GapScores(loaded.n_layers, loaded.n_heads, kept, args.gap_name)
+    if kept:
+        fold(loaded, segments, word_map_spec(loaded), [scores], EngineOptions(batch_size=args.batch_size,
+             backend=args.backend, progress=progress), from_word=args.from_word, desc="gap word maps")
     report["wall_s"] = round(time.perf_counter() - t0, 2)
     return scores, report
 
