@@ -53,6 +53,13 @@ class Scope:
     def tokenizer(self):
         return self.loaded.tokenizer
 
+    @property
+    def gates(self):
+        """The model's `bertscope.gates.HeadGates`: `.xi` (layers, H) float scales each head's
+        output, `.uniform` (layers, H) bool gives a head uniform attention; they act on every
+        forward (`.requires_grad_()` for d loss / d xi, `.reset()` to undo)."""
+        return self.loaded.gates
+
     def segments(self, texts: Sequence[Text], max_len: int = 128, token_types: str = "pair") -> list:
         """`Segment`s of `texts`, in the order given (a text too long for max_len is cut at a
         sentence boundary, as the CLI does)."""
