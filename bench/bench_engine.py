@@ -1,7 +1,7 @@
 """What per-example statistics cost: the surface suite with and without examples.parquet,
 against the bare SDPA forward, as ratios in one run.
 
-    python bench/bench_engine.py [--lengths 128 512] [--batch-size 16] [--batches 4] [--repeats 5]
+    python bench/bench_engine.py [--lengths 128 512] [--batch-size 16] [--batches 4] [--repeats 5] [--threads N]
 
 Three methods on the same Wikipedia segments of exactly L tokens (bench_surface's text),
 the real all-MiniLM-L6-v2, interleaved batch by batch in rotated order:
@@ -83,8 +83,13 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's); 1 is steadier on a shared machine")
     args = ap.parse_args(argv)
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine(Path(tmp))
