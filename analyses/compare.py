@@ -61,7 +61,8 @@ def paired_test(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(cols):
         with warnings.catch_warnings():  # ties and small samples fall back to the normal approximation
             warnings.simplefilter("ignore")
-            p[cols] = wilcoxon(d[:, cols], axis=0, nan_policy="omit").pvalue
+            for j in cols:  # one call per head: scipy picks exact or normal per sample, not for all at once
+                p[j] = wilcoxon(d[:, j], nan_policy="omit").pvalue
     return p, n
 
 
@@ -83,7 +84,8 @@ def unpaired_test(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     if len(cols):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            p[cols] = mannwhitneyu(a[:, cols], b[:, cols], axis=0, nan_policy="omit").pvalue
+            for j in cols:
+                p[j] = mannwhitneyu(a[:, j], b[:, j], nan_policy="omit").pvalue
     return p, n_a, n_b
 
 
@@ -105,8 +107,8 @@ def head_test(a: np.ndarray, b: np.ndarray, paired: bool) -> dict[str, np.ndarra
 
 
 def top_changes(diff: np.ndarray, k: int) -> list[tuple[int, int]]:
-    """The k (layer, head) pairs, from 1, with the largest |diff|; NaN last."""
+    """The k (layer, head) pairs, from 1, with the largest |diff|; unchanged (0 or NaN) heads never."""
     flat = np.abs(diff).ravel()
     order = np.argsort(np.where(np.isnan(flat), -np.inf, -flat), kind="stable")[:k]
     H = diff.shape[1]
-    return [(int(i // H) + 1, int(i % H) + 1) for i in order if not np.isnan(flat[i])]
+    return [(int(i // H) + 1, int(i % H) + 1) for i in order if np.nan_to_num(flat[i]) != 0]

@@ -27,8 +27,10 @@ def plot_diff(diff: np.ndarray, path: Path, title: str, caption: str, q: np.ndar
     Ly, H = diff.shape
     span = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 0.0
     span = span or 1.0  # all zero: still centred, white
-    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * max(H, 4), 1.6 + 0.4 * max(Ly, 3)))
-    im = ax.imshow(np.ma.masked_invalid(diff), cmap="PuOr_r", vmin=-span, vmax=span, aspect="auto")
+    width = max(6.0, 1.5 + 0.45 * H)
+    lines = textwrap.wrap(caption, int(width * 15))
+    fig, ax = plt.subplots(figsize=(width, 1.4 + 0.4 * max(Ly, 3) + 0.15 * len(lines)))
+    im = ax.imshow(np.ma.masked_invalid(diff), cmap="PuOr", vmin=-span, vmax=span, aspect="auto")
     ax.set_xticks(range(H), [str(h + 1) for h in range(H)])
     ax.set_yticks(range(Ly), [str(l + 1) for l in range(Ly)])
     ax.set_xlabel("head")
@@ -44,8 +46,8 @@ def plot_diff(diff: np.ndarray, path: Path, title: str, caption: str, q: np.ndar
     if q is not None:
         for l, h in zip(*np.nonzero(np.nan_to_num(q, nan=1.0) < alpha)):
             ax.add_patch(Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.5))
-    fig.text(0.01, 0.01, "\n".join(textwrap.wrap(caption, 95)), fontsize=7, va="bottom", ha="left")
-    fig.subplots_adjust(bottom=0.12 + 0.035 * (len(caption) // 95 + 1) + 0.15)
-    fig.savefig(path, dpi=DPI)
+    fig.tight_layout()
+    fig.text(0.01, 0.0, "\n".join(lines), fontsize=7, va="top", ha="left")  # under the axes; tight bbox keeps it
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return Path(path)

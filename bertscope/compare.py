@@ -247,7 +247,7 @@ class Comparison:
             lines.append(f"largest changes in {source}:")
             if source != HEADS_CSV:  # probe tables have many statistics: the k largest over all of them
                 flat = [(abs(self.diff[key][l, h]), key, l, h) for key in keys
-                        for l in range(Ly) for h in range(H) if np.isfinite(self.diff[key][l, h])]
+                        for l in range(Ly) for h in range(H) if np.nan_to_num(self.diff[key][l, h]) != 0]
                 flat.sort(key=lambda x: -x[0])
                 lines += [f"  {key[1]:<34} {l + 1}-{h + 1} ({self.diff[key][l, h]:+.3f})" for _, key, l, h in flat[:k]]
                 continue
@@ -344,8 +344,9 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
             if key[0] != HEADS_CSV:
                 continue
             t = comp.tests.get(key)
-            caption = (f"Per-head change of {key[1]} (heads.csv), b - a: a = {comp.run_a.path}, b = {comp.run_b.path}. "
-                       "Purple: higher in b, orange: lower; white: unchanged; colour scale symmetric around 0. ")
+            caption = (f"Per-head change of {key[1]} (heads.csv), b - a, with a = {comp.run_a.path.name} and "
+                       f"b = {comp.run_b.path.name}. Purple: higher in b, orange: lower, white: unchanged "
+                       "(colour scale symmetric around 0). ")
             caption += (f"Framed: significant, q < {comp.alpha} ({stats_compare.TEST_NAMES[comp.test]} on per-segment "
                         "values, Benjamini-Hochberg across heads)." if t is not None else
                         "No test: per-example statistics are not in both runs.")
