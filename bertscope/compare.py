@@ -61,9 +61,11 @@ class RunDir:
     examples: Path | None = None
 
     def describe(self) -> str:
+        from bertscope.models import model_name
+
         model = (self.record.get("model") or {}).get("path", "?")
         corpus = (self.record.get("settings") or {}).get("corpus")
-        return f"{self.path} ({Path(str(model)).name}" + (f", corpus {corpus})" if corpus else ")")
+        return f"{self.path} ({model_name(model)}" + (f", corpus {corpus})" if corpus else ")")
 
 
 def load_run(path: str | Path) -> RunDir:
@@ -266,10 +268,11 @@ class Comparison:
 
 
 def compare_runs(a: str | Path | RunDir, b: str | Path | RunDir, test: str = "auto", alpha: float = 0.05,
-                 memory_mb: int = 256) -> Comparison:
+                 memory_mb: int = 64) -> Comparison:
     """Compare two run directories. test: 'auto' (paired when both runs hold the same
     segments, else unpaired), 'paired' (refused when they do not) or 'unpaired'.
-    memory_mb bounds the per-segment arrays held at once (a few statistics per pass)."""
+    memory_mb bounds the per-segment arrays of both runs held at once: as many statistics
+    per pass over the files as fit (at least one)."""
     run_a = a if isinstance(a, RunDir) else load_run(a)
     run_b = b if isinstance(b, RunDir) else load_run(b)
     if (run_a.layers, run_a.heads) != (run_b.layers, run_b.heads):
@@ -304,7 +307,7 @@ def _test_heads(run_a: RunDir, run_b: RunDir, keys: list, test: str, memory_mb: 
     names_b = set(_parquet(run_b.examples).schema_arrow.names)
     testable = [k for k in keys if k[0] == HEADS_CSV
                 and EXAMPLE_NAME.get(k[1], k[1]) in names_a & names_b]
-    per_pass = max(1, memory_mb * 2 ** 20 // (8 * max(len(seg_a.index), len(seg_b.index)) * Ly * H))
+    per_pass = max(1, memory_mb * 2 ** 20 // (8 * (len(seg_a.index) + len(seg_b.index)) * Ly * H))
     tests = {}
     for i in range(0, len(testable), per_pass):
         chunk = testable[i:i + per_pass]
