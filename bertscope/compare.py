@@ -159,7 +159,10 @@ def read_segments(path: Path, layers: int, heads: int) -> Segments:
         raise UserError(f"{path} lacks the column(s) {', '.join(missing)}: not a bertscope examples.parquet")
     index, docs, ntok = [], [], []
     for batch in f.iter_batches(columns=need, batch_size=BATCH_ROWS):
-        keep = (batch.column("layer").to_numpy() == 1) & (batch.column("head").to_numpy() == 1)
+        layer, head = batch.column("layer").to_numpy(), batch.column("head").to_numpy()
+        if len(layer) and not (1 <= layer.min() and layer.max() <= layers and 1 <= head.min() and head.max() <= heads):
+            raise UserError(f"{path} has heads outside the run's {layers} layers x {heads} heads")
+        keep = (layer == 1) & (head == 1)
         index.append(batch.column("segment").to_numpy()[keep])
         docs.append(np.asarray(batch.column("doc_id").to_pylist(), dtype=object)[keep])
         ntok.append(batch.column("n_tokens").to_numpy()[keep])
@@ -375,6 +378,17 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
     log(comp.summary(k))
     log(f"wrote {', '.join(outputs)} to {out}")
     return out
+
+
+def read_comparison(directory: str | Path) -> tuple[dict, list[dict]] | None:
+    """A comparison written earlier into `directory` (its run.json `compare` entry and the
+    rows of compare_heads.csv, as strings), or None when it holds none: for the report."""
+    directory = Path(directory)
+    record = read_json(directory / "run.json").get("compare")
+    if not record or not (directory / CSV_NAME).is_file():
+        return None
+    with open(directory / CSV_NAME, newline="", encoding="utf-8") as f:
+        return record, list(csv.DictReader(f))
 
 
 # ----------------------------------------------------------------------------- command line

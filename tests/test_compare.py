@@ -223,6 +223,8 @@ def test_command_writes_csv_figures_and_run_json(paired_runs, tmp_path, capsys):
     assert {r["test"] for r in rows} == {PAIRED} and {r["n_a"] for r in rows} == {str(N)}
     assert float(shifted[0]["diff"]) == pytest.approx(b["prev"].mean(0)[1, 2] - a["prev"].mean(0)[1, 2], abs=1e-5)
     record = json.loads((out / "run.json").read_text())["compare"]
+    assert bertscope.compare.read_comparison(out) == (record, rows)
+    assert bertscope.compare.read_comparison(run_b) is None
     assert record["test"] == PAIRED and record["significant"] == {"prev": 1, "entropy": 0, "rest_sep": 0}
     assert record["outputs"] == ["compare_heads.csv"] + [f"fig_compare_{s}.png" for s in STATS]
     for name in record["outputs"][1:]:
@@ -261,6 +263,10 @@ def user_error_cases(tmp: Path, run_a: Path) -> dict[str, tuple[list[str], str]]
     short = make_run(tmp / "short-parquet", noise(0))
     table = pq.read_table(short / "examples.parquet")
     pq.write_table(table.slice(0, table.num_rows - 1), short / "examples.parquet")
+    transposed = make_run(tmp / "transposed", {"prev": rng.normal(size=(5, H, LY))}, layers=H, heads=LY)
+    write_json(transposed / "run.json", {"model": {"layers": LY, "heads": H}})
+    (transposed / "heads.csv").unlink()
+    (transposed / "heads.csv").write_bytes((run_a / "heads.csv").read_bytes())
     (tmp / "used").mkdir()
     (tmp / "used" / "x.txt").write_text("x")
     a = str(run_a)
@@ -275,13 +281,14 @@ def user_error_cases(tmp: Path, run_a: Path) -> dict[str, tuple[list[str], str]]
         "heads.csv without head": ([a, str(bad_csv)], "lacks the column(s) head"),
         "damaged parquet": ([a, str(broken)], "not a readable Parquet file"),
         "rows missing": ([a, str(short)], "not one per segment"),
+        "parquet of another shape": ([a, str(transposed)], "heads outside the run's 2 layers x 3 heads"),
         "used --out": ([a, a, "--out", str(tmp / "used")], "already exists and is not empty"),
     }
 
 
 @pytest.mark.parametrize("case", ["shape mismatch", "missing directory", "no run.json", "invalid run.json",
                                   "incomplete run", "no shape", "no per-head table", "heads.csv without head",
-                                  "damaged parquet", "rows missing", "used --out"])
+                                  "damaged parquet", "rows missing", "parquet of another shape", "used --out"])
 def test_user_errors_exit_2_with_one_line(case, paired_runs, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args, fragment = user_error_cases(tmp_path, paired_runs[0])[case]
