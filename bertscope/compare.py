@@ -136,17 +136,18 @@ class Segments:
     doc_id: np.ndarray  # (N,) object
     n_tokens: np.ndarray  # (N,) int64
 
-    def same(self, other: "Segments") -> bool:
+    def same(self, other: Segments) -> bool:
         return (len(self.index) == len(other.index) and np.array_equal(self.index, other.index)
                 and np.array_equal(self.doc_id, other.doc_id) and np.array_equal(self.n_tokens, other.n_tokens))
 
 
 def _parquet(path: Path):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         return pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises several types for a damaged file
+    except (pa.ArrowException, OSError) as e:
         raise UserError(f"{path} is not a readable Parquet file: {e}") from None
 
 
@@ -246,7 +247,7 @@ class Comparison:
                          + ("both runs" if not (self.run_a.examples or self.run_b.examples) else "one run")
                          + " (bertscope run --per-example)")
         by_source: dict[str, list] = {}
-        for key, d in self.diff.items():
+        for key in self.diff:
             by_source.setdefault(key[0], []).append(key)
         for source, keys in by_source.items():
             lines.append(f"largest changes in {source}:")

@@ -10,10 +10,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from bertscope.analyses.compare import (
+    PAIRED,
+    UNPAIRED,
+    bh_adjust,
+    paired_test,
+    unpaired_test,
+)
 from scipy import stats as sps
 
 import bertscope.compare
-from bertscope.analyses.compare import PAIRED, UNPAIRED, bh_adjust, paired_test, unpaired_test
 from bertscope.cli import main
 from bertscope.compare import compare_runs
 from bertscope.errors import UserError
@@ -80,7 +86,7 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def check_error(capsys, code: int, fragment: str):
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert code == 2, err
     assert err.startswith("bertscope: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
     assert fragment in err, err
