@@ -26,7 +26,7 @@ import numpy as np
 
 from bertscope.analyses import compare as stats_compare
 from bertscope.errors import UserError
-from bertscope.results import new_run_dir, read_json, write_csv, write_json
+from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
 
 HEADS_CSV = "heads.csv"
 EXAMPLES = "examples.parquet"
@@ -264,7 +264,7 @@ class Comparison:
                     q = f", q={t['q'][l - 1, h - 1]:.2g}" if t is not None else ""
                     cells.append(f"{l}-{h} ({self.diff[key][l - 1, h - 1]:+.3f}{q})")
                 sig = f"  [{self.significant()[key[1]]}/{Ly * H} significant]" if t is not None else ""
-                lines.append(f"  {key[1]:<12} " + ", ".join(cells) + sig)
+                lines.append(f"  {key[1]:<12} " + (", ".join(cells) or "no head changed") + sig)
         for which, names in (("a", self.only_a), ("b", self.only_b)):
             if names:
                 lines.append(f"only in {which} (not compared): " + ", ".join(f"{s}:{n}" for s, n in names))
@@ -438,8 +438,8 @@ def _alpha(text: str) -> float:
 
 def cmd_compare(args) -> int:
     log = (lambda *a, **k: None) if args.quiet else print
-    if args.out and Path(args.out).exists() and not (Path(args.out) / "run.json").is_file():
-        new_run_dir(args.out)  # refuses a used directory that is not a run, before any work
+    if args.out and not (Path(args.out) / "run.json").is_file():
+        check_run_dir(args.out)  # a used directory that is not a run is refused before any work
     comp = compare_runs(args.run_a, args.run_b, test=args.test, alpha=args.alpha)
     write_comparison(comp, args.out, figures=not args.no_figures, log=log, k=args.top)
     return 0

@@ -298,8 +298,9 @@ def user_error_cases(tmp: Path, run_a: Path) -> dict[str, tuple[list[str], str]]
 def test_user_errors_exit_2_with_one_line(case, paired_runs, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args, fragment = user_error_cases(tmp_path, paired_runs[0])[case]
-    check_error(capsys, main(["compare", *args, "--quiet"]), fragment)
-    assert not (tmp_path / "runs").exists()  # nothing written on a refusal
+    out = [] if "--out" in args else ["--out", str(tmp_path / "new")]  # a fresh --out must stay uncreated
+    check_error(capsys, main(["compare", *args, *out, "--quiet"]), fragment)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "new").exists()  # nothing written on a refusal
 
 
 # --- two real runs -------------------------------------------------------------------------
