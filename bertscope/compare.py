@@ -26,13 +26,7 @@ import numpy as np
 
 from bertscope.analyses import compare as stats_compare
 from bertscope.errors import UserError
-from bertscope.results import (
-    check_run_dir,
-    new_run_dir,
-    read_json,
-    write_csv,
-    write_json,
-)
+from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
 
 HEADS_CSV = "heads.csv"
 EXAMPLES = "examples.parquet"
