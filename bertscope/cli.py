@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--data-dir", metavar="DIR", default=None, help="folder holding the data sets")
     add_probe_parsers(sub)
+    from bertscope.compare import add_parser as add_compare_parser
+
+    add_compare_parser(sub)
     t = sub.add_parser(
         "selftest",
         help="check every statistics backend against the eager reference on this machine (GPU users: run first)",
@@ -115,6 +118,10 @@ def main(argv=None) -> int:
             return cmd_data(args)
         if args.command == "probe":
             return cmd_probe(args)
+        if args.command == "compare":
+            from bertscope.compare import cmd_compare
+
+            return cmd_compare(args)
         if args.command == "selftest":
             from bertscope.selftest import run_selftest
 
