@@ -172,3 +172,17 @@ def test_help_describes_the_page(capsys):
     out = capsys.readouterr().out
     for fragment in ("TEXT", "--pair", "--model", "--out", "--max-len", "offline"):
         assert fragment in out
+
+
+def test_roberta_template_and_its_special_tokens(tiny_model):
+    from bertscope.api import Scope
+    from bertscope.models import wrap_model
+
+    model, tokenizer = tiny_model("roberta")
+    data = view_data(Scope(wrap_model(model, tokenizer)), "The cat sat.", "It purred!", max_len=40)
+    words = data["words"]
+    assert words[0] == "<s>" and words.count("</s>") == 3 and words[-1] == "</s>"  # <s> a </s></s> b </s>
+    assert [w for w in words if w not in ("<s>", "</s>")] == ["The", "cat", "sat", ".", "It", "purred", "!"]
+    n = len(data["tokens"])
+    assert (np.asarray(data["token_maps"]).reshape(-1, n, n).sum(-1) == SCALE).all()
+    assert "<s>" not in render(data).split("const DATA")[0]  # labels reach the page only as JSON text

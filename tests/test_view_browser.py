@@ -108,6 +108,9 @@ def test_click_a_head_hover_a_token(browser, page_file, tmp_path):
         page.hover("#rows .lab >> nth=5")
         page.screenshot(path=str(Path(shots) / "view_head.png"), clip={"x": 0, "y": 0, "width": 960, "height": 600})
 
+    page.evaluate("document.activeElement.blur()")  # arrow keys on a focused radio switch the level instead
+    page.keyboard.press("ArrowRight")  # the next head, same level
+    assert page.inner_text("#d-title").startswith("head 1-4") and page.locator("#rows .lab").count() == n_tokens
     page.keyboard.press("Escape")
     assert not page.is_visible("#detail")
     assert errors == []
