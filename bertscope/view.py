@@ -155,7 +155,8 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
         "pattern_note": PATTERN_NOTE,
         # maps: [layer][head] -> one flat row-major list of ints, rows sum to `scale`
         "token_maps": quantize_rows(token_maps).reshape(Ly, H, -1).tolist(),
-        "word_maps": quantize_rows(word_maps).reshape(Ly, H, -1).tolist(),
+        # when every word is one token the word maps are the token maps: embedded once
+        "word_maps": None if len(units) == len(tokens) else quantize_rows(word_maps).reshape(Ly, H, -1).tolist(),
     }
 
 

@@ -129,6 +129,15 @@ def test_page_is_offline_and_embeds_the_data(data):
     assert len(page) < 200_000  # 33 tokens: maps in thousandths keep the file small
 
 
+def test_word_maps_are_not_repeated_when_every_word_is_one_token(scope):
+    data = view_data(scope, "The cat sat on the mat.")
+    assert data["word_maps"] is None and len(data["words"]) == len(data["tokens"]) == 9
+    assert data["words"][1] == "The" and data["tokens"][1] == "the"  # labels still are the words
+    _, engine = scope.word_maps("The cat sat on the mat.")  # words, then [CLS], [SEP]
+    order = [7, *range(7), 8]
+    assert np.abs(as_maps(data["token_maps"], 9) - engine[..., order, :][..., :, order]).max() < TOL
+
+
 def test_script_end_tags_in_text_cannot_break_the_page(scope):
     page = render(view_data(scope, "a </script><b>bold</b>"))
     assert page.count("</script>") == 1

@@ -46,11 +46,28 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def page_file(tmp_path_factory, minilm_path):
-    data = view_data(bertscope.load(minilm_path), TEXT, PAIR)
-    path = tmp_path_factory.mktemp("view") / "view.html"
+def scope(minilm_path):
+    return bertscope.load(minilm_path)
+
+
+def write_page(scope, folder: Path, text: str, pair: str | None = None) -> tuple[Path, dict]:
+    data = view_data(scope, text, pair)
+    path = folder / "view.html"
     path.write_text(render(data), encoding="utf-8")  # what write_view writes, from the same data
     return path, data
+
+
+@pytest.fixture(scope="module")
+def page_file(tmp_path_factory, scope):
+    return write_page(scope, tmp_path_factory.mktemp("view"), TEXT, PAIR)
+
+
+def open_page(browser, path: Path, errors: list):
+    page = browser.new_page(viewport={"width": 1300, "height": 860})
+    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.resolve().as_uri())
+    return page
 
 
 def label_index(page, selector: str) -> list[int]:
@@ -61,11 +78,8 @@ def test_click_a_head_hover_a_token(browser, page_file, tmp_path):
     path, data = page_file
     n_tokens, n_words = len(data["tokens"]), len(data["words"])
     assert n_words < n_tokens  # "unbelievably" and "purred" are split
-    page = browser.new_page(viewport={"width": 1300, "height": 860})
     errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.resolve().as_uri())
+    page = open_page(browser, path, errors)
 
     # the grid: one small word-level map per head
     assert page.locator(".head").count() == 6 * 12
@@ -113,5 +127,21 @@ def test_click_a_head_hover_a_token(browser, page_file, tmp_path):
     assert page.inner_text("#d-title").startswith("head 1-4") and page.locator("#rows .lab").count() == n_tokens
     page.keyboard.press("Escape")
     assert not page.is_visible("#detail")
+    assert errors == []
+    page.close()
+
+
+def test_words_of_one_token_share_the_token_maps(browser, scope, tmp_path):
+    path, data = write_page(scope, tmp_path, "The cat sat on the mat.")
+    assert data["word_maps"] is None  # the page falls back to the token maps at word level
+    errors = []
+    page = open_page(browser, path, errors)
+    page.click("#head-2-9")
+    assert page.locator("#rows .lab").count() == 9 and page.inner_text("#rows .lab >> nth=1") == "The"
+    page.check("#detail input[value=token]")
+    assert page.inner_text("#rows .lab >> nth=1") == "the"
+    page.hover("#rows .lab >> nth=1")
+    m = np.asarray(data["token_maps"][1][8]).reshape(9, 9)
+    assert label_index(page, "#cols .lab.top") == [int(m[1].argmax())]
     assert errors == []
     page.close()
