@@ -64,7 +64,7 @@ def check_text(text: str, pair: str | None, tokenizer, max_len: int, model_max: 
     check_request(text, pair)
     if max_len > model_max:
         raise UserError(f"--max-len {max_len} is more than the model takes ({model_max} tokens)")
-    n = len(tokenizer(text, pair)["input_ids"]) if pair is not None else len(tokenizer(text)["input_ids"])
+    n = len(tokenizer(text, pair)["input_ids"])
     if n > max_len:
         more = f" (raise --max-len, up to {model_max})" if max_len < model_max else " (the model's limit)"
         raise UserError(f"the input has {n} tokens with its special tokens, more than --max-len {max_len}{more}")
@@ -79,7 +79,7 @@ def display_order(segment) -> tuple[list[int], list[int]]:
     """
     from bertscope.engine import segment_units
 
-    units, n_words = segment_units(segment)
+    units, _ = segment_units(segment)
     first = {}
     for t, u in enumerate(units):
         first.setdefault(u, t)
@@ -125,12 +125,13 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     check_text(text, pair, tokenizer, max_len, loaded.max_len)
     (segment,) = scope.segments([text if pair is None else (text, pair)], max_len=max_len)
     stats, token_maps, word_maps = attention_maps(scope, segment, from_word)
+    assert not segment.truncated  # check_text refused what does not fit
     order, token_unit = display_order(segment)
     word_maps = word_maps[..., order, :][..., :, order]  # (layers, H, W, W) in text order
     tokens = tokenizer.convert_ids_to_tokens(segment.input_ids)
-    first_token = {u: t for t, u in reversed(list(enumerate(token_unit)))}
-    units = [segment.words[segment.word_ids[first_token[u]]] if segment.word_ids[first_token[u]] >= 0
-             else tokens[first_token[u]] for u in range(len(order))]
+    units = [""] * len(order)  # a unit's label: its word, or the special token itself
+    for t, u in enumerate(token_unit):
+        units[u] = segment.words[segment.word_ids[t]] if segment.word_ids[t] >= 0 else tokens[t]
     table = surface.head_table(stats)
     Ly, H = loaded.n_layers, loaded.n_heads
     if patterns is not None and np.shape(patterns) != (Ly, H):
