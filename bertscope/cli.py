@@ -101,7 +101,7 @@ def add_view_parser(sub):
     v.add_argument("--model", metavar="PATH", default=None,
                    help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
     v.add_argument("--out", metavar="FILE", default="view.html", help="the HTML file to write (default: view.html)")
-    v.add_argument("--max-len", type=positive_int, default=DEFAULT_MAX_LEN,
+    v.add_argument("--max-len", type=positive_int, default=DEFAULT_MAX_LEN, metavar="N",
                    help=f"longest input, in tokens with the special tokens (default: {DEFAULT_MAX_LEN}); "
                    "longer input is refused, not cut")
     v.add_argument("--from-word", choices=("mean", "first"), default="mean",
