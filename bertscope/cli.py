@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bertscope.compare import add_parser as add_compare_parser
 
     add_compare_parser(sub)
+    add_view_parser(sub)
     t = sub.add_parser(
         "selftest",
         help="check every statistics backend against the eager reference on this machine (GPU users: run first)",
@@ -85,6 +86,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch device (default: cuda when torch sees a GPU, else cpu)")
     t.add_argument("--quick", action="store_true", help="small shapes only")
     return parser
+
+
+def add_view_parser(sub):
+    from bertscope.view import DEFAULT_MAX_LEN
+
+    v = sub.add_parser(
+        "view",
+        help="every head's attention map for one input, as one offline HTML page",
+        description="Write an HTML page (one file, plain JavaScript, works offline) with a layer x head grid of "
+        "the input's attention maps and each head's statistics; click a head for its full map with token "
+        "labels, hover a token to see what it attends to and what attends to it, switch between word and "
+        "token level. Input format: [CLS] TEXT [SEP] (with --pair: [CLS] TEXT [SEP] TEXT2 [SEP]).",
+    )
+    v.add_argument("text", metavar="TEXT", help="the input text")
+    v.add_argument("--pair", metavar="TEXT2", default=None, help="a second part, as in a sentence pair")
+    v.add_argument("--model", metavar="PATH", default=None,
+                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    v.add_argument("--out", metavar="FILE", default="view.html", help="the HTML file to write (default: view.html)")
+    v.add_argument("--max-len", type=positive_int, default=DEFAULT_MAX_LEN, metavar="N",
+                   help=f"longest input, in tokens with the special tokens (default: {DEFAULT_MAX_LEN}); "
+                   "longer input is refused, not cut")
+    v.add_argument("--from-word", choices=("mean", "first"), default="mean",
+                   help="attention from a word split into several tokens: the mean of their rows (the paper's "
+                   "definition) or the first token's row (default: mean)")
 
 
 def _has_cuda() -> bool:
@@ -122,6 +147,8 @@ def main(argv=None) -> int:
             from bertscope.compare import cmd_compare
 
             return cmd_compare(args)
+        if args.command == "view":
+            return cmd_view(args)
         if args.command == "selftest":
             from bertscope.selftest import run_selftest
 
@@ -164,6 +191,16 @@ def cmd_probe(args) -> int:
         module.run(args, ProbeRun)
     except KeyboardInterrupt:
         raise UserError("interrupted") from None
+    return 0
+
+
+def cmd_view(args) -> int:
+    import bertscope
+    from bertscope.view import check_request, write_view
+
+    check_request(args.text, args.pair, args.out)  # before the model loads
+    out = write_view(bertscope.load(args.model), args.text, args.out, args.pair, args.max_len, args.from_word)
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB): open it in a browser")
     return 0
 
 
