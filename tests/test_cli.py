@@ -185,7 +185,8 @@ def test_text_corpus_with_a_local_checkpoint(tmp_path, corpus_file, tiny_checkpo
     assert code == 0, capsys.readouterr().err
     rows = check_heads(out / "heads.csv", TINY_LAYERS, TINY_HEADS)
     record = json.loads((out / "run.json").read_text())
-    assert record["corpus"] == {"source": str(corpus_file), "documents": 6, "pairs": 3, "empty_lines": 2}
+    assert record["corpus"] == {"source": str(corpus_file), "documents": 6, "pairs": 3, "empty_lines": 2, "format": "text",
+                                "fields": None}
     assert record["segments"]["segments"] == 6 and record["model"]["type"] == "bert"
 
     # every line became one segment: [CLS] a [SEP] (b [SEP]) with the tokenizer's own template

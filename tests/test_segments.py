@@ -191,8 +191,14 @@ def test_sample_follows_the_seeded_shuffle_and_skips_do_not_count(minilm_tokeniz
     random.Random(7).shuffle(order)
     usable = [str(i) for i in order if i % 3]
 
+    # no limit: every document in corpus order (a sequential read), whatever the seed
     segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(limit=None, seed=7))
+    assert [s.doc_id for s in segments] == sorted(usable, key=int) and report.empty == 4
+    assert [s.document for s in segments] == sorted(map(int, usable))
+
+    segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(limit=12, seed=7))
     assert [s.doc_id for s in segments] == usable and report.empty == 4
+    assert [s.document for s in segments] == [int(i) for i in usable]
 
     segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(limit=5, seed=7))
     assert [s.doc_id for s in segments] == usable[:5]
