@@ -134,7 +134,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
             stats = HeadStats.load(stats_path)
         except ValueError as e:
             raise UserError(f"cannot resume: {e}") from None
-        log(f"resuming after {stats.batches_done} batches")
+        log(f"resuming after batch {stats.batches_done}")
     examples = None
     if settings.per_example:
         # parts first, sums last: the sums' batches_done is the checkpoint; parts beyond it go
