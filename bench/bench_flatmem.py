@@ -1,0 +1,106 @@
+"""Peak memory and throughput of `bertscope run` against the number of segments.
+
+    python bench/bench_flatmem.py [--sizes 1000 10000 100000] [--max-len 32] [--lines 100000]
+                                  [--format text|jsonl] [--threads 1] [--out bench/results_flatmem.md]
+
+The corpus is one file of `--lines` lines built by cycling the packaged Wikipedia lead
+sections (`load_wiki()`, title order) in a temporary folder: one article's text per line
+(text), or per JSON object (`{"text": ...}`, jsonl). Every size runs on that same file:
+`bertscope run --corpus FILE --limit N --max-len L --no-figures --quiet --threads T`, each in
+a fresh subprocess whose peak RSS is its own `ru_maxrss` (`os.wait4` on that child alone).
+The parent never imports torch, so it cannot raise a child's high-water mark.
+
+Throughput is segments (and tokens) per second of the whole run, from run.json's
+`elapsed_s`: model load, corpus index, segmentation and the pass. The fixed costs weigh on
+the smallest size only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_corpus(path: Path, n_lines: int, fmt: str) -> None:
+    """`n_lines` lines cycling the Wikipedia lead sections (newlines inside an article become spaces)."""
+    from bertscope.corpus import load_wiki
+
+    texts = [" ".join(d.parts[0].split()) for d in load_wiki()]
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n_lines):
+            text = texts[i % len(texts)]
+            f.write((json.dumps({"text": text}) if fmt == "jsonl" else text) + "\n")
+
+
+def measure(corpus: Path, n: int, args, out: Path) -> dict:
+    """One `bertscope run` in a fresh process: its peak RSS, wall time and run.json."""
+    command = [str(Path(sys.executable).parent / "bertscope"), "run", "--corpus", str(corpus), "--limit", str(n),
+               "--max-len", str(args.max_len), "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+               "--no-figures", "--quiet", "--out", str(out)]
+    t0 = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - t0
+    stderr = child.stderr.read().decode()
+    child.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {shlex.join(command)}\n{stderr}")
+    record = json.loads((out / "run.json").read_text())
+    return {"segments": record["segments"]["segments"], "tokens": record["n_tokens"], "elapsed_s": record["elapsed_s"],
+            "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "command": shlex.join(command)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--lines", type=int, default=100_000, help="lines of the corpus file")
+    parser.add_argument("--max-len", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--format", choices=("text", "jsonl"), default="jsonl")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results_flatmem.md")
+    args = parser.parse_args()
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / f"wiki_cycled.{'jsonl' if args.format == 'jsonl' else 'txt'}"
+        write_corpus(corpus, args.lines, args.format)
+        size_mb = corpus.stat().st_size / 2**20
+        for n in args.sizes:
+            row = measure(corpus, n, args, Path(tmp) / f"run{n}")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    base = rows[0]["peak_rss_mb"]
+    lines = [
+        "# Peak memory of `bertscope run` against the corpus size",
+        "",
+        f"`{shlex.join([sys.executable, *sys.argv])}`  ",
+        f"corpus: {args.lines:,} lines ({size_mb:.1f} MB, {args.format}) cycling the packaged Wikipedia lead "
+        f"sections; python {platform.python_version()}, {os.cpu_count()} cores, --threads {args.threads}",
+        "",
+        "| segments | tokens | peak RSS (MB) | vs smallest | run elapsed (s) | segments/s | tokens/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['segments']:,} | {r['tokens']:,} | {r['peak_rss_mb']:.0f} | "
+                     f"{100 * (r['peak_rss_mb'] / base - 1):+.1f}% | {r['elapsed_s']:.0f} | "
+                     f"{r['segments'] / r['elapsed_s']:.0f} | {r['tokens'] / r['elapsed_s']:.0f} |")
+    lines += ["", "Each row: " + rows[-1]["command"].replace(str(Path(tmp)), "$TMP"), ""]
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
