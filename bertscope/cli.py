@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(one row each), streamed to disk as batches finish")
     r.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
                    help="segments per forward pass (default: 16); results do not depend on it")
+    r.add_argument("--window", type=positive_int, default=None, metavar="N",
+                   help="batches whose segments are sorted by length together (default: 64); memory holds one "
+                   "window of segments, padding shrinks as it grows; results do not depend on it")
     r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, chunked on the CPU")
     r.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -141,6 +144,7 @@ def cmd_run(args) -> int:
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
         backend=args.backend, device=args.device, packing=args.packing, average=args.average,
         per_example=args.per_example, text_field=args.text_field,
+        **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
     )
     check_device(settings.device, settings.backend)
     if args.threads:
