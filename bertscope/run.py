@@ -185,6 +185,7 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
     a --limit, in corpus order without. Runs recorded before windowed batches
     (`window_batches` None) sorted the sample into corpus order; their resume does the same.
     """
+    len(corpus)  # a text or JSON Lines file is indexed (so checked) in full before anything runs
     stream = iter_segments(corpus, tokenizer, options, report)
     first = next(stream, None)
     if first is None:
