@@ -61,6 +61,30 @@ def measure(corpus: Path, n: int, args, out: Path) -> dict:
             "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "command": shlex.join(command)}
 
 
+def padding(limits, batch_size: int, windows) -> list[str]:
+    """Padded tokens per real token of the Wikipedia sample under each window (no model runs:
+    padding is a function of the segment lengths and the plan)."""
+    from transformers import AutoTokenizer
+
+    from bertscope.corpus import open_corpus
+    from bertscope.engine import windowed_batches
+    from bertscope.models import load_model
+    from bertscope.segments import SegmentOptions, make_segments
+
+    tokenizer = AutoTokenizer.from_pretrained(load_model(None).path)
+    lines = ["| segments (wiki, --max-len 128) | " + " | ".join(f"window {w or 'all'}" for w in windows) + " |",
+             "|---:|" + "---:|" * len(windows)]
+    for limit in limits:
+        segments, _ = make_segments(open_corpus("wiki"), tokenizer, SegmentOptions(limit=limit))
+        real = sum(s.n_tokens for s in segments)
+        cells = []
+        for w in windows:
+            padded = sum(len(b) * max(s.n_tokens for s in b) for _, b in windowed_batches(segments, batch_size, w))
+            cells.append(f"{100 * (padded / real - 1):.2f}%")
+        lines.append(f"| {len(segments):,} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
@@ -70,7 +94,12 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--format", choices=("text", "jsonl"), default="jsonl")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results_flatmem.md")
+    parser.add_argument("--padding", action="store_true",
+                        help="only print the padding of the Wikipedia sample (1000 and all segments) per window")
     args = parser.parse_args()
+    if args.padding:
+        print("\n".join(padding([1000, None], args.batch_size, [1, 4, 16, 64, None])))
+        return
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

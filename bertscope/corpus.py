@@ -335,7 +335,8 @@ class _ColumnCorpus:
 
 
 class ParquetCorpus(_ColumnCorpus):
-    """A Parquet file read in record batches (sequentially) or one row group at a time (by row)."""
+    """A Parquet file read in record batches of ROWS_PER_READ rows (in order), or by row: then
+    the text column(s) of one row group at a time are held, as Arrow arrays."""
 
     def __init__(self, path: Path, text_field: str | None):
         import pyarrow.parquet as pq
@@ -348,7 +349,7 @@ class ParquetCorpus(_ColumnCorpus):
         self._starts = [0]
         for g in range(meta.num_row_groups):
             self._starts.append(self._starts[-1] + meta.row_group(g).num_rows)
-        self._group: tuple[int, list[list]] | None = None  # the row group read last
+        self._group: tuple[int, list] | None = None  # the row group read last
         super().__init__(path, self._file.schema_arrow.names, text_field, "parquet")
 
     def __len__(self) -> int:
@@ -360,10 +361,10 @@ class ParquetCorpus(_ColumnCorpus):
 
     def __getitem__(self, i: int) -> Document:
         g = bisect_right(self._starts, i) - 1
-        if self._group is None or self._group[0] != g:
+        if self._group is None or self._group[0] != g:  # kept as Arrow arrays: no Python object per row
             table = self._file.read_row_group(g, columns=self.fields)
-            self._group = g, [table.column(name).to_pylist() for name in self.fields]
-        return self._document(i, [column[i - self._starts[g]] for column in self._group[1]])
+            self._group = g, [table.column(name) for name in self.fields]
+        return self._document(i, [column[i - self._starts[g]].as_py() for column in self._group[1]])
 
 
 class DatasetsCorpus(_ColumnCorpus):
