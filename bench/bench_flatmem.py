@@ -42,7 +42,7 @@ def write_corpus(path: Path, n_lines: int, fmt: str) -> None:
             f.write((json.dumps({"text": text}) if fmt == "jsonl" else text) + "\n")
 
 
-def measure(corpus: Path, n: int, args, out: Path) -> dict:
+def measure(corpus: Path | str, n: str, args, out: Path) -> dict:
     """One `bertscope run` in a fresh process: its peak RSS, wall time and run.json."""
     command = [str(Path(sys.executable).parent / "bertscope"), "run", "--corpus", str(corpus), "--limit", str(n),
                "--max-len", str(args.max_len), "--batch-size", str(args.batch_size), "--threads", str(args.threads),
@@ -87,7 +87,9 @@ def padding(limits, batch_size: int, windows) -> list[str]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--sizes", nargs="+", default=["1000", "10000", "100000"], help="--limit of each run")
+    parser.add_argument("--corpus", default=None,
+                        help="run on this corpus (e.g. wiki) instead of the file of cycled Wikipedia text")
     parser.add_argument("--lines", type=int, default=100_000, help="lines of the corpus file")
     parser.add_argument("--max-len", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -103,9 +105,13 @@ def main():
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / f"wiki_cycled.{'jsonl' if args.format == 'jsonl' else 'txt'}"
-        write_corpus(corpus, args.lines, args.format)
-        size_mb = corpus.stat().st_size / 2**20
+        if args.corpus:
+            corpus, about = args.corpus, f"--corpus {args.corpus}"
+        else:
+            corpus = Path(tmp) / f"wiki_cycled.{'jsonl' if args.format == 'jsonl' else 'txt'}"
+            write_corpus(corpus, args.lines, args.format)
+            about = (f"{args.lines:,} lines ({corpus.stat().st_size / 2**20:.1f} MB, {args.format}) cycling the "
+                     "packaged Wikipedia lead sections")
         for n in args.sizes:
             row = measure(corpus, n, args, Path(tmp) / f"run{n}")
             rows.append(row)
@@ -116,8 +122,7 @@ def main():
         "# Peak memory of `bertscope run` against the corpus size",
         "",
         f"`{shlex.join([sys.executable, *sys.argv])}`  ",
-        f"corpus: {args.lines:,} lines ({size_mb:.1f} MB, {args.format}) cycling the packaged Wikipedia lead "
-        f"sections; python {platform.python_version()}, {os.cpu_count()} cores, --threads {args.threads}",
+        f"corpus: {about}; python {platform.python_version()}, {os.cpu_count()} cores, --threads {args.threads}",
         "",
         "| segments | tokens | peak RSS (MB) | vs smallest | run elapsed (s) | segments/s | tokens/s |",
         "|---:|---:|---:|---:|---:|---:|---:|",
