@@ -121,7 +121,7 @@ def main():
     lines = [
         "# Peak memory of `bertscope run` against the corpus size",
         "",
-        f"`{shlex.join([sys.executable, *sys.argv])}`  ",
+        f"`{shlex.join(['python', 'bench/bench_flatmem.py', *sys.argv[1:]])}`  ",
         f"corpus: {about}; python {platform.python_version()}, {os.cpu_count()} cores, --threads {args.threads}",
         "",
         "| segments | tokens | peak RSS (MB) | vs smallest | run elapsed (s) | segments/s | tokens/s |",
@@ -131,7 +131,8 @@ def main():
         lines.append(f"| {r['segments']:,} | {r['tokens']:,} | {r['peak_rss_mb']:.0f} | "
                      f"{100 * (r['peak_rss_mb'] / base - 1):+.1f}% | {r['elapsed_s']:.0f} | "
                      f"{r['segments'] / r['elapsed_s']:.0f} | {r['tokens'] / r['elapsed_s']:.0f} |")
-    lines += ["", "Each row: " + rows[-1]["command"].replace(str(Path(tmp)), "$TMP"), ""]
+    command = rows[-1]["command"].replace(str(Path(tmp)), "$TMP").replace(str(Path(sys.executable).parent) + "/", "")
+    lines += ["", "Each row: " + command, ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
 
