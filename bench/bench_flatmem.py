@@ -49,7 +49,7 @@ def measure(corpus: Path | str, n: str, args, out: Path) -> dict:
                "--no-figures", "--quiet", "--out", str(out)]
     t0 = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+                             env={**os.environ, "OMP_NUM_THREADS": str(args.threads), **args.env})
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - t0
     stderr = child.stderr.read().decode()
@@ -96,9 +96,12 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--format", choices=("text", "jsonl"), default="jsonl")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results_flatmem.md")
+    parser.add_argument("--malloc-mmap-threshold", type=int, default=None, metavar="BYTES",
+                        help="run the children with glibc's MALLOC_MMAP_THRESHOLD_ fixed at BYTES")
     parser.add_argument("--padding", action="store_true",
                         help="only print the padding of the Wikipedia sample (1000 and all segments) per window")
     args = parser.parse_args()
+    args.env = {} if args.malloc_mmap_threshold is None else {"MALLOC_MMAP_THRESHOLD_": str(args.malloc_mmap_threshold)}
     if args.padding:
         print("\n".join(padding([1000, None], args.batch_size, [1, 4, 16, 64, None])))
         return
@@ -122,7 +125,8 @@ def main():
         "# Peak memory of `bertscope run` against the corpus size",
         "",
         f"`{shlex.join(['python', 'bench/bench_flatmem.py', *sys.argv[1:]])}`  ",
-        f"corpus: {about}; python {platform.python_version()}, {os.cpu_count()} cores, --threads {args.threads}",
+        f"corpus: {about}; python {platform.python_version()}, {os.cpu_count()} cores, --threads {args.threads}"
+        + "".join(f", {k}={v}" for k, v in args.env.items()),
         "",
         "| segments | tokens | peak RSS (MB) | vs smallest | run elapsed (s) | segments/s | tokens/s |",
         "|---:|---:|---:|---:|---:|---:|---:|",
