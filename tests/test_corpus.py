@@ -73,7 +73,8 @@ def test_text_file_lines_pairs_and_blank_lines(tmp_path):
         Document("pairs.txt:5", ["a", "b\tc"]),  # only the first tab splits
         Document("pairs.txt:6", ["Last line without newline"]),
     ]
-    assert report.as_dict() == {"source": str(path), "documents": 4, "pairs": 2, "empty_lines": 2}
+    assert report.as_dict() == {"source": str(path), "documents": 4, "pairs": 2, "empty_lines": 2, "format": "text",
+                                "fields": None}
 
 
 def test_text_file_final_newline_crlf_and_bom(tmp_path):
@@ -133,7 +134,8 @@ def test_wiki_loads_every_article_sorted_by_title(wiki):
 def test_wiki_corpus_report(wiki):
     documents, report = load_corpus("wiki")
     assert len(documents) == len(wiki)
-    assert report.as_dict() == {"source": "wiki", "documents": 10_033, "pairs": 0, "empty_lines": 0}
+    assert report.as_dict() == {"source": "wiki", "documents": 10_033, "pairs": 0, "empty_lines": 0, "format": "wiki",
+                                "fields": None}
 
 
 def test_wiki_article_sentences(wiki):

@@ -16,7 +16,9 @@ def read_heads(path):
 
 
 def test_two_ranks_equal_one_process(tmp_path):
-    args = ["run", "--corpus", "wiki", "--limit", "12", "--batch-size", "2", "--quiet", "--no-figures", "--per-example"]
+    # windows of 2 batches: the 6 batches of the plan come from 3 windows of 4 segments
+    args = ["run", "--corpus", "wiki", "--limit", "12", "--batch-size", "2", "--window", "2", "--quiet", "--no-figures",
+            "--per-example"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": os.environ.get("CI", "")}
     single = subprocess.run([sys.executable, "-m", "bertscope.cli", *args, "--out", str(tmp_path / "one")],
                             env=env, capture_output=True, text=True, timeout=300)

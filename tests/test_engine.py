@@ -17,7 +17,7 @@ from bertscope.accumulate import ARRAYS, HeadStats
 from bertscope.analyses.surface import head_table
 from bertscope.attention import HeadProbe
 from bertscope.corpus import Document
-from bertscope.engine import EngineOptions, plan_batches, run_batch, run_stats
+from bertscope.engine import EngineOptions, plan_batches, run_batch, run_stats, stream_batches, windowed_batches
 from bertscope.errors import UserError
 from bertscope.kernels import Gate, StatsSpec
 from bertscope.models import SUPPORTED_MODEL_TYPES, load_model, wrap_model
@@ -506,3 +506,59 @@ def test_load_model_user_errors(tmp_path):
     with pytest.raises(UserError, match="no config.json"):
         load_model(tmp_path)
 
+
+
+# --- the batch plan: windows of length-sorted segments ----------------------------------
+
+
+class Fake:
+    """Just a length: all the plan looks at."""
+
+    def __init__(self, n_tokens):
+        self.n_tokens = n_tokens
+
+
+@pytest.mark.parametrize("n, batch_size, window", [(0, 4, 2), (1, 4, 2), (37, 4, 2), (64, 4, 16), (50, 3, 1),
+                                                   (50, 3, None)])
+def test_windowed_plan_covers_each_segment_once_sorted_within_windows(n, batch_size, window):
+    rng = random.Random(n)
+    lengths = [rng.randint(5, 60) for _ in range(n)]
+    segments = [Fake(x) for x in lengths]
+    plan = plan_batches(segments, batch_size, window)
+    assert sorted(i for batch in plan for i in batch) == list(range(n))
+    size = n if window is None else window * batch_size
+    for w, start in enumerate(range(0, n, size or 1)):  # each window: its own segments, by (length, index)
+        members = list(range(start, min(n, start + size)))
+        expected = sorted(members, key=lambda i: (lengths[i], i))
+        per_window = (size + batch_size - 1) // batch_size
+        got = [i for batch in plan[w * per_window:(w + 1) * per_window] for i in batch]
+        assert got == expected
+    assert all(len(batch) == batch_size for batch in plan[:-1])
+    # a generator gives the same plan as a list: the plan is a function of the stream
+    assert plan_batches(iter(segments), batch_size, window) == plan
+    assert [list(b) for b, _ in windowed_batches(iter(segments), batch_size, window)] == plan
+
+
+def test_whole_stream_window_is_the_global_length_sort():
+    lengths = [9, 3, 7, 3, 12, 1, 7]
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    assert plan_batches([Fake(x) for x in lengths], 2, None) == [order[0:2], order[2:4], order[4:6], order[6:]]
+    assert plan_batches([Fake(x) for x in lengths], 2, 1) == [[1, 0], [3, 2], [5, 4], [6]]
+
+
+@pytest.mark.parametrize("window", [1, 2, None])
+def test_shards_and_skips_split_one_plan(tiny_model, window):
+    """Ranks take batches r, r + w, ... of one plan: disjoint, together every segment;
+    skipping k batches of a shard leaves exactly its later batches."""
+    loaded, _ = eager_twin(tiny_model, "bert")
+    segments = random_segments(loaded.tokenizer, n=19)
+    plan = plan_batches(segments, 3, window)
+
+    def seen(shard, skip=0):
+        return [(b.number, b.indices) for b in stream_batches(loaded, iter(segments), SPEC, batch_size=3, progress=False,
+                                                              shard=shard, skip=skip, window_batches=window)]
+    ranks = [seen((r, 3)) for r in range(3)]
+    for r, batches in enumerate(ranks):
+        assert batches == [(k + 1, plan[i]) for k, i in enumerate(range(r, len(plan), 3))]
+    assert seen((1, 3), skip=1) == ranks[1][1:]
+    assert seen((0, 1), skip=len(plan)) == []

@@ -1,12 +1,15 @@
 """Documents -> `[CLS] a [SEP] b [SEP]` segments: templates, truncation, sampling, collation."""
 import random
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
 
-from bertscope.corpus import Document
+from bertscope.corpus import Document, open_corpus
 from bertscope.errors import UserError
-from bertscope.segments import Segment, SegmentOptions, SegmentReport, collate, length_summary, make_segments
+from bertscope.segments import (Segment, SegmentOptions, SegmentReport, collate, iter_segments, length_summary,
+                                make_segments, sample_order)
 
 THREE_SENTENCES = "One two three four five. Six seven. Eight nine ten."  # 6 + 3 + 4 MiniLM tokens
 LONG_WORDS = "The unbelievably photosynthesising hippopotamus ate."  # 16 tokens in 6 words
@@ -191,8 +194,14 @@ def test_sample_follows_the_seeded_shuffle_and_skips_do_not_count(minilm_tokeniz
     random.Random(7).shuffle(order)
     usable = [str(i) for i in order if i % 3]
 
+    # no limit: every document in corpus order (a sequential read), whatever the seed
     segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(limit=None, seed=7))
+    assert [s.doc_id for s in segments] == sorted(usable, key=int) and report.empty == 4
+    assert [s.document for s in segments] == sorted(map(int, usable))
+
+    segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(limit=12, seed=7))
     assert [s.doc_id for s in segments] == usable and report.empty == 4
+    assert [s.document for s in segments] == [int(i) for i in usable]
 
     segments, report = make_segments(documents, minilm_tokenizer, SegmentOptions(limit=5, seed=7))
     assert [s.doc_id for s in segments] == usable[:5]
@@ -362,3 +371,66 @@ def test_collate_pads_on_the_right_to_the_longest(minilm_tokenizer):
     assert alone["input_ids"].shape == (1, 5) and alone["attention_mask"].all()
     with pytest.raises(ValueError):
         collate([], pad_id=0)
+
+
+# --- the lazy stream: the same sample as holding every document -------------------------
+
+
+def reference_sample(documents, tokenizer, options):
+    """The sample as bertscope made it before streaming: every document in a list, the
+    list of indices shuffled with random.Random(seed), segments until the limit."""
+    order = list(range(len(documents)))
+    if options.limit is not None:
+        random.Random(options.seed).shuffle(order)
+    out = []
+    for i in order:
+        one = replace(options, limit=None)
+        made, _ = make_segments([documents[i]], tokenizer, one)
+        for s in made:
+            s.document = i
+        out += made
+        if options.limit is not None and len(out) >= options.limit:
+            return out[: options.limit]
+    return out
+
+
+def test_sample_order_is_the_shuffled_list():
+    for n, seed in [(0, 0), (1, 5), (10, 0), (1000, 123)]:
+        order = list(range(n))
+        random.Random(seed).shuffle(order)
+        assert list(sample_order(n, seed)) == order
+
+
+@pytest.mark.parametrize("limit, seed", [(None, 0), (1, 0), (7, 1), (40, 2), (500, 3)])
+def test_lazy_text_file_sample_equals_the_in_memory_reference(tmp_path, minilm_tokenizer, limit, seed):
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(NOUNS) for _ in range(rng.randint(0, 12))) + ("\t" + "a pair ." if i % 4 == 0 else "")
+             for i in range(60)]  # some blank lines, some pairs
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    options = SegmentOptions(limit=limit, seed=seed, max_len=12)
+    documents = list(open_corpus(str(path)))
+    lazy_report = SegmentReport()
+    lazy = list(iter_segments(open_corpus(str(path)), minilm_tokenizer, options, lazy_report))
+    assert lazy == reference_sample(documents, minilm_tokenizer, options)
+    assert lazy == make_segments(documents, minilm_tokenizer, options)[0]
+    assert lazy_report.segments == len(lazy) == min(limit or len(lazy), len(lazy))
+    assert lazy_report.lengths == length_summary([s.n_tokens for s in lazy])
+
+
+@pytest.mark.parametrize("limit", [1, 13, 60])
+def test_clark_sample_stops_inside_a_document_as_before(wiki, minilm_tokenizer, limit):
+    """Wikipedia articles give several segments each: the limit may cut an article short."""
+    documents = wiki[:120]
+    options = SegmentOptions(limit=limit, seed=4, max_len=48)
+    lazy = list(iter_segments(documents, minilm_tokenizer, options))
+    assert lazy == reference_sample(documents, minilm_tokenizer, options)
+    assert len(lazy) == limit and (limit == 1 or len({s.document for s in lazy}) < limit)  # several per article
+    assert all(documents[s.document].id == s.doc_id for s in lazy)
+
+
+def test_length_summary_of_counts_equals_that_of_lengths():
+    rng = random.Random(0)
+    for n in (1, 2, 5, 99, 1000):
+        lengths = [rng.randint(3, 128) for _ in range(n)]
+        assert length_summary(Counter(lengths)) == length_summary(lengths)
