@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -189,13 +190,17 @@ def bare_command(model_dir: Path, corpus: Path, batch_size: int) -> list[str]:
     return [sys.executable, "-c", BARE, str(model_dir), str(corpus), str(batch_size)]
 
 
-def timed_run(command: list[str]) -> float:
+def timed_run(command: list[str], env=None) -> tuple[float, float]:
+    """Wall seconds from launch to exit, and CPU seconds (user + system) of the process and of
+    every process it waited for (the figure helpers)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=ENV)
+    done = subprocess.run(command, capture_output=True, text=True, env=env or ENV)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(command[:4])} ... failed:\n{done.stderr[-3000:]}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def check_run(run_dir: Path, n: int, max_len: int) -> dict:
@@ -275,7 +280,7 @@ def main(argv=None) -> int:
         build_corpus(corpus, args.segments, args.max_len, tokenizer)
         print(f"job: {args.segments} pairs of exactly {args.max_len} tokens in {corpus}")
         bare = bare_command(model_dir, corpus, args.batch_size)
-        times = {"bare": [], "bertscope": []}
+        times = {"bare": [], "bertscope": []}  # (wall s, cpu s) per repeat
         for r in range(args.repeats):
             order = ("bare", "bertscope") if r % 2 == 0 else ("bertscope", "bare")
             for name in order:
@@ -283,16 +288,20 @@ def main(argv=None) -> int:
                 command = bare if name == "bare" else bertscope_command(corpus, args.max_len, out, extra)
                 times[name].append(timed_run(command))
             check_run(tmp / f"run{r}", args.segments, args.max_len)
-            print(f"  repeat {r + 1}/{args.repeats}: bare {times['bare'][-1]:6.2f} s  "
-                  f"bertscope {times['bertscope'][-1]:6.2f} s  ratio {times['bare'][-1] / times['bertscope'][-1]:.2f}"
-                  f"  (load {os.getloadavg()[0]:.2f})", flush=True)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        paired = statistics.median(b / s for b, s in zip(times["bare"], times["bertscope"]))
-        lines += ["", "| program | median s | runs (s) |", "|---|---:|---|"]
-        lines += [f"| {k} | {med[k]:.2f} | {' '.join(f'{t:.2f}' for t in v)} |" for k, v in times.items()]
-        lines += ["", f"ratio of medians bare / bertscope: **{med['bare'] / med['bertscope']:.2f}x**; "
-                  f"paired ratio {paired:.2f}x (target >= 0.85x)",
-                  f"load average at end {os.getloadavg()[0]:.2f}"]
+            (bw, bc), (sw, sc) = times["bare"][-1], times["bertscope"][-1]
+            print(f"  repeat {r + 1}/{args.repeats}: bare {bw:6.2f} s (cpu {bc:6.2f})  bertscope {sw:6.2f} s "
+                  f"(cpu {sc:6.2f})  ratio {bw / sw:.2f}  (load {os.getloadavg()[0]:.2f})", flush=True)
+        lines += ["", "| program | median wall s | median CPU s | wall s of each repeat |", "|---|---:|---:|---|"]
+        for k, v in times.items():
+            lines.append(f"| {k} | {statistics.median(w for w, _ in v):.2f} | {statistics.median(c for _, c in v):.2f} "
+                         f"| {' '.join(f'{w:.2f}' for w, _ in v)} |")
+        for i, what in ((0, "wall"), (1, "CPU")):
+            med = {k: statistics.median(t[i] for t in v) for k, v in times.items()}
+            paired = statistics.median(b[i] / s[i] for b, s in zip(times["bare"], times["bertscope"]))
+            extra_s = statistics.median(s[i] - b[i] for b, s in zip(times["bare"], times["bertscope"]))
+            lines.append(f"- {what} time, bare / bertscope: ratio of medians **{med['bare'] / med['bertscope']:.2f}x**, "
+                         f"paired ratio {paired:.2f}x, bertscope's extra seconds (paired median) {extra_s:.2f}")
+        lines += ["", f"target: ratio >= 0.85x; load average at end {os.getloadavg()[0]:.2f}"]
 
         if args.profile:
             profiled = bertscope_command(corpus, args.max_len, tmp / "profile", extra)
