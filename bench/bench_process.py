@@ -299,7 +299,8 @@ def main(argv=None) -> int:
             med = {k: statistics.median(t[i] for t in v) for k, v in times.items()}
             paired = statistics.median(b[i] / s[i] for b, s in zip(times["bare"], times["bertscope"]))
             extra_s = statistics.median(s[i] - b[i] for b, s in zip(times["bare"], times["bertscope"]))
-            lines.append(f"- {what} time, bare / bertscope: ratio of medians **{med['bare'] / med['bertscope']:.2f}x**, "
+            ratio = med["bare"] / med["bertscope"]
+            lines.append(f"- {what} time, bare / bertscope: ratio of medians **{ratio:.2f}x**, "
                          f"paired ratio {paired:.2f}x, bertscope's extra seconds (paired median) {extra_s:.2f}")
         lines += ["", f"target: ratio >= 0.85x; load average at end {os.getloadavg()[0]:.2f}"]
 
