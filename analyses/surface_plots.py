@@ -18,14 +18,11 @@ cells show their value when the grid is at most 12 x 12; NaN cells are left blan
 """
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 DPI = 150
 ANNOTATE_MAX = 12  # annotate heatmap cells when both layers and heads are <= this
@@ -33,10 +30,39 @@ ANNOTATE_MAX = 12  # annotate heatmap cells when both layers and heads are <= th
 BLUE, ORANGE, GREEN, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
 
 
+# Every figure, with its drawing time relative to the others (measured on the 6 x 12 MiniLM;
+# the annotated heatmaps cost most), so that figure helpers get equal shares (bertscope.figures).
+FIGURES = {"fig_tokens_by_layer.png": 3, "fig_entropy_by_layer.png": 2, "fig_offsets_heatmap.png": 4,
+           "fig_special_heatmap.png": 5, "fig_entropy_heatmap.png": 2}
+
+
+def new_figure(**kwargs):
+    """A matplotlib Figure drawn by Agg, outside pyplot: no global backend switch (safe in a
+    notebook), nothing to close, and matplotlib is imported only when a figure is drawn, so
+    that a run's main process never imports it (its figure helpers do)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
+
+
+def colormaps():
+    from matplotlib import colormaps as registry
+
+    return registry
+
+
+def warm_up():
+    """Import matplotlib and load the fonts by drawing a tiny figure: what a figure helper
+    does while it waits for its job (bertscope.figures)."""
+    fig = new_figure(figsize=(1, 1))
+    fig.text(0.5, 0.5, "0.12")
+    fig.savefig(io.BytesIO(), format="png", dpi=10)
+
+
 def plot_surface(table: dict[str, np.ndarray], out_dir: Path, title: str,
                  uniform_entropy: float | None = None,
-                 cls_uniform_entropy: float | None = None) -> list[Path]:
-    """Write the five surface-pattern figures into `out_dir`; return their paths.
+                 cls_uniform_entropy: float | None = None, names=tuple(FIGURES)) -> list[Path]:
+    """Write the surface-pattern figures `names` (default: all five) into `out_dir`; return their paths.
 
     `title` names the model and prefixes every figure title. `uniform_entropy` and
     `cls_uniform_entropy` are the entropies of uniform attention over the same tokens
@@ -44,21 +70,25 @@ def plot_surface(table: dict[str, np.ndarray], out_dir: Path, title: str,
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [
-        _tokens_by_layer(table, out_dir / "fig_tokens_by_layer.png", title),
-        _entropy_by_layer(table, out_dir / "fig_entropy_by_layer.png", title,
-                          uniform_entropy, cls_uniform_entropy),
-        _heatmaps(table, [("prev", "previous token"), ("self", "current token"), ("next", "next token")],
-                  out_dir / "fig_offsets_heatmap.png",
-                  f"{title}: average attention to relative positions", "average attention"),
-        _heatmaps(table, [("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", '". or ,"'),
-                          ("sep_sep", "[SEP] → [SEP] (from [SEP] rows)")],
-                  out_dir / "fig_special_heatmap.png",
-                  f"{title}: average attention to special tokens", "average attention"),
-        _heatmaps(table, [("entropy", "")], out_dir / "fig_entropy_heatmap.png",
-                  f"{title}: average attention entropy per head", "entropy (nats)",
-                  vmin=None, vmax=None, cmap="magma"),
-    ]
+    draw = {
+        "fig_tokens_by_layer.png": lambda path: _tokens_by_layer(table, path, title),
+        "fig_entropy_by_layer.png": lambda path: _entropy_by_layer(table, path, title, uniform_entropy,
+                                                                   cls_uniform_entropy),
+        "fig_offsets_heatmap.png": lambda path: _heatmaps(
+            table, [("prev", "previous token"), ("self", "current token"), ("next", "next token")], path,
+            f"{title}: average attention to relative positions", "average attention"),
+        "fig_special_heatmap.png": lambda path: _heatmaps(
+            table, [("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", '". or ,"'),
+                    ("sep_sep", "[SEP] → [SEP] (from [SEP] rows)")], path,
+            f"{title}: average attention to special tokens", "average attention"),
+        "fig_entropy_heatmap.png": lambda path: _heatmaps(
+            table, [("entropy", "")], path, f"{title}: average attention entropy per head", "entropy (nats)",
+            vmin=None, vmax=None, cmap="magma"),
+    }
+    unknown = set(names) - set(draw)
+    if unknown:
+        raise ValueError(f"no surface figure named {', '.join(sorted(unknown))}")
+    return [draw[name](out_dir / name) for name in names]
 
 
 # ---------------------------------------------------------------------------- by layer
@@ -88,7 +118,8 @@ def _tokens_by_layer(table, path: Path, title: str) -> Path:
     rng = np.random.default_rng(0)
     panels = [("cls", "[CLS]", BLUE), ("sep", "[SEP]", ORANGE), ("punct", '". or ,"', GREEN)]
     from_sep = [c for c in ("rest_sep", "sep_sep") if c in table]
-    fig, axes = plt.subplots(1, 3 + bool(from_sep), figsize=(4 * (3 + bool(from_sep)), 3.8), sharey=False)
+    fig = new_figure(figsize=(4 * (3 + bool(from_sep)), 3.8))
+    axes = fig.subplots(1, 3 + bool(from_sep), sharey=False)
     for ax, (col, label, color) in zip(axes, panels):
         values = np.asarray(table[col], dtype=float)
         _by_layer(ax, values, color, rng)
@@ -119,7 +150,8 @@ def _entropy_by_layer(table, path: Path, title: str, uniform: float | None,
     rng = np.random.default_rng(0)
     panels = [("entropy", "all tokens", BLUE, uniform),
               ("cls_entropy", "[CLS] token", VERMILLION, cls_uniform)]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig = new_figure(figsize=(10, 3.8))
+    axes = fig.subplots(1, 2)
     for ax, (col, label, color, base) in zip(axes, panels):
         values = np.asarray(table[col], dtype=float)
         _by_layer(ax, values, color, rng)
@@ -157,9 +189,9 @@ def _heatmaps(table, panels: list[tuple[str, str]], path: Path, suptitle: str, c
     ncols = min((c for c in range(1, len(panels) + 1) if len(panels) % c == 0),
                 key=lambda c: abs(np.log(c * pw / (-(-len(panels) // c) * ph) / 1.6)))
     nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * pw + 1.0, nrows * ph + 0.6),
-                             squeeze=False, layout="constrained")
-    cm = plt.get_cmap(cmap)
+    fig = new_figure(figsize=(ncols * pw + 1.0, nrows * ph + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    cm = colormaps()[cmap]
     for ax, grid, (_, label) in zip(axes.flat, grids, panels):
         im = ax.imshow(grid, cmap=cm, vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
         if label:
@@ -171,7 +203,8 @@ def _heatmaps(table, panels: list[tuple[str, str]], path: Path, suptitle: str, c
                 if np.isfinite(v):
                     r, g, b, _ = cm((v - lo) / (hi - lo))
                     ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=size, color=ink)
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=size, color=ink,
+                            in_layout=False)  # inside the axes: the layout need not measure them
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     fig.colorbar(im, ax=axes, shrink=0.9 if nrows > 1 else 1.0, label=cbar_label)
@@ -200,7 +233,7 @@ def _finite_max(values: np.ndarray) -> float:
 
 
 def _save(fig, path: Path, tight: bool = True, legend_axes=()) -> Path:
-    """Write `fig` to `path` and close it; one shared legend below `legend_axes` if given."""
+    """Write `fig` to `path`; one shared legend below `legend_axes` if given."""
     if len(legend_axes):
         entries = {}
         for ax in legend_axes:
@@ -211,6 +244,5 @@ def _save(fig, path: Path, tight: bool = True, legend_axes=()) -> Path:
     if tight:
         fig.tight_layout(rect=(0, 0.07 if len(legend_axes) else 0, 1, 1))
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
     return path
 

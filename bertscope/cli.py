@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from bertscope.args import check_device, limit_arg, positive_int
@@ -143,7 +144,37 @@ def add_probe_parsers(sub):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command line. Called without `argv` (the `bertscope` command itself), the process
+    ends as soon as the command is done: see `exit_now`."""
+    code = run_command(build_parser().parse_args(argv))
+    if argv is None:
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int):
+    """Exit without tearing down the interpreter, which takes 1-2 s after importing torch and
+    transformers (clearing thousands of modules) and achieves nothing at exit: the exit
+    handlers run and the output streams are flushed first, as a normal exit would. With a
+    non-daemon thread still running, exit normally (it would be waited for)."""
+    import atexit
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is None:
+        return
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said
+            pass
+    os._exit(code)
+
+
+def run_command(args) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
@@ -169,6 +200,18 @@ def main(argv=None) -> int:
 
 
 def cmd_run(args) -> int:
+    from bertscope.figures import surface_pool
+
+    # the figure helpers start first: they import matplotlib while this process loads the model
+    figures = surface_pool() if not args.no_figures else False
+    try:
+        return start_run(args, figures)
+    finally:
+        if figures:
+            figures.close()
+
+
+def start_run(args, figures) -> int:
     from bertscope.run import RunSettings, run
 
     if args.max_offset < 1:
@@ -185,7 +228,7 @@ def cmd_run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    run(settings, out=args.out, resume=args.resume, figures=not args.no_figures, progress=not args.quiet)
+    run(settings, out=args.out, resume=args.resume, figures=figures, progress=not args.quiet)
     return 0
 
 

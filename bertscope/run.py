@@ -21,14 +21,14 @@ import transformers
 
 import bertscope
 from bertscope.accumulate import HeadStats
-from bertscope.analyses import surface
+from bertscope.analyses import surface, surface_plots
 from bertscope.corpus import open_corpus
 from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
 from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
 from bertscope.errors import UserError
+from bertscope.figures import SURFACE_PLOTS, FigureError, FigurePool, split, surface_pool
 from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_backend
 from bertscope.models import load_model, model_name
-from bertscope.per_example import FILE_NAME, PerExampleWriter
 from bertscope.report import write_report
 from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
 from bertscope.segments import SegmentOptions, SegmentReport, describe_lengths, iter_segments
@@ -68,13 +68,25 @@ class RunSettings:
         return own.union(surface.NEEDS)
 
 
-def run(settings: RunSettings, out: str | None = None, resume: str | None = None, figures: bool = True,
-        progress: bool = True, log=print) -> Path:
+def run(settings: RunSettings, out: str | None = None, resume: str | None = None,
+        figures: bool | FigurePool = True, progress: bool = True, log=print) -> Path:
     """Run the surface analysis; returns the run directory.
 
     Under torchrun every rank runs this same function on its share of the batches; rank 0
-    creates the run directory and writes the outputs.
+    creates the run directory and writes the outputs. `figures` may be a pool of figure
+    helpers already started (`bertscope.figures.surface_pool()`, as the command line does
+    before importing the model code); the pool is closed when the run ends, however it ends.
     """
+    pool = figures if isinstance(figures, FigurePool) else surface_pool() if figures else None
+    try:
+        return _run(settings, out, resume, pool, progress, log)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run(settings: RunSettings, out: str | None, resume: str | None, figures: FigurePool | None,
+         progress: bool, log) -> Path:
     t0 = time.perf_counter()
     world = init_world()
     if not world.is_main:
@@ -137,6 +149,8 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         log(f"resuming after batch {stats.batches_done}")
     examples = None
     if settings.per_example:
+        from bertscope.per_example import PerExampleWriter  # pyarrow: imported only when needed
+
         # parts first, sums last: the sums' batches_done is the checkpoint; parts beyond it go
         examples = PerExampleWriter.load(run_dir / "examples", spec, loaded.classes, rank=world.rank)
         examples.rewind(stats.batches_done)
@@ -166,12 +180,11 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
     log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
     record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
-    outputs = write_surface(stats, run_dir, loaded, record, figures, log)
-    if settings.per_example:
-        rows = examples.finish(run_dir / FILE_NAME)
-        record["per_example"] = {"file": FILE_NAME, "rows": rows}
-        outputs.append(FILE_NAME)
-        log(f"wrote {rows} per-example rows (segment x layer x head) to {FILE_NAME}")
+    try:
+        outputs = write_outputs(stats, run_dir, loaded, record, examples, figures, log)
+    except KeyboardInterrupt:  # every batch is in the checkpoint: only the outputs are missing
+        raise UserError(f"interrupted while writing the outputs; bertscope run --resume {run_dir} "
+                        "writes them without running the model again") from None
     record.update(status="complete", outputs=outputs)
     write_json(run_dir / "run.json", record)
     return run_dir
@@ -210,23 +223,50 @@ def on_main(world, make):
     return value
 
 
-def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures: bool, log) -> list[str]:
-    """heads.csv, figures, index.html and the terminal summary of the surface analysis."""
+def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, examples, figures: FigurePool | None,
+                  log) -> list[str]:
+    """Every output but run.json; the figures are drawn by the helpers meanwhile."""
     table = surface.head_table(stats)
-    write_csv(run_dir / "heads.csv", surface.table_rows(table), tuple(table))
+    if figures is not None:
+        draw_figures(figures, table, stats, loaded, run_dir)
     outputs = ["heads.csv", "stats.npz"]
-    figure_names = []
-    if figures:
-        from bertscope.analyses.surface_plots import plot_surface
+    write_csv(run_dir / "heads.csv", surface.table_rows(table), tuple(table))
+    if examples is not None:
+        from bertscope.per_example import FILE_NAME
 
-        title = model_name(loaded.path)
-        paths = plot_surface(table, run_dir, title=title, uniform_entropy=stats.uniform_entropy(),
-                             cls_uniform_entropy=stats.uniform_entropy("cls"))
-        figure_names = [p.name for p in paths]
+        rows = examples.finish(run_dir / FILE_NAME)
+        record["per_example"] = {"file": FILE_NAME, "rows": rows}
+        outputs.append(FILE_NAME)
+        log(f"wrote {rows} per-example rows (segment x layer x head) to {FILE_NAME}")
+    return outputs + write_surface(table, run_dir, record, figures, log)
+
+
+def draw_figures(pool: FigurePool, table: dict, stats: HeadStats, loaded, run_dir: Path):
+    """Hand the surface figures to the pool's helpers, in shares of about equal drawing time."""
+    common = dict(table=table, out_dir=run_dir, title=model_name(loaded.path),
+                  uniform_entropy=stats.uniform_entropy(), cls_uniform_entropy=stats.uniform_entropy("cls"))
+    shares = split(surface_plots.FIGURES, max(1, len(pool.helpers)))
+    pool.draw(f"{SURFACE_PLOTS}:plot_surface", [dict(common, names=names) for names in shares])
+
+
+def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool | None, log) -> list[str]:
+    """The figures (once the pool has drawn them), index.html and the terminal summary.
+
+    A figure that cannot be drawn costs only the figures: the run completes, run.json
+    records the error under "figures_error", and a warning says so on stderr.
+    """
+    figure_names = []
+    if figures is not None:
+        try:
+            figure_names = sorted((p.name for p in figures.wait()), key=list(surface_plots.FIGURES).index)
+        except FigureError as e:
+            record["figures_error"] = str(e)
+            print(f"bertscope: warning: the figures could not be drawn: {e}; every other output is written "
+                  f"(bertscope run --resume {run_dir} draws them again)", file=sys.stderr)
     text = f"  {describe_lengths(record['segments'].get('lengths', {}))}\n" + surface.summary(table)
-    outputs += figure_names + [write_report(run_dir, record, table, figure_names, text).name]
+    outputs = figure_names + [write_report(run_dir, record, table, figure_names, text).name]
     log(f"surface patterns over {record['n_tokens']} tokens, means over "
         f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
     log(text)
-    log(f"wrote {', '.join(outputs)} to {run_dir}")
+    log(f"wrote {', '.join(['heads.csv', 'stats.npz'] + outputs)} to {run_dir}")
     return outputs

@@ -433,8 +433,8 @@ def _word_groups(encoding: Encoding, n: int) -> tuple[list[list[int]], list[int]
     spans: list[list[int]] = []
     token_words = []
     previous = object()
-    for i in range(n):
-        word_id, (start, end) = encoding.word_ids[i], encoding.offsets[i]
+    # each read of encoding.word_ids / .offsets copies the whole list out of the tokenizer
+    for word_id, (start, end) in zip(encoding.word_ids[:n], encoding.offsets[:n]):
         if word_id is None or word_id != previous:
             spans.append([start, end, 1])
         else:

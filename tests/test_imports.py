@@ -67,3 +67,14 @@ def test_no_lazy_import_cycles_the_review_found():
     assert not {"bertscope.kernels.triton_maps"} & imported_modules("bertscope.kernels.triton_js")
     assert "bertscope.kernels.eager" not in imported_modules("bertscope.kernels.chunked")
     assert "bertscope.kernels.eager" not in imported_modules("bertscope.kernels.triton_attention")
+
+
+def test_a_run_imports_no_plotting_or_table_library():
+    """`bertscope run` draws its figures in helper processes and writes Parquet only with
+    --per-example: its own process imports neither matplotlib nor pyarrow (nor pandas, sklearn)."""
+    code = ("import sys, bertscope.cli, bertscope.run; bertscope.cli.build_parser(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'pyarrow', 'pandas', 'sklearn'}))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
