@@ -28,7 +28,7 @@ from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_backend
 from bertscope.models import load_model, model_name
 from bertscope.per_example import FILE_NAME, PerExampleWriter
-from bertscope.report import write_report
+from bertscope.report import REPORT_NAME, write_report
 from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
 from bertscope.segments import SegmentOptions, describe_lengths, make_segments
 
@@ -170,8 +170,10 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
         record["per_example"] = {"file": FILE_NAME, "rows": rows}
         outputs.append(FILE_NAME)
         log(f"wrote {rows} per-example rows (segment x layer x head) to {FILE_NAME}")
-    record.update(status="complete", outputs=outputs)
+    record.update(status="complete", outputs=outputs + [REPORT_NAME])
     write_json(run_dir / "run.json", record)
+    write_report(run_dir)  # last: the report reads every output, run.json included
+    log(f"wrote the report {run_dir / REPORT_NAME}")
     return run_dir
 
 
@@ -190,7 +192,7 @@ def on_main(world, make):
 
 
 def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures: bool, log) -> list[str]:
-    """heads.csv, figures, index.html and the terminal summary of the surface analysis."""
+    """heads.csv, figures and the terminal summary of the surface analysis."""
     table = surface.head_table(stats)
     write_csv(run_dir / "heads.csv", surface.table_rows(table), tuple(table))
     outputs = ["heads.csv", "stats.npz"]
@@ -203,7 +205,7 @@ def write_surface(stats: HeadStats, run_dir: Path, loaded, record: dict, figures
                              cls_uniform_entropy=stats.uniform_entropy("cls"))
         figure_names = [p.name for p in paths]
     text = f"  {describe_lengths(record['segments'].get('lengths', {}))}\n" + surface.summary(table)
-    outputs += figure_names + [write_report(run_dir, record, table, figure_names, text).name]
+    outputs += figure_names
     log(f"surface patterns over {record['n_tokens']} tokens, means over "
         f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
     log(text)
