@@ -16,9 +16,9 @@ import base64
 import csv
 import html
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from bertscope.errors import UserError
 from bertscope.results import read_json

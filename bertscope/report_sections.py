@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import zipfile
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def _uniform_entropy(run: RunFiles) -> float | None:
         from bertscope.accumulate import HeadStats
 
         return HeadStats.load(run.dir / "stats.npz").uniform_entropy()
-    except Exception:  # an unreadable checkpoint only costs the broad-head finding
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # an unreadable checkpoint only costs the broad-head finding
         return None
 
 

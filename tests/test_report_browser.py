@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
+from test_view_browser import browser  # noqa: F401  (the shared chromium fixture)
 
 from bertscope.cli import main
-from test_view_browser import browser  # noqa: F401  (the shared chromium fixture)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
