@@ -89,6 +89,15 @@ def test_page_is_self_contained(run_dir):
     assert "bertscope run --limit 4" in text and "/models/tiny (bert, 2 layers x 3 heads)" in text
 
 
+def test_old_heads_csv_without_the_newer_columns(run_dir):
+    with open(run_dir / "heads.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    write_rows(run_dir / "heads.csv", [{k: v for k, v in r.items() if k not in ("sep_sep", "cls_entropy")}
+                                       for r in rows])
+    f = "\n".join(sections(run_dir)["surface"].findings)
+    assert "0 of 6 heads have [SEP] rows" in f and "[CLS] entropy" not in f
+
+
 def test_missing_parts_are_skipped(tmp_path):
     d = tmp_path / "probe-only"
     d.mkdir()
@@ -106,12 +115,17 @@ def test_probe_tables_beside_the_paper(run_dir):
     write_rows(run_dir / "coref_table.csv", [
         {"dataset": "gum", "type": "All", "best_head": "2-1", "accuracy": 0.5, "overall_head": "2-1",
          "overall_head_accuracy": 0.5, "nearest": 0.2, "head_match": 0.4, "sieve": 0.6, "first_name": "", "n": 10}])
+    with open(run_dir / "coref_table.csv", "a", encoding="utf-8") as f:  # GAP is not Table 2's task: no paper numbers
+        f.write("gap,All,1-1,0.9,0.9,0.5,,,,,3\n")
     write_rows(run_dir / "classifier_table.csv", [{"model": "Attn + GloVe", "uas": 63.1, "uas_with_punct": 60.0}])
     s = sections(run_dir)
     syn = s["syntax"].tables[0].rows
     assert syn == [["ewt", "det", "det", "dep->head", "3-1", 90.0, 50.0, 40, "8-11", 94.3, 51.7]]  # better direction
     assert s["coref"].tables[0].rows[0][3:7] == [50.0, 50.0, 20.0, 40.0] and s["coref"].tables[0].rows[0][8:12] == \
         [65, 27, 52, 69]
+    assert s["coref"].tables[0].rows[1][8:12] == ["", "", "", ""]
+    assert s["coref"].findings[1] == ("gap: best head 1-1 picks a correct antecedent 90.0% of the time (n = 3); "
+                                      "no paper number: not Table 2's task.")
     assert s["classifier"].findings == ["Attn + GloVe: UAS 63.1 vs the paper's 77 [Table 3]."]
     assert "paper accuracy" in text_of(write_report(run_dir))
 

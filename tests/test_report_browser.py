@@ -39,7 +39,8 @@ def test_report_of_a_real_run(browser, tiny_checkpoint, tmp_path):  # noqa: F811
     widths = page.eval_on_selector_all("img", "els => els.map(e => e.complete ? e.naturalWidth : 0)")
     assert len(widths) == 5 and all(w > 0 for w in widths), widths  # the five surface figures, all decoded
     assert page.locator("section#surface ul.findings li").count() >= 6
-    assert "previous-token heads" in page.inner_text("section#surface")
+    surface = page.inner_text("section#surface")
+    assert "previous-token heads" in surface and "broad heads (mean entropy above 90% of uniform" in surface
     assert errors == []
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert (tmp_path / "report.png").stat().st_size > 10_000
