@@ -28,7 +28,7 @@ class Source:
 CLARK = "Clark et al. (2019)"  # What Does BERT Look At? An Analysis of BERT's Attention
 BERT_BASE = "bert-base-uncased"
 
-SURFACE = Source(CLARK, "section 3 (Fig. 1, 2, 4)", BERT_BASE, "1,000 Wikipedia segments of 128 tokens")
+SURFACE = Source(CLARK, "section 3 (text)", BERT_BASE, "1,000 Wikipedia segments of 128 tokens")
 TABLE1 = Source(CLARK, "Table 1", BERT_BASE, "PTB WSJ, Stanford Dependencies")
 TABLE2 = Source(CLARK, "Table 2", BERT_BASE, "CoNLL-2012, documents truncated to 128 tokens")
 TABLE3 = Source(CLARK, "Table 3", BERT_BASE, "PTB WSJ dev, Stanford Dependencies")

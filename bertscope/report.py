@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import bertscope
+from bertscope import paper_numbers
 from bertscope.errors import UserError
 from bertscope.results import read_json
 
@@ -139,6 +141,7 @@ ul.findings li { margin: 0.2em 0; }
 def render(run_dir: Path, sections: list[tuple[str, Section]]) -> str:
     nav = "".join(f'<a href="#{html.escape(n)}">{html.escape(s.title)}</a>' for n, s in sections)
     body = "".join(_section_html(run_dir, n, s) for n, s in sections)
+    sources = "".join(f"<li>{html.escape(str(src))}</li>" for src in paper_numbers.all_sources())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>bertscope report: {html.escape(run_dir.name)}</title>
 <style>{CSS}</style></head><body>
@@ -147,6 +150,9 @@ def render(run_dir: Path, sections: list[tuple[str, Section]]) -> str:
 Numbers in <span class="paper">this colour</span> are the paper's, with their source.</p>
 <nav>{nav}</nav>
 {body}
+<footer><h2>Sources of the paper numbers</h2><ul>{sources}</ul>
+<p>Clark, Khandelwal, Levy and Manning (2019), What Does BERT Look At? An Analysis of BERT's Attention.
+Written by bertscope {html.escape(bertscope.__version__)}.</p></footer>
 </body></html>
 """
 
