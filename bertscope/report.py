@@ -120,6 +120,18 @@ def write_report(run_dir: str | Path) -> Path:
     return path
 
 
+def refresh_report(run_dir: str | Path, log=print) -> Path | None:
+    """Rewrite the report after a probe or a comparison added files to `run_dir`. Their own
+    outputs are written by then, so a report that cannot be built is said, not raised."""
+    try:
+        path = write_report(run_dir)
+    except (UserError, OSError, ValueError, KeyError) as e:
+        log(f"the report {Path(run_dir) / REPORT_NAME} was not updated ({e}): bertscope report {run_dir}")
+        return None
+    log(f"updated the report {path}")
+    return path
+
+
 # ----------------------------------------------------------------------------- HTML
 
 CSS = """

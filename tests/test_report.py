@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bertscope.cli import main
-from bertscope.report import REPORT_NAME, build_sections, write_report
+from bertscope.report import REPORT_NAME, build_sections, refresh_report, write_report
 
 # a 1x1 PNG: the report embeds bytes, it does not draw
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
@@ -153,3 +153,12 @@ def test_bad_run_dir_is_one_line(tmp_path, capsys, make, message):
     assert main(["report", str(d)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertscope: error: ") and message in err and err.count("\n") == 1
+
+
+def test_refresh_after_a_probe_or_comparison(run_dir, tmp_path):
+    lines = []
+    assert refresh_report(run_dir, lines.append) == run_dir / REPORT_NAME
+    assert lines == [f"updated the report {run_dir / REPORT_NAME}"]
+    lines.clear()
+    assert refresh_report(tmp_path / "gone", lines.append) is None  # said, not raised: the probe's outputs stand
+    assert "was not updated" in lines[0] and "is not a directory" in lines[0]
