@@ -14,6 +14,7 @@ import numpy as np
 
 from bertscope import paper_numbers as paper
 from bertscope.report import Figure, RunFiles, Section, Table, section
+from bertscope.segments import describe_lengths
 
 PREV_NEXT_CUT = 0.5  # "> 50% of attention on the previous / next token" (Clark 3.1)
 SEP_SEP_CUT = 0.9  # "[SEP] attends to [SEP] with > 90%" (Clark 3.2)
@@ -51,7 +52,7 @@ def provenance(run: RunFiles) -> Section:
             ("processes", r.get("world_size"))]
     for group in ("corpus", "segments", "versions", "settings"):
         for k, v in (r.get(group) or {}).items():
-            rows.append((f"{group}: {k}", v))
+            rows.append((f"{group}: {k}", describe_lengths(v) if k == "lengths" and v else v))
     rows.append(("outputs", ", ".join(r.get("outputs") or [])))
     probes = r.get("probes") or {}
     for name, p in probes.items():
