@@ -184,6 +184,7 @@ def surface(run: RunFiles) -> Section | None:
 # ----------------------------------------------------------------------------- probes
 
 BASELINE_MARGIN = 10  # points: a head this far above word position tracks the relation itself
+MIN_WORDS = 20  # fewer scored words make a percentage too noisy for a finding
 
 
 @section("syntax")
@@ -208,9 +209,9 @@ def syntax(run: RunFiles) -> Section | None:
                             f"paper's {ref['best_head']} at {ref['accuracy'].value}% [{paper.TABLE1.where}].")
     for tb in sorted({tb for tb, _ in best}):
         rels = [(rel, 100 * (num(r["accuracy"]) - (num(r["baseline_accuracy"]) or 0)))
-                for (t, rel), r in best.items() if t == tb and rel != "all"]
+                for (t, rel), r in best.items() if t == tb and rel != "all" and int(r["n"]) >= MIN_WORDS]
         above = sorted((x for x in rels if x[1] >= BASELINE_MARGIN), key=lambda x: -x[1])
-        findings.insert(0, f"{tb}: {len(above)} of {len(rels)} relations have a head at least {BASELINE_MARGIN} "
+        findings.insert(0, f"{tb}: {len(above)} of {len(rels)} relations (those with {MIN_WORDS}+ words) have a head at least {BASELINE_MARGIN} "
                         f"points above the best fixed-offset baseline: "
                         f"{', '.join(f'{rel} (+{d:.1f})' for rel, d in above[:6]) or 'none'}.")
     figures = [run.figure(n, "Best head per relation (bars) against the best fixed-offset baseline; a head well "

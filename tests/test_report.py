@@ -120,7 +120,7 @@ def test_probe_tables_beside_the_paper(run_dir):
     write_rows(run_dir / "classifier_table.csv", [{"model": "Attn + GloVe", "uas": 63.1, "uas_with_punct": 60.0}])
     s = sections(run_dir)
     syn = s["syntax"].tables[0].rows
-    assert s["syntax"].findings[0] == ("ewt: 1 of 1 relations have a head at least 10 points above the best "
+    assert s["syntax"].findings[0] == ("ewt: 1 of 1 relations (those with 20+ words) have a head at least 10 points above the best "
                                        "fixed-offset baseline: det (+40.0).")
     assert syn == [["ewt", "det", "det", "dep->head", "3-1", 90.0, 50.0, 40, "8-11", 94.3, 51.7]]  # better direction
     assert s["coref"].tables[0].rows[0][3:7] == [50.0, 50.0, 20.0, 40.0] and s["coref"].tables[0].rows[0][8:12] == \
