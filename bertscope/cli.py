@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     from bertscope.compare import add_parser as add_compare_parser
 
     add_compare_parser(sub)
+    rp = sub.add_parser(
+        "report", help="(re)write RUN_DIR/index.html, one self-contained page of every analysis in the run",
+        description="Write index.html into RUN_DIR: settings and provenance from run.json, every figure (embedded) "
+        "with a caption, the tables with Clark et al.'s numbers beside the run's, and findings generated from the "
+        "numbers, for every analysis found there (surface, probes, comparison). One file, no network needed.")
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (one with run.json)")
     add_view_parser(sub)
     t = sub.add_parser(
         "selftest",
@@ -188,6 +194,11 @@ def run_command(args) -> int:
             return cmd_compare(args)
         if args.command == "view":
             return cmd_view(args)
+        if args.command == "report":
+            from bertscope.report import write_report
+
+            print(f"wrote {write_report(args.run_dir)}")
+            return 0
         if args.command == "selftest":
             from bertscope.selftest import run_selftest
 

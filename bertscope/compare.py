@@ -378,6 +378,9 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
     write_json(out / "run.json", record)
     log(comp.summary(k))
     log(f"wrote {', '.join(outputs)} to {out}")
+    from bertscope.report import refresh_report
+
+    refresh_report(out, log)
     return out
 
 

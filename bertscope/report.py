@@ -1,69 +1,220 @@
-"""index.html: one page per run with the settings, the figures and the per-head table.
+"""The report: one self-contained HTML page per run directory (index.html).
 
-Plain HTML with relative links to the PNGs beside it, so the run directory can be copied
-or served as it is. Table cells are shaded by value (per column) to make stand-out heads
-visible at a glance.
+`bertscope run` writes it at the end of a run, `bertscope report RUN_DIR` (re)writes it for
+any run directory, for instance after probes or a comparison added their files. The page
+needs nothing beside it: figures are embedded as base64 data URIs, the CSS is inline, there
+is no script and no network access, so the one file can be mailed or archived on its own.
+
+Each analysis is a section plug-in (`bertscope.report_sections`): a function registered with
+`@section(...)` that looks for its files in the run directory and returns a `Section`
+(intro, findings, tables, figures with captions), or None when its files are absent. A new
+analysis adds one function. Figures no section claims still appear, in "Other figures".
 """
 from __future__ import annotations
 
+import base64
+import csv
 import html
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+import bertscope
+from bertscope import paper_numbers
+from bertscope.errors import UserError
+from bertscope.results import read_json
 
-SHADED = {"prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "entropy", "cls_entropy"}
+REPORT_NAME = "index.html"
 
 
-def write_report(run_dir: Path, record: dict, table: dict[str, np.ndarray], figures: list[str], summary: str) -> Path:
-    settings = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in record["settings"].items())
-    figs = "".join(f'<figure><img src="{html.escape(f)}" alt="{html.escape(f)}"></figure>' for f in figures)
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>bertscope run: {html.escape(run_dir.name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; font-size: 0.85em; }}
-th, td {{ padding: 2px 8px; text-align: right; border-bottom: 1px solid #eee; }}
-th {{ position: sticky; top: 0; background: #fafafa; }}
-figure img {{ max-width: 100%; }}
-pre {{ background: #f6f6f6; padding: 1em; }}
-</style></head><body>
-<h1>bertscope: surface-level attention patterns</h1>
-<p>Model <code>{html.escape(record["model"]["path"])}</code> ({record["model"]["layers"]} layers x
-{record["model"]["heads"]} heads), corpus <code>{html.escape(str(record["settings"]["corpus"]))}</code>,
-{record.get("n_tokens", 0)} tokens in {record["segments"].get("segments", "?")} segments.
-Heads are numbered <code>layer-head</code> from 1, as in Clark et al. (2019).</p>
-<pre>{html.escape(summary)}</pre>
-<h2>Figures</h2>{figs}
-<h2>Per-head table (<a href="heads.csv">heads.csv</a>)</h2>
-{_table_html(table)}
-<h2>Settings</h2><table>{settings}</table>
-</body></html>
-"""
-    path = run_dir / "index.html"
+@dataclass
+class Figure:
+    file: str  # a PNG in the run directory
+    caption: str  # what it shows and how to read it
+
+
+@dataclass
+class Table:
+    caption: str
+    columns: list[str]
+    rows: list[list]  # cells: str, int or float (floats are printed with `digits`)
+    digits: int = 3
+    shade: set[str] = field(default_factory=set)  # columns shaded by value, to make stand-outs visible
+
+
+@dataclass
+class Section:
+    title: str
+    intro: str = ""  # plain text
+    findings: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    raw_html: str = ""  # for the provenance block only: already escaped
+
+
+class RunFiles:
+    """Read access to a run directory for the sections; remembers which figures were shown."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = Path(run_dir)
+        self.record = read_json(self.dir / "run.json")
+        self.claimed: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return (self.dir / name).is_file()
+
+    def csv(self, name: str) -> list[dict] | None:
+        """Rows of a CSV as dicts of strings, or None when the file is absent."""
+        if not self.has(name):
+            return None
+        with open(self.dir / name, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+
+    def figures(self, pattern: str) -> list[str]:
+        return sorted(p.name for p in self.dir.glob(pattern) if p.is_file())
+
+    def figure(self, name: str, caption: str) -> Figure | None:
+        if not self.has(name):
+            return None
+        self.claimed.add(name)
+        return Figure(name, caption)
+
+
+Builder = Callable[[RunFiles], "Section | None"]
+SECTIONS: list[tuple[str, Builder]] = []
+
+
+def section(name: str):
+    """Register a section builder; sections appear in registration order."""
+    def register(fn: Builder) -> Builder:
+        SECTIONS.append((name, fn))
+        return fn
+    return register
+
+
+def build_sections(run_dir: Path) -> list[tuple[str, Section]]:
+    import bertscope.report_sections  # noqa: F401  (registers the sections)
+
+    files = RunFiles(run_dir)
+    out = []
+    last = [(n, b) for n, b in SECTIONS if n == "other_figures"]  # sees what every other section claimed
+    for name, build in [(n, b) for n, b in SECTIONS if n != "other_figures"] + last:
+        s = build(files)
+        if s is not None:
+            out.append((name, s))
+    return out
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write RUN_DIR/index.html from every analysis found in the directory; returns its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a directory: give a bertscope run directory")
+    sections = build_sections(run_dir)
+    page = render(run_dir, sections)
+    path = run_dir / REPORT_NAME
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, path)
     return path
 
 
-def _table_html(table: dict[str, np.ndarray]) -> str:
-    cols = list(table)
-    flat = {c: table[c].ravel() for c in cols}
-    span = {c: (flat[c].min(), np.ptp(flat[c]) or 1.0) for c in cols if c in SHADED}
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+def refresh_report(run_dir: str | Path, log=print) -> Path | None:
+    """Rewrite the report after a probe or a comparison added files to `run_dir`. Their own
+    outputs are written by then, so a report that cannot be built is said, not raised."""
+    try:
+        path = write_report(run_dir)
+    except (UserError, OSError, ValueError, KeyError) as e:
+        log(f"the report {Path(run_dir) / REPORT_NAME} was not updated ({e}): bertscope report {run_dir}")
+        return None
+    log(f"updated the report {path}")
+    return path
+
+
+# ----------------------------------------------------------------------------- HTML
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; line-height: 1.4; }
+nav a { margin-right: 1em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1.5em; }
+th, td { padding: 2px 8px; text-align: right; border-bottom: 1px solid #eee; }
+th { background: #fafafa; }
+caption { caption-side: top; text-align: left; font-weight: 600; padding: 0.3em 0; }
+figure { margin: 1em 0 2em; }
+figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.9em; color: #444; max-width: 60em; }
+ul.findings li { margin: 0.2em 0; }
+.paper { color: #8a3b00; }
+.scroll { max-height: 30em; overflow: auto; }
+"""
+
+
+def render(run_dir: Path, sections: list[tuple[str, Section]]) -> str:
+    nav = "".join(f'<a href="#{html.escape(n)}">{html.escape(s.title)}</a>' for n, s in sections)
+    body = "".join(_section_html(run_dir, n, s) for n, s in sections)
+    sources = "".join(f"<li>{html.escape(str(src))}</li>" for src in paper_numbers.all_sources())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>bertscope report: {html.escape(run_dir.name)}</title>
+<style>{CSS}</style></head><body>
+<h1>bertscope report: {html.escape(run_dir.name)}</h1>
+<p>Heads are numbered <code>layer-head</code> from 1, as in Clark et al. (2019).
+Numbers in <span class="paper">this colour</span> are the paper's, with their source.</p>
+<nav>{nav}</nav>
+{body}
+<footer><h2>Sources of the paper numbers</h2><ul>{sources}</ul>
+<p>Clark, Khandelwal, Levy and Manning (2019), What Does BERT Look At? An Analysis of BERT's Attention.
+Written by bertscope {html.escape(bertscope.__version__)}.</p></footer>
+</body></html>
+"""
+
+
+def _section_html(run_dir: Path, name: str, s: Section) -> str:
+    parts = [f'<section id="{html.escape(name)}"><h2>{html.escape(s.title)}</h2>']
+    if s.intro:
+        parts.append(f"<p>{html.escape(s.intro)}</p>")
+    parts.append(s.raw_html)
+    if s.findings:
+        parts.append('<h3>Findings</h3><ul class="findings">'
+                     + "".join(f"<li>{html.escape(f)}</li>" for f in s.findings) + "</ul>")
+    parts += [table_html(t) for t in s.tables]
+    parts += [_figure_html(run_dir, f) for f in s.figures]
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _figure_html(run_dir: Path, fig: Figure) -> str:
+    data = base64.b64encode((run_dir / fig.file).read_bytes()).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(fig.file)}">'
+            f"<figcaption><b>{html.escape(fig.file)}</b>: {html.escape(fig.caption)}</figcaption></figure>")
+
+
+def fmt(x, digits: int = 3) -> str:
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return "" if x is None else str(x)
+
+
+def table_html(t: Table) -> str:
+    span = {}
+    for c in t.shade:
+        i = t.columns.index(c)
+        vals = [r[i] for r in t.rows if isinstance(r[i], float)]
+        if vals:
+            span[i] = (min(vals), (max(vals) - min(vals)) or 1.0)
+    head = "".join(f'<th class="{"paper" if c.startswith("paper") else ""}">{html.escape(c)}</th>'
+                   for c in t.columns)
     rows = []
-    for i in range(len(flat["layer"])):
+    for r in t.rows:
         cells = []
-        for c in cols:
-            x = flat[c][i]
-            text = f"{x:.3f}" if isinstance(x, np.floating) else str(x)
-            if c in span:
-                lo, width = span[c]
-                alpha = 0.6 * float((x - lo) / width)
-                cells.append(f'<td style="background: rgba(0, 114, 178, {alpha:.2f})">{text}</td>')
-            else:
-                cells.append(f"<td>{text}</td>")
+        for i, x in enumerate(r):
+            style = ""
+            if i in span and isinstance(x, float):
+                lo, width = span[i]
+                style = f' style="background: rgba(0, 114, 178, {0.6 * (x - lo) / width:.2f})"'
+            cls = ' class="paper"' if t.columns[i].startswith("paper") else ""
+            cells.append(f"<td{cls}{style}>{html.escape(fmt(x, t.digits))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    wrap = ' class="scroll"' if len(t.rows) > 40 else ""
+    return (f"<div{wrap}><table><caption>{html.escape(t.caption)}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")

@@ -29,7 +29,7 @@ from bertscope.errors import UserError
 from bertscope.figures import SURFACE_PLOTS, FigureError, FigurePool, split, surface_pool
 from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_backend
 from bertscope.models import load_model, model_name
-from bertscope.report import write_report
+from bertscope.report import REPORT_NAME, write_report
 from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
 from bertscope.segments import SegmentOptions, SegmentReport, describe_lengths, iter_segments
 
@@ -185,8 +185,10 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     except KeyboardInterrupt:  # every batch is in the checkpoint: only the outputs are missing
         raise UserError(f"interrupted while writing the outputs; bertscope run --resume {run_dir} "
                         "writes them without running the model again") from None
-    record.update(status="complete", outputs=outputs)
+    record.update(status="complete", outputs=outputs + [REPORT_NAME])
     write_json(run_dir / "run.json", record)
+    write_report(run_dir)  # last: the report reads every output, run.json included
+    log(f"wrote the report {run_dir / REPORT_NAME}")
     return run_dir
 
 
@@ -250,7 +252,7 @@ def draw_figures(pool: FigurePool, table: dict, stats: HeadStats, loaded, run_di
 
 
 def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool | None, log) -> list[str]:
-    """The figures (once the pool has drawn them), index.html and the terminal summary.
+    """The figures (once the pool has drawn them) and the terminal summary; the report comes after run.json.
 
     A figure that cannot be drawn costs only the figures: the run completes, run.json
     records the error under "figures_error", and a warning says so on stderr.
@@ -264,7 +266,7 @@ def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool 
             print(f"bertscope: warning: the figures could not be drawn: {e}; every other output is written "
                   f"(bertscope run --resume {run_dir} draws them again)", file=sys.stderr)
     text = f"  {describe_lengths(record['segments'].get('lengths', {}))}\n" + surface.summary(table)
-    outputs = figure_names + [write_report(run_dir, record, table, figure_names, text).name]
+    outputs = figure_names
     log(f"surface patterns over {record['n_tokens']} tokens, means over "
         f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
     log(text)

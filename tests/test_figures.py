@@ -121,7 +121,7 @@ def test_run_with_figure_helpers_writes_every_output(tmp_path, resume_corpus, ti
     assert set(record["outputs"]) == {"heads.csv", "stats.npz", "index.html"} | set(FIGURES)
     assert [n for n in record["outputs"] if n in FIGURES] == list(FIGURES)  # the usual order, whoever drew them
     html = (out / "index.html").read_text()
-    assert all(f'src="{name}"' in html for name in FIGURES)
+    assert html.count('src="data:image/png;base64,') == len(FIGURES)  # the report embeds every figure
     assert len(started) == 1 and len(started[0].helpers) == 0  # the run closed its pool
 
 
@@ -198,7 +198,7 @@ def test_the_command_exits_at_once_with_its_output_flushed(tmp_path, resume_corp
     done = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(tiny_checkpoint, resume_corpus, out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.rstrip().endswith(f"to {out}") and "wrote heads.csv" in done.stdout
+    assert done.stdout.rstrip().endswith(f"wrote the report {out / 'index.html'}") and "wrote heads.csv" in done.stdout
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     again = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(tiny_checkpoint, resume_corpus, out)],
                            env=env, capture_output=True, text=True, timeout=300)

@@ -150,3 +150,6 @@ class ProbeRun:
                            elapsed_s=round(time.perf_counter() - self.t0, 2))
         self._save_record()
         self.log(f"wrote {', '.join(self.outputs)} to {self.dir}")
+        from bertscope.report import refresh_report
+
+        refresh_report(self.dir, self.log)

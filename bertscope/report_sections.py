@@ -1,0 +1,353 @@
+"""The report's sections, one per analysis (see bertscope.report for the registry).
+
+Each builder gets a `RunFiles` and returns a `Section`, or None when its files are not in
+the run directory: a missing analysis is skipped, never an error. Findings are sentences
+generated from the run's numbers, with the paper's number beside ours where it has one.
+"""
+from __future__ import annotations
+
+import html
+import math
+import zipfile
+
+import numpy as np
+
+from bertscope import paper_numbers as paper
+from bertscope.report import Figure, RunFiles, Section, Table, section
+from bertscope.segments import describe_lengths
+
+PREV_NEXT_CUT = 0.5  # "> 50% of attention on the previous / next token" (Clark 3.1)
+SEP_SEP_CUT = 0.9  # "[SEP] attends to [SEP] with > 90%" (Clark 3.2)
+
+
+def heads_str(heads: list[str], limit: int = 12) -> str:
+    more = f" and {len(heads) - limit} more" if len(heads) > limit else ""
+    return ", ".join(heads[:limit]) + more if heads else "none"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def num(s) -> float | None:
+    try:
+        v = float(s)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+# ----------------------------------------------------------------------------- provenance
+
+@section("provenance")
+def provenance(run: RunFiles) -> Section:
+    r = run.record
+    model = r.get("model") or {}
+    rows = [("status", r.get("status")), ("command", r.get("command")),
+            ("bertscope", r.get("bertscope_version")),
+            ("model", f"{model.get('path')} ({model.get('type')}, {model.get('layers')} layers x "
+                      f"{model.get('heads')} heads)" if model else None),
+            ("tokens", r.get("n_tokens")), ("elapsed (s)", r.get("elapsed_s")),
+            ("kernel", r.get("kernel")), ("attention output", r.get("output")),
+            ("processes", r.get("world_size"))]
+    for group in ("corpus", "segments", "versions", "settings"):
+        for k, v in (r.get(group) or {}).items():
+            rows.append((f"{group}: {k}", describe_lengths(v) if k == "lengths" and v else v))
+    rows.append(("outputs", ", ".join(r.get("outputs") or [])))
+    probes = r.get("probes") or {}
+    for name, p in probes.items():
+        rows.append((f"probe {name}", f"{p.get('status')}, command: {p.get('command', '?')}"))
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td style=\"text-align:left\">{html.escape(str(v))}</td></tr>"
+                    for k, v in rows if v not in (None, "", {}))
+    return Section("Settings and provenance", intro="From run.json: what was run, on what, with which versions.",
+                   raw_html=f"<table>{cells}</table>")
+
+
+# ----------------------------------------------------------------------------- surface
+
+SURFACE_FIGURES = {
+    "fig_tokens_by_layer.png": (
+        "Average attention to [CLS], [SEP] and '. or ,' by layer (Clark et al. Fig. 2). Each dot is one head, "
+        "the line the layer mean; the last panel separates [SEP] rows attending to [SEP] from all other rows. "
+        "Read it for where each special token takes the attention: in bert-base, [CLS] early, [SEP] in layers "
+        "6-10, punctuation at the end."),
+    "fig_entropy_by_layer.png": (
+        "Mean attention entropy in nats by layer, over all rows and over [CLS] rows only (Clark et al. Fig. 4). "
+        "Dots are heads; the dashed line is the entropy of uniform attention over the same tokens. Heads near "
+        "it attend broadly (a bag of vectors), low values mean focused heads."),
+    "fig_offsets_heatmap.png": (
+        "Layer x head attention mass on the previous, same and next token. A bright cell above 0.5 is a "
+        "positional head (Clark et al. section 3.1: four previous-token and five next-token heads in bert-base)."),
+    "fig_special_heatmap.png": (
+        "Layer x head attention mass on [CLS], [SEP], '. or ,' and, for [SEP] rows, on [SEP]. Bright "
+        "columns of a layer show which special token that layer's heads lean on."),
+    "fig_entropy_heatmap.png": (
+        "Layer x head mean attention entropy in nats (Clark et al. Fig. 4, head by head). Bright: broad heads, "
+        "dark: heads that put their attention on a few tokens."),
+}
+
+
+def _grid(rows: list[dict], col: str, layers: int, heads: int) -> np.ndarray:
+    g = np.full((layers, heads), np.nan)
+    for r in rows:
+        v = num(r.get(col))
+        if v is not None:
+            g[int(r["layer"]) - 1, int(r["head"]) - 1] = v
+    return g
+
+
+def _over(grid: np.ndarray, cut: float) -> list[str]:
+    return [f"{i + 1}-{j + 1}" for i, j in zip(*np.nonzero(np.nan_to_num(grid, nan=-np.inf) > cut))]
+
+
+def _uniform_entropy(run: RunFiles) -> float | None:
+    """Entropy of uniform attention over the run's rows, from stats.npz (exact), else None."""
+    if not run.has("stats.npz"):
+        return None
+    try:
+        from bertscope.accumulate import HeadStats
+
+        return HeadStats.load(run.dir / "stats.npz").uniform_entropy()
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # an unreadable checkpoint only costs the broad-head finding
+        return None
+
+
+def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
+    """The findings list and the per-layer table of the surface analysis."""
+    layers = max(int(r["layer"]) for r in rows)
+    heads = max(int(r["head"]) for r in rows)
+    g = {c: _grid(rows, c, layers, heads) for c in ("prev", "next", "cls", "sep", "punct", "entropy",
+                                                    "sep_sep", "rest_sep", "cls_entropy")}
+    S, T = paper.SURFACE_NUMBERS, paper.SURFACE_TEXT
+    out = []
+    for col, name in (("prev", "previous"), ("next", "next")):
+        hits = _over(g[col], PREV_NEXT_CUT)
+        out.append(f"{len(hits)} {name}-token heads (more than {pct(PREV_NEXT_CUT)} of their attention on the "
+                   f"{name} token): {heads_str(hits)}. Paper: {T[col + '_heads']} [{S[col + '_heads'].source.short}].")
+    if uniform:
+        from bertscope.analyses.cluster import Thresholds
+
+        cut = Thresholds.broad * uniform
+        broad = _over(g["entropy"], cut)
+        out.append(f"{len(broad)} broad heads (mean entropy above {Thresholds.broad:.0%} of uniform attention's "
+                   f"{uniform:.2f} nats): {heads_str(broad)}.")
+    flat = np.nan_to_num(g["entropy"], nan=np.inf).ravel()
+    low = [f"{i // heads + 1}-{i % heads + 1} ({g['entropy'].ravel()[i]:.2f})" for i in np.argsort(flat)[:3]]
+    out.append(f"Most focused heads (lowest entropy, nats): {', '.join(low)}.")
+    layer_sep = np.nanmean(g["sep"], axis=1)
+    layer_cls = np.nanmean(g["cls"], axis=1)
+    sep_layers = [str(i + 1) for i in np.nonzero(layer_sep > paper.SURFACE_NUMBERS["sep_layers_half"].value)[0]]
+    out.append(f"Attention to [SEP] per layer ranges from {pct(np.nanmin(layer_sep))} to "
+               f"{pct(np.nanmax(layer_sep))} (highest in layer {int(np.nanargmax(layer_sep)) + 1}); layers with "
+               f"over half of it on [SEP]: {', '.join(sep_layers) or 'none'}. Paper: {T['sep_layers']} "
+               f"[{S['sep_layers_half'].source.short}].")
+    out.append(f"Attention to [CLS] per layer ranges from {pct(np.nanmin(layer_cls))} to "
+               f"{pct(np.nanmax(layer_cls))} (highest in layer {int(np.nanargmax(layer_cls)) + 1}).")
+    sep_self = _over(g["sep_sep"], SEP_SEP_CUT)
+    out.append(f"{len(sep_self)} of {layers * heads} heads have [SEP] rows putting more than {pct(SEP_SEP_CUT)} "
+               f"on [SEP]. Paper: {T['sep_sep']} [{S['sep_sep'].source.short}].")
+    sep_heads = _over(g["sep"], 0.5)
+    noop = (f"[SEP] as a no-op: {len(sep_heads)} heads put more than half of all attention on [SEP]"
+            + (f", and in {len(set(sep_heads) & set(sep_self))} of them [SEP] rows attend to [SEP] > "
+               f"{pct(SEP_SEP_CUT)}, so attending to [SEP] mixes in little but [SEP]'s own state, the pattern "
+               "the paper reads as a no-op" if sep_heads else ", so the no-op pattern does not show here")
+            + f". The paper's evidence is a gradient test, not computed by bertscope yet ({T['no_op']}).")
+    out.append(noop)
+    if "cls_entropy" in rows[0]:  # runs made before the column existed lack it
+        last = np.nanmean(g["cls_entropy"][-1])
+        out.append(f"[CLS] entropy in the last layer: {last:.2f} nats. Paper: {T['cls_entropy_last']} "
+                   f"[{S['cls_entropy_last'].source.short}].")
+    table = Table("Per layer: mean over heads", ["layer", "[CLS]", "[SEP]", ". or ,", "entropy (nats)"],
+                  [[i + 1, float(layer_cls[i]), float(layer_sep[i]), float(np.nanmean(g["punct"][i])),
+                    float(np.nanmean(g["entropy"][i]))] for i in range(layers)],
+                  shade={"[CLS]", "[SEP]", ". or ,", "entropy (nats)"})
+    return out, table
+
+
+@section("surface")
+def surface(run: RunFiles) -> Section | None:
+    rows = run.csv("heads.csv")
+    if not rows:
+        return None
+    findings, per_layer = surface_findings(rows, _uniform_entropy(run))
+    cols = [c for c in rows[0] if c != "n_tokens"]
+    shaded = set(cols) - {"layer", "head"}
+    table = Table("Per head (heads.csv): mean attention mass and entropy", cols,
+                  [[int(r[c]) if c in ("layer", "head") else num(r[c]) for c in cols] for r in rows], shade=shaded)
+    figures = [f for name, cap in SURFACE_FIGURES.items() if (f := run.figure(name, cap))]
+    return Section("Surface-level attention patterns (Clark et al. 2019, section 3)",
+                   intro="Where each head's attention goes on average over the corpus: relative positions, "
+                   "special tokens, and how broad it is.",
+                   findings=findings, tables=[per_layer, table], figures=figures)
+
+
+# ----------------------------------------------------------------------------- probes
+
+BASELINE_MARGIN = 10  # points: a head this far above word position tracks the relation itself
+MIN_WORDS = 20  # fewer scored words make a percentage too noisy for a finding
+
+
+@section("syntax")
+def syntax(run: RunFiles) -> Section | None:
+    rows = run.csv("syntax_table.csv")
+    if rows is None:
+        return None
+    best: dict[tuple[str, str], dict] = {}  # (treebank, relation) -> the better direction's row
+    for r in rows:
+        key = (r["treebank"], r["relation"])
+        if num(r["accuracy"]) is not None and (key not in best or num(r["accuracy"]) > num(best[key]["accuracy"])):
+            best[key] = r
+    table_rows, findings = [], []
+    for (tb, rel), r in best.items():
+        ref = paper.SYNTAX_TABLE1.get("all" if rel == "all" else r.get("sd_label", ""))
+        acc, base = 100 * num(r["accuracy"]), 100 * (num(r["baseline_accuracy"]) or 0)
+        table_rows.append([tb, rel, r.get("sd_label", ""), r["direction"], r["best_head"], acc, base, int(r["n"]),
+                           ref["best_head"] if ref else "", ref["accuracy"].value if ref else "",
+                           ref["baseline"].value if ref else ""])
+        if ref and rel != "all":
+            findings.append(f"{tb}: {rel} ({r.get('sd_label')}) best head {r['best_head']} at {acc:.1f}% vs the "
+                            f"paper's {ref['best_head']} at {ref['accuracy'].value}% [{paper.TABLE1.where}].")
+    for tb in sorted({tb for tb, _ in best}):
+        rels = [(rel, 100 * (num(r["accuracy"]) - (num(r["baseline_accuracy"]) or 0)))
+                for (t, rel), r in best.items() if t == tb and rel != "all" and int(r["n"]) >= MIN_WORDS]
+        above = sorted((x for x in rels if x[1] >= BASELINE_MARGIN), key=lambda x: -x[1])
+        findings.insert(0, f"{tb}: {len(above)} of {len(rels)} relations (those with {MIN_WORDS}+ words) have a head at least {BASELINE_MARGIN} "
+                        f"points above the best fixed-offset baseline: "
+                        f"{', '.join(f'{rel} (+{d:.1f})' for rel, d in above[:6]) or 'none'}.")
+    figures = [run.figure(n, "Best head per relation (bars) against the best fixed-offset baseline; a head well "
+                          "above its baseline tracks that relation beyond word position.")
+               for n in run.figures("syntax_best_heads_*.png")]
+    figures += [run.figure(n, "Layer x head accuracy per relation: where in the network each relation is found.")
+                for n in run.figures("syntax_heatmaps_*.png")]
+    table = Table(f"Best head per relation, accuracy % (ours, better direction) beside {paper.TABLE1}",
+                  ["treebank", "relation", "SD label", "direction", "head", "accuracy", "baseline", "n",
+                   "paper head", "paper accuracy", "paper baseline"], table_rows, digits=1)
+    return Section("Dependency syntax per head (Clark et al. 2019, section 4.2)",
+                   intro="For every word, the word a head attends to most is its predicted syntactic head "
+                   "(or dependent); accuracy per relation of the best head. Our data are UD (EWT, GUM), the "
+                   "paper's PTB with Stanford Dependencies, so relations are matched by label.",
+                   findings=findings[:8], tables=[table], figures=figures)
+
+
+# datasets scored as Table 2 is (antecedent selection over every mention); GAP picks one of two names
+TABLE2_DATASETS = {"gum"}
+
+
+@section("coref")
+def coref(run: RunFiles) -> Section | None:
+    rows = run.csv("coref_table.csv")
+    if rows is None:
+        return None
+    ref = paper.COREF_TABLE2
+    table_rows, findings = [], []
+    for r in rows:
+        t = r["type"]
+        v = {k: num(r.get(k)) for k in ("accuracy", "overall_head_accuracy", "nearest", "head_match", "sieve")}
+        comparable = r["dataset"] in TABLE2_DATASETS
+        p = {k: ref[k][t].value if comparable and t in ref[k] else "" for k in ref}
+        table_rows.append([r["dataset"], t, r["best_head"]] +
+                          [100 * v[k] if v[k] is not None else "" for k in v] +
+                          [p["head 5-4"], p["nearest"], p["head_match"], p["sieve"], int(r["n"] or 0)])
+        if t == "All" and v["accuracy"] is not None:
+            findings.append(f"{r['dataset']}: best head {r['best_head']} picks a correct antecedent "
+                            f"{100 * v['accuracy']:.1f}% of the time (n = {r['n']})" +
+                            (f", vs the paper's head 5-4 at {ref['head 5-4']['All'].value}% [{paper.TABLE2.where}]."
+                             if comparable else "; no paper number: not Table 2's task."))
+    figures = [run.figure("coref_bars.png", "Antecedent accuracy by mention type: the best head against the "
+                          "baselines (nearest mention, head-word match, sieve)."),
+               run.figure("coref_heads.png", "Layer x head antecedent accuracy: where coreference is found.")]
+    table = Table(f"Antecedent selection accuracy % beside {paper.TABLE2}",
+                  ["dataset", "type", "best head", "accuracy", "All-best head acc", "nearest", "head match", "sieve",
+                   "paper head 5-4", "paper nearest", "paper head match", "paper sieve", "n"], table_rows, digits=1)
+    return Section("Coreference per head (Clark et al. 2019, section 4.3)",
+                   intro="How often the head word of a coreferent mention attends most to the head of one of its "
+                   "antecedents.", findings=findings, tables=[table], figures=[f for f in figures if f])
+
+
+@section("classifier")
+def classifier(run: RunFiles) -> Section | None:
+    rows = run.csv("classifier_table.csv")
+    if rows is None:
+        return None
+    ref = paper.CLASSIFIER_TABLE3
+    table_rows = [[r["model"], num(r["uas"]), num(r["uas_with_punct"]),
+                   ref[r["model"]].value if r["model"] in ref else ""] for r in rows]
+    findings = [f"{r[0]}: UAS {r[1]:.1f} vs the paper's {r[3]} [{paper.TABLE3.where}]." for r in table_rows
+                if r[1] is not None and r[3] != ""]
+    figures = [run.figure("fig_classifier_training.png", "Dev UAS by epoch for each probe: flat curves mean "
+                          "training converged."),
+               run.figure("fig_classifier_head_weights.png", "Learned weight of each head (w: attention from "
+                          "dependent to head, u: the reverse): the heads the attention-only probe relies on.")]
+    return Section("Attention-based probing classifiers (Clark et al. 2019, section 5)",
+                   intro="Dependency parsing from attention maps alone (Attn) and with GloVe word vectors.",
+                   findings=findings, tables=[Table(f"UAS beside {paper.TABLE3}",
+                                                    ["model", "UAS", "UAS with punct", "paper UAS"],
+                                                    table_rows, digits=1)],
+                   figures=[f for f in figures if f])
+
+
+@section("cluster")
+def cluster(run: RunFiles) -> Section | None:
+    rows = run.csv("cluster_mds.csv")
+    if rows is None:
+        return None
+    counts: dict[str, list[str]] = {}
+    for r in rows:
+        counts.setdefault(r["behaviour"], []).append(f"{r['layer']}-{r['head']}")
+    findings = [f"{b}: {len(h)} heads ({heads_str(h, 8)})" for b, h in sorted(counts.items(), key=lambda x: -len(x[1]))]
+    figures = [run.figure("fig_cluster_mds.png", "Heads embedded in 2-D by multidimensional scaling of their "
+                          "Jensen-Shannon distances: heads close together attend alike; markers give each head's "
+                          "behaviour (Clark et al. Fig. 6)."),
+               run.figure("fig_cluster_layers.png", "Mean Jensen-Shannon divergence between the heads of two "
+                          "layers: dark diagonal blocks mean heads of nearby layers behave alike.")]
+    return Section("Head clustering (Clark et al. 2019, section 6)", intro="Behaviour of each head, from its "
+                   "surface statistics, as grouped in the MDS plot.", findings=findings,
+                   figures=[f for f in figures if f])
+
+
+# ----------------------------------------------------------------------------- comparison, per-example
+
+@section("compare")
+def compare(run: RunFiles) -> Section | None:
+    from bertscope.compare import read_comparison
+
+    found = read_comparison(run.dir)
+    if found is None:
+        return None
+    record, rows = found
+    changed = sorted((r for r in rows if r.get("source") == "heads.csv" and num(r["diff"]) is not None),
+                     key=lambda r: -abs(num(r["diff"])))[:15]
+    table = Table("Heads that changed most (heads.csv statistics), diff = b - a",
+                  ["statistic", "layer", "head", "a", "b", "diff", "q", "significant"],
+                  [[r["statistic"], int(r["layer"]), int(r["head"]), num(r["a"]), num(r["b"]), num(r["diff"]),
+                    r.get("q", ""), r.get("significant", "")] for r in changed])
+    findings = [f"a = {record.get('a')} ({record.get('model_a')}), b = {record.get('b')} ({record.get('model_b')})."]
+    if record.get("test"):
+        findings.append(f"Test: {record.get('test_description')}; significant heads per statistic at q < "
+                        f"{record.get('alpha')}: {record.get('significant')}.")
+    figures = [run.figure(n, f"Per-head change of {n[len('fig_compare_'):-4]}, b - a: purple higher in b, orange "
+                          "lower, white unchanged; framed cells are significant where a test ran.")
+               for n in run.figures("fig_compare_*.png")]
+    return Section("Comparison of two runs", intro="Per-head differences between two run directories "
+                   "(bertscope compare).", findings=findings, tables=[table], figures=figures)
+
+
+@section("per_example")
+def per_example(run: RunFiles) -> Section | None:
+    info = run.record.get("per_example")
+    if not info or not run.has(info.get("file", "")):
+        return None
+    return Section("Per-example statistics", intro=f"{info['file']}: {info.get('rows')} rows, one per (segment, "
+                   "layer, head), for significance tests across runs (bertscope compare).")
+
+
+# ----------------------------------------------------------------------------- the rest
+
+@section("other_figures")
+def other_figures(run: RunFiles) -> Section | None:
+    """Every PNG no section claimed, so no figure is left out of the report."""
+    rest = [n for n in run.figures("*.png") if n not in run.claimed]
+    if not rest:
+        return None
+    return Section("Other figures", intro="Figures in the run directory that no report section describes yet.",
+                   figures=[Figure(n, "no caption: no report section knows this file yet.") for n in rest])
