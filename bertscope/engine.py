@@ -109,12 +109,15 @@ def fold(
     if ahead:
         raise ValueError(f"accumulators disagree on the batches done ({', '.join(ahead)} ahead): rewind them first")
     last = done
+    trim_every = malloc_trim_every()
     for batch in stream_batches(loaded, segments, spec, from_word, classes=classes, batch_size=options.batch_size,
                                 backend=options.backend, progress=options.progress, desc=desc,
                                 shard=shard, skip=done, window_batches=options.window_batches, total=options.total):
         for acc in accumulators:
             acc.add(batch)
             acc.batches_done = last = batch.number
+        if trim_every and last % trim_every == 0:
+            malloc_trim()
         if checkpoint is not None and last % options.checkpoint_every == 0:
             checkpoint()
     if checkpoint is not None and last > done and last % options.checkpoint_every:
@@ -259,3 +262,28 @@ def iter_word_maps(loaded: LoadedModel, segments: Sequence[Segment], from_word: 
 def word_map_spec(loaded: LoadedModel) -> StatsSpec:
     """Word-level maps and their argmax only: what the word-level probes read."""
     return StatsSpec(offsets=(), n_key_classes=loaded.classes.n_classes, entropy=False, argmax=False, word_maps=True)
+
+
+def malloc_trim_every() -> int:
+    """`BERTSCOPE_MALLOC_TRIM=N`: give glibc's freed heap back to the OS every N batches (0, the
+    default: never). The forward pass's temporaries change size with every batch's length, and
+    glibc's heap keeps the freed pages, so the peak RSS creeps up over the first hundred batches;
+    trimming keeps it flat (bench_flatmem, README) at a throughput cost not yet measured well."""
+    import os
+
+    text = os.environ.get("BERTSCOPE_MALLOC_TRIM", "0")
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise ValueError(f"BERTSCOPE_MALLOC_TRIM must be a whole number of batches, not {text!r}") from None
+
+
+def malloc_trim():
+    """glibc's malloc_trim(0); a no-op where the C library has none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -562,3 +562,21 @@ def test_shards_and_skips_split_one_plan(tiny_model, window):
         assert batches == [(k + 1, plan[i]) for k, i in enumerate(range(r, len(plan), 3))]
     assert seen((1, 3), skip=1) == ranks[1][1:]
     assert seen((0, 1), skip=len(plan)) == []
+
+
+def test_malloc_trim_between_batches_changes_nothing_but_memory(tiny_model, monkeypatch):
+    from bertscope import engine
+
+    loaded, _ = eager_twin(tiny_model, "bert")
+    segments = random_segments(loaded.tokenizer, n=9)
+    plain = run_stats(loaded, segments, SPEC, EngineOptions(batch_size=2, progress=False))
+    real_trim, trims = engine.malloc_trim, []
+    monkeypatch.setenv("BERTSCOPE_MALLOC_TRIM", "2")
+    monkeypatch.setattr(engine, "malloc_trim", lambda: (trims.append(1), real_trim()))
+    trimmed = run_stats(loaded, segments, SPEC, EngineOptions(batch_size=2, progress=False))
+    assert len(trims) == 2  # after batches 2 and 4 of 5
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(trimmed, name), getattr(plain, name), err_msg=name)
+    monkeypatch.setenv("BERTSCOPE_MALLOC_TRIM", "often")
+    with pytest.raises(ValueError, match="BERTSCOPE_MALLOC_TRIM"):
+        engine.malloc_trim_every()
