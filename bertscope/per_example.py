@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -97,16 +96,11 @@ def example_rows(batch: BatchContext) -> np.ndarray:
 
 
 class PerExampleWriter:
-    """Accumulator writing per-example rows as Parquet parts under `directory`.
+    """Accumulator writing per-example rows as Parquet parts under `directory`. A row's
+    `document` is its segment's `Segment.document` (the segment index where that is unset)."""
 
-    document_of: for each segment index, its document's index in the corpus (default: the
-    segment's own `document`, else the segment index itself).
-    """
-
-    def __init__(self, directory: Path, spec: StatsSpec, classes: TokenClasses,
-                 document_of: Sequence[int] | None = None, rank: int = 0):
+    def __init__(self, directory: Path, spec: StatsSpec, classes: TokenClasses, rank: int = 0):
         self.directory, self.spec, self.classes, self.rank = Path(directory), spec, classes, rank
-        self.document_of = document_of
         self.columns = stat_columns(spec, classes)
         self.batches_done = 0
         self._flushed = 0  # batches already in part files
@@ -118,10 +112,7 @@ class PerExampleWriter:
         values = example_rows(batch)  # (B, layers, H, K)
         B, Ly, H, K = values.shape
         index = np.asarray(batch.indices)
-        if self.document_of is not None:
-            docs = np.asarray([self.document_of[i] for i in batch.indices])
-        else:
-            docs = np.asarray([i if s.document is None else s.document for i, s in zip(batch.indices, batch.segments)])
+        docs = np.asarray([i if s.document is None else s.document for i, s in zip(batch.indices, batch.segments)])
         rep = Ly * H
         arrays = {
             "segment": pa.array(np.repeat(index, rep).astype(np.int64)),
@@ -155,9 +146,9 @@ class PerExampleWriter:
         self._pending, self._flushed = [], self.batches_done
 
     @classmethod
-    def load(cls, directory: Path, spec: StatsSpec, classes: TokenClasses, document_of=None, rank: int = 0):
+    def load(cls, directory: Path, spec: StatsSpec, classes: TokenClasses, rank: int = 0):
         """A writer that continues after the parts this rank already wrote."""
-        acc = cls(directory, spec, classes, document_of, rank)
+        acc = cls(directory, spec, classes, rank)
         ends = [last for r, _, last in _parts(acc.directory) if r == rank]
         acc.batches_done = acc._flushed = max(ends, default=0)
         return acc
