@@ -1,4 +1,4 @@
-"""Where the annotated data sets live (treebanks, coreference, RTE, sentence polarity).
+"""Where the annotated data sets live (treebanks, coreference, RTE, sentence polarity, ARCT).
 
 Looked up in this order: `--data-dir`, the BERTSCOPE_DATA environment variable, then
 `../shared/data` beside the repository (the layout of development machines and CI). The
@@ -19,7 +19,8 @@ DATASETS = {
     "gum": ("gum/docs", "GUM_*.conllu", "the GUM corpus (CoNLL-U with coreference)"),
     "gap": ("gap", "gap-development.tsv", "GAP coreference (google-research-datasets)"),
     "rte": ("rte", "*.xml", "PASCAL RTE 1-3 (NLTK data)"),
-    "sentence_polarity": ("sentence_polarity", "*", "Pang & Lee sentence polarity v1.0"),
+    "sentence_polarity": ("sentence_polarity", "rt-polarity.*", "Pang & Lee sentence polarity v1.0"),
+    "arct": ("arct", "original/*.tsv", "ARCT (original and Niven & Kao's adversarial set)"),
 }
 
 

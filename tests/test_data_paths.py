@@ -18,6 +18,7 @@ MARKERS = {
     "gap": "gap-development.tsv",
     "rte": "rte1_dev.xml",
     "sentence_polarity": "rt-polarity.pos",
+    "arct": "original/train.tsv",
 }
 
 
@@ -30,6 +31,7 @@ def fake_root(root: Path, names=tuple(DATASETS)) -> Path:
     for name in names:
         folder = root / DATASETS[name][0]
         folder.mkdir(parents=True, exist_ok=True)
+        (folder / MARKERS[name]).parent.mkdir(parents=True, exist_ok=True)
         (folder / MARKERS[name]).write_text("x")
     return root
 
