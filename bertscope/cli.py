@@ -80,9 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--data-dir", metavar="DIR", default=None, help="folder holding the data sets")
     add_probe_parsers(sub)
-    from bertscope.compare import add_parser as add_compare_parser
-
-    add_compare_parser(sub)
+    add_command_parsers(sub)
     rp = sub.add_parser(
         "report", help="(re)write RUN_DIR/index.html, one self-contained page of every analysis in the run",
         description="Write index.html into RUN_DIR: settings and provenance from run.json, every figure (embedded) "
@@ -101,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch device (default: cuda when torch sees a GPU, else cpu)")
     t.add_argument("--quick", action="store_true", help="small shapes only")
     return parser
+
+
+# commands that live in a module of their own: name -> module with `add_parser(sub)` (adds the
+# subcommand's parser) and `main(args) -> int`. A new analysis adds one line here.
+COMMANDS = {
+    "compare": "bertscope.compare",
+}
+
+
+def add_command_parsers(sub):
+    import importlib
+
+    for module_name in COMMANDS.values():
+        importlib.import_module(module_name).add_parser(sub)
 
 
 def add_view_parser(sub):
@@ -188,10 +200,10 @@ def run_command(args) -> int:
             return cmd_data(args)
         if args.command == "probe":
             return cmd_probe(args)
-        if args.command == "compare":
-            from bertscope.compare import cmd_compare
+        if args.command in COMMANDS:
+            import importlib
 
-            return cmd_compare(args)
+            return importlib.import_module(COMMANDS[args.command]).main(args)
         if args.command == "view":
             return cmd_view(args)
         if args.command == "report":

@@ -439,7 +439,7 @@ def _alpha(text: str) -> float:
     return value
 
 
-def cmd_compare(args) -> int:
+def main(args) -> int:
     log = (lambda *a, **k: None) if args.quiet else print
     if args.out and not (Path(args.out) / "run.json").is_file():
         check_run_dir(args.out)  # a used directory that is not a run is refused before any work
