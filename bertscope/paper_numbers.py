@@ -1,7 +1,8 @@
 """The papers' reference numbers, as data, each with where it comes from.
 
 The report prints these beside a run's own numbers. Every number is copied from the paper
-(/work/shared/papers/clark2019-what-does-bert-look-at.txt), never derived here. Accuracies
+(../shared/papers: clark2019-what-does-bert-look-at.txt, michel2019-niven2019-definitions.txt),
+never derived here. Accuracies
 are in percent, as printed in the paper. A `Source` says which paper, which table or figure,
 on which model and data, so a reader can tell how comparable the two columns are.
 """
@@ -32,6 +33,8 @@ SURFACE = Source(CLARK, "section 3 (text)", BERT_BASE, "1,000 Wikipedia segments
 TABLE1 = Source(CLARK, "Table 1", BERT_BASE, "PTB WSJ, Stanford Dependencies")
 TABLE2 = Source(CLARK, "Table 2", BERT_BASE, "CoNLL-2012, documents truncated to 128 tokens")
 TABLE3 = Source(CLARK, "Table 3", BERT_BASE, "PTB WSJ dev, Stanford Dependencies")
+NIVEN = "Niven & Kao (2019)"  # Probing Neural Network Comprehension of Natural Language Arguments
+CUES = Source(NIVEN, "section 3 (strongest unigram cue)", "no model (data statistics)", "ARCT, all splits")
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ CLASSIFIER_TABLE3 = {name: Number(v, TABLE3) for name, v in (
     ("Right-branching", 26), ("Distances + GloVe", 58), ("Random Init Attn + GloVe", 30),
     ("Attn", 61), ("Attn + GloVe", 77))}
 
+# Niven & Kao: "not", the strongest unigram cue in ARCT's warrants
+NOT_CUE = {"productivity": Number(0.61, CUES), "coverage": Number(0.64, CUES)}
+
 
 def all_sources() -> list[Source]:
-    return [SURFACE, TABLE1, TABLE2, TABLE3]
+    return [SURFACE, TABLE1, TABLE2, TABLE3, CUES]

@@ -67,35 +67,24 @@ def seeded_sample(items: list, limit: int | None, seed: int) -> list:
     return [items[i] for i in keep]
 
 
-class ProbeRun:
-    """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
+class AnalysisRun:
+    """One analysis's run: the run directory and the record it adds to run.json under
+    `probes[name]`. Analyses without a model (e.g. `bertscope cues`) use it as is; `ProbeRun`
+    adds the model."""
 
-    def __init__(self, name: str, args: argparse.Namespace, log=print):
-        from bertscope.args import check_device
-        from bertscope.models import load_model
-
+    def __init__(self, name: str, args: argparse.Namespace, log=print, model: dict | None = None):
         self.name, self.args, self.t0 = name, args, time.perf_counter()
         self.log = (lambda *a, **k: None) if getattr(args, "quiet", False) else log
         self.progress = not getattr(args, "quiet", False)
-        check_device(args.device, args.backend)
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        self.loaded = load_model(args.model, device=args.device)
-        if args.max_len > self.loaded.max_len:
-            raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
-        self.dir = self._run_dir(args.out)
+        self.dir = self._run_dir(getattr(args, "out", None))
         self.outputs: list[str] = []
         self.record = {
             "command": " ".join(sys.argv),
             "status": "running",
             "settings": {k: v for k, v in vars(args).items() if k not in ("command", "probe", "func")},
-            "model": {"path": str(self.loaded.path), "type": self.loaded.model_type,
-                      "layers": self.loaded.n_layers, "heads": self.loaded.n_heads},
+            "model": model,
         }
         self._save_record()
-        torch.manual_seed(args.seed)
-        self.log(f"bertscope probe {name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
-                 f"{self.loaded.n_heads} heads), run directory {self.dir}")
 
     def _run_dir(self, out: str | None) -> Path:
         if out and (Path(out) / "run.json").is_file():
@@ -153,3 +142,24 @@ class ProbeRun:
         from bertscope.report import refresh_report
 
         refresh_report(self.dir, self.log)
+
+
+class ProbeRun(AnalysisRun):
+    """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
+
+    def __init__(self, name: str, args: argparse.Namespace, log=print):
+        from bertscope.args import check_device
+        from bertscope.models import load_model
+
+        check_device(args.device, args.backend)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.loaded = load_model(args.model, device=args.device)
+        if args.max_len > self.loaded.max_len:
+            raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
+        super().__init__(name, args, log, model={
+            "path": str(self.loaded.path), "type": self.loaded.model_type,
+            "layers": self.loaded.n_layers, "heads": self.loaded.n_heads})
+        torch.manual_seed(args.seed)
+        self.log(f"bertscope probe {name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
+                 f"{self.loaded.n_heads} heads), run directory {self.dir}")
