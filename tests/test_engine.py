@@ -569,8 +569,12 @@ def test_malloc_trim_between_batches_changes_nothing_but_memory(tiny_model, monk
 
     loaded, _ = eager_twin(tiny_model, "bert")
     segments = random_segments(loaded.tokenizer, n=9)
+    monkeypatch.setenv("BERTSCOPE_MALLOC_TRIM", "0")
+    assert engine.malloc_trim_every() == 0
     plain = run_stats(loaded, segments, SPEC, EngineOptions(batch_size=2, progress=False))
     real_trim, trims = engine.malloc_trim, []
+    monkeypatch.delenv("BERTSCOPE_MALLOC_TRIM")
+    assert engine.malloc_trim_every() == engine.MALLOC_TRIM_EVERY == 8  # on by default
     monkeypatch.setenv("BERTSCOPE_MALLOC_TRIM", "2")
     monkeypatch.setattr(engine, "malloc_trim", lambda: (trims.append(1), real_trim()))
     trimmed = run_stats(loaded, segments, SPEC, EngineOptions(batch_size=2, progress=False))
