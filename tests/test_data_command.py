@@ -4,16 +4,17 @@ from pathlib import Path
 import pytest
 
 from bertscope.cli import main
+from bertscope.data import DATASETS
 
 
 def test_data_command_lists_every_dataset(tmp_path, capsys):
     (tmp_path / "ud-ewt").mkdir()
     (tmp_path / "ud-ewt" / "en_ewt-ud-dev.conllu").write_text("# sent_id = 1\n")
-    assert main(["data", "--data-dir", str(tmp_path)]) == 1  # only one of five is there
+    assert main(["data", "--data-dir", str(tmp_path)]) == 1  # only one of the data sets is there
     out = capsys.readouterr().out
     assert f"data folder: {tmp_path}" in out
     assert f"ud-ewt             {tmp_path / 'ud-ewt'}" in out
-    assert out.count("MISSING") == 4 and "gap-development.tsv" in out
+    assert out.count("MISSING") == len(DATASETS) - 1 and "gap-development.tsv" in out
 
 
 def test_data_command_rejects_a_missing_folder(capsys):
