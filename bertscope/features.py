@@ -20,6 +20,7 @@ TREEBANKS = ("ewt", "gum")
 TASK_DATA = ("rte", "arct", "polarity")
 DATA = TREEBANKS + TASK_DATA
 DEFAULT_LIMIT = 1000  # inputs per data set
+CHECKPOINT_EVERY = 20  # batches between checkpoints
 SCORES_CSV, FIG7_CSV = "features_scores.csv", "features_cls_last_layer.csv"
 
 
@@ -86,7 +87,8 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
     else:
         acc = FeatureScores(loaded.n_layers, loaded.n_heads, SCHEME, features)
     spec = StatsSpec(offsets=(), n_key_classes=SCHEME.n_classes, entropy=False, argmax=False, column_mass=True)
-    options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress)
+    options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress,
+                            checkpoint_every=CHECKPOINT_EVERY)
     try:
         fold(loaded, segments, spec, [acc], options, classes=SCHEME, checkpoint=lambda: acc.save(path),
              shard=(world.rank, world.size), desc=f"{data} features")
@@ -105,8 +107,9 @@ def run(args) -> Path:
     datas = DATA if args.data == "all" else (args.data,)
     raw = {d: seeded_sample(read_inputs(d, args.data_dir, args.split), args.limit, args.seed) for d in datas}
     world = init_world()
-    run_ = None
+    run_, earlier = None, {}
     if world.is_main:
+        earlier = earlier_results(args.out, datas)
         run_ = ProbeRun(NAME, args)
         run_.record["world_size"] = world.size
         loaded, run_dir, progress, log = run_.loaded, run_.dir, run_.progress, run_.log
@@ -138,8 +141,27 @@ def run(args) -> Path:
     shutdown(world)
     if not world.is_main:
         return run_dir
+    for data, result in earlier.items():  # data sets an earlier command wrote into this directory
+        from bertscope.analyses.features import FeatureScores
+
+        rows += FeatureScores.load(run_dir / f"features_{data}.npz").rows(data)
+        results[data] = result
+        run_.outputs.append(f"features_{data}.npz")
     write_outputs(run_, rows, results)
     return run_dir
+
+
+def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
+    """Results of other data sets that an earlier `bertscope features` wrote into `out`
+    (their checkpoints still there), so the tables and figures cover all of them."""
+    from bertscope.results import read_json
+
+    path = Path(out or "") / "run.json"
+    if not out or not path.is_file():
+        return {}
+    record = read_json(path).get("probes", {}).get(NAME) or {}
+    return {data: result for data, result in (record.get("results") or {}).items()
+            if data not in datas and (path.parent / f"features_{data}.npz").is_file()}
 
 
 def write_outputs(run_, rows: list[dict], results: dict):
