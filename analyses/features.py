@@ -188,7 +188,8 @@ class FeatureScores:
             on = torch.einsum("bhc,fc->fbh", cls_mass, self.members.double().to(cls_mass.device))  # (F, B, H)
             self.cls_sum[:, layer] += (on * has[..., None]).sum(1).cpu().numpy()
             top = share.masked_fill(~valid[:, None, :], -1.0).argmax(-1)  # (B, H) most-attended position
-            top_of = of[:, torch.arange(len(top), device=top.device)[:, None], top]  # (F, B, H) is that token of feature f
+            rows = torch.arange(len(top), device=top.device)[:, None]  # (B, 1)
+            top_of = of[:, rows, top]  # (F, B, H): whether that token is of feature f
             self.top_count[:, layer] += top_of.sum(1).double().cpu().numpy()
         self.n_inputs += has.sum(1).double().cpu().numpy()
         self.n_total += batch.size

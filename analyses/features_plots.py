@@ -34,7 +34,8 @@ def plot_feature_heatmaps(rows: list[dict], data: str, title: str):
     vmax = max(r["score"] for r in rows)
     cols = min(len(features), 3)
     nrows = -(-len(features) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(0.42 * heads * cols + 1.8, 0.48 * layers * nrows + 1.6), layout="constrained",
+    fig, axes = plt.subplots(nrows, cols, figsize=(0.42 * heads * cols + 1.8, 0.48 * layers * nrows + 1.6),
+                             layout="constrained",
                              squeeze=False)
     for ax in axes.flat[len(features):]:
         ax.axis("off")

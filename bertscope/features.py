@@ -147,7 +147,8 @@ def run(args) -> Path:
         rows += FeatureScores.load(run_dir / f"features_{data}.npz").rows(data)
         results[data] = result
         run_.outputs.append(f"features_{data}.npz")
-    write_outputs(run_, rows, results)
+    rows.sort(key=lambda r: DATA.index(r["data"]))  # stable: layers and heads stay in order
+    write_outputs(run_, rows, {d: results[d] for d in DATA if d in results})
     return run_dir
 
 

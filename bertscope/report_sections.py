@@ -376,7 +376,8 @@ def feature_findings(rows: list[dict]) -> tuple[list[str], list[list]]:
             top = max(fr, key=lambda r: num(r["score"]))
             share = sum(num(r["top_share"]) for r in fr) / len(fr)
             best[f] = num(top["score"])
-            table.append([data, FEATURE_NAMES.get(f, f), int(top["n_inputs"]), sum(num(r["score"]) for r in fr) / len(fr),
+            mean = sum(num(r["score"]) for r in fr) / len(fr)
+            table.append([data, FEATURE_NAMES.get(f, f), int(top["n_inputs"]), mean,
                           f"{top['layer']}-{top['head']}", num(top["score"]), share])
         ling = {f: v for f, v in best.items() if f not in ("cls", "sep")}
         top_ling = max(ling, key=ling.get) if ling else None
@@ -387,7 +388,8 @@ def feature_findings(rows: list[dict]) -> tuple[list[str], list[list]]:
             f"special-token head {max(best.get('cls', 0), best.get('sep', 0)):.2f}"
             + (f", strongest linguistic-feature head ({FEATURE_NAMES.get(top_ling, top_ling)}) {ling[top_ling]:.2f}"
                if top_ling else "")
-            + f"; the most-attended token of an (input, head) is [CLS] or [SEP] in {pct(sum(shares) / n_heads)} of them.")
+            + f"; the most-attended token of an (input, head) is [CLS] or [SEP] in "
+            f"{pct(sum(shares) / n_heads)} of them.")
     return findings, table
 
 

@@ -255,6 +255,15 @@ def test_command_end_to_end(tiny_checkpoint, tmp_path):
             "features_rte.npz"} <= set(record["outputs"])
     assert all((out / name).is_file() for name in record["outputs"])
 
+    # the report section: one table row per (data, feature), every figure claimed
+    from bertscope.report import build_sections
+
+    section = dict(build_sections(out))["features"]
+    features_seen = {(r["data"], r["feature"]) for r in rows}
+    assert len(section.tables[0].rows) == len(features_seen)
+    assert section.findings[0].startswith("ewt: in ") and "of 8 heads" in section.findings[0]
+    assert "other_figures" not in dict(build_sections(out))
+
 
 def test_command_resumes_an_interrupted_run_to_the_same_numbers(tiny_checkpoint, tmp_path, monkeypatch):
     require_data("ud-ewt")
