@@ -299,3 +299,29 @@ def test_command_user_errors(tiny_checkpoint, tmp_path, capsys):
     assert "cannot resume" in capsys.readouterr().err
     assert main(["features", "--model", str(tiny_checkpoint), "--data-dir", str(tmp_path / "none"), "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("bertscope: error:")
+
+
+def test_two_torchrun_ranks_equal_one_process(tiny_checkpoint, tmp_path):
+    require_data("ud-ewt")
+    import os
+    import subprocess
+    import sys
+
+    args = ["features", "--model", str(tiny_checkpoint), "--data", "ewt", "--limit", "8", "--batch-size", "2",
+            "--quiet", "--no-figures"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, "-m", "bertscope.cli", *args, "--out", str(tmp_path / "one")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                            "29541", "-m", "bertscope.cli", *args, "--out", str(tmp_path / "two")],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert multi.returncode == 0, multi.stderr
+    halves = [FeatureScores.load(tmp_path / "two" / f"features_ewt.rank{r}.npz") for r in (0, 1)]
+    assert [h.n_total for h in halves] == [4, 4]
+    one, two = FeatureScores.load(tmp_path / "one" / "features_ewt.npz"), FeatureScores.load(tmp_path / "two" /
+                                                                                           "features_ewt.npz")
+    assert one.n_total == two.n_total == 8
+    for name in FeatureScores.ARRAYS:
+        np.testing.assert_allclose(getattr(two, name), getattr(one, name), rtol=1e-9, atol=1e-12)
+    assert read_csv(tmp_path / "one" / "features_scores.csv") == read_csv(tmp_path / "two" / "features_scores.csv")
