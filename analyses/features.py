@@ -142,6 +142,8 @@ class FeatureScores:
     top_count  (F, Ly, H)  inputs whose most-attended token (largest column) is of the feature
     n_inputs   (F,)        inputs with at least one token of the feature
     n_total                inputs seen
+    uniform_sum            sum over inputs of 1 / n_tokens: the score of any token under
+                           uniform attention, the level a feature nobody stripes sits at
     All are sums, so shards and checkpoints merge by addition.
     """
 
@@ -164,6 +166,7 @@ class FeatureScores:
         self.top_count = np.zeros((F, n_layers, n_heads))
         self.n_inputs = np.zeros(F)
         self.n_total = 0
+        self.uniform_sum = 0.0
         self.batches_done = 0
 
     @property
@@ -193,6 +196,7 @@ class FeatureScores:
             self.top_count[:, layer] += top_of.sum(1).double().cpu().numpy()
         self.n_inputs += has.sum(1).double().cpu().numpy()
         self.n_total += batch.size
+        self.uniform_sum += float((1 / n).sum())
 
     # -- results
 
@@ -220,6 +224,7 @@ class FeatureScores:
         for name in self.ARRAYS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.n_total += other.n_total
+        self.uniform_sum += other.uniform_sum
         self.batches_done += other.batches_done
         return self
 
@@ -228,7 +233,7 @@ class FeatureScores:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp.npz")
         np.savez(tmp, **{name: getattr(self, name) for name in self.ARRAYS}, n_total=self.n_total,
-                 batches_done=self.batches_done, features=np.array(self.features),
+                 uniform_sum=self.uniform_sum, batches_done=self.batches_done, features=np.array(self.features),
                  scheme=np.array(list(self.scheme.names)), scheme_source=np.array(self.scheme.source))
         tmp.replace(path)
 
@@ -241,6 +246,7 @@ class FeatureScores:
                 for name in cls.ARRAYS:
                     setattr(acc, name, z[name].astype(np.float64))
                 acc.n_total, acc.batches_done = int(z["n_total"]), int(z["batches_done"])
+                acc.uniform_sum = float(z["uniform_sum"])
         except (KeyError, OSError, ValueError) as e:
             raise ValueError(f"{path} is not a feature-score checkpoint ({e})") from None
         return acc
@@ -252,9 +258,9 @@ class FeatureScores:
         for name in self.ARRAYS:
             t = torch.from_numpy(getattr(self, name))
             dist.all_reduce(t)  # in place on the numpy buffer
-        n = torch.tensor([float(self.n_total)], dtype=torch.float64)
+        n = torch.tensor([float(self.n_total), self.uniform_sum], dtype=torch.float64)
         dist.all_reduce(n)
-        self.n_total = int(n.item())
+        self.n_total, self.uniform_sum = int(n[0].item()), float(n[1].item())
         return self
 
     # -- tables
@@ -283,7 +289,7 @@ def summary(acc: FeatureScores) -> dict:
     (input, head) pairs whose most-attended token is [CLS] or [SEP]."""
     score = acc.scores()
     Ly, H = acc.shape
-    out = {"inputs": int(acc.n_total), "features": {}}
+    out = {"inputs": int(acc.n_total), "uniform_score": acc.uniform_sum / max(acc.n_total, 1), "features": {}}
     for f, name in enumerate(acc.features):
         if not acc.n_inputs[f]:
             continue

@@ -66,8 +66,13 @@ def plot_cls_last_layer(rows: list[dict], title: str):
     datas = list(dict.fromkeys(r["data"] for r in rows))
     last = max(r["layer"] for r in rows)
     heads = max(r["head"] for r in rows)
-    fig, axes = plt.subplots(1, len(datas), figsize=(0.45 * heads * len(datas) + 2.5, 4.2), squeeze=False,
+    cols = min(len(datas), 3)
+    nrows = -(-len(datas) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(0.5 * heads * cols + 3, 3.4 * nrows + 0.8), squeeze=False,
                              layout="constrained")
+    for ax in axes.flat[len(datas):]:
+        ax.axis("off")
+    vmax = max(r["cls_mass"] for r in rows if r["layer"] == last)
     image = None
     for ax, data in zip(axes.flat, datas):
         mine = [r for r in rows if r["data"] == data and r["layer"] == last]
@@ -75,8 +80,8 @@ def plot_cls_last_layer(rows: list[dict], title: str):
         grid = np.full((len(features), heads), np.nan)
         for r in mine:
             grid[features.index(r["feature"]), r["head"] - 1] = r["cls_mass"]
-        image = ax.imshow(grid, cmap="magma", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
-        _annotate(ax, grid, 1.0)
+        image = ax.imshow(grid, cmap="magma", vmin=0, vmax=vmax, aspect="auto", interpolation="nearest")
+        _annotate(ax, grid, vmax)
         ax.set_title(data.upper(), fontsize=9)
         ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=6)
         ax.set_yticks(range(len(features)), [LABELS.get(f, f) for f in features], fontsize=7)

@@ -359,9 +359,10 @@ FEATURE_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "noun": "nouns", "verb": "verbs
                  "punct": "punctuation", "nsubj": "subjects", "obj": "objects", "neg": "negation"}
 
 
-def feature_findings(rows: list[dict]) -> tuple[list[str], list[list]]:
+def feature_findings(rows: list[dict], uniform: dict) -> tuple[list[str], list[list]]:
     """Per data set: which feature wins each head, the strongest head of the specials and of
-    the linguistic features, and how often the most-attended token is [CLS] or [SEP]."""
+    the linguistic features, how often the most-attended token is [CLS] or [SEP], and the
+    score uniform attention would give any token (`uniform`: data -> mean 1 / length)."""
     findings, table = [], []
     for data in dict.fromkeys(r["data"] for r in rows):
         mine = [r for r in rows if r["data"] == data]
@@ -389,7 +390,8 @@ def feature_findings(rows: list[dict]) -> tuple[list[str], list[list]]:
             + (f", strongest linguistic-feature head ({FEATURE_NAMES.get(top_ling, top_ling)}) {ling[top_ling]:.2f}"
                if top_ling else "")
             + f"; the most-attended token of an (input, head) is [CLS] or [SEP] in "
-            f"{pct(sum(shares) / n_heads)} of them.")
+            f"{pct(sum(shares) / n_heads)} of them"
+            + (f"; uniform attention would score any token {uniform[data]:.3f}." if data in uniform else "."))
     return findings, table
 
 
@@ -398,7 +400,9 @@ def features(run: RunFiles) -> Section | None:
     rows = run.csv("features_scores.csv")
     if not rows:
         return None
-    findings, table_rows = feature_findings(rows)
+    results = ((run.record.get("probes") or {}).get("features") or {}).get("results") or {}
+    uniform = {d: r["uniform_score"] for d, r in results.items() if "uniform_score" in r}
+    findings, table_rows = feature_findings(rows, uniform)
     last = max(int(r["layer"]) for r in rows)
     for data in dict.fromkeys(r["data"] for r in rows):
         mean = {}

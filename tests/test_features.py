@@ -105,6 +105,7 @@ def test_a_token_receiving_all_the_attention_scores_one_and_inputs_without_the_f
     assert acc.top_shares()[f["sep"], 0, 1] == 1.0 and acc.top_shares()[f["noun"], 0, 0] == 0.5
     # Figure 7: the [CLS] row's mass on each feature
     assert acc.cls_scores()[f["noun"], 0, 0] == 1.0 and acc.cls_scores()[f["verb"], 0, 0] == 0.5
+    assert acc.uniform_sum == pytest.approx(1 / 6 + 1 / 4)  # uniform attention's score of any token, summed
     assert {r["feature"] for r in acc.rows("toy")} == set(FEATURES) - {"neg", "pron", "punct", "nsubj", "obj"}
 
 
@@ -155,7 +156,7 @@ def test_merge_save_load(tmp_path):
         acc.batches_done += 1
     a.save(tmp_path / "a.npz")
     loaded = FeatureScores.load(tmp_path / "a.npz")
-    assert loaded.batches_done == 1 and loaded.n_total == 1
+    assert loaded.batches_done == 1 and loaded.n_total == 1 and loaded.uniform_sum == 0.25
     loaded.merge(b)
     for name in FeatureScores.ARRAYS:
         np.testing.assert_array_equal(getattr(loaded, name), getattr(whole, name))
@@ -321,7 +322,7 @@ def test_two_torchrun_ranks_equal_one_process(tiny_checkpoint, tmp_path):
     assert [h.n_total for h in halves] == [4, 4]
     one, two = FeatureScores.load(tmp_path / "one" / "features_ewt.npz"), FeatureScores.load(tmp_path / "two" /
                                                                                            "features_ewt.npz")
-    assert one.n_total == two.n_total == 8
+    assert one.n_total == two.n_total == 8 and two.uniform_sum == pytest.approx(one.uniform_sum, rel=1e-12)
     for name in FeatureScores.ARRAYS:
         np.testing.assert_allclose(getattr(two, name), getattr(one, name), rtol=1e-9, atol=1e-12)
     assert read_csv(tmp_path / "one" / "features_scores.csv") == read_csv(tmp_path / "two" / "features_scores.csv")
