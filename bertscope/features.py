@@ -107,11 +107,15 @@ def run(args) -> Path:
     datas = DATA if args.data == "all" else (args.data,)
     raw = {d: seeded_sample(read_inputs(d, args.data_dir, args.split), args.limit, args.seed) for d in datas}
     world = init_world()
+    if args.resume and args.world_size != world.size:
+        raise UserError(f"{args.resume} was started with {args.world_size} processes; resume it with the same "
+                        f"number (now {world.size})")
     run_, earlier = None, {}
     if world.is_main:
         earlier = earlier_results(args.out, datas)
         run_ = ProbeRun(NAME, args)
-        run_.record["world_size"] = world.size
+        run_.record["world_size"] = world.size  # per-rank checkpoints: a resume needs as many
+        run_._save_record()
         loaded, run_dir, progress, log = run_.loaded, run_.dir, run_.progress, run_.log
     else:
         import torch
@@ -235,7 +239,7 @@ def resumed_args(args) -> argparse.Namespace:
     if not record:
         raise UserError(f"cannot resume: {args.resume} has no '{NAME}' run")
     settings = {**vars(args), **record["settings"]}
-    settings.update(out=args.resume, resume=args.resume, quiet=args.quiet)
+    settings.update(out=args.resume, resume=args.resume, quiet=args.quiet, world_size=record.get("world_size", 1))
     return argparse.Namespace(**settings)
 
 

@@ -266,7 +266,7 @@ def test_command_end_to_end(tiny_checkpoint, tmp_path):
     assert "other_figures" not in dict(build_sections(out))
 
 
-def test_command_resumes_an_interrupted_run_to_the_same_numbers(tiny_checkpoint, tmp_path, monkeypatch):
+def test_command_resumes_an_interrupted_run_to_the_same_numbers(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     require_data("ud-ewt")
     import bertscope.features as command
 
@@ -293,6 +293,13 @@ def test_command_resumes_an_interrupted_run_to_the_same_numbers(tiny_checkpoint,
     for ra, rb in zip(a, b):
         assert ra["feature"] == rb["feature"]
         assert float(ra["score"]) == pytest.approx(float(rb["score"]), abs=1e-12)
+    # per-rank checkpoints: a run resumes only with the number of processes it started with
+    run_json = tmp_path / "b" / "run.json"
+    record = json.loads(run_json.read_text())
+    record["probes"]["features"]["world_size"] = 2
+    run_json.write_text(json.dumps(record))
+    assert main(["features", "--resume", str(tmp_path / "b"), "--quiet"]) == 2
+    assert "started with 2 processes" in capsys.readouterr().err
 
 
 def test_command_user_errors(tiny_checkpoint, tmp_path, capsys):
