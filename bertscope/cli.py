@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "compare": "bertscope.compare",
     "cues": "bertscope.cues",
+    "features": "bertscope.features",
 }
 
 

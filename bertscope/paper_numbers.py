@@ -103,5 +103,21 @@ CLASSIFIER_TABLE3 = {name: Number(v, TABLE3) for name, v in (
 NOT_CUE = {"productivity": Number(0.61, CUES), "coverage": Number(0.64, CUES)}
 
 
+# Kovaleva et al. (2019), section 4.4 (attention to linguistic features): the paper gives
+# figures only (Figures 6-7, per-task heatmaps), so its findings are kept as the text it states
+KOVALEVA = "Kovaleva et al. (2019)"  # Revealing the Dark Secrets of BERT
+FEATURES = Source(KOVALEVA, "section 4.4, Figures 6-7", "bert-base-uncased, pre-trained and fine-tuned per task",
+                  "GLUE dev sets (MRPC, STS-B, SST-2, QQP, RTE, QNLI, MNLI)")
+FEATURES_TEXT = {
+    "stripes": ("the vertical pattern is associated predominantly, if not exclusively, with attention to [CLS] "
+                "and [SEP]"),
+    "layers": "earlier layers attend to [CLS], later layers to [SEP], consistently across tasks",
+    "features": ("after fine-tuning some heads attend more to nouns and direct objects (MRPC, RTE, QQP) and to "
+                 "negation (QNLI), but those weights are negligible compared to [CLS] and [SEP]"),
+    "cls_last": ("the last layer's [CLS] attends most to [SEP] in most tasks; in STS-B, RTE and QNLI the largest "
+                 "weights go to punctuation"),
+}
+
+
 def all_sources() -> list[Source]:
-    return [SURFACE, TABLE1, TABLE2, TABLE3, CUES]
+    return [SURFACE, TABLE1, TABLE2, TABLE3, CUES, FEATURES]
