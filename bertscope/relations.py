@@ -74,6 +74,7 @@ def add_parser(sub):
                    help=f"top heads listed and checked for previous/next-token behaviour (default: {TOP_K})")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
+    p.add_argument("--checkpoint-every", type=positive_int, default=20, help=argparse.SUPPRESS)  # tests
     return p
 
 
@@ -204,7 +205,8 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
         offsets.save(offsets_path)
         scores.save(scores_path)
 
-    options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress)
+    options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress,
+                            checkpoint_every=args.checkpoint_every)
     fold(loaded, segments, spec, [scores, offsets], options, checkpoint=checkpoint, shard=(world.rank, world.size),
          from_word=args.from_word, desc=f"{analysis} {name}")
     return scores, offsets
