@@ -35,6 +35,7 @@ import numpy as np
 
 CORE = ("nsubj", "nsubj:pass", "obj", "iobj", "obl")  # exact UD labels (obl:tmod etc. are not core)
 ALL = "all"
+CONTROL = "control"  # the predicate with a random unrelated word (`control_links`)
 MAX_WORDS = 12
 MIN_DISTANCE = 2
 PERCENTILE = 99.0
@@ -57,6 +58,26 @@ def relation_links(heads: Sequence[int], deprels: Sequence[str], max_words: int 
         return None
     return [(rel, h - 1, i) for i, (h, rel) in enumerate(zip(heads, deprels))
             if rel in CORE and h > 0 and abs(h - 1 - i) >= min_distance]
+
+
+def control_links(heads: Sequence[int], upos: Sequence[str], links: list[tuple[str, int, int]], rng,
+                  min_distance: int = MIN_DISTANCE) -> list[tuple[int, int]]:
+    """A control pair (predicate, word) per link: a word with no arc to or from the
+    predicate, not punctuation, at least `min_distance` from it, at the link's distance when
+    one such word is (else at any distance); none when no word qualifies. `rng` is a
+    `random.Random` (seeded per sentence, so a resumed run draws the same pairs).
+
+    Scored like the links themselves, it is what a head gives a predicate and an unrelated
+    word of the same sentence: the part of a relation score that is not about the relation."""
+    pairs = []
+    for _, p, a in links:
+        related = {i for i, h in enumerate(heads) if h - 1 == p} | {heads[p] - 1}
+        free = [w for w in range(len(heads)) if w != p and w not in related and upos[w] != "PUNCT"
+                and abs(w - p) >= min_distance]
+        same = [w for w in free if abs(w - p) == abs(a - p)]
+        if free:
+            pairs.append((p, rng.choice(same or free)))
+    return pairs
 
 
 def verb_subject_links(heads: Sequence[int], deprels: Sequence[str], upos: Sequence[str],
@@ -104,10 +125,13 @@ class Links:
         return len(self.group)
 
 
-def relation_input(links: list[tuple[str, int, int]], groups: Sequence[str]) -> Links:
-    """A sentence's relation links, each in its relation's group and in "all"."""
+def relation_input(links: list[tuple[str, int, int]], groups: Sequence[str],
+                   control: Sequence[tuple[int, int]] = ()) -> Links:
+    """A sentence's relation links, each in its relation's group and in "all"; the
+    `control_links` pairs in group "control"."""
     index = {g: k for k, g in enumerate(groups)}
-    return Links.of([(index[g], p, a) for rel, p, a in links for g in (ALL, rel)])
+    return Links.of([(index[g], p, a) for rel, p, a in links for g in (ALL, rel)]
+                    + [(index[CONTROL], p, w) for p, w in control])
 
 
 def token_input(pairs: dict[str, list[tuple[int, int]]], min_distance: int = MIN_DISTANCE) -> Links:
@@ -232,7 +256,7 @@ def adjacent_heads(prev: np.ndarray, next_: np.ndarray, threshold: float = ADJAC
 
 
 def head_rows(data: str, analysis: str, scores: LinkScores, prev: np.ndarray | None = None,
-              next_: np.ndarray | None = None) -> list[dict]:
+              next_: np.ndarray | None = None, adjacent_mass: float = ADJACENT_MASS) -> list[dict]:
     """Tidy rows, one per (group, layer, head): mean score, inputs, rank, flag, and the
     head's offset -1/+1 mass when given."""
     rows = []
@@ -250,18 +274,18 @@ def head_rows(data: str, analysis: str, scores: LinkScores, prev: np.ndarray | N
                            rank=int(rank[layer, head]), flagged=int(flags[layer, head]))
                 if prev is not None:
                     row.update(prev=round(float(prev[layer, head]), 6), next=round(float(next_[layer, head]), 6),
-                               prev_next_head=int(adjacent_heads(prev, next_)[layer, head]))
+                               prev_next_head=int(adjacent_heads(prev, next_, adjacent_mass)[layer, head]))
                 rows.append(row)
     return rows
 
 
 def summary_rows(data: str, analysis: str, scores: LinkScores, k: int, prev: np.ndarray | None = None,
-                 next_: np.ndarray | None = None) -> list[dict]:
+                 next_: np.ndarray | None = None, adjacent_mass: float = ADJACENT_MASS) -> list[dict]:
     """One row per group: inputs, 99th-percentile threshold, flagged heads, top-k heads and,
     with the offset masses, how many of the top k and of the flagged heads are previous/next-token heads."""
     rows = []
     means = scores.means()
-    adjacent = None if prev is None else adjacent_heads(prev, next_)
+    adjacent = None if prev is None else adjacent_heads(prev, next_, adjacent_mass)
     for g, group in enumerate(scores.groups):
         values = means[g]
         if scores.n[g] == 0:

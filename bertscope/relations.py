@@ -49,6 +49,16 @@ def limit_option(text: str) -> int | None:
     return None if text.lower() == "all" else positive_int(text)
 
 
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, not {value}")
+    return value
+
+
 def add_parser(sub):
     from bertscope.args import positive_int
     from bertscope.probes.common import add_common_arguments
@@ -70,6 +80,9 @@ def add_parser(sub):
     p.add_argument("--coref-scope", choices=("segment", "sentence"), default="segment",
                    help="tokens, GUM: an input is a window of whole sentences of at most --max-len tokens, or one "
                    "sentence; pronoun -> antecedent links must lie inside it (default: segment)")
+    p.add_argument("--prev-next-mass", type=fraction, default=rel.ADJACENT_MASS, metavar="X",
+                   help="a previous/next-token head puts more than X of its attention on offset -1 or on +1, "
+                   f"on average over every token of the inputs (default: {rel.ADJACENT_MASS})")
     p.add_argument("--top", type=positive_int, default=TOP_K, metavar="K",
                    help=f"top heads listed and checked for previous/next-token behaviour (default: {TOP_K})")
     p.add_argument("--resume", metavar="DIR", default=None,
@@ -94,7 +107,10 @@ def sentences_of(name: str, data) -> list:
 
 
 def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]:
-    """(segments, Links, report) of the sentences with a qualifying core-argument link."""
+    """(segments, Links, report) of the sentences with a qualifying core-argument link, each
+    with its control pairs (drawn with a generator seeded by --seed and the sentence id)."""
+    import random
+
     from bertscope.segments import word_segment
 
     groups = relation_groups()
@@ -113,7 +129,9 @@ def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]
             report["too_long"] += 1
             continue
         segments.append(segment)
-        links.append(rel.relation_input(found, groups))
+        control = rel.control_links(s.heads, s.upos, found, random.Random(f"{args.seed}:{s.sent_id}"),
+                                    args.min_distance)
+        links.append(rel.relation_input(found, groups, control))
         report["links"] += len(found)
     return segments, links, report
 
@@ -160,7 +178,7 @@ def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
 
 
 def relation_groups() -> list[str]:
-    return [rel.ALL, *rel.CORE]
+    return [rel.ALL, *rel.CORE, rel.CONTROL]
 
 
 def groups_of(analysis: str) -> list[str]:

@@ -48,20 +48,20 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
     from bertscope.analyses import relations_plots as plots
 
     label = model_name(run.loaded.path)
-    all_heads, summary, record = [], [], {"adjacent_mass": rel.ADJACENT_MASS, "percentile": rel.PERCENTILE}
+    all_heads, summary, record = [], [], {"adjacent_mass": args.prev_next_mass, "percentile": rel.PERCENTILE}
     by_table = tables(results, analyses, names)
     for (analysis, data), (scores, prev, next_, n_inputs) in by_table.items():
-        all_heads += rel.head_rows(data, analysis, scores, prev, next_)
-        rows = rel.summary_rows(data, analysis, scores, args.top, prev, next_)
+        all_heads += rel.head_rows(data, analysis, scores, prev, next_, args.prev_next_mass)
+        rows = rel.summary_rows(data, analysis, scores, args.top, prev, next_, args.prev_next_mass)
         summary += rows
         entry = {"inputs": n_inputs, "groups": {r["group"]: {k: r[k] for k in SUMMARY_COLUMNS[3:]} for r in rows}}
         if data in names:
             entry.update(report=results[(analysis, data)][2])
         record.setdefault(analysis, {})[data] = entry
-        adjacent = rel.adjacent_heads(prev, next_)
+        adjacent = rel.adjacent_heads(prev, next_, args.prev_next_mass)
         note = (f"mean {'max weight over a sentence' if analysis == 'relations' else 'weight per link'}; red boxes: "
                 f"above the 99th percentile of the {scores.n_layers * scores.n_heads} heads; white dots: previous/"
-                f"next-token heads (mean offset -1 or +1 mass > {rel.ADJACENT_MASS})")
+                f"next-token heads (mean offset -1 or +1 mass > {args.prev_next_mass})")
         title = (f"{label} on {data.upper()}: "
                  + ("predicate <-> core argument attention (UD, <= %d words, >= %d apart)" % (args.max_words,
                                                                                            args.min_distance)

@@ -48,6 +48,28 @@ def test_relation_links_filters():
     assert rel.relation_links([2, 0] + [2] * 11, ["nsubj", "root"] + ["obl"] * 11) is None
 
 
+def test_control_pairs_are_unrelated_words_at_the_links_distance():
+    import random
+
+    # The old man saw a dog in the park .   saw(4) <- nsubj man(3), obj dog(6), obl park(9)
+    heads = [3, 3, 4, 0, 6, 4, 9, 9, 4, 4]
+    upos = ["DET", "ADJ", "NOUN", "VERB", "DET", "NOUN", "ADP", "DET", "NOUN", "PUNCT"]
+    deprels = ["det", "amod", "nsubj", "root", "det", "obj", "case", "det", "obl", "punct"]
+    links = rel.relation_links(heads, deprels)
+    assert links == [("obj", 3, 5), ("obl", 3, 8)]  # nsubj "man" is next to "saw": dropped
+    for seed in range(20):
+        pairs = rel.control_links(heads, upos, links, random.Random(seed))
+        # never a dependent of "saw" (man, dog, park, '.'), never punctuation, never adjacent ("a");
+        # the same distance when possible: 2 from "saw" is "old"(1) only; 5 from "saw": none -> any free word
+        assert pairs[0] == (3, 1)
+        assert pairs[1][0] == 3 and pairs[1][1] in (0, 1, 6, 7)
+    seen = {rel.control_links(heads, upos, links, random.Random(seed))[1][1] for seed in range(40)}
+    assert seen == {0, 1, 6, 7}
+    # a seeded generator draws the same pairs again (resume)
+    assert rel.control_links(heads, upos, links, random.Random("0:s1")) == rel.control_links(
+        heads, upos, links, random.Random("0:s1"))
+
+
 def test_verb_subject_needs_a_verb_head():
     # "She is happy": nsubj of an ADJ predicate is no verb -> subject link; "Dogs bark" is
     assert rel.verb_subject_links([3, 3, 0], ["nsubj", "cop", "root"], ["PRON", "AUX", "ADJ"], offset=1) == []
@@ -272,7 +294,7 @@ def test_cli_end_to_end(tiny_checkpoint, data_available, tmp_path):
             assert results[analysis][data]["inputs"] == (12 if data == "ewt+gum" else 6)
     assert results["relations"]["ewt"]["report"]["too_many_words"] > 0
     heads = read_csv(out / "relations_heads.csv")
-    assert len(heads) == 3 * (len(rel.CORE) + 1 + len(rel.TOKEN_GROUPS)) * 2 * 4  # data x groups x layers x heads
+    assert len(heads) == 3 * (len(rel.CORE) + 2 + len(rel.TOKEN_GROUPS)) * 2 * 4  # data x groups x layers x heads
     scored = [r for r in heads if r["score"] != "nan"]
     assert scored and all(0 <= float(r["score"]) <= 1 for r in scored)
     alls = [r for r in heads if r["group"] == "all" and r["data"] == "ewt+gum"]
