@@ -255,6 +255,16 @@ def adjacent_heads(prev: np.ndarray, next_: np.ndarray, threshold: float = ADJAC
     return np.maximum(prev, next_) > threshold
 
 
+def rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho of two equal-shape arrays (ranks by argsort: ties broken by position,
+    which real-valued head means practically never have); NaN entries are left out."""
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3:
+        return float("nan")
+    rx, ry = (np.argsort(np.argsort(v[keep], kind="stable"), kind="stable").astype(float) for v in (x, y))
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
 def head_rows(data: str, analysis: str, scores: LinkScores, prev: np.ndarray | None = None,
               next_: np.ndarray | None = None, adjacent_mass: float = ADJACENT_MASS) -> list[dict]:
     """Tidy rows, one per (group, layer, head): mean score, inputs, rank, flag, and the
@@ -302,7 +312,8 @@ def summary_rows(data: str, analysis: str, scores: LinkScores, k: int, prev: np.
         if adjacent is not None:
             row.update(top_prev_next=sum(bool(adjacent[lh]) for lh in top), top_k=len(top),
                        flagged_prev_next=sum(bool(adjacent[lh]) for lh in flagged), n_flagged=len(flagged),
-                       prev_next_heads=int(adjacent.sum()))
+                       prev_next_heads=int(adjacent.sum()),
+                       rho_prev_next=round(rank_correlation(values, np.maximum(prev, next_)), 3))
         rows.append(row)
     return rows
 

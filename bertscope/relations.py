@@ -273,7 +273,10 @@ def resumed_args(args) -> argparse.Namespace:
     record = read_json(path).get("probes", {}).get(NAME)
     if not record:
         raise UserError(f"cannot resume: {path} holds no '{NAME}' run")
-    settings = dict(record["settings"])
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    settings = vars(parser.parse_args([NAME]))  # defaults of options newer than the record
+    settings.update(record["settings"])
     settings.update({k: getattr(args, k) for k in RESUME_KEYS}, out=args.resume)
     return argparse.Namespace(**settings)
 

@@ -11,7 +11,7 @@ from bertscope.models import model_name
 HEAD_COLUMNS = ("data", "analysis", "group", "layer", "head", "score", "n", "rank", "flagged", "prev", "next",
                 "prev_next_head")
 SUMMARY_COLUMNS = ("data", "analysis", "group", "n", "mean", "p99", "flagged", "top", "top_k", "top_prev_next",
-                   "n_flagged", "flagged_prev_next", "prev_next_heads")
+                   "n_flagged", "flagged_prev_next", "prev_next_heads", "rho_prev_next")
 EXAMPLE_HEADS = 4  # heads drawn per example figure
 UNITS = {"relations": "sentences", "tokens": "links"}
 
@@ -40,7 +40,8 @@ def format_summary(rows: list[dict]) -> str:
                      f"p99={r['p99']:.3f}  flagged: {r['flagged']}")
         lines.append(f"{'':44}top {r['top_k']}: {r['top']}")
         lines.append(f"{'':44}previous/next-token heads: {r['top_prev_next']} of the top {r['top_k']}, "
-                     f"{r['flagged_prev_next']} of {r['n_flagged']} flagged ({r['prev_next_heads']} in the model)")
+                     f"{r['flagged_prev_next']} of {r['n_flagged']} flagged ({r['prev_next_heads']} in the model); "
+                     f"Spearman rho(score, max(prev, next)) over the heads {r['rho_prev_next']:.2f}")
     return "\n".join(lines) + "\n"
 
 

@@ -166,6 +166,14 @@ def test_summary_counts_previous_next_token_heads():
     (row,) = rel.summary_rows("ewt", "tokens", scores, 3, prev, next_)
     assert row["top"] == "6-12:0.710 6-11:0.700 6-10:0.690" and row["flagged"] == "6-12:0.710"
     assert (row["top_prev_next"], row["flagged_prev_next"], row["n_flagged"], row["prev_next_heads"]) == (2, 1, 1, 3)
+    # rank correlation: scores rise with the head index; a mass that does too correlates fully, its reverse -1
+    assert row["rho_prev_next"] == pytest.approx(rel.rank_correlation(values, np.maximum(prev, next_)), abs=1e-3)
+    assert rel.rank_correlation(values, values ** 2) == pytest.approx(1.0)
+    assert rel.rank_correlation(values, -values) == pytest.approx(-1.0)
+    from scipy.stats import spearmanr
+
+    x, y = np.random.default_rng(0).random((2, 6, 12))
+    assert rel.rank_correlation(x, y) == pytest.approx(spearmanr(x.ravel(), y.ravel())[0])
 
 
 def test_link_scores_merge_save_load(tmp_path):
