@@ -389,11 +389,14 @@ def relations(run: RunFiles) -> Section | None:
         if r["data"] == pooled and r["group"] in ("all", "verb_subject", "verb_subject_far", "pronoun_antecedent"):
             findings.append(f"{r['analysis']} / {r['group']} on {pooled} (n = {r['n']}): flagged {r['flagged'] or 'none'}; "
                             f"{r['top_prev_next']} of the top {r['top_k']} heads are previous/next-token heads "
-                            f"({r['prev_next_heads']} such heads in the model on these inputs).")
+                            f"({r['prev_next_heads']} such heads in the model on these inputs); Spearman rho between "
+                            f"the heads' scores and their previous/next mass {r.get('rho_prev_next', '?')}.")
     if record.get("adjacent_mass") is not None:
         findings.append(f"A previous/next-token head puts more than {record['adjacent_mass']} of its attention, on "
                         "average over every token of the same inputs, on offset -1 or on +1.")
-    figures = [run.figure(name.format(pooled.replace("+", "_")), caption) for name, caption in RELATION_FIGURES]
+    labels = [pooled] + sorted({r["data"] for r in rows} - {pooled})  # pooled first, then each data set
+    figures = [run.figure(name.format(data.replace("+", "_")), caption + ("" if data == pooled else f" ({data} only.)"))
+               for name, caption in RELATION_FIGURES for data in labels]
     figures += [run.figure("relations_examples.png", "Word-level maps of the top relation heads on one random short "
                            "sentence; red boxes are its gold predicate-argument cells (both directions)."),
                 run.figure("tokens_examples.png", "Word-level maps of the top verb -> subject heads (links 2+ words "

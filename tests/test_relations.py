@@ -312,6 +312,9 @@ def test_cli_end_to_end(tiny_checkpoint, data_available, tmp_path):
         parts = [r for r in heads if r["group"] == "all" and r["layer"] == pooled["layer"]
                  and r["head"] == pooled["head"] and r["data"] in ("ewt", "gum")]
         assert float(pooled["score"]) == pytest.approx(sum(float(r["score"]) for r in parts) / 2, abs=2e-6)
+    report = (out / "index.html").read_text()
+    assert "Relation heads and token-to-token attention" in report and "Other figures" not in report
+    assert "relations_heatmap_gum.png" in report and "473 FrameNet sentences" in report
     summary = read_csv(out / "relations_summary.csv")
     vs = next(r for r in summary if r["group"] == rel.VERB_SUBJECT and r["data"] == "ewt+gum")
     assert int(vs["top_k"]) == 8 and 0 <= int(vs["top_prev_next"]) <= 8  # the tiny model has 8 heads
