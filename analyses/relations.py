@@ -13,6 +13,8 @@ not here, so the links are gold UD arcs from a predicate to its core arguments (
 are at least `min_distance` words apart. One sentence gives one score per head: the largest
 weight over its links, in either direction (A[pred, arg] or A[arg, pred]), pooled in the
 group "all" and per relation (a sentence counts for a relation when it has such a link).
+A "control" group scores the predicate with a random unrelated word of the same sentence
+(`control_links`), what a head gives any word there: the paper had no such baseline.
 
 Token-to-token attention (4.5). One directed weight per link, A[from, to]: from the verb to
 its subject, from a pronoun to its antecedent, each link one unit. Every link is also

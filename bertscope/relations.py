@@ -281,6 +281,15 @@ def resumed_args(args) -> argparse.Namespace:
     return argparse.Namespace(**settings)
 
 
+def check_world_size(run_dir: Path, size: int):
+    """Checkpoints are per rank: a run resumes only with the number of processes it began with."""
+    from bertscope.results import read_json
+
+    recorded = read_json(run_dir / "run.json")["probes"][NAME].get("world_size", 1)
+    if recorded != size:
+        raise UserError(f"{run_dir} was started with {recorded} processes; resume it with the same number (now {size})")
+
+
 def main(args) -> int:
     from bertscope.distributed import broadcast, init_world, shutdown
 
@@ -289,6 +298,8 @@ def main(args) -> int:
     analyses = ANALYSES if args.analysis == "both" else (args.analysis,)
     data = read_data(args)  # a missing data set should not leave a run directory
     world = init_world()
+    if args.resume:
+        check_world_size(Path(args.resume), world.size)
     run, progress, log = None, False, (lambda *a, **k: None)
     if world.is_main:
         from bertscope.probes.common import ProbeRun
@@ -296,6 +307,7 @@ def main(args) -> int:
         run = ProbeRun(NAME, args)
         loaded, run_dir, progress, log = run.loaded, run.dir, run.progress, run.log
         run.record["world_size"] = world.size
+        run._save_record()  # now, so that an interrupted run knows how many ranks to resume with
     else:
         import torch
 

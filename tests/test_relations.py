@@ -341,6 +341,12 @@ def test_interrupted_run_resumes_to_the_same_result(tiny_checkpoint, data_availa
     assert main(["relations", "--resume", str(cut), "--quiet"]) == 0
     assert read_csv(cut / "relations_heads.csv") == read_csv(whole / "relations_heads.csv")
     assert rel.LinkScores.load(cut / "relations_state" / "relations-ewt.scores.npz").batches_done == 3
+    # checkpoints are per rank: a run started by two ranks is not resumed by one
+    record = json.loads((cut / "run.json").read_text())
+    assert record["probes"]["relations"]["world_size"] == 1
+    record["probes"]["relations"]["world_size"] = 2
+    (cut / "run.json").write_text(json.dumps(record))
+    assert main(["relations", "--resume", str(cut), "--quiet"]) == 2
 
 
 def test_cli_user_mistakes(tiny_checkpoint, tmp_path, capsys):
