@@ -107,6 +107,7 @@ COMMANDS = {
     "compare": "bertscope.compare",
     "cues": "bertscope.cues",
     "features": "bertscope.features",
+    "relations": "bertscope.relations",
 }
 
 
