@@ -24,9 +24,11 @@ Rules (`classify`, thresholds in `Thresholds`), in this order:
    d < 0.25 Vertical, d > 0.75 Diagonal, otherwise Vertical+Diagonal (each of the two
    carries at least a quarter of the structure).
 2. Block needs two parts, own >= 0.8 (four fifths of the word mass stays in the query's
-   part; a uniform map gives ~0.5) and spread >= 0.5 (rows spread over more than about
-   sqrt(n) keys of their part: a block, not a few sharp peaks, which would be a
-   Heterogeneous, e.g. syntactic, head that happens to stay in its sentence).
+   part; a uniform map gives ~0.5) and spread >= 0.8 (rows spread over at least about
+   n^0.8 keys of their n-token part, about half of a 40-token part: a block, not a band
+   along the diagonal nor a few sharp peaks). Local attention stays in the query's part
+   too, just because the part boundary is far: on MiniLM a spread threshold of 0.5 called
+   wide diagonal bands (spread 0.55-0.7, own ~0.9) Block, which they do not look like.
    Single-sentence inputs (sentence polarity) have no second part: Block cannot occur
    there and such maps count as Heterogeneous.
 3. Heterogeneous: everything else, as in the paper (the class list is exhaustive).
@@ -63,7 +65,7 @@ class Thresholds:
     structured: float = 0.6  # special + diagonal at least this: a striped / lined map
     mix: float = 0.25  # each of vertical and diagonal at least this share of it: Vertical+Diagonal
     own: float = 0.8  # share of word mass on the query's own part, for Block
-    spread: float = 0.5  # word-row entropy / ln(own part length), for Block
+    spread: float = 0.8  # word-row entropy / ln(own part length), for Block
 
     def as_dict(self) -> dict:
         return asdict(self)

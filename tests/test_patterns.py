@@ -79,6 +79,18 @@ def test_features_have_their_definitions():
     assert f["diagonal"] == pytest.approx((2 * L - 2) / L / L)
 
 
+def test_a_wide_band_is_no_block():
+    """Rows uniform over i-3..i+3 of two 40-token parts: in-part (own ~0.9) but a band (spread ~0.53)."""
+    classes = torch.tensor([0] + [2] * 40 + [1] + [3] * 40 + [1])
+    n = len(classes)
+    i = torch.arange(n)
+    p = rows_normalised(((i[:, None] - i[None, :]).abs() <= 3).float())
+    feat = map_features(p[None, None].double(), classes[None])
+    assert float(feat["own"][0, 0]) > 0.85 and 0.45 < float(feat["spread"][0, 0]) < 0.6
+    assert TYPES[int(classify(feat)[0, 0])] == "Heterogeneous"
+    assert TYPES[int(classify(feat, Thresholds(spread=0.5))[0, 0])] == "Block"
+
+
 def test_block_needs_two_parts():
     """The same in-part spread map on a single sentence is no Block (there is one part)."""
     p = rows_normalised((SINGLE >= 2).float().expand(L, L).clone())
