@@ -77,6 +77,8 @@ def add_parser(sub):
     p.add_argument("--held-out", type=float, default=0.25,
                    help="train: share of the labels file's segments held out for F1 and kappa (default: 0.25)")
     p.add_argument("--epochs", type=positive_int, default=8, help="train: passes over the training maps (default: 8)")
+    p.add_argument("--balanced", action="store_true",
+                   help="train: weigh each type by its inverse frequency in the loss (default: plain cross entropy)")
 
 
 def thresholds(args) -> P.Thresholds:
@@ -346,9 +348,9 @@ def train(args) -> int:
     train_idx, test_idx = held_out_split(source[:, 0], args.held_out, args.seed)
     t0 = time.perf_counter()
     model = C.train_cnn(maps[train_idx], labels[train_idx], epochs=args.epochs, seed=args.seed,
-                        progress=not args.quiet)
+                        progress=not args.quiet, balanced=args.balanced)
     results = dict(labels=str(args.labels), labels_meta=meta, train_maps=len(train_idx), held_out_maps=len(test_idx),
-                   epochs=args.epochs, train_s=round(time.perf_counter() - t0, 2),
+                   epochs=args.epochs, balanced=args.balanced, train_s=round(time.perf_counter() - t0, 2),
                    held_out=C.scores(labels[test_idx], C.predict(model, maps[test_idx])))
     if other is not None:
         results["eval"] = dict(labels=str(args.eval_labels), **C.scores(other[1], C.predict(model, other[0])))
