@@ -192,9 +192,8 @@ def pick_examples(loaded, segments, t: P.Thresholds) -> list[dict]:
 
 
 def classify(args) -> int:
-    from bertscope.distributed import World, broadcast, init_world, shutdown
+    from bertscope.distributed import broadcast, init_world, shutdown
     from bertscope.engine import EngineOptions, fold
-    from bertscope.models import model_name
     from bertscope.probes.common import ProbeRun
     from bertscope.results import read_json
     from bertscope.segments import SegmentReport
@@ -344,7 +343,8 @@ def train(args) -> int:
         raise UserError(str(e)) from None
     if args.threads:
         torch.set_num_threads(args.threads)
-    source = np.load(args.labels)["source"]
+    with np.load(args.labels) as f:  # which segment each map came from (-1: generated maps, split by map)
+        source = f["source"] if "source" in f else np.full((len(labels), 3), -1)
     train_idx, test_idx = held_out_split(source[:, 0], args.held_out, args.seed)
     t0 = time.perf_counter()
     model = C.train_cnn(maps[train_idx], labels[train_idx], epochs=args.epochs, seed=args.seed,

@@ -38,6 +38,7 @@ def test_patterns_writes_proportions_and_figures(tmp_path, run_args):
     assert record["status"] == "complete" and record["results"]["data"]["wiki"]["examples"] == 6
     for name in ("fig_patterns.png", "fig_patterns_layers.png", "fig_patterns_examples_wiki.png", "index.html"):
         assert (out / name).is_file(), name
+    assert "Attention pattern types (Kovaleva et al. 2019" in (out / "index.html").read_text()
 
 
 def test_patterns_resumes_after_an_interruption(tmp_path, run_args, monkeypatch):
