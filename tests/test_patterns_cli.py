@@ -134,3 +134,20 @@ def test_two_ranks_equal_one_process(tmp_path, tiny_checkpoint, wiki):
     a, b = counts_of(tmp_path / "one"), counts_of(tmp_path / "two")
     assert a.n_examples == b.n_examples == 12 and (a.counts == b.counts).all()
     np.testing.assert_allclose(a.feature_sums, b.feature_sums, rtol=1e-9)
+
+
+def test_patterns_runs_on_a_fine_tuned_style_checkpoint(tmp_path, tiny_model, wiki, single_thread):
+    """--model takes a sequence-classification checkpoint (as the fine-tuning helper saves them): its encoder's maps."""
+    from transformers import BertForSequenceClassification
+
+    from conftest import tiny_config
+
+    model, tokenizer = tiny_model("bert")
+    torch.manual_seed(0)
+    clf = BertForSequenceClassification(tiny_config("bert", tokenizer))
+    clf.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    out = tmp_path / "run"
+    assert main(["patterns", "--model", str(tmp_path / "ckpt"), "--data", "wiki", "--limit", "3", "--quiet",
+                 "--no-figures", "--out", str(out)]) == 0
+    assert counts_of(out).n_examples == 3
