@@ -235,7 +235,7 @@ def classify(args) -> int:
                                 checkpoint_every=CHECKPOINT_EVERY)
         try:
             fold(loaded, segment_stream(name, args, loaded.tokenizer, report), P.SPEC, [counts], options,
-                 classes=P.CLASSES, checkpoint=lambda: counts.save(path), shard=(world.rank, world.size),
+                 classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path), shard=(world.rank, world.size),
                  desc=f"patterns {name}")
         except KeyboardInterrupt:
             raise UserError(f"interrupted; the finished batches are saved: bertscope patterns --resume {run_dir}") from None

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertscope.analyses import pattern_cnn
-from bertscope.analyses.patterns import TYPES, PatternCounts, Thresholds, classify, map_features
+from bertscope.analyses.patterns import TYPES, Thresholds, classify, map_features
 
 # [CLS] a a a a a [SEP] b b b b b [SEP]
 PAIR = torch.tensor([0, 2, 2, 2, 2, 2, 1, 3, 3, 3, 3, 3, 1])
@@ -120,14 +120,16 @@ def test_resize_map_keeps_the_picture():
 
 
 def test_cnn_learns_generated_types(single_thread):
-    t0 = time.perf_counter()
+    """CPU time, not wall time, is bounded: on the shared test machine the wall clock of the
+    same run varied from 4 s to 46 s with the load; one thread's CPU time does not."""
+    t0 = time.process_time()
     maps, labels = pattern_cnn.synthetic_set(600, seed=0)
     model = pattern_cnn.train_cnn(maps, labels, epochs=6, seed=0)
     test_maps, test_labels = pattern_cnn.synthetic_set(200, seed=1)
     s = pattern_cnn.scores(test_labels, pattern_cnn.predict(model, test_maps))
     assert s["accuracy"] >= 0.9, s
     assert min(s["f1_per_type"].values()) >= 0.75, s
-    assert time.perf_counter() - t0 < 20
+    assert time.process_time() - t0 < 20
 
 
 def test_labels_file_round_trip_and_errors(tmp_path):

@@ -96,7 +96,7 @@ def test_label_then_train(tmp_path, run_args):
     assert main(["patterns", "label", *run_args, "--limit", "4", "--out", str(out)]) == 0
     from bertscope.analyses.pattern_cnn import load_labels
 
-    maps, labels, meta = load_labels(out / "labels_wiki.npz")
+    maps, _, meta = load_labels(out / "labels_wiki.npz")
     assert maps.shape == (4 * 2 * 4, 32, 32) and meta["labeller"] == "rules"
     trained = tmp_path / "cnn"
     assert main(["patterns", "train", "--labels", str(out / "labels_wiki.npz"), "--eval-labels",
@@ -142,7 +142,7 @@ def test_patterns_runs_on_a_fine_tuned_style_checkpoint(tmp_path, tiny_model, wi
 
     from conftest import tiny_config
 
-    model, tokenizer = tiny_model("bert")
+    _, tokenizer = tiny_model("bert")
     torch.manual_seed(0)
     clf = BertForSequenceClassification(tiny_config("bert", tokenizer))
     clf.save_pretrained(tmp_path / "ckpt")
