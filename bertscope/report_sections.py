@@ -379,8 +379,9 @@ def patterns(run: RunFiles) -> Section | None:
                 f"{100 * sum(v.get(t, 0) for t in TYPES[:3]):.1f}%, Block {100 * v.get('Block', 0):.1f}%."
                 for d, v in overall.items()]
     findings.append(paper.PATTERNS_TEXT)
-    findings.append("Not the paper's method: bertscope labels maps by rules on streamed statistics (thresholds "
-                    f"{thresholds}), not by a CNN trained on hand labels; model and data differ too.")
+    rules = ", ".join(f"{k} {v}" for k, v in thresholds.items())
+    findings.append(f"Not the paper's method: bertscope labels maps by rules on streamed statistics (thresholds: {rules}), "
+                    "not by a CNN trained on hand labels; model and data differ too.")
     figures = [run.figure("fig_patterns.png", "Share of each pattern type among all (example, head) maps, one bar "
                           "per data set, stacked as the paper's Figure 2."),
                run.figure("fig_patterns_layers.png", "The same shares per layer: which layers hold which types.")]
