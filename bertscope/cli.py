@@ -108,6 +108,7 @@ COMMANDS = {
     "cues": "bertscope.cues",
     "features": "bertscope.features",
     "relations": "bertscope.relations",
+    "patterns": "bertscope.patterns",
 }
 
 
