@@ -70,7 +70,7 @@ def seeded_sample(items: list, limit: int | None, seed: int) -> list:
 class ProbeRun:
     """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
 
-    def __init__(self, name: str, args: argparse.Namespace, log=print):
+    def __init__(self, name: str, args: argparse.Namespace, log=print, task: str | None = None):
         from bertscope.args import check_device
         from bertscope.models import load_model
 
@@ -80,7 +80,7 @@ class ProbeRun:
         check_device(args.device, args.backend)
         if args.threads:
             torch.set_num_threads(args.threads)
-        self.loaded = load_model(args.model, device=args.device)
+        self.loaded = load_model(args.model, device=args.device, task=task)  # task: models.TASKS
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
         self.dir = self._run_dir(args.out)
