@@ -40,6 +40,9 @@ class HeadGates:
         self._uniform = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         self._checked = None  # (tensors, versions) last validated; in-place edits bump _version
         self._tokens = []  # contextvar tokens of the forwards in flight (nested calls)
+        # per-sequence gates may hold more rows than a layer's batch, the layer taking the first
+        # ones: for batches that grow from layer to layer (`bertscope.variants` shares prefixes)
+        self.prefix_rows = False
 
     # -- the two tensors; a setter checks what it is given, forward() checks in-place edits
 
@@ -149,13 +152,18 @@ class _GateForward:
             raise ValueError(f"the gates have {self.gates.n_heads} heads per layer, the model {H}")
         for name in ("xi", "uniform"):
             t = getattr(self.gates, name)
-            if t.dim() == 3 and t.shape[0] != B:
+            if t.dim() == 3 and t.shape[0] != B and not (self.gates.prefix_rows and t.shape[0] > B):
                 raise ValueError(f"gates.{name} holds {t.shape[0]} sequences, the batch {B}")
         if self.xi is None and self.uniform is None:
             return None
-        xi = None if self.xi is None else self._on(query.device, "xi", self.xi)[..., layer, :]  # (H,) or (B, H)
-        uniform = None if self.uniform is None else self._on(query.device, "uniform", self.uniform)[..., layer, :]  # (H,) or (B, H)
+        xi = None if self.xi is None else self._layer(query.device, "xi", self.xi, layer, B)
+        uniform = None if self.uniform is None else self._layer(query.device, "uniform", self.uniform, layer, B)
         return LayerGates(xi=xi, uniform=uniform)
+
+    def _layer(self, device, name, t, layer, B):
+        """(H,) or (B, H): one layer's gates, per sequence the batch's first B rows."""
+        t = self._on(device, name, t)[..., layer, :]  # (H,) or (rows, H)
+        return t if t.dim() == 1 else t[:B]
 
     def _on(self, device, name, t):
         if name not in self.moved:

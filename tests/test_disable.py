@@ -14,7 +14,8 @@ from bertscope.analyses.paired import disagreements, mcnemar_exact, paired_boots
 from bertscope.kernels import Gate
 from bertscope.models import wrap_model
 from bertscope.task_inputs import EncodedTask, encode_task
-from bertscope.variants import Variant, baseline, evaluate_variants, gated, single_heads, variant_gates, whole_layers
+from bertscope.variants import (baseline, evaluate_variants, forward_variants, gated, layer_modules, single_heads,
+                                variant_gates, whole_layers)
 
 from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 
@@ -23,9 +24,9 @@ L_, H_ = TINY_LAYERS, TINY_HEADS
 D_ = 32 // TINY_HEADS  # head width of the tiny BERT
 
 
-def classifier(tokenizer, attn="bertscope", num_labels=2, seed=0):
+def classifier(tokenizer, attn="bertscope", num_labels=2, seed=0, kind="bert"):
     torch.manual_seed(seed)
-    config = tiny_config("bert", tokenizer)
+    config = tiny_config(kind, tokenizer)
     config.num_labels = num_labels
     return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn).eval()
 
@@ -106,43 +107,65 @@ def toy_task(tokenizer, n=23, seed=1) -> EncodedTask:
     return encode_task("rte", examples, tokenizer, max_len=24)
 
 
+def variant_set():
+    return [baseline(L_, H_)] + single_heads(L_, H_, Gate.UNIFORM) + whole_layers(L_, H_, Gate.UNIFORM) \
+        + [gated("zero 2-1", L_, H_, [(1, 0)], Gate.ZERO), gated("mixed", L_, H_, [(1, 2)], Gate.UNIFORM)]
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert", "albert"])  # a layer list, another one, shared layers
+@pytest.mark.parametrize("share_prefix", [True, False])
 @pytest.mark.parametrize("max_rows", [40, 10_000])
-def test_batched_variants_equal_one_by_one_evaluation(minilm_tokenizer, max_rows):
-    loaded = wrap_model(classifier(minilm_tokenizer), minilm_tokenizer)
+def test_batched_variants_equal_one_by_one_evaluation(minilm_tokenizer, kind, share_prefix, max_rows):
+    loaded = wrap_model(classifier(minilm_tokenizer, kind=kind), minilm_tokenizer)
+    assert (layer_modules(loaded.model) is None) == (kind == "albert")
     task = toy_task(minilm_tokenizer)
-    variants = [baseline(L_, H_)] + single_heads(L_, H_, Gate.UNIFORM) + whole_layers(L_, H_, Gate.UNIFORM) \
-        + [gated("zero 2-1", L_, H_, [(1, 0)], Gate.ZERO)]
+    variants = variant_set()
     one = evaluate_variants(loaded, task, variants, batch_size=5, max_rows=0, progress=False)
-    many = evaluate_variants(loaded, task, variants, batch_size=5, max_rows=max_rows, progress=False)
+    many = evaluate_variants(loaded, task, variants, batch_size=5, max_rows=max_rows, progress=False,
+                             share_prefix=share_prefix)
     assert many.forwards < one.forwards == len(variants) * 5
     np.testing.assert_array_equal(many.predictions, one.predictions)
     assert (one.predictions != one.predictions[0]).any()  # variants disagree somewhere: the check has teeth
     # and the predictions are those of the gated model run by hand, per variant
+    inputs = task.batch(range(task.n_examples), minilm_tokenizer.pad_token_id)
+    if not loaded.takes_token_types:
+        inputs.pop("token_type_ids")
     for v, row in zip(variants, one.predictions):
         loaded.gates.xi, loaded.gates.uniform = (t[0] for t in variant_gates([v], 1))
         with torch.no_grad():
-            inputs = task.batch(range(task.n_examples), minilm_tokenizer.pad_token_id)
             np.testing.assert_array_equal(task.predict(loaded.model(**inputs).logits).numpy(), row)
     loaded.gates.reset()
     assert bool((loaded.gates.xi == 1).all()) and not loaded.gates.uniform.any()
 
 
-def test_shared_batch_logits_are_bit_identical_on_one_thread(minilm_tokenizer):
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_shared_forward_logits_are_bit_identical_on_one_thread(minilm_tokenizer, share_prefix):
     """On one intra-op thread each row's arithmetic does not depend on the batch around it:
-    a variant's logits in a shared batch are bit for bit those of its own forward. (With more
-    threads the matrix products split differently and logits move by ~1e-6.)"""
+    a variant's logits in a shared forward are bit for bit those of its own forward. (With
+    more threads the matrix products split differently and logits move by ~1e-6.)"""
     assert torch.get_num_threads() == 1
     loaded = wrap_model(classifier(minilm_tokenizer), minilm_tokenizer)
-    task = toy_task(minilm_tokenizer)
-    variants = [baseline(L_, H_)] + single_heads(L_, H_, Gate.UNIFORM) + [gated("zero", L_, H_, [(0, 2)], Gate.ZERO)]
-    inputs = task.batch(range(12), minilm_tokenizer.pad_token_id)
-    R = inputs["input_ids"].shape[0]
+    inputs = toy_task(minilm_tokenizer).batch(range(12), minilm_tokenizer.pad_token_id)
+    variants = variant_set()[::-1]  # any order: the baseline last
+    shared = forward_variants(loaded, inputs, variants, share_prefix)
+    assert not loaded.gates.prefix_rows and not loaded.gates.uniform.any()
     with torch.no_grad():
-        loaded.gates.xi, loaded.gates.uniform = variant_gates(variants, R)
-        shared = loaded.model(**{k: t.repeat(len(variants), 1) for k, t in inputs.items()}).logits  # (V * R, C)
-        for i, v in enumerate(variants):
+        for v, logits in zip(variants, shared):
             loaded.gates.xi, loaded.gates.uniform = (t[0] for t in variant_gates([v], 1))
-            assert torch.equal(loaded.model(**inputs).logits, shared[i * R: (i + 1) * R]), v.name
+            assert torch.equal(loaded.model(**inputs).logits, logits), v.name
+
+
+def test_shared_prefix_runs_each_layer_on_the_rows_it_needs(minilm_tokenizer):
+    """Variants gated from layer 2 on add no rows to layer 1: 5 rows there, 5 x (1 + 4) after."""
+    loaded = wrap_model(classifier(minilm_tokenizer), minilm_tokenizer)
+    seen = []
+    for layer in layer_modules(loaded.model):
+        # a forward hook runs after every pre-hook, the growing one included
+        layer.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    inputs = random_inputs(minilm_tokenizer)
+    later = [v for v in single_heads(L_, H_, Gate.UNIFORM) if v.layer == 2]
+    forward_variants(loaded, inputs, [baseline(L_, H_)] + later)
+    assert seen == [5, 5 * (1 + len(later))]
 
 
 def test_choice_task_picks_the_higher_scored_candidate():
