@@ -9,8 +9,10 @@ The same examples (a seeded sample of RTE3 test), the same 79 variants (baseline
 
     one by one   max_rows=0: one forward per variant and batch, the gates (layers, H) shared
                  by the batch (what a loop over variants would do with the gates).
-    shared       max_rows=N: the batch replicated once per variant with per-row gates,
-                 ceil(N / batch rows) variants per forward.
+    shared prefixes    max_rows=N: N / batch rows - 1 variants per forward, each variant's
+                 rows starting at its first gated layer (the default of `heads disable`).
+    replicated inputs  the same, share_prefix=False: the batch replicated once per variant
+                 from the inputs on, with per-row gates.
 
 The modes take turns `--repeats` times (so each sees the same load on a shared machine);
 reported: the median seconds of each, the ratio one-by-one / shared, and whether every mode
@@ -59,15 +61,16 @@ def main() -> int:
     L, H = loaded.n_layers, loaded.n_heads
     variants = [baseline(L, H)] + single_heads(L, H, Gate.UNIFORM) + whole_layers(L, H, Gate.UNIFORM)
     variants = variants[: args.variants]
-    modes = {"one by one": 0, **{f"shared, max_rows {n}": n for n in args.max_rows}}
+    modes = {"one by one": (0, True), **{f"shared prefixes, max_rows {n}": (n, True) for n in args.max_rows},
+             **{f"replicated inputs, max_rows {n}": (n, False) for n in args.max_rows}}
     evaluate_variants(loaded, task, variants[:2], args.batch_size, 0, progress=False)  # warm-up
 
     times, cpu = {m: [] for m in modes}, {m: [] for m in modes}
     preds, forwards = {}, {}
     for r in range(args.repeats):
-        for mode, max_rows in modes.items():
+        for mode, (max_rows, share) in modes.items():
             t0, c0 = time.perf_counter(), time.process_time()
-            res = evaluate_variants(loaded, task, variants, args.batch_size, max_rows, progress=False)
+            res = evaluate_variants(loaded, task, variants, args.batch_size, max_rows, progress=False, share_prefix=share)
             times[mode].append(time.perf_counter() - t0)
             cpu[mode].append(time.process_time() - c0)
             preds[mode], forwards[mode] = res.predictions, res.forwards

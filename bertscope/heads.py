@@ -90,7 +90,7 @@ def run_variants(args, probe_run_cls, name: str, gate: Gate, variants=None):
     from bertscope.task_inputs import check_head, encode_task
 
     examples = load_split(args)  # a missing data set fails before the model loads
-    run = probe_run_cls(name, args, task="sequence-classification")
+    run = probe_run_cls(name, args, task="sequence-classification", command=f"heads {args.heads}")
     loaded = run.loaded
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)

@@ -70,7 +70,8 @@ def seeded_sample(items: list, limit: int | None, seed: int) -> list:
 class ProbeRun:
     """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
 
-    def __init__(self, name: str, args: argparse.Namespace, log=print, task: str | None = None):
+    def __init__(self, name: str, args: argparse.Namespace, log=print, task: str | None = None,
+                 command: str | None = None):
         from bertscope.args import check_device
         from bertscope.models import load_model
 
@@ -94,7 +95,7 @@ class ProbeRun:
         }
         self._save_record()
         torch.manual_seed(args.seed)
-        self.log(f"bertscope probe {name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
+        self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
                  f"{self.loaded.n_heads} heads), run directory {self.dir}")
 
     def _run_dir(self, out: str | None) -> Path:
