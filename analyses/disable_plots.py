@@ -32,7 +32,9 @@ def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str, gate: 
     im = ax.imshow(100 * acc, cmap="PuOr", vmin=100 * (base - span), vmax=100 * (base + span), aspect="auto")
     for lay in range(n_layers):
         for h in range(n_heads):
-            ax.text(h, lay, f"{100 * (acc[lay, h] - base):+.1f}", ha="center", va="center", fontsize=7)
+            dark = abs(acc[lay, h] - base) > 0.6 * span  # white text on the saturated ends of the scale
+            ax.text(h, lay, f"{100 * (acc[lay, h] - base):+.1f}", ha="center", va="center", fontsize=7,
+                    color="white" if dark else "black")
             if sig[lay, h]:
                 ax.add_patch(plt.Rectangle((h - 0.5, lay - 0.5), 1, 1, fill=False, edgecolor="black", lw=2))
     ax.set_xticks(range(n_heads), [str(h + 1) for h in range(n_heads)])
@@ -48,8 +50,8 @@ def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str, gate: 
 
 
 def plot_layers(rows: list[dict], title: str, gate: str = "uniform"):
-    """Accuracy with each whole layer gated, with its 95% paired bootstrap interval, against the
-    baseline line; significant layers starred."""
+    """Accuracy with each whole layer gated (points, with the 95% paired bootstrap interval of the
+    change around them), against the baseline line; significant layers starred."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,7 +64,8 @@ def plot_layers(rows: list[dict], title: str, gate: str = "uniform"):
     err = np.array([[base + r["delta"] - (base + r["ci_low"]), base + r["ci_high"] - (base + r["delta"])]
                     for r in layers]).T  # (2, layers): below and above the point
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(x) + 2), 3.4))
-    ax.bar(x, 100 * acc, color="tab:purple", alpha=0.7, yerr=100 * err, capsize=3, label="layer disabled, 95% CI")
+    ax.errorbar(x, 100 * acc, yerr=100 * err, fmt="o", color="tab:purple", capsize=4, ms=7,
+                label="layer disabled, 95% CI")
     ax.axhline(100 * base, color=BASELINE_COLOR, lw=2, label=f"baseline {100 * base:.1f}%")
     for r in layers:
         if r["significant"]:
