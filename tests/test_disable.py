@@ -262,3 +262,25 @@ def test_disable_command_user_errors(tiny_checkpoint, tmp_path, minilm_tokenizer
     with pytest.raises(SystemExit) as exit_info:
         main(["heads", "disable", "--model", str(three), "--task", "mnli"])
     assert exit_info.value.code == 2 and "invalid choice: 'mnli'" in capsys.readouterr().err
+
+
+def test_disable_command_on_arct_scores_warrant_pairs(tmp_path, minilm_tokenizer):
+    """ARCT: a one-logit head scores each warrant (claim + reason first); two rows per example."""
+    import csv
+
+    from conftest import require_data
+
+    from bertscope.cli import main
+
+    require_data("arct")
+    ckpt = tmp_path / "arct"
+    classifier(minilm_tokenizer, num_labels=1).save_pretrained(ckpt)
+    minilm_tokenizer.save_pretrained(ckpt)
+    out = tmp_path / "run"
+    assert main(["heads", "disable", "--model", str(ckpt), "--task", "arct", "--split", "dev", "--limit", "12",
+                 "--resamples", "20", "--out", str(out), "--quiet", "--no-figures"]) == 0
+    rows = list(csv.DictReader(open(out / "disable.csv")))
+    assert len(rows) == 1 + L_ * H_ + L_
+    assert all(abs(float(r["accuracy"]) * 12 - round(float(r["accuracy"]) * 12)) < 1e-4 for r in rows)
+    entry = json.loads((out / "run.json").read_text())["probes"]["disable"]["results"]
+    assert entry["examples"] == 12 and entry["task"] == "arct" and entry["arct_version"] == "original"
