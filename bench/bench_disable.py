@@ -9,8 +9,9 @@ The same examples (a seeded sample of RTE3 test), the same 79 variants (baseline
 
     one by one   max_rows=0: one forward per variant and batch, the gates (layers, H) shared
                  by the batch (what a loop over variants would do with the gates).
-    shared prefixes    max_rows=N: N / batch rows - 1 variants per forward, each variant's
-                 rows starting at its first gated layer (the default of `heads disable`).
+    shared prefixes    max_rows=N: the baseline once per batch, its input to every layer
+                 cached; then N / batch rows variants per forward, each starting from the cached
+                 input to its first gated layer (the default of `heads disable`).
     replicated inputs  the same, share_prefix=False: the batch replicated once per variant
                  from the inputs on, with per-row gates.
 
@@ -42,6 +43,7 @@ def main() -> int:
     ap.add_argument("--max-rows", type=int, nargs="+", default=[256, 512, 1024])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-replicated", action="store_true", help="skip the replicated-inputs modes")
     ap.add_argument("--variants", type=int, default=None, help="only the first N variants (default: all)")
     ap.add_argument("--out", default="bench/results_disable.md")
     args = ap.parse_args()
@@ -62,7 +64,7 @@ def main() -> int:
     variants = [baseline(L, H)] + single_heads(L, H, Gate.UNIFORM) + whole_layers(L, H, Gate.UNIFORM)
     variants = variants[: args.variants]
     modes = {"one by one": (0, True), **{f"shared prefixes, max_rows {n}": (n, True) for n in args.max_rows},
-             **{f"replicated inputs, max_rows {n}": (n, False) for n in args.max_rows}}
+             **({} if args.no_replicated else {f"replicated inputs, max_rows {n}": (n, False) for n in args.max_rows})}
     evaluate_variants(loaded, task, variants[:2], args.batch_size, 0, progress=False)  # warm-up
 
     times, cpu = {m: [] for m in modes}, {m: [] for m in modes}

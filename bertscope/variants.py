@@ -137,20 +137,17 @@ def evaluate_variants(loaded, task: EncodedTask, variants: list[Variant], batch_
     """Predictions of every variant on every example of `task`, several variants per forward.
 
     batch_size: examples per batch (their rows: examples x task.per_example).
-    max_rows: model rows at the end of a forward: the batch's rows times (1 + the gated variants
-      it carries), at least one variant per forward. `max_rows=0` evaluates the variants one
-      by one, each a forward of its own with (layers, H) gates: the reference the shared
-      forwards are measured against.
-    share_prefix: start each variant's rows at its first gated layer (module docstring); False
-      replicates the batch from the inputs on.
+    max_rows: model rows per forward, at least one variant's (the batch's rows). `max_rows=0`
+      evaluates the variants one by one, each in a full forward of its own with (layers, H)
+      gates: the reference the shared forwards are measured against.
+    share_prefix: each variant starts from the baseline's cached hidden states at its first
+      gated layer (module docstring); False replicates the batch from the inputs on.
     The model's gates are reset afterwards, also on an error or Ctrl-C.
     """
     model, gates = loaded.model, loaded.gates
     device = next(model.parameters()).device
     pad = loaded.tokenizer.pad_token_id or 0
     layers = layer_modules(model) if share_prefix else None
-    starts = [first_gated_layer(v) for v in variants]
-    order = sorted(range(len(variants)), key=lambda i: -1 if starts[i] is None else starts[i])  # prefix first
     preds = np.zeros((len(variants), task.n_examples), dtype=np.int64)
     batches = example_batches(task, batch_size)
     forwards, t0 = 0, time.perf_counter()
@@ -162,14 +159,7 @@ def evaluate_variants(loaded, task: EncodedTask, variants: list[Variant], batch_
                 inputs = task.batch(examples, pad, device)
                 if not loaded.takes_token_types:
                     inputs.pop("token_type_ids", None)
-                rows = inputs["input_ids"].shape[0]
-                for chunk in _chunks(order, starts, rows, max_rows):
-                    if max_rows == 0:  # one variant, its gates shared by the batch
-                        gates.xi, gates.uniform = (t[0] for t in variant_gates([variants[chunk[0]]], 1))
-                        outputs = [model(**inputs).logits]
-                    else:
-                        outputs = _forward(loaded, inputs, [variants[i] for i in chunk], [starts[i] for i in chunk],
-                                           layers)
+                for chunk, outputs in _forwards(loaded, inputs, variants, layers, max_rows):
                     forwards += 1
                     for i, logits in zip(chunk, outputs):
                         preds[i, examples] = task.predict(logits).cpu().numpy()
@@ -180,78 +170,110 @@ def evaluate_variants(loaded, task: EncodedTask, variants: list[Variant], batch_
     return VariantResults(list(variants), preds, task.labels, forwards, time.perf_counter() - t0)
 
 
-def _chunks(order: list[int], starts: list, rows: int, max_rows: int) -> list[list[int]]:
-    """Variant indices per forward: as many gated variants as fit in max_rows beside the prefix
-    block (at least one); baseline variants ride along for free."""
-    if max_rows == 0:
-        return [[i] for i in order]
-    per_forward = max(1, max_rows // rows - 1)
-    chunks, current, n = [], [], 0
-    for i in order:
-        if starts[i] is not None and n == per_forward:
-            chunks.append(current)
-            current, n = [], 0
-        current.append(i)
-        n += starts[i] is not None
-    return chunks + [current] if current else chunks
-
-
-def forward_variants(loaded, inputs: dict, variants: list[Variant], share_prefix: bool = True) -> list[torch.Tensor]:
-    """One forward pass of `inputs` (rows, L) under every variant: their logits, (rows, C) each,
-    in the order given (see the module docstring). The gates are reset afterwards."""
+def forward_variants(loaded, inputs: dict, variants: list[Variant], share_prefix: bool = True,
+                     max_rows: int | None = None) -> list[torch.Tensor]:
+    """The logits of `inputs` (rows, L) under every variant, (rows, C) each, in the order given,
+    from as few forwards as `max_rows` allows (None: no cap). The gates are reset afterwards."""
     layers = layer_modules(loaded.model) if share_prefix else None
+    out = [None] * len(variants)
     try:
         with torch.no_grad():
-            return _forward(loaded, inputs, variants, [first_gated_layer(v) for v in variants], layers)
+            for chunk, logits in _forwards(loaded, inputs, variants, layers, max_rows or 1 << 62):
+                for i, t in zip(chunk, logits):
+                    out[i] = t
     finally:
         loaded.gates.reset()
+        loaded.gates.prefix_rows = False
+    return out
 
 
-def _forward(loaded, inputs: dict, variants: list[Variant], starts: list, layers: list | None) -> list[torch.Tensor]:
-    """forward_variants with the variants' first gated layers known; the gates are left set."""
+def _forwards(loaded, inputs: dict, variants: list[Variant], layers: list | None, max_rows: int):
+    """(variant indices, their logits) of each forward pass over one batch."""
     model, gates = loaded.model, loaded.gates
     rows = inputs["input_ids"].shape[0]
-    gated_ = sorted((i for i, s in enumerate(starts) if s is not None), key=lambda i: starts[i])  # block k + 1
-    gates.xi, gates.uniform = variant_gates([baseline(gates.n_layers, gates.n_heads)] + [variants[i] for i in gated_],
-                                            rows)
-    handles = []
-    if layers is None:  # no layer list: every block from the inputs on
-        inputs = {k: t.repeat(1 + len(gated_), 1) for k, t in inputs.items()}  # (rows * (1 + V), L)
-    else:
-        gates.prefix_rows = True
-        first = min((starts[i] for i in gated_), default=len(layers))
-        for layer in range(first, len(layers)):
-            copies = sum(starts[i] == layer for i in gated_)
-            handles.append(layers[layer].register_forward_pre_hook(_grow(rows, copies), with_kwargs=True))
+    per_forward = max(1, max_rows // rows)
+    if max_rows == 0:  # one by one: each variant's gates shared by the batch
+        for i, v in enumerate(variants):
+            gates.xi, gates.uniform = (t[0] for t in variant_gates([v], 1))
+            yield [i], [model(**inputs).logits]
+        return
+    if layers is None:  # no layer list: the batch replicated from the inputs on, per-row gates
+        for s in range(0, len(variants), per_forward):
+            chunk = list(range(s, min(s + per_forward, len(variants))))
+            gates.xi, gates.uniform = variant_gates([variants[i] for i in chunk], rows)
+            logits = model(**{k: t.repeat(len(chunk), 1) for k, t in inputs.items()}).logits  # (V * rows, C)
+            yield chunk, list(logits.split(rows))
+        return
+    # shared prefixes: the baseline once, caching each layer's input; then each variant from its first gated layer
+    starts = [first_gated_layer(v) for v in variants]
+    gates.reset()
+    cache = {}
+    handles = [layer.register_forward_pre_hook(_record(cache, k), with_kwargs=True) for k, layer in enumerate(layers)]
     try:
-        logits = model(**inputs).logits  # (rows * (1 + V), C)
+        base = model(**inputs).logits  # (rows, C)
     finally:
         for h in handles:
             h.remove()
-        gates.prefix_rows = False
-    if logits.shape[0] != rows * (1 + len(gated_)):
-        raise RuntimeError(f"expected {rows * (1 + len(gated_))} rows of logits, got {logits.shape[0]}")
-    block = {i: k + 1 for k, i in enumerate(gated_)}  # the baseline's rows are block 0
-    return [logits[block.get(i, 0) * rows: (block.get(i, 0) + 1) * rows] for i in range(len(variants))]
+    same = [i for i, s in enumerate(starts) if s is None]
+    if same:
+        yield same, [base] * len(same)
+    gates.prefix_rows = True  # the layers before the start run one row (KEEP there), the gates hold the variants'
+    for start in sorted({s for s in starts if s is not None}):
+        group = [i for i, s in enumerate(starts) if s == start]
+        for g in range(0, len(group), per_forward):
+            chunk = group[g: g + per_forward]
+            gates.xi, gates.uniform = variant_gates([variants[i] for i in chunk], rows)
+            hooks = [(k, _skip(rows)) for k in range(start)] + [(start, _resume(rows, len(chunk), cache[start]))] \
+                + [(k, _tile(rows)) for k in range(start + 1, len(layers))]
+            handles = [layers[k].register_forward_pre_hook(hook, with_kwargs=True) for k, hook in hooks]
+            try:
+                logits = model(**inputs).logits  # (V * rows, C)
+            finally:
+                for h in handles:
+                    h.remove()
+            yield chunk, list(logits.split(rows))
+    gates.prefix_rows = False
 
 
-def _grow(rows: int, copies: int):
-    """A layer pre-hook for shared prefixes. The layer's hidden states (its first argument) hold
-    n rows: the prefix block of `rows` and the variant blocks started so far. Per-row tensors the
-    encoder hands every layer as it got them (the padding mask: `rows` rows) are tiled to n rows
-    (every block holds the same examples); then `copies` copies of the prefix block's rows are
-    appended to every per-row tensor, for the variants that start at this layer."""
+# Layer pre-hooks for shared prefixes. A per-row tensor argument of a layer is one whose first
+# dimension is the batch's rows (the hidden states, the padding mask the encoder hands every
+# layer); anything else passes as it is.
+
+def _per_row(t, rows: int) -> bool:
+    return torch.is_tensor(t) and t.dim() > 0 and t.shape[0] == rows
+
+
+def _record(cache: dict, k: int):
+    """Keep layer k's arguments (the baseline's input to it)."""
+    def hook(module, args, kwargs):
+        cache[k] = (args, kwargs)
+    return hook
+
+
+def _skip(rows: int):
+    """A layer before the variants' start: one row to compute, not the batch (a layer cannot
+    take zero rows: attention reshapes with -1); its output is dropped at the start layer."""
+    def hook(module, args, kwargs):
+        cut = lambda t: t[:1] if _per_row(t, rows) else t  # noqa: E731
+        return tuple(map(cut, args)), {k: cut(v) for k, v in kwargs.items()}
+    return hook
+
+
+def _resume(rows: int, copies: int, cached):
+    """The start layer: the baseline's input to it, once per variant (variant-major blocks)."""
+    args, kwargs = cached
+
+    def hook(module, _args, _kwargs):
+        tile = lambda t: t.repeat(copies, *([1] * (t.dim() - 1))) if _per_row(t, rows) else t  # noqa: E731
+        return tuple(map(tile, args)), {k: tile(v) for k, v in kwargs.items()}
+    return hook
+
+
+def _tile(rows: int):
+    """A layer after the start: the encoder hands it the batch's padding mask; tile it to the
+    variants' rows (every block holds the same examples)."""
     def hook(module, args, kwargs):
         n = args[0].shape[0]
-
-        def fit(t):
-            if not torch.is_tensor(t) or t.dim() == 0:
-                return t
-            if t.shape[0] == rows and n != rows:
-                t = t.repeat(n // rows, *([1] * (t.dim() - 1)))
-            if copies and t.shape[0] == n:
-                t = torch.cat([t, t[:rows].repeat(copies, *([1] * (t.dim() - 1)))])
-            return t
-
-        return tuple(fit(a) for a in args), {k: fit(v) for k, v in kwargs.items()}
+        tile = lambda t: t.repeat(n // rows, *([1] * (t.dim() - 1))) if n != rows and _per_row(t, rows) else t  # noqa: E731
+        return tuple(map(tile, args)), {k: tile(v) for k, v in kwargs.items()}
     return hook

@@ -156,7 +156,8 @@ def test_shared_forward_logits_are_bit_identical_on_one_thread(minilm_tokenizer,
 
 
 def test_shared_prefix_runs_each_layer_on_the_rows_it_needs(minilm_tokenizer):
-    """Variants gated from layer 2 on add no rows to layer 1: 5 rows there, 5 x (1 + 4) after."""
+    """The baseline runs once (5 rows per layer); the 4 variants gated from layer 2 on start from
+    its cached input to layer 2 (5 x 4 rows there) and leave layer 1 a single row."""
     loaded = wrap_model(classifier(minilm_tokenizer), minilm_tokenizer)
     seen = []
     for layer in layer_modules(loaded.model):
@@ -165,7 +166,7 @@ def test_shared_prefix_runs_each_layer_on_the_rows_it_needs(minilm_tokenizer):
     inputs = random_inputs(minilm_tokenizer)
     later = [v for v in single_heads(L_, H_, Gate.UNIFORM) if v.layer == 2]
     forward_variants(loaded, inputs, [baseline(L_, H_)] + later)
-    assert seen == [5, 5 * (1 + len(later))]
+    assert seen == [5, 5, 1, 5 * len(later)]
 
 
 def test_choice_task_picks_the_higher_scored_candidate():
