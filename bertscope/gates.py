@@ -41,7 +41,7 @@ class HeadGates:
         self._checked = None  # (tensors, versions) last validated; in-place edits bump _version
         self._tokens = []  # contextvar tokens of the forwards in flight (nested calls)
         # per-sequence gates may hold more rows than a layer's batch, the layer taking the first
-        # ones: for batches that grow from layer to layer (`bertscope.variants` shares prefixes)
+        # ones: for forwards whose rows change between layers (`bertscope.variants` shares prefixes)
         self.prefix_rows = False
 
     # -- the two tensors; a setter checks what it is given, forward() checks in-place edits
