@@ -17,11 +17,11 @@ once per variant (variant-major blocks of the batch's rows):
 
 The per-sequence gates hold the variants' rows; a layer takes the first rows it has
 (`HeadGates.prefix_rows`), which before l are KEEP for every variant. For one variant per head
-and per layer of a 6-layer model (79 variants) this is 279/474 = 59% of the layer work of running them one
-by one, in batches no bigger than `max_rows`. Families whose layers are not one module each
-(ALBERT's shared groups) replicate the batch from the inputs on instead (`share_prefix=False`
-does that everywhere). Each row's arithmetic is its own, so a variant's predictions are those
-of evaluating it alone (tested bit for bit on one thread).
+and per layer of a 6-layer model (79 variants with the baseline) this is 279/474 = 59% of the
+layer work of running them one by one, in batches no bigger than `max_rows`. Families whose
+layers are not one module each (ALBERT's shared groups) replicate the batch from the inputs on
+instead (`share_prefix=False` does that everywhere). Each row's arithmetic is its own, so a
+variant's predictions are those of evaluating it alone (tested bit for bit on one thread).
 
 `evaluate_variants` returns the predictions of every variant on every example, (V, N): the
 per-example correctness that paired tests need (`bertscope.analyses.paired`).
