@@ -41,7 +41,8 @@ def add_parser(sub):
     p = sub.add_parser("heads", help=HELP, description=HELP)
     what = p.add_subparsers(dest="heads", metavar="WHAT", required=True)
     d = what.add_parser("disable", help=DISABLE_HELP, description=DISABLE_DESCRIPTION)
-    d.add_argument("--task", required=True, choices=("rte", "polarity", "arct"), help="the task the model was fine-tuned on")
+    d.add_argument("--task", required=True, choices=("rte", "polarity", "arct"),
+                   help="the task the model was fine-tuned on")
     d.add_argument("--split", choices=("dev", "test"), default="test",
                    help="evaluation split (default: test; RTE test is RTE3's 800 pairs)")
     d.add_argument("--arct-version", choices=("original", "adversarial"), default="original",

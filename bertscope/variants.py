@@ -275,6 +275,7 @@ def _tile(rows: int):
     variants' rows (every block holds the same examples)."""
     def hook(module, args, kwargs):
         n = args[0].shape[0]
-        tile = lambda t: t.repeat(n // rows, *([1] * (t.dim() - 1))) if n != rows and _per_row(t, rows) else t  # noqa: E731
+        tile = lambda t: (t.repeat(n // rows, *([1] * (t.dim() - 1)))  # noqa: E731
+                          if n != rows and _per_row(t, rows) else t)
         return tuple(map(tile, args)), {k: tile(v) for k, v in kwargs.items()}
     return hook

@@ -36,8 +36,8 @@ def random_inputs(tokenizer, lengths=(9, 5, 7, 3, 11), seed=0):
     L = max(lengths) + 2
     ids = torch.full((len(lengths), L), tokenizer.pad_token_id)
     for b, n in enumerate(lengths):
-        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), torch.randint(1000, 5000, (n,), generator=g),
-                                     torch.tensor([tokenizer.sep_token_id])])
+        words = torch.randint(1000, 5000, (n,), generator=g)
+        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words, torch.tensor([tokenizer.sep_token_id])])
     mask = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None] + 2).long()  # (B, L)
     return dict(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=mask)
 
@@ -255,7 +255,8 @@ def test_disable_command_user_errors(tiny_checkpoint, tmp_path, minilm_tokenizer
     three = tmp_path / "three"
     classifier(minilm_tokenizer, num_labels=3).save_pretrained(three)
     minilm_tokenizer.save_pretrained(three)
-    for model, match in ((tiny_checkpoint, "has no sequence-classification head"), (three, "has 3 labels; task rte needs 2")):
+    cases = ((tiny_checkpoint, "has no sequence-classification head"), (three, "has 3 labels; task rte needs 2"))
+    for model, match in cases:
         code = main(["heads", "disable", "--model", str(model), "--task", "rte", "--limit", "5", "--out",
                      str(tmp_path / "o"), "--quiet"])
         err = capsys.readouterr().err
