@@ -56,7 +56,8 @@ class Scope:
     @property
     def gates(self):
         """The model's `bertscope.gates.HeadGates`: `.xi` (layers, H) float scales each head's
-        output, `.uniform` (layers, H) bool gives a head uniform attention; they act on every
+        output, `.uniform` (layers, H) bool gives a head uniform attention (both also (B, layers, H):
+        one choice per sequence); they act on every
         forward (`.requires_grad_()` for d loss / d xi, `.reset()` to undo)."""
         return self.loaded.gates
 

@@ -109,6 +109,7 @@ COMMANDS = {
     "features": "bertscope.features",
     "relations": "bertscope.relations",
     "patterns": "bertscope.patterns",
+    "heads": "bertscope.heads",
 }
 
 

@@ -7,7 +7,10 @@ et al. (2019) "disable" a head by giving it uniform attention over the valid key
 
     xi       (layers, H) float, or (B, layers, H) for one gate per sequence; 1 = as trained.
              Set it to a tensor that requires grad and d loss / d xi comes out of backward().
-    uniform  (layers, H) bool; a uniform head's output (the mean of V) is still scaled by xi.
+    uniform  (layers, H) bool, or (B, layers, H) for one choice per sequence; a uniform head's
+             output (the mean of V) is still scaled by xi. Per-sequence xi and uniform let one
+             batch hold several variants of the model (`bertscope.variants`): each sequence gated
+             its own way, no model copies.
 
 `attach_gates(model)` hangs one on the model's encoder (`model.base_model`, so a task head
 around it changes nothing) with a forward pre-hook that starts each forward at layer 0 and
@@ -37,6 +40,9 @@ class HeadGates:
         self._uniform = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         self._checked = None  # (tensors, versions) last validated; in-place edits bump _version
         self._tokens = []  # contextvar tokens of the forwards in flight (nested calls)
+        # per-sequence gates may hold more rows than a layer's batch, the layer taking the first
+        # ones: for forwards whose rows change between layers (`bertscope.variants` shares prefixes)
+        self.prefix_rows = False
 
     # -- the two tensors; a setter checks what it is given, forward() checks in-place edits
 
@@ -70,7 +76,7 @@ class HeadGates:
         gate = Gate(gate)
         with torch.no_grad():
             self._xi[..., layer, head] = 0.0 if gate == Gate.ZERO else 1.0
-            self._uniform[layer, head] = gate == Gate.UNIFORM
+            self._uniform[..., layer, head] = gate == Gate.UNIFORM
 
     def requires_grad_(self, flag: bool = True) -> torch.Tensor:
         """Make xi a leaf that requires grad (detached from any earlier graph); returns it."""
@@ -91,9 +97,12 @@ class HeadGates:
 
     def _check_uniform(self, uniform):
         shape = (self.n_layers, self.n_heads)
-        if not isinstance(uniform, torch.Tensor) or uniform.dtype != torch.bool or tuple(uniform.shape) != shape:
+        fits = isinstance(uniform, torch.Tensor) and (tuple(uniform.shape) == shape or (
+            uniform.dim() == 3 and tuple(uniform.shape[1:]) == shape))
+        if not fits or uniform.dtype != torch.bool:
             got = f"{getattr(uniform, 'dtype', type(uniform).__name__)} {tuple(getattr(uniform, 'shape', ()))}"
-            raise ValueError(f"gates.uniform must be a bool tensor of shape {shape}, not {got}")
+            raise ValueError(f"gates.uniform must be a bool tensor of shape {shape} (layers, heads) or "
+                             f"(batch, {shape[0]}, {shape[1]}), not {got}")
 
     def _check(self) -> tuple[bool, bool]:
         """(xi is all ones, some head is uniform), validated once per change of the tensors
@@ -141,13 +150,20 @@ class _GateForward:
         B, H = query.shape[0], query.shape[1]
         if H != self.gates.n_heads:
             raise ValueError(f"the gates have {self.gates.n_heads} heads per layer, the model {H}")
-        if self.gates.xi.dim() == 3 and self.gates.xi.shape[0] != B:
-            raise ValueError(f"gates.xi holds {self.gates.xi.shape[0]} sequences, the batch {B}")
+        for name in ("xi", "uniform"):
+            t = getattr(self.gates, name)
+            if t.dim() == 3 and t.shape[0] != B and not (self.gates.prefix_rows and t.shape[0] > B):
+                raise ValueError(f"gates.{name} holds {t.shape[0]} sequences, the batch {B}")
         if self.xi is None and self.uniform is None:
             return None
-        xi = None if self.xi is None else self._on(query.device, "xi", self.xi)[..., layer, :]  # (H,) or (B, H)
-        uniform = None if self.uniform is None else self._on(query.device, "uniform", self.uniform)[layer]  # (H,)
+        xi = None if self.xi is None else self._layer(query.device, "xi", self.xi, layer, B)
+        uniform = None if self.uniform is None else self._layer(query.device, "uniform", self.uniform, layer, B)
         return LayerGates(xi=xi, uniform=uniform)
+
+    def _layer(self, device, name, t, layer, B):
+        """(H,) or (B, H): one layer's gates, per sequence the batch's first B rows."""
+        t = self._on(device, name, t)[..., layer, :]  # (H,) or (rows, H)
+        return t if t.dim() == 1 else t[:B]
 
     def _on(self, device, name, t):
         if name not in self.moved:

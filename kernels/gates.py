@@ -29,7 +29,8 @@ def apply_gates(out, v, key_valid, gates: LayerGates | None):
     if gates is None or gates.is_identity:
         return out
     if gates.uniform is not None:
-        uniform = gates.uniform.to(out.device)[None, :, None, None]  # (1, H, 1, 1)
+        uniform = gates.uniform.to(out.device)
+        uniform = uniform[None, :, None, None] if uniform.dim() == 1 else uniform[:, :, None, None]  # (1|B, H, 1, 1)
         out = torch.where(uniform, uniform_output(v, key_valid).to(out.dtype), out)
     if gates.xi is not None:
         xi = gates.xi.to(device=out.device, dtype=out.dtype)
@@ -51,8 +52,9 @@ def check_layer_gates(gates, batch: int, heads: int):
         if tuple(gates.xi.shape) not in ((heads,), (batch, heads)):
             raise ValueError(f"gate xi of a layer must have shape ({heads},) or ({batch}, {heads}), "
                              f"not {tuple(gates.xi.shape)}")
-    if gates.uniform is not None and (gates.uniform.dtype != torch.bool or tuple(gates.uniform.shape) != (heads,)):
-        raise ValueError(f"uniform gates of a layer must be a bool tensor of shape ({heads},), "
+    if gates.uniform is not None and (gates.uniform.dtype != torch.bool
+                                      or tuple(gates.uniform.shape) not in ((heads,), (batch, heads))):
+        raise ValueError(f"uniform gates of a layer must be a bool tensor of shape ({heads},) or ({batch}, {heads}), "
                          f"not {gates.uniform.dtype} {tuple(gates.uniform.shape)}")
 
 

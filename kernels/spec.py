@@ -41,8 +41,9 @@ class LayerGates:
              head's output O_h becomes xi_h * O_h, so dL/dxi_h = sum <dL/d(xi_h O_h), O_h>
              is the first-order estimate of what masking the head costs. A (B, H) xi gates
              each sequence on its own (per-example importance).
-    uniform: (H,) bool, or None for none: heads whose attention is replaced by the uniform
-             distribution over valid keys before xi scales them (Kovaleva et al.).
+    uniform: (H,) or (B, H) bool, or None for none: heads whose attention is replaced by the
+             uniform distribution over valid keys before xi scales them (Kovaleva et al.); a
+             (B, H) one chooses per sequence (several model variants in one batch).
     Statistics are always those of the head's own, un-gated attention: a gate changes what
     the head passes on to later layers, not what we report it attends to.
     """

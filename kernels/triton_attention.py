@@ -187,7 +187,7 @@ def _attn_stats_fwd(
         p_o = tl.where(inside, tl.exp(s_o - m_i) / l_i, 0.0)
         tl.store(OffsetMass + (row0 + offs_m) * n_offsets + o, p_o, mask=m_in)
     # -- head gate: uniform -> mean of V over valid keys, then times xi; statistics stay un-gated
-    uniform = tl.load(GateUniform + off_h) != 0
+    uniform = tl.load(GateUniform + off_bh) != 0  # (B, H) flat, like xi
     xi = tl.load(GateXi + off_bh)  # (B, H) flat: one xi per map
     vmean = vsum_i / tl.maximum(nvalid_i, 1).to(tl.float32)  # (BLOCK_D,)
     acc = tl.where(uniform, vmean[None, :] + tl.zeros_like(acc), acc) * xi
@@ -245,7 +245,7 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     q, k, v:    (B, H, L, D) fp32 or fp16, any strides (read in place)
     key_valid:  (B, L) bool, False for padding keys
     key_class:  (B, L) integer class ids in [0, spec.n_key_classes)
-    gates:      `LayerGates` (xi (H,) or (B, H) float, uniform (H,) bool), or None
+    gates:      `LayerGates` (xi and uniform (H,) or (B, H): float, bool), or None
     single_tile: force the single-tile (True) or online (False) path; None picks by L
     stats_dtype: dtype of entropy / offset_mass / class_mass (default: the input dtype)
     Returns (out (B, L, H, D) contiguous in the input dtype, dict of statistics tensors
@@ -304,14 +304,14 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
 
 def gate_operands(gates, B, H, dev):
     """The kernel's gate operands: xi (B, H) fp32, one per map (a per-head xi repeated: no
-    batch stride in the kernel, which keeps it under the register budget), and uniform (H,)
-    int8; fresh (so 16-byte aligned, as the AOT specialisations assume)."""
+    batch stride in the kernel, which keeps it under the register budget), and uniform (B, H)
+    int8 the same way; fresh (so 16-byte aligned, as the AOT specialisations assume)."""
     xi = torch.ones(B, H, dtype=torch.float32, device=dev)
-    uniform = torch.zeros(H, dtype=torch.int8, device=dev)
+    uniform = torch.zeros(B, H, dtype=torch.int8, device=dev)
     if gates is not None and gates.xi is not None:
         xi.copy_(gates.xi.detach().expand(B, H))
     if gates is not None and gates.uniform is not None:
-        uniform.copy_(gates.uniform)
+        uniform.copy_(gates.uniform.expand(B, H))
     return xi, uniform
 
 

@@ -258,7 +258,10 @@ def test_gates_on_every_backend(backend, per_sequence):
     B, H, L, D = q.shape
     g = torch.Generator().manual_seed(3)
     xi = torch.rand(B, H, generator=g) * 2 - 0.5 if per_sequence else torch.tensor([0.0, 1.7, -0.4, 1.0])
-    gates = LayerGates(xi=xi, uniform=torch.tensor([False, True, False, True]))
+    uniform = torch.tensor([False, True, False, True])
+    if per_sequence:  # a different choice per sequence: several model variants in one batch
+        uniform = torch.tensor([[False, True, False, True], [True, False, False, True], [False, False, True, False]])
+    gates = LayerGates(xi=xi, uniform=uniform)
     fn = BACKENDS[backend]
     out0, s0 = fn(q, k, v, key_valid, key_class, SPEC)
     out, s = fn(q, k, v, key_valid, key_class, SPEC, gates=gates)
@@ -270,8 +273,9 @@ def test_gates_on_every_backend(backend, per_sequence):
     real = key_valid.float()  # (B, L)
     mean_v = torch.einsum("bl,bhld->bhd", real, v) / real.sum(-1)[:, None, None]  # (B, H, D)
     rows = key_valid[:, :, None, None]  # (B, L, 1, 1) in the output layout
+    uniform_bh = uniform.expand(B, H)  # (B, H)
     for h in range(H):
-        head = mean_v[:, h, None, :].expand(B, L, D) if gates.uniform[h] else out0[:, :, h]
+        head = torch.where(uniform_bh[:, h, None, None], mean_v[:, h, None, :], out0[:, :, h])  # (B, L, D)
         want = xi_bh[:, h, None, None] * head  # (B, L, D)
         torch.testing.assert_close(out[:, :, h] * rows[..., 0], want * rows[..., 0], atol=1e-5, rtol=1e-5, msg=str(h))
     # -- and what the eager oracle gives
@@ -337,6 +341,12 @@ def test_bad_gates_give_clear_errors(tiny_model):
     gates.xi = torch.ones(5, 2, 4)  # per sequence, for a batch of 5
     with pytest.raises(ValueError, match="5 sequences, the batch 3"):
         loaded.model(**inputs)
+    gates.reset()
+    gates.uniform = torch.zeros(4, 2, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="uniform holds 4 sequences, the batch 3"):
+        loaded.model(**inputs)
+    with pytest.raises(ValueError, match=r"bool tensor of shape \(2, 4\)"):
+        gates.uniform = torch.zeros(3, 4, dtype=torch.bool)
     gates.reset()
     loaded.model(**inputs)  # and the model works again after the errors
     q = torch.randn(1, 4, 3, 8)

@@ -147,19 +147,20 @@ class AnalysisRun:
 class ProbeRun(AnalysisRun):
     """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
 
-    def __init__(self, name: str, args: argparse.Namespace, log=print):
+    def __init__(self, name: str, args: argparse.Namespace, log=print, task: str | None = None,
+                 command: str | None = None):
         from bertscope.args import check_device
         from bertscope.models import load_model
 
         check_device(args.device, args.backend)
         if args.threads:
             torch.set_num_threads(args.threads)
-        self.loaded = load_model(args.model, device=args.device)
+        self.loaded = load_model(args.model, device=args.device, task=task)  # task: models.TASKS
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
         super().__init__(name, args, log, model={
             "path": str(self.loaded.path), "type": self.loaded.model_type,
             "layers": self.loaded.n_layers, "heads": self.loaded.n_heads})
         torch.manual_seed(args.seed)
-        self.log(f"bertscope probe {name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
+        self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
                  f"{self.loaded.n_heads} heads), run directory {self.dir}")

@@ -1,0 +1,183 @@
+"""`bertscope heads <what>`: what a fine-tuned model's heads are worth to its task.
+
+    disable   Kovaleva et al. (2019) section 4.6, Figures 8-9: the task metric with each single
+              head, and each whole layer, disabled (attention replaced by the uniform
+              distribution over the valid tokens), against the baseline, with a paired
+              bootstrap interval and McNemar's exact test per variant.
+
+(`importance`, `ablate` and `prune`, Michel et al. 2019, come next: `ablate` is `disable`
+with the ZERO gate and other variant sets, through the same `run_variants`.)
+
+Every variant runs on the same weights through the model's head gates, several variants per
+forward pass (`bertscope.variants`). Outputs: `<name>.csv` (one row per variant), a layer x
+head and a per-layer figure, and the command's entry in run.json.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bertscope.errors import UserError
+from bertscope.kernels import Gate
+
+HELP = "what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6)"
+COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
+           "q", "significant")
+DISABLE_HELP = "task accuracy with each head and each layer disabled (uniform attention), against the baseline"
+DISABLE_DESCRIPTION = (
+    "Kovaleva et al. (2019), section 4.6: a disabled head attends uniformly to every valid token (its output is "
+    "the mean of V), which removes its learned pattern but keeps the information flow. Evaluates the "
+    "fine-tuned model (--model, a checkpoint with a sequence-classification head) on the task split with no "
+    "head disabled, with each single head disabled and with each whole layer disabled. Per variant: "
+    "accuracy, its change against the baseline with a paired bootstrap interval, McNemar's exact test, and "
+    "Benjamini-Hochberg-adjusted q over all variants. Writes disable.csv, fig_disable_heads.png, "
+    "fig_disable_layers.png and run.json['probes']['disable'].")
+
+
+def add_parser(sub):
+    from bertscope.args import positive_int, limit_arg
+    from bertscope.compare import _alpha
+    from bertscope.probes.common import add_common_arguments
+
+    p = sub.add_parser("heads", help=HELP, description=HELP)
+    what = p.add_subparsers(dest="heads", metavar="WHAT", required=True)
+    d = what.add_parser("disable", help=DISABLE_HELP, description=DISABLE_DESCRIPTION)
+    d.add_argument("--task", required=True, choices=("rte", "polarity", "arct"),
+                   help="the task the model was fine-tuned on")
+    d.add_argument("--split", choices=("dev", "test"), default="test",
+                   help="evaluation split (default: test; RTE test is RTE3's 800 pairs)")
+    d.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
+                   help="ARCT data: the original or Niven & Kao's adversarial set (default: original)")
+    d.add_argument("--limit", type=limit_arg, default=None, metavar="N",
+                   help="a seeded sample of N examples of the split (default: all)")
+    d.add_argument("--resamples", type=positive_int, default=1000, metavar="R",
+                   help="paired bootstrap resamples per variant (default: 1000)")
+    d.add_argument("--alpha", type=_alpha, default=0.05,
+                   help="false discovery rate: variants with BH-adjusted q below it are significant (default: 0.05)")
+    d.add_argument("--max-rows", type=int, default=512, metavar="N",
+                   help="model rows per forward pass: ceil(N / batch rows) variants share one batch; 0 runs the "
+                   "variants one by one (default: 512)")
+    add_common_arguments(d, from_word=False)
+    return p
+
+
+def main(args) -> int:
+    from bertscope.probes.common import ProbeRun
+
+    if args.max_rows < 0:
+        raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")
+    try:
+        if args.heads == "disable":
+            run_variants(args, ProbeRun, "disable", Gate.UNIFORM)
+    except KeyboardInterrupt:
+        raise UserError("interrupted") from None
+    return 0
+
+
+def load_split(args):
+    """The examples of the task split (a seeded sample with --limit)."""
+    from bertscope.datasets.tasks import read_task
+    from bertscope.probes.common import seeded_sample
+
+    examples = read_task(args.task, args.split, args.data_dir, seed=0, version=args.arct_version)
+    if not examples:
+        raise UserError(f"the {args.task} {args.split} split has no examples")
+    return seeded_sample(examples, args.limit, args.seed)
+
+
+def run_variants(args, probe_run_cls, name: str, gate: Gate, variants=None):
+    """Evaluate the baseline and `variants` (default: every single head and every whole layer
+    under `gate`) on the task split; write `<name>.csv`, the figures and run.json's entry."""
+    from bertscope import variants as V
+    from bertscope.task_inputs import check_head, encode_task
+
+    examples = load_split(args)  # a missing data set fails before the model loads
+    run = probe_run_cls(name, args, task="sequence-classification", command=f"heads {args.heads}")
+    loaded = run.loaded
+    check_head(args.task, loaded)
+    task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
+    L, H = loaded.n_layers, loaded.n_heads
+    if variants is None:
+        variants = V.single_heads(L, H, gate) + V.whole_layers(L, H, gate)
+    variants = [V.baseline(L, H)] + list(variants)
+    run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
+            f"tokens), {len(variants)} variants ({gate.name.lower()} gate)")
+    res = V.evaluate_variants(loaded, task, variants, args.batch_size, args.max_rows, run.progress, desc=name)
+    rows = variant_rows(res, args.resamples, args.seed, args.alpha)
+    run.write_csv(f"{name}.csv", rows, COLUMNS)
+    if not args.no_figures:
+        from bertscope.analyses.disable_plots import plot_heads, plot_layers
+
+        title = f"{args.task} {args.split}, {loaded.path.name}"
+        run.save_figure(plot_heads(rows, L, H, title, gate.name.lower()), f"fig_{name}_heads.png")
+        run.save_figure(plot_layers(rows, title, gate.name.lower()), f"fig_{name}_layers.png")
+    results = summarise(rows, task, res, gate, args)
+    for line in summary_lines(results):
+        run.log(line)
+    run.finish(results)
+    return rows
+
+
+def variant_rows(res, resamples: int, seed: int, alpha: float) -> list[dict]:
+    """One CSV row per variant: accuracy, delta vs the baseline (variant 0), its paired bootstrap
+    interval, McNemar's (b, c, p) and the BH q over the non-baseline variants."""
+    from bertscope.analyses.paired import bh_adjust, disagreements, mcnemar_exact, paired_bootstrap
+
+    correct, acc = res.correct, res.accuracy  # (V, N), (V,)
+    base = correct[0]
+    low, high = paired_bootstrap(correct, base, resamples, seed)
+    b, c = disagreements(correct, base)
+    p = mcnemar_exact(b, c)
+    q = np.full(len(p), np.nan)
+    q[1:] = bh_adjust(p[1:])
+    rows = []
+    for i, v in enumerate(res.variants):
+        first = i == 0
+        rows.append({"variant": v.name, "kind": v.kind, "layer": v.layer or "", "head": v.head or "",
+                     "metric": "accuracy", "accuracy": float(acc[i]), "delta": float(acc[i] - acc[0]),
+                     "ci_low": "" if first else float(low[i]), "ci_high": "" if first else float(high[i]),
+                     "b": int(b[i]), "c": int(c[i]), "p": "" if first else float(p[i]),
+                     "q": "" if first else float(q[i]), "significant": "" if first else bool(q[i] < alpha)})
+    return rows
+
+
+def summarise(rows, task, res, gate, args) -> dict:
+    """run.json's results: baseline, best and worst variants, the significant ones."""
+    base = rows[0]["accuracy"]
+    heads = [r for r in rows if r["kind"] == "head"]
+    layers = [r for r in rows if r["kind"] == "layer"]
+    return {
+        "task": args.task, "split": args.split, "arct_version": args.arct_version if args.task == "arct" else None,
+        "gate": gate.name.lower(), "examples": task.n_examples, "truncated_rows": task.truncated,
+        "variants": len(rows), "forwards": res.forwards, "eval_s": round(res.elapsed_s, 2),
+        "resamples": args.resamples, "alpha": args.alpha, "baseline_accuracy": base,
+        "mean_delta_heads": float(np.mean([r["delta"] for r in heads])) if heads else None,
+        "heads_better": sum(r["delta"] > 0 for r in heads), "heads_worse": sum(r["delta"] < 0 for r in heads),
+        "best_head": _extreme(heads, max), "worst_head": _extreme(heads, min),
+        "layers": {r["variant"]: {"accuracy": r["accuracy"], "delta": r["delta"], "ci": [r["ci_low"], r["ci_high"]],
+                                  "p": r["p"], "q": r["q"], "significant": r["significant"]} for r in layers},
+        "significant": [r["variant"] for r in rows[1:] if r["significant"]],
+    }
+
+
+def _extreme(rows, pick) -> dict | None:
+    """The row with the largest (pick=max) or smallest (min) delta, in brief."""
+    if not rows:
+        return None
+    r = pick(rows, key=lambda r: r["delta"])
+    return {k: r[k] for k in ("variant", "accuracy", "delta", "q")}
+
+
+def summary_lines(results: dict) -> list[str]:
+    pts = lambda x: f"{100 * x:+.1f}"  # noqa: E731
+    lines = [f"baseline accuracy {100 * results['baseline_accuracy']:.1f}% on {results['examples']} examples"]
+    if results["best_head"]:
+        best, worst = results["best_head"], results["worst_head"]
+        lines.append(f"single heads: {results['heads_better']} better, {results['heads_worse']} worse, mean "
+                     f"{pts(results['mean_delta_heads'])} points; best {best['variant']} {pts(best['delta'])}, "
+                     f"worst {worst['variant']} {pts(worst['delta'])}")
+    for name, r in results["layers"].items():
+        lines.append(f"{name} disabled: {100 * r['accuracy']:.1f}% ({pts(r['delta'])} points, 95% CI "
+                     f"[{pts(r['ci'][0])}, {pts(r['ci'][1])}], q = {r['q']:.3g})")
+    sig = results["significant"]
+    lines.append(f"significant at q < {results['alpha']}: {', '.join(sig) if sig else 'none'}")
+    return lines
