@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 # subcommand's parser) and `main(args) -> int`. A new analysis adds one line here.
 COMMANDS = {
     "compare": "bertscope.compare",
+    "finetune": "bertscope.finetune",
 }
 
 
