@@ -31,6 +31,7 @@ from bertscope.datasets.tasks import TASKS, read_task
 from bertscope.errors import UserError
 
 INITS = ("pretrained", "random", "probe")
+DATASET = {"rte": "rte", "polarity": "sentence_polarity", "arct": "arct"}  # bertscope.data names
 ARCT_DATA = ("original", "adversarial")
 LABELS = {"rte": ("not_entailment", "entailment"), "polarity": ("negative", "positive"), "arct": ("warrant_score",)}
 RESULT_COLUMNS = ("task", "data", "input", "init", "seed", "split", "accuracy", "f1", "n", "best_epoch",
@@ -128,7 +129,10 @@ def add_parser(sub):
 def main(args) -> int:
     from bertscope.probes.common import ProbeRun
 
+    from bertscope.data import dataset_dir
+
     check_task(args.task)
+    dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
     check_labels(args.model, args.task)
     try:
         FineTuneRun(args, ProbeRun("finetune", args)).execute()
