@@ -266,7 +266,7 @@ class FineTuneRun:
         sums = attention_cosine(ref, tuned, batches, progress=self.bar("attention cosine"))
         key = dict(task=a.task, data=version, input=variant, seed=seed)
         self.cosine = [r for r in self.cosine if not same(r, key)]
-        self.cosine += [dict(key, layer=l, head=h, cosine=float(sums.mean[l, h]), n_inputs=sums.n)
+        self.cosine += [dict(key, layer=l + 1, head=h + 1, cosine=float(sums.mean[l, h]), n_inputs=sums.n)
                         for l in range(sums.mean.shape[0]) for h in range(sums.mean.shape[1])]
         self.run.log(f"  attention cosine over {sums.n} dev inputs: mean {sums.mean.mean():.3f}, per layer "
                      + " ".join(f"{v:.3f}" for v in sums.mean.mean(1)) + f" ({time.perf_counter() - t0:.0f} s)")
@@ -374,13 +374,13 @@ def cosine_figures(rows: list[dict]):
     for r in rows:
         groups.setdefault((r["task"], r["data"], r["input"]), []).append(r)
     for (task, data, variant), rs in sorted(groups.items()):
-        layers = 1 + max(int(r["layer"]) for r in rs)
-        heads = 1 + max(int(r["head"]) for r in rs)
+        layers = max(int(r["layer"]) for r in rs)  # 1-based, as heads.csv
+        heads = max(int(r["head"]) for r in rs)
         grid = np.zeros((layers, heads))
         count = np.zeros((layers, heads))
         for r in rs:
-            grid[int(r["layer"]), int(r["head"])] += float(r["cosine"])
-            count[int(r["layer"]), int(r["head"])] += 1
+            grid[int(r["layer"]) - 1, int(r["head"]) - 1] += float(r["cosine"])
+            count[int(r["layer"]) - 1, int(r["head"]) - 1] += 1
         grid /= np.maximum(count, 1)
         seeds = sorted({str(r["seed"]) for r in rs})
         name = task if task != "arct" else f"arct-{data}-{variant}"
@@ -389,8 +389,8 @@ def cosine_figures(rows: list[dict]):
         for (l, h), v in np.ndenumerate(grid):
             ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6,
                     color="white" if v < grid.min() + 0.5 * (1 - grid.min()) else "black")
-        ax.set_xticks(range(heads), [str(h) for h in range(heads)])
-        ax.set_yticks(range(layers), [str(l) for l in range(layers)])
+        ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)])
+        ax.set_yticks(range(layers), [str(l + 1) for l in range(layers)])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(f"{name}: cosine(pre-trained, fine-tuned attention)\nmean over dev inputs, seeds {','.join(seeds)}",
