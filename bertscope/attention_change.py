@@ -31,7 +31,7 @@ class CosineSums:
     sums: np.ndarray  # (layers, H) float64
     n: int = 0
 
-    def merge(self, other: "CosineSums") -> "CosineSums":
+    def merge(self, other: CosineSums) -> CosineSums:
         return CosineSums(self.sums + other.sums, self.n + other.n)
 
     @property

@@ -55,8 +55,9 @@ def check_task(task: str):
 
 def check_labels(path, task: str):
     """A checkpoint with a classification head must have the task's number of outputs."""
-    from bertscope.models import default_model_dir, load_model  # noqa: F401  (errors for a bad path first)
     from transformers import AutoConfig
+
+    from bertscope.models import default_model_dir, load_model  # noqa: F401  (errors for a bad path first)
 
     path = Path(path) if path else default_model_dir()
     if not (path / "config.json").is_file():
@@ -127,9 +128,8 @@ def add_parser(sub):
 
 
 def main(args) -> int:
-    from bertscope.probes.common import ProbeRun
-
     from bertscope.data import dataset_dir
+    from bertscope.probes.common import ProbeRun
 
     check_task(args.task)
     dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
@@ -264,7 +264,7 @@ class FineTuneRun:
             batch.pop("labels")
             batches.append({k: v.to(a.device) for k, v in batch.items()})
         sums = attention_cosine(ref, tuned, batches, progress=self.bar("attention cosine"))
-        key = dict(task=a.task, data=version, input=variant, seed=seed)
+        key = {"task": a.task, "data": version, "input": variant, "seed": seed}
         self.cosine = [r for r in self.cosine if not same(r, key)]
         self.cosine += [dict(key, layer=l + 1, head=h + 1, cosine=float(sums.mean[l, h]), n_inputs=sums.n)
                         for l in range(sums.mean.shape[0]) for h in range(sums.mean.shape[1])]
@@ -274,7 +274,7 @@ class FineTuneRun:
     # -- outputs
 
     def key(self, version, variant, init, seed):
-        return dict(task=self.args.task, data=version, input=variant, init=init, seed=seed)
+        return {"task": self.args.task, "data": version, "input": variant, "init": init, "seed": seed}
 
     def add_row(self, version, variant, init, seed, split, m, best_epoch="", dev=float("nan"), seconds=0.0,
                 checkpoint=""):

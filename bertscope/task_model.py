@@ -129,7 +129,7 @@ def autocast(precision: str, device):
 
 def metrics(pred: np.ndarray, gold: np.ndarray, f1: bool) -> dict:
     """Accuracy and, for binary tasks with a positive class (RTE, polarity), F1 of class 1."""
-    out = {"accuracy": float((pred == gold).mean()) if len(gold) else float("nan"), "n": int(len(gold))}
+    out = {"accuracy": float((pred == gold).mean()) if len(gold) else float("nan"), "n": len(gold)}
     if f1:
         tp = int(((pred == 1) & (gold == 1)).sum())
         fp, fn = int(((pred == 1) & (gold == 0)).sum()), int(((pred == 0) & (gold == 1)).sum())

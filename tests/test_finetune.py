@@ -2,7 +2,6 @@
 attention-change cosine, and the command's errors and outputs, on tiny models and tiny data."""
 from __future__ import annotations
 
-import copy
 import csv
 import json
 
@@ -15,7 +14,7 @@ from bertscope.attention_change import attention_cosine
 from bertscope.cli import main
 from bertscope.datasets.tasks import ArctExample, TaskExample
 from bertscope.models import load_model, wrap_model
-from bertscope.task_model import (Encoded, TrainConfig, arct_segments, collate, encode, eval_batches, fine_tune,
+from bertscope.task_model import (TrainConfig, arct_segments, collate, encode, eval_batches, fine_tune,
                                   linear_probe, metrics, point_logits, predict, train_batches)
 
 from conftest import tiny_config
@@ -130,7 +129,7 @@ def test_linear_probe_on_separable_features():
     y = np.arange(60) % 2
     x = rng.normal(size=(60, 1, 5)).astype(np.float32)
     x[:, 0, 0] += 4 * (2 * y - 1)
-    predict_fn, C, dev_acc = linear_probe(x[:40], y[:40], x[40:], y[40:], pairwise=False)
+    predict_fn, _, dev_acc = linear_probe(x[:40], y[:40], x[40:], y[40:], pairwise=False)
     assert dev_acc == 1.0 and (predict_fn(x[40:]) == y[40:]).all()
     # pairs: the warrant whose feature 0 is larger is right
     pairs = rng.normal(size=(60, 2, 5)).astype(np.float32)
