@@ -57,7 +57,7 @@ def check_labels(path, task: str):
     """A checkpoint with a classification head must have the task's number of outputs."""
     from transformers import AutoConfig
 
-    from bertscope.models import default_model_dir, load_model  # noqa: F401  (errors for a bad path first)
+    from bertscope.models import default_model_dir
 
     path = Path(path) if path else default_model_dir()
     if not (path / "config.json").is_file():
@@ -145,8 +145,6 @@ class FineTuneRun:
     """Every configuration of one `bertscope finetune` call, written as it finishes."""
 
     def __init__(self, args, run):
-        from bertscope.results import write_csv  # noqa: F401
-
         self.args, self.run = args, run
         self.rows = read_rows(run.dir / "finetune_results.csv")
         self.epochs = read_rows(run.dir / "finetune_epochs.csv")
