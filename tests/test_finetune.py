@@ -200,6 +200,9 @@ def test_command_writes_results_checkpoints_and_cosine(tmp_path, tiny_checkpoint
         cosine = list(csv.DictReader(f))
     assert len(cosine) == 2 * 4 and all(cos["n_inputs"] == "5" for cos in cosine)
     assert all(-1 <= float(cos["cosine"]) <= 1 + 1e-6 for cos in cosine)
+    assert {(cos["layer"], cos["head"]) for cos in cosine} == {(str(l), str(h)) for l in (1, 2) for h in (1, 2, 3, 4)}
+    report = (out / "index.html").read_text()
+    assert "Table 1 (Kovaleva et al.)" in report and "64.6" in report  # bert-base's RTE number beside ours
     # run again in the same directory: the same seed gives the same numbers (reproducible) and
     # replaces its rows instead of adding to them
     assert main(args[:-4] + ["--inits", "pretrained", "--quiet", "--no-figures", "--cosine-examples", "0"]) == 0
