@@ -185,19 +185,24 @@ class FineTuneRun:
     def execute(self):
         a = self.args
         t0 = time.perf_counter()
-        for version, variant in self.configurations():
-            name = a.task if a.task != "arct" else f"arct-{version}-{variant}"
-            self.run.log(f"{name}: reading and encoding the data")
-            enc = self.data(version, variant)
-            self.run.log("  " + ", ".join(f"{s} {len(e)}" for s, e in enc.items()))
-            if "probe" in a.inits:
-                self.probe(enc, version, variant)
-            for init in ("pretrained", "random"):
-                if init in a.inits:
-                    for seed in a.seeds:
-                        self.fine_tune(enc, version, variant, init, seed, name)
-        self.timing["total_s"] = round(time.perf_counter() - t0, 1)
-        self.write(final=True)
+        try:
+            for version, variant in self.configurations():
+                name = a.task if a.task != "arct" else f"arct-{version}-{variant}"
+                self.run.log(f"{name}: reading and encoding the data")
+                enc = self.data(version, variant)
+                self.run.log("  " + ", ".join(f"{s} {len(e)}" for s, e in enc.items()))
+                if "probe" in a.inits:
+                    self.probe(enc, version, variant)
+                for init in ("pretrained", "random"):
+                    if init in a.inits:
+                        for seed in a.seeds:
+                            self.fine_tune(enc, version, variant, init, seed, name)
+        except KeyboardInterrupt:  # what finished is written, figures too, and run.json says so
+            self.timing["interrupted"] = True
+            raise
+        finally:
+            self.timing["total_s"] = round(time.perf_counter() - t0, 1)
+            self.write(final=True)
 
     # -- the three columns
 
@@ -322,6 +327,9 @@ class FineTuneRun:
             for fig, filename in cosine_figures(self.cosine):
                 self.run.save_figure(fig, filename)
         self.run.finish(results)
+        if self.timing.get("interrupted"):
+            self.run.record["status"] = "interrupted"
+            self.run._save_record()
 
 
 def same(row: dict, key: dict) -> bool:

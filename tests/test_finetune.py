@@ -232,3 +232,29 @@ def test_user_errors_are_one_line(tmp_path, tiny_checkpoint, capsys, minilm_toke
     err = one_line_error(capsys, ["finetune", "--task", "rte", "--model", str(three)] + data)
     assert "has 3 labels; task rte needs 2" in err
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    import bertscope.task_model as task_model
+
+    write_rte(tmp_path / "data" / "rte")
+    out = tmp_path / "run"
+    real, calls = task_model.fine_tune, []
+
+    def second_is_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(task_model, "fine_tune", second_is_interrupted)
+    err = one_line_error(capsys, ["finetune", "--task", "rte", "--model", str(tiny_checkpoint), "--data-dir",
+                                  str(tmp_path / "data"), "--out", str(out), "--seeds", "0,1", "--epochs", "1",
+                                  "--inits", "pretrained", "--threads", "1", "--quiet", "--cosine-examples", "4"])
+    assert "interrupted" in err
+    with open(out / "finetune_results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["seed"], r["split"]) for r in rows} == {("0", "dev"), ("0", "test")}  # seed 0 finished, 1 did not
+    record = json.loads((out / "run.json").read_text())["probes"]["finetune"]
+    assert record["status"] == "interrupted" and record["results"]["timing"]["interrupted"]
+    assert (out / "fig_finetune_cosine_rte.png").is_file()
