@@ -110,6 +110,7 @@ COMMANDS = {
     "relations": "bertscope.relations",
     "patterns": "bertscope.patterns",
     "heads": "bertscope.heads",
+    "finetune": "bertscope.finetune",
 }
 
 

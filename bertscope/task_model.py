@@ -1,0 +1,332 @@
+"""Task models: encoding task data, fine-tuning a sequence classifier, evaluating it, and the
+linear probe on frozen features. What `bertscope finetune` runs (see bertscope/finetune.py).
+
+Inputs. A data point becomes one token sequence (RTE: text [SEP] hypothesis; polarity: the
+sentence) or, for ARCT, two: one per warrant, scored as Niven & Kao did. The model gives one
+logit per warrant and the two logits of a data point go through a softmax, so the loss is the
+cross-entropy over the pair and the prediction is the warrant with the larger logit. The
+first segment is the claim and the reason ("full"); the probes drop parts of it: warrant only
+("W"), reason + warrant ("RW"), claim + warrant ("CW").
+
+Batches. At most `max_len` tokens per sequence (longest-first truncation of a pair), padded
+per batch to the longest member (dynamic padding). Training batches are cut from seeded
+windows sorted by length (less padding, still shuffled); evaluation sorts everything by length.
+
+Training. Our own loop, not transformers' Trainer: Trainer needs `accelerate`, which is not
+installed here, and cannot score ARCT's warrant pairs without a custom loss anyway. AdamW
+(fused), linear warm-up then linear decay, gradient clipping at 1, dev accuracy after every
+epoch and the best epoch's weights kept. Everything that draws random numbers (head init,
+dropout, batch order) is seeded, so a run on the CPU is repeatable bit for bit.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from bertscope.errors import UserError
+
+ARCT_INPUTS = ("full", "W", "RW", "CW")
+WINDOW_BATCHES = 50  # training batches sorted by length together
+
+
+@dataclass
+class Encoded:
+    """A data set as token ids: `seqs[i]` holds the sequences of data point i (1, or 2 for ARCT)."""
+    seqs: list[list[tuple[list[int], list[int]]]]  # per data point: [(input_ids, token_type_ids), ...]
+    labels: list[int]
+    pairwise: bool  # ARCT: one logit per sequence, softmax over a data point's two sequences
+    n_truncated: int = 0
+
+    def __len__(self):
+        return len(self.labels)
+
+    def length(self, i: int) -> int:
+        return max(len(ids) for ids, _ in self.seqs[i])
+
+
+def arct_segments(example, variant: str) -> list[tuple[str, str | None]]:
+    """The two (first segment, warrant) inputs of an ARCT data point for one input variant."""
+    if variant not in ARCT_INPUTS:
+        raise UserError(f"unknown ARCT input {variant!r}: choose one of {', '.join(ARCT_INPUTS)}")
+    first = {"full": f"{example.claim} {example.reason}", "W": None, "RW": example.reason, "CW": example.claim}[variant]
+    return [(w, None) if first is None else (first, w) for w in example.warrants]
+
+
+def encode(tokenizer, examples, max_len: int = 128, arct_input: str | None = None) -> Encoded:
+    """Token ids of every data point: TaskExample (one sequence) or ArctExample (two, `arct_input`)."""
+    pairwise = arct_input is not None
+    seqs, labels, cut = [], [], 0
+    for ex in examples:
+        parts = arct_segments(ex, arct_input) if pairwise else [(ex.text_a, ex.text_b)]
+        point = []
+        for a, b in parts:
+            enc = tokenizer(a, b, truncation=True, max_length=max_len, return_overflowing_tokens=False)
+            full = len(tokenizer(a, b)["input_ids"]) if len(enc["input_ids"]) == max_len else 0
+            cut += full > max_len
+            types = enc.get("token_type_ids") or [0] * len(enc["input_ids"])
+            point.append((enc["input_ids"], types))
+        seqs.append(point)
+        labels.append(int(ex.label))
+    return Encoded(seqs, labels, pairwise, cut)
+
+
+def collate(data: Encoded, indices, pad_id: int, with_types: bool) -> dict:
+    """One padded batch: input_ids/attention_mask(/token_type_ids) (S, L) and labels (B,)."""
+    rows = [s for i in indices for s in data.seqs[i]]  # S = B or 2B sequences
+    L = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)  # (S, L)
+    types = torch.zeros((len(rows), L), dtype=torch.long)  # (S, L)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)  # (S, L)
+    for r, (seq, typ) in enumerate(rows):
+        ids[r, :len(seq)] = torch.tensor(seq)
+        types[r, :len(typ)] = torch.tensor(typ)
+        mask[r, :len(seq)] = 1
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if with_types:
+        batch["token_type_ids"] = types
+    return batch | {"labels": torch.tensor([data.labels[i] for i in indices])}
+
+
+def train_batches(data: Encoded, batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffled batches of data-point indices, sorted by length within windows of batches."""
+    order = list(range(len(data)))
+    rng.shuffle(order)
+    batches = []
+    window = batch_size * WINDOW_BATCHES
+    for w in range(0, len(order), window):
+        chunk = sorted(order[w:w + window], key=data.length)
+        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def eval_batches(data: Encoded, batch_size: int) -> list[list[int]]:
+    order = sorted(range(len(data)), key=data.length)
+    return [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
+
+
+def point_logits(model, batch: dict, pairwise: bool) -> torch.Tensor:
+    """(B, C) logits of the data points: the classes, or ARCT's two warrants."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits = model(**inputs).logits  # (S, C)
+    return logits.view(-1, 2) if pairwise else logits  # ARCT: (2B, 1) -> (B, 2)
+
+
+def autocast(precision: str, device):
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def metrics(pred: np.ndarray, gold: np.ndarray, f1: bool) -> dict:
+    """Accuracy and, for binary tasks with a positive class (RTE, polarity), F1 of class 1."""
+    out = {"accuracy": float((pred == gold).mean()) if len(gold) else float("nan"), "n": len(gold)}
+    if f1:
+        tp = int(((pred == 1) & (gold == 1)).sum())
+        fp, fn = int(((pred == 1) & (gold == 0)).sum()), int(((pred == 0) & (gold == 1)).sum())
+        out["f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+    return out
+
+
+@torch.no_grad()
+def predict(model, data: Encoded, batch_size: int, pad_id: int, with_types: bool, precision="fp32",
+            device="cpu", progress=None) -> np.ndarray:
+    """Predicted class (or warrant) of every data point, in data order."""
+    was_training = model.training
+    model.eval()
+    pred = np.zeros(len(data), dtype=np.int64)
+    batches = eval_batches(data, batch_size)
+    for idx in (progress(batches) if progress else batches):
+        batch = {k: v.to(device) for k, v in collate(data, idx, pad_id, with_types).items()}
+        with autocast(precision, device):
+            logits = point_logits(model, batch, data.pairwise)  # (B, C)
+        pred[idx] = logits.argmax(-1).cpu().numpy()
+    model.train(was_training)
+    return pred
+
+
+# ----------------------------------------------------------------------------- training
+
+@dataclass
+class TrainConfig:
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 5e-5
+    warmup: float = 0.1  # fraction of all steps
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    precision: str = "fp32"  # or "bf16": autocast to bfloat16 (fp32 weights and optimizer)
+    device: str = "cpu"
+
+
+@dataclass
+class TrainResult:
+    best_epoch: int
+    best_dev: float
+    history: list[dict] = field(default_factory=list)  # per epoch: loss, dev accuracy, seconds
+    seconds: float = 0.0
+
+
+def linear_warmup(optimizer, warmup_steps: int, total_steps: int):
+    """Linear warm-up to the peak lr, then linear decay to 0 (BERT's schedule)."""
+    def factor(step):
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def fine_tune(model, train: Encoded, dev: Encoded, cfg: TrainConfig, seed: int, pad_id: int, with_types: bool,
+              progress=None, log=print, desc="fine-tune") -> TrainResult:
+    """Train `model` in place for cfg.epochs; afterwards it holds the weights of the best dev epoch."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    fused = torch.device(cfg.device).type in ("cpu", "cuda")
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, fused=fused)
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    scheduler = linear_warmup(optimizer, max(1, round(cfg.warmup * total)), total)
+    best = TrainResult(best_epoch=0, best_dev=-1.0)
+    best_state = None
+    t0 = time.perf_counter()
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        batches = train_batches(train, cfg.batch_size, rng)
+        bar = progress(batches, f"{desc} epoch {epoch}/{cfg.epochs}") if progress else batches
+        losses = []
+        te = time.perf_counter()
+        for idx in bar:
+            batch = {k: v.to(cfg.device) for k, v in collate(train, idx, pad_id, with_types).items()}
+            with autocast(cfg.precision, cfg.device):
+                logits = point_logits(model, batch, train.pairwise)  # (B, C)
+            loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+        dev_pred = predict(model, dev, cfg.batch_size, pad_id, with_types, cfg.precision, cfg.device)
+        dev_acc = metrics(dev_pred, np.array(dev.labels), f1=False)["accuracy"]
+        best.history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "dev_accuracy": dev_acc,
+                             "seconds": round(time.perf_counter() - te, 1)})
+        log(f"  {desc} epoch {epoch}: train loss {np.mean(losses):.4f}, dev accuracy {dev_acc:.4f} "
+            f"({time.perf_counter() - te:.0f} s)")
+        if dev_acc > best.best_dev:  # ties keep the earlier epoch
+            best.best_epoch, best.best_dev = epoch, dev_acc
+            best_state = copy.deepcopy(model.state_dict())
+    model.load_state_dict(best_state)
+    model.eval()
+    best.seconds = round(time.perf_counter() - t0, 1)
+    return best
+
+
+# ----------------------------------------------------------------------------- models
+
+def classifier_model(path, num_labels: int, init: str, seed: int, device="cpu"):
+    """A sequence classifier with `num_labels` outputs (1 for ARCT's per-warrant logit).
+
+    init "pretrained": the checkpoint's encoder; a head it lacks is drawn with `seed`
+    (each seed its own head, not load_model's fixed one). init "random": every weight,
+    embeddings included, drawn as the architecture initialises them (normal with std
+    config.initializer_range, LayerNorm 1/0, biases 0), seeded: the paper's "normal distr." column.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    from bertscope.attention import ATTN_IMPLEMENTATION
+    from bertscope.models import load_model, wrap_model
+
+    loaded = load_model(path, device=device, task="sequence-classification", num_labels=num_labels)
+    if init == "pretrained":
+        if loaded.head_initialised:
+            reset_head(loaded.model, seed)
+        return loaded
+    if init != "random":
+        raise ValueError(f"unknown init {init!r}")
+    config = copy.deepcopy(loaded.model.config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
+    return wrap_model(model.to(device).eval(), loaded.tokenizer, loaded.path)
+
+
+def reset_head(model, seed: int):
+    """Draw the task head's Linear layers anew: normal(0, initializer_range), bias 0."""
+    std = model.config.initializer_range
+    head = [m for n, m in model.named_modules() if not n.startswith(model.base_model_prefix)
+            and isinstance(m, torch.nn.Linear)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for m in head:
+            torch.nn.init.normal_(m.weight, std=std)
+            torch.nn.init.zeros_(m.bias)
+
+
+# ----------------------------------------------------------------------------- linear probe
+
+@torch.no_grad()
+def cls_features(encoder, data: Encoded, batch_size: int, pad_id: int, with_types: bool, device="cpu",
+                 progress=None) -> np.ndarray:
+    """Final-layer [CLS] vector of every sequence of the frozen encoder: (N, S, D), S = 1 or 2."""
+    encoder.eval()
+    out = None
+    batches = eval_batches(data, batch_size)
+    for idx in (progress(batches) if progress else batches):
+        batch = collate(data, idx, pad_id, with_types)
+        batch.pop("labels")
+        hidden = encoder(**{k: v.to(device) for k, v in batch.items()}).last_hidden_state[:, 0]  # (S, D)
+        hidden = hidden.float().cpu().numpy().reshape(len(idx), -1, hidden.shape[-1])  # (B, S, D)
+        if out is None:
+            out = np.zeros((len(data), hidden.shape[1], hidden.shape[2]), dtype=np.float32)
+        out[idx] = hidden
+    return out
+
+
+def probe_inputs(features: np.ndarray, labels, pairwise: bool):
+    """Logistic-regression inputs. ARCT: a linear logit per warrant with a softmax over the two
+    is logistic regression on the difference h(w1) - h(w0); both orders are given, so the
+    probe cannot learn a preference for a position."""
+    y = np.asarray(labels)
+    if not pairwise:
+        return features[:, 0], y
+    diff = features[:, 1] - features[:, 0]  # (N, D)
+    return np.concatenate([diff, -diff]), np.concatenate([y, 1 - y])
+
+
+def linear_probe(train_x, train_y, dev_x, dev_y, pairwise: bool, grid=(0.01, 0.1, 1.0, 10.0)):
+    """Standardised features, logistic regression, C picked by dev accuracy from `grid`.
+    Returns (predict function on features, chosen C, dev accuracy)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = probe_inputs(train_x, train_y, pairwise)
+    best = None
+    for C in grid:
+        clf = make_pipeline(StandardScaler(with_mean=not pairwise), LogisticRegression(
+            C=C, max_iter=3000, fit_intercept=not pairwise))
+        clf.fit(X, y)
+        acc = float((probe_predict(clf, dev_x, pairwise) == np.asarray(dev_y)).mean())
+        if best is None or acc > best[2]:
+            best = (clf, C, acc)
+    clf, C, acc = best
+    return (lambda x: probe_predict(clf, x, pairwise)), C, acc
+
+
+def probe_predict(clf, features: np.ndarray, pairwise: bool) -> np.ndarray:
+    X = features[:, 1] - features[:, 0] if pairwise else features[:, 0]
+    return clf.predict(X).astype(np.int64)
