@@ -82,10 +82,12 @@ class EncodedTask:
 
 
 def pair_texts(task: str, example) -> list[tuple[str, str | None]]:
-    """The (first, second) segments of an example's rows."""
+    """The (first, second) segments of an example's rows: ARCT's are those `bertscope finetune`
+    trains on (`task_model.arct_segments`, claim and reason, then the warrant)."""
     if task in CHOICE_TASKS:
-        first = f"{example.claim} {example.reason}"
-        return [(first, w) for w in example.warrants]
+        from bertscope.task_model import arct_segments
+
+        return arct_segments(example, "full")
     return [(example.text_a, example.text_b)]
 
 
