@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertscope.analyses.plot_grid import layer_head_ticks
 from bertscope.kernels.pooling import word_argmax as kernel_word_argmax
 
 TYPES = ("All", "pronoun", "proper", "nominal")
@@ -482,10 +483,7 @@ def plot_heatmaps(head_rows: list[dict], title: str):
                             fontweight="bold" if value == top else "normal")
         n = next(r["n"] for r in head_rows if r["dataset"] == dataset and r["mention_type"] == kind)
         ax.set_title(f"{dataset.upper()} {kind} (n={n})", fontsize=9)
-        ax.set_xticks(range(n_heads), [str(h + 1) for h in range(n_heads)], fontsize=7)
-        ax.set_yticks(range(n_layers), [str(layer + 1) for layer in range(n_layers)], fontsize=7)
-        ax.set_xlabel("head", fontsize=8)
-        ax.set_ylabel("layer", fontsize=8)
+        layer_head_ticks(ax, n_layers, n_heads, fontsize=7, label_size=8)
         fig.colorbar(image, ax=ax, label="accuracy (%)", shrink=0.8)
     fig.suptitle(title)
     fig.tight_layout()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertscope.analyses.plot_grid import layer_head_ticks
+
 LABELS = {"cls": "[CLS]", "sep": "[SEP]", "noun": "nouns", "verb": "verbs", "pron": "pronouns",
           "punct": "punctuation", "nsubj": "subjects (nsubj)", "obj": "objects (obj)", "neg": "negation"}
 
@@ -50,10 +52,7 @@ def plot_feature_heatmaps(rows: list[dict], data: str, title: str):
             _annotate(ax, grid, vmax)
         n = next(r["n_inputs"] for r in rows if r["feature"] == feature)
         ax.set_title(f"{LABELS.get(feature, feature)} (n={n})", fontsize=9)
-        ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=6)
-        ax.set_yticks(range(layers), [str(x + 1) for x in range(layers)], fontsize=6)
-        ax.set_xlabel("head", fontsize=7)
-        ax.set_ylabel("layer", fontsize=7)
+        layer_head_ticks(ax, layers, heads, fontsize=6, label_size=7)
     fig.colorbar(image, ax=axes, label="attention received / length (max over the feature's tokens)", shrink=0.6)
     fig.suptitle(title)
     return fig

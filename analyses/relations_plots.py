@@ -5,6 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bertscope.analyses.plot_grid import layer_head_ticks
 from bertscope.analyses.relations import flag_heads
 
 
@@ -45,12 +46,7 @@ def plot_heatmaps(means: np.ndarray, groups: Sequence[str], n: Sequence[int], ti
             ys, xs = np.nonzero(adjacent)
             ax.scatter(xs, ys + 0.3, s=6, c="white", marker="o")
         ax.set_title(f"{groups[g]} (n={n[g]})", fontsize=9)
-        ax.set_xticks(range(H))
-        ax.set_xticklabels(range(1, H + 1), fontsize=6)
-        ax.set_yticks(range(L))
-        ax.set_yticklabels(range(1, L + 1), fontsize=7)
-        ax.set_xlabel("head", fontsize=8)
-        ax.set_ylabel("layer", fontsize=8)
+        layer_head_ticks(ax, L, H, fontsize=6, label_size=8)
     fig.suptitle(title + ("\n" + note if note else ""), fontsize=9)
     return fig
 

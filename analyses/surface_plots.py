@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertscope.analyses.plot_grid import layer_head_ticks
+
 DPI = 150
 ANNOTATE_MAX = 12  # annotate heatmap cells when both layers and heads are <= this
 # Okabe-Ito colours (colourblind-safe).
@@ -196,7 +198,7 @@ def _heatmaps(table, panels: list[tuple[str, str]], path: Path, suptitle: str, c
         im = ax.imshow(grid, cmap=cm, vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
         if label:
             ax.set_title(label, fontsize=10)
-        _grid_ticks(ax, n_layers, n_heads)
+        layer_head_ticks(ax, n_layers, n_heads)
         if annotate:
             size = 7 if max(n_layers, n_heads) > 6 else 9
             for (i, j), v in np.ndenumerate(grid):
@@ -210,19 +212,6 @@ def _heatmaps(table, panels: list[tuple[str, str]], path: Path, suptitle: str, c
     fig.colorbar(im, ax=axes, shrink=0.9 if nrows > 1 else 1.0, label=cbar_label)
     fig.suptitle(suptitle)
     return _save(fig, path, tight=False)
-
-
-def _grid_ticks(ax, n_layers: int, n_heads: int) -> None:
-    """Label rows as layers and columns as heads, numbered from 1 (thinned when crowded)."""
-    def ticks(n):
-        step = 1 if n <= 16 else -(-n // 12)
-        return np.arange(0, n, step)
-    rows, cols = ticks(n_layers), ticks(n_heads)
-    ax.set_yticks(rows, [str(i + 1) for i in rows], fontsize=8)
-    ax.set_xticks(cols, [str(j + 1) for j in cols], fontsize=8)
-    ax.set_ylabel("layer")
-    ax.set_xlabel("head")
-    ax.tick_params(length=0)
 
 
 # ---------------------------------------------------------------------------- helpers

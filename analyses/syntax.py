@@ -46,6 +46,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from bertscope.analyses.plot_grid import layer_head_ticks
 from bertscope.kernels.pooling import word_argmax
 
 DIRECTIONS = ("dep->head", "head->dep")
@@ -346,12 +347,7 @@ def plot_relation_heatmaps(head_rows: Sequence[dict], title: str, relations=HEAT
             grid[layer - 1, h - 1] = 100 * acc
         image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
         ax.set_title(f"{r} ({SD_LABELS.get(r, '-')})", fontsize=9)
-        ax.set_xticks(range(n_heads))
-        ax.set_xticklabels(range(1, n_heads + 1), fontsize=6)
-        ax.set_yticks(range(n_layers))
-        ax.set_yticklabels(range(1, n_layers + 1), fontsize=7)
-        ax.set_xlabel("head", fontsize=8)
-        ax.set_ylabel("layer", fontsize=8)
+        layer_head_ticks(ax, n_layers, n_heads, fontsize=6, label_size=8)
         layer, h = np.unravel_index(np.nanargmax(grid), grid.shape)
         ax.text(h, layer, f"{grid[layer, h]:.0f}", ha="center", va="center", fontsize=6, color="black",
                 bbox=dict(boxstyle="round,pad=0.1", fc="white", alpha=0.7))

@@ -184,3 +184,24 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# --- one process against two torchrun ranks (the distributed tests of every command) ---------
+
+def run_one_and_two_ranks(cli_args: list[str], tmp_path, port: int) -> tuple[Path, Path]:
+    """Run `python -m bertscope.cli *cli_args` once as one process (--out tmp_path/one) and once
+    under torchrun with two ranks (--out tmp_path/two), each with one thread; both must succeed.
+    Returns the two run directories. `port`: a master port no other test uses."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": os.environ.get("CI", "")}
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = subprocess.run([sys.executable, "-m", "bertscope.cli", *cli_args, "--out", str(one)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                            str(port), "-m", "bertscope.cli", *cli_args, "--out", str(two)],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert multi.returncode == 0, multi.stderr
+    return one, two

@@ -1,13 +1,11 @@
 """torchrun: two ranks split the batches and all-reduce the sums; the result equals one process."""
 import csv
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 
 from bertscope.accumulate import HeadStats
+from conftest import run_one_and_two_ranks
 
 
 def read_heads(path):
@@ -19,16 +17,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     # windows of 2 batches: the 6 batches of the plan come from 3 windows of 4 segments
     args = ["run", "--corpus", "wiki", "--limit", "12", "--batch-size", "2", "--window", "2", "--quiet", "--no-figures",
             "--per-example"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": os.environ.get("CI", "")}
-    single = subprocess.run([sys.executable, "-m", "bertscope.cli", *args, "--out", str(tmp_path / "one")],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr
-    multi = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
-         "-m", "bertscope.cli", *args, "--out", str(tmp_path / "two")],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert multi.returncode == 0, multi.stderr
+    run_one_and_two_ranks(args, tmp_path, port=29533)
     # each rank checkpointed its own half of the 6 batches
     halves = [HeadStats.load(tmp_path / "two" / f"stats.rank{r}.npz") for r in (0, 1)]
     assert [h.n_segments for h in halves] == [6, 6]

@@ -16,7 +16,7 @@ from bertscope.cli import main
 from bertscope.kernels import RowStats, StatsSpec
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.segments import word_segment
-from conftest import require_data
+from conftest import require_data, run_one_and_two_ranks
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -311,20 +311,9 @@ def test_command_user_errors(tiny_checkpoint, tmp_path, capsys):
 
 def test_two_torchrun_ranks_equal_one_process(tiny_checkpoint, tmp_path):
     require_data("ud-ewt")
-    import os
-    import subprocess
-    import sys
-
     args = ["features", "--model", str(tiny_checkpoint), "--data", "ewt", "--limit", "8", "--batch-size", "2",
             "--quiet", "--no-figures"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, "-m", "bertscope.cli", *args, "--out", str(tmp_path / "one")],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr
-    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                            "29541", "-m", "bertscope.cli", *args, "--out", str(tmp_path / "two")],
-                           env=env, capture_output=True, text=True, timeout=300)
-    assert multi.returncode == 0, multi.stderr
+    run_one_and_two_ranks(args, tmp_path, port=29541)
     halves = [FeatureScores.load(tmp_path / "two" / f"features_ewt.rank{r}.npz") for r in (0, 1)]
     assert [h.n_total for h in halves] == [4, 4]
     one, two = FeatureScores.load(tmp_path / "one" / "features_ewt.npz"), FeatureScores.load(tmp_path / "two" /

@@ -10,6 +10,7 @@ import torch
 
 from bertscope.analyses import patterns as P
 from bertscope.cli import main
+from conftest import run_one_and_two_ranks
 
 
 @pytest.fixture
@@ -115,20 +116,9 @@ def test_user_mistakes_are_one_line(tmp_path, capsys):
 
 
 def test_two_ranks_equal_one_process(tmp_path, tiny_checkpoint, wiki):
-    import os
-    import subprocess
-    import sys
-
     args = ["patterns", "--model", str(tiny_checkpoint), "--data", "wiki", "--limit", "12", "--batch-size", "2",
             "--quiet", "--no-figures", "--threads", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": os.environ.get("CI", "")}
-    one = subprocess.run([sys.executable, "-m", "bertscope.cli", *args, "--out", str(tmp_path / "one")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          "29547", "-m", "bertscope.cli", *args, "--out", str(tmp_path / "two")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr
+    run_one_and_two_ranks(args, tmp_path, port=29547)
     halves = [P.PatternCounts.load(tmp_path / "two" / f"patterns_wiki.rank{r}.npz") for r in (0, 1)]
     assert [h.n_examples for h in halves] == [6, 6]
     a, b = counts_of(tmp_path / "one"), counts_of(tmp_path / "two")

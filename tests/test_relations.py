@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +12,7 @@ import torch
 from bertscope.analyses import relations as rel
 from bertscope.cli import main
 from bertscope.datasets.coref import CorefDocument, Mention
-from conftest import require_data
+from conftest import require_data, run_one_and_two_ranks
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -360,16 +357,9 @@ def test_cli_user_mistakes(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_two_ranks_equal_one_process(tiny_checkpoint, data_available, tmp_path):
-    args = ["-m", "bertscope.cli", "relations", "--model", str(tiny_checkpoint), "--limit", "8", "--max-len", "64",
+    args = ["relations", "--model", str(tiny_checkpoint), "--limit", "8", "--max-len", "64",
             "--batch-size", "2", "--data", "ewt", "--quiet", "--no-figures"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          "29547", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert two.returncode == 0, two.stderr
+    run_one_and_two_ranks(args, tmp_path, port=29549)  # 29547 is the patterns test's
     halves = [rel.LinkScores.load(tmp_path / "two" / "relations_state" / f"relations-ewt.rank{r}.scores.npz")
               for r in (0, 1)]
     assert [h.n[0] for h in halves] == [4, 4]  # 4 batches of 2 sentences, two per rank

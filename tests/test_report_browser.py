@@ -48,3 +48,30 @@ def test_report_of_a_real_run(browser, tiny_checkpoint, tmp_path):  # noqa: F811
     if shots:
         page.screenshot(path=str(Path(shots) / "report.png"), clip={"x": 0, "y": 0, "width": 1200, "height": 900})
     page.close()
+
+
+def test_report_gathers_the_analyses_of_one_run_directory(browser, tiny_checkpoint, wiki, tmp_path):  # noqa: F811
+    """Pattern types and dataset cues added to one run directory: the refreshed report shows both
+    sections, every figure decodes, nothing is fetched and nothing is logged as an error."""
+    from conftest import require_data
+
+    require_data("arct")
+    out = tmp_path / "run"
+    assert main(["patterns", "--model", str(tiny_checkpoint), "--data", "wiki", "--limit", "8", "--batch-size", "4",
+                 "--out", str(out), "--quiet", "--threads", "1"]) == 0
+    assert main(["cues", "--task", "arct", "--out", str(out), "--quiet"]) == 0
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: errors.append(f"network request: {r.url}") if not r.url.startswith(("file:", "data:"))
+            else None)
+    page.goto((out / "index.html").resolve().as_uri())
+    for name in ("patterns", "cues"):
+        assert page.locator(f"section#{name}").count() == 1, name
+    assert "Heterogeneous" in page.inner_text("section#patterns")
+    assert "report 0.61 and 0.64" in page.inner_text("section#cues")
+    widths = page.eval_on_selector_all("img", "els => els.map(e => e.complete ? e.naturalWidth : 0)")
+    assert len(widths) >= 4 and all(w > 0 for w in widths), widths  # patterns' figures and cues.png
+    assert errors == []
+    page.close()
