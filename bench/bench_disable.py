@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -101,8 +102,7 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        Path(args.out).write_text(text, encoding="utf-8")
     return 0
 
 

@@ -205,3 +205,18 @@ def run_one_and_two_ranks(cli_args: list[str], tmp_path, port: int) -> tuple[Pat
                            env=env, capture_output=True, text=True, timeout=300)
     assert multi.returncode == 0, multi.stderr
     return one, two
+
+
+def interrupt_on_call(monkeypatch, cls, n: int, method: str = "add"):
+    """Make `cls.method` raise KeyboardInterrupt on its n-th call, as a run killed mid-way; the
+    calls before it go through. Returns the original method, to put back before a resume."""
+    original, calls = getattr(cls, method), []
+
+    def dying(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, method, dying)
+    return original

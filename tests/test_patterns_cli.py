@@ -10,7 +10,7 @@ import torch
 
 from bertscope.analyses import patterns as P
 from bertscope.cli import main
-from conftest import run_one_and_two_ranks
+from conftest import interrupt_on_call, run_one_and_two_ranks
 
 
 @pytest.fixture
@@ -49,15 +49,7 @@ def test_patterns_resumes_after_an_interruption(tmp_path, run_args, monkeypatch)
     assert main(["patterns", *run_args, "--limit", "10", "--batch-size", "2", "--examples", "0",
                  "--out", str(full)]) == 0
     monkeypatch.setattr(patterns, "CHECKPOINT_EVERY", 2)
-    add, calls = P.PatternCounts.add, []
-
-    def flaky(self, batch):
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        add(self, batch)
-
-    monkeypatch.setattr(P.PatternCounts, "add", flaky)
+    add = interrupt_on_call(monkeypatch, P.PatternCounts, 4)
     part = tmp_path / "part"
     assert main(["patterns", *run_args, "--limit", "10", "--batch-size", "2", "--examples", "0",
                  "--out", str(part)]) == 2

@@ -12,7 +12,7 @@ import torch
 from bertscope.analyses import relations as rel
 from bertscope.cli import main
 from bertscope.datasets.coref import CorefDocument, Mention
-from conftest import require_data, run_one_and_two_ranks
+from conftest import interrupt_on_call, require_data, run_one_and_two_ranks
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -321,16 +321,7 @@ def test_interrupted_run_resumes_to_the_same_result(tiny_checkpoint, data_availa
     whole = tmp_path / "whole"
     args = ("--analysis", "relations", "--data", "ewt", "--batch-size", "2", "--checkpoint-every", "1", "--no-figures")
     assert main(relations_args(tiny_checkpoint, whole, *args)) == 0
-    calls = []
-    original = rel.LinkScores.add
-
-    def dying(self, batch):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        original(self, batch)
-
-    monkeypatch.setattr(rel.LinkScores, "add", dying)
+    original = interrupt_on_call(monkeypatch, rel.LinkScores, 2)
     cut = tmp_path / "cut"
     assert main(relations_args(tiny_checkpoint, cut, *args)) == 2
     assert rel.LinkScores.load(cut / "relations_state" / "relations-ewt.scores.npz").batches_done == 1

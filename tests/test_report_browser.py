@@ -20,6 +20,17 @@ CORPUS = ["The cat sat on the mat.\tIt purred loudly, twice.", "A dog barked at 
           "Rain fell on the quiet town all night, and the river rose."] * 4
 
 
+def open_page(browser):
+    """A new page and the list its console errors, page errors and network requests go to."""
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: errors.append(f"network request: {r.url}") if not r.url.startswith(("file:", "data:"))
+            else None)
+    return page, errors
+
+
 def test_report_of_a_real_run(browser, tiny_checkpoint, tmp_path):  # noqa: F811
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
@@ -29,12 +40,7 @@ def test_report_of_a_real_run(browser, tiny_checkpoint, tmp_path):  # noqa: F811
     report = out / "index.html"
     assert report.is_file()
 
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: errors.append(f"network request: {r.url}") if not r.url.startswith(("file:", "data:"))
-            else None)
+    page, errors = open_page(browser)
     page.goto(report.resolve().as_uri())
     widths = page.eval_on_selector_all("img", "els => els.map(e => e.complete ? e.naturalWidth : 0)")
     assert len(widths) == 5 and all(w > 0 for w in widths), widths  # the five surface figures, all decoded
@@ -60,12 +66,7 @@ def test_report_gathers_the_analyses_of_one_run_directory(browser, tiny_checkpoi
     assert main(["patterns", "--model", str(tiny_checkpoint), "--data", "wiki", "--limit", "8", "--batch-size", "4",
                  "--out", str(out), "--quiet", "--threads", "1"]) == 0
     assert main(["cues", "--task", "arct", "--out", str(out), "--quiet"]) == 0
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: errors.append(f"network request: {r.url}") if not r.url.startswith(("file:", "data:"))
-            else None)
+    page, errors = open_page(browser)
     page.goto((out / "index.html").resolve().as_uri())
     for name in ("patterns", "cues"):
         assert page.locator(f"section#{name}").count() == 1, name
