@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from bertscope.analyses.plot_grid import layer_head_ticks
 from bertscope.kernels.pooling import word_argmax as kernel_word_argmax
+from bertscope.results import write_npz
 
 TYPES = ("All", "pronoun", "proper", "nominal")
 GUM_BASELINES = ("nearest", "head_match", "sieve")
@@ -275,12 +275,9 @@ class Scores:
         return self
 
     def save(self, path):
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, types=np.array(self.types), baselines=np.array(self.baselines), batches_done=self.batches_done,
-                 heads=np.stack([self.heads[t] for t in self.types]), n=np.array([self.n[t] for t in self.types]),
-                 base=np.array([[self.base[t][b] for b in self.baselines] for t in self.types]))
-        tmp.replace(path)
+        write_npz(path, types=np.array(self.types), baselines=np.array(self.baselines), batches_done=self.batches_done,
+                  heads=np.stack([self.heads[t] for t in self.types]), n=np.array([self.n[t] for t in self.types]),
+                  base=np.array([[self.base[t][b] for b in self.baselines] for t in self.types]))
 
     @classmethod
     def load(cls, path) -> "Scores":

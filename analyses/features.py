@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from bertscope.batch import BatchContext
+from bertscope.results import write_npz
 from bertscope.token_classes import TokenClasses, tag_ids, tag_scheme
 
 # the paper's footnote 6, verbatim
@@ -230,12 +231,9 @@ class FeatureScores:
 
     def save(self, path: Path):
         """Write the state atomically (tmp name, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, **{name: getattr(self, name) for name in self.ARRAYS}, n_total=self.n_total,
-                 uniform_sum=self.uniform_sum, batches_done=self.batches_done, features=np.array(self.features),
-                 scheme=np.array(list(self.scheme.names)), scheme_source=np.array(self.scheme.source))
-        tmp.replace(path)
+        write_npz(path, **{name: getattr(self, name) for name in self.ARRAYS}, n_total=self.n_total,
+                  uniform_sum=self.uniform_sum, batches_done=self.batches_done, features=np.array(self.features),
+                  scheme=np.array(list(self.scheme.names)), scheme_source=np.array(self.scheme.source))
 
     @classmethod
     def load(cls, path: Path) -> "FeatureScores":

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from bertscope.analyses.patterns import TYPES
+from bertscope.results import write_npz
 
 GRID = 32
 CHANNELS = (8, 8, 16, 16, 32, 32, 64, 64)
@@ -70,10 +71,9 @@ def resize_map(p: np.ndarray | torch.Tensor, grid: int = GRID) -> np.ndarray:
 def save_labels(path, maps: np.ndarray, labels: np.ndarray, source: np.ndarray | None = None, meta: dict | None = None):
     path = Path(path)
     source = np.full((len(labels), 3), -1, dtype=np.int64) if source is None else np.asarray(source, dtype=np.int64)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, maps=np.asarray(maps, dtype=np.float16), labels=np.asarray(labels, dtype=np.int64),
-                        types=np.array(TYPES), source=source, meta=json.dumps(meta or {}))
-    tmp.replace(path)
+    write_npz(path, compressed=True, maps=np.asarray(maps, dtype=np.float16),
+              labels=np.asarray(labels, dtype=np.int64), types=np.array(TYPES), source=source,
+              meta=json.dumps(meta or {}))
 
 
 def load_labels(path) -> tuple[np.ndarray, np.ndarray, dict]:

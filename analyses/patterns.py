@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from bertscope.kernels import StatsSpec
+from bertscope.results import write_npz
 from bertscope.token_classes import PARTS
 
 NAME = "patterns"
@@ -171,12 +172,9 @@ class PatternCounts:
         return self
 
     def save(self, path: Path):
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
         meta = dict(n_layers=self.n_layers, n_heads=self.n_heads, thresholds=self.thresholds.as_dict(), types=TYPES)
-        np.savez(tmp, meta=json.dumps(meta), counts=self.counts, feature_sums=self.feature_sums,
-                 n_examples=self.n_examples, batches_done=self.batches_done)
-        tmp.replace(path)
+        write_npz(path, meta=json.dumps(meta), counts=self.counts, feature_sums=self.feature_sums,
+                  n_examples=self.n_examples, batches_done=self.batches_done)
 
     @classmethod
     def load(cls, path: Path) -> "PatternCounts":

@@ -30,10 +30,10 @@ whatever the values: the rank, not the threshold, carries the information.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from bertscope.results import write_npz
 
 CORE = ("nsubj", "nsubj:pass", "obj", "iobj", "obl")  # exact UD labels (obl:tmod etc. are not core)
 ALL = "all"
@@ -219,11 +219,8 @@ class LinkScores:
         return self
 
     def save(self, path):
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, groups=np.array(self.groups), shape=[self.n_layers, self.n_heads], unit=self.unit,
-                 sums=self.sums, n=self.n, batches_done=self.batches_done)
-        tmp.replace(path)
+        write_npz(path, groups=np.array(self.groups), shape=[self.n_layers, self.n_heads], unit=self.unit,
+                  sums=self.sums, n=self.n, batches_done=self.batches_done)
 
     @classmethod
     def load(cls, path, links: Sequence | None = None) -> "LinkScores":

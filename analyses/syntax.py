@@ -40,7 +40,6 @@ counterpart; SD `prep` (verb/noun -> preposition) has none in UD.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -48,6 +47,7 @@ import torch
 
 from bertscope.analyses.plot_grid import layer_head_ticks
 from bertscope.kernels.pooling import word_argmax
+from bertscope.results import write_npz
 
 DIRECTIONS = ("dep->head", "head->dep")
 HEAD_TO_DEP_MODES = ("column", "row")
@@ -172,12 +172,9 @@ class SyntaxCounts:
         return self
 
     def save(self, path):
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, relations=np.array(self.relations), shape=[self.n_layers, self.n_heads],
-                 head_to_dep=self.head_to_dep, correct=self.correct, baseline=self.baseline, n=self.n,
-                 batches_done=self.batches_done)
-        tmp.replace(path)
+        write_npz(path, relations=np.array(self.relations), shape=[self.n_layers, self.n_heads],
+                  head_to_dep=self.head_to_dep, correct=self.correct, baseline=self.baseline, n=self.n,
+                  batches_done=self.batches_done)
 
     @classmethod
     def load(cls, path, dependents: Sequence | None = None) -> "SyntaxCounts":

@@ -25,6 +25,7 @@ import torch
 
 from bertscope.batch import BatchContext
 from bertscope.kernels import StatsSpec
+from bertscope.results import write_npz
 from bertscope.token_classes import TokenClasses
 
 AVERAGES = ("tokens", "segments")
@@ -125,11 +126,8 @@ class HeadStats:
 
     def save(self, path: Path):
         """Write all sums to an .npz atomically (a crash mid-write leaves the old file)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, meta=json.dumps(self.meta()), n_segments=self.n_segments, batches_done=self.batches_done,
-                 **{name: getattr(self, name) for name in ARRAYS})
-        tmp.replace(path)
+        write_npz(path, meta=json.dumps(self.meta()), n_segments=self.n_segments, batches_done=self.batches_done,
+                  **{name: getattr(self, name) for name in ARRAYS})
 
     @classmethod
     def load(cls, path: Path) -> "HeadStats":

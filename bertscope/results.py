@@ -44,6 +44,17 @@ def write_json(path: Path, data: dict):
     os.replace(tmp, path)
 
 
+def write_npz(path, compressed: bool = False, **arrays):
+    """Write arrays to an .npz atomically: a crash mid-write leaves the old file, as a checkpoint
+    must (the temporary name keeps numpy's .npz suffix, so numpy adds none)."""
+    import numpy as np
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    (np.savez_compressed if compressed else np.savez)(tmp, **arrays)
+    os.replace(tmp, path)
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))

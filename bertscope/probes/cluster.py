@@ -13,7 +13,6 @@ than the forward pass: the default sample is 200 segments of up to 128 tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -25,6 +24,7 @@ from bertscope.kernels import StatsSpec
 from bertscope.kernels.js import JS_BACKENDS
 from bertscope.models import model_name
 from bertscope.probes.common import add_common_arguments
+from bertscope.results import write_npz
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
@@ -91,10 +91,7 @@ class JSSums:
         return self
 
     def save(self, path):
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, js_sum=self.js_sum, n_tokens=self.n_tokens, batches_done=self.batches_done)
-        tmp.replace(path)
+        write_npz(path, js_sum=self.js_sum, n_tokens=self.n_tokens, batches_done=self.batches_done)
 
     @classmethod
     def load(cls, path) -> "JSSums":
