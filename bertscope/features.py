@@ -230,14 +230,9 @@ def add_parser(sub):
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR's run.json, with DIR as --out."""
-    from bertscope.results import read_json
+    from bertscope.probes.common import recorded_run
 
-    path = Path(args.resume) / "run.json"
-    if not path.is_file():
-        raise UserError(f"cannot resume: {path} not found")
-    record = read_json(path).get("probes", {}).get(NAME)
-    if not record:
-        raise UserError(f"cannot resume: {args.resume} has no '{NAME}' run")
+    record = recorded_run(args.resume, NAME)
     settings = {**vars(args), **record["settings"]}
     settings.update(out=args.resume, resume=args.resume, quiet=args.quiet, world_size=record.get("world_size", 1))
     return argparse.Namespace(**settings)

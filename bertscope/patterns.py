@@ -194,14 +194,11 @@ def pick_examples(loaded, segments, t: P.Thresholds) -> list[dict]:
 def classify(args) -> int:
     from bertscope.distributed import broadcast, init_world, shutdown
     from bertscope.engine import EngineOptions, fold
-    from bertscope.probes.common import ProbeRun
-    from bertscope.results import read_json
+    from bertscope.probes.common import ProbeRun, recorded_run
     from bertscope.segments import SegmentReport
 
     if args.resume:
-        record = read_json(Path(args.resume) / "run.json").get("probes", {}).get(NAME)
-        if not record:
-            raise UserError(f"{args.resume} holds no patterns run to resume")
+        record = recorded_run(args.resume, NAME)
         for key in RESUMED:
             setattr(args, key, record["settings"].get(key, getattr(args, key)))
         args.out = args.resume

@@ -265,14 +265,9 @@ def prev_next(offsets) -> tuple[np.ndarray, np.ndarray]:
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR/run.json, with this command line's --resume and --quiet."""
-    from bertscope.results import read_json
+    from bertscope.probes.common import recorded_run
 
-    path = Path(args.resume) / "run.json"
-    if not path.is_file():
-        raise UserError(f"cannot resume: {path} does not exist")
-    record = read_json(path).get("probes", {}).get(NAME)
-    if not record:
-        raise UserError(f"cannot resume: {path} holds no '{NAME}' run")
+    record = recorded_run(args.resume, NAME)
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
     settings = vars(parser.parse_args([NAME]))  # defaults of options newer than the record
@@ -283,9 +278,9 @@ def resumed_args(args) -> argparse.Namespace:
 
 def check_world_size(run_dir: Path, size: int):
     """Checkpoints are per rank: a run resumes only with the number of processes it began with."""
-    from bertscope.results import read_json
+    from bertscope.probes.common import recorded_run
 
-    recorded = read_json(run_dir / "run.json")["probes"][NAME].get("world_size", 1)
+    recorded = recorded_run(run_dir, NAME).get("world_size", 1)
     if recorded != size:
         raise UserError(f"{run_dir} was started with {recorded} processes; resume it with the same number (now {size})")
 

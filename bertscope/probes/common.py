@@ -67,6 +67,18 @@ def seeded_sample(items: list, limit: int | None, seed: int) -> list:
     return [items[i] for i in keep]
 
 
+def recorded_run(run_dir, name: str) -> dict:
+    """The run.json record of analysis `name` in `run_dir` (its settings, world size, ...), which
+    `--resume DIR` continues; a UserError when DIR holds none."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise UserError(f"cannot resume: {path} not found")
+    record = read_json(path).get("probes", {}).get(name)
+    if not record:
+        raise UserError(f"cannot resume: {run_dir} holds no '{name}' run")
+    return record
+
+
 class AnalysisRun:
     """One analysis's run: the run directory and the record it adds to run.json under
     `probes[name]`. Analyses without a model (e.g. `bertscope cues`) use it as is; `ProbeRun`
