@@ -5,8 +5,9 @@
               distribution over the valid tokens), against the baseline, with a paired
               bootstrap interval and McNemar's exact test per variant.
 
-(`importance`, `ablate` and `prune`, Michel et al. 2019, come next: `ablate` is `disable`
-with the ZERO gate and other variant sets, through the same `run_variants`.)
+The other subcommands live in modules of their own, registered by one line each in
+`SUBCOMMANDS` (name -> module with `add_parser(what)` and `main(args)`): `ablate` is
+`disable` with the ZERO gate and other variant sets, through the same `run_variants`.
 
 Every variant runs on the same weights through the model's head gates, several variants per
 forward pass (`bertscope.variants`). Outputs: `<name>.csv` (one row per variant), a layer x
@@ -14,10 +15,16 @@ head and a per-layer figure, and the command's entry in run.json.
 """
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from bertscope.errors import UserError
 from bertscope.kernels import Gate
+
+# `bertscope heads <name>` -> the module that adds its parser and runs it
+SUBCOMMANDS: dict[str, str] = {
+}  # one line each, e.g. "ablate": "bertscope.ablate",
 
 HELP = "what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6)"
 COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
@@ -57,12 +64,16 @@ def add_parser(sub):
                    help="model rows per forward pass: ceil(N / batch rows) variants share one batch; 0 runs the "
                    "variants one by one (default: 512)")
     add_common_arguments(d, from_word=False)
+    for module in SUBCOMMANDS.values():
+        importlib.import_module(module).add_parser(what)
     return p
 
 
 def main(args) -> int:
     from bertscope.probes.common import ProbeRun
 
+    if args.heads in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[args.heads]).main(args)
     if args.max_rows < 0:
         raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")
     try:
