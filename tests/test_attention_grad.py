@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from bertscope.kernels import GradSums, attention_grad, attention_grad_eager
 
 C = 4
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make(B, H, L, D, lengths, classes, seed, dtype=torch.float64):
@@ -100,3 +101,114 @@ def test_gradsums_shapes():
     assert isinstance(s, GradSums)
     assert s.grad.shape == s.mass.shape == (2, C) and s.pairs.shape == (C,)
     assert s.grad.dtype == s.mass.dtype == torch.float64
+
+
+# --- plugged into a model (attention.GradProbe) ----------------------------------------------
+
+from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification  # noqa: E402
+
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config  # noqa: E402
+
+
+def tiny_task_model(tokenizer, kind="bert", cls=AutoModelForSequenceClassification, seed=0, **extra):
+    torch.manual_seed(seed)
+    config = tiny_config(kind, tokenizer)
+    for k, v in extra.items():
+        setattr(config, k, v)
+    return cls.from_config(config, attn_implementation="bertscope").eval()
+
+
+def padded_inputs(tokenizer, lengths=(9, 1, 6), seed=0):
+    """[CLS] words with '.' and ',' among them [SEP], padded; length 1: [CLS] [SEP] only."""
+    g = torch.Generator().manual_seed(seed)
+    L = max(lengths) + 2
+    vocab = tokenizer.get_vocab()
+    ids = torch.full((len(lengths), L), tokenizer.pad_token_id)
+    for b, n in enumerate(lengths):
+        words = torch.randint(1000, 5000, (n,), generator=g)
+        words[::3] = vocab["."]
+        words[1::4] = vocab[","]
+        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words, torch.tensor([tokenizer.sep_token_id])])
+    mask = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None] + 2).long()
+    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}
+
+
+def probed_backward(loaded, inputs, backend, labels):
+    from bertscope.attention import GradProbe
+
+    per_layer = {}
+    probe = GradProbe(loaded.n_layers, 4, backend)
+    key_class = loaded.class_table[inputs["input_ids"]]
+    with probe.active(key_class, lambda layer, sums: per_layer.setdefault(layer, sums)):
+        out = loaded.model(**inputs, labels=labels)
+    out.loss.backward()
+    return per_layer
+
+
+@pytest.mark.parametrize("kind", ("bert", "distilbert"))
+def test_model_gradients_unchanged_and_sums_equal_the_oracle(minilm_tokenizer, kind):
+    from bertscope.models import wrap_model
+
+    inputs = padded_inputs(minilm_tokenizer)
+    if kind == "distilbert":
+        inputs.pop("token_type_ids")
+    labels = torch.tensor([0, 1, 1])
+    grads, sums = {}, {}
+    for mode in ("plain", "fused", "eager"):
+        model = tiny_task_model(minilm_tokenizer, kind).double()
+        loaded = wrap_model(model, minilm_tokenizer)
+        if mode == "plain":
+            model(**inputs, labels=labels).loss.backward()
+        else:
+            sums[mode] = probed_backward(loaded, inputs, mode, labels)
+        grads[mode] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert len(grads["plain"]) > 10
+    for mode in ("fused", "eager"):
+        assert grads[mode].keys() == grads["plain"].keys()
+        for n, g in grads["plain"].items():
+            torch.testing.assert_close(grads[mode][n], g, rtol=1e-9, atol=1e-12, msg=f"{mode} {n}")
+    assert sorted(sums["fused"]) == list(range(TINY_LAYERS))
+    for layer in range(TINY_LAYERS):
+        a, b = sums["fused"][layer], sums["eager"][layer]
+        assert a.grad.shape == (TINY_HEADS, 4)
+        assert float(a.grad.min()) > 0  # every class is present and every head has a gradient
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-15)
+        torch.testing.assert_close(a.mass, b.mass, rtol=1e-9, atol=1e-15)
+        assert torch.equal(a.pairs, b.pairs) and a.rows == b.rows == 9 + 2 + 1 + 2 + 6 + 2
+
+
+def test_gates_are_differentiated_through_the_probe(minilm_tokenizer):
+    """xi scales the function's output outside it: d loss / d xi as on the plain path."""
+    from bertscope.models import wrap_model
+
+    inputs = padded_inputs(minilm_tokenizer)
+    labels = torch.tensor([1, 0, 1])
+    got = []
+    for probed in (False, True):
+        loaded = wrap_model(tiny_task_model(minilm_tokenizer).double(), minilm_tokenizer)
+        g = torch.Generator().manual_seed(2)
+        loaded.gates.xi = (0.5 + torch.rand(TINY_LAYERS, TINY_HEADS, generator=g, dtype=torch.float64)).requires_grad_()
+        if probed:
+            probed_backward(loaded, inputs, "fused", labels)
+        else:
+            loaded.model(**inputs, labels=labels).loss.backward()
+        got.append(loaded.gates.xi.grad.clone())
+    assert float(got[0].abs().min()) > 0
+    torch.testing.assert_close(got[1], got[0], rtol=1e-9, atol=1e-12)
+
+
+def test_probe_refuses_what_it_cannot_measure(minilm_tokenizer):
+    from bertscope.attention import GradProbe
+    from bertscope.models import wrap_model
+
+    loaded = wrap_model(tiny_task_model(minilm_tokenizer), minilm_tokenizer)
+    inputs = padded_inputs(minilm_tokenizer)
+    probe = GradProbe(loaded.n_layers, 4)
+    key_class = loaded.class_table[inputs["input_ids"]]
+    with pytest.raises(RuntimeError, match="need autograd"), torch.no_grad(), probe.active(key_class, print):
+        loaded.model(**inputs)
+    loaded.model.train()
+    with pytest.raises(RuntimeError, match="eval mode"), probe.active(key_class, print):
+        loaded.model(**inputs)
+    with pytest.raises(ValueError, match="unknown gradient backend"):
+        GradProbe(2, 4, "triton")
