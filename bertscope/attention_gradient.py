@@ -345,16 +345,14 @@ class GradStats:
     def layer_means(self) -> tuple[np.ndarray, np.ndarray]:
         """(layers, C) mean |grad| per pair over every head, and mean attention mass per row.
         NaN where a class has no pair."""
-        H = self.grad.shape[1]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            grad = self.grad.sum(1) / (H * self.pairs)
-            mass = self.mass.sum(1) / (H * self.rows[:, None])
-        return grad, mass
+        grad, mass = self.head_means()
+        return grad.mean(1), mass.mean(1)
 
     def head_means(self) -> tuple[np.ndarray, np.ndarray]:
         """(layers, H, C) the same per head."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return self.grad / self.pairs[:, None, :], self.mass / self.rows[:, None, None]
+        pairs = np.where(self.pairs > 0, self.pairs, np.nan)[:, None, :]  # (layers, 1, C)
+        rows = np.where(self.rows > 0, self.rows, np.nan)[:, None, None]  # (layers, 1, 1)
+        return self.grad / pairs, self.mass / rows
 
     def layer_rows(self) -> list[dict]:
         grad, mass = self.layer_means()
