@@ -1,5 +1,5 @@
 """Figures of `bertscope heads attention-grad`: Clark et al. (2019) Fig. 5 (attention and
-attention gradient by layer, per key class) and a layer x head view of [SEP]."""
+attention gradient by layer, per key class) and a layer x head view of the special classes."""
 from __future__ import annotations
 
 import numpy as np
@@ -47,7 +47,9 @@ def plot_layers(rows: list[dict], title: str):
 
 
 def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str):
-    """Layer x head: attention mass on [SEP], and log10 of [SEP]'s mean |grad| over other's."""
+    """Layer x head, one column per special class ([CLS], [SEP], '. or ,'): the attention mass
+    on the class (top) and log10 of its mean |grad| over the 'other' tokens' (bottom; red:
+    smaller). A head that attends much to a class whose gradient is small uses it as a no-op."""
     from bertscope.analyses.plot_grid import layer_head_ticks
 
     plt = _pyplot()
@@ -55,16 +57,22 @@ def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str):
     for r in rows:
         for k in ("mean_abs_grad", "attention"):
             grid[r["key_class"]][k][r["layer"] - 1, r["head"] - 1] = r[k]
-    ratio = np.log10(grid["sep"]["mean_abs_grad"] / grid["other"]["mean_abs_grad"])
-    fig, axes = plt.subplots(1, 2, figsize=(2 * (0.45 * n_heads + 2), 0.45 * n_layers + 1.6))
-    span = max(1.0, float(np.nanmax(np.abs(ratio)))) if np.isfinite(ratio).any() else 1.0
-    for ax, data, cmap, lims, label in (
-            (axes[0], grid["sep"]["attention"], "Blues", (0, 1), "attention mass on [SEP]"),
-            (axes[1], ratio, "RdBu", (-span, span), "log10 |grad| [SEP] / other")):
-        im = ax.imshow(data, cmap=cmap, vmin=lims[0], vmax=lims[1], aspect="auto")
-        layer_head_ticks(ax, n_layers, n_heads)
-        ax.set_title(label, fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.8)
+    special = [c for c in KEY_CLASSES if c != "other"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = {c: np.log10(grid[c]["mean_abs_grad"] / grid["other"]["mean_abs_grad"]) for c in special}
+    finite = np.concatenate([r[np.isfinite(r)] for r in ratios.values()])
+    span = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
+    w, h = 0.32 * n_heads + 1.6, 0.32 * n_layers + 0.9
+    fig, axes = plt.subplots(2, len(special), figsize=(len(special) * w, 2 * h + 0.6), squeeze=False)
+    for col, c in enumerate(special):
+        for row, (data, cmap, lims, label) in enumerate((
+                (grid[c]["attention"], "Blues", (0, 1), f"attention mass on {LABELS[c]}"),
+                (ratios[c], "RdBu", (-span, span), f"log10 |grad| {LABELS[c]} / other"))):
+            ax = axes[row, col]
+            im = ax.imshow(data, cmap=cmap, vmin=lims[0], vmax=lims[1], aspect="auto")
+            layer_head_ticks(ax, n_layers, n_heads, fontsize=7)
+            ax.set_title(label, fontsize=9)
+            fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

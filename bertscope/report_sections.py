@@ -731,8 +731,10 @@ def attention_grad(run: RunFiles) -> Section | None:
                           "class, the mean |gradient| of the loss with respect to an attention weight to it (log "
                           "scale), and that gradient relative to other tokens' (1 = as other tokens). A class with "
                           "much attention and a gradient far below 1 is attended to as a no-op."),
-               run.figure("fig_attention_grad_heads.png", "Per head: attention mass on [SEP] and log10 of its mean "
-                          "|gradient| over other tokens' (blue: larger, red: smaller).")]
+               run.figure("fig_attention_grad_heads.png", "Per head, for [CLS], [SEP] and '. or ,': the attention "
+                          "mass on the class (top) and log10 of its mean |gradient| over other tokens' (bottom; red: "
+                          "smaller). A head with much attention on a class and a red cell below it uses that "
+                          "class as a no-op.")]
     return Section("Attention gradients (Clark et al. 2019, section 3, Fig. 5)",
                    intro="How much the loss depends on each attention weight, by the kind of key: |dL/dP_ij| summed "
                    "inside backward (the maps are never kept), averaged per layer over heads and valid (query, key) "
