@@ -36,6 +36,7 @@ from bertscope.errors import UserError
 from bertscope.token_classes import KEY_CLASSES
 
 NAME = "attention_grad"
+MLM_SEGMENTS = 1000  # corpus segments of --objective mlm without --limit, as Clark's 1,000
 MASK_RATE, MASK_TOKEN, RANDOM_TOKEN = 0.15, 0.8, 0.1  # BERT's pre-training masking
 CLASS_LABELS = {"cls": "[CLS]", "sep": "[SEP]", "punct": ". or ,", "other": "other"}
 LAYER_COLUMNS = ("layer", "key_class", "mean_abs_grad", "grad_vs_other", "attention", "pairs", "rows")
@@ -70,7 +71,8 @@ def add_parser(what):
                    help="text of --objective mlm: 'wiki' or a corpus file, segmented as `bertscope run` does "
                    "(default: wiki)")
     p.add_argument("--limit", type=limit_arg, default=None, metavar="N",
-                   help="a seeded sample of N examples or segments (default: every task example; 1000 segments)")
+                   help="a seeded sample of N task examples (default: all of the split), or N corpus segments for "
+                   "--objective mlm (default: 1000, as Clark)")
     add_common_arguments(p, from_word=False)
 
 
@@ -95,7 +97,7 @@ def main(args) -> int:
     stats = GradStats(loaded.n_layers, loaded.n_heads)
     try:
         measure(loaded, batches, stats, backend="eager" if args.backend == "eager" else "fused",
-                progress=run.progress, total=data_size(data, objective))
+                progress=run.progress, total=len(data) if objective == "task" else args.limit or MLM_SEGMENTS)
     except KeyboardInterrupt:
         raise UserError("interrupted") from None
     layers, heads = stats.layer_rows(), stats.head_rows()
@@ -143,10 +145,6 @@ def load_data(args):
     return open_corpus(args.corpus)
 
 
-def data_size(data, objective: str) -> int | None:
-    return len(data) if objective == "task" else None
-
-
 def task_batches(loaded, args, examples, run):
     """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
     from bertscope.task_inputs import check_head, encode_task
@@ -186,7 +184,7 @@ def mlm_batches(loaded, args, corpus, run):
     from bertscope.run import segment_stream
     from bertscope.segments import SegmentOptions, SegmentReport
 
-    limit = 1000 if args.limit is None else args.limit
+    limit = args.limit or MLM_SEGMENTS
     options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
     stream = segment_stream(corpus, loaded.tokenizer, options, SegmentReport(), window_batches=64)
     run.log(f"{limit} segments of {args.corpus} (at most {args.max_len} tokens), masked-LM loss")
@@ -376,8 +374,7 @@ class GradStats:
 
 
 def summarise(stats: GradStats, layers: list[dict], objective: str, args) -> dict:
-    """run.json's results: the per-layer table in brief, and where [SEP] gets much attention
-    but little gradient (mass above the 'other' row share, gradient below a tenth of other's)."""
+    """run.json's results: what the loss was, on what, its mean, and the per-layer table."""
     by = {(r["layer"], r["key_class"]): r for r in layers}
     n = stats.grad.shape[0]
     return {
@@ -385,11 +382,16 @@ def summarise(stats: GradStats, layers: list[dict], objective: str, args) -> dic
         "corpus": args.corpus if objective == "mlm" else None, "inputs": stats.examples,
         "mean_loss": stats.loss_sum / max(1, stats.examples),
         "punct_tokens": [".", ","],
-        "layers": {str(lay): {c: {"mean_abs_grad": by[(lay, c)]["mean_abs_grad"],
-                                  "grad_vs_other": by[(lay, c)]["grad_vs_other"],
-                                  "attention": by[(lay, c)]["attention"]} for c in stats.classes}
-                   for lay in range(1, n + 1)},
+        "masking": {"rate": MASK_RATE, "mask_token": MASK_TOKEN, "random_token": RANDOM_TOKEN, "seed": args.seed}
+        if objective == "mlm" else None,
+        "layers": {str(lay): {c: {k: _finite(by[(lay, c)][k]) for k in ("mean_abs_grad", "grad_vs_other", "attention")}
+                              for c in stats.classes} for lay in range(1, n + 1)},
     }
+
+
+def _finite(x: float) -> float | None:
+    """None for NaN (a class without keys): run.json stays valid JSON."""
+    return None if np.isnan(x) else x
 
 
 def summary_lines(layers: list[dict]) -> list[str]:
