@@ -706,25 +706,21 @@ def attention_grad(run: RunFiles) -> Section | None:
     findings = [f"{objective} loss on {data}, {entry.get('inputs', '?')} inputs, mean loss "
                 f"{num(entry.get('mean_loss')) or float('nan'):.3f}."]
     value = lambda lay, c, col: num(by[(lay, c)][col])  # noqa: E731  (None for NaN: a class without keys)
+    ratio = lambda x: "-" if x is None else f"x{x:.2f}"  # noqa: E731
     for lay in layers:
-        # much attention for little gradient: the class with the smallest gradient relative to other tokens
-        present = [c for c in classes[:-1] if value(lay, c, "grad_vs_other") is not None]
-        top = max(classes, key=lambda c: value(lay, c, "attention") or 0)
-        text = f"Layer {lay}: most attention on {labels[top]} ({pct(value(lay, top, 'attention') or 0)})"
-        if present:
-            low = min(present, key=lambda c: value(lay, c, "grad_vs_other"))
-            text += (f"; smallest gradient relative to other tokens: {labels[low]} "
-                     f"(x{value(lay, low, 'grad_vs_other'):.2f}, attention {pct(value(lay, low, 'attention'))})")
-        findings.append(text + ".")
+        findings.append(f"Layer {lay}, attention and gradient relative to other tokens: " + "; ".join(
+            f"{labels[c]} {pct(value(lay, c, 'attention') or 0)}, {ratio(value(lay, c, 'grad_vs_other'))}"
+            for c in classes[:-1]) + ".")
     src = paper.CLARK_GRADIENT
-    findings.append(f"Paper: {paper.CLARK_GRADIENT_TEXT} [{src.short}]. Clark used the masked-LM loss; a fine-tuned "
-                    "task loss reads one label through [CLS], so its gradients say what the task needs, not what "
-                    "pre-training needs.")
+    findings.append(f"Paper: {paper.CLARK_GRADIENT_TEXT} [{src.short}]."
+                    + (" Clark used the masked-LM loss; a fine-tuned task loss reads one label through [CLS], so its "
+                       "gradients say what the task needs, not what pre-training needs." if objective == "task" else ""))
+    sci = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731  (gradients span orders of magnitude)
     table = Table("Per layer: mean |d loss / d P_ij| over (query, key) pairs by the key's class (x other's), and "
                   "the mean attention mass a row puts on the class",
                   ["layer"] + [f"{labels[c]} |grad|" for c in classes] + [f"{labels[c]} / other" for c in classes[:-1]]
                   + [f"{labels[c]} attention" for c in classes],
-                  [[lay] + [num(by[(lay, c)]["mean_abs_grad"]) for c in classes]
+                  [[lay] + [sci(value(lay, c, "mean_abs_grad")) for c in classes]
                    + [num(by[(lay, c)]["grad_vs_other"]) for c in classes[:-1]]
                    + [num(by[(lay, c)]["attention"]) for c in classes] for lay in layers], digits=3)
     figures = [run.figure("fig_attention_grad.png", "Clark et al. Fig. 5: by layer, the attention mass on each key "
