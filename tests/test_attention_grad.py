@@ -4,8 +4,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import AutoModelForSequenceClassification
 
 from bertscope.kernels import GradSums, attention_grad, attention_grad_eager
+
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 
 C = 4
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -105,17 +108,11 @@ def test_gradsums_shapes():
 
 # --- plugged into a model (attention.GradProbe) ----------------------------------------------
 
-from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification  # noqa: E402
 
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config  # noqa: E402
-
-
-def tiny_task_model(tokenizer, kind="bert", cls=AutoModelForSequenceClassification, seed=0, **extra):
+def tiny_task_model(tokenizer, kind="bert", seed=0):
     torch.manual_seed(seed)
-    config = tiny_config(kind, tokenizer)
-    for k, v in extra.items():
-        setattr(config, k, v)
-    return cls.from_config(config, attn_implementation="bertscope").eval()
+    return AutoModelForSequenceClassification.from_config(tiny_config(kind, tokenizer),
+                                                          attn_implementation="bertscope").eval()
 
 
 def padded_inputs(tokenizer, lengths=(9, 1, 6), seed=0):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-from bertscope.attention_gradient import GradStats, mask_tokens, measure, task_loss
+from bertscope.attention_gradient import GradStats, mask_tokens, task_loss
 from bertscope.cli import main
 
 from conftest import TINY_HEADS, TINY_LAYERS, require_data, tiny_config
@@ -151,7 +151,7 @@ def test_user_errors(mlm_checkpoint, tiny_checkpoint, corpus, tmp_path, capsys):
         assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
-def test_gradstats_save_load_merge(tmp_path, minilm_tokenizer):
+def test_gradstats_save_load_merge(tmp_path):
     from bertscope.kernels import GradSums
 
     a, b = GradStats(2, 3), GradStats(2, 3)
