@@ -18,6 +18,12 @@ collects the ones a run took (for run.json).
 The mask function registered under the same name hands the attention function the plain
 (B, L) key-padding mask instead of an (B, 1, L, L) additive bias: the kernels only need
 to know which keys are real, and a 2-D mask costs nothing to build.
+
+Attention gradients. Inside `GradProbe.active(...)` (and no `HeadProbe`), the plain path runs
+`kernels.attention_grad` instead of SDPA: the same output and exact gradients, and during
+backward every layer hands the sums of |dL/dP_ij| per head and key class to a sink (Clark et
+al.'s gradient test of attention to [SEP]); the gates scale its output afterwards, so autograd
+carries xi as on the plain path.
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from bertscope.gates import layer_gates
-from bertscope.kernels import (RowStats, StatsSpec, WordPooling, attention_stats, gated_sdpa, needs_grad, output_path,
+from bertscope.kernels import (GradSums, RowStats, StatsSpec, WordPooling, apply_gates, attention_grad,
+                               attention_grad_eager, attention_stats, gated_sdpa, needs_grad, output_path,
                                resolve_backend)
 
 ATTN_IMPLEMENTATION = "bertscope"
@@ -81,6 +88,68 @@ class HeadProbe:
             raise RuntimeError(f"expected {self.n_layers} attention calls in a forward pass, saw {fwd.layer}")
 
 
+LayerGradSink = Callable[[int, GradSums], None]  # (layer, sums of that layer) -> None, called during backward
+GRAD_BACKENDS = {"fused": attention_grad, "eager": attention_grad_eager}
+
+
+@dataclass
+class _GradForward:
+    probe: "GradProbe"
+    key_class: torch.Tensor  # (B, L) int64
+    sink: LayerGradSink
+    layer: int = 0
+
+
+_GRADS: contextvars.ContextVar[_GradForward | None] = contextvars.ContextVar("bertscope_grads", default=None)
+
+
+class GradProbe:
+    """Sums of |dL/dP_ij| per layer, head and key class, delivered during backward.
+
+    Run the forward inside `active(key_class, sink)`, then call backward (after the block is
+    fine): each layer's `GradSums` reaches `sink(layer, sums)`, layers numbered by call order
+    (as `HeadProbe`), last layer first. backend: "fused" (`kernels.attention_grad`, no maps
+    kept) or "eager" (the oracle: autograd on the materialised maps).
+    """
+
+    def __init__(self, n_layers: int, n_classes: int, backend: str = "fused"):
+        if backend not in GRAD_BACKENDS:
+            raise ValueError(f"unknown gradient backend {backend!r}; choose one of {', '.join(GRAD_BACKENDS)}")
+        self.n_layers, self.n_classes, self.backend = n_layers, n_classes, backend
+
+    @contextmanager
+    def active(self, key_class: torch.Tensor, sink: LayerGradSink):
+        fwd = _GradForward(self, key_class, sink)
+        token = _GRADS.set(fwd)
+        try:
+            yield
+        finally:
+            _GRADS.reset(token)
+        if fwd.layer != self.n_layers:
+            raise RuntimeError(f"expected {self.n_layers} attention calls in a forward pass, saw {fwd.layer}")
+
+
+def _grad_attention(fwd: _GradForward, query, key, value, key_valid, gates, scaling, dropout):
+    """The plain path's output through `kernels.attention_grad` (or its oracle), gated after."""
+    probe = fwd.probe
+    if dropout > 0:
+        raise RuntimeError(f"attention gradients need the model in eval mode: it is training, with attention "
+                           f"dropout {dropout} (call model.eval())")
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
+        raise RuntimeError("attention gradients need autograd through q, k and v: grad is disabled or nothing "
+                           "before the attention requires grad")
+    if fwd.key_class.shape != key_valid.shape:
+        raise ValueError(f"key_class has shape {tuple(fwd.key_class.shape)}, the batch {tuple(key_valid.shape)}")
+    layer = fwd.layer
+    if layer >= probe.n_layers:
+        raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
+    fwd.layer += 1
+    sink = fwd.sink
+    out = GRAD_BACKENDS[probe.backend](query, key, value, key_valid, fwd.key_class, probe.n_classes,
+                                       lambda sums: sink(layer, sums), scaling)  # (B, H, L, D)
+    return apply_gates(out, value, key_valid, gates).transpose(1, 2).contiguous()
+
+
 def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
     """(B, L) bool, True for real keys, from whatever mask the model handed over."""
     B, _, _, _ = query.shape
@@ -101,6 +170,9 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     gates = layer_gates(query)  # this call's LayerGates from the model's HeadGates, or None
     fwd = _ACTIVE.get()
     if fwd is None:
+        grads = _GRADS.get()
+        if grads is not None:  # -- plain attention, its backward measuring |dL/dP| (GradProbe)
+            return _grad_attention(grads, query, key, value, key_valid, gates, scaling, dropout), None
         # -- plain attention, for a model used outside an analysis
         return gated_sdpa(query, key, value, key_valid, gates, scaling, dropout), None
     if query.shape[-2] != key.shape[-2]:

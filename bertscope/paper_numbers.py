@@ -209,6 +209,16 @@ NIVEN_KAO_NUMBERS = {
 }
 
 
+# Clark et al. (2019) section 3, Figure 5: gradient of the masked-LM loss with respect to the
+# attention weights, by key ([SEP], ". or ,", other). The figure prints no values: only the text's
+# claim is kept, and the layer it names.
+CLARK_GRADIENT = Source(CLARK, "section 3, Figure 5", BERT_BASE, "Wikipedia segments, masked-LM loss")
+CLARK_GRADIENT_FROM_LAYER = Number(5, CLARK_GRADIENT)  # of 12: "starting in layer 5" [SEP] gradients are very small
+CLARK_GRADIENT_TEXT = ("starting in layer 5 (of 12), the gradients of the masked-LM loss for attention to [SEP] "
+                       "become very small, although over half of the attention in layers 6-10 goes to [SEP]: "
+                       "changing it barely changes BERT's outputs (a no-op)")
+
+
 def all_sources() -> list[Source]:
     return [SURFACE, TABLE1, TABLE2, TABLE3, CUES, NIVEN_KAO_ARCT, PATTERNS_SOURCE, FEATURES, KOVALEVA_42,
-            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE]
+            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE, CLARK_GRADIENT]

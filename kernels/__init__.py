@@ -16,8 +16,9 @@ import os
 import torch
 
 from . import cpu_rows
+from .attention_grad import GradSink, GradSums, attention_grad
 from .chunked import attention_stats_chunked
-from .eager import attention_stats_eager
+from .eager import attention_grad_eager, attention_stats_eager
 from .pooling import word_pooling
 from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
 from .spec import Gate, LayerGates, RowStats, StatsSpec, WordPooling
@@ -114,5 +115,5 @@ def output_path(backend: str, grad: bool) -> str:
     return f"{backend} (output fused with the statistics)"
 
 
-__all__ = ["attention_stats", "describe_backend", "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
+__all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend", "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
            "apply_gates", "Gate", "LayerGates", "RowStats", "StatsSpec", "WordPooling"]

@@ -53,3 +53,32 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
         stats.word_argmax = word_argmax(stats.word_map, pooling.candidate)  # (B, H, W)
     keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
+
+
+def attention_grad_eager(q, k, v, key_valid, key_class, n_classes: int, sink, scale=None):
+    """The oracle of `kernels.attention_grad`: softmax attention on the materialised map P,
+    with a hook on P that reads autograd's dL/dP and hands `sink` the same `GradSums`.
+
+    Sums by their definition: over valid query rows i and valid keys j of class c,
+    |dL/dP_ij| and P_ij; pairs counts them. Returns the output (B, H, L, D).
+    """
+    from .attention_grad import GradSums
+
+    B, H, L, D = q.shape
+    scale = D**-0.5 if scale is None else scale
+    p = torch.softmax(masked_scores(q, k, key_valid, scale), dim=-1)  # (B, H, L, L)
+    pair = key_valid[:, None, :, None] & key_valid[:, None, None, :]  # (B, 1, L, L): valid row i, valid key j
+
+    def read(grad):  # grad: dL/dP (B, H, L, L)
+        sums = [torch.zeros(H, n_classes, dtype=torch.float64, device=q.device) for _ in range(2)]
+        pairs = torch.zeros(n_classes, dtype=torch.float64, device=q.device)
+        for c in range(n_classes):
+            on = (pair & (key_class == c)[:, None, None, :]).expand(B, H, L, L)  # (B, H, L, L)
+            sums[0][:, c] = torch.where(on, grad.abs(), 0).double().sum((0, 2, 3))
+            sums[1][:, c] = torch.where(on, p.detach(), 0).double().sum((0, 2, 3))
+            pairs[c] = float(on[:, 0].sum())
+        sink(GradSums(grad=sums[0], mass=sums[1], pairs=pairs, rows=int(key_valid.sum())))
+
+    if p.requires_grad:
+        p.register_hook(read)
+    return torch.matmul(p, v)  # (B, H, L, D)
