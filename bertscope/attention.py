@@ -5,7 +5,9 @@ through `bertscope_attention`. Outside an analysis it is plain attention (torch 
 its dropout in training mode); inside `HeadProbe.active(...)` it computes the layer's output
 *and* its row statistics with the chosen kernel backend and hands the statistics to a sink.
 On both paths the model's head gates (`bertscope.gates`, attached by `load_model`) scale
-each head's output. Nothing in transformers is edited or patched: we register two
+each head's output. A really pruned layer (`bertscope.pruning`) computes fewer heads: its
+gates are those of the heads it kept, and its statistics go to the sink in the layer's
+original head slots, a removed head's as NaN (-1 for argmax). Nothing in transformers is edited or patched: we register two
 functions by name.
 
 Gradients. The statistics backends' fast paths cannot be differentiated (out= writes, the
@@ -31,6 +33,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from bertscope.gates import layer_gates
+from bertscope.pruning import head_slots, spread_heads
 from bertscope.kernels import (RowStats, StatsSpec, WordPooling, attention_stats, gated_sdpa, needs_grad, output_path,
                                resolve_backend)
 
@@ -98,7 +101,8 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
     key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
-    gates = layer_gates(query)  # this call's LayerGates from the model's HeadGates, or None
+    slots = head_slots(module)  # a pruned layer's original head of each head it computes, else None
+    gates = layer_gates(query, slots)  # this call's LayerGates from the model's HeadGates, or None
     fwd = _ACTIVE.get()
     if fwd is None:
         # -- plain attention, for a model used outside an analysis
@@ -117,6 +121,8 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
         query, key, value, key_valid, fwd.key_class, probe.spec,
         gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling,
     )
+    if slots is not None:  # statistics back in the original head slots, pruned heads missing (NaN)
+        stats = spread_heads(stats, slots, probe.n_heads)
     fwd.sink(layer, stats, key_valid)
     return out, None
 
