@@ -56,6 +56,18 @@ class LoadedModel:
     head_note: str = ""  # what was initialised, in words (for run.json and the terminal)
 
     @property
+    def pruned_heads(self) -> dict[int, list[int]]:
+        """layer -> original indices of the heads really removed (`bertscope.pruning`); {} if none."""
+        return {layer: hs for layer, hs in pruning.pruned_heads(self.model).items() if hs}
+
+    def record(self) -> dict:
+        """The model as run.json describes it; a pruned one lists its removed heads (layer-head from 1)."""
+        out = {"path": str(self.path), "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads}
+        if self.pruned_heads:
+            out["pruned_heads"] = [f"{layer + 1}-{h + 1}" for layer, hs in self.pruned_heads.items() for h in hs]
+        return out
+
+    @property
     def classes(self) -> TokenClasses:
         """The default class scheme: `class_table` looks it up by token id."""
         return VOCAB

@@ -367,3 +367,5 @@ def test_run_command_on_a_pruned_checkpoint(tiny_checkpoint, tmp_path):
     assert by_head[(1, 2)]["entropy"] == "nan" and all(by_head[(2, h)]["sep"] == "nan" for h in range(1, 5))
     assert float(by_head[(1, 1)]["entropy"]) > 0 and float(by_head[(1, 3)]["argmax_self"]) >= 0
     assert (out / "fig_entropy_heatmap.png").stat().st_size > 1000
+    record = json.loads((out / "run.json").read_text())["model"]
+    assert record["heads"] == TINY_HEADS and record["pruned_heads"] == ["1-2", "2-1", "2-2", "2-3", "2-4"]
