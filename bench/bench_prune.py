@@ -15,9 +15,12 @@ Inputs: batch B of L random token ids (seeded), no padding, as [CLS] ... [SEP].
 Timing: per (B, L), one warm-up forward per model, then --repeats rounds; in each round every
 model runs one forward, in an order rotated by round (no model always first), so all models
 see the same load of a shared machine. Reported: median seconds per forward, speed-up =
-t(unpruned) / t(pruned), and the share of the unpruned forward spent in the attention blocks
-(Q, K, V projections, attention, output projection + LayerNorm: what pruning shrinks), timed
-with forward hooks in separate forwards.
+t(unpruned) / t(pruned) in wall time and (on the CPU) in the process's CPU time, which other
+processes on a shared machine disturb less; and the share s of the unpruned forward spent in
+the attention blocks (Q, K, V projections, attention, output projection + LayerNorm: what
+pruning shrinks), timed with forward hooks in separate forwards. If time were proportional to
+the heads kept, removing a fraction f of them would give a speed-up of 1 / (1 - f s): the
+"expected" column.
 """
 from __future__ import annotations
 
@@ -61,16 +64,18 @@ def main() -> int:
     from bertscope.models import load_model
 
     device = torch.device(args.device)
+    started = time.perf_counter()
     base = load_model(args.model, device=str(device))
     L_, H = base.n_layers, base.n_heads
     models = {"unpruned": base.model}
-    heads_of = {}
+    heads_of, fraction_of = {}, {"unpruned": 0.0}
     for f in args.fractions:
         heads = chosen_heads(args, f, L_, H)
         m = load_model(args.model, device=str(device)).model
         pruning.prune_heads(m, heads)
         name = f"{round(100 * f)}% pruned"
         models[name], heads_of[name] = m, heads
+        fraction_of[name] = sum(map(len, heads.values())) / (L_ * H)  # what was really removed
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     for name, heads in heads_of.items():
         print(f"{name}: kept per layer {[H - len(heads.get(layer, [])) for layer in range(L_)]}", file=sys.stderr)
@@ -85,13 +90,15 @@ def main() -> int:
             repeats = args.big_repeats if B * L >= args.big else args.repeats
             times = time_models(models, inputs, repeats, device)
             shares[(B, L)] = attention_share(base.model, inputs, device)
-            full = statistics.median(times["unpruned"])
+            full = [statistics.median(t[i] for t in times["unpruned"]) for i in (0, 1)]  # wall, CPU
             for name, ts in times.items():
-                t = statistics.median(ts)
-                rows.append((B, L, name, repeats, t, full / t))
-                print(f"B={B} L={L} {name}: {1000 * t:.1f} ms (x{full / t:.3f}) over {repeats} rounds", file=sys.stderr)
+                t, cpu = (statistics.median(x[i] for x in ts) for i in (0, 1))
+                f = fraction_of[name]
+                rows.append((B, L, name, t, full[0] / t, full[1] / cpu, 1 / (1 - f * shares[(B, L)])))
+                print(f"B={B} L={L} {name}: {1000 * t:.1f} ms (x{full[0] / t:.3f}, CPU x{full[1] / cpu:.3f}) "
+                      f"over {repeats} rounds", file=sys.stderr)
             print(f"B={B} L={L}: attention blocks {100 * shares[(B, L)]:.1f}% of the unpruned forward", file=sys.stderr)
-    text = table(args, base, rows, shares, params, heads_of)
+    text = table(args, base, rows, shares, params, time.perf_counter() - started)
     Path(args.out).write_text(text)
     print(text)
     return 0
@@ -125,16 +132,17 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def forward_time(model, inputs, device) -> float:
+def forward_time(model, inputs, device) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of one forward."""
     sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         model(**inputs)
     sync(device)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def time_models(models: dict, inputs: dict, repeats: int, device) -> dict[str, list[float]]:
+def time_models(models: dict, inputs: dict, repeats: int, device) -> dict[str, list[tuple[float, float]]]:
     """Seconds per forward of every model: a warm-up, then `repeats` rotated rounds."""
     names = list(models)
     for name in names:
@@ -168,7 +176,7 @@ def attention_share(model, inputs, device, repeats: int = 2) -> float:
         shares = []
         for _ in range(repeats):
             spent[0] = 0.0
-            total = forward_time(model, inputs, device)
+            total = forward_time(model, inputs, device)[0]
             shares.append(spent[0] / total)
     finally:
         for h in handles:
@@ -186,14 +194,21 @@ def attention_block(model, layer):
     return getattr(model, "base_model", model).encoder.layer[layer].attention
 
 
-def table(args, loaded, rows, shares, params, heads_of) -> str:
+def model_name(path) -> str:
+    from bertscope.models import model_name as name
+
+    return name(path)
+
+
+def table(args, loaded, rows, shares, params, elapsed) -> str:
     cpu = cpu_name()
     lines = [
         "# Real head pruning: inference speed (bench/bench_prune.py)",
         "",
         f"`{' '.join(['python', *sys.argv])}`",
         "",
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; model {loaded.path} ({loaded.n_layers} layers x "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {elapsed / 60:.1f} min in all; model {model_name(loaded.path)} "
+        f"({loaded.n_layers} layers x "
         f"{loaded.n_heads} heads, hidden {loaded.model.config.hidden_size}); device {args.device}"
         f"{' (' + cpu + ')' if args.device == 'cpu' else ' (' + torch.cuda.get_device_name() + ')'}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s); "
@@ -203,14 +218,15 @@ def table(args, loaded, rows, shares, params, heads_of) -> str:
         "Parameters: " + ", ".join(f"{name} {n / 1e6:.2f} M" for name, n in params.items()) + " (the embeddings "
         "are most of MiniLM's parameters).",
         "",
-        "| batch | L | model | ms / forward | speed-up vs unpruned | time saved |",
-        "|---:|---:|---|---:|---:|---:|",
+        "| batch | L | model | ms / forward | speed-up (wall) | speed-up (CPU time) | expected 1 / (1 - f s) |",
+        "|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for B, L, name, _, t, ratio in rows:
-        lines.append(f"| {B} | {L} | {name} | {1000 * t:.1f} | {ratio:.3f} | {100 * (1 - 1 / ratio):.1f}% |")
+    for B, L, name, t, ratio, cpu_ratio, expected in rows:
+        cpu = f"{cpu_ratio:.3f}" if args.device == "cpu" else "-"
+        lines.append(f"| {B} | {L} | {name} | {1000 * t:.1f} | {ratio:.3f} | {cpu} | {expected:.3f} |")
     lines += ["", "Share of the unpruned forward spent in the attention blocks (Q, K, V, attention, output "
-              "projection, LayerNorm), timed with forward hooks:", "",
-              "| batch | L | attention share |", "|---:|---:|---:|"]
+              "projection, LayerNorm), timed with forward hooks (s in the expected speed-up):", "",
+              "| batch | L | attention share s |", "|---:|---:|---:|"]
     lines += [f"| {B} | {L} | {100 * s:.1f}% |" for (B, L), s in shares.items()]
     from bertscope.paper_numbers import MICHEL_PRUNING_FRACTION as F, MICHEL_PRUNING_SPEEDUP as S
 
