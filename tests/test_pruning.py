@@ -347,7 +347,7 @@ def test_heads_remove_mistakes(tiny_checkpoint, tmp_path, capsys, argv, message)
     assert err.startswith("bertscope: error: ") and message in err and "Traceback" not in err
 
 
-def test_run_command_on_a_pruned_checkpoint(tiny_checkpoint, tmp_path):
+def test_run_command_on_a_pruned_checkpoint(tiny_checkpoint, tmp_path, capsys):
     """`bertscope run --model PRUNED` writes heads.csv with NaN for removed heads, and figures."""
     import csv
 
@@ -361,6 +361,9 @@ def test_run_command_on_a_pruned_checkpoint(tiny_checkpoint, tmp_path):
     out = tmp_path / "run"
     assert main(["run", "--model", str(pruned), "--corpus", str(corpus), "--limit", "all", "--argmax",
                  "--out", str(out), "--quiet"]) == 0
+    said = capsys.readouterr()
+    by_layer = next(line for line in (said.out + said.err).splitlines() if "[SEP] mass by layer" in line).split()
+    assert by_layer[-1] == "nan" and by_layer[-2] != "nan"  # layer 1: the mean of its kept heads
     rows = list(csv.DictReader(open(out / "heads.csv")))
     by_head = {(int(r["layer"]), int(r["head"])): r for r in rows}
     assert len(rows) == TINY_LAYERS * TINY_HEADS
