@@ -194,29 +194,28 @@ def attention_block(model, layer):
     return getattr(model, "base_model", model).encoder.layer[layer].attention
 
 
-def model_name(path) -> str:
-    from bertscope.models import model_name as name
+def header(args, loaded, elapsed) -> str:
+    """When, what, where and how: the line under the command."""
+    from bertscope.models import model_name
 
-    return name(path)
+    device = f"cpu ({cpu_name()})" if args.device == "cpu" else f"{args.device} ({torch.cuda.get_device_name()})"
+    heads = f"heads from {args.prune_order}" if args.prune_order else f"heads: an equal share per layer, seed {args.seed}"
+    return (f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {elapsed / 60:.1f} min in all; model "
+            f"{model_name(loaded.path)} ({loaded.n_layers} layers x {loaded.n_heads} heads, hidden "
+            f"{loaded.model.config.hidden_size}); device {device}; torch {torch.__version__}, "
+            f"{torch.get_num_threads()} intra-op thread(s); {heads}; {args.repeats} rounds ({args.big_repeats} where "
+            f"batch x length >= {args.big} tokens), median per forward.")
 
 
 def table(args, loaded, rows, shares, params, elapsed) -> str:
-    cpu = cpu_name()
     lines = [
         "# Real head pruning: inference speed (bench/bench_prune.py)",
         "",
         f"`{' '.join(['python', *sys.argv])}`",
         "",
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {elapsed / 60:.1f} min in all; model {model_name(loaded.path)} "
-        f"({loaded.n_layers} layers x "
-        f"{loaded.n_heads} heads, hidden {loaded.model.config.hidden_size}); device {args.device}"
-        f"{' (' + cpu + ')' if args.device == 'cpu' else ' (' + torch.cuda.get_device_name() + ')'}; "
-        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s); "
-        f"{'heads from ' + args.prune_order if args.prune_order else f'heads: an equal share per layer, seed {args.seed}'}; "
-        f"{args.repeats} rounds ({args.big_repeats} where batch x length >= {args.big} tokens), median per forward.",
+        header(args, loaded, elapsed),
         "",
-        "Parameters: " + ", ".join(f"{name} {n / 1e6:.2f} M" for name, n in params.items()) + " (the embeddings "
-        "are most of MiniLM's parameters).",
+        "Parameters (embeddings included): " + ", ".join(f"{name} {n / 1e6:.2f} M" for name, n in params.items()) + ".",
         "",
         "| batch | L | model | ms / forward | speed-up (wall) | speed-up (CPU time) | expected 1 / (1 - f s) |",
         "|---:|---:|---|---:|---:|---:|---:|",

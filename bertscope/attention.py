@@ -7,8 +7,8 @@ its dropout in training mode); inside `HeadProbe.active(...)` it computes the la
 On both paths the model's head gates (`bertscope.gates`, attached by `load_model`) scale
 each head's output. A really pruned layer (`bertscope.pruning`) computes fewer heads: its
 gates are those of the heads it kept, and its statistics go to the sink in the layer's
-original head slots, a removed head's as NaN (-1 for argmax). Nothing in transformers is edited or patched: we register two
-functions by name.
+original head slots, a removed head's as NaN (-1 for argmax). Nothing in transformers is
+edited or patched: we register two functions by name.
 
 Gradients. The statistics backends' fast paths cannot be differentiated (out= writes, the
 compiled C row pass, a Triton kernel without backward). When autograd needs the output

@@ -30,7 +30,8 @@ def add_parser(what):  # --heads keeps dest "remove_heads": "heads" is the subco
                    help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
     p.add_argument("--out", metavar="DIR", required=True, help="where to save the pruned model (a new or empty folder)")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--heads", dest="remove_heads", metavar="L-H,...", help="heads to remove, layer-head with both from 1, e.g. 1-3,2-5")
+    which.add_argument("--heads", dest="remove_heads", metavar="L-H,...",
+                       help="heads to remove, layer-head with both from 1, e.g. 1-3,2-5")
     which.add_argument("--from-prune", metavar="RUN_DIR",
                        help="a `bertscope heads prune` run: remove the heads of its prune_order.csv with "
                        "fraction_pruned <= --fraction")

@@ -137,7 +137,8 @@ def load_model(path: str | Path | None = None, device: str = "cpu", task: str | 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(HEAD_SEED)
             if pruning.is_pruned(config):  # heads removed (bertscope.pruning): smaller projections
-                model, info = pruning.load_pruned(auto_class, config, path, attention.ATTN_IMPLEMENTATION, **head_kwargs)
+                model, info = pruning.load_pruned(auto_class, config, path, attention.ATTN_IMPLEMENTATION,
+                                                  **head_kwargs)
             else:
                 model, info = auto_class.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,
                                                          local_files_only=True, output_loading_info=True,

@@ -74,7 +74,8 @@ def attention_parts(model, layer: int) -> AttentionParts:
     kind = model.config.model_type
     if kind == "distilbert":
         att = base.transformer.layer[layer].attention
-        return AttentionParts(att, (att, "q_lin"), (att, "k_lin"), (att, "v_lin"), (att, "out_lin"), ("n_heads",), "dim")
+        return AttentionParts(att, (att, "q_lin"), (att, "k_lin"), (att, "v_lin"), (att, "out_lin"),
+                              ("n_heads",), "dim")
     if kind == "albert":
         att = base.encoder.albert_layer_groups[albert_group(model.config, layer)].albert_layers[0].attention
         return AttentionParts(att, (att, "query"), (att, "key"), (att, "value"), (att, "dense"),
