@@ -389,3 +389,33 @@ def test_the_embedded_minilm_pruned_equals_zero_gated(minilm_path, tmp_path):
     # float32 rounding of differently shaped matmuls, through 6 layers: 3e-5 on values ~1.5 seen
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
     assert (tmp_path / "model.safetensors").stat().st_size < (minilm_path / "model.safetensors").stat().st_size
+
+
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+def test_gated_variants_on_a_pruned_classifier(minilm_tokenizer, kind):
+    """`bertscope.variants` (several gated variants per forward, shared prefixes) on a pruned
+    model: the same predictions as one by one; zero-gating a removed head changes nothing,
+    zero-gating a kept one does what it does on the unpruned model with the removed heads gated."""
+    from test_disable import classifier, toy_task
+
+    from bertscope.variants import baseline, evaluate_variants, gated, single_heads
+
+    heads = {0: [1, 2], 1: [1, 2]}  # alike in both layers: ALBERT shares one module
+    L, H = TINY_LAYERS, TINY_HEADS
+    task = toy_task(minilm_tokenizer)
+    variants = [baseline(L, H)] + single_heads(L, H, Gate.ZERO)
+    pruned = wrap_model(classifier(minilm_tokenizer, kind=kind), minilm_tokenizer)
+    pruning.prune_heads(pruned.model, heads)
+    one = evaluate_variants(pruned, task, variants, batch_size=5, max_rows=0, progress=False)
+    many = evaluate_variants(pruned, task, variants, batch_size=5, max_rows=40, progress=False)
+    np.testing.assert_array_equal(many.predictions, one.predictions)
+    full = wrap_model(classifier(minilm_tokenizer, kind=kind), minilm_tokenizer)
+    removed = [(layer, h) for layer, hs in heads.items() for h in hs]
+    masked = [gated(v.name, L, H, removed + [(v.layer - 1, v.head - 1)] if v.layer else removed, Gate.ZERO)
+              for v in variants]
+    want = evaluate_variants(full, task, masked, batch_size=5, max_rows=0, progress=False)
+    np.testing.assert_array_equal(one.predictions, want.predictions)
+    assert (one.predictions != one.predictions[0]).any()  # some kept head matters: the check has teeth
+    for i, v in enumerate(variants[1:], start=1):
+        if (v.layer - 1, v.head - 1) in removed:
+            np.testing.assert_array_equal(one.predictions[i], one.predictions[0])
