@@ -120,6 +120,7 @@ def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str]
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+        warnings.filterwarnings("ignore", "All-NaN slice encountered", RuntimeWarning)
         return _surface_findings(rows, uniform)
 
 
