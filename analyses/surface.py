@@ -22,6 +22,8 @@ over every map costs several times a plain max, a few percent of the whole pass)
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from bertscope.accumulate import HeadStats
@@ -86,5 +88,8 @@ def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
         heads = ", ".join(f"{table['layer'].ravel()[i]}-{table['head'].ravel()[i]} ({flat[i]:.2f})" for i in top)
         lines.append(f"  {what:<26} {heads}")
     for col, what in (("sep", "[SEP] mass"), ("rest_sep", "other -> [SEP]"), ("sep_sep", "[SEP] -> [SEP]")):
-        lines.append(f"  {what + ' by layer':<26} " + " ".join(f"{x:.2f}" for x in table[col].mean(1)))
+        with warnings.catch_warnings():  # a pruned model's removed heads are NaN; a layer of them, NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            by_layer = np.nanmean(table[col], axis=1)
+        lines.append(f"  {what + ' by layer':<26} " + " ".join(f"{x:.2f}" for x in by_layer))
     return "\n".join(lines)

@@ -5,8 +5,10 @@ through `bertscope_attention`. Outside an analysis it is plain attention (torch 
 its dropout in training mode); inside `HeadProbe.active(...)` it computes the layer's output
 *and* its row statistics with the chosen kernel backend and hands the statistics to a sink.
 On both paths the model's head gates (`bertscope.gates`, attached by `load_model`) scale
-each head's output. Nothing in transformers is edited or patched: we register two
-functions by name.
+each head's output. A really pruned layer (`bertscope.pruning`) computes fewer heads: its
+gates are those of the heads it kept, and its statistics go to the sink in the layer's
+original head slots, a removed head's as NaN (-1 for argmax). Nothing in transformers is
+edited or patched: we register two functions by name.
 
 Gradients. The statistics backends' fast paths cannot be differentiated (out= writes, the
 compiled C row pass, a Triton kernel without backward). When autograd needs the output
@@ -37,6 +39,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from bertscope.gates import layer_gates
+from bertscope.pruning import head_slots, spread_grad_sums, spread_heads
 from bertscope.kernels import (GradSums, RowStats, StatsSpec, WordPooling, apply_gates, attention_grad,
                                attention_grad_eager, attention_stats, gated_sdpa, needs_grad, output_path,
                                resolve_backend)
@@ -129,8 +132,9 @@ class GradProbe:
             raise RuntimeError(f"expected {self.n_layers} attention calls in a forward pass, saw {fwd.layer}")
 
 
-def _grad_attention(fwd: _GradForward, query, key, value, key_valid, gates, scaling, dropout):
-    """The plain path's output through `kernels.attention_grad` (or its oracle), gated after."""
+def _grad_attention(fwd: _GradForward, query, key, value, key_valid, gates, scaling, dropout, module=None):
+    """The plain path's output through `kernels.attention_grad` (or its oracle), gated after.
+    A pruned layer's sums go to the sink in the original head slots (removed heads NaN)."""
     probe = fwd.probe
     if dropout > 0:
         raise RuntimeError(f"attention gradients need the model in eval mode: it is training, with attention "
@@ -144,9 +148,12 @@ def _grad_attention(fwd: _GradForward, query, key, value, key_valid, gates, scal
     if layer >= probe.n_layers:
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
     fwd.layer += 1
-    sink = fwd.sink
+    sink, slots = fwd.sink, head_slots(module)
+
+    def layer_sink(sums):
+        sink(layer, sums if slots is None else spread_grad_sums(sums, slots, module.bertscope_n_heads))
     out = GRAD_BACKENDS[probe.backend](query, key, value, key_valid, fwd.key_class, probe.n_classes,
-                                       lambda sums: sink(layer, sums), scaling)  # (B, H, L, D)
+                                       layer_sink, scaling)  # (B, H, L, D)
     return apply_gates(out, value, key_valid, gates).transpose(1, 2).contiguous()
 
 
@@ -167,12 +174,13 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
     key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
-    gates = layer_gates(query)  # this call's LayerGates from the model's HeadGates, or None
+    slots = head_slots(module)  # a pruned layer's original head of each head it computes, else None
+    gates = layer_gates(query, slots)  # this call's LayerGates from the model's HeadGates, or None
     fwd = _ACTIVE.get()
     if fwd is None:
         grads = _GRADS.get()
         if grads is not None:  # -- plain attention, its backward measuring |dL/dP| (GradProbe)
-            return _grad_attention(grads, query, key, value, key_valid, gates, scaling, dropout), None
+            return _grad_attention(grads, query, key, value, key_valid, gates, scaling, dropout, module), None
         # -- plain attention, for a model used outside an analysis
         return gated_sdpa(query, key, value, key_valid, gates, scaling, dropout), None
     if query.shape[-2] != key.shape[-2]:
@@ -189,6 +197,8 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
         query, key, value, key_valid, fwd.key_class, probe.spec,
         gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling,
     )
+    if slots is not None:  # statistics back in the original head slots, pruned heads missing (NaN)
+        stats = spread_heads(stats, slots, probe.n_heads)
     fwd.sink(layer, stats, key_valid)
     return out, None
 

@@ -26,6 +26,7 @@ The maps are never kept: `kernels.attention_grad` sums g_ij per class inside bac
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -341,10 +342,12 @@ class GradStats:
     # -- means
 
     def layer_means(self) -> tuple[np.ndarray, np.ndarray]:
-        """(layers, C) mean |grad| per pair over every head, and mean attention mass per row.
-        NaN where a class has no pair."""
+        """(layers, C) mean |grad| per pair over every head (of a pruned model: every kept
+        head), and mean attention mass per row. NaN where a class has no pair."""
         grad, mass = self.head_means()
-        return grad.mean(1), mass.mean(1)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a layer with every head removed: NaN
+            return np.nanmean(grad, 1), np.nanmean(mass, 1)
 
     def head_means(self) -> tuple[np.ndarray, np.ndarray]:
         """(layers, H, C) the same per head."""

@@ -84,7 +84,8 @@ class BatchContext:
         name -> (B, H, G, F) float64, F the statistic's width. Computed once per layer.
 
         entropy (F=1), offset_mass (O), class_mass (C); with spec.argmax, argmax_offset
-        (O+1: one column per offset, then "elsewhere") and argmax_class (C) count rows.
+        (O+1: one column per offset, then "elsewhere") and argmax_class (C) count rows. A pruned
+        head's (argmax -1, every other statistic NaN: `bertscope.pruning.spread_heads`) sums are NaN.
         """
         if layer not in self._sums:
             self._sums[layer] = _segment_sums(self.layers[layer], self.row_groups, self.key_class, self.spec)
@@ -100,12 +101,15 @@ def _segment_sums(stats: RowStats, groups: torch.Tensor, key_class: torch.Tensor
     if stats.class_mass is not None:
         parts.append(("class_mass", stats.class_mass))
     if stats.argmax is not None:
-        am = stats.argmax  # (B, H, L)
+        missing = (stats.argmax < 0)[..., None]  # (B, H, L, 1) a pruned head's rows (bertscope.pruning)
+        am = stats.argmax.clamp_min(0)  # (B, H, L)
         rel = am - torch.arange(am.shape[-1], device=am.device)  # (B, H, L) offset of the argmax key
         at = rel[..., None] == torch.tensor(spec.offsets, device=am.device)  # (B, H, L, O)
-        parts.append(("argmax_offset", torch.cat([at, ~at.any(-1, keepdim=True)], dim=-1)))  # (B, H, L, O+1)
+        at = torch.cat([at, ~at.any(-1, keepdim=True)], dim=-1).double()  # (B, H, L, O+1)
+        parts.append(("argmax_offset", at.masked_fill(missing, float("nan"))))
         cls = key_class[:, None, :].expand_as(am).gather(-1, am)  # (B, H, L) class of the argmax key
-        parts.append(("argmax_class", torch.nn.functional.one_hot(cls, spec.n_key_classes)))  # (B, H, L, C)
+        one_hot = torch.nn.functional.one_hot(cls, spec.n_key_classes).double()  # (B, H, L, C)
+        parts.append(("argmax_class", one_hot.masked_fill(missing, float("nan"))))
     if not parts:
         return {}
     x = torch.cat([t.double() for _, t in parts], dim=-1)  # (B, H, L, F)

@@ -142,28 +142,41 @@ class _GateForward:
     layer: int = 0
     moved: dict = field(default_factory=dict)
 
-    def next_layer(self, query) -> LayerGates | None:
+    def next_layer(self, query, slots=None) -> LayerGates | None:
         layer = self.layer
         if layer >= self.gates.n_layers:
             raise RuntimeError(f"expected {self.gates.n_layers} attention calls in a forward pass, saw more")
         self.layer += 1
         B, H = query.shape[0], query.shape[1]
-        if H != self.gates.n_heads:
+        if slots is None and H != self.gates.n_heads:
             raise ValueError(f"the gates have {self.gates.n_heads} heads per layer, the model {H}")
+        if slots is not None and (len(slots) != H or max(slots) >= self.gates.n_heads):
+            raise ValueError(f"the gates have {self.gates.n_heads} heads per layer, the pruned layer {layer} "
+                             f"computes {H} of them: heads {list(slots)}")
         for name in ("xi", "uniform"):
             t = getattr(self.gates, name)
             if t.dim() == 3 and t.shape[0] != B and not (self.gates.prefix_rows and t.shape[0] > B):
                 raise ValueError(f"gates.{name} holds {t.shape[0]} sequences, the batch {B}")
         if self.xi is None and self.uniform is None:
             return None
-        xi = None if self.xi is None else self._layer(query.device, "xi", self.xi, layer, B)
-        uniform = None if self.uniform is None else self._layer(query.device, "uniform", self.uniform, layer, B)
+        xi = None if self.xi is None else self._layer(query.device, "xi", self.xi, layer, B, slots)
+        uniform = None if self.uniform is None else self._layer(query.device, "uniform", self.uniform, layer, B, slots)
         return LayerGates(xi=xi, uniform=uniform)
 
-    def _layer(self, device, name, t, layer, B):
-        """(H,) or (B, H): one layer's gates, per sequence the batch's first B rows."""
+    def _layer(self, device, name, t, layer, B, slots=None):
+        """(H,) or (B, H): one layer's gates, per sequence the batch's first B rows. A pruned
+        layer (`bertscope.pruning`) gets the gates of the heads it kept, in its order; an empty
+        layer's placeholder head (slot -1, output identically 0) any gate: slot 0's."""
         t = self._on(device, name, t)[..., layer, :]  # (H,) or (rows, H)
+        if slots is not None:
+            t = t[..., self._slots(device, slots)]  # (H_kept,) or (rows, H_kept)
         return t if t.dim() == 1 else t[:B]
+
+    def _slots(self, device, slots):
+        key = ("slots", slots)
+        if key not in self.moved:
+            self.moved[key] = torch.tensor(slots, device=device).clamp_min(0)
+        return self.moved[key]
 
     def _on(self, device, name, t):
         if name not in self.moved:
@@ -179,11 +192,12 @@ def _checkpointing(module) -> bool:
     return bool(getattr(module, name, False))
 
 
-def layer_gates(query) -> LayerGates | None:
+def layer_gates(query, slots=None) -> LayerGates | None:
     """The gates of this attention call (advancing to the next layer), or None when the model
-    has no gates attached or every head is as trained."""
+    has no gates attached or every head is as trained. `slots`: the original head of each of
+    a pruned layer's heads (`bertscope.pruning.head_slots`), None for an unpruned layer."""
     state = _CURRENT.get()
-    return None if state is None else state.next_layer(query)
+    return None if state is None else state.next_layer(query, slots)
 
 
 def attach_gates(model: torch.nn.Module, n_layers: int, n_heads: int) -> HeadGates:

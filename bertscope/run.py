@@ -115,7 +115,9 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     if run_dir is None:  # the input is good: only now is anything written
         run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
     log(f"bertscope {bertscope.__version__}: run directory {run_dir}")
-    log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads); "
+    removed = sum(map(len, loaded.pruned_heads.values()))
+    log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads"
+        + (f", {removed} of them removed: NaN in the statistics" if removed else "") + "); "
         f"segments from {settings.corpus}" + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
         + (f", at most {settings.limit}" if settings.limit else ", all of them"))
 
@@ -124,8 +126,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         "command": " ".join(sys.argv),
         "status": "running",
         "settings": asdict(settings),
-        "model": {"path": str(loaded.path), "type": loaded.model_type, "layers": loaded.n_layers,
-                  "heads": loaded.n_heads},
+        "model": loaded.record(),
         "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
         "segments": seg_report.as_dict(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,

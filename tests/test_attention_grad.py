@@ -209,3 +209,31 @@ def test_probe_refuses_what_it_cannot_measure(minilm_tokenizer):
         loaded.model(**inputs)
     with pytest.raises(ValueError, match="unknown gradient backend"):
         GradProbe(2, 4, "triton")
+
+
+def test_pruned_model_sums_sit_in_the_original_slots(minilm_tokenizer):
+    """A really pruned model's per-head sums are the zero-gated model's for the kept heads and
+    NaN for the removed ones (a fully removed layer too); pair and row counts unchanged."""
+    from bertscope.models import wrap_model
+    from bertscope.pruning import prune_heads
+
+    inputs = padded_inputs(minilm_tokenizer)
+    labels = torch.tensor([0, 1, 1])
+    removed = {0: [1, 3], 1: list(range(TINY_HEADS))}
+    gated = wrap_model(tiny_task_model(minilm_tokenizer).double(), minilm_tokenizer)
+    gated.gates.xi = torch.ones(TINY_LAYERS, TINY_HEADS, dtype=torch.float64)
+    for layer, heads in removed.items():
+        gated.gates.xi[layer, heads] = 0.0
+    want = probed_backward(gated, inputs, "fused", labels)
+    model = tiny_task_model(minilm_tokenizer).double()
+    prune_heads(model, removed)
+    got = probed_backward(wrap_model(model, minilm_tokenizer), inputs, "fused", labels)
+    for layer in range(TINY_LAYERS):
+        gone = removed.get(layer, [])
+        kept = [h for h in range(TINY_HEADS) if h not in gone]
+        assert got[layer].grad.shape == (TINY_HEADS, 4)
+        assert torch.isnan(got[layer].grad[gone]).all() and torch.isnan(got[layer].mass[gone]).all()
+        torch.testing.assert_close(got[layer].grad[kept], want[layer].grad[kept], rtol=1e-9, atol=1e-15)
+        torch.testing.assert_close(got[layer].mass[kept], want[layer].mass[kept], rtol=1e-9, atol=1e-15)
+        assert torch.equal(got[layer].pairs, want[layer].pairs) and got[layer].rows == want[layer].rows
+    assert float(got[0].grad[[0, 2]].min()) > 0  # the kept heads below a fully removed layer still have gradients

@@ -170,9 +170,7 @@ class ProbeRun(AnalysisRun):
         self.loaded = load_model(args.model, device=args.device, task=task)  # task: models.TASKS
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
-        super().__init__(name, args, log, model={
-            "path": str(self.loaded.path), "type": self.loaded.model_type,
-            "layers": self.loaded.n_layers, "heads": self.loaded.n_heads})
+        super().__init__(name, args, log, model=self.loaded.record())
         torch.manual_seed(args.seed)
         self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
                  f"{self.loaded.n_heads} heads), run directory {self.dir}")
