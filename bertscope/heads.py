@@ -25,6 +25,7 @@ from bertscope.kernels import Gate
 # `bertscope heads <name>` -> the module that adds its parser and runs it
 SUBCOMMANDS: dict[str, str] = {
     "importance": "bertscope.heads_importance",
+    "prune": "bertscope.heads_prune",
 }  # one line each, e.g. "ablate": "bertscope.ablate",
 
 HELP = "what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6)"
