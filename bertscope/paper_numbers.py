@@ -209,6 +209,19 @@ NIVEN_KAO_NUMBERS = {
 }
 
 
+# Michel, Levy, Neubig (2019), "Are Sixteen Heads Really Better than One?" (michel2019-niven2019-definitions.txt,
+# slides-clark-kovaleva-michel-niven.txt): head importance and iterative pruning, bert-base fine-tuned on MultiNLI
+MICHEL = "Michel et al. (2019)"
+MICHEL_PRUNING = Source(MICHEL, "section 4 (iterative pruning)", BERT_BASE, "MultiNLI, fine-tuned")
+MICHEL_IMPORTANCE = Source(MICHEL, "section 4 (head importance score)", BERT_BASE, "MultiNLI, fine-tuned")
+MICHEL_PRUNING_PRUNABLE = Number(40, MICHEL_PRUNING)  # percent of heads prunable by importance with little loss
+MICHEL_PRUNING_TEXT = ("about 40% of bert-base's heads can be pruned by importance on MultiNLI with little loss of "
+                       "accuracy (20% of the WMT Transformer's); accuracy then falls off")
+MICHEL_IMPORTANCE_TEXT = ("important heads tend to be the same across data sets: heads with the largest effect on one "
+                          "domain tend to have it on the other (their test: ablation effects, MNLI matched vs "
+                          "mismatched, WMT vs MTNT)")
+
+
 def all_sources() -> list[Source]:
     return [SURFACE, TABLE1, TABLE2, TABLE3, CUES, NIVEN_KAO_ARCT, PATTERNS_SOURCE, FEATURES, KOVALEVA_42,
-            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE]
+            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE, MICHEL_IMPORTANCE, MICHEL_PRUNING]
