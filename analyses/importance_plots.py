@@ -77,5 +77,5 @@ def plot_prune(rows: list[dict], title: str, tolerance: float):
     ax.set_ylabel("accuracy (%)")
     ax.set_xlim(-0.02, 1.0)
     ax.legend(fontsize=7, loc="lower left")
-    ax.set_title(f"Iterative pruning (Michel et al. Fig. 3 style)\n{title}", fontsize=9)
+    ax.set_title(f"Iterative pruning (Michel et al. 2019, section 4)\n{title}", fontsize=9)
     return fig

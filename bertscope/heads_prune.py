@@ -1,4 +1,4 @@
-"""`bertscope heads prune`: Michel et al. (2019)'s iterative pruning, section 4 / Figure 3.
+"""`bertscope heads prune`: Michel et al. (2019)'s iterative pruning, section 4 (iterative pruning).
 
 Repeatedly: compute the head importance I_h (`bertscope.importance`) on held-out data
 (--importance-split, default dev) with the heads pruned so far gated to 0; prune the live heads
@@ -31,7 +31,7 @@ from bertscope.errors import UserError
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
 ORDER_COLUMNS = ("step", "fraction_pruned", "layer", "head")
-HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, Figure 3)"
+HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, section 4)"
 DESCRIPTION = (
     "Michel et al. (2019): repeatedly compute the head importance E|dL/dxi_h| on held-out data (default dev) "
     "with the heads pruned so far masked, prune the lowest-scoring 10%% of the original heads, and evaluate on "
