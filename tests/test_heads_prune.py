@@ -111,6 +111,8 @@ def test_importance_command_and_compare(rte_checkpoint, tmp_path):
     assert float(pairs[0]["spearman"]) == pytest.approx(want)
     assert float(pairs[1]["spearman"]) == pytest.approx(1.0) and float(pairs[1]["top_overlap"]) == 1.0  # itself
     assert (cmp / "fig_importance_correlation.png").is_file()
+    page = (cmp / "index.html").read_text()
+    assert "Rank correlation of head importance between runs" in page and "rte (batch)" in page
 
 
 def test_prune_command_matches_the_gated_model_by_hand(rte_checkpoint, tmp_path):
@@ -150,6 +152,8 @@ def test_prune_command_matches_the_gated_model_by_hand(rte_checkpoint, tmp_path)
     results = json.loads((out / "run.json").read_text())["probes"]["prune"]["results"]
     assert results["heads_pruned"] == [2, 4, 6] and results["importance_split"] == "dev" and results["split"] == "test"
     assert (out / "fig_prune.png").is_file()
+    page = (out / "index.html").read_text()
+    assert "Accuracy (%) on test with the heads pruned" in page and "fig_prune.png" in page
 
 
 def test_user_errors_are_one_line(rte_checkpoint, tiny_checkpoint, tmp_path, capsys):
