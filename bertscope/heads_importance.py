@@ -115,7 +115,8 @@ def run_importance(args):
         run.save_figure(plot_importance(imp.scores, imp.ranks(), title, imp.normalised), "fig_importance.png")
     top = sorted(rows, key=lambda r: r["rank"])[:5]
     per_layer = np.nanmean(imp.raw, axis=1)
-    results = {"task": args.task, "split": args.split, "arct_version": args.arct_version if args.task == "arct" else None,
+    results = {"task": args.task, "split": args.split,
+               "arct_version": args.arct_version if args.task == "arct" else None,
                "examples": task.n_examples, "truncated_rows": task.truncated, "convention": imp.convention,
                "normalised": imp.normalised, "loss": imp.loss,
                "top_heads": [f"{r['layer']}-{r['head']}" for r in top],

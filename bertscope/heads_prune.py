@@ -24,6 +24,7 @@ each step, layer and head from 1), fig_prune.png, run.json['probes']['prune'].
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import numpy as np
 
@@ -100,8 +101,7 @@ def importance_order(loaded, task, counts: list[int], batch_size=32, convention=
 def random_order(n_layers: int, n_heads: int, counts: list[int], seed: int) -> list[list[tuple[int, int]]]:
     """The heads a seeded random order removes at each step (one permutation of all heads)."""
     perm = np.random.default_rng(seed).permutation(n_layers * n_heads)
-    bounds = [0] + counts
-    return [[(int(i // n_heads), int(i % n_heads)) for i in perm[a:b]] for a, b in zip(bounds, bounds[1:])]
+    return [[(int(i // n_heads), int(i % n_heads)) for i in perm[a:b]] for a, b in itertools.pairwise([0] + counts)]
 
 
 def prunable_fraction(fractions, accuracy, base: float, tolerance: float) -> float:
@@ -222,7 +222,7 @@ def summarise(rows, base, args, dev_task, test_task, steps, counts, n_heads, res
     lines = [f"baseline accuracy {pts(base)}% on {test_task.n_examples} {args.split} examples",
                 "by importance: " + ", ".join(f"{f:.0%}: {pts(a)}" for f, a in zip(fr, imp_acc))]
     if seeds:
-        lines.append("random (mean of %d): " % len(seeds)
+        lines.append(f"random (mean of {len(seeds)}): "
                         + ", ".join(f"{f:.0%}: {pts(a)}" for f, a in zip(fr, random_acc.mean(0))))
     lines.append(f"prunable within {100 * args.tolerance:g} point: {within:.0%} by importance"
                     + (f", {np.mean(random_within):.0%} on average at random" if seeds else ""))

@@ -88,7 +88,8 @@ def test_importance_command_and_compare(rte_checkpoint, tmp_path):
     assert main(base + ["--out", str(two), "--convention", "batch", "--no-normalise"]) == 0
     rows = read(one / "importance.csv")
     assert list(rows[0]) == ["layer", "head", "importance", "importance_raw", "rank"]
-    assert [(int(r["layer"]), int(r["head"])) for r in rows] == [(i, j) for i in range(1, L_ + 1) for j in range(1, H_ + 1)]
+    grid = [(i, j) for i in range(1, L_ + 1) for j in range(1, H_ + 1)]
+    assert [(int(r["layer"]), int(r["head"])) for r in rows] == grid
     assert sorted(int(r["rank"]) for r in rows) == list(range(1, L_ * H_ + 1))
     imp = np.array([float(r["importance"]) for r in rows]).reshape(L_, H_)
     raw = np.array([float(r["importance_raw"]) for r in rows]).reshape(L_, H_)
@@ -178,3 +179,30 @@ def test_user_errors_are_one_line(rte_checkpoint, tiny_checkpoint, tmp_path, cap
     with pytest.raises(SystemExit) as exit_info:
         main(["heads", "prune", "--task", "rte", "--step", "1.5"])
     assert exit_info.value.code == 2 and "between 0 and 1" in capsys.readouterr().err
+
+
+def test_importance_command_on_arct_scores_warrant_pairs(tmp_path, minilm_tokenizer):
+    """ARCT through the command: a one-logit head, two rows per example, the loss of each pair."""
+    from bertscope.cli import main
+    from bertscope.datasets.tasks import read_task
+    from bertscope.models import load_model
+    from bertscope.probes.common import seeded_sample
+    from bertscope.task_inputs import encode_task
+
+    require_data("arct")
+    ckpt = tmp_path / "arct"
+    classifier(minilm_tokenizer, num_labels=1).save_pretrained(ckpt)
+    minilm_tokenizer.save_pretrained(ckpt)
+    out = tmp_path / "run"
+    assert main(["heads", "importance", "--model", str(ckpt), "--task", "arct", "--limit", "6", "--no-normalise",
+                 "--out", str(out), "--quiet", "--no-figures"]) == 0
+    rows = read(out / "importance.csv")
+    results = json.loads((out / "run.json").read_text())["probes"]["importance"]["results"]
+    assert results["examples"] == 6 and results["arct_version"] == "original"
+    # the same numbers from the library on the same six arguments
+    loaded = load_model(ckpt, task="sequence-classification")
+    task = encode_task("arct", seeded_sample(read_task("arct", "dev"), 6, 0), loaded.tokenizer, 128)
+    want = head_importance(loaded, task, normalise=False, progress=False)
+    got = np.array([float(r["importance_raw"]) for r in rows]).reshape(L_, H_)
+    np.testing.assert_allclose(got, want.raw, rtol=1e-5)
+    assert results["loss"] == pytest.approx(want.loss, rel=1e-6)

@@ -111,7 +111,8 @@ def test_arct_rows_share_their_example_gate(minilm_tokenizer):
     loaded.gates.reset()
     for row, e in enumerate([0, 3, 4]):
         torch.testing.assert_close(grads[row].double(), hand_gradient(loaded, task, e), rtol=1e-9, atol=1e-12)
-        assert losses[row].item() == pytest.approx(example_loss(loaded, task, e, torch.ones(L_, H_, dtype=torch.float64)))
+        ones = torch.ones(L_, H_, dtype=torch.float64)
+        assert losses[row].item() == pytest.approx(example_loss(loaded, task, e, ones))
 
 
 def test_a_head_with_a_zero_output_projection_has_importance_zero(minilm_tokenizer):
