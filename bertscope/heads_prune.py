@@ -1,4 +1,4 @@
-"""`bertscope heads prune`: Michel et al. (2019)'s iterative pruning, section 4 (iterative pruning).
+"""`bertscope heads prune`: Michel et al. (2019)'s iterative pruning (section 4).
 
 Repeatedly: compute the head importance I_h (`bertscope.importance`) on held-out data
 (--importance-split, default dev) with the heads pruned so far gated to 0; prune the live heads
@@ -10,8 +10,8 @@ reaches 65 = 90.3%). A head once pruned is never picked again: its importance is
 The baseline beside it: the same counts pruned in a random order (one seeded permutation of
 all heads per seed, --random-seeds of them: their min-max band and mean). Pruning here is
 masking (ZERO gates, `bertscope.variants`): every step's model is evaluated in one batched pass
-over the split, with no copies of the weights. `bertscope heads` real pruning reads
-prune_order.csv to remove the same heads from the weights.
+over the split, with no copies of the weights. prune_order.csv lists the heads removed at each
+step, for real pruning (removing them from the weights) to read.
 
 The paper's headline (bert-base on MNLI: about 40% of the heads can go with little loss) is
 read here as the largest fraction pruned such that every step up to it stays within 1 point
@@ -35,8 +35,8 @@ ORDER_COLUMNS = ("step", "fraction_pruned", "layer", "head")
 HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, section 4)"
 DESCRIPTION = (
     "Michel et al. (2019): repeatedly compute the head importance E|dL/dxi_h| on held-out data (default dev) "
-    "with the heads pruned so far masked, prune the lowest-scoring 10%% of the original heads, and evaluate on "
-    "the test split; up to 90%% pruned. Beside it, random pruning orders (seeded). Writes prune.csv, "
+    "with the heads pruned so far masked, prune the lowest-scoring 10% of the original heads, and evaluate on "
+    "the test split; up to 90% pruned. Beside it, random pruning orders (seeded). Writes prune.csv, "
     "prune_order.csv, fig_prune.png and run.json['probes']['prune'].")
 
 
