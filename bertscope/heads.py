@@ -26,6 +26,8 @@ from bertscope.kernels import Gate
 SUBCOMMANDS: dict[str, str] = {
     "attention-grad": "bertscope.attention_gradient",
     "remove": "bertscope.heads_remove",
+    "importance": "bertscope.heads_importance",
+    "prune": "bertscope.heads_prune",
 }  # one line each, e.g. "ablate": "bertscope.ablate",
 
 HELP = "what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6)"

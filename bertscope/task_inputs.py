@@ -73,12 +73,17 @@ class EncodedTask:
             inputs["token_type_ids"] = types
         return {k: t.to(device) for k, t in inputs.items()}
 
+    def example_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """(R, C) logits of R = b * per_example rows -> (b, classes) logits of the examples: a choice
+        task's candidate scores side by side, what its softmax (and `task_model.point_loss`) takes."""
+        if self.kind == "classify":
+            return logits
+        score = logits[:, 0] if logits.shape[-1] == 1 else logits[:, 1] - logits[:, 0]  # (R,)
+        return score.view(-1, self.per_example)  # (b, per_example)
+
     def predict(self, logits: torch.Tensor) -> torch.Tensor:
         """(R, C) logits of R = b * per_example rows -> (b,) predicted labels."""
-        if self.kind == "classify":
-            return logits.argmax(-1)
-        score = logits[:, 0] if logits.shape[-1] == 1 else logits[:, 1] - logits[:, 0]  # (R,)
-        return score.view(-1, self.per_example).argmax(-1)
+        return self.example_logits(logits).argmax(-1)
 
 
 def pair_texts(task: str, example) -> list[tuple[str, str | None]]:

@@ -119,6 +119,14 @@ def point_logits(model, batch: dict, pairwise: bool) -> torch.Tensor:
     return logits.view(-1, 2) if pairwise else logits  # ARCT: (2B, 1) -> (B, 2)
 
 
+def point_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The training loss: cross-entropy of the data points' (B, C) logits (the classes, or ARCT's
+    softmax over its warrants), in float32 at least whatever the autocast (float64 stays float64);
+    reduction "none" gives (B,)."""
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    return torch.nn.functional.cross_entropy(logits, labels, reduction=reduction)
+
+
 def autocast(precision: str, device):
     if precision == "fp32":
         return nullcontext()
@@ -211,7 +219,7 @@ def fine_tune(model, train: Encoded, dev: Encoded, cfg: TrainConfig, seed: int, 
             batch = {k: v.to(cfg.device) for k, v in collate(train, idx, pad_id, with_types).items()}
             with autocast(cfg.precision, cfg.device):
                 logits = point_logits(model, batch, train.pairwise)  # (B, C)
-            loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
+            loss = point_loss(logits, batch["labels"])
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             optimizer.step()

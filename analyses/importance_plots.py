@@ -1,0 +1,81 @@
+"""Figures of `bertscope heads importance` and `bertscope heads prune` (Michel et al. 2019):
+the layer x head importance heatmap, the rank correlation between tasks, and the accuracy
+against the fraction of heads pruned, by importance and in random orders."""
+from __future__ import annotations
+
+import numpy as np
+
+from bertscope.analyses.plot_grid import layer_head_ticks
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_importance(scores: np.ndarray, ranks: np.ndarray, title: str, normalised: bool):
+    """Layer x head heatmap of I_h; each cell labelled with the head's rank (1 = most important)."""
+    plt = _plt()
+    n_layers, n_heads = scores.shape
+    fig, ax = plt.subplots(figsize=(0.5 * n_heads + 2.4, 0.45 * n_layers + 1.5))
+    im = ax.imshow(scores, cmap="viridis", aspect="auto", vmin=0)
+    top = np.nanmax(scores) if np.isfinite(scores).any() else 1.0
+    for lay in range(n_layers):
+        for h in range(n_heads):
+            if ranks[lay, h]:
+                ax.text(h, lay, str(ranks[lay, h]), ha="center", va="center", fontsize=6,
+                        color="black" if scores[lay, h] > 0.6 * top else "white")
+    layer_head_ticks(ax, n_layers, n_heads)
+    fig.colorbar(im, ax=ax, label="I_h / layer L2 norm" if normalised else "I_h = E|dL/dxi_h|")
+    ax.set_title(f"Head importance (Michel et al.), cells: rank (1 = most important)\n{title}", fontsize=9)
+    return fig
+
+
+def plot_correlation(rho: np.ndarray, labels: list[str], title: str):
+    """The Spearman rank correlation of head importance between runs, as a labelled matrix."""
+    plt = _plt()
+    n = len(labels)
+    fig, ax = plt.subplots(figsize=(1.1 * n + 2.6, 0.9 * n + 1.6))
+    im = ax.imshow(rho, cmap="RdBu_r", vmin=-1, vmax=1)
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, f"{rho[i, j]:.2f}", ha="center", va="center", fontsize=9,
+                    color="white" if abs(rho[i, j]) > 0.6 else "black")
+    ax.set_xticks(range(n), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(n), labels, fontsize=8)
+    fig.colorbar(im, ax=ax, label="Spearman rho")
+    ax.set_title(f"Are the important heads the same across tasks?\n{title}", fontsize=9)
+    return fig
+
+
+def plot_prune(rows: list[dict], title: str, tolerance: float):
+    """Accuracy against the fraction of heads pruned: the importance order, the random orders'
+    mean with their min-max band, the baseline and the baseline minus `tolerance`."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.2, 4.0))
+    imp = sorted((r for r in rows if r["order"] == "importance"), key=lambda r: r["step"])
+    base = imp[0]["accuracy"]
+    rnd = [r for r in rows if r["order"] == "random"]
+    if rnd:
+        steps = sorted({r["step"] for r in rnd})
+        acc = np.array([[r["accuracy"] for r in rnd if r["step"] == s] for s in steps])  # (steps, seeds)
+        x = [next(r["fraction_pruned"] for r in rnd if r["step"] == s) for s in steps]
+        seeds = acc.shape[1]
+        ax.fill_between(x, 100 * acc.min(1), 100 * acc.max(1), color="tab:gray", alpha=0.25,
+                        label=f"random order, min-max of {seeds} seeds")
+        ax.plot(x, 100 * acc.mean(1), "o--", color="tab:gray", ms=3, label="random order, mean")
+    ax.plot([r["fraction_pruned"] for r in imp], [100 * r["accuracy"] for r in imp], "o-", color="tab:blue",
+            label="by importance (recomputed each step)")
+    ax.axhline(100 * base, color="tab:orange", lw=1, label=f"baseline {100 * base:.1f}%")
+    ax.axhline(100 * (base - tolerance), color="tab:orange", lw=1, ls=":",
+               label=f"baseline - {100 * tolerance:g} point")
+    ax.set_xlabel("fraction of heads pruned")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_xlim(-0.02, 1.0)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(f"Iterative pruning (Michel et al. 2019, section 4)\n{title}", fontsize=9)
+    return fig
