@@ -159,6 +159,8 @@ def task_batches(loaded, args, examples, run):
 
 
 def _task_batches(loaded, task, batches):
+    from bertscope.task_model import point_loss
+
     device = next(loaded.model.parameters()).device
     pad = loaded.tokenizer.pad_token_id or 0
     for batch in batches:
@@ -166,17 +168,7 @@ def _task_batches(loaded, task, batches):
         if not loaded.takes_token_types:
             inputs.pop("token_type_ids", None)
         labels = torch.as_tensor(task.labels[batch], device=device)
-        yield inputs, len(batch), (lambda out, labels=labels: task_loss(task.kind, out.logits, labels))
-
-
-def task_loss(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum over examples of each one's cross-entropy. classify: logits (b, C); choice (ARCT):
-    one score per candidate row, (b * 2, 1) or (b * 2, 2) (score logit[1] - logit[0]), softmax
-    over an example's candidates, as `bertscope finetune` trained it."""
-    if kind == "choice":
-        score = logits[:, 0] if logits.shape[-1] == 1 else logits[:, 1] - logits[:, 0]  # (b * K,)
-        logits = score.view(labels.shape[0], -1)  # (b, K)
-    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        yield inputs, len(batch), (lambda out, labels=labels: point_loss(task.example_logits(out.logits), labels, "sum"))
 
 
 def mlm_batches(loaded, args, corpus, run):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-from bertscope.attention_gradient import GradStats, mask_tokens, task_loss
+from bertscope.attention_gradient import GradStats, mask_tokens
 from bertscope.cli import main
 
 from conftest import TINY_HEADS, TINY_LAYERS, require_data, tiny_config
@@ -117,6 +117,16 @@ def test_masking_follows_bert(minilm_tokenizer):
 
 
 def test_task_loss_per_example():
+    """The loss each batch sums: every example's own cross-entropy, ARCT's over its two warrants."""
+    from types import SimpleNamespace
+
+    from bertscope.task_inputs import EncodedTask
+    from bertscope.task_model import point_loss
+
+    def task_loss(kind, logits, labels):
+        task = SimpleNamespace(kind=kind, per_example=1 if kind == "classify" else 2)
+        return point_loss(EncodedTask.example_logits(task, logits), labels, "sum")
+
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
     labels = torch.tensor([0, 0])
     want = -torch.log_softmax(logits, -1)[[0, 1], [0, 0]].sum()
