@@ -102,9 +102,9 @@ def rank_correlation(importance: np.ndarray, delta: np.ndarray) -> dict:
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return {"spearman": None, "p": None, "heads": int(len(x))}
+        return {"spearman": None, "p": None, "heads": len(x)}
     rho, p = spearmanr(x, y)
-    return {"spearman": float(rho), "p": float(p), "heads": int(len(x))}
+    return {"spearman": float(rho), "p": float(p), "heads": len(x)}
 
 
 def but_one_table(rows: list[dict], alpha: float) -> list[dict]:

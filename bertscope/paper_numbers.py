@@ -209,6 +209,21 @@ NIVEN_KAO_NUMBERS = {
 }
 
 
+# Michel, Levy, Neubig (2019), Are Sixteen Heads Really Better than One?, ablation of BERT on
+# MultiNLI; ../shared/papers/michel2019-niven2019-definitions.txt (the findings as stated there;
+# the per-head tables are not in the shared notes, so no per-layer numbers are quoted)
+MICHEL = "Michel et al. (2019)"
+MICHEL_ABLATION = Source(MICHEL, "section 3 (ablating one head; all heads but one)", "BERT-base fine-tuned",
+                         "MultiNLI")
+MICHEL_ABLATION_NUMBERS = {
+    "single_head_change": Number(0.5, MICHEL_ABLATION),  # points: "for most heads, accuracy changes by < ~0.5"
+}
+MICHEL_ABLATION_TEXT = {
+    "single": "masking one head changes accuracy by less than about half a point for most heads; a few heads matter",
+    "but_one": "with all heads of a layer but one masked, a single head is enough in most layers at test time",
+}
+
+
 def all_sources() -> list[Source]:
     return [SURFACE, TABLE1, TABLE2, TABLE3, CUES, NIVEN_KAO_ARCT, PATTERNS_SOURCE, FEATURES, KOVALEVA_42,
-            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE]
+            KOVALEVA_45, KOVALEVA_TABLE1, DISABLE, MICHEL_ABLATION]
