@@ -4,14 +4,18 @@
               head, and each whole layer, disabled (attention replaced by the uniform
               distribution over the valid tokens), against the baseline, with a paired
               bootstrap interval and McNemar's exact test per variant.
+    ablate    Michel et al. (2019): the same with the ZERO gate (a masked head's output is
+              zeroed), each single head and every "all heads of a layer but one"
+              (`bertscope.heads_ablate`).
 
 The other subcommands live in modules of their own, registered by one line each in
-`SUBCOMMANDS` (name -> module with `add_parser(what)` and `main(args)`): `ablate` is
-`disable` with the ZERO gate and other variant sets, through the same `run_variants`.
+`SUBCOMMANDS` (name -> module with `add_parser(what)` and `main(args)`). A command that
+evaluates gated variants takes `add_variant_arguments` and calls `run_variants` with its gate,
+its variant set and an `outputs` hook for its figures and results.
 
 Every variant runs on the same weights through the model's head gates, several variants per
-forward pass (`bertscope.variants`). Outputs: `<name>.csv` (one row per variant), a layer x
-head and a per-layer figure, and the command's entry in run.json.
+forward pass (`bertscope.variants`). Outputs: `<name>.csv` (one row per variant), the
+figures of the command's hook, and its entry in run.json.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ SUBCOMMANDS: dict[str, str] = {  # one line each
     "ablate": "bertscope.heads_ablate",
 }
 
-HELP = "what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6)"
+HELP = ("what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6), "
+        "ablate (Michel et al. 2019)")
 COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
            "q", "significant")
 DISABLE_HELP = "task accuracy with each head and each layer disabled (uniform attention), against the baseline"
