@@ -246,7 +246,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_cls, tm
     assert "Ablating heads (Michel et al. 2019)" in (out / "index.html").read_text()
 
 
-def test_ablate_command_single_heads_only_with_an_importance_file(tiny_cls, tmp_path):
+def test_ablate_command_single_heads_then_but_one_only(tiny_cls, tmp_path):
     from conftest import require_data
 
     from bertscope.cli import main
@@ -261,6 +261,15 @@ def test_ablate_command_single_heads_only_with_an_importance_file(tiny_cls, tmp_
     assert len(rows) == 1 + L_ * H_ and not (out / "ablate_but_one.csv").exists()
     results = json.loads((out / "run.json").read_text())["probes"]["ablate"]["results"]
     assert "but_one" not in results and results["importance"]["importance_raw"]["heads"] == L_ * H_
+    # but-one alone: the importance file in the run directory is not used (no single heads to compare)
+    (out / "importance.csv").write_text((tmp_path / "imp.csv").read_text())
+    assert main(["heads", "ablate", "--model", str(tiny_cls), "--task", "rte", "--limit", "12", "--resamples", "20",
+                 "--variants", "but-one", "--out", str(out), "--quiet", "--no-figures"]) == 0
+    rows = read_csv(out / "ablate.csv")
+    assert [r["kind"] for r in rows] == ["baseline"] + ["but-one"] * L_ * H_
+    results = json.loads((out / "run.json").read_text())["probes"]["ablate"]["results"]
+    assert "importance" not in results and "heads_within_half_point" not in results
+    assert len(results["but_one"]["per_layer"]) == L_
 
 
 def test_ablate_command_user_errors(tiny_cls, tmp_path, capsys):
