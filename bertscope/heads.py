@@ -4,14 +4,18 @@
               head, and each whole layer, disabled (attention replaced by the uniform
               distribution over the valid tokens), against the baseline, with a paired
               bootstrap interval and McNemar's exact test per variant.
+    ablate    Michel et al. (2019): the same with the ZERO gate (a masked head's output is
+              zeroed), each single head and every "all heads of a layer but one"
+              (`bertscope.heads_ablate`).
 
 The other subcommands live in modules of their own, registered by one line each in
-`SUBCOMMANDS` (name -> module with `add_parser(what)` and `main(args)`): `ablate` is
-`disable` with the ZERO gate and other variant sets, through the same `run_variants`.
+`SUBCOMMANDS` (name -> module with `add_parser(what)` and `main(args)`). A command that
+evaluates gated variants takes `add_variant_arguments` and calls `run_variants` with its gate,
+its variant set and an `outputs` hook for its figures and results.
 
 Every variant runs on the same weights through the model's head gates, several variants per
-forward pass (`bertscope.variants`). Outputs: `<name>.csv` (one row per variant), a layer x
-head and a per-layer figure, and the command's entry in run.json.
+forward pass (`bertscope.variants`). Outputs: `<name>.csv` (one row per variant), the
+figures of the command's hook, and its entry in run.json.
 """
 from __future__ import annotations
 
@@ -23,14 +27,16 @@ from bertscope.errors import UserError
 from bertscope.kernels import Gate
 
 # `bertscope heads <name>` -> the module that adds its parser and runs it
-SUBCOMMANDS: dict[str, str] = {
-    "attention-grad": "bertscope.attention_gradient",
-    "remove": "bertscope.heads_remove",
+SUBCOMMANDS: dict[str, str] = {  # one line each
+    "ablate": "bertscope.heads_ablate",
     "importance": "bertscope.heads_importance",
     "prune": "bertscope.heads_prune",
-}  # one line each, e.g. "ablate": "bertscope.ablate",
+    "remove": "bertscope.heads_remove",
+    "attention-grad": "bertscope.attention_gradient",
+}
 
-HELP = "what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6)"
+HELP = ("what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6); "
+        "importance, ablate, prune, remove (Michel et al. 2019); attention-grad (Clark et al. 2019, section 3)")
 COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
            "q", "significant")
 DISABLE_HELP = "task accuracy with each head and each layer disabled (uniform attention), against the baseline"
@@ -45,13 +51,20 @@ DISABLE_DESCRIPTION = (
 
 
 def add_parser(sub):
+    p = sub.add_parser("heads", help=HELP, description=HELP)
+    what = p.add_subparsers(dest="heads", metavar="WHAT", required=True)
+    add_variant_arguments(what.add_parser("disable", help=DISABLE_HELP, description=DISABLE_DESCRIPTION))
+    for module in SUBCOMMANDS.values():
+        importlib.import_module(module).add_parser(what)
+    return p
+
+
+def add_variant_arguments(d):
+    """The options of every command that evaluates gated variants through `run_variants`."""
     from bertscope.args import positive_int, limit_arg
     from bertscope.compare import _alpha
     from bertscope.probes.common import add_common_arguments
 
-    p = sub.add_parser("heads", help=HELP, description=HELP)
-    what = p.add_subparsers(dest="heads", metavar="WHAT", required=True)
-    d = what.add_parser("disable", help=DISABLE_HELP, description=DISABLE_DESCRIPTION)
     d.add_argument("--task", required=True, choices=("rte", "polarity", "arct"),
                    help="the task the model was fine-tuned on")
     d.add_argument("--split", choices=("dev", "test"), default="test",
@@ -68,9 +81,6 @@ def add_parser(sub):
                    help="model rows per forward pass: ceil(N / batch rows) variants share one batch; 0 runs the "
                    "variants one by one (default: 512)")
     add_common_arguments(d, from_word=False)
-    for module in SUBCOMMANDS.values():
-        importlib.import_module(module).add_parser(what)
-    return p
 
 
 def main(args) -> int:
@@ -78,8 +88,6 @@ def main(args) -> int:
 
     if args.heads in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[args.heads]).main(args)
-    if args.max_rows < 0:
-        raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")
     try:
         if args.heads == "disable":
             run_variants(args, ProbeRun, "disable", Gate.UNIFORM)
@@ -99,12 +107,22 @@ def load_split(args):
     return seeded_sample(examples, args.limit, args.seed)
 
 
-def run_variants(args, probe_run_cls, name: str, gate: Gate, variants=None):
-    """Evaluate the baseline and `variants` (default: every single head and every whole layer
-    under `gate`) on the task split; write `<name>.csv`, the figures and run.json's entry."""
+def run_variants(args, probe_run_cls, name: str, gate: Gate, variants=None, outputs=None):
+    """Evaluate the baseline and `variants` on the task split; write `<name>.csv`, run.json's
+    entry and, through `outputs`, the figures and anything else the command adds.
+
+    variants: a list of `Variant`, or a function (layers, H) -> list for sets that depend on
+      the model's shape (known once it has loaded); default every single head and every whole
+      layer under `gate` (`heads disable`).
+    outputs: a function (run, rows, results) called after the CSV and the summary, before
+      run.json is written: it saves figures and may add to `results` (default: disable's two
+      figures). run.loaded and run.args give the model and the options.
+    """
     from bertscope import variants as V
     from bertscope.task_inputs import check_head, encode_task
 
+    if args.max_rows < 0:
+        raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")
     examples = load_split(args)  # a missing data set fails before the model loads
     run = probe_run_cls(name, args, task="sequence-classification", command=f"heads {args.heads}")
     loaded = run.loaded
@@ -113,23 +131,36 @@ def run_variants(args, probe_run_cls, name: str, gate: Gate, variants=None):
     L, H = loaded.n_layers, loaded.n_heads
     if variants is None:
         variants = V.single_heads(L, H, gate) + V.whole_layers(L, H, gate)
+    elif callable(variants):
+        variants = variants(L, H)
     variants = [V.baseline(L, H)] + list(variants)
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
             f"tokens), {len(variants)} variants ({gate.name.lower()} gate)")
     res = V.evaluate_variants(loaded, task, variants, args.batch_size, args.max_rows, run.progress, desc=name)
     rows = variant_rows(res, args.resamples, args.seed, args.alpha)
     run.write_csv(f"{name}.csv", rows, COLUMNS)
-    if not args.no_figures:
-        from bertscope.analyses.disable_plots import plot_heads, plot_layers
-
-        title = f"{args.task} {args.split}, {loaded.path.name}"
-        run.save_figure(plot_heads(rows, L, H, title, gate.name.lower()), f"fig_{name}_heads.png")
-        run.save_figure(plot_layers(rows, title, gate.name.lower()), f"fig_{name}_layers.png")
     results = summarise(rows, task, res, gate, args)
     for line in summary_lines(results):
         run.log(line)
+    (outputs or disable_figures)(run, rows, results)
     run.finish(results)
     return rows
+
+
+def figure_title(run) -> str:
+    """`task split, model folder`: the first line of every figure's title."""
+    return f"{run.args.task} {run.args.split}, {run.loaded.path.name}"
+
+
+def disable_figures(run, rows: list[dict], results: dict):
+    """`heads disable`'s outputs: the layer x head and the per-layer figures."""
+    if run.args.no_figures:
+        return
+    from bertscope.analyses.disable_plots import plot_heads, plot_layers
+
+    L, H, gate, title = run.loaded.n_layers, run.loaded.n_heads, results["gate"], figure_title(run)
+    run.save_figure(plot_heads(rows, L, H, title, gate), f"fig_{run.name}_heads.png")
+    run.save_figure(plot_layers(rows, title, gate), f"fig_{run.name}_layers.png")
 
 
 def variant_rows(res, resamples: int, seed: int, alpha: float) -> list[dict]:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 
 from bertscope.analyses import relations as rel
 from bertscope.models import model_name

@@ -42,28 +42,33 @@ from bertscope.task_inputs import EncodedTask
 @dataclass(frozen=True)
 class Variant:
     """A gating of every head. layer / head (from 1, as the papers write `layer-head`) name
-    what the variant changes, for tables; None where it is not one layer / one head."""
+    what the variant changes, for tables; None where it is not one layer / one head. A
+    `but_one` variant gates every head of `layer` except `head`, the one it keeps."""
 
     name: str
     codes: torch.Tensor  # (layers, H) int8 Gate codes
     layer: int | None = None
     head: int | None = None
+    but_one: bool = False
 
     @property
     def kind(self) -> str:
-        return "baseline" if self.layer is None else "layer" if self.head is None else "head"
+        if self.layer is None:
+            return "baseline"
+        return "layer" if self.head is None else "but-one" if self.but_one else "head"
 
 
 def baseline(n_layers: int, n_heads: int) -> Variant:
     return Variant("baseline", torch.full((n_layers, n_heads), int(Gate.KEEP), dtype=torch.int8))
 
 
-def gated(name: str, n_layers: int, n_heads: int, heads, gate: Gate, layer=None, head=None) -> Variant:
+def gated(name: str, n_layers: int, n_heads: int, heads, gate: Gate, layer=None, head=None,
+          but_one: bool = False) -> Variant:
     """The variant with `gate` on every (layer, head) of `heads` (0-based), the rest kept."""
     codes = torch.full((n_layers, n_heads), int(Gate.KEEP), dtype=torch.int8)
     for lay, h in heads:
         codes[lay, h] = int(gate)
-    return Variant(name, codes, layer, head)
+    return Variant(name, codes, layer, head, but_one)
 
 
 def single_heads(n_layers: int, n_heads: int, gate: Gate) -> list[Variant]:
@@ -76,6 +81,14 @@ def whole_layers(n_layers: int, n_heads: int, gate: Gate) -> list[Variant]:
     """One variant per layer, all its heads gated: `layer L`, from 1."""
     return [gated(f"layer {lay + 1}", n_layers, n_heads, [(lay, h) for h in range(n_heads)], gate, lay + 1)
             for lay in range(n_layers)]
+
+
+def all_but_one(n_layers: int, n_heads: int, gate: Gate) -> list[Variant]:
+    """Michel et al.'s "all heads but one": per layer and per head kept, every other head of that
+    layer gated: `layer L only h`, from 1 (layer and head name the layer and the kept head)."""
+    return [gated(f"layer {lay + 1} only {h + 1}", n_layers, n_heads,
+                  [(lay, o) for o in range(n_heads) if o != h], gate, lay + 1, h + 1, but_one=True)
+            for lay in range(n_layers) for h in range(n_heads)]
 
 
 def variant_gates(variants: list[Variant], rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -97,7 +97,7 @@ def test_results_do_not_depend_on_the_batch_size(mlm_checkpoint, corpus, tmp_pat
 def test_masking_follows_bert(minilm_tokenizer):
     ids = list(range(1000, 1100))
     word_ids = [-1] + list(range(98)) + [-1]
-    masked, total, kinds = 0, 0, {"mask": 0, "same": 0, "other": 0}
+    masked, kinds = 0, {"mask": 0, "same": 0, "other": 0}
     for seed in range(400):
         new, labels = mask_tokens(ids, word_ids, 103, 30000, np.random.default_rng([7, seed]))
         picked = [i for i, lab in enumerate(labels) if lab != -100]
