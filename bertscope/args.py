@@ -18,6 +18,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (an FDR level, a share of heads)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {value}")
+    return value
+
+
 def limit_arg(text: str) -> int | None:
     """A count, or 'all'/'none' for no limit; 0 is refused like any number below 1."""
     return None if text.lower() in ("all", "none") else positive_int(text)

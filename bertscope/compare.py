@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bertscope.analyses import compare as stats_compare
+from bertscope.args import fraction
 from bertscope.errors import UserError
 from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
 
@@ -419,7 +420,7 @@ def add_parser(sub):
     c.add_argument("--test", choices=("auto", "paired", "unpaired"), default="auto",
                    help="auto: paired (Wilcoxon) when both runs hold the same segments, else unpaired "
                    "(Mann-Whitney U) (default: auto)")
-    c.add_argument("--alpha", type=_alpha, default=0.05,
+    c.add_argument("--alpha", type=fraction, default=0.05,
                    help="false discovery rate: heads with BH-adjusted q below it are significant (default: 0.05)")
     c.add_argument("--top", type=int, default=3, metavar="K", help="heads listed per statistic (default: 3)")
     c.add_argument("--no-figures", action="store_true", help="skip the PNG heatmaps")
@@ -427,16 +428,6 @@ def add_parser(sub):
     return c
 
 
-def _alpha(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {value}")
-    return value
 
 
 def main(args) -> int:

@@ -61,8 +61,7 @@ def add_parser(sub):
 
 def add_variant_arguments(d):
     """The options of every command that evaluates gated variants through `run_variants`."""
-    from bertscope.args import positive_int, limit_arg
-    from bertscope.compare import _alpha
+    from bertscope.args import fraction, limit_arg, positive_int
     from bertscope.probes.common import add_common_arguments
 
     d.add_argument("--task", required=True, choices=("rte", "polarity", "arct"),
@@ -75,7 +74,7 @@ def add_variant_arguments(d):
                    help="a seeded sample of N examples of the split (default: all)")
     d.add_argument("--resamples", type=positive_int, default=1000, metavar="R",
                    help="paired bootstrap resamples per variant (default: 1000)")
-    d.add_argument("--alpha", type=_alpha, default=0.05,
+    d.add_argument("--alpha", type=fraction, default=0.05,
                    help="false discovery rate: variants with BH-adjusted q below it are significant (default: 0.05)")
     d.add_argument("--max-rows", type=int, default=512, metavar="N",
                    help="model rows per forward pass: ceil(N / batch rows) variants share one batch; 0 runs the "

@@ -28,6 +28,7 @@ import itertools
 
 import numpy as np
 
+from bertscope.args import fraction
 from bertscope.errors import UserError
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
@@ -40,14 +41,6 @@ DESCRIPTION = (
     "prune_order.csv, fig_prune.png and run.json['probes']['prune'].")
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {value}")
-    return value
 
 
 def add_parser(what):
@@ -58,9 +51,9 @@ def add_parser(what):
     add_task_arguments(p, "the evaluation split (default: test)", "test")
     p.add_argument("--importance-split", choices=("train", "dev", "test"), default="dev",
                    help="the held-out split importance is computed on (default: dev)")
-    p.add_argument("--step", type=_fraction, default=0.1,
+    p.add_argument("--step", type=fraction, default=0.1,
                    help="fraction of the original heads pruned per step (default: 0.1)")
-    p.add_argument("--max-fraction", type=_fraction, default=0.9,
+    p.add_argument("--max-fraction", type=fraction, default=0.9,
                    help="prune up to this fraction of the heads (default: 0.9)")
     p.add_argument("--random-seeds", type=int, default=5, metavar="N",
                    help="random pruning orders, seeds --seed .. --seed + N - 1 (default: 5; 0 for none)")
