@@ -20,7 +20,7 @@ from bertscope.models import wrap_model
 from bertscope.variants import all_but_one, baseline, evaluate_variants, forward_variants, single_heads
 
 from conftest import TINY_HEADS, TINY_LAYERS
-from test_disable import classifier, random_inputs, toy_task
+from test_disable import classifier, random_inputs, tiny_classifier_checkpoint, toy_task  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS
@@ -200,15 +200,7 @@ def read_csv(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
-def tiny_cls(tmp_path_factory, minilm_tokenizer):
-    path = tmp_path_factory.mktemp("tiny-cls-ablate")
-    classifier(minilm_tokenizer).save_pretrained(path)
-    minilm_tokenizer.save_pretrained(path)
-    return path
-
-
-def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_cls, tmp_path):
+def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classifier_checkpoint, tmp_path):
     from conftest import require_data
 
     from bertscope.cli import main
@@ -219,7 +211,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_cls, tm
     # a run directory that `heads importance` already wrote to: run.json and importance.csv
     AnalysisRun("importance", type("A", (), {"out": str(out), "quiet": True})())
     norm, _ = write_importance(out / "importance.csv")
-    assert main(["heads", "ablate", "--model", str(tiny_cls), "--task", "rte", "--limit", "30", "--resamples", "50",
+    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "30", "--resamples", "50",
                  "--out", str(out), "--quiet"]) == 0
     rows = read_csv(out / "ablate.csv")
     assert len(rows) == 1 + 2 * L_ * H_
@@ -246,7 +238,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_cls, tm
     assert "Ablating heads (Michel et al. 2019)" in (out / "index.html").read_text()
 
 
-def test_ablate_command_single_heads_then_but_one_only(tiny_cls, tmp_path):
+def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoint, tmp_path):
     from conftest import require_data
 
     from bertscope.cli import main
@@ -254,7 +246,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_cls, tmp_path):
     require_data("rte")
     write_importance(tmp_path / "imp.csv", seed=3)
     out = tmp_path / "run"
-    assert main(["heads", "ablate", "--model", str(tiny_cls), "--task", "rte", "--limit", "12", "--resamples", "20",
+    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "12", "--resamples", "20",
                  "--variants", "single", "--importance", str(tmp_path / "imp.csv"), "--out", str(out), "--quiet",
                  "--no-figures"]) == 0
     rows = read_csv(out / "ablate.csv")
@@ -263,7 +255,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_cls, tmp_path):
     assert "but_one" not in results and results["importance"]["importance_raw"]["heads"] == L_ * H_
     # but-one alone: the importance file in the run directory is not used (no single heads to compare)
     (out / "importance.csv").write_text((tmp_path / "imp.csv").read_text())
-    assert main(["heads", "ablate", "--model", str(tiny_cls), "--task", "rte", "--limit", "12", "--resamples", "20",
+    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "12", "--resamples", "20",
                  "--variants", "but-one", "--out", str(out), "--quiet", "--no-figures"]) == 0
     rows = read_csv(out / "ablate.csv")
     assert [r["kind"] for r in rows] == ["baseline"] + ["but-one"] * L_ * H_
@@ -272,7 +264,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_cls, tmp_path):
     assert len(results["but_one"]["per_layer"]) == L_
 
 
-def test_ablate_command_user_errors(tiny_cls, tmp_path, capsys):
+def test_ablate_command_user_errors(tiny_classifier_checkpoint, tmp_path, capsys):
     from conftest import require_data
 
     from bertscope.cli import main
@@ -287,11 +279,11 @@ def test_ablate_command_user_errors(tiny_cls, tmp_path, capsys):
              (["--importance", str(tmp_path / "ok.csv"), "--variants", "but-one"], "use --variants single or both"),
              (["--max-rows", "-1"], "--max-rows must be >= 0"))
     for extra, match in cases:
-        code = main(["heads", "ablate", "--model", str(tiny_cls), "--task", "rte", "--limit", "5", "--out",
+        code = main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "5", "--out",
                      str(tmp_path / "o"), "--quiet", *extra])
         err = capsys.readouterr().err
         assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, (extra, err)
     assert not (tmp_path / "o" / "ablate.csv").exists()  # every error came before the evaluation
     with pytest.raises(SystemExit) as exit_info:
-        main(["heads", "ablate", "--model", str(tiny_cls), "--task", "rte", "--variants", "two"])
+        main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--variants", "two"])
     assert exit_info.value.code == 2 and "invalid choice: 'two'" in capsys.readouterr().err
