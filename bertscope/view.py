@@ -31,7 +31,8 @@ DEFAULT_MAX_LEN = 128
 STAT_COLUMNS = ("entropy", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "rest_sep", "cls_entropy")
 KEY_CLASSES = ("cls", "sep", "punct", "other")  # the "top key class" is the one with the most mass
 PATTERN_NOTE = ("Kovaleva et al. (2019) pattern types (vertical, diagonal, vertical + diagonal, block, "
-                "heterogeneous) are not computed yet: this is the place they will be shown.")
+                "heterogeneous) are not computed yet for this view (`bertscope patterns` classifies each head over "
+                "a data set): this is the place they will be shown.")
 
 
 def quantize_rows(p: np.ndarray, scale: int = SCALE) -> np.ndarray:
@@ -116,7 +117,7 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     """Everything the page shows, as JSON-ready lists.
 
     patterns: optional (layers, H) array of pattern-type names (Kovaleva et al.), the hook
-    for the pattern classifier once it exists; None shows "not computed yet".
+    for pattern types per input; None shows "not computed yet".
     """
     from bertscope.analyses import surface
     from bertscope.models import model_name
