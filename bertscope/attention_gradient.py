@@ -57,17 +57,15 @@ DESCRIPTION = (
 
 def add_parser(what):
     from bertscope.args import limit_arg
+    from bertscope.heads import add_task_data_arguments
     from bertscope.probes.common import add_common_arguments
 
     p = what.add_parser("attention-grad", help=HELP, description=DESCRIPTION)
     p.add_argument("--objective", choices=("task", "mlm"), default=None,
                    help="the loss: the fine-tuned task's or the masked-LM loss (default: mlm when the checkpoint "
                    "has an MLM head, else task)")
-    p.add_argument("--task", choices=("rte", "polarity", "arct"), default=None,
-                   help="the task of --objective task (the model's fine-tuning task)")
-    p.add_argument("--split", choices=("train", "dev", "test"), default="dev", help="task split (default: dev)")
-    p.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
-                   help="ARCT data: original or Niven & Kao's adversarial set (default: original)")
+    add_task_data_arguments(p, "dev", "task split (default: dev)", task_required=False,
+                            task_help="the task of --objective task (the model's fine-tuning task)", limit_help=None)
     p.add_argument("--corpus", default="wiki",
                    help="text of --objective mlm: 'wiki' or a corpus file, segmented as `bertscope run` does "
                    "(default: wiki)")

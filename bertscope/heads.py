@@ -59,19 +59,31 @@ def add_parser(sub):
     return p
 
 
+TASK_CHOICES = ("rte", "polarity", "arct")
+
+
+def add_task_data_arguments(p, split_default: str, split_help: str, splits=("train", "dev", "test"),
+                            task_required: bool = True, task_help: str = "the task the model was fine-tuned on",
+                            limit_help: str | None = "a seeded sample of N examples of each split used (default: all)"):
+    """--task, --split, --arct-version and (unless limit_help is None) --limit: the task data of
+    every `heads` subcommand."""
+    from bertscope.args import limit_arg
+
+    p.add_argument("--task", required=task_required, default=None, choices=TASK_CHOICES, help=task_help)
+    p.add_argument("--split", choices=splits, default=split_default, help=split_help)
+    p.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
+                   help="ARCT data: the original or Niven & Kao's adversarial set (default: original)")
+    if limit_help is not None:
+        p.add_argument("--limit", type=limit_arg, default=None, metavar="N", help=limit_help)
+
+
 def add_variant_arguments(d):
     """The options of every command that evaluates gated variants through `run_variants`."""
-    from bertscope.args import fraction, limit_arg, positive_int
+    from bertscope.args import fraction, positive_int
     from bertscope.probes.common import add_common_arguments
 
-    d.add_argument("--task", required=True, choices=("rte", "polarity", "arct"),
-                   help="the task the model was fine-tuned on")
-    d.add_argument("--split", choices=("dev", "test"), default="test",
-                   help="evaluation split (default: test; RTE test is RTE3's 800 pairs)")
-    d.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
-                   help="ARCT data: the original or Niven & Kao's adversarial set (default: original)")
-    d.add_argument("--limit", type=limit_arg, default=None, metavar="N",
-                   help="a seeded sample of N examples of the split (default: all)")
+    add_task_data_arguments(d, "test", "evaluation split (default: test; RTE test is RTE3's 800 pairs)",
+                            splits=("dev", "test"), limit_help="a seeded sample of N examples of the split (default: all)")
     d.add_argument("--resamples", type=positive_int, default=1000, metavar="R",
                    help="paired bootstrap resamples per variant (default: 1000)")
     d.add_argument("--alpha", type=fraction, default=0.05,

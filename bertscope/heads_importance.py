@@ -33,16 +33,10 @@ DESCRIPTION = (
 
 def add_task_arguments(p, split_help: str, split_default: str):
     """Options shared by `heads importance` and `heads prune`."""
-    from bertscope.args import limit_arg
+    from bertscope.heads import add_task_data_arguments
     from bertscope.importance import CONVENTIONS
 
-    p.add_argument("--task", choices=("rte", "polarity", "arct"), default=None,
-                   help="the task the model was fine-tuned on")
-    p.add_argument("--split", choices=("train", "dev", "test"), default=split_default, help=split_help)
-    p.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
-                   help="ARCT data: the original or Niven & Kao's adversarial set (default: original)")
-    p.add_argument("--limit", type=limit_arg, default=None, metavar="N",
-                   help="a seeded sample of N examples of each split used (default: all)")
+    add_task_data_arguments(p, split_default, split_help, task_required=False)
     p.add_argument("--convention", choices=CONVENTIONS, default="michel",
                    help="michel: |dL/dxi| per example, then the mean; batch: the gradient summed over a batch "
                    "before the absolute value, as transformers' bertology example does (default: michel)")
