@@ -63,8 +63,9 @@ class LoadedModel:
     def record(self) -> dict:
         """The model as run.json describes it; a pruned one lists its removed heads (layer-head from 1)."""
         out = {"path": str(self.path), "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads}
-        if self.pruned_heads:
-            out["pruned_heads"] = [f"{layer + 1}-{h + 1}" for layer, hs in self.pruned_heads.items() for h in hs]
+        pruned = self.pruned_heads  # read off the modules once
+        if pruned:
+            out["pruned_heads"] = [f"{layer + 1}-{h + 1}" for layer, hs in pruned.items() for h in hs]
         return out
 
     @property
