@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from bertscope.analyses.plot_grid import layer_head_ticks
+from bertscope.plotting import layer_head_ticks
 from bertscope.kernels.pooling import word_argmax as kernel_word_argmax
-from bertscope.results import write_npz
+from bertscope.rundir import write_npz
 
 TYPES = ("All", "pronoun", "proper", "nominal")
 GUM_BASELINES = ("nearest", "head_match", "sieve")

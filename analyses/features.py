@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from bertscope.batch import BatchContext
-from bertscope.results import write_npz
+from bertscope.rundir import write_npz
 from bertscope.token_classes import TokenClasses, tag_ids, tag_scheme
 
 # the paper's footnote 6, verbatim

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from bertscope.analyses.patterns import TYPES
-from bertscope.results import write_npz
+from bertscope.rundir import write_npz
 
 GRID = 32
 CHANNELS = (8, 8, 16, 16, 32, 32, 64, 64)

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from bertscope.kernels import StatsSpec
-from bertscope.results import write_npz
+from bertscope.rundir import write_npz
 from bertscope.token_classes import PARTS
 
 NAME = "patterns"

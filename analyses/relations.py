@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-from bertscope.results import write_npz
+from bertscope.rundir import write_npz
 
 CORE = ("nsubj", "nsubj:pass", "obj", "iobj", "obl")  # exact UD labels (obl:tmod etc. are not core)
 ALL = "all"

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertscope.analyses.plot_grid import layer_head_ticks
+from bertscope.plotting import layer_head_ticks
 from bertscope.analyses.relations import flag_heads
 
 

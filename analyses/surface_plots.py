@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertscope.analyses.plot_grid import layer_head_ticks
+from bertscope.plotting import layer_head_ticks
 
 DPI = 150
 ANNOTATE_MAX = 12  # annotate heatmap cells when both layers and heads are <= this
@@ -33,7 +33,7 @@ BLUE, ORANGE, GREEN, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
 
 
 # Every figure, with its drawing time relative to the others (measured on the 6 x 12 MiniLM;
-# the annotated heatmaps cost most), so that figure helpers get equal shares (bertscope.figures).
+# the annotated heatmaps cost most), so that figure helpers get equal shares (bertscope.figure_pool).
 FIGURES = {"fig_tokens_by_layer.png": 3, "fig_entropy_by_layer.png": 2, "fig_offsets_heatmap.png": 4,
            "fig_special_heatmap.png": 5, "fig_entropy_heatmap.png": 2}
 
@@ -55,7 +55,7 @@ def colormaps():
 
 def warm_up():
     """Import matplotlib and load the fonts by drawing a tiny figure: what a figure helper
-    does while it waits for its job (bertscope.figures)."""
+    does while it waits for its job (bertscope.figure_pool)."""
     fig = new_figure(figsize=(1, 1))
     fig.text(0.5, 0.5, "0.12")
     fig.savefig(io.BytesIO(), format="png", dpi=10)

@@ -45,9 +45,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bertscope.analyses.plot_grid import layer_head_ticks
+from bertscope.plotting import layer_head_ticks
 from bertscope.kernels.pooling import word_argmax
-from bertscope.results import write_npz
+from bertscope.rundir import write_npz
 
 DIRECTIONS = ("dep->head", "head->dep")
 HEAD_TO_DEP_MODES = ("column", "row")

@@ -54,7 +54,7 @@ def main() -> int:
     from bertscope.datasets.tasks import read_task
     from bertscope.kernels import Gate
     from bertscope.models import load_model
-    from bertscope.probes.common import seeded_sample
+    from bertscope.data import seeded_sample
     from bertscope.task_inputs import encode_task
     from bertscope.variants import baseline, evaluate_variants, single_heads, whole_layers
 

@@ -79,7 +79,7 @@ TARGETS = {  # module: (function, phase); any that does not exist is skipped
                       ("fold", "pass"), ("write_outputs", "outputs"), ("write_surface", "figures (wait) + index.html"),
                       ("write_json", "run.json"), ("write_report", "index.html")],
     "bertscope.analyses.surface_plots": [("plot_surface", "figures: draw in this process")],
-    "bertscope.figures": [("surface_pool", "figures: start helpers"), ("FigurePool.draw", "figures: hand over"),
+    "bertscope.figure_pool": [("surface_pool", "figures: start helpers"), ("FigurePool.draw", "figures: hand over"),
                           ("FigurePool.wait", "figures: wait for helpers")],
 }
 

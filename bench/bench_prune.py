@@ -1,4 +1,4 @@
-"""Inference speed of really pruned models (`bertscope.pruning`) against the unpruned one.
+"""Inference speed of really pruned models (`bertscope.head_removal`) against the unpruned one.
 
     nice -n 5 python bench/bench_prune.py                          # embedded MiniLM, 1 thread
     python bench/bench_prune.py --prune-order RUN_DIR             # heads from `bertscope heads prune`
@@ -60,7 +60,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bertscope import pruning
+    from bertscope import head_removal
     from bertscope.models import load_model
 
     device = torch.device(args.device)
@@ -72,7 +72,7 @@ def main() -> int:
     for f in args.fractions:
         heads = chosen_heads(args, f, L_, H)
         m = load_model(args.model, device=str(device)).model
-        pruning.prune_heads(m, heads)
+        head_removal.prune_heads(m, heads)
         name = f"{round(100 * f)}% pruned"
         models[name], heads_of[name] = m, heads
         fraction_of[name] = sum(map(len, heads.values())) / (L_ * H)  # what was really removed
@@ -107,10 +107,10 @@ def main() -> int:
 def chosen_heads(args, fraction: float, n_layers: int, n_heads: int) -> dict[int, list[int]]:
     """The heads to remove at `fraction`: from --prune-order, else round(fraction * H) per layer,
     a seeded choice per layer (the same seed gives the same heads)."""
-    from bertscope import pruning
+    from bertscope import head_removal
 
     if args.prune_order:
-        return pruning.heads_from_prune_order(Path(args.prune_order) / "prune_order.csv", fraction)
+        return head_removal.heads_from_prune_order(Path(args.prune_order) / "prune_order.csv", fraction)
     rng = np.random.default_rng(args.seed)
     k = round(fraction * n_heads)
     return {layer: sorted(int(h) for h in rng.choice(n_heads, size=k, replace=False)) for layer in range(n_layers)}
@@ -157,9 +157,9 @@ def time_models(models: dict, inputs: dict, repeats: int, device) -> dict[str, l
 def attention_share(model, inputs, device, repeats: int = 2) -> float:
     """Fraction of a forward spent inside the attention blocks (median over `repeats`),
     timed by forward hooks on each layer's attention module."""
-    from bertscope import pruning
+    from bertscope import head_removal
 
-    n_layers = pruning.n_layers_heads(model.config)[0]
+    n_layers = head_removal.n_layers_heads(model.config)[0]
     blocks = {id(attention_block(model, layer)): attention_block(model, layer) for layer in range(n_layers)}
     spent, start = [0.0], {}
 
@@ -186,9 +186,9 @@ def attention_share(model, inputs, device, repeats: int = 2) -> float:
 
 def attention_block(model, layer):
     """The module that holds a layer's whole attention (projections, attention, output)."""
-    from bertscope import pruning
+    from bertscope import head_removal
 
-    parts = pruning.attention_parts(model, layer)
+    parts = head_removal.attention_parts(model, layer)
     if model.config.model_type in ("distilbert", "albert"):
         return parts.module
     return getattr(model, "base_model", model).encoder.layer[layer].attention

@@ -25,7 +25,7 @@ import torch
 
 from bertscope.batch import BatchContext
 from bertscope.kernels import StatsSpec
-from bertscope.results import write_npz
+from bertscope.rundir import write_npz
 from bertscope.token_classes import TokenClasses
 
 AVERAGES = ("tokens", "segments")

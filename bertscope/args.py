@@ -1,11 +1,11 @@
-"""Argument types and checks that the `bertscope` command and every probe share: a user
-mistake here becomes argparse's usage error or a `UserError`, never a traceback. Kept out of
-`cli.py` so that the probes, which `cli.py` imports, need not import it back."""
+"""Argument types, checks and option groups that every `bertscope` command shares: a user
+mistake here becomes argparse's usage error or a `UserError`, never a traceback."""
 from __future__ import annotations
 
 import argparse
 
 from bertscope.errors import UserError
+from bertscope.kernels import BACKEND_CHOICES, resolve_backend
 
 
 def positive_int(text: str) -> int:
@@ -44,9 +44,38 @@ def check_device(device: str, backend: str):
         raise UserError(f"unknown --device {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but torch sees no GPU")
-    from bertscope.kernels import resolve_backend
-
     try:
         resolve_backend(backend, dev)
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+def add_threads_argument(p: argparse.ArgumentParser):
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
+                   "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
+
+
+def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then ../shared/data)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="run directory; an existing run's directory gains this probe's outputs "
+                   "(default: runs/<timestamp>)")
+    if from_word:
+        p.add_argument("--from-word", choices=("mean", "first"), default="mean",
+                       help="attention *from* a split word: the mean of its tokens' rows, as the paper "
+                       "defines it, or its first token's row, as Clark et al.'s released code did (default: mean)")
+    p.add_argument("--max-len", type=positive_int, default=128,
+                   help="maximum tokens per model input (default: 128); what happens to longer inputs "
+                   "depends on the probe and is counted")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="inputs per forward pass (default: 32)")
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    add_threads_argument(p)
+    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -5,7 +5,7 @@ through `bertscope_attention`. Outside an analysis it is plain attention (torch 
 its dropout in training mode); inside `HeadProbe.active(...)` it computes the layer's output
 *and* its row statistics with the chosen kernel backend and hands the statistics to a sink.
 On both paths the model's head gates (`bertscope.gates`, attached by `load_model`) scale
-each head's output. A really pruned layer (`bertscope.pruning`) computes fewer heads: its
+each head's output. A really pruned layer (`bertscope.head_removal`) computes fewer heads: its
 gates are those of the heads it kept, and its statistics go to the sink in the layer's
 original head slots, a removed head's as NaN (-1 for argmax). Nothing in transformers is
 edited or patched: we register two functions by name.
@@ -39,7 +39,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from bertscope.gates import layer_gates
-from bertscope.pruning import head_slots, spread_grad_sums, spread_heads
+from bertscope.head_removal import head_slots, spread_grad_sums, spread_heads
 from bertscope.kernels import (GradSums, RowStats, StatsSpec, WordPooling, apply_gates, attention_grad,
                                attention_grad_eager, attention_stats, gated_sdpa, needs_grad, output_path,
                                resolve_backend)

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from bertscope.errors import UserError
 from bertscope.token_classes import KEY_CLASSES
+from bertscope.report import refresh_report
 
 NAME = "attention_grad"
 MLM_SEGMENTS = 1000  # corpus segments of --objective mlm without --limit, as Clark's 1,000
@@ -58,7 +59,7 @@ DESCRIPTION = (
 def add_parser(what):
     from bertscope.args import limit_arg
     from bertscope.heads import add_task_data_arguments
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
 
     p = what.add_parser("attention-grad", help=HELP, description=DESCRIPTION)
     p.add_argument("--objective", choices=("task", "mlm"), default=None,
@@ -76,7 +77,7 @@ def add_parser(what):
 
 
 def main(args) -> int:
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
 
     objective = args.objective or default_objective(args.model)
     if objective == "task" and args.task is None:
@@ -114,6 +115,7 @@ def main(args) -> int:
     for line in summary_lines(layers):
         run.log(line)
     run.finish(results)
+    refresh_report(run.dir)
     return 0
 
 
@@ -314,7 +316,7 @@ class GradStats:
         return self
 
     def save(self, path):
-        from bertscope.results import write_npz
+        from bertscope.rundir import write_npz
 
         write_npz(path, grad=self.grad, mass=self.mass, pairs=self.pairs, rows=self.rows,
                   classes=np.array(self.classes), counts=np.array([self.examples, self.batches_done]),

@@ -85,7 +85,7 @@ class BatchContext:
 
         entropy (F=1), offset_mass (O), class_mass (C); with spec.argmax, argmax_offset
         (O+1: one column per offset, then "elsewhere") and argmax_class (C) count rows. A pruned
-        head's (argmax -1, every other statistic NaN: `bertscope.pruning.spread_heads`) sums are NaN.
+        head's (argmax -1, every other statistic NaN: `bertscope.head_removal.spread_heads`) sums are NaN.
         """
         if layer not in self._sums:
             self._sums[layer] = _segment_sums(self.layers[layer], self.row_groups, self.key_class, self.spec)
@@ -101,7 +101,7 @@ def _segment_sums(stats: RowStats, groups: torch.Tensor, key_class: torch.Tensor
     if stats.class_mass is not None:
         parts.append(("class_mass", stats.class_mass))
     if stats.argmax is not None:
-        missing = (stats.argmax < 0)[..., None]  # (B, H, L, 1) a pruned head's rows (bertscope.pruning)
+        missing = (stats.argmax < 0)[..., None]  # (B, H, L, 1) a pruned head's rows (bertscope.head_removal)
         am = stats.argmax.clamp_min(0)  # (B, H, L)
         rel = am - torch.arange(am.shape[-1], device=am.device)  # (B, H, L) offset of the argmax key
         at = rel[..., None] == torch.tensor(spec.offsets, device=am.device)  # (B, H, L, O)

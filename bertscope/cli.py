@@ -11,7 +11,7 @@ from bertscope.kernels import BACKEND_CHOICES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bertscope.probes.common import add_threads_argument
+    from bertscope.args import add_threads_argument
 
     parser = argparse.ArgumentParser(
         prog="bertscope",
@@ -229,7 +229,7 @@ def run_command(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bertscope.figures import surface_pool
+    from bertscope.run import surface_pool
 
     # the figure helpers start first: they import matplotlib while this process loads the model
     figures = surface_pool() if not args.no_figures else False
@@ -265,7 +265,7 @@ def cmd_probe(args) -> int:
     import importlib
 
     from bertscope.probes import PROBES
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
 
     module = importlib.import_module(PROBES[args.probe])
     try:

@@ -27,7 +27,7 @@ import numpy as np
 from bertscope.analyses import compare as stats_compare
 from bertscope.args import fraction
 from bertscope.errors import UserError
-from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
+from bertscope.rundir import check_run_dir, new_run_dir, read_json, write_csv, write_json
 
 HEADS_CSV = "heads.csv"
 EXAMPLES = "examples.parquet"

@@ -31,6 +31,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from bertscope.report import refresh_report
+
 HELP = "dataset cues: applicability, productivity, coverage of unigrams/bigrams (Niven & Kao 2019)"
 DESCRIPTION = (
     "Count Niven & Kao's (2019) cue statistics on ARCT (cues in the warrants, original and "
@@ -193,7 +195,7 @@ def add_parser(sub):
 
 
 def main(args) -> int:
-    from bertscope.probes.common import AnalysisRun
+    from bertscope.rundir import AnalysisRun
 
     tables = cue_tables(args.task, args.data_dir, args.seed, args.expand_not)  # reads the data first: a missing set fails early
     run = AnalysisRun("cues", args)
@@ -209,6 +211,7 @@ def main(args) -> int:
     if not args.no_figures:
         run.save_figure(cue_figure(args.task, tables, args.top), "cues.png")
     run.finish(results)
+    refresh_report(run.dir)
     return 0
 
 

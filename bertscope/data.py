@@ -7,6 +7,7 @@ data is never copied into the repository.
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 from bertscope.errors import UserError
@@ -45,3 +46,12 @@ def dataset_dir(name: str, data_dir: str | None = None) -> Path:
     if not path.is_dir() or not any(path.glob(expected)):
         raise UserError(f"{what} not found: expected {expected} in {path}")
     return path
+
+
+def seeded_sample(items: list, limit: int | None, seed: int) -> list:
+    """All items, or a seeded sample of `limit` of them kept in their original order (a
+    prefix would be biased: GUM's files, for one, are sorted by genre)."""
+    if limit is None or limit >= len(items):
+        return list(items)
+    keep = sorted(random.Random(seed).sample(range(len(items)), limit))
+    return [items[i] for i in keep]

@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from bertscope.errors import UserError
+from bertscope.report import refresh_report
 
 NAME = "features"
 TREEBANKS = ("ewt", "gum")
@@ -102,7 +103,8 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
 def run(args) -> Path:
     from bertscope.distributed import broadcast, init_world, shutdown
     from bertscope.models import load_model
-    from bertscope.probes.common import ProbeRun, seeded_sample
+    from bertscope.data import seeded_sample
+    from bertscope.rundir import ProbeRun
 
     datas = DATA if args.data == "all" else (args.data,)
     raw = {d: seeded_sample(read_inputs(d, args.data_dir, args.split), args.limit, args.seed) for d in datas}
@@ -159,7 +161,7 @@ def run(args) -> Path:
 def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
     """Results of other data sets that an earlier `bertscope features` wrote into `out`
     (their checkpoints still there), so the tables and figures cover all of them."""
-    from bertscope.results import read_json
+    from bertscope.rundir import read_json
 
     path = Path(out or "") / "run.json"
     if not out or not path.is_file():
@@ -193,6 +195,7 @@ def write_outputs(run_, rows: list[dict], results: dict):
                  + ", ".join(f"{f} {v['best_head']} {v['best']:.3f}" for f, v in ranked)
                  + f"; heads whose top feature is [CLS]/[SEP]: {r['heads_won_by_special']} of {r['heads']}")
     run_.finish(results)
+    refresh_report(run_.dir)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -214,7 +217,7 @@ def _limit(text: str) -> int | None:
 
 
 def add_parser(sub):
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
 
     p = sub.add_parser(NAME, help=HELP, description=DESCRIPTION)
     p.add_argument("--data", choices=DATA + ("all",), default="ewt", help="data set (default: ewt)")
@@ -230,7 +233,7 @@ def add_parser(sub):
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR's run.json, with DIR as --out."""
-    from bertscope.probes.common import recorded_run
+    from bertscope.rundir import recorded_run
 
     record = recorded_run(args.resume, NAME)
     settings = {**vars(args), **record["settings"]}

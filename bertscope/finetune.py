@@ -29,6 +29,7 @@ import numpy as np
 
 from bertscope.datasets.tasks import TASKS, read_task
 from bertscope.errors import UserError
+from bertscope.report import refresh_report
 
 INITS = ("pretrained", "random", "probe")
 DATASET = {"rte": "rte", "polarity": "sentence_polarity", "arct": "arct"}  # bertscope.data names
@@ -91,7 +92,7 @@ def seed_list(text: str) -> list[int]:
 
 
 def add_parser(sub):
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
     from bertscope.task_model import ARCT_INPUTS
 
     p = sub.add_parser("finetune", help=HELP, description=HELP + ". " + __doc__.split("\n\n")[1])
@@ -129,7 +130,7 @@ def add_parser(sub):
 
 def main(args) -> int:
     from bertscope.data import dataset_dir
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
 
     check_task(args.task)
     dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
@@ -173,7 +174,7 @@ class FineTuneRun:
         splits = {s: read_task(a.task, s, a.data_dir, seed=a.seed, version=version if arct else "original")
                   for s in ("train", "dev", "test")}
         if a.limit:
-            from bertscope.probes.common import seeded_sample
+            from bertscope.data import seeded_sample
 
             splits = {s: seeded_sample(ex, a.limit, a.seed) for s, ex in splits.items()}
         enc = {s: encode(tok, ex, a.max_len, arct_input=variant if arct else None) for s, ex in splits.items()}
@@ -254,7 +255,7 @@ class FineTuneRun:
 
     def attention_change(self, tuned, dev, version, variant, seed):
         from bertscope.attention_change import attention_cosine
-        from bertscope.probes.common import seeded_sample
+        from bertscope.data import seeded_sample
         from bertscope.task_model import Encoded, collate, eval_batches
 
         a, ref = self.args, self.run.loaded
@@ -287,7 +288,7 @@ class FineTuneRun:
                               best_epoch=best_epoch, dev_accuracy=dev, train_s=seconds, checkpoint=checkpoint))
 
     def save(self, loaded, name, init, seed, result) -> str:
-        from bertscope.results import write_json
+        from bertscope.rundir import write_json
 
         rel = f"checkpoints/{name}-{init}-seed{seed}"
         path = self.run.dir / rel
@@ -304,7 +305,7 @@ class FineTuneRun:
         return rel
 
     def write(self, final: bool = False):
-        from bertscope.results import write_csv
+        from bertscope.rundir import write_csv
 
         d = self.run.dir
         write_csv(d / "finetune_results.csv", self.rows, RESULT_COLUMNS)
@@ -327,6 +328,7 @@ class FineTuneRun:
             for fig, filename in cosine_figures(self.cosine):
                 self.run.save_figure(fig, filename)
         self.run.finish(results)
+        refresh_report(self.run.dir)
         if self.timing.get("interrupted"):
             self.run.record["status"] = "interrupted"
             self.run._save_record()

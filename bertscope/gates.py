@@ -165,7 +165,7 @@ class _GateForward:
 
     def _layer(self, device, name, t, layer, B, slots=None):
         """(H,) or (B, H): one layer's gates, per sequence the batch's first B rows. A pruned
-        layer (`bertscope.pruning`) gets the gates of the heads it kept, in its order; an empty
+        layer (`bertscope.head_removal`) gets the gates of the heads it kept, in its order; an empty
         layer's placeholder head (slot -1, output identically 0) any gate: slot 0's."""
         t = self._on(device, name, t)[..., layer, :]  # (H,) or (rows, H)
         if slots is not None:
@@ -195,7 +195,7 @@ def _checkpointing(module) -> bool:
 def layer_gates(query, slots=None) -> LayerGates | None:
     """The gates of this attention call (advancing to the next layer), or None when the model
     has no gates attached or every head is as trained. `slots`: the original head of each of
-    a pruned layer's heads (`bertscope.pruning.head_slots`), None for an unpruned layer."""
+    a pruned layer's heads (`bertscope.head_removal.head_slots`), None for an unpruned layer."""
     state = _CURRENT.get()
     return None if state is None else state.next_layer(query, slots)
 

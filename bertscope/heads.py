@@ -25,6 +25,7 @@ import numpy as np
 
 from bertscope.errors import UserError
 from bertscope.kernels import Gate
+from bertscope.report import refresh_report
 
 # `bertscope heads <name>` -> the module that adds its parser and runs it
 SUBCOMMANDS: dict[str, str] = {  # one line each
@@ -80,7 +81,7 @@ def add_task_data_arguments(p, split_default: str, split_help: str, splits=("tra
 def add_variant_arguments(d):
     """The options of every command that evaluates gated variants through `run_variants`."""
     from bertscope.args import fraction, positive_int
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
 
     add_task_data_arguments(d, "test", "evaluation split (default: test; RTE test is RTE3's 800 pairs)",
                             splits=("dev", "test"), limit_help="a seeded sample of N examples of the split (default: all)")
@@ -95,7 +96,7 @@ def add_variant_arguments(d):
 
 
 def main(args) -> int:
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
 
     if args.heads in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[args.heads]).main(args)
@@ -110,7 +111,7 @@ def main(args) -> int:
 def load_split(args):
     """The examples of the task split (a seeded sample with --limit)."""
     from bertscope.datasets.tasks import read_task
-    from bertscope.probes.common import seeded_sample
+    from bertscope.data import seeded_sample
 
     examples = read_task(args.task, args.split, args.data_dir, seed=0, version=args.arct_version)
     if not examples:
@@ -155,6 +156,7 @@ def run_variants(args, probe_run_cls, name: str, gate: Gate, variants=None, outp
         run.log(line)
     (outputs or disable_figures)(run, rows, results)
     run.finish(results)
+    refresh_report(run.dir)
     return rows
 
 

@@ -45,7 +45,7 @@ def add_parser(what):
 def main(args) -> int:
     from bertscope.analyses.ablate import IMPORTANCE_FILE, read_importance
     from bertscope.heads import run_variants
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
 
     importance, source = None, args.importance
     if source is None and args.out and (Path(args.out) / IMPORTANCE_FILE).is_file():

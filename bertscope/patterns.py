@@ -25,6 +25,7 @@ import torch
 
 from bertscope.analyses import patterns as P
 from bertscope.errors import UserError
+from bertscope.report import refresh_report
 
 NAME = P.NAME
 DATA = ("wiki", "rte", "arct", "polarity")
@@ -43,7 +44,7 @@ RESUMED = ("data", "split", "arct_version", "limit", "seed", "max_len", "batch_s
 
 def add_parser(sub):
     from bertscope.args import limit_arg, positive_int
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
 
     p = sub.add_parser(NAME, help=HELP, description=DESCRIPTION)
     p.add_argument("action", nargs="?", choices=ACTIONS, default="classify", help="what to do (default: classify)")
@@ -194,7 +195,7 @@ def pick_examples(loaded, segments, t: P.Thresholds) -> list[dict]:
 def classify(args) -> int:
     from bertscope.distributed import broadcast, init_world, shutdown
     from bertscope.engine import EngineOptions, fold
-    from bertscope.probes.common import ProbeRun, recorded_run
+    from bertscope.rundir import ProbeRun, recorded_run
     from bertscope.segments import SegmentReport
 
     if args.resume:
@@ -285,6 +286,7 @@ def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: 
                 run.save_figure(P.plot_examples(picked, f"{label}, {name}: one map per type (first {args.examples} "
                                                 "segments)"), f"fig_patterns_examples_{name}.png")
     run.finish(results)
+    refresh_report(run.dir)
 
 
 def format_table(shares: dict[str, dict[str, float]], n: dict[str, int]) -> str:
@@ -300,7 +302,7 @@ def label(args) -> int:
     """A labels file per data set: every head's map of --limit segments, resized, with its rule label."""
     from bertscope.analyses import pattern_cnn as C
     from bertscope.models import model_name
-    from bertscope.probes.common import ProbeRun
+    from bertscope.rundir import ProbeRun
 
     names, t = data_names(args.data), thresholds(args)
     run = ProbeRun(NAME + "_label", args)
@@ -322,12 +324,13 @@ def label(args) -> int:
         results[name] = dict(maps=len(labels), counts=dict(zip(P.TYPES, map(int, np.bincount(labels, minlength=5)))))
         run.log(f"{name}: {len(labels)} maps -> {path}")
     run.finish(results)
+    refresh_report(run.dir)
     return 0
 
 
 def train(args) -> int:
     from bertscope.analyses import pattern_cnn as C
-    from bertscope.results import new_run_dir, write_json
+    from bertscope.rundir import new_run_dir, write_json
 
     if not args.labels:
         raise UserError("patterns train needs --labels FILE")

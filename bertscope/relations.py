@@ -61,7 +61,7 @@ def fraction(text: str) -> float:
 
 def add_parser(sub):
     from bertscope.args import positive_int
-    from bertscope.probes.common import add_common_arguments
+    from bertscope.args import add_common_arguments
 
     p = sub.add_parser(NAME, help=HELP, description=DESCRIPTION)
     add_common_arguments(p)
@@ -265,7 +265,7 @@ def prev_next(offsets) -> tuple[np.ndarray, np.ndarray]:
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR/run.json, with this command line's --resume and --quiet."""
-    from bertscope.probes.common import recorded_run
+    from bertscope.rundir import recorded_run
 
     record = recorded_run(args.resume, NAME)
     parser = argparse.ArgumentParser()
@@ -278,7 +278,7 @@ def resumed_args(args) -> argparse.Namespace:
 
 def check_world_size(run_dir: Path, size: int):
     """Checkpoints are per rank: a run resumes only with the number of processes it began with."""
-    from bertscope.probes.common import recorded_run
+    from bertscope.rundir import recorded_run
 
     recorded = recorded_run(run_dir, NAME).get("world_size", 1)
     if recorded != size:
@@ -297,7 +297,7 @@ def main(args) -> int:
         check_world_size(Path(args.resume), world.size)
     run, progress, log = None, False, (lambda *a, **k: None)
     if world.is_main:
-        from bertscope.probes.common import ProbeRun
+        from bertscope.rundir import ProbeRun
 
         run = ProbeRun(NAME, args)
         loaded, run_dir, progress, log = run.loaded, run.dir, run.progress, run.log
@@ -344,7 +344,7 @@ def main(args) -> int:
 
 def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> tuple[list, list]:
     """A seeded sample of `limit` inputs in their original order (all with None)."""
-    from bertscope.probes.common import seeded_sample
+    from bertscope.data import seeded_sample
 
     kept = seeded_sample(list(zip(segments, links)), limit, seed)
     return [s for s, _ in kept], [lk for _, lk in kept]

@@ -6,6 +6,7 @@ import random
 
 from bertscope.analyses import relations as rel
 from bertscope.models import model_name
+from bertscope.report import refresh_report
 
 HEAD_COLUMNS = ("data", "analysis", "group", "layer", "head", "score", "n", "rank", "flagged", "prev", "next",
                 "prev_next_head")
@@ -79,6 +80,7 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
             key = [k for k in by_table if k[0] == analysis][-1]  # the pooled table when there is one
             draw_example(run, loaded, analysis, results, names, by_table[key][0], args, label)
     run.finish(record)
+    refresh_report(run.dir)
 
 
 def draw_example(run, loaded, analysis: str, results: dict, names: list[str], scores, args, label: str):

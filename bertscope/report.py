@@ -23,62 +23,9 @@ from pathlib import Path
 import bertscope
 from bertscope import paper_numbers
 from bertscope.errors import UserError
-from bertscope.results import read_json
+from bertscope.rundir import read_json
 
 REPORT_NAME = "index.html"
-
-
-@dataclass
-class Figure:
-    file: str  # a PNG in the run directory
-    caption: str  # what it shows and how to read it
-
-
-@dataclass
-class Table:
-    caption: str
-    columns: list[str]
-    rows: list[list]  # cells: str, int or float (floats are printed with `digits`)
-    digits: int = 3
-    shade: set[str] = field(default_factory=set)  # columns shaded by value, to make stand-outs visible
-
-
-@dataclass
-class Section:
-    title: str
-    intro: str = ""  # plain text
-    findings: list[str] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-    figures: list[Figure] = field(default_factory=list)
-    raw_html: str = ""  # for the provenance block only: already escaped
-
-
-class RunFiles:
-    """Read access to a run directory for the sections; remembers which figures were shown."""
-
-    def __init__(self, run_dir: Path):
-        self.dir = Path(run_dir)
-        self.record = read_json(self.dir / "run.json")
-        self.claimed: set[str] = set()
-
-    def has(self, name: str) -> bool:
-        return (self.dir / name).is_file()
-
-    def csv(self, name: str) -> list[dict] | None:
-        """Rows of a CSV as dicts of strings, or None when the file is absent."""
-        if not self.has(name):
-            return None
-        with open(self.dir / name, newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f))
-
-    def figures(self, pattern: str) -> list[str]:
-        return sorted(p.name for p in self.dir.glob(pattern) if p.is_file())
-
-    def figure(self, name: str, caption: str) -> Figure | None:
-        if not self.has(name):
-            return None
-        self.claimed.add(name)
-        return Figure(name, caption)
 
 
 Builder = Callable[[RunFiles], "Section | None"]

@@ -13,28 +13,12 @@ import zipfile
 import numpy as np
 
 from bertscope import paper_numbers as paper
-from bertscope.report import Figure, RunFiles, Section, Table, section
+from bertscope.report import section
+from bertscope.report_page import Figure, RunFiles, Section, Table, heads_str, num, pct
 from bertscope.segments import describe_lengths
 
 PREV_NEXT_CUT = 0.5  # "> 50% of attention on the previous / next token" (Clark 3.1)
 SEP_SEP_CUT = 0.9  # "[SEP] attends to [SEP] with > 90%" (Clark 3.2)
-
-
-def heads_str(heads: list[str], limit: int = 12) -> str:
-    more = f" and {len(heads) - limit} more" if len(heads) > limit else ""
-    return ", ".join(heads[:limit]) + more if heads else "none"
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def num(s) -> float | None:
-    try:
-        v = float(s)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
 
 
 # ----------------------------------------------------------------------------- provenance
@@ -115,7 +99,7 @@ def _uniform_entropy(run: RunFiles) -> float | None:
 @np.errstate(invalid="ignore")
 def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
     """The findings list and the per-layer table of the surface analysis. A layer whose heads
-    were all removed (bertscope.pruning) is NaN throughout: its means are NaN, quietly."""
+    were all removed (bertscope.head_removal) is NaN throughout: its means are NaN, quietly."""
     import warnings
 
     with warnings.catch_warnings():

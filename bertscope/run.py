@@ -26,12 +26,20 @@ from bertscope.corpus import open_corpus
 from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
 from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
 from bertscope.errors import UserError
-from bertscope.figures import SURFACE_PLOTS, FigureError, FigurePool, split, surface_pool
+from bertscope.figure_pool import FigureError, FigurePool, split
 from bertscope.kernels import StatsSpec, describe_backend, output_path, resolve_backend
 from bertscope.models import load_model, model_name
 from bertscope.report import REPORT_NAME, write_report
-from bertscope.results import check_run_dir, new_run_dir, read_json, write_csv, write_json
+from bertscope.rundir import check_run_dir, new_run_dir, read_json, write_csv, write_json
 from bertscope.segments import SegmentOptions, SegmentReport, describe_lengths, iter_segments
+
+
+SURFACE_PLOTS = "bertscope.analyses.surface_plots"  # the module of `bertscope run`'s figures
+
+
+def surface_pool() -> FigurePool:
+    """The helpers of `bertscope run`, warming up for the surface figures."""
+    return FigurePool.start(f"{SURFACE_PLOTS}:warm_up")
 
 
 @dataclass
@@ -74,7 +82,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
 
     Under torchrun every rank runs this same function on its share of the batches; rank 0
     creates the run directory and writes the outputs. `figures` may be a pool of figure
-    helpers already started (`bertscope.figures.surface_pool()`, as the command line does
+    helpers already started (`surface_pool()`, as the command line does
     before importing the model code); the pool is closed when the run ends, however it ends.
     """
     pool = figures if isinstance(figures, FigurePool) else surface_pool() if figures else None

@@ -204,7 +204,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classif
     from conftest import require_data
 
     from bertscope.cli import main
-    from bertscope.probes.common import AnalysisRun
+    from bertscope.rundir import AnalysisRun
 
     require_data("rte")
     out = tmp_path / "run"

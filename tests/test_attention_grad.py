@@ -215,7 +215,7 @@ def test_pruned_model_sums_sit_in_the_original_slots(minilm_tokenizer):
     """A really pruned model's per-head sums are the zero-gated model's for the kept heads and
     NaN for the removed ones (a fully removed layer too); pair and row counts unchanged."""
     from bertscope.models import wrap_model
-    from bertscope.pruning import prune_heads
+    from bertscope.head_removal import prune_heads
 
     inputs = padded_inputs(minilm_tokenizer)
     labels = torch.tensor([0, 1, 1])

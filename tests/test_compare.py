@@ -23,7 +23,7 @@ import bertscope.compare
 from bertscope.cli import main
 from bertscope.compare import compare_runs
 from bertscope.errors import UserError
-from bertscope.results import write_csv, write_json
+from bertscope.rundir import write_csv, write_json
 
 LY, H, N = 2, 3, 50
 STATS = ("prev", "entropy", "rest_sep")

@@ -1,4 +1,4 @@
-"""Figures drawn in helper processes (bertscope.figures): every figure arrives, a failure is
+"""Figures drawn in helper processes (bertscope.figure_pool): every figure arrives, a failure is
 reported and costs only the figures, Ctrl-C leaves no helper behind."""
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 import bertscope.engine
-import bertscope.figures
+import bertscope.figure_pool
 from bertscope.analyses.surface_plots import FIGURES
 from bertscope.cli import main
-from bertscope.figures import SURFACE_PLOTS, FigureError, FigurePool, split, surface_pool
+from bertscope.figure_pool import FigureError, FigurePool, split
+from bertscope.run import SURFACE_PLOTS, surface_pool
 from test_cli import PNG, check_error, check_heads, resume_corpus  # noqa: F401 (a fixture)
 from test_surface_plots import synthetic_table
 
@@ -158,7 +159,7 @@ def test_ctrl_c_during_the_pass_stops_the_helpers(tmp_path, resume_corpus, tiny_
     monkeypatch.setattr(FigurePool, "close", close)
     out = tmp_path / "run"
     check_error(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)), f"bertscope run --resume {out}")
-    assert len(helpers) == bertscope.figures.default_helpers() and all(h.poll() is not None for h in helpers)
+    assert len(helpers) == bertscope.figure_pool.default_helpers() and all(h.poll() is not None for h in helpers)
 
 
 def test_ctrl_c_while_the_figures_are_drawn(tmp_path, resume_corpus, tiny_checkpoint, capsys,  # noqa: F811
@@ -187,7 +188,7 @@ def test_surface_pool_starts_no_helper_on_other_torchrun_ranks(monkeypatch):
     assert pool.helpers == []
     monkeypatch.setenv("RANK", "0")
     with surface_pool() as pool:
-        assert len(pool.helpers) == bertscope.figures.default_helpers() >= 1
+        assert len(pool.helpers) == bertscope.figure_pool.default_helpers() >= 1
 
 
 def test_the_command_exits_at_once_with_its_output_flushed(tmp_path, resume_corpus, tiny_checkpoint):  # noqa: F811

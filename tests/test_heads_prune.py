@@ -120,7 +120,7 @@ def test_prune_command_matches_the_gated_model_by_hand(rte_checkpoint, tmp_path)
     from bertscope.cli import main
     from bertscope.datasets.tasks import read_task
     from bertscope.models import load_model
-    from bertscope.probes.common import seeded_sample
+    from bertscope.data import seeded_sample
     from bertscope.task_inputs import encode_task
 
     require_data("rte")
@@ -186,7 +186,7 @@ def test_importance_command_on_arct_scores_warrant_pairs(tmp_path, minilm_tokeni
     from bertscope.cli import main
     from bertscope.datasets.tasks import read_task
     from bertscope.models import load_model
-    from bertscope.probes.common import seeded_sample
+    from bertscope.data import seeded_sample
     from bertscope.task_inputs import encode_task
 
     require_data("arct")

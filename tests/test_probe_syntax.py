@@ -180,7 +180,7 @@ def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_availa
 def test_cli_end_to_end(tiny_checkpoint, ewt_available, tmp_path):
     from bertscope.datasets.treebank import read_ewt_dev
     from bertscope.models import load_model
-    from bertscope.probes.common import seeded_sample
+    from bertscope.data import seeded_sample
     from bertscope.segments import word_segment
 
     out = tmp_path / "run"

@@ -23,7 +23,9 @@ from bertscope.analyses import classifier as clf
 from bertscope.errors import UserError
 from bertscope.models import model_name
 from bertscope.paper_numbers import CLASSIFIER_TABLE3
-from bertscope.probes.common import add_common_arguments, seeded_sample
+from bertscope.args import add_common_arguments
+from bertscope.data import seeded_sample
+from bertscope.report import refresh_report
 
 NAME = "classifier"
 HELP = "attention-based probing classifiers for dependency heads: UAS of Clark et al.'s Table 3"
@@ -144,6 +146,7 @@ def run(args, probe_run_cls):
         "top_heads": top_heads(weights),
         "timings_s": timings,
     })
+    refresh_report(run.dir)
     return rows
 
 

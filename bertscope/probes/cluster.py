@@ -23,8 +23,9 @@ from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
 from bertscope.kernels.js import JS_BACKENDS
 from bertscope.models import model_name
-from bertscope.probes.common import add_common_arguments
-from bertscope.results import write_npz
+from bertscope.args import add_common_arguments
+from bertscope.rundir import write_npz
+from bertscope.report import refresh_report
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
@@ -209,3 +210,4 @@ def run(args, probe_run_cls):
         "thresholds": {**vars(thresholds), **({"broad_cut_nats": round(thresholds.broad_cut(uniform), 4)}
                                               if args.labels == "clark" else {})},
     })
+    refresh_report(probe.dir)

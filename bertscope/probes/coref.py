@@ -24,7 +24,9 @@ import torch
 from bertscope.analyses import coref
 from bertscope.errors import UserError
 from bertscope.models import model_name
-from bertscope.probes.common import add_common_arguments, seeded_sample
+from bertscope.args import add_common_arguments
+from bertscope.data import seeded_sample
+from bertscope.report import refresh_report
 
 NAME = "coref"
 HELP = "which heads find coreferent antecedents (Clark et al. 2019, Table 2), on GUM and GAP"
@@ -261,4 +263,5 @@ def run(args, probe_run_cls):
         run.save_figure(coref.plot_heatmaps(head_rows, f"{label}: accuracy of every head"),
                         "coref_heads.png")
     run.finish(results)
+    refresh_report(run.dir)
     return 0

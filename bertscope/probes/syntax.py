@@ -17,7 +17,9 @@ import time
 from bertscope.analyses import syntax
 from bertscope.errors import UserError
 from bertscope.models import model_name
-from bertscope.probes.common import add_common_arguments, seeded_sample
+from bertscope.args import add_common_arguments
+from bertscope.data import seeded_sample
+from bertscope.report import refresh_report
 
 NAME = "syntax"
 HELP = "which heads track which dependency relation (Clark et al. 2019, Table 1)"
@@ -160,4 +162,5 @@ def run(args, probe_run_cls):
                   ("treebank", "relation", "sd_label", "direction", "best_head", "accuracy",
                    "baseline_offset", "baseline_accuracy", "n"))
     run.finish(results)
+    refresh_report(run.dir)
     return 0

@@ -1,70 +1,86 @@
-"""What every probe shares: options, model, run directory, outputs and the run.json line.
+"""The run directory: everything an analysis leaves behind, written so that a crash loses little.
 
-A probe writes into a run directory like `bertscope run` does. Given `--out DIR` of an
-existing run (one with run.json), it adds its files there and its entry under
-`run.json["probes"][name]`, so one directory can hold the surface analysis and every
+    run.json     model, data, settings, versions, status and the list of outputs; each
+                 analysis adds its record under run.json["probes"][name] (`AnalysisRun`)
+    stats.npz    the raw per-head sums (`HeadStats`), rewritten at every checkpoint
+    heads.csv    the tidy per-head table of the surface analysis
+    fig_*.png    figures
+Every file is written to a temporary name and renamed, so a reader (or a resumed run)
+never sees half a file. An analysis given `--out DIR` of an existing run (one with
+run.json) adds its files there, so one directory can hold the surface analysis and every
 probe of the same model; otherwise it makes a new directory.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import json
+import os
 import platform
-import random
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
-
-import torch
-import transformers
 
 import bertscope
 from bertscope.errors import UserError
-from bertscope.kernels import BACKEND_CHOICES
-from bertscope.results import new_run_dir, read_json, write_csv, write_json
 
 
-def add_threads_argument(p: argparse.ArgumentParser):
-    from bertscope.args import positive_int
-
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
-                   "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
-
-
-def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
-    from bertscope.args import positive_int
-
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
-    p.add_argument("--data-dir", metavar="DIR", default=None,
-                   help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then ../shared/data)")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help="run directory; an existing run's directory gains this probe's outputs "
-                   "(default: runs/<timestamp>)")
-    if from_word:
-        p.add_argument("--from-word", choices=("mean", "first"), default="mean",
-                       help="attention *from* a split word: the mean of its tokens' rows, as the paper "
-                       "defines it, or its first token's row, as Clark et al.'s released code did (default: mean)")
-    p.add_argument("--max-len", type=positive_int, default=128,
-                   help="maximum tokens per model input (default: 128); what happens to longer inputs "
-                   "depends on the probe and is counted")
-    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="inputs per forward pass (default: 32)")
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    add_threads_argument(p)
-    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+def check_run_dir(out: str | None):
+    """Refuse a used `--out` early, before any work, without creating anything."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{path} already exists and is not empty: choose another --out, or --resume {path}")
 
 
-def seeded_sample(items: list, limit: int | None, seed: int) -> list:
-    """All items, or a seeded sample of `limit` of them kept in their original order (a
-    prefix would be biased: GUM's files, for one, are sorted by genre)."""
-    if limit is None or limit >= len(items):
-        return list(items)
-    keep = sorted(random.Random(seed).sample(range(len(items)), limit))
-    return [items[i] for i in keep]
+def new_run_dir(out: str | None) -> Path:
+    """The run's directory: `out`, or runs/<timestamp>; refuses to overwrite a used one."""
+    path = Path(out) if out else Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    check_run_dir(str(path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the run directory {path}: {e.strerror}") from None
+    return path
+
+
+def write_json(path: Path, data: dict):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_npz(path, compressed: bool = False, **arrays):
+    """Write arrays to an .npz atomically: a crash mid-write leaves the old file, as a checkpoint
+    must (the temporary name keeps numpy's .npz suffix, so numpy adds none)."""
+    import numpy as np
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    (np.savez_compressed if compressed else np.savez)(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: is this a bertscope run directory?") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from None
+
+
+def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...]):
+    """A tidy CSV: one header line, floats with 6 significant digits."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for row in rows:
+            w.writerow([f"{row[c]:.6g}" if isinstance(row[c], float) else row[c] for c in columns])
+    os.replace(tmp, path)
 
 
 def recorded_run(run_dir, name: str) -> dict:
@@ -105,8 +121,8 @@ class AnalysisRun:
         write_json(path / "run.json", {
             "bertscope_version": bertscope.__version__,
             "model": None,
-            "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                         "transformers": transformers.__version__},
+            "versions": {"python": platform.python_version(), "torch": _version("torch"),
+                         "transformers": _version("transformers")},
             "probes": {},
         })
         return path
@@ -146,14 +162,13 @@ class AnalysisRun:
         return path
 
     def finish(self, results: dict):
-        """Record the probe's headline results and outputs in run.json."""
+        """Record the analysis's headline results and outputs in run.json. The command then
+        refreshes the report (`bertscope.report.refresh_report`): the run directory knows
+        nothing of the report, which reads every analysis's section."""
         self.record.update(status="complete", results=results, outputs=self.outputs,
                            elapsed_s=round(time.perf_counter() - self.t0, 2))
         self._save_record()
         self.log(f"wrote {', '.join(self.outputs)} to {self.dir}")
-        from bertscope.report import refresh_report
-
-        refresh_report(self.dir, self.log)
 
 
 class ProbeRun(AnalysisRun):
@@ -161,6 +176,8 @@ class ProbeRun(AnalysisRun):
 
     def __init__(self, name: str, args: argparse.Namespace, log=print, task: str | None = None,
                  command: str | None = None):
+        import torch
+
         from bertscope.args import check_device
         from bertscope.models import load_model
 
@@ -174,3 +191,10 @@ class ProbeRun(AnalysisRun):
         torch.manual_seed(args.seed)
         self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
                  f"{self.loaded.n_heads} heads), run directory {self.dir}")
+
+
+def _version(package: str) -> str:
+    """The installed version of a library, as its own module reports it (imported only here)."""
+    import importlib
+
+    return importlib.import_module(package).__version__

@@ -1,4 +1,4 @@
-"""Real head pruning (bertscope/pruning.py): a pruned model is the zero-gated model, smaller.
+"""Real head pruning (bertscope/head_removal.py): a pruned model is the zero-gated model, smaller.
 
 For every supported family, removing heads must give the outputs of the unpruned model with
 those heads' gates xi = 0 (Michel et al.'s masking), directly and after save + load_model;
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModel, AutoModelForSequenceClassification, CamembertConfig, XLMRobertaConfig
 
-from bertscope import pruning
+from bertscope import head_removal
 from bertscope.engine import EngineOptions, run_stats
 from bertscope.kernels import Gate, StatsSpec
 from bertscope.models import SUPPORTED_MODEL_TYPES, load_model, wrap_model
@@ -92,7 +92,7 @@ def test_pruned_equals_zero_gated(family, kind, heads):
     inputs = inputs_for(model, tokenizer)
     want = zero_gated(model, tokenizer, heads, inputs).last_hidden_state  # (B, L, E)
     full = model(**inputs).last_hidden_state
-    kept = pruning.prune_heads(model, heads)
+    kept = head_removal.prune_heads(model, heads)
     assert kept == {layer: [h for h in range(TINY_HEADS) if h not in heads[layer]] for layer in range(TINY_LAYERS)}
     with torch.no_grad():
         got = model(**inputs).last_hidden_state
@@ -104,16 +104,16 @@ def test_pruned_equals_zero_gated(family, kind, heads):
 @pytest.mark.parametrize("kind", SUPPORTED_MODEL_TYPES)
 def test_projections_shrink_and_slots_are_recorded(family, kind):
     model, _ = family(kind)
-    pruning.prune_heads(model, {0: [1, 3], 1: [0, 1, 2, 3]})
+    head_removal.prune_heads(model, {0: [1, 3], 1: [0, 1, 2, 3]})
     D = 32 // TINY_HEADS
-    parts0, parts1 = pruning.attention_parts(model, 0), pruning.attention_parts(model, 1)
+    parts0, parts1 = head_removal.attention_parts(model, 0), head_removal.attention_parts(model, 1)
     for owner, name in (parts0.q, parts0.k, parts0.v):
         assert getattr(owner, name).weight.shape == (2 * D, 32)
     assert getattr(*parts0.out).weight.shape == (32, 2 * D)
     assert parts0.module.bertscope_head_slots == (0, 2) and parts0.module.bertscope_n_heads == TINY_HEADS
-    assert parts1.module.bertscope_head_slots == (pruning.PLACEHOLDER,)  # an empty layer: one zero head
+    assert parts1.module.bertscope_head_slots == (head_removal.PLACEHOLDER,)  # an empty layer: one zero head
     assert getattr(*parts1.q).weight.abs().sum() == 0 and getattr(*parts1.out).weight.abs().sum() == 0
-    assert pruning.pruned_heads(model) == {0: [1, 3], 1: [0, 1, 2, 3]}
+    assert head_removal.pruned_heads(model) == {0: [1, 3], 1: [0, 1, 2, 3]}
     assert model.config.bertscope_kept_heads == {"0": [0, 2], "1": []}
 
 
@@ -121,29 +121,29 @@ def test_pruning_twice_uses_original_indices(family):
     model, tokenizer = family("bert")
     inputs = inputs_for(model, tokenizer)
     want = zero_gated(model, tokenizer, {0: [0, 2, 3]}, inputs).last_hidden_state
-    pruning.prune_heads(model, {0: [2]})
-    pruning.prune_heads(model, {0: [0, 3, 2]})  # 2 again: already gone, nothing changes for it
-    assert pruning.kept_heads(model)[0] == [1]
+    head_removal.prune_heads(model, {0: [2]})
+    head_removal.prune_heads(model, {0: [0, 3, 2]})  # 2 again: already gone, nothing changes for it
+    assert head_removal.kept_heads(model)[0] == [1]
     torch.testing.assert_close(model(**inputs).last_hidden_state, want, atol=ATOL, rtol=0)
 
 
 def test_bad_heads_are_refused(family):
     model, _ = family("bert")
     with pytest.raises(ValueError, match="layer 5 does not exist"):
-        pruning.prune_heads(model, {5: [0]})
+        head_removal.prune_heads(model, {5: [0]})
     with pytest.raises(ValueError, match=r"head\(s\) \[4\] do not exist"):
-        pruning.prune_heads(model, {0: [4]})
-    assert pruning.kept_heads(model)[0] == list(range(TINY_HEADS))  # nothing half done
+        head_removal.prune_heads(model, {0: [4]})
+    assert head_removal.kept_heads(model)[0] == list(range(TINY_HEADS))  # nothing half done
 
 
 def test_albert_shared_weights_prune_only_alike(family):
     model, tokenizer = family("albert", groups=1)  # both layers run one attention module
     with pytest.raises(ValueError, match="share one attention module"):
-        pruning.prune_heads(model, {0: [1]})
+        head_removal.prune_heads(model, {0: [1]})
     inputs = inputs_for(model, tokenizer)
     heads = {0: [1, 2], 1: [1, 2]}
     want = zero_gated(model, tokenizer, heads, inputs).last_hidden_state
-    pruning.prune_heads(model, heads)
+    head_removal.prune_heads(model, heads)
     torch.testing.assert_close(model(**inputs).last_hidden_state, want, atol=ATOL, rtol=0)
 
 
@@ -157,12 +157,12 @@ def test_save_and_load_model_give_the_zero_gated_outputs(family, kind, heads, tm
     model, tokenizer = family(kind)
     inputs = inputs_for(model, tokenizer)
     want = zero_gated(model, tokenizer, heads, inputs).last_hidden_state
-    pruning.prune_heads(model, heads)
-    path = pruning.save_pruned(model, tokenizer, tmp_path_factory.mktemp(kind))
+    head_removal.prune_heads(model, heads)
+    path = head_removal.save_pruned(model, tokenizer, tmp_path_factory.mktemp(kind))
     config = json.loads((path / "config.json").read_text())
-    assert config[pruning.CONFIG_PRUNED] == {str(layer): sorted(hs) for layer, hs in heads.items()}
+    assert config[head_removal.CONFIG_PRUNED] == {str(layer): sorted(hs) for layer, hs in heads.items()}
     loaded = load_model(path)
-    assert loaded.n_heads == TINY_HEADS and pruning.pruned_heads(loaded.model) == \
+    assert loaded.n_heads == TINY_HEADS and head_removal.pruned_heads(loaded.model) == \
         {layer: sorted(hs) for layer, hs in heads.items()}
     with torch.no_grad():
         got = loaded.model(**inputs).last_hidden_state
@@ -177,8 +177,8 @@ def test_task_model_round_trip(family, tmp_path):
     inputs = inputs_for(model, tokenizer)
     heads = {0: [0], 1: [1, 2]}
     want = zero_gated(model, tokenizer, heads, inputs)
-    pruning.prune_heads(model, heads)
-    pruning.save_pruned(model, tokenizer, tmp_path / "clf")
+    head_removal.prune_heads(model, heads)
+    head_removal.save_pruned(model, tokenizer, tmp_path / "clf")
     clf = load_model(tmp_path / "clf", task="sequence-classification")
     assert not clf.head_initialised
     with torch.no_grad():
@@ -186,20 +186,20 @@ def test_task_model_round_trip(family, tmp_path):
         bare = load_model(tmp_path / "clf").model(**inputs, output_hidden_states=True)
         ref = model(**inputs, output_hidden_states=True)
     torch.testing.assert_close(bare.last_hidden_state, ref.hidden_states[-1], atol=ATOL, rtol=0)
-    pruning.save_pruned(clf.model.base_model, tokenizer, tmp_path / "bare")
+    head_removal.save_pruned(clf.model.base_model, tokenizer, tmp_path / "bare")
     fresh = load_model(tmp_path / "bare", task="sequence-classification", num_labels=3)
     assert fresh.head_initialised and fresh.model.config.num_labels == 3
-    assert pruning.pruned_heads(fresh.model) == {0: [0], 1: [1, 2]}
+    assert head_removal.pruned_heads(fresh.model) == {0: [0], 1: [1, 2]}
 
 
 def test_a_bad_record_is_a_user_error(family, tmp_path):
     from bertscope.errors import UserError
 
     model, tokenizer = family("bert")
-    pruning.prune_heads(model, {0: [1]})
-    pruning.save_pruned(model, tokenizer, tmp_path)
+    head_removal.prune_heads(model, {0: [1]})
+    head_removal.save_pruned(model, tokenizer, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config[pruning.CONFIG_PRUNED] = {"0": [7]}
+    config[head_removal.CONFIG_PRUNED] = {"0": [7]}
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="do not fit 2 layers x 4 heads"):
         load_model(tmp_path)
@@ -222,7 +222,7 @@ def test_gate_gradients_of_kept_heads_match(family):
         for layer, hs in heads.items():
             xi[:, layer, hs] = 0.0
         if prune:
-            pruning.prune_heads(model, heads)
+            head_removal.prune_heads(model, heads)
         loaded.gates.xi = xi.requires_grad_()
         model(**inputs).last_hidden_state.tanh().sum().backward()
         grads.append(xi.grad)
@@ -249,7 +249,7 @@ def test_run_statistics_of_a_pruned_model(family, kind, backend):
             loaded.gates.set(layer, h, Gate.ZERO)
     want = run_stats(loaded, segments, SPEC, options)
     loaded.gates.reset()
-    pruning.prune_heads(model, heads)
+    head_removal.prune_heads(model, heads)
     got = run_stats(loaded, segments, SPEC, options)
     removed = np.zeros((TINY_LAYERS, TINY_HEADS), dtype=bool)
     for layer, hs in heads.items():
@@ -265,11 +265,11 @@ def test_spread_heads_puts_heads_back():
     from bertscope.kernels import RowStats
 
     stats = RowStats(entropy=torch.tensor([[[1.0], [2.0]]]), argmax=torch.tensor([[[0], [1]]]), scale=0.5)  # (1, 2, 1)
-    out = pruning.spread_heads(stats, (3, 1), 4)
+    out = head_removal.spread_heads(stats, (3, 1), 4)
     assert out.entropy[0, :, 0].tolist()[1] == 2.0 and out.entropy[0, 3, 0] == 1.0
     assert torch.isnan(out.entropy[0, [0, 2]]).all() and out.argmax[0, :, 0].tolist() == [-1, 1, -1, 0]
     assert out.scale == 0.5
-    empty = pruning.spread_heads(RowStats(entropy=torch.ones(1, 1, 3)), (pruning.PLACEHOLDER,), 4)
+    empty = head_removal.spread_heads(RowStats(entropy=torch.ones(1, 1, 3)), (head_removal.PLACEHOLDER,), 4)
     assert empty.entropy.shape == (1, 4, 3) and torch.isnan(empty.entropy).all()
 
 
@@ -277,10 +277,10 @@ def test_spread_heads_puts_heads_back():
 
 
 def test_parse_heads():
-    assert pruning.parse_heads("1-3, 2-5,1-1,1-3") == {0: [0, 2], 1: [4]}
+    assert head_removal.parse_heads("1-3, 2-5,1-1,1-3") == {0: [0, 2], 1: [4]}
     for bad in ("0-1", "1-0", "1:3", "a-b", "", "3"):
         with pytest.raises(ValueError):
-            pruning.parse_heads(bad)
+            head_removal.parse_heads(bad)
 
 
 def write_prune_order(run_dir, rows):
@@ -297,12 +297,12 @@ PRUNE_ORDER = [(1, 0.125, 1, 2), (1, 0.125, 2, 4), (2, 0.25, 2, 1), (2, 0.25, 2,
 def test_heads_from_prune_order(tmp_path):
     run = write_prune_order(tmp_path / "run", PRUNE_ORDER)
     path = run / "prune_order.csv"
-    assert pruning.heads_from_prune_order(path, 0.1) == {}
-    assert pruning.heads_from_prune_order(path, 0.125) == {0: [1], 1: [3]}
-    assert pruning.heads_from_prune_order(path, 0.3) == {0: [1], 1: [0, 1, 3]}
+    assert head_removal.heads_from_prune_order(path, 0.1) == {}
+    assert head_removal.heads_from_prune_order(path, 0.125) == {0: [1], 1: [3]}
+    assert head_removal.heads_from_prune_order(path, 0.3) == {0: [1], 1: [0, 1, 3]}
     path.write_text("layer,head\n1,1\n")
     with pytest.raises(ValueError, match="columns"):
-        pruning.heads_from_prune_order(path, 0.5)
+        head_removal.heads_from_prune_order(path, 0.5)
 
 
 # --- the command ------------------------------------------------------------------------------
@@ -317,10 +317,10 @@ def test_heads_remove_command(tiny_checkpoint, tmp_path, capsys):
                  "--out", str(out)]) == 0
     assert "removed 4 of 8 heads (50.0%); heads per layer: 3 1" in capsys.readouterr().out
     loaded = load_model(out)
-    assert pruning.pruned_heads(loaded.model) == {0: [1], 1: [0, 1, 3]}
+    assert head_removal.pruned_heads(loaded.model) == {0: [1], 1: [0, 1, 3]}
     out2 = tmp_path / "pruned2"
     assert main(["heads", "remove", "--model", str(tiny_checkpoint), "--heads", "1-1,2-4", "--out", str(out2)]) == 0
-    assert pruning.pruned_heads(load_model(out2).model) == {0: [0], 1: [3]}
+    assert head_removal.pruned_heads(load_model(out2).model) == {0: [0], 1: [3]}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -382,8 +382,8 @@ def test_the_embedded_minilm_pruned_equals_zero_gated(minilm_path, tmp_path):
     enc = loaded.tokenizer(["Attention heads attend to the separator token.", "A second, shorter one."],
                            padding=True, return_tensors="pt")
     want = zero_gated(loaded.model, loaded.tokenizer, heads, enc).last_hidden_state
-    pruning.prune_heads(loaded.model, heads)
-    pruning.save_pruned(loaded.model, loaded.tokenizer, tmp_path)
+    head_removal.prune_heads(loaded.model, heads)
+    head_removal.save_pruned(loaded.model, loaded.tokenizer, tmp_path)
     with torch.no_grad():
         got = load_model(tmp_path).model(**enc).last_hidden_state
     # float32 rounding of differently shaped matmuls, through 6 layers: 3e-5 on values ~1.5 seen
@@ -405,7 +405,7 @@ def test_gated_variants_on_a_pruned_classifier(minilm_tokenizer, kind):
     task = toy_task(minilm_tokenizer)
     variants = [baseline(L, H)] + single_heads(L, H, Gate.ZERO)
     pruned = wrap_model(classifier(minilm_tokenizer, kind=kind), minilm_tokenizer)
-    pruning.prune_heads(pruned.model, heads)
+    head_removal.prune_heads(pruned.model, heads)
     one = evaluate_variants(pruned, task, variants, batch_size=5, max_rows=0, progress=False)
     many = evaluate_variants(pruned, task, variants, batch_size=5, max_rows=40, progress=False)
     np.testing.assert_array_equal(many.predictions, one.predictions)

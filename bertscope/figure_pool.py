@@ -8,7 +8,7 @@ figures; they draw side by side while the main process writes its other outputs,
 `wait()` returns the files written, or raises `FigureError` saying what went wrong: a figure
 that fails never costs the data outputs.
 
-A helper (`python -m bertscope.figures [MODULE:FUNCTION]`) first calls its warm-up function
+A helper (`python -m bertscope.figure_pool [MODULE:FUNCTION]`) first calls its warm-up function
 (importing matplotlib, loading fonts), then reads one job, a list of pickled (function, kwargs),
 from stdin and answers one JSON line on stdout. It ignores Ctrl-C, which the
 terminal sends to the whole process group: the run decides what an interrupt means, and a
@@ -42,9 +42,6 @@ def split(costs: dict[str, float], n: int) -> list[list[str]]:
     return shares
 
 
-SURFACE_PLOTS = "bertscope.analyses.surface_plots"  # the module of `bertscope run`'s figures
-
-
 def default_helpers() -> int:
     """Two helpers where two cores are ours, else one; none on torchrun ranks but 0 (rank 0 draws)."""
     if int(os.environ.get("RANK", "0")) != 0:
@@ -68,7 +65,7 @@ class FigurePool:
         for _ in range(default_helpers() if n is None else n):
             log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty helper never blocks
             try:
-                helper = subprocess.Popen([sys.executable, "-m", "bertscope.figures", *([warm_up] if warm_up else [])],
+                helper = subprocess.Popen([sys.executable, "-m", "bertscope.figure_pool", *([warm_up] if warm_up else [])],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
             except OSError:  # no process to spare: draw in this process instead
                 log.close()
@@ -151,11 +148,6 @@ class FigurePool:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def surface_pool() -> FigurePool:
-    """The helpers of `bertscope run`, warming up for the surface figures."""
-    return FigurePool.start(f"{SURFACE_PLOTS}:warm_up")
 
 
 def call(function: str, kwargs: dict) -> list[Path]:
