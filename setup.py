@@ -5,7 +5,10 @@ but installs them *inside* the bertscope package (`bertscope.kernels`,
 `bertscope.analyses`) so site-packages never gains bare top-level packages with
 generic names.
 """
-from setuptools import setup
+from setuptools import find_packages, setup
+
+# one package per analysis folder (analyses/<family>/..., installed as bertscope.analyses.<family>)
+ANALYSES = ["bertscope.analyses"] + [f"bertscope.analyses.{p}" for p in find_packages("analyses")]
 
 setup(
     name="bertscope",
@@ -14,7 +17,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["bertscope", "bertscope.kernels", "bertscope.analyses", "bertscope.datasets", "bertscope.probes"],
+    packages=["bertscope", "bertscope.kernels", "bertscope.datasets", *ANALYSES],
     package_dir={
         "bertscope": "bertscope",
         "bertscope.kernels": "kernels",

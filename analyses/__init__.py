@@ -1,1 +1,99 @@
-"""Analyses."""
+"""The analyses of bertscope, one folder each, and the one registry of what they add.
+
+Every analysis family lives in its own folder with the same role files:
+
+    command.py   its command line: HELP, DESCRIPTION, add_arguments(parser), main(args) -> int
+    stats.py     accumulator and maths: arrays in, arrays out; no command line, no files
+    plots.py     its figures
+    section.py   its part of the report: build(run: RunFiles) -> Section | None
+    outputs.py   the names of the files it writes (and the one reader of each), shared by
+                 the command that writes them and the section that reads them
+
+This module is the registry: `COMMANDS` feeds the command line (`bertscope.cli`) and
+`SECTIONS` the report (`bertscope.report`). Both name modules as strings, so building the
+parser or the report imports each analysis only when it is needed, and nothing registers
+itself by being imported. A new analysis adds its lines here, and nowhere else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_ = "bertscope.analyses."
+
+
+@dataclass(frozen=True)
+class Group:
+    """A command with subcommands (`bertscope probe NAME`, `bertscope heads WHAT`)."""
+
+    help: str
+    description: str
+    metavar: str
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section of the report: `name` is its HTML id, `builder` a "module:function"."""
+
+    name: str
+    builder: str
+
+
+GROUPS: dict[str, Group] = {
+    "probe": Group(
+        help="word-level probes: syntax, coreference, probing classifiers, head clustering (Clark et al. 2019, "
+        "sections 4-6)",
+        description="Probe what heads do between words, on annotated data (see `bertscope data`). Outputs go to a "
+        "run directory as CSV, PNG and an entry in run.json.",
+        metavar="PROBE"),
+    "heads": Group(
+        help="what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6); "
+        "importance, ablate, prune, remove (Michel et al. 2019); attention-grad (Clark et al. 2019, section 3)",
+        description="what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, "
+        "section 4.6); importance, ablate, prune, remove (Michel et al. 2019); attention-grad (Clark et al. "
+        "2019, section 3)",
+        metavar="WHAT"),
+}
+
+# `bertscope COMMAND [SUBCOMMAND]` -> the module that adds its arguments and runs it, in the
+# order `bertscope --help` lists them (the core's own commands, data, report, view and
+# selftest, follow)
+COMMANDS: dict[str, str] = {
+    "run": _ + "surface.command",
+    "probe syntax": _ + "probes.syntax.command",
+    "probe coref": _ + "probes.coref.command",
+    "probe classifier": _ + "probes.classifier.command",
+    "probe cluster": _ + "probes.cluster.command",
+    "compare": _ + "compare.command",
+    "cues": _ + "cues.command",
+    "features": _ + "features.command",
+    "relations": _ + "relations.command",
+    "patterns": _ + "patterns.command",
+    "heads disable": _ + "heads.disable.command",
+    "heads ablate": _ + "heads.ablate.command",
+    "heads importance": _ + "heads.importance.command",
+    "heads prune": _ + "heads.prune.command",
+    "heads remove": _ + "heads.remove.command",
+    "heads attention-grad": _ + "heads.attention_grad.command",
+    "finetune": _ + "finetune.command",
+}
+
+# the report's sections, in page order (the report adds its provenance first and the figures
+# no section claimed last)
+SECTIONS: tuple[Section, ...] = (
+    Section("surface", _ + "surface.section:build"),
+    Section("syntax", _ + "probes.syntax.section:build"),
+    Section("coref", _ + "probes.coref.section:build"),
+    Section("classifier", _ + "probes.classifier.section:build"),
+    Section("cluster", _ + "probes.cluster.section:build"),
+    Section("compare", _ + "compare.section:build"),
+    Section("cues", _ + "cues.section:build"),
+    Section("per_example", _ + "surface.section:build_per_example"),
+    Section("features", _ + "features.section:build"),
+    Section("relations", _ + "relations.section:build"),
+    Section("patterns", _ + "patterns.section:build"),
+    Section("disable", _ + "heads.disable.section:build"),
+    Section("finetune", _ + "finetune.section:build"),
+    Section("attention_grad", _ + "heads.attention_grad.section:build"),
+    Section("importance", _ + "heads.importance.section:build"),
+    Section("ablate", _ + "heads.ablate.section:build"),
+)

@@ -39,7 +39,7 @@ class Engine:
 
         from bertscope.attention import HeadProbe
         from bertscope.models import load_model
-        from bertscope.run import RunSettings
+        from bertscope.analyses.surface.command import RunSettings
 
         self.torch, self.folder = torch, folder
         self.loaded = load_model()
@@ -50,7 +50,7 @@ class Engine:
 
     def accumulators(self, method):
         from bertscope.accumulate import HeadStats
-        from bertscope.per_example import PerExampleWriter
+        from bertscope.analyses.surface.per_example import PerExampleWriter
 
         ld = self.loaded
         accs = [HeadStats(ld.n_layers, ld.n_heads, self.spec, ld.classes)]

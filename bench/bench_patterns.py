@@ -52,12 +52,12 @@ def inprocess(limit: int, repeats: int, threads: int) -> str:
     import torch
 
     from bertscope.accumulate import HeadStats
-    from bertscope.analyses import patterns as P
+    from bertscope.analyses.patterns import stats as P
     from bertscope.attention import HeadProbe
     from bertscope.corpus import open_corpus
     from bertscope.engine import _collate, forward, windowed_batches
     from bertscope.models import load_model
-    from bertscope.run import RunSettings
+    from bertscope.analyses.surface.command import RunSettings
     from bertscope.segments import SegmentOptions, iter_segments
     from bertscope.token_classes import part_ids
 

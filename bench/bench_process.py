@@ -75,10 +75,10 @@ PROFILE = r"""
 import importlib.util, json, sys, time
 stamps = []
 TARGETS = {  # module: (function, phase); any that does not exist is skipped
-    "bertscope.run": [("load_model", "model load"), ("load_corpus", "corpus"), ("make_segments", "segments"),
+    "bertscope.analyses.surface.command": [("load_model", "model load"), ("load_corpus", "corpus"), ("make_segments", "segments"),
                       ("fold", "pass"), ("write_outputs", "outputs"), ("write_surface", "figures (wait) + index.html"),
                       ("write_json", "run.json"), ("write_report", "index.html")],
-    "bertscope.analyses.surface_plots": [("plot_surface", "figures: draw in this process")],
+    "bertscope.analyses.surface.plots": [("plot_surface", "figures: draw in this process")],
     "bertscope.figure_pool": [("surface_pool", "figures: start helpers"), ("FigurePool.draw", "figures: hand over"),
                           ("FigurePool.wait", "figures: wait for helpers")],
 }

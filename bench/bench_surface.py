@@ -164,7 +164,7 @@ class Runner:
         path = default_model_dir()
         if "bertscope" in methods:
             from bertscope.attention import HeadProbe
-            from bertscope.run import RunSettings
+            from bertscope.analyses.surface.command import RunSettings
 
             self.loaded = load_model()
             self.tokenizer, self.class_table = self.loaded.tokenizer, self.loaded.class_table
@@ -184,7 +184,7 @@ class Runner:
     def new_accumulator(self, method):
         """An empty accumulator of `method`'s statistics (None for floor, which keeps none)."""
         if method == "eager+maps":
-            from bertscope.run import RunSettings
+            from bertscope.analyses.surface.command import RunSettings
 
             spec, cfg = RunSettings().spec(), self.models["eager+maps"].config
             return MapStats(cfg.num_hidden_layers, cfg.num_attention_heads, spec.offsets, spec.n_key_classes)

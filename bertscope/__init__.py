@@ -3,7 +3,9 @@
 `bertscope.load()` gives a `bertscope.api.Scope` for notebooks; `bertscope` on the command
 line runs the analyses.
 """
-__version__ = "0.1.0"
+from bertscope.version import __version__
+
+__all__ = ["__version__", "load"]
 
 
 def load(*args, **kwargs):

@@ -82,7 +82,7 @@ class Scope:
         return sorted(segments, key=lambda s: int(s.doc_id))
 
     def _spec(self, spec: StatsSpec | None, classes: TokenClasses | None) -> StatsSpec:
-        from bertscope.run import RunSettings
+        from bertscope.analyses.surface.command import RunSettings
 
         if spec is None:
             spec = RunSettings().spec()
@@ -96,7 +96,7 @@ class Scope:
         """Per-head surface table (the columns of heads.csv) over `texts`, a pandas DataFrame."""
         import pandas as pd
 
-        from bertscope.analyses import surface
+        from bertscope.analyses.surface import stats as surface
         from bertscope.engine import EngineOptions, run_stats
 
         spec = self._spec(spec, None)
@@ -112,8 +112,8 @@ class Scope:
         not given)."""
         import pandas as pd
 
+        from bertscope.analyses.surface.per_example import PerExampleWriter
         from bertscope.engine import EngineOptions, fold
-        from bertscope.per_example import PerExampleWriter
 
         spec = self._spec(spec, classes)
         segments = segments if segments is not None else self.segments(texts, **segment_options)

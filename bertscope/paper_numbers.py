@@ -94,7 +94,7 @@ COREF_TABLE2 = {
     "sieve": dict(zip(COREF_TYPES, (Number(v, TABLE2) for v in (69, 70, 77, 60)))),
 }
 
-# Table 3: UAS of the attention-based probing classifiers (bertscope.probes.classifier's model names)
+# Table 3: UAS of the attention-based probing classifiers (bertscope.analyses.probes.classifier.command's model names)
 CLASSIFIER_TABLE3 = {name: Number(v, TABLE3) for name, v in (
     ("Right-branching", 26), ("Distances + GloVe", 58), ("Random Init Attn + GloVe", 30),
     ("Attn", 61), ("Attn + GloVe", 77))}

@@ -5,51 +5,42 @@ any run directory, for instance after probes or a comparison added their files. 
 needs nothing beside it: figures are embedded as base64 data URIs, the CSS is inline, there
 is no script and no network access, so the one file can be mailed or archived on its own.
 
-Each analysis is a section plug-in (`bertscope.report_sections`): a function registered with
-`@section(...)` that looks for its files in the run directory and returns a `Section`
-(intro, findings, tables, figures with captions), or None when its files are absent. A new
-analysis adds one function. Figures no section claims still appear, in "Other figures".
+Each analysis contributes a section (`bertscope.report_page` is the contract): a function,
+listed in the registry `bertscope.analyses.SECTIONS`, that looks for its files in the run
+directory and returns a `Section` (intro, findings, tables, figures with captions), or None
+when its files are absent. The report adds its own two: the provenance first, and last the
+figures no section claimed, in "Other figures".
 """
 from __future__ import annotations
 
 import base64
-import csv
 import html
+import importlib
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import bertscope
-from bertscope import paper_numbers
+from bertscope import analyses, paper_numbers
 from bertscope.errors import UserError
-from bertscope.rundir import read_json
+from bertscope.report_page import Figure, RunFiles, Section, Table
+from bertscope.segments import describe_lengths
+from bertscope.version import __version__
 
 REPORT_NAME = "index.html"
 
 
-Builder = Callable[[RunFiles], "Section | None"]
-SECTIONS: list[tuple[str, Builder]] = []
-
-
-def section(name: str):
-    """Register a section builder; sections appear in registration order."""
-    def register(fn: Builder) -> Builder:
-        SECTIONS.append((name, fn))
-        return fn
-    return register
-
-
 def build_sections(run_dir: Path) -> list[tuple[str, Section]]:
-    import bertscope.report_sections  # noqa: F401  (registers the sections)
-
+    """Every section with files in `run_dir`, in page order: the provenance, each analysis's
+    section as the registry lists them, then the figures no section claimed."""
     files = RunFiles(run_dir)
-    out = []
-    last = [(n, b) for n, b in SECTIONS if n == "other_figures"]  # sees what every other section claimed
-    for name, build in [(n, b) for n, b in SECTIONS if n != "other_figures"] + last:
-        s = build(files)
+    out = [("provenance", provenance(files))]
+    for entry in analyses.SECTIONS:
+        module, function = entry.builder.split(":")
+        s = getattr(importlib.import_module(module), function)(files)
         if s is not None:
-            out.append((name, s))
+            out.append((entry.name, s))
+    s = other_figures(files)  # last: it sees what every other section claimed
+    if s is not None:
+        out.append(("other_figures", s))
     return out
 
 
@@ -77,6 +68,42 @@ def refresh_report(run_dir: str | Path, log=print) -> Path | None:
         return None
     log(f"updated the report {path}")
     return path
+
+
+# ----------------------------------------------------------------------------- the report's own sections
+
+def provenance(run: RunFiles) -> Section:
+    r = run.record
+    model = r.get("model") or {}
+    rows = [("status", r.get("status")), ("command", r.get("command")),
+            ("bertscope", r.get("bertscope_version")),
+            ("model", f"{model.get('path')} ({model.get('type')}, {model.get('layers')} layers x "
+                      f"{model.get('heads')} heads)" if model else None),
+            ("tokens", r.get("n_tokens")), ("elapsed (s)", r.get("elapsed_s")),
+            ("kernel", r.get("kernel")), ("attention output", r.get("output")),
+            ("processes", r.get("world_size"))]
+    for group in ("corpus", "segments", "versions", "settings"):
+        for k, v in (r.get(group) or {}).items():
+            rows.append((f"{group}: {k}", describe_lengths(v) if k == "lengths" and v else v))
+    rows.append(("outputs", ", ".join(r.get("outputs") or [])))
+    probes = r.get("probes") or {}
+    for name, p in probes.items():
+        rows.append((f"probe {name}", f"{p.get('status')}, command: {p.get('command', '?')}"))
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td style=\"text-align:left\">{html.escape(str(v))}</td></tr>"
+                    for k, v in rows if v not in (None, "", {}))
+    return Section("Settings and provenance", intro="From run.json: what was run, on what, with which versions.",
+                   raw_html=f"<table>{cells}</table>")
+
+
+
+
+def other_figures(run: RunFiles) -> Section | None:
+    """Every PNG no section claimed, so no figure is left out of the report."""
+    rest = [n for n in run.figures("*.png") if n not in run.claimed]
+    if not rest:
+        return None
+    return Section("Other figures", intro="Figures in the run directory that no report section describes yet.",
+                   figures=[Figure(n, "no caption: no report section knows this file yet.") for n in rest])
 
 
 # ----------------------------------------------------------------------------- HTML
@@ -111,7 +138,7 @@ Numbers in <span class="paper">this colour</span> are the paper's, with their so
 {body}
 <footer><h2>Sources of the paper numbers</h2><ul>{sources}</ul>
 <p>Clark, Khandelwal, Levy and Manning (2019), What Does BERT Look At? An Analysis of BERT's Attention.
-Written by bertscope {html.escape(bertscope.__version__)}.</p></footer>
+Written by bertscope {html.escape(__version__)}.</p></footer>
 </body></html>
 """
 

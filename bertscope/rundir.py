@@ -22,8 +22,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import bertscope
 from bertscope.errors import UserError
+from bertscope.version import __version__
 
 
 def check_run_dir(out: str | None):
@@ -119,7 +119,7 @@ class AnalysisRun:
             return Path(out)
         path = new_run_dir(out)
         write_json(path / "run.json", {
-            "bertscope_version": bertscope.__version__,
+            "bertscope_version": __version__,
             "model": None,
             "versions": {"python": platform.python_version(), "torch": _version("torch"),
                          "transformers": _version("transformers")},

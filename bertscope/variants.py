@@ -24,7 +24,7 @@ instead (`share_prefix=False` does that everywhere). Each row's arithmetic is it
 variant's predictions are those of evaluating it alone (tested bit for bit on one thread).
 
 `evaluate_variants` returns the predictions of every variant on every example, (V, N): the
-per-example correctness that paired tests need (`bertscope.analyses.paired`).
+per-example correctness that paired tests need (`bertscope.analyses.heads.paired`).
 """
 from __future__ import annotations
 

@@ -93,10 +93,10 @@ def attention_maps(scope, segment, from_word: str = "mean"):
     """One forward pass with the eager kernel: (HeadStats, token maps (layers, H, L, L),
     word maps (layers, H, W, W) in the engine's unit order), float64 numpy."""
     from bertscope.accumulate import HeadStats
+    from bertscope.analyses.surface.command import RunSettings
     from bertscope.engine import stream_batches
     from bertscope.kernels import StatsSpec
     from bertscope.kernels.common import masked_scores
-    from bertscope.run import RunSettings
 
     loaded = scope.loaded
     spec = RunSettings().spec().union(StatsSpec(offsets=(), n_key_classes=loaded.classes.n_classes,
@@ -119,7 +119,7 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     patterns: optional (layers, H) array of pattern-type names (Kovaleva et al.), the hook
     for pattern types per input; None shows "not computed yet".
     """
-    from bertscope.analyses import surface
+    from bertscope.analyses.surface import stats as surface
     from bertscope.models import model_name
 
     loaded, tokenizer = scope.loaded, scope.tokenizer

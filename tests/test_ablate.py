@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.analyses.ablate import (BUT_ONE_COLUMNS, IMPORTANCE_COLUMNS, but_one_table, head_deltas,
+from bertscope.analyses.heads.ablate.stats import (BUT_ONE_COLUMNS, IMPORTANCE_COLUMNS, but_one_table, head_deltas,
                                        importance_grid, one_head_suffices, rank_correlation, read_importance)
 from bertscope.errors import UserError
-from bertscope.heads import variant_rows
+from bertscope.analyses.heads.common import variant_rows
 from bertscope.kernels import Gate
 from bertscope.models import wrap_model
 from bertscope.variants import all_but_one, baseline, evaluate_variants, forward_variants, single_heads

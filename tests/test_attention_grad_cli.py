@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-from bertscope.attention_gradient import GradStats, mask_tokens
+from bertscope.analyses.heads.attention_grad.command import GradStats, mask_tokens
 from bertscope.cli import main
 
 from conftest import TINY_HEADS, TINY_LAYERS, require_data, tiny_config

@@ -12,7 +12,7 @@ import torch
 
 from bertscope.accumulate import HeadStats
 from bertscope.batch import BatchContext
-from bertscope.analyses.surface import head_table
+from bertscope.analyses.surface.stats import head_table
 from bertscope.kernels import RowStats, StatsSpec
 from bertscope.token_classes import TokenClasses
 

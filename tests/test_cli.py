@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import bertscope.engine
-import bertscope.run
+import bertscope.analyses.surface.command
 from bertscope.accumulate import ARRAYS, HeadStats
-from bertscope.analyses.surface import head_table
+from bertscope.analyses.surface.stats import head_table
 from bertscope.cli import main
 from bertscope.corpus import load_text_file
 from bertscope.engine import EngineOptions, run_stats
@@ -199,7 +199,7 @@ def test_text_corpus_with_a_local_checkpoint(tmp_path, corpus_file, tiny_checkpo
     # and the numbers are those of the engine over the same segments
     documents, _ = load_text_file(corpus_file)
     segments, _ = make_segments(documents, loaded.tokenizer, SegmentOptions(limit=None))
-    table = head_table(run_stats(loaded, segments, bertscope.run.RunSettings().spec(),
+    table = head_table(run_stats(loaded, segments, bertscope.analyses.surface.command.RunSettings().spec(),
                                  EngineOptions(progress=False)))
     for col in REQUIRED:
         np.testing.assert_allclose([r[col] for r in rows], table[col].ravel(), rtol=1e-5, atol=1e-7, err_msg=col)
@@ -322,7 +322,7 @@ def test_limit_accepts_all_but_not_zero(capsys):
 def test_runs_recorded_before_packing_resume_with_the_balanced_split():
     from dataclasses import asdict
 
-    from bertscope.run import RunSettings
+    from bertscope.analyses.surface.command import RunSettings
 
     assert RunSettings.from_dict({"corpus": "wiki", "limit": 5}).packing == "balanced"
     assert RunSettings.from_dict(asdict(RunSettings())) == RunSettings()  # packing "clark", average "tokens"
@@ -360,7 +360,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
     # checkpoint after every batch (the default is every 20)
-    monkeypatch.setattr(bertscope.run, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.forward
     calls = []
 
@@ -418,7 +418,7 @@ def test_resume_across_windows_equals_an_uninterrupted_run(tmp_path, tiny_checkp
     corpus.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--text-field", "text,text_b",
             "--limit", "30", "--batch-size", "3", "--window", "2", "--per-example", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.run, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.forward
     calls = []
 
@@ -459,7 +459,7 @@ def test_runs_recorded_before_windows_resume_with_one_sorted_window():
     from dataclasses import asdict
 
     from bertscope.engine import WINDOW_BATCHES
-    from bertscope.run import RunSettings
+    from bertscope.analyses.surface.command import RunSettings
 
     assert RunSettings.from_dict({"corpus": "wiki", "limit": 5}).window_batches is None
     assert RunSettings.from_dict(asdict(RunSettings())).window_batches == WINDOW_BATCHES
@@ -471,7 +471,7 @@ def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_t
     mid-write leaves the previous checkpoint, and resuming from it redoes the lost batch once."""
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.run, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
     whole = tmp_path / "whole"
     assert main([*args, "--out", str(whole)]) == 0
 

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from bertscope.analyses.compare import (
+from bertscope.analyses.compare.stats import (
     PAIRED,
     UNPAIRED,
     bh_adjust,
@@ -19,9 +19,9 @@ from bertscope.analyses.compare import (
 )
 from scipy import stats as sps
 
-import bertscope.compare
+import bertscope.analyses.compare.command
 from bertscope.cli import main
-from bertscope.compare import compare_runs
+from bertscope.analyses.compare.command import compare_runs
 from bertscope.errors import UserError
 from bertscope.rundir import write_csv, write_json
 
@@ -166,7 +166,7 @@ def test_unpaired_when_segments_differ(tmp_path):
 def test_streaming_in_small_batches_gives_the_same(paired_runs, tmp_path, monkeypatch):
     run_a, run_b, a, b = paired_runs
     whole = compare_runs(run_a, run_b)
-    monkeypatch.setattr(bertscope.compare, "BATCH_ROWS", 7)  # batches cut across segments and heads
+    monkeypatch.setattr(bertscope.analyses.compare.command, "BATCH_ROWS", 7)  # batches cut across segments and heads
     small_a = make_run(tmp_path / "a2", a, row_group=11)
     small_b = make_run(tmp_path / "b2", b, row_group=13)
     assert pq.ParquetFile(small_a / "examples.parquet").num_row_groups > 20
@@ -223,14 +223,14 @@ def test_command_writes_csv_figures_and_run_json(paired_runs, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Wilcoxon signed-rank" in printed and "[1/6 significant]" in printed
     rows = read_rows(out / "compare_heads.csv")
-    assert list(rows[0]) == list(bertscope.compare.COLUMNS) and len(rows) == len(STATS) * LY * H
+    assert list(rows[0]) == list(bertscope.analyses.compare.command.COLUMNS) and len(rows) == len(STATS) * LY * H
     shifted = [r for r in rows if r["significant"] == "True"]
     assert [(r["statistic"], r["layer"], r["head"]) for r in shifted] == [("prev", "2", "3")]
     assert {r["test"] for r in rows} == {PAIRED} and {r["n_a"] for r in rows} == {str(N)}
     assert float(shifted[0]["diff"]) == pytest.approx(b["prev"].mean(0)[1, 2] - a["prev"].mean(0)[1, 2], abs=1e-5)
     record = json.loads((out / "run.json").read_text())["compare"]
-    assert bertscope.compare.read_comparison(out) == (record, rows)
-    assert bertscope.compare.read_comparison(run_b) is None
+    assert bertscope.analyses.compare.outputs.read_comparison(out) == (record, rows)
+    assert bertscope.analyses.compare.outputs.read_comparison(run_b) is None
     assert record["test"] == PAIRED and record["significant"] == {"prev": 1, "entropy": 0, "rest_sep": 0}
     assert record["outputs"] == ["compare_heads.csv"] + [f"fig_compare_{s}.png" for s in STATS]
     for name in record["outputs"][1:]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from bertscope.analyses.paired import disagreements, mcnemar_exact, paired_bootstrap
+from bertscope.analyses.heads.paired import disagreements, mcnemar_exact, paired_bootstrap
 from bertscope.kernels import Gate
 from bertscope.models import wrap_model
 from bertscope.task_inputs import EncodedTask, encode_task

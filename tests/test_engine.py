@@ -14,7 +14,7 @@ from transformers import AttentionInterface, GPT2Config, GPT2Model
 
 from bertscope import attention
 from bertscope.accumulate import ARRAYS, HeadStats
-from bertscope.analyses.surface import head_table
+from bertscope.analyses.surface.stats import head_table
 from bertscope.attention import HeadProbe
 from bertscope.corpus import Document
 from bertscope.engine import EngineOptions, plan_batches, run_batch, run_stats, stream_batches, windowed_batches

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.analyses.features import (FEATURES, SCHEME, TASK_FEATURES, FeatureScores, feature_classes,
+from bertscope.analyses.features.stats import (FEATURES, SCHEME, TASK_FEATURES, FeatureScores, feature_classes,
                                          negation_words, set_classes, word_tags)
 from bertscope.batch import BatchContext
 from bertscope.cli import main
@@ -268,7 +268,7 @@ def test_command_end_to_end(tiny_checkpoint, tmp_path):
 
 def test_command_resumes_an_interrupted_run_to_the_same_numbers(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     require_data("ud-ewt")
-    import bertscope.features as command
+    import bertscope.analyses.features.command as command
 
     common = ["--model", str(tiny_checkpoint), "--data", "ewt", "--limit", "6", "--batch-size", "2", "--quiet"]
     assert main(["features", "--out", str(tmp_path / "a")] + common) == 0

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from bertscope.attention_change import attention_cosine
+from bertscope.analyses.finetune.attention_change import attention_cosine
 from bertscope.cli import main
 from bertscope.datasets.tasks import ArctExample, TaskExample
 from bertscope.models import load_model, wrap_model

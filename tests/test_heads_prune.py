@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.heads_prune import importance_order, prunable_fraction, prune_counts, random_order
-from bertscope.importance import head_importance
+from bertscope.analyses.heads.prune.command import importance_order, prunable_fraction, prune_counts, random_order
+from bertscope.analyses.heads.importance.stats import head_importance
 from bertscope.models import wrap_model
 
 from conftest import TINY_HEADS, TINY_LAYERS, require_data

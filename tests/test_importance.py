@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.importance import example_gradients, head_importance, layer_normalise, least_important
+from bertscope.analyses.heads.importance.stats import example_gradients, head_importance, layer_normalise, least_important
 from bertscope.models import wrap_model
 from bertscope.task_inputs import encode_task
 from bertscope.task_model import point_loss

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.analyses import pattern_cnn
-from bertscope.analyses.patterns import TYPES, Thresholds, classify, map_features
+from bertscope.analyses.patterns import cnn as pattern_cnn
+from bertscope.analyses.patterns.stats import TYPES, Thresholds, classify, map_features
 
 # [CLS] a a a a a [SEP] b b b b b [SEP]
 PAIR = torch.tensor([0, 2, 2, 2, 2, 2, 1, 3, 3, 3, 3, 3, 1])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.analyses import patterns as P
+from bertscope.analyses.patterns import stats as P
 from bertscope.cli import main
 from conftest import interrupt_on_call, run_one_and_two_ranks
 
@@ -43,7 +43,7 @@ def test_patterns_writes_proportions_and_figures(tmp_path, run_args):
 
 
 def test_patterns_resumes_after_an_interruption(tmp_path, run_args, monkeypatch):
-    from bertscope import patterns
+    from bertscope.analyses.patterns import command as patterns
 
     full = tmp_path / "full"
     assert main(["patterns", *run_args, "--limit", "10", "--batch-size", "2", "--examples", "0",
@@ -66,7 +66,7 @@ def test_streamed_types_match_the_eager_maps(tiny_checkpoint, wiki, single_threa
     read by the eager reference (map_features)."""
     import argparse
 
-    from bertscope import patterns
+    from bertscope.analyses.patterns import command as patterns
     from bertscope.models import load_model
 
     loaded = load_model(str(tiny_checkpoint))
@@ -87,7 +87,7 @@ def test_streamed_types_match_the_eager_maps(tiny_checkpoint, wiki, single_threa
 def test_label_then_train(tmp_path, run_args):
     out = tmp_path / "labels"
     assert main(["patterns", "label", *run_args, "--limit", "4", "--out", str(out)]) == 0
-    from bertscope.analyses.pattern_cnn import load_labels
+    from bertscope.analyses.patterns.cnn import load_labels
 
     maps, _, meta = load_labels(out / "labels_wiki.npz")
     assert maps.shape == (4 * 2 * 4, 32, 32) and meta["labeller"] == "rules"

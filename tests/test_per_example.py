@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 
 import bertscope.engine
-import bertscope.run
+import bertscope.analyses.surface.command
 from bertscope.accumulate import HeadStats
-from bertscope.analyses.surface import head_table
+from bertscope.analyses.surface.stats import head_table
 from bertscope.cli import main
 from bertscope.engine import EngineOptions, fold
 from bertscope.kernels import StatsSpec
-from bertscope.per_example import PerExampleWriter, stat_columns
+from bertscope.analyses.surface.per_example import PerExampleWriter, stat_columns
 from test_engine import SPEC, eager_twin, hand_segments, random_segments, reference_table
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -106,7 +106,7 @@ def test_interrupted_per_example_run_resumes_to_the_same_rows(tmp_path, tiny_che
     corpus.write_text("\n".join(" ".join(words[: 3 + i]) + ("\n" if i == 4 else "") for i in range(12)) + "\n")
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--limit", "all", "--batch-size", "4",
             "--quiet", "--no-figures", "--per-example"]
-    monkeypatch.setattr(bertscope.run, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
 
     real_forward, calls = bertscope.engine.forward, []

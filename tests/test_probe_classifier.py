@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.analyses import classifier as clf
+from bertscope.analyses.probes.classifier import stats as clf
 from conftest import require_data
 
 K_LAYERS, K_HEADS = 2, 3

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.analyses import cluster
-from bertscope.analyses.surface import head_table
+from bertscope.analyses.probes.cluster import stats as cluster
+from bertscope.analyses.surface.stats import head_table
 from bertscope.cli import main
 from bertscope.engine import EngineOptions, run_stats
-from bertscope.probes.cluster import js_sums, spec_for
+from bertscope.analyses.probes.cluster.command import js_sums, spec_for
 from test_engine import eager_twin, inputs_of, random_segments
 
 pytestmark = pytest.mark.usefixtures("single_thread")

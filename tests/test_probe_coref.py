@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from bertscope.analyses import coref
+from bertscope.analyses.probes.coref import stats as coref
 from bertscope.datasets.coref import CorefDocument, Mention
 from conftest import require_data
 
@@ -249,7 +249,7 @@ def shared_data_or_skip():
 
 
 def test_windows_score_only_antecedents_inside_the_segment(minilm_tokenizer):
-    from bertscope.probes.coref import gum_segments
+    from bertscope.analyses.probes.coref.command import gum_segments
 
     # two sentences; "it" in the second refers to "the cat" in the first
     words = "The cat sat . It slept .".split()
@@ -320,7 +320,7 @@ def test_kernel_argmax_path_matches_word_maps(tiny_checkpoint):
 
     from bertscope.engine import iter_word_maps
     from bertscope.models import load_model
-    from bertscope.probes.coref import gum_segments, probe_gum, read_gum_documents
+    from bertscope.analyses.probes.coref.command import gum_segments, probe_gum, read_gum_documents
 
     loaded = load_model(str(tiny_checkpoint))
     docs = read_gum_documents(None, 1, 3)

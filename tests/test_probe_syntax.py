@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from bertscope.analyses.syntax import (ALL, OFFSETS, SyntaxCounts, format_table, sentence_dependents, summarise,
+from bertscope.analyses.probes.syntax.stats import (ALL, OFFSETS, SyntaxCounts, format_table, sentence_dependents, summarise,
                                        word_predictions)
 from bertscope.cli import main
 from conftest import require_data

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.analyses import relations as rel
+from bertscope.analyses.relations import stats as rel
 from bertscope.cli import main
 from bertscope.datasets.coref import CorefDocument, Mention
 from conftest import interrupt_on_call, require_data, run_one_and_two_ranks
@@ -219,7 +219,8 @@ def test_accumulator_equals_direct_computation_from_output_attentions(tiny_model
     from bertscope.accumulate import HeadStats
     from bertscope.engine import EngineOptions, fold
     from bertscope.models import wrap_model
-    from bertscope.relations import offsets_spec, prev_next
+    from bertscope.analyses.relations.command import offsets_spec
+    from bertscope.analyses.relations.stats import prev_next
     from bertscope.segments import collate, word_segment
 
     model, tokenizer = tiny_model("bert")

@@ -5,7 +5,7 @@ import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
 import numpy as np
 
-from bertscope.analyses.surface_plots import plot_surface
+from bertscope.analyses.surface.plots import plot_surface
 
 FIGURES = {
     "fig_tokens_by_layer.png", "fig_entropy_by_layer.png", "fig_offsets_heatmap.png",

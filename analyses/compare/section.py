@@ -1,0 +1,27 @@
+"""The comparison of two runs in the report (`bertscope compare`)."""
+from __future__ import annotations
+
+from bertscope.analyses.compare.outputs import read_comparison
+from bertscope.report_page import RunFiles, Section, Table, num
+
+
+def build(run: RunFiles) -> Section | None:
+    found = read_comparison(run.dir)
+    if found is None:
+        return None
+    record, rows = found
+    changed = sorted((r for r in rows if r.get("source") == "heads.csv" and num(r["diff"]) is not None),
+                     key=lambda r: -abs(num(r["diff"])))[:15]
+    table = Table("Heads that changed most (heads.csv statistics), diff = b - a",
+                  ["statistic", "layer", "head", "a", "b", "diff", "q", "significant"],
+                  [[r["statistic"], int(r["layer"]), int(r["head"]), num(r["a"]), num(r["b"]), num(r["diff"]),
+                    r.get("q", ""), r.get("significant", "")] for r in changed])
+    findings = [f"a = {record.get('a')} ({record.get('model_a')}), b = {record.get('b')} ({record.get('model_b')})."]
+    if record.get("test"):
+        findings.append(f"Test: {record.get('test_description')}; significant heads per statistic at q < "
+                        f"{record.get('alpha')}: {record.get('significant')}.")
+    figures = [run.figure(n, f"Per-head change of {n[len('fig_compare_'):-4]}, b - a: purple higher in b, orange "
+                          "lower, white unchanged; framed cells are significant where a test ran.")
+               for n in run.figures("fig_compare_*.png")]
+    return Section("Comparison of two runs", intro="Per-head differences between two run directories "
+                   "(bertscope compare).", findings=findings, tables=[table], figures=figures)

@@ -1,0 +1,407 @@
+"""`bertscope finetune --task rte|polarity|arct`: fine-tuning and what it changes (Kovaleva et al.
+2019, section 4.3, Table 1, Figure 5; Niven & Kao 2019 for ARCT).
+
+For every configuration (ARCT: data original/adversarial x input full/W/RW/CW) it reports the
+three columns of Kovaleva's Table 1:
+- `probe`: the pre-trained model without fine-tuning, a logistic regression on its frozen
+  final [CLS] vector (C picked on dev). Frozen features and a convex fit: no seed changes it,
+  so it runs once (seed "-").
+- `random`: fine-tuned from weights drawn from the architecture's normal initialiser.
+- `pretrained`: fine-tuned from the checkpoint.
+and, for every pre-trained fine-tune, the per-head cosine between the attention maps of the
+pre-trained and the fine-tuned model on dev inputs (bertscope.analyses.finetune.attention_change, Figure 5).
+
+Outputs (run directory): finetune_results.csv (one row per configuration, init, seed and split),
+finetune_summary.csv (mean, sd over seeds), finetune_epochs.csv (training curves),
+finetune_cosine.csv and fig_finetune_cosine_*.png, checkpoints/<name>/ (save_pretrained +
+tokenizer: every other command takes them with --model). Rows are written as each model
+finishes, so an interrupted run keeps what it finished; an existing run directory given as
+--out keeps its rows (a configuration run again replaces its own).
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bertscope.datasets.tasks import TASKS, read_task
+from bertscope.errors import UserError
+from bertscope.report import refresh_report
+
+INITS = ("pretrained", "random", "probe")
+DATASET = {"rte": "rte", "polarity": "sentence_polarity", "arct": "arct"}  # bertscope.data names
+ARCT_DATA = ("original", "adversarial")
+LABELS = {"rte": ("not_entailment", "entailment"), "polarity": ("negative", "positive"), "arct": ("warrant_score",)}
+RESULT_COLUMNS = ("task", "data", "input", "init", "seed", "split", "accuracy", "f1", "n", "best_epoch",
+                  "dev_accuracy", "train_s", "checkpoint")
+SUMMARY_COLUMNS = ("task", "data", "input", "init", "split", "n_seeds", "accuracy_mean", "accuracy_sd", "f1_mean",
+                   "f1_sd")
+EPOCH_COLUMNS = ("task", "data", "input", "init", "seed", "epoch", "train_loss", "dev_accuracy", "seconds")
+COSINE_COLUMNS = ("task", "data", "input", "seed", "layer", "head", "cosine", "n_inputs")
+KEY = ("task", "data", "input", "init", "seed")
+HELP = "fine-tune a classifier on RTE, sentence polarity or ARCT; Table 1 and attention change (Kovaleva 4.3)"
+DESCRIPTION = HELP + ". " + __doc__.split("\n\n")[1]
+
+
+def num_labels(task: str) -> int:
+    return len(LABELS[task])
+
+
+def check_task(task: str):
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+
+
+def check_labels(path, task: str):
+    """A checkpoint with a classification head must have the task's number of outputs."""
+    from transformers import AutoConfig
+
+    from bertscope.models import default_model_dir
+
+    path = Path(path) if path else default_model_dir()
+    if not (path / "config.json").is_file():
+        return  # load_model says what is wrong
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or ()))
+    if has_head and config.num_labels != num_labels(task):
+        raise UserError(f"the classification head in {path} has {config.num_labels} labels; task {task} needs "
+                        f"{num_labels(task)}")
+
+
+def csv_list(choices):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            import argparse
+
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), not {text!r}")
+        return items
+    return parse
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        return sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"seeds are comma-separated integers, not {text!r}") from None
+
+
+def add_arguments(p):
+    from bertscope.args import add_common_arguments
+    from bertscope.task_model import ARCT_INPUTS
+
+    p.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
+    p.add_argument("--inits", type=csv_list(INITS), default=list(INITS),
+                   help="what to run: pretrained, random (fine-tuned from that init), probe (linear probe on the "
+                   "frozen pre-trained model); comma-separated (default: all three)")
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="training seeds (default: 0,1,2)")
+    p.add_argument("--arct-data", type=csv_list(ARCT_DATA), default=["original"],
+                   help="ARCT data: original, adversarial (train-swapped / dev,test-adv-negated) (default: original)")
+    p.add_argument("--arct-inputs", type=csv_list(ARCT_INPUTS), default=["full"],
+                   help="ARCT input: full (claim+reason, warrant), W (warrant only), RW (reason, warrant), "
+                   "CW (claim, warrant); comma-separated (default: full)")
+    p.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3, as the papers)")
+    p.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate (default: 5e-5)")
+    p.add_argument("--warmup", type=float, default=0.1, help="linear warm-up, fraction of the steps (default: 0.1)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: autocast matmuls to bfloat16 (fp32 weights and optimizer), ~1.6x faster on a CPU "
+                   "with AVX512-BF16 (default: fp32)")
+    p.add_argument("--save", choices=("all", "pretrained", "none"), default="all",
+                   help="which fine-tuned models to keep under checkpoints/ (default: all)")
+    p.add_argument("--cosine-examples", type=int, default=1000, metavar="N",
+                   help="dev inputs (sequences) for the attention-change cosine, seeded sample; 0 skips it "
+                   "(default: 1000, as the paper)")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="at most N data points per split, seeded sample (smoke tests; default: all)")
+    add_common_arguments(p, from_word=False)
+    for action in p._actions:
+        if action.dest == "seed":
+            action.help = "seed of the data splits (RTE dev, polarity 80/10/10) (default: 0)"
+        if action.dest == "batch_size":
+            action.help = "data points per training step (ARCT: arguments, two sequences each) (default: 32)"
+
+
+def main(args) -> int:
+    from bertscope.data import dataset_dir
+    from bertscope.rundir import ProbeRun
+
+    check_task(args.task)
+    dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
+    check_labels(args.model, args.task)
+    try:
+        FineTuneRun(args, ProbeRun("finetune", args)).execute()
+    except KeyboardInterrupt:
+        raise UserError("interrupted (finished configurations are in the run directory)") from None
+    return 0
+
+
+class FineTuneRun:
+    """Every configuration of one `bertscope finetune` call, written as it finishes."""
+
+    def __init__(self, args, run):
+        self.args, self.run = args, run
+        self.rows = read_rows(run.dir / "finetune_results.csv")
+        self.epochs = read_rows(run.dir / "finetune_epochs.csv")
+        self.cosine = read_rows(run.dir / "finetune_cosine.csv")
+        from bertscope.task_model import TrainConfig
+
+        self.cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                               weight_decay=args.weight_decay, precision=args.precision, device=args.device)
+        self.timing: dict[str, float] = {}
+
+    def bar(self, desc):
+        from tqdm import tqdm
+
+        return lambda items, d=desc: tqdm(items, desc=d, unit="batch", leave=False, disable=not self.run.progress)
+
+    def configurations(self):
+        if self.args.task != "arct":
+            return [("-", "-")]
+        return list(itertools.product(self.args.arct_data, self.args.arct_inputs))
+
+    def data(self, version, variant):
+        from bertscope.task_model import encode
+
+        a, tok = self.args, self.run.loaded.tokenizer
+        arct = a.task == "arct"
+        splits = {s: read_task(a.task, s, a.data_dir, seed=a.seed, version=version if arct else "original")
+                  for s in ("train", "dev", "test")}
+        if a.limit:
+            from bertscope.data import seeded_sample
+
+            splits = {s: seeded_sample(ex, a.limit, a.seed) for s, ex in splits.items()}
+        enc = {s: encode(tok, ex, a.max_len, arct_input=variant if arct else None) for s, ex in splits.items()}
+        self.run.record.setdefault("data", {})[f"{version}/{variant}"] = {
+            s: {"n": len(e), "truncated": e.n_truncated, "labels": {str(k): int(v) for k, v in zip(*np.unique(e.labels, return_counts=True))}}
+            for s, e in enc.items()}
+        return enc
+
+    def execute(self):
+        a = self.args
+        t0 = time.perf_counter()
+        try:
+            for version, variant in self.configurations():
+                name = a.task if a.task != "arct" else f"arct-{version}-{variant}"
+                self.run.log(f"{name}: reading and encoding the data")
+                enc = self.data(version, variant)
+                self.run.log("  " + ", ".join(f"{s} {len(e)}" for s, e in enc.items()))
+                if "probe" in a.inits:
+                    self.probe(enc, version, variant)
+                for init in ("pretrained", "random"):
+                    if init in a.inits:
+                        for seed in a.seeds:
+                            self.fine_tune(enc, version, variant, init, seed, name)
+        except KeyboardInterrupt:  # what finished is written, figures too, and run.json says so
+            self.timing["interrupted"] = True
+            raise
+        finally:
+            self.timing["total_s"] = round(time.perf_counter() - t0, 1)
+            self.write(final=True)
+
+    # -- the three columns
+
+    def probe(self, enc, version, variant):
+        from bertscope.task_model import cls_features, linear_probe, metrics
+
+        a, loaded = self.args, self.run.loaded
+        t0 = time.perf_counter()
+        pad, types = loaded.tokenizer.pad_token_id, loaded.takes_token_types
+        feats = {s: cls_features(loaded.model, e, a.batch_size, pad, types, a.device, self.bar(f"[CLS] {s}"))
+                 for s, e in enc.items()}
+        predict, C, dev_acc = linear_probe(feats["train"], enc["train"].labels, feats["dev"], enc["dev"].labels,
+                                           enc["train"].pairwise)
+        seconds = round(time.perf_counter() - t0, 1)
+        for split in ("dev", "test"):
+            m = metrics(predict(feats[split]), np.array(enc[split].labels), f1=a.task != "arct")
+            self.add_row(version, variant, "probe", "-", split, m, best_epoch=f"C={C}", dev=dev_acc, seconds=seconds)
+        self.run.log(f"  probe (logistic regression on frozen [CLS], C={C}): dev {dev_acc:.4f}, "
+                     f"test {self.rows[-1]['accuracy']:.4f} ({seconds} s)")
+        self.write()
+
+    def fine_tune(self, enc, version, variant, init, seed, name):
+        from bertscope.task_model import classifier_model, fine_tune, metrics, predict
+
+        a = self.args
+        loaded = classifier_model(a.model, num_labels(a.task), init, seed, a.device)
+        model, pad, types = loaded.model, loaded.tokenizer.pad_token_id, loaded.takes_token_types
+        desc = f"{name} {init} seed {seed}"
+        self.run.log(f"  fine-tuning {desc}")
+        result = fine_tune(model, enc["train"], enc["dev"], self.cfg, seed, pad, types,
+                           progress=lambda items, d: self.bar(d)(items), log=self.run.log, desc=desc)
+        checkpoint = ""
+        if a.save == "all" or (a.save == "pretrained" and init == "pretrained"):
+            checkpoint = self.save(loaded, name, init, seed, result)
+        for split in ("dev", "test"):
+            pred = predict(model, enc[split], a.batch_size, pad, types, a.precision, a.device)
+            m = metrics(pred, np.array(enc[split].labels), f1=a.task != "arct")
+            self.add_row(version, variant, init, seed, split, m, best_epoch=result.best_epoch, dev=result.best_dev,
+                         seconds=result.seconds, checkpoint=checkpoint)
+        for h in result.history:
+            self.epochs = [r for r in self.epochs if not same(r, self.key(version, variant, init, seed))
+                           or str(r["epoch"]) != str(h["epoch"])]
+            self.epochs.append(dict(self.key(version, variant, init, seed), **h))
+        self.run.log(f"  {desc}: best epoch {result.best_epoch} (dev {result.best_dev:.4f}), test accuracy "
+                     f"{self.rows[-1]['accuracy']:.4f} ({result.seconds:.0f} s)")
+        if init == "pretrained" and a.cosine_examples > 0:
+            self.attention_change(loaded, enc["dev"], version, variant, seed)
+        self.write()
+
+    def attention_change(self, tuned, dev, version, variant, seed):
+        from bertscope.analyses.finetune.attention_change import attention_cosine
+        from bertscope.data import seeded_sample
+        from bertscope.task_model import Encoded, collate, eval_batches
+
+        a, ref = self.args, self.run.loaded
+        t0 = time.perf_counter()
+        seqs = seeded_sample([s for point in dev.seqs for s in point], a.cosine_examples, a.seed)
+        flat = Encoded([[s] for s in seqs], [0] * len(seqs), pairwise=False)
+        batches = []
+        for idx in eval_batches(flat, a.batch_size):
+            batch = collate(flat, idx, ref.tokenizer.pad_token_id, ref.takes_token_types)
+            batch.pop("labels")
+            batches.append({k: v.to(a.device) for k, v in batch.items()})
+        sums = attention_cosine(ref, tuned, batches, progress=self.bar("attention cosine"))
+        key = {"task": a.task, "data": version, "input": variant, "seed": seed}
+        self.cosine = [r for r in self.cosine if not same(r, key)]
+        self.cosine += [dict(key, layer=l + 1, head=h + 1, cosine=float(sums.mean[l, h]), n_inputs=sums.n)
+                        for l in range(sums.mean.shape[0]) for h in range(sums.mean.shape[1])]
+        self.run.log(f"  attention cosine over {sums.n} dev inputs: mean {sums.mean.mean():.3f}, per layer "
+                     + " ".join(f"{v:.3f}" for v in sums.mean.mean(1)) + f" ({time.perf_counter() - t0:.0f} s)")
+
+    # -- outputs
+
+    def key(self, version, variant, init, seed):
+        return {"task": self.args.task, "data": version, "input": variant, "init": init, "seed": seed}
+
+    def add_row(self, version, variant, init, seed, split, m, best_epoch="", dev=float("nan"), seconds=0.0,
+                checkpoint=""):
+        key = self.key(version, variant, init, seed)
+        self.rows = [r for r in self.rows if not (same(r, key) and r["split"] == split)]
+        self.rows.append(dict(key, split=split, accuracy=m["accuracy"], f1=m.get("f1", ""), n=m["n"],
+                              best_epoch=best_epoch, dev_accuracy=dev, train_s=seconds, checkpoint=checkpoint))
+
+    def save(self, loaded, name, init, seed, result) -> str:
+        from bertscope.rundir import write_json
+
+        rel = f"checkpoints/{name}-{init}-seed{seed}"
+        path = self.run.dir / rel
+        model = loaded.model
+        labels = LABELS[self.args.task]
+        model.config.id2label = dict(enumerate(labels))
+        model.config.label2id = {v: k for k, v in enumerate(labels)}
+        model.save_pretrained(path)
+        loaded.tokenizer.save_pretrained(path)
+        write_json(path / "bertscope_finetune.json", {
+            "task": self.args.task, "name": name, "init": init, "seed": seed, "best_epoch": result.best_epoch,
+            "dev_accuracy": result.best_dev, "history": result.history, "train": vars(self.cfg),
+            "base_model": str(self.run.loaded.path), "data_split_seed": self.args.seed})
+        return rel
+
+    def write(self, final: bool = False):
+        from bertscope.rundir import write_csv
+
+        d = self.run.dir
+        write_csv(d / "finetune_results.csv", self.rows, RESULT_COLUMNS)
+        summary = summarise(self.rows)
+        write_csv(d / "finetune_summary.csv", summary, SUMMARY_COLUMNS)
+        write_csv(d / "finetune_epochs.csv", self.epochs, EPOCH_COLUMNS)
+        names = ["finetune_results.csv", "finetune_summary.csv", "finetune_epochs.csv"]
+        if self.cosine:
+            write_csv(d / "finetune_cosine.csv", self.cosine, COSINE_COLUMNS)
+            names.append("finetune_cosine.csv")
+        self.run.outputs = sorted(set(self.run.outputs) | set(names))
+        results = {"test": [r for r in self.rows if r["split"] == "test"],
+                   "summary": [r for r in summary if r["split"] == "test"],
+                   "train": vars(self.cfg), "timing": self.timing}
+        if not final:
+            self.run.record["results"] = results
+            self.run._save_record()
+            return
+        if not self.args.no_figures and self.cosine:
+            for fig, filename in cosine_figures(self.cosine):
+                self.run.save_figure(fig, filename)
+        self.run.finish(results)
+        refresh_report(self.run.dir)
+        if self.timing.get("interrupted"):
+            self.run.record["status"] = "interrupted"
+            self.run._save_record()
+
+
+def same(row: dict, key: dict) -> bool:
+    return all(str(row[k]) == str(v) for k, v in key.items())
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of an earlier call's CSV in the same run directory (kept unless run again)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            try:
+                r[k] = float(v) if k in ("accuracy", "f1", "dev_accuracy", "train_s", "cosine", "train_loss") and v \
+                    else v
+            except ValueError:
+                pass
+    return rows
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Mean and sample sd over seeds of every (task, data, input, init, split)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in ("task", "data", "input", "init", "split")), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        acc = np.array([float(r["accuracy"]) for r in rs])
+        f1 = np.array([float(r["f1"]) for r in rs if r["f1"] not in ("", None)])
+        out.append(dict(zip(("task", "data", "input", "init", "split"), key), n_seeds=len(rs),
+                        accuracy_mean=float(acc.mean()), accuracy_sd=float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
+                        f1_mean=float(f1.mean()) if len(f1) else "",
+                        f1_sd=(float(f1.std(ddof=1)) if len(f1) > 1 else 0.0) if len(f1) else ""))
+    return out
+
+
+def cosine_figures(rows: list[dict]):
+    """(figure, filename) per (task, data, input): layer x head heatmap of the mean cosine over the
+    seeds (Kovaleva et al. Figure 5; darker = changed more)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["data"], r["input"]), []).append(r)
+    for (task, data, variant), rs in sorted(groups.items()):
+        layers = max(int(r["layer"]) for r in rs)  # 1-based, as heads.csv
+        heads = max(int(r["head"]) for r in rs)
+        grid = np.zeros((layers, heads))
+        count = np.zeros((layers, heads))
+        for r in rs:
+            grid[int(r["layer"]) - 1, int(r["head"]) - 1] += float(r["cosine"])
+            count[int(r["layer"]) - 1, int(r["head"]) - 1] += 1
+        grid /= np.maximum(count, 1)
+        seeds = sorted({str(r["seed"]) for r in rs})
+        name = task if task != "arct" else f"arct-{data}-{variant}"
+        fig, ax = plt.subplots(figsize=(0.55 * heads + 1.8, 0.45 * layers + 1.4))
+        im = ax.imshow(grid, cmap="Blues_r", vmin=min(grid.min(), 0.99), vmax=1.0, aspect="auto")
+        for (l, h), v in np.ndenumerate(grid):
+            ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if v < grid.min() + 0.5 * (1 - grid.min()) else "black")
+        ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)])
+        ax.set_yticks(range(layers), [str(l + 1) for l in range(layers)])
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{name}: cosine(pre-trained, fine-tuned attention)\nmean over dev inputs, seeds {','.join(seeds)}",
+                     fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+        yield fig, f"fig_finetune_cosine_{name}.png"

@@ -1,0 +1,401 @@
+"""`bertscope heads attention-grad`: Clark et al. (2019) section 3, Figure 5.
+
+Is attention to [SEP] a "no-op"? Clark et al. measured, per layer, the mean magnitude of the
+gradient of the masked-LM loss with respect to each attention weight, by the kind of key
+attended to: from layer 5 of 12 on, the gradients for attention to [SEP] become very small,
+although [SEP] takes most of the attention there. Changing that attention barely changes
+the output.
+
+Definition. For a loss L(x) of one input x and each layer, head, valid query row i and
+valid key j, g_ij = |dL(x)/dP_ij|, P the softmax attention map (the output of the softmax,
+treated as a free variable: O_i = sum_j P_ij V_j, so g_ij = |<dO_i, V_j>|). Per layer and key
+class c ([CLS], [SEP], punctuation = the tokens "." and ",", other; `token_classes`):
+
+    mean |grad|  = sum over inputs, heads and pairs (i, j in c) of g_ij / number of such pairs
+    attention    = sum over the same of P_ij / (heads x query rows): the mean mass a row puts on c
+
+L(x) is one input's own loss (not a batch mean), so nothing depends on the batch size:
+    task  the fine-tuned model's cross-entropy on the input's label (ARCT: over the softmax of
+          its two warrants' scores, as it was fine-tuned)
+    mlm   Clark's: BERT's pre-training masking (15% of the word tokens, at least one; of those
+          80% [MASK], 10% a random token, 10% unchanged; seeded per segment), L(x) = the mean
+          cross-entropy over the segment's masked positions.
+The maps are never kept: `kernels.attention_grad` sums g_ij per class inside backward
+(through `attention.GradProbe`).
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from bertscope.errors import UserError
+from bertscope.report import refresh_report
+from bertscope.token_classes import KEY_CLASSES
+
+NAME = "attention_grad"
+MLM_SEGMENTS = 1000  # corpus segments of --objective mlm without --limit, as Clark's 1,000
+MASK_RATE, MASK_TOKEN, RANDOM_TOKEN = 0.15, 0.8, 0.1  # BERT's pre-training masking
+CLASS_LABELS = {"cls": "[CLS]", "sep": "[SEP]", "punct": ". or ,", "other": "other"}
+LAYER_COLUMNS = ("layer", "key_class", "mean_abs_grad", "grad_vs_other", "attention", "pairs", "rows")
+HEAD_COLUMNS = ("layer", "head", "key_class", "mean_abs_grad", "attention")
+HELP = "Clark et al. (2019) Fig. 5: mean |d loss / d attention weight| per layer, by key ([SEP], [CLS], '. ,', other)"
+DESCRIPTION = (
+    "Clark et al. (2019), section 3: the gradient of the loss with respect to every attention weight P_ij, in "
+    "magnitude, averaged per layer (and per head) over the valid (query, key) pairs whose key is [CLS], [SEP], "
+    "'.' or ',' , or any other token, beside the attention mass on that class. The loss: the masked-LM loss "
+    "(--objective mlm, on --corpus, as Clark) for a checkpoint with an MLM head, else the fine-tuned task loss "
+    "(--objective task, on --task --split). The maps are never kept: the sums are made inside backward. "
+    "--backend eager computes them from autograd on materialised maps (the oracle); any other value uses the "
+    "fused function. Writes attention_grad_layers.csv, attention_grad_heads.csv, fig_attention_grad.png, "
+    "fig_attention_grad_heads.png and "
+    "run.json['probes']['attention_grad'].")
+
+
+def add_arguments(p):
+    from bertscope.analyses.heads.common import add_task_data_arguments
+    from bertscope.args import add_common_arguments, limit_arg
+
+    p.add_argument("--objective", choices=("task", "mlm"), default=None,
+                   help="the loss: the fine-tuned task's or the masked-LM loss (default: mlm when the checkpoint "
+                   "has an MLM head, else task)")
+    add_task_data_arguments(p, "dev", "task split (default: dev)", task_required=False,
+                            task_help="the task of --objective task (the model's fine-tuning task)", limit_help=None)
+    p.add_argument("--corpus", default="wiki",
+                   help="text of --objective mlm: 'wiki' or a corpus file, segmented as `bertscope run` does "
+                   "(default: wiki)")
+    p.add_argument("--limit", type=limit_arg, default=None, metavar="N",
+                   help="a seeded sample of N task examples (default: all of the split), or N corpus segments for "
+                   "--objective mlm (default: 1000, as Clark)")
+    add_common_arguments(p, from_word=False)
+
+
+def main(args) -> int:
+    from bertscope.rundir import ProbeRun
+
+    objective = args.objective or default_objective(args.model)
+    if objective == "task" and args.task is None:
+        raise UserError("--objective task needs --task (the task the checkpoint was fine-tuned on); the embedded "
+                        "MiniLM has no MLM head, so give a fine-tuned --model and its --task")
+    if objective == "mlm" and args.task is not None:
+        raise UserError("--objective mlm reads --corpus, not --task (leave --task out, or use --objective task)")
+    args.objective = objective
+    data = load_data(args)  # a missing data set fails before the model loads
+    run = ProbeRun(NAME, args, task="sequence-classification" if objective == "task" else "masked-lm",
+                   command="heads attention-grad")
+    loaded = run.loaded
+    if objective == "mlm" and loaded.head_initialised:
+        raise UserError(f"{loaded.path} has no masked-LM head (a fresh one would give a meaningless loss): use "
+                        "--objective task with a fine-tuned checkpoint")
+    batches = task_batches(loaded, args, data, run) if objective == "task" else mlm_batches(loaded, args, data, run)
+    stats = GradStats(loaded.n_layers, loaded.n_heads)
+    try:
+        measure(loaded, batches, stats, backend="eager" if args.backend == "eager" else "fused",
+                progress=run.progress, total=len(data) if objective == "task" else args.limit or MLM_SEGMENTS)
+    except KeyboardInterrupt:
+        raise UserError("interrupted") from None
+    layers, heads = stats.layer_rows(), stats.head_rows()
+    run.write_csv(f"{NAME}_layers.csv", layers, LAYER_COLUMNS)
+    run.write_csv(f"{NAME}_heads.csv", heads, HEAD_COLUMNS)
+    if not args.no_figures:
+        from bertscope.analyses.heads.attention_grad.plots import (
+            plot_heads,
+            plot_layers,
+        )
+        from bertscope.models import model_name
+
+        source = f"{args.task} {args.split}" if objective == "task" else args.corpus
+        title = f"{model_name(loaded.path)}, {objective} loss on {source} ({stats.examples} inputs)"
+        run.save_figure(plot_layers(layers, title), f"fig_{NAME}.png")
+        run.save_figure(plot_heads(heads, loaded.n_layers, loaded.n_heads, title), f"fig_{NAME}_heads.png")
+    results = summarise(stats, layers, objective, args)
+    for line in summary_lines(layers):
+        run.log(line)
+    run.finish(results)
+    refresh_report(run.dir)
+    return 0
+
+
+# --- the loss and its data ---------------------------------------------------------------
+
+
+def default_objective(model) -> str:
+    """mlm when the checkpoint's architectures name a masked-LM (or pre-training) head, else task."""
+    from bertscope.models import default_model_dir
+
+    path = Path(model) if model is not None else default_model_dir()
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "task"  # load_model gives the clear error
+    heads = config.get("architectures") or []
+    return "mlm" if any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in heads) else "task"
+
+
+def load_data(args):
+    """The task examples (objective task) or the opened corpus (mlm)."""
+    if args.objective == "task":
+        from bertscope.analyses.heads.common import load_split
+
+        return load_split(args)
+    from bertscope.corpus import open_corpus
+
+    return open_corpus(args.corpus)
+
+
+def task_batches(loaded, args, examples, run):
+    """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
+    from bertscope.task_inputs import check_head, encode_task
+    from bertscope.variants import example_batches
+
+    check_head(args.task, loaded)
+    task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
+    run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
+            f"tokens), task loss")
+    return _task_batches(loaded, task, example_batches(task, args.batch_size))
+
+
+def _task_batches(loaded, task, batches):
+    from bertscope.task_model import point_loss
+
+    device = next(loaded.model.parameters()).device
+    pad = loaded.tokenizer.pad_token_id or 0
+    for batch in batches:
+        inputs = task.batch(batch, pad, device)
+        if not loaded.takes_token_types:
+            inputs.pop("token_type_ids", None)
+        labels = torch.as_tensor(task.labels[batch], device=device)
+        yield inputs, len(batch), (lambda out, labels=labels: point_loss(task.example_logits(out.logits), labels, "sum"))
+
+
+def mlm_batches(loaded, args, corpus, run):
+    """(inputs, loss_fn) per batch of corpus segments (as `bertscope run` makes them), masked as BERT."""
+    from bertscope.analyses.surface.command import segment_stream
+    from bertscope.engine import windowed_batches
+    from bertscope.segments import SegmentOptions, SegmentReport
+
+    limit = args.limit or MLM_SEGMENTS
+    options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
+    stream = segment_stream(corpus, loaded.tokenizer, options, SegmentReport(), window_batches=64)
+    run.log(f"{limit} segments of {args.corpus} (at most {args.max_len} tokens), masked-LM loss")
+    tok = loaded.tokenizer
+    if tok.mask_token_id is None:
+        raise UserError(f"the tokenizer of {loaded.path} has no mask token: no masked-LM loss")
+    return _mlm_batches(loaded, windowed_batches(stream, args.batch_size), args.seed)
+
+
+def _mlm_batches(loaded, batches, seed: int):
+    from bertscope.segments import collate
+
+    tok = loaded.tokenizer
+    device = next(loaded.model.parameters()).device
+    for indices, segments in batches:
+        inputs = collate(segments, tok.pad_token_id or 0)
+        labels = torch.full_like(inputs["input_ids"], -100)  # (B, L)
+        for row, (i, s) in enumerate(zip(indices, segments)):
+            ids, lab = mask_tokens(s.input_ids, s.word_ids, tok.mask_token_id, len(tok),
+                                   np.random.default_rng([seed, i]))
+            inputs["input_ids"][row, : s.n_tokens] = torch.tensor(ids)
+            labels[row, : s.n_tokens] = torch.tensor(lab)
+        if not loaded.takes_token_types:
+            inputs.pop("token_type_ids", None)
+        inputs = {k: t.to(device) for k, t in inputs.items()}
+        labels = labels.to(device)
+        yield inputs, len(segments), (lambda out, labels=labels: mlm_loss(out.logits, labels))
+
+
+def mask_tokens(input_ids, word_ids, mask_id: int, vocab_size: int, rng) -> tuple[list[int], list[int]]:
+    """BERT's pre-training masking of one segment: round(15%) of its tokens (at least 1, at most
+    the word tokens) drawn among the word tokens; of those 80% -> mask_id, 10% -> a random token,
+    10% unchanged. Returns (input ids, labels: the original id at masked positions, else -100)."""
+    words = [i for i, w in enumerate(word_ids) if w >= 0]
+    ids, labels = list(input_ids), [-100] * len(input_ids)
+    if not words:
+        return ids, labels
+    n = min(len(words), max(1, round(MASK_RATE * len(input_ids))))
+    for pos in sorted(rng.choice(words, size=n, replace=False)):
+        labels[pos] = ids[pos]
+        u = rng.random()
+        if u < MASK_TOKEN:
+            ids[pos] = mask_id
+        elif u < MASK_TOKEN + RANDOM_TOKEN:
+            ids[pos] = int(rng.integers(vocab_size))
+    return ids, labels
+
+
+def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum over segments of each segment's mean cross-entropy over its masked positions."""
+    ce = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none",
+                                           ignore_index=-100)  # (B, L)
+    masked = (labels != -100).float()  # (B, L)
+    return ((ce * masked).sum(1) / masked.sum(1).clamp_min(1)).sum()
+
+
+# --- the pass --------------------------------------------------------------------------
+
+
+def measure(loaded, batches, stats: "GradStats", backend: str = "fused", progress: bool = True,
+            total: int | None = None) -> "GradStats":
+    """One forward and backward per batch with the gradient probe on; sums into `stats`.
+
+    Backward runs from the loss to the token embeddings only: the weights are frozen for the
+    pass (restored after) and the embeddings' output is made a leaf that requires grad, so
+    every layer's q, k and v are differentiated and no weight gradient is computed."""
+    from bertscope.attention import GradProbe
+
+    model = loaded.model
+    probe = GradProbe(loaded.n_layers, len(KEY_CLASSES), backend)
+    table = loaded.class_table.to(next(model.parameters()).device)
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    leaves = []
+
+    def leaf(module, args, output):
+        output = output.detach().requires_grad_()
+        leaves.append(output)
+        return output
+
+    hook = model.get_input_embeddings().register_forward_hook(leaf)
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+        with tqdm(total=total, unit="input", disable=not progress, desc="attention gradients") as bar:
+            for inputs, n, loss_fn in batches:
+                seen = set()
+
+                def sink(layer, sums):
+                    seen.add(layer)
+                    stats.add_sums(layer, sums)
+
+                leaves.clear()
+                with probe.active(table[inputs["input_ids"]], sink):
+                    loss = loss_fn(model(**inputs))
+                torch.autograd.grad(loss, leaves)
+                if len(seen) != loaded.n_layers:
+                    raise RuntimeError(f"backward reached {len(seen)} of {loaded.n_layers} attention layers")
+                stats.examples += n
+                stats.loss_sum += float(loss.detach())
+                stats.batches_done += 1
+                bar.update(n)
+    finally:
+        hook.remove()
+        for p in frozen:
+            p.requires_grad_(True)
+    return stats
+
+
+class GradStats:
+    """Sums of |dL/dP_ij| and P_ij per layer, head and key class, and their pair and row counts.
+
+    Additive (merge, save, load), so it follows the engine's `Accumulator` bookkeeping.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, classes: tuple[str, ...] = KEY_CLASSES):
+        self.classes = tuple(classes)
+        C = len(self.classes)
+        self.grad = np.zeros((n_layers, n_heads, C))
+        self.mass = np.zeros((n_layers, n_heads, C))
+        self.pairs = np.zeros((n_layers, C))
+        self.rows = np.zeros(n_layers)
+        self.examples, self.batches_done, self.loss_sum = 0, 0, 0.0
+
+    def add_sums(self, layer: int, sums):
+        self.grad[layer] += sums.grad.cpu().numpy()
+        self.mass[layer] += sums.mass.cpu().numpy()
+        self.pairs[layer] += sums.pairs.cpu().numpy()
+        self.rows[layer] += sums.rows
+
+    def merge(self, other: "GradStats") -> "GradStats":
+        for name in ("grad", "mass", "pairs", "rows"):
+            getattr(self, name).__iadd__(getattr(other, name))
+        self.examples += other.examples
+        self.batches_done += other.batches_done
+        self.loss_sum += other.loss_sum
+        return self
+
+    def save(self, path):
+        from bertscope.rundir import write_npz
+
+        write_npz(path, grad=self.grad, mass=self.mass, pairs=self.pairs, rows=self.rows,
+                  classes=np.array(self.classes), counts=np.array([self.examples, self.batches_done]),
+                  loss_sum=np.array(self.loss_sum))
+
+    @classmethod
+    def load(cls, path) -> "GradStats":
+        with np.load(path) as z:
+            new = cls(*z["grad"].shape[:2], tuple(str(c) for c in z["classes"]))
+            new.grad, new.mass, new.pairs, new.rows = z["grad"], z["mass"], z["pairs"], z["rows"]
+            new.examples, new.batches_done = (int(x) for x in z["counts"])
+            new.loss_sum = float(z["loss_sum"])
+        return new
+
+    # -- means
+
+    def layer_means(self) -> tuple[np.ndarray, np.ndarray]:
+        """(layers, C) mean |grad| per pair over every head (of a pruned model: every kept
+        head), and mean attention mass per row. NaN where a class has no pair."""
+        grad, mass = self.head_means()
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a layer with every head removed: NaN
+            return np.nanmean(grad, 1), np.nanmean(mass, 1)
+
+    def head_means(self) -> tuple[np.ndarray, np.ndarray]:
+        """(layers, H, C) the same per head."""
+        pairs = np.where(self.pairs > 0, self.pairs, np.nan)[:, None, :]  # (layers, 1, C)
+        rows = np.where(self.rows > 0, self.rows, np.nan)[:, None, None]  # (layers, 1, 1)
+        return self.grad / pairs, self.mass / rows
+
+    def layer_rows(self) -> list[dict]:
+        grad, mass = self.layer_means()
+        other = self.classes.index("other")
+        rows = []
+        for lay in range(grad.shape[0]):
+            for c, name in enumerate(self.classes):
+                rows.append({"layer": lay + 1, "key_class": name, "mean_abs_grad": float(grad[lay, c]),
+                             "grad_vs_other": float(grad[lay, c] / grad[lay, other]), "attention": float(mass[lay, c]),
+                             "pairs": int(self.pairs[lay, c]), "rows": int(self.rows[lay])})
+        return rows
+
+    def head_rows(self) -> list[dict]:
+        grad, mass = self.head_means()
+        return [{"layer": lay + 1, "head": h + 1, "key_class": name, "mean_abs_grad": float(grad[lay, h, c]),
+                 "attention": float(mass[lay, h, c])}
+                for lay in range(grad.shape[0]) for h in range(grad.shape[1]) for c, name in enumerate(self.classes)]
+
+
+# --- results ---------------------------------------------------------------------------
+
+
+def summarise(stats: GradStats, layers: list[dict], objective: str, args) -> dict:
+    """run.json's results: what the loss was, on what, its mean, and the per-layer table."""
+    by = {(r["layer"], r["key_class"]): r for r in layers}
+    n = stats.grad.shape[0]
+    return {
+        "objective": objective, "task": args.task, "split": args.split if objective == "task" else None,
+        "corpus": args.corpus if objective == "mlm" else None, "inputs": stats.examples,
+        "mean_loss": stats.loss_sum / max(1, stats.examples),
+        "punct_tokens": [".", ","],
+        "masking": {"rate": MASK_RATE, "mask_token": MASK_TOKEN, "random_token": RANDOM_TOKEN, "seed": args.seed}
+        if objective == "mlm" else None,
+        "layers": {str(lay): {c: {k: _finite(by[(lay, c)][k]) for k in ("mean_abs_grad", "grad_vs_other", "attention")}
+                              for c in stats.classes} for lay in range(1, n + 1)},
+    }
+
+
+def _finite(x: float) -> float | None:
+    """None for NaN (a class without keys): run.json stays valid JSON."""
+    return None if np.isnan(x) else x
+
+
+def summary_lines(layers: list[dict]) -> list[str]:
+    by = {(r["layer"], r["key_class"]): r for r in layers}
+    n = max(r["layer"] for r in layers)
+    lines = ["mean |dL/dP| per layer (x other's), attention mass: " + ", ".join(CLASS_LABELS.values())]
+    for lay in range(1, n + 1):
+        cells = [f"{CLASS_LABELS[c]} {by[(lay, c)]['mean_abs_grad']:.3g} (x{by[(lay, c)]['grad_vs_other']:.2f}), "
+                 f"{by[(lay, c)]['attention']:.2f}" for c in KEY_CLASSES]
+        lines.append(f"  layer {lay}: " + "; ".join(cells))
+    return lines

@@ -1,0 +1,199 @@
+"""`bertscope heads importance`: Michel et al. (2019)'s head importance I_h = E_x |dL(x)/dxi_h| of a
+fine-tuned model on its task's held-out data (`bertscope.analyses.heads.importance.stats` has the definitions), and
+`--compare RUN ...`: the rank correlation of importance between runs (Michel's "are important
+heads the same across datasets?").
+
+importance.csv has exactly the columns `layer, head, importance, importance_raw, rank` (layer and
+head from 1; importance after the chosen normalisation; rank 1 = most important), which
+`bertscope heads ablate` reads to set importance against the measured ablation effects.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from bertscope.errors import UserError
+from bertscope.report import refresh_report
+
+COLUMNS = ("layer", "head", "importance", "importance_raw", "rank")
+COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
+                   "top_overlap")
+TOP_SHARE = 0.1  # the top 10% of heads, for the overlap column
+HELP = "head importance E|dL/dxi_h| (Michel et al. 2019), or its rank correlation between runs (--compare)"
+DESCRIPTION = (
+    "Michel et al. (2019), section 4: the importance of head h is I_h = E_x |dL(x)/dxi_h| at xi = 1, the "
+    "first-order estimate of the task loss change when the head is masked (xi_h is the gate on the head's "
+    "output). One forward and one backward per batch give every head's score. On the task's held-out split "
+    "(default dev) of a fine-tuned model (--model). Writes importance.csv (layer, head, importance, "
+    "importance_raw, rank), fig_importance.png and run.json['probes']['importance']. With --compare RUN RUN ...: "
+    "the Spearman correlation of the importance.csv of those run directories, pair by pair "
+    "(importance_correlation.csv, fig_importance_correlation.png).")
+
+
+def add_task_arguments(p, split_help: str, split_default: str):
+    """Options shared by `heads importance` and `heads prune`."""
+    from bertscope.analyses.heads.common import add_task_data_arguments
+    from bertscope.analyses.heads.importance.stats import CONVENTIONS
+
+    add_task_data_arguments(p, split_default, split_help, task_required=False)
+    p.add_argument("--convention", choices=CONVENTIONS, default="michel",
+                   help="michel: |dL/dxi| per example, then the mean; batch: the gradient summed over a batch "
+                   "before the absolute value, as transformers' bertology example does (default: michel)")
+    p.add_argument("--no-normalise", action="store_true",
+                   help="skip Michel's per-layer L2 normalisation of the scores")
+
+
+def add_arguments(p):
+    from bertscope.args import add_common_arguments
+
+    add_task_arguments(p, "the split the gradients are taken on (default: dev, held-out data)", "dev")
+    p.add_argument("--compare", nargs="+", metavar="RUN", default=None,
+                   help="instead: the rank correlation of importance between these run directories (each with an "
+                   "importance.csv), written to --out")
+    add_common_arguments(p, from_word=False)
+
+
+def main(args) -> int:
+    try:
+        if args.compare:
+            compare_runs(args)
+        elif args.task is None:
+            raise UserError("heads importance needs --task (or --compare RUN RUN ...)")
+        else:
+            run_importance(args)
+    except KeyboardInterrupt:
+        raise UserError("interrupted") from None
+    return 0
+
+
+def compute(args, run, examples, mask=None):
+    """(EncodedTask, Importance) of run.loaded on `examples` of args.task, with `mask`."""
+    from bertscope.analyses.heads.importance.stats import head_importance
+    from bertscope.task_inputs import check_head, encode_task
+
+    check_head(args.task, run.loaded)
+    task = encode_task(args.task, examples, run.loaded.tokenizer, args.max_len)
+    return task, head_importance(run.loaded, task, args.batch_size, args.convention, not args.no_normalise, mask,
+                                 run.progress)
+
+
+def importance_rows(imp) -> list[dict]:
+    """importance.csv's rows, one per head in layer-major order (masked heads: empty scores, rank)."""
+    ranks = imp.ranks()
+    L, H = imp.scores.shape
+    cell = lambda x: "" if np.isnan(x) else float(x)  # noqa: E731
+    return [{"layer": lay + 1, "head": h + 1, "importance": cell(imp.scores[lay, h]),
+             "importance_raw": cell(imp.raw[lay, h]), "rank": int(ranks[lay, h]) or ""}
+            for lay in range(L) for h in range(H)]
+
+
+def run_importance(args):
+    from bertscope.analyses.heads.common import load_split
+    from bertscope.rundir import ProbeRun
+
+    examples = load_split(args)  # a missing data set fails before the model loads
+    run = ProbeRun("importance", args, task="sequence-classification", command="heads importance")
+    task, imp = compute(args, run, examples)
+    run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
+            f"tokens), mean loss {imp.loss:.4f}, convention {imp.convention}")
+    rows = importance_rows(imp)
+    run.write_csv("importance.csv", rows, COLUMNS)
+    if not args.no_figures:
+        from bertscope.analyses.heads.importance.plots import plot_importance
+        from bertscope.models import model_name
+
+        title = f"{args.task} {args.split} ({task.n_examples} examples), {model_name(run.loaded.path)}, " \
+                f"{imp.convention} convention"
+        run.save_figure(plot_importance(imp.scores, imp.ranks(), title, imp.normalised), "fig_importance.png")
+    top = sorted(rows, key=lambda r: r["rank"])[:5]
+    per_layer = np.nanmean(imp.raw, axis=1)
+    results = {"task": args.task, "split": args.split,
+               "arct_version": args.arct_version if args.task == "arct" else None,
+               "examples": task.n_examples, "truncated_rows": task.truncated, "convention": imp.convention,
+               "normalised": imp.normalised, "loss": imp.loss,
+               "top_heads": [f"{r['layer']}-{r['head']}" for r in top],
+               "raw_mean_per_layer": [float(x) for x in per_layer],
+               "raw_max_over_min": float(np.nanmax(imp.raw) / max(np.nanmin(imp.raw), 1e-30))}
+    run.log(f"most important heads: {', '.join(results['top_heads'])}; mean raw I_h per layer: "
+            + ", ".join(f"{x:.4f}" for x in per_layer))
+    run.finish(results)
+    refresh_report(run.dir)
+    return imp
+
+
+# ----------------------------------------------------------------------------- --compare
+
+def read_importance(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
+    """(label, importance (layers, H), raw (layers, H)) of a run directory's importance.csv; the label
+    names the task (from run.json) and the run."""
+    from bertscope.rundir import read_json
+
+    path = Path(run_dir) / "importance.csv"
+    if not path.is_file():
+        raise UserError(f"{path} not found (run bertscope heads importance --out {run_dir} first)")
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or set(COLUMNS) - set(rows[0]):
+        raise UserError(f"{path} is not an importance.csv (columns {', '.join(COLUMNS)})")
+    L, H = max(int(r["layer"]) for r in rows), max(int(r["head"]) for r in rows)
+    grids = {c: np.full((L, H), np.nan) for c in ("importance", "importance_raw")}
+    for r in rows:
+        for c, g in grids.items():
+            g[int(r["layer"]) - 1, int(r["head"]) - 1] = float(r[c]) if r[c] != "" else np.nan
+    label = Path(run_dir).name
+    record = Path(run_dir) / "run.json"
+    if record.is_file():
+        results = (read_json(record).get("probes", {}).get("importance") or {}).get("results") or {}
+        if results.get("task"):
+            label = f"{results['task']} ({label})"
+    return label, grids["importance"], grids["importance_raw"]
+
+
+def correlation_row(a, b, run_a, run_b) -> dict:
+    """Spearman's rho of two runs' importance (and raw scores) over the heads scored in both, and the
+    share of the top TOP_SHARE heads they have in common."""
+    from scipy.stats import spearmanr
+
+    (label_a, imp_a, raw_a), (label_b, imp_b, raw_b) = a, b
+    if imp_a.shape != imp_b.shape:
+        raise UserError(f"{run_a} has {imp_a.shape[0]} x {imp_a.shape[1]} heads, {run_b} {imp_b.shape[0]} x "
+                        f"{imp_b.shape[1]}: importance compares only models of the same shape")
+    both = ~np.isnan(imp_a) & ~np.isnan(imp_b)
+    rho, p = spearmanr(imp_a[both], imp_b[both])
+    rho_raw, _ = spearmanr(raw_a[both], raw_b[both])
+    k = max(1, int(TOP_SHARE * both.sum() + 0.5))
+    top = lambda g: set(np.argsort(-np.where(both, g, -np.inf).ravel(), kind="stable")[:k])  # noqa: E731
+    return {"label_a": label_a, "label_b": label_b, "run_a": str(run_a), "run_b": str(run_b),
+            "n_heads": int(both.sum()), "spearman": float(rho), "p": float(p), "spearman_raw": float(rho_raw),
+            "top_overlap": len(top(imp_a) & top(imp_b)) / k}
+
+
+def compare_runs(args):
+    from bertscope.rundir import AnalysisRun
+
+    runs = [Path(r) for r in args.compare]
+    if len(runs) < 2:
+        raise UserError("--compare needs at least two run directories")
+    data = [read_importance(r) for r in runs]
+    run = AnalysisRun("importance_compare", args)
+    rows = [correlation_row(data[i], data[j], runs[i], runs[j]) for i, j in itertools.combinations(range(len(runs)), 2)]
+    run.write_csv("importance_correlation.csv", rows, COMPARE_COLUMNS)
+    labels = [d[0] for d in data]
+    rho = np.eye(len(runs))
+    for (i, j), r in zip(itertools.combinations(range(len(runs)), 2), rows):
+        rho[i, j] = rho[j, i] = r["spearman"]
+        run.log(f"{r['label_a']} vs {r['label_b']}: Spearman {r['spearman']:+.3f} (p = {r['p']:.2g}; raw scores "
+                f"{r['spearman_raw']:+.3f}), top {TOP_SHARE:.0%} overlap {r['top_overlap']:.2f}")
+    if not args.no_figures:
+        from bertscope.analyses.heads.importance.plots import plot_correlation
+
+        run.save_figure(plot_correlation(rho, labels, f"Spearman rho of head importance over {rows[0]['n_heads']} "
+                                         "heads"), "fig_importance_correlation.png")
+    run.finish({"runs": [str(r) for r in runs], "labels": labels,
+                "pairs": {f"{r['label_a']} | {r['label_b']}": {k: r[k] for k in ("spearman", "p", "spearman_raw",
+                                                                                  "top_overlap")} for r in rows}})
+    refresh_report(run.dir)

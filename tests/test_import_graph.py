@@ -1,0 +1,139 @@
+"""The import graph of bertscope: no cycles, and the core imports no analysis.
+
+Imports are read from the source with `ast`, at the top of a module and inside functions
+alike: a cycle dodged by a function-level import is still a cycle (the module that seems to
+import lazily is tied to the one it imports, and each can break the other when loaded first).
+The registry's module names count as imports of the two modules that read them: the command
+line (`COMMANDS`) and the report writer (`SECTIONS`).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from bertscope import analyses
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"bertscope": ROOT / "bertscope", "bertscope.kernels": ROOT / "kernels",
+            "bertscope.analyses": ROOT / "analyses"}
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the project: dotted name -> source file."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that `name`'s source imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            # `from package import module` imports the module; `from module import name` the module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # `import a.b.c` of a non-module: its nearest module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    graph["bertscope.cli"] |= set(analyses.COMMANDS.values())
+    graph["bertscope.report"] |= {s.builder.split(":")[0] for s in analyses.SECTIONS}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each a cycle."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read():
+    """The walk finds the modules and the edges it must (a test of the test)."""
+    graph = import_graph()
+    assert len(graph) >= 100
+    assert "bertscope.engine" in graph["bertscope.analyses.surface.command"]
+    assert "bertscope.analyses.surface.command" in graph["bertscope.cli"]  # a registry edge
+    assert "bertscope.kernels.spec" in graph["bertscope.kernels.common"]  # a relative import
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+# the front ends over the analyses: the command line and the report writer (through the
+# registry), the notebook API and the viewer (both show the surface statistics). Nothing in the
+# project imports them but `bertscope.load`, which imports the API on first use.
+FRONT_ENDS = {"bertscope.cli", "bertscope.report", "bertscope.api", "bertscope.view"}
+
+
+def test_the_core_imports_no_analysis():
+    """`bertscope/` is the shared core: besides the front ends, no module of it reaches an
+    analysis, and no analysis reaches a front end but the report writer (to refresh a run's
+    page) and the API's loader."""
+    graph = import_graph()
+    for name, targets in graph.items():
+        if name.startswith("bertscope.analyses") or name.startswith("bertscope.kernels") or name in FRONT_ENDS:
+            continue
+        reached = {t for t in targets if t.startswith("bertscope.analyses.")}
+        assert not reached, f"{name} imports {sorted(reached)}"
+    for name, targets in graph.items():
+        if name.startswith("bertscope.analyses"):
+            assert not targets & {"bertscope.cli", "bertscope.api", "bertscope.view"}, name
+
+
+def test_kernels_import_nothing_above_them():
+    graph = import_graph()
+    for name, targets in graph.items():
+        if name.startswith("bertscope.kernels"):
+            assert all(t.startswith("bertscope.kernels") for t in targets), (name, targets)
