@@ -59,10 +59,9 @@ def imported_modules(module) -> set[str]:
 
 
 def test_no_lazy_import_cycles_the_review_found():
-    """Cycles dodged by a function-level import are still cycles: the probes do not import the
-    command line, and the Triton map and JS kernels do not import each other."""
-    for probe in ("common", "syntax", "coref", "classifier", "cluster"):
-        assert "bertscope.cli" not in imported_modules(f"bertscope.probes.{probe}"), probe
+    """Cycles dodged by a function-level import are still cycles (tests/test_import_graph.py
+    finds any): the Triton map and JS kernels do not import each other, and the fast paths do
+    not lean on the oracle."""
     assert not {"bertscope.kernels.triton_js"} & imported_modules("bertscope.kernels.triton_maps")
     assert not {"bertscope.kernels.triton_maps"} & imported_modules("bertscope.kernels.triton_js")
     assert "bertscope.kernels.eager" not in imported_modules("bertscope.kernels.chunked")

@@ -148,7 +148,6 @@ def main(args) -> int:
         "timings_s": timings,
     })
     refresh_report(run.dir)
-    return rows
     return 0
 
 # --- data ----------------------------------------------------------------------------------------
