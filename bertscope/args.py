@@ -50,6 +50,11 @@ def check_device(device: str, backend: str):
         raise UserError(str(e)) from None
 
 
+def add_quiet_argument(p: argparse.ArgumentParser):
+    """--quiet, the same for every command (`bertscope.log.configure`)."""
+    p.add_argument("--quiet", action="store_true", help="no progress bars; warnings and errors only")
+
+
 def add_threads_argument(p: argparse.ArgumentParser):
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
@@ -78,4 +83,4 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     add_threads_argument(p)
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet_argument(p)

@@ -40,9 +40,20 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from bertscope.gates import layer_gates
 from bertscope.head_removal import head_slots, spread_grad_sums, spread_heads
-from bertscope.kernels import (GradSums, RowStats, StatsSpec, WordPooling, apply_gates, attention_grad,
-                               attention_grad_eager, attention_stats, gated_sdpa, needs_grad, output_path,
-                               resolve_backend)
+from bertscope.kernels import (
+    GradSums,
+    RowStats,
+    StatsSpec,
+    WordPooling,
+    apply_gates,
+    attention_grad,
+    attention_grad_eager,
+    attention_stats,
+    gated_sdpa,
+    needs_grad,
+    output_path,
+    resolve_backend,
+)
 
 ATTN_IMPLEMENTATION = "bertscope"
 

@@ -10,8 +10,9 @@ import os
 import sys
 
 from bertscope import analyses
-from bertscope.args import check_device, positive_int
+from bertscope.args import add_quiet_argument, check_device, positive_int
 from bertscope.errors import UserError
+from bertscope.log import configure as configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,12 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
         "../shared/data beside the repository.",
     )
     d.add_argument("--data-dir", metavar="DIR", default=None, help="folder holding the data sets")
+    add_quiet_argument(d)
     rp = sub.add_parser(
         "report", help="(re)write RUN_DIR/index.html, one self-contained page of every analysis in the run",
         description="Write index.html into RUN_DIR: settings and provenance from run.json, every figure (embedded) "
         "with a caption, the tables with Clark et al.'s numbers beside the run's, and findings generated from the "
         "numbers, for every analysis found there (surface, probes, comparison). One file, no network needed.")
     rp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (one with run.json)")
+    add_quiet_argument(rp)
     add_view_parser(sub)
     t = sub.add_parser(
         "selftest",
@@ -56,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="cuda" if _has_cuda() else "cpu",
                    help="torch device (default: cuda when torch sees a GPU, else cpu)")
     t.add_argument("--quick", action="store_true", help="small shapes only")
+    add_quiet_argument(t)
     return parser
 
 
@@ -90,6 +94,7 @@ def add_view_parser(sub):
     v.add_argument("--from-word", choices=("mean", "first"), default="mean",
                    help="attention from a word split into several tokens: the mean of their rows (the paper's "
                    "definition) or the first token's row (default: mean)")
+    add_quiet_argument(v)
 
 
 def _has_cuda() -> bool:
@@ -130,6 +135,7 @@ def exit_now(code: int):
 
 
 def run_command(args) -> int:
+    configure_logging(quiet=args.quiet)
     try:
         module = command_module(args)
         if module is not None:

@@ -26,7 +26,6 @@ from bertscope.models import LoadedModel
 from bertscope.segments import Segment, collate
 from bertscope.token_classes import TokenClasses, check_ids
 
-
 WINDOW_BATCHES = 64  # batches' worth of segments sorted by length together
 
 

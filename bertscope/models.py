@@ -25,9 +25,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched at run t
 
 import torch  # noqa: E402
 
-from bertscope import attention  # noqa: E402  (attention registers the "bertscope" implementation)
-
-from bertscope import head_removal
+from bertscope import (
+    attention,  # noqa: E402  (attention registers the "bertscope" implementation)
+    head_removal,
+)
 from bertscope.errors import UserError  # noqa: E402
 from bertscope.gates import HeadGates, attach_gates  # noqa: E402
 from bertscope.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table  # noqa: E402

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import html
 import importlib
+import logging
 import os
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from bertscope.errors import UserError
 from bertscope.report_page import Figure, RunFiles, Section, Table
 from bertscope.segments import describe_lengths
 from bertscope.version import __version__
+
+logger = logging.getLogger(__name__)
 
 REPORT_NAME = "index.html"
 
@@ -58,15 +61,15 @@ def write_report(run_dir: str | Path) -> Path:
     return path
 
 
-def refresh_report(run_dir: str | Path, log=print) -> Path | None:
+def refresh_report(run_dir: str | Path) -> Path | None:
     """Rewrite the report after a probe or a comparison added files to `run_dir`. Their own
     outputs are written by then, so a report that cannot be built is said, not raised."""
     try:
         path = write_report(run_dir)
     except (UserError, OSError, ValueError, KeyError) as e:
-        log(f"the report {Path(run_dir) / REPORT_NAME} was not updated ({e}): bertscope report {run_dir}")
+        logger.warning(f"the report {Path(run_dir) / REPORT_NAME} was not updated ({e}): bertscope report {run_dir}")
         return None
-    log(f"updated the report {path}")
+    logger.info(f"updated the report {path}")
     return path
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import os
 import platform
 import sys
@@ -100,9 +101,9 @@ class AnalysisRun:
     `probes[name]`. Analyses without a model (e.g. `bertscope cues`) use it as is; `ProbeRun`
     adds the model."""
 
-    def __init__(self, name: str, args: argparse.Namespace, log=print, model: dict | None = None):
+    def __init__(self, name: str, args: argparse.Namespace, model: dict | None = None):
         self.name, self.args, self.t0 = name, args, time.perf_counter()
-        self.log = (lambda *a, **k: None) if getattr(args, "quiet", False) else log
+        self.log = logging.getLogger(f"bertscope.analyses.{name}").info  # what the analysis reports
         self.progress = not getattr(args, "quiet", False)
         self.dir = self._run_dir(getattr(args, "out", None))
         self.outputs: list[str] = []
@@ -174,7 +175,7 @@ class AnalysisRun:
 class ProbeRun(AnalysisRun):
     """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
 
-    def __init__(self, name: str, args: argparse.Namespace, log=print, task: str | None = None,
+    def __init__(self, name: str, args: argparse.Namespace, task: str | None = None,
                  command: str | None = None):
         import torch
 
@@ -187,7 +188,7 @@ class ProbeRun(AnalysisRun):
         self.loaded = load_model(args.model, device=args.device, task=task)  # task: models.TASKS
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
-        super().__init__(name, args, log, model=self.loaded.record())
+        super().__init__(name, args, model=self.loaded.record())
         torch.manual_seed(args.seed)
         self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
                  f"{self.loaded.n_heads} heads), run directory {self.dir}")

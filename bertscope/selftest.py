@@ -7,12 +7,23 @@ On a CPU it checks `chunked` (and `triton` when TRITON_INTERPRET=1 is set, on sm
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import torch
 
-from bertscope.kernels import BACKENDS, Gate, LayerGates, StatsSpec, attention_stats, resolve_backend, word_pooling
+from bertscope.kernels import (
+    BACKENDS,
+    Gate,
+    LayerGates,
+    StatsSpec,
+    attention_stats,
+    resolve_backend,
+    word_pooling,
+)
 from bertscope.kernels.js import pairwise_js
+
+logger = logging.getLogger(__name__)
 
 SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, argmax=True, column_mass=True,
                  word_maps=True)
@@ -86,7 +97,7 @@ def tolerance(case: Case) -> float:
     return 2e-2 if case.dtype == torch.float16 else 1e-4
 
 
-def run_selftest(device: str = "cpu", quick: bool = False, log=print) -> bool:
+def run_selftest(device: str = "cpu", quick: bool = False, log=logger.info) -> bool:
     dev = torch.device(device)
     backends = []
     for name in BACKENDS:

@@ -21,6 +21,7 @@ dropout, batch order) is seeded, so a run on the CPU is repeatable bit for bit.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import random
 import time
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 
 from bertscope.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 ARCT_INPUTS = ("full", "W", "RW", "CW")
 WINDOW_BATCHES = 50  # training batches sorted by length together
@@ -194,7 +197,7 @@ def linear_warmup(optimizer, warmup_steps: int, total_steps: int):
 
 
 def fine_tune(model, train: Encoded, dev: Encoded, cfg: TrainConfig, seed: int, pad_id: int, with_types: bool,
-              progress=None, log=print, desc="fine-tune") -> TrainResult:
+              progress=None, log=logger.info, desc="fine-tune") -> TrainResult:
     """Train `model` in place for cfg.epochs; afterwards it holds the weights of the best dev epoch."""
     torch.manual_seed(seed)
     rng = random.Random(seed)

@@ -16,6 +16,7 @@ code such as the report; `write_comparison` writes it into a directory.
 from __future__ import annotations
 
 import csv
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import numpy as np
 
 from bertscope.analyses.compare import stats as stats_compare
 from bertscope.analyses.compare.outputs import CSV_NAME
-from bertscope.args import fraction
+from bertscope.args import add_quiet_argument, fraction
 from bertscope.errors import UserError
 from bertscope.rundir import (
     check_run_dir,
@@ -35,6 +36,8 @@ from bertscope.rundir import (
     write_csv,
     write_json,
 )
+
+logger = logging.getLogger(__name__)
 
 HEADS_CSV = "heads.csv"
 EXAMPLES = "examples.parquet"
@@ -338,7 +341,7 @@ def figure_name(statistic: str) -> str:
     return f"fig_compare_{statistic}.png"
 
 
-def write_comparison(comp: Comparison, out: str | Path | None = None, figures: bool = True, log=print,
+def write_comparison(comp: Comparison, out: str | Path | None = None, figures: bool = True,
                      k: int = 3) -> Path:
     """Write compare_heads.csv, one difference heatmap per heads.csv statistic and the
     `compare` entry of run.json into `out`: an existing run directory (one with run.json)
@@ -383,11 +386,11 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
         "outputs": outputs, "elapsed_s": round(time.perf_counter() - t0, 2),
     }
     write_json(out / "run.json", record)
-    log(comp.summary(k))
-    log(f"wrote {', '.join(outputs)} to {out}")
+    logger.info(comp.summary(k))
+    logger.info(f"wrote {', '.join(outputs)} to {out}")
     from bertscope.report import refresh_report
 
-    refresh_report(out, log)
+    refresh_report(out)
     return out
 
 
@@ -418,15 +421,14 @@ def add_arguments(c):
                    help="false discovery rate: heads with BH-adjusted q below it are significant (default: 0.05)")
     c.add_argument("--top", type=int, default=3, metavar="K", help="heads listed per statistic (default: 3)")
     c.add_argument("--no-figures", action="store_true", help="skip the PNG heatmaps")
-    c.add_argument("--quiet", action="store_true", help="print nothing")
+    add_quiet_argument(c)
 
 
 
 
 def main(args) -> int:
-    log = (lambda *a, **k: None) if args.quiet else print
     if args.out and not (Path(args.out) / "run.json").is_file():
         check_run_dir(args.out)  # a used directory that is not a run is refused before any work
     comp = compare_runs(args.run_a, args.run_b, test=args.test, alpha=args.alpha)
-    write_comparison(comp, args.out, figures=not args.no_figures, log=log, k=args.top)
+    write_comparison(comp, args.out, figures=not args.no_figures, k=args.top)
     return 0

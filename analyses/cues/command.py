@@ -173,7 +173,7 @@ def rows(task: str, tables: dict[tuple[str, str], list[Cue]], min_n: int = 1) ->
 # ----------------------------------------------------------------------------- command
 
 def add_arguments(p):
-    from bertscope.args import positive_int
+    from bertscope.args import add_quiet_argument, positive_int
 
     p.add_argument("--task", choices=("arct", "rte"), default="arct",
                    help="arct: cues in the warrants (original and adversarial data); rte: cues in the hypothesis "
@@ -190,7 +190,7 @@ def add_arguments(p):
                    "tokeniser would; by default \"don't\" is one token, different from 'not'")
     p.add_argument("--seed", type=int, default=0, help="seed of the RTE dev split (default: 0)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figure")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_quiet_argument(p)
 
 
 def main(args) -> int:

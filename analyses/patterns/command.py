@@ -17,6 +17,7 @@ Data sets, each `[CLS] A [SEP] B [SEP]` (token classes from `token_classes.PARTS
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -26,6 +27,8 @@ import torch
 from bertscope.analyses.patterns import stats as P
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
+
+logger = logging.getLogger(__name__)
 
 NAME = P.NAME
 DATA = ("wiki", "rte", "arct", "polarity")
@@ -268,7 +271,7 @@ def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: 
     for name in names:
         by_data[name].save(run.dir / f"patterns_{name}.npz")
     table = format_table({n: results["data"][n]["overall"] for n in names}, {n: by_data[n].n_examples for n in names})
-    print(table, end="")
+    logger.info(table.rstrip("\n"))
     run.write_text("patterns_table.txt", table)
     if not args.no_figures:
         run.save_figure(P.plot_overall({n: results["data"][n]["overall"] for n in names},
@@ -359,9 +362,9 @@ def train(args) -> int:
     for key in ("held_out", "eval"):
         if key in results:
             s = results[key]
-            print(f"{key}: {s['n']} maps, accuracy {s['accuracy']:.3f}, macro F1 {s['f1_macro']:.3f}, "
+            logger.info(f"{key}: {s['n']} maps, accuracy {s['accuracy']:.3f}, macro F1 {s['f1_macro']:.3f}, "
                   f"weighted F1 {s['f1_weighted']:.3f}, Cohen's kappa {s['kappa']:.3f}")
-    print(f"wrote pattern_cnn.pt and pattern_cnn.json to {out}")
+    logger.info(f"wrote pattern_cnn.pt and pattern_cnn.json to {out}")
     return 0
 
 

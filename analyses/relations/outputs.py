@@ -1,11 +1,14 @@
 """What `bertscope relations` writes: tidy CSVs, heatmaps, example maps, text and run.json."""
 from __future__ import annotations
 
+import logging
 import random
 
 from bertscope.analyses.relations import stats as rel
 from bertscope.models import model_name
 from bertscope.report import refresh_report
+
+logger = logging.getLogger(__name__)
 
 HEAD_COLUMNS = ("data", "analysis", "group", "layer", "head", "score", "n", "rank", "flagged", "prev", "next",
                 "prev_next_head")
@@ -68,7 +71,7 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
                         f"{analysis}_heatmap_{data.replace('+', '_')}.png")
     text = (f"bertscope relations: {label}, word-level maps (attention from a word = mean of its tokens' rows, "
             f"to a word = sum of its tokens' columns)\n" + format_summary(summary))
-    print(text, end="")
+    logger.info(text.rstrip("\n"))
     run.write_text("relations_summary.txt", text)
     run.write_csv("relations_heads.csv", all_heads, HEAD_COLUMNS)
     run.write_csv("relations_summary.csv", summary, SUMMARY_COLUMNS)

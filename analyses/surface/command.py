@@ -9,6 +9,7 @@ deterministically from the recorded settings and the finished batches are skippe
 """
 from __future__ import annotations
 
+import logging
 import platform
 import sys
 import time
@@ -22,7 +23,13 @@ import transformers
 from bertscope.accumulate import HeadStats
 from bertscope.analyses.surface import plots as surface_plots
 from bertscope.analyses.surface import stats as surface
-from bertscope.args import add_threads_argument, check_device, limit_arg, positive_int
+from bertscope.args import (
+    add_quiet_argument,
+    add_threads_argument,
+    check_device,
+    limit_arg,
+    positive_int,
+)
 from bertscope.corpus import open_corpus
 from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
 from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
@@ -51,6 +58,8 @@ from bertscope.segments import (
     iter_segments,
 )
 from bertscope.version import __version__
+
+logger = logging.getLogger(__name__)
 
 HELP = "surface-level attention patterns over a corpus (Clark et al. 2019, section 3)"
 DESCRIPTION = ("Stream per-head attention statistics over a corpus and write heads.csv, figures and the raw sums "
@@ -104,7 +113,7 @@ def add_arguments(p):
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet_argument(p)
 
 
 def main(args) -> int:
@@ -179,7 +188,7 @@ class RunSettings:
 
 
 def run(settings: RunSettings, out: str | None = None, resume: str | None = None,
-        figures: bool | FigurePool = True, progress: bool = True, log=print) -> Path:
+        figures: bool | FigurePool = True, progress: bool = True, log=logger.info) -> Path:
     """Run the surface analysis; returns the run directory.
 
     Under torchrun every rank runs this same function on its share of the batches; rank 0
@@ -376,8 +385,8 @@ def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool 
             figure_names = sorted((p.name for p in figures.wait()), key=list(surface_plots.FIGURES).index)
         except FigureError as e:
             record["figures_error"] = str(e)
-            print(f"bertscope: warning: the figures could not be drawn: {e}; every other output is written "
-                  f"(bertscope run --resume {run_dir} draws them again)", file=sys.stderr)
+            logger.warning(f"the figures could not be drawn: {e}; every other output is written "
+                           f"(bertscope run --resume {run_dir} draws them again)")
     text = f"  {describe_lengths(record['segments'].get('lengths', {}))}\n" + surface.summary(table)
     outputs = figure_names
     log(f"surface patterns over {record['n_tokens']} tokens, means over "

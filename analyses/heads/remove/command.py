@@ -8,9 +8,12 @@ removed once a fraction F of them was gone (its prune_order.csv).
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from bertscope.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 HELP = "remove attention heads for real (smaller Q, K, V and output projections) and save the model"
 DESCRIPTION = (
@@ -23,7 +26,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subcommand's own dest
-    from bertscope.args import add_threads_argument
+    from bertscope.args import add_quiet_argument, add_threads_argument
 
     p.add_argument("--model", metavar="PATH", default=None,
                    help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
@@ -37,6 +40,7 @@ def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subco
     p.add_argument("--fraction", type=float, default=None, metavar="F",
                    help="with --from-prune: the fraction of heads pruned, 0 < F < 1 (e.g. 0.5)")
     add_threads_argument(p)
+    add_quiet_argument(p)
 
 
 def main(args) -> int:
@@ -62,10 +66,10 @@ def main(args) -> int:
     after = sum(p.numel() for p in loaded.model.parameters())
     head_removal.save_pruned(loaded.model, loaded.tokenizer, out)
     info = head_removal.describe(head_removal.pruned_heads(loaded.model), loaded.n_layers, loaded.n_heads)
-    print(f"removed {info['heads_removed']} of {info['heads_total']} heads ({100 * info['fraction_removed']:.1f}%); "
+    logger.info(f"removed {info['heads_removed']} of {info['heads_total']} heads ({100 * info['fraction_removed']:.1f}%); "
           f"heads per layer: {' '.join(map(str, info['kept_per_layer'].values()))}")
-    print(f"parameters: {before:,} -> {after:,} ({100 * (after - before) / before:+.1f}%)")
-    print(f"saved to {out} (load it with --model {out})")
+    logger.info(f"parameters: {before:,} -> {after:,} ({100 * (after - before) / before:+.1f}%)")
+    logger.info(f"saved to {out} (load it with --model {out})")
     return 0
 
 

@@ -16,6 +16,7 @@ GAP: each row's text is one input; its pronoun picks the name it attends to more
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -28,6 +29,8 @@ from bertscope.errors import UserError
 from bertscope.models import model_name
 from bertscope.report import refresh_report
 from bertscope.rundir import ProbeRun
+
+logger = logging.getLogger(__name__)
 
 NAME = "coref"
 HELP = "which heads find coreferent antecedents (Clark et al. 2019, Table 2), on GUM and GAP"
@@ -254,7 +257,7 @@ def main(args) -> int:
     text = (f"Coreference heads of {label} (accuracy %, heads <layer>-<head> from 1; "
             f"'All-best head' = the best head on All, scored on each type)\n"
             + coref.format_table(table_rows) + "\n".join(notes) + "\n")
-    print(text, end="")
+    logger.info(text.rstrip("\n"))
     run.write_text("coref_table.txt", text)
     run.write_csv("coref_table.csv", table_rows, coref.TABLE_COLUMNS)
     run.write_csv("coref_heads.csv", head_rows, ("dataset", "mention_type", "layer", "head", "accuracy", "n"))

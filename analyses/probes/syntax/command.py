@@ -12,6 +12,7 @@ of 3,000 sentences is used by default (`--limit all` for every one).
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from bertscope.analyses.probes.syntax import stats as syntax
@@ -21,6 +22,8 @@ from bertscope.errors import UserError
 from bertscope.models import model_name
 from bertscope.report import refresh_report
 from bertscope.rundir import ProbeRun
+
+logger = logging.getLogger(__name__)
 
 NAME = "syntax"
 HELP = "which heads track which dependency relation (Clark et al. 2019, Table 1)"
@@ -150,7 +153,7 @@ def main(args) -> int:
                   f"{report['skipped_long']} skipped (> {args.max_len} tokens), model {label}, "
                   f"head->dep = {args.head_to_dep}\n")
         texts.append(header + text)
-        print(header + text)
+        logger.info(header + text)
         results[tb] = {**report, "relations": headline(table_rows, args.min_count)}
         run.save_figure(syntax.plot_best_heads(table_rows, f"{label} on {tb.upper()}: best head per relation",
                                                args.min_count), f"syntax_best_heads_{tb}.png")
