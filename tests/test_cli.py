@@ -388,7 +388,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     # resume: only the missing batch runs, and the result is the uninterrupted one
     calls.clear()
     monkeypatch.setattr(bertscope.engine, "forward", lambda *a, **k: (calls.append(1), real_forward(*a, **k))[1])
-    assert main(["run", "--resume", str(broken), "--quiet", "--no-figures"]) == 0
+    assert main(["run", "--resume", str(broken), "--no-figures"]) == 0  # not --quiet: it says where it resumes
     assert "resuming after batch 2" in capsys.readouterr().out
     assert len(calls) == 1
     assert json.loads((broken / "run.json").read_text())["status"] == "complete"
@@ -400,7 +400,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
 
     # resuming a complete run recomputes nothing and rewrites the same outputs
     calls.clear()
-    assert main(["run", "--resume", str(broken), "--quiet", "--no-figures"]) == 0
+    assert main(["run", "--resume", str(broken), "--no-figures"]) == 0
     assert "already complete" in capsys.readouterr().out
     assert calls == []
     assert (broken / "heads.csv").read_text() == (whole / "heads.csv").read_text()
@@ -490,7 +490,7 @@ def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_t
     check_error(capsys, main([*args, "--out", str(broken)]), "--resume")
     assert HeadStats.load(broken / "stats.npz").batches_done == 1
     monkeypatch.setattr(HeadStats, "save", real_save)
-    assert main(["run", "--resume", str(broken), "--quiet", "--no-figures"]) == 0
+    assert main(["run", "--resume", str(broken), "--no-figures"]) == 0  # not --quiet: it says where it resumes
     assert "resuming after batch 1" in capsys.readouterr().out
     assert HeadStats.load(broken / "stats.npz").n_segments == 12
     assert (broken / "heads.csv").read_text() == (whole / "heads.csv").read_text()

@@ -196,7 +196,8 @@ def test_the_command_exits_at_once_with_its_output_flushed(tmp_path, resume_corp
     handlers: stdout, piped, is complete, and the exit code is the command's."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(tiny_checkpoint, resume_corpus, out)],
+    args = [a for a in run_args(tiny_checkpoint, resume_corpus, out) if a != "--quiet"]  # what it says is the test
+    done = subprocess.run([sys.executable, "-m", "bertscope.cli", *args],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(f"wrote the report {out / 'index.html'}") and "wrote heads.csv" in done.stdout

@@ -6,6 +6,7 @@ import base64
 import csv
 import html
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -157,10 +158,12 @@ def test_bad_run_dir_is_one_line(tmp_path, capsys, make, message):
     assert err.startswith("bertscope: error: ") and message in err and err.count("\n") == 1
 
 
-def test_refresh_after_a_probe_or_comparison(run_dir, tmp_path):
-    lines = []
-    assert refresh_report(run_dir, lines.append) == run_dir / REPORT_NAME
-    assert lines == [f"updated the report {run_dir / REPORT_NAME}"]
-    lines.clear()
-    assert refresh_report(tmp_path / "gone", lines.append) is None  # said, not raised: the probe's outputs stand
-    assert "was not updated" in lines[0] and "is not a directory" in lines[0]
+def test_refresh_after_a_probe_or_comparison(run_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="bertscope")
+    assert refresh_report(run_dir) == run_dir / REPORT_NAME
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", f"updated the report {run_dir / REPORT_NAME}")]
+    caplog.clear()
+    assert refresh_report(tmp_path / "gone") is None  # said, not raised: the probe's outputs stand
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    assert "was not updated" in record.getMessage() and "is not a directory" in record.getMessage()
