@@ -95,5 +95,6 @@ SECTIONS: tuple[Section, ...] = (
     Section("finetune", _ + "finetune.section:build"),
     Section("attention_grad", _ + "heads.attention_grad.section:build"),
     Section("importance", _ + "heads.importance.section:build"),
+    Section("prune", _ + "heads.prune.section:build"),
     Section("ablate", _ + "heads.ablate.section:build"),
 )

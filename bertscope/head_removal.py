@@ -306,32 +306,6 @@ def parse_heads(text: str) -> dict[int, list[int]]:
     return {layer: sorted(set(hs)) for layer, hs in heads.items()}
 
 
-PRUNE_ORDER_COLUMNS = ("step", "fraction_pruned", "layer", "head")
-
-
-def heads_from_prune_order(path: Path, fraction: float) -> dict[int, list[int]]:
-    """The heads `bertscope heads prune` had removed once `fraction` of them were gone:
-    every row of its prune_order.csv (step, fraction_pruned, layer, head; layer and head from 1)
-    with fraction_pruned <= fraction (a small tolerance for the float written)."""
-    import csv
-
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != PRUNE_ORDER_COLUMNS:
-            raise ValueError(f"{path} has columns {reader.fieldnames}, not {', '.join(PRUNE_ORDER_COLUMNS)}")
-        heads: dict[int, list[int]] = {}
-        for n, row in enumerate(reader, start=2):
-            try:
-                frac, layer, head = float(row["fraction_pruned"]), int(row["layer"]), int(row["head"])
-            except (TypeError, ValueError):
-                raise ValueError(f"{path} line {n}: not numbers: {row}") from None
-            if layer < 1 or head < 1:
-                raise ValueError(f"{path} line {n}: layer and head count from 1, not {layer}-{head}")
-            if frac <= fraction + 1e-9:
-                heads.setdefault(layer - 1, []).append(head - 1)
-    return {layer: sorted(set(hs)) for layer, hs in heads.items()}
-
-
 def describe(pruned: dict[int, list[int]], n_layers: int, n_heads: int) -> dict:
     """run.json / log summary: counts and the heads removed, layer-head from 1."""
     removed = [f"{layer + 1}-{h + 1}" for layer, hs in sorted(pruned.items()) for h in hs]

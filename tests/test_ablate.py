@@ -10,17 +10,29 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from bertscope.analyses.heads.ablate.stats import (BUT_ONE_COLUMNS, IMPORTANCE_COLUMNS, but_one_table, head_deltas,
-                                       importance_grid, one_head_suffices, rank_correlation, read_importance)
-from bertscope.errors import UserError
-from bertscope.analyses.heads.common import variant_rows
-from bertscope.kernels import Gate
-from bertscope.models import wrap_model
-from bertscope.variants import all_but_one, baseline, evaluate_variants, forward_variants, single_heads
-
 from conftest import TINY_HEADS, TINY_LAYERS
 from test_disable import classifier, random_inputs, tiny_classifier_checkpoint, toy_task  # noqa: F401 (a fixture)
+
+from bertscope.analyses.heads.ablate.stats import (
+    BUT_ONE_COLUMNS,
+    but_one_table,
+    head_deltas,
+    one_head_suffices,
+    rank_correlation,
+)
+from bertscope.analyses.heads.common import variant_rows
+from bertscope.analyses.heads.importance.outputs import COLUMNS as IMPORTANCE_COLUMNS
+from bertscope.analyses.heads.importance.outputs import importance_grid, read_importance
+from bertscope.errors import UserError
+from bertscope.kernels import Gate
+from bertscope.models import wrap_model
+from bertscope.variants import (
+    all_but_one,
+    baseline,
+    evaluate_variants,
+    forward_variants,
+    single_heads,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS

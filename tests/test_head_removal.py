@@ -12,18 +12,22 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoModel, AutoModelForSequenceClassification, CamembertConfig, XLMRobertaConfig
+from test_engine import random_segments
+from test_gates import batch
+from transformers import (
+    AutoModel,
+    AutoModelForSequenceClassification,
+    CamembertConfig,
+    XLMRobertaConfig,
+)
 
 from bertscope import head_removal
 from bertscope.engine import EngineOptions, run_stats
 from bertscope.kernels import Gate, StatsSpec
 from bertscope.models import SUPPORTED_MODEL_TYPES, load_model, wrap_model
-
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
-from test_engine import random_segments
-from test_gates import batch
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -295,14 +299,16 @@ PRUNE_ORDER = [(1, 0.125, 1, 2), (1, 0.125, 2, 4), (2, 0.25, 2, 1), (2, 0.25, 2,
 
 
 def test_heads_from_prune_order(tmp_path):
+    from bertscope.analyses.heads.prune.outputs import heads_from_prune_order
+
     run = write_prune_order(tmp_path / "run", PRUNE_ORDER)
     path = run / "prune_order.csv"
-    assert head_removal.heads_from_prune_order(path, 0.1) == {}
-    assert head_removal.heads_from_prune_order(path, 0.125) == {0: [1], 1: [3]}
-    assert head_removal.heads_from_prune_order(path, 0.3) == {0: [1], 1: [0, 1, 3]}
+    assert heads_from_prune_order(path, 0.1) == {}
+    assert heads_from_prune_order(path, 0.125) == {0: [1], 1: [3]}
+    assert heads_from_prune_order(path, 0.3) == {0: [1], 1: [0, 1, 3]}
     path.write_text("layer,head\n1,1\n")
     with pytest.raises(ValueError, match="columns"):
-        head_removal.heads_from_prune_order(path, 0.5)
+        heads_from_prune_order(path, 0.5)
 
 
 # --- the command ------------------------------------------------------------------------------

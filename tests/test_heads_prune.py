@@ -164,7 +164,7 @@ def test_user_errors_are_one_line(rte_checkpoint, tiny_checkpoint, tmp_path, cap
     cases = [
         (["heads", "importance", "--model", str(rte_checkpoint)], "heads importance needs --task"),
         (["heads", "importance", "--compare", str(tmp_path)], "--compare needs at least two run directories"),
-        (["heads", "importance", "--compare", str(tmp_path), str(tmp_path)], "importance.csv not found"),
+        (["heads", "importance", "--compare", str(tmp_path), str(tmp_path)], "no importance file at"),
         (["heads", "importance", "--task", "rte", "--model", str(tiny_checkpoint), "--limit", "4"],
          "has no sequence-classification head"),
         (["heads", "prune", "--task", "rte", "--model", str(rte_checkpoint), "--split", "dev"],

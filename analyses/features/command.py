@@ -215,17 +215,11 @@ DESCRIPTION = (
     "features_cls_last_layer.csv (Figure 7), layer x head heatmaps per data set, and a run.json entry.")
 
 
-def _limit(text: str) -> int | None:
-    from bertscope.args import positive_int
-
-    return None if text.lower() == "all" else positive_int(text)
-
-
 def add_arguments(p):
-    from bertscope.args import add_common_arguments
+    from bertscope.args import add_common_arguments, limit_arg
 
     p.add_argument("--data", choices=DATA + ("all",), default="ewt", help="data set (default: ewt)")
-    p.add_argument("--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
+    p.add_argument("--limit", type=limit_arg, default=DEFAULT_LIMIT, metavar="N",
                    help=f"inputs per data set, a seeded sample, or 'all' (default: {DEFAULT_LIMIT})")
     p.add_argument("--split", choices=("train", "dev", "test"), default="dev",
                    help="split of the task data (RTE, ARCT, polarity; default: dev)")

@@ -41,31 +41,15 @@ TOP_K = 10
 RESUME_KEYS = ("resume", "quiet")  # settings a resumed run takes from its own command line
 
 
-def limit_option(text: str) -> int | None:
-    from bertscope.args import positive_int
-
-    return None if text.lower() == "all" else positive_int(text)
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, not {value}")
-    return value
-
-
 def add_arguments(p):
-    from bertscope.args import add_common_arguments, positive_int
+    from bertscope.args import add_common_arguments, fraction, limit_arg, positive_int
 
     add_common_arguments(p)
     p.add_argument("--analysis", choices=ANALYSES + ("both",), default="both",
                    help="relation heads (4.2), token-to-token attention (4.5), or both (default: both)")
     p.add_argument("--data", choices=DATA + ("both",), default="both",
                    help="UD English-EWT dev, GUM, or both, reported apart and pooled (default: both)")
-    p.add_argument("--limit", type=limit_option, default=None, metavar="N|all",
+    p.add_argument("--limit", type=limit_arg, default=None, metavar="N|all",
                    help="inputs per analysis and data set, a seeded sample (--seed) of the qualifying ones "
                    "(default: all)")
     p.add_argument("--max-words", type=positive_int, default=rel.MAX_WORDS, metavar="N",

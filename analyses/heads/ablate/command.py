@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bertscope.analyses.heads.importance.outputs import (
+    IMPORTANCE_FILE,
+    importance_grid,
+    importance_path,
+    read_importance,
+)
 from bertscope.errors import UserError
 from bertscope.kernels import Gate
 
@@ -41,7 +47,6 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.analyses.heads.ablate.stats import IMPORTANCE_FILE, read_importance
     from bertscope.analyses.heads.common import run_variants
 
     importance, source = None, args.importance
@@ -66,7 +71,6 @@ def variant_set(which: str, importance=None):
     """(layers, H) -> the variants of `--variants`; checks the importance table against the
     model's shape first, so a file of another model fails before the evaluation, not after."""
     from bertscope import variants as V
-    from bertscope.analyses.heads.ablate.stats import importance_grid
 
     def make(n_layers: int, n_heads: int):
         if importance is not None:
@@ -114,9 +118,9 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
     if importance is not None and singles:
         source, values = importance
         delta = A.head_deltas(rows, L, H)
-        corr = {column: A.rank_correlation(A.importance_grid(values, L, H, column), delta)
+        corr = {column: A.rank_correlation(importance_grid(values, L, H, column), delta)
                 for column in ("importance", "importance_raw")}
-        results["importance"] = {"file": str(A.importance_path(source)), **corr}
+        results["importance"] = {"file": str(importance_path(source)), **corr}
         for column, c in corr.items():
             rho = "undefined (constant)" if c["spearman"] is None else f"{c['spearman']:+.3f} (p = {c['p']:.3g})"
             run.log(f"Spearman rho between {column} and the accuracy lost when the head is masked: {rho}, "
@@ -124,5 +128,5 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         if figures:
             from bertscope.analyses.heads.ablate.plots import plot_importance
 
-            run.save_figure(plot_importance(A.importance_grid(values, L, H), delta, corr["importance"], title),
+            run.save_figure(plot_importance(importance_grid(values, L, H), delta, corr["importance"], title),
                             "fig_ablate_importance.png")

@@ -18,69 +18,11 @@ importance is a loss-gradient scale and accuracy moves in steps of 1/N with many
 """
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import numpy as np
 
-from bertscope.errors import UserError
-
-IMPORTANCE_FILE = "importance.csv"
-IMPORTANCE_COLUMNS = ("layer", "head", "importance", "importance_raw", "rank")
 BUT_ONE_COLUMNS = ("layer", "best_head", "accuracy", "delta", "ci_low", "ci_high", "q", "significant",
                    "worst_head", "worst_delta", "mean_delta", "heads_within")
 HALF_POINT = 0.005  # Michel et al.: most single heads change accuracy by "less than about half a point"
-
-
-def importance_path(path) -> Path:
-    """The importance CSV a path names: the file itself, or importance.csv in a run directory."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / IMPORTANCE_FILE
-    if not path.is_file():
-        raise UserError(f"no importance file at {path} (run `bertscope heads importance` first, or pass the "
-                        f"{IMPORTANCE_FILE} it wrote with --importance)")
-    return path
-
-
-def read_importance(path) -> dict[tuple[int, int], dict[str, float]]:
-    """{(layer, head) from 1: {"importance", "importance_raw", "rank"}} from an importance CSV
-    (`IMPORTANCE_COLUMNS`; more columns are ignored). UserError on anything else."""
-    path = importance_path(path)
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in IMPORTANCE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise UserError(f"{path} lacks the column(s) {', '.join(missing)} (an importance CSV has "
-                            f"{', '.join(IMPORTANCE_COLUMNS)})")
-        out = {}
-        for line, r in enumerate(reader, start=2):
-            try:
-                key = (int(r["layer"]), int(r["head"]))
-                values = {c: float(r[c]) for c in IMPORTANCE_COLUMNS[2:]}
-            except (TypeError, ValueError):
-                raise UserError(f"{path} line {line}: layer and head must be integers and importance, "
-                                "importance_raw, rank numbers") from None
-            if key in out:
-                raise UserError(f"{path} line {line}: head {key[0]}-{key[1]} appears twice")
-            out[key] = values
-    if not out:
-        raise UserError(f"{path} has no rows")
-    return out
-
-
-def importance_grid(table: dict, n_layers: int, n_heads: int, column: str = "importance") -> np.ndarray:
-    """(layers, H) array of one importance column; UserError unless the table has exactly the
-    model's layers x heads (an importance file of another model)."""
-    want = {(lay, h) for lay in range(1, n_layers + 1) for h in range(1, n_heads + 1)}
-    if set(table) != want:
-        layers, heads = max(k[0] for k in table), max(k[1] for k in table)
-        raise UserError(f"the importance file covers {len(table)} heads (up to layer {layers}, head {heads}); "
-                        f"the model has {n_layers} layers x {n_heads} heads")
-    grid = np.zeros((n_layers, n_heads))  # (layers, H)
-    for (lay, h), values in table.items():
-        grid[lay - 1, h - 1] = values[column]
-    return grid
 
 
 def head_deltas(rows: list[dict], n_layers: int, n_heads: int, kind: str = "head") -> np.ndarray:

@@ -14,10 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
+from bertscope.analyses.heads.importance.outputs import (
+    COLUMNS,
+    CORRELATION_FILE,
+    IMPORTANCE_FILE,
+    importance_grid,
+    read_importance,
+)
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
 
-COLUMNS = ("layer", "head", "importance", "importance_raw", "rank")
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
                    "top_overlap")
 TOP_SHARE = 0.1  # the top 10% of heads, for the overlap column
@@ -99,7 +105,7 @@ def run_importance(args):
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
             f"tokens), mean loss {imp.loss:.4f}, convention {imp.convention}")
     rows = importance_rows(imp)
-    run.write_csv("importance.csv", rows, COLUMNS)
+    run.write_csv(IMPORTANCE_FILE, rows, COLUMNS)
     if not args.no_figures:
         from bertscope.analyses.heads.importance.plots import plot_importance
         from bertscope.models import model_name
@@ -125,32 +131,21 @@ def run_importance(args):
 
 # ----------------------------------------------------------------------------- --compare
 
-def read_importance(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
+def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
     """(label, importance (layers, H), raw (layers, H)) of a run directory's importance.csv; the label
     names the task (from run.json) and the run."""
     from bertscope.rundir import read_json
 
-    path = Path(run_dir) / "importance.csv"
-    if not path.is_file():
-        raise UserError(f"{path} not found (run bertscope heads importance --out {run_dir} first)")
-    import csv
-
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or set(COLUMNS) - set(rows[0]):
-        raise UserError(f"{path} is not an importance.csv (columns {', '.join(COLUMNS)})")
-    L, H = max(int(r["layer"]) for r in rows), max(int(r["head"]) for r in rows)
-    grids = {c: np.full((L, H), np.nan) for c in ("importance", "importance_raw")}
-    for r in rows:
-        for c, g in grids.items():
-            g[int(r["layer"]) - 1, int(r["head"]) - 1] = float(r[c]) if r[c] != "" else np.nan
+    table = read_importance(run_dir)
+    n_layers, n_heads = max(k[0] for k in table), max(k[1] for k in table)
     label = Path(run_dir).name
     record = Path(run_dir) / "run.json"
     if record.is_file():
         results = (read_json(record).get("probes", {}).get("importance") or {}).get("results") or {}
         if results.get("task"):
             label = f"{results['task']} ({label})"
-    return label, grids["importance"], grids["importance_raw"]
+    return (label, importance_grid(table, n_layers, n_heads, "importance"),
+            importance_grid(table, n_layers, n_heads, "importance_raw"))
 
 
 def correlation_row(a, b, run_a, run_b) -> dict:
@@ -178,10 +173,10 @@ def compare_runs(args):
     runs = [Path(r) for r in args.compare]
     if len(runs) < 2:
         raise UserError("--compare needs at least two run directories")
-    data = [read_importance(r) for r in runs]
+    data = [read_run(r) for r in runs]
     run = AnalysisRun("importance_compare", args)
     rows = [correlation_row(data[i], data[j], runs[i], runs[j]) for i, j in itertools.combinations(range(len(runs)), 2)]
-    run.write_csv("importance_correlation.csv", rows, COMPARE_COLUMNS)
+    run.write_csv(CORRELATION_FILE, rows, COMPARE_COLUMNS)
     labels = [d[0] for d in data]
     rho = np.eye(len(runs))
     for (i, j), r in zip(itertools.combinations(range(len(runs)), 2), rows):

@@ -1,18 +1,19 @@
 """Head importance and iterative pruning in the report (Michel et al. 2019)."""
 from __future__ import annotations
 
-import numpy as np
-
 from bertscope import paper_numbers as paper
-from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
+from bertscope.analyses.heads.importance.outputs import (
+    CORRELATION_FILE,
+    IMPORTANCE_FILE,
+)
+from bertscope.report_page import RunFiles, Section, Table, heads_str, num
 
 
 def build(run: RunFiles) -> Section | None:
-    """Michel et al. section 4: head importance (bertscope heads importance, --compare) and
-    iterative pruning (bertscope heads prune)."""
+    """Michel et al. section 4: head importance (bertscope heads importance, --compare)."""
     probes = run.record.get("probes") or {}
-    imp, pairs, prune = run.csv("importance.csv"), run.csv("importance_correlation.csv"), run.csv("prune.csv")
-    if not (imp or pairs or prune):
+    imp, pairs = run.csv(IMPORTANCE_FILE), run.csv(CORRELATION_FILE)
+    if not (imp or pairs):
         return None
     findings, tables, figures = [], [], []
     if imp:
@@ -38,34 +39,7 @@ def build(run: RunFiles) -> Section | None:
                         "different fine-tuned models on different tasks, a stronger test than one model on two domains.")
         figures.append(run.figure("fig_importance_correlation.png", "Spearman rho of head importance between the runs "
                                   "compared: are the important heads the same across tasks?"))
-    if prune:
-        res = (probes.get("prune") or {}).get("results") or {}
-        tol = num(res.get("tolerance")) or 0.01
-        mine = [r for r in prune if r["order"] == "importance"]
-        rnd = [r for r in prune if r["order"] == "random"]
-        steps = [r["step"] for r in mine]
-        rand_mean = {s: float(np.mean([num(r["accuracy"]) for r in rnd if r["step"] == s])) for s in steps} if rnd else {}
-        tables.append(Table(f"Accuracy (%) on {res.get('split', 'test')} with the heads pruned; importance recomputed "
-                            f"on {res.get('importance_split', 'dev')} at every step",
-                            ["step", "% of heads pruned", "heads pruned", "by importance", "delta (points)",
-                             "random, mean of seeds"],
-                            [[int(r["step"]), 100 * num(r["fraction_pruned"]), int(r["heads_pruned"]),
-                              100 * num(r["accuracy"]), 100 * num(r["delta"]),
-                              100 * rand_mean[r["step"]] if rand_mean else "-"] for r in mine], digits=1))
-        if res:
-            rp = res.get("random_prunable_fraction") or []
-            findings.append(f"{res.get('task')}: {pct(res.get('prunable_fraction', 0))} of the heads can be pruned by "
-                            f"importance with every step within {100 * tol:g} point of the unpruned "
-                            f"{pct(res.get('baseline_accuracy', 0))}"
-                            + (f"; in a random order {pct(float(np.mean(rp)))} on average over {len(rp)} seeds" if rp
-                               else "")
-                            + f". Paper: {paper.MICHEL_PRUNING_TEXT} [{paper.MICHEL_PRUNING.short}].")
-        figures.append(run.figure("fig_prune.png", "Iterative pruning (Michel et al. section 4): accuracy against the "
-                                  "fraction of heads pruned (masked), by importance and in random orders (band: "
-                                  "min-max over seeds); dotted: the baseline minus the tolerance."))
-    return Section("Head importance and pruning (Michel et al. 2019)",
+    return Section("Head importance (Michel et al. 2019)",
                    intro="Head importance is the first-order (Taylor) estimate of the loss change when a head is "
-                   "masked, I_h = E_x |dL(x)/dxi_h|, from one forward and one backward per batch. Iterative pruning "
-                   "masks the least important 10% of the original heads per step, recomputing importance on held-out "
-                   "data each time.",
+                   "masked, I_h = E_x |dL(x)/dxi_h|, from one forward and one backward per batch.",
                    findings=findings, tables=tables, figures=[f for f in figures if f])

@@ -28,12 +28,17 @@ import itertools
 
 import numpy as np
 
+from bertscope.analyses.heads.prune.outputs import (
+    FIGURE,
+    ORDER_COLUMNS,
+    ORDER_FILE,
+    PRUNE_FILE,
+)
 from bertscope.args import fraction
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
-ORDER_COLUMNS = ("step", "fraction_pruned", "layer", "head")
 HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, section 4)"
 DESCRIPTION = (
     "Michel et al. (2019): repeatedly compute the head importance E|dL/dxi_h| on held-out data (default dev) "
@@ -174,10 +179,10 @@ def run_prune(args):
             rows.append(dict(step=s, fraction_pruned=n / (L * H), heads_pruned=n, order=order, seed=seed,
                              accuracy=float(acc[i]), delta=float(acc[i]) - base))
             i += 1
-    run.write_csv("prune.csv", rows, COLUMNS)
+    run.write_csv(PRUNE_FILE, rows, COLUMNS)
     order_rows = [dict(step=s, fraction_pruned=counts[s - 1] / (L * H), layer=lay + 1, head=h + 1)
                   for s, heads in enumerate(removed, 1) for lay, h in heads]
-    run.write_csv("prune_order.csv", order_rows, ORDER_COLUMNS)
+    run.write_csv(ORDER_FILE, order_rows, ORDER_COLUMNS)
     results = summarise(rows, base, args, dev_task, test_task, steps, counts, L * H, res)
     if not args.no_figures:
         from bertscope.analyses.heads.importance.plots import plot_prune
@@ -185,7 +190,7 @@ def run_prune(args):
 
         title = (f"{args.task}: importance on {args.importance_split}, accuracy on {args.split} "
                  f"({test_task.n_examples}), {model_name(loaded.path)}")
-        run.save_figure(plot_prune(rows, title, args.tolerance), "fig_prune.png")
+        run.save_figure(plot_prune(rows, title, args.tolerance), FIGURE)
     for line in results["summary"]:
         run.log(line)
     run.finish(results)

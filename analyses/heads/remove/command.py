@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from bertscope.analyses.heads.prune.outputs import ORDER_FILE, heads_from_prune_order
 from bertscope.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -86,11 +87,11 @@ def chosen_heads(args) -> dict[int, list[int]]:
             raise UserError(f"--heads: {e}") from None
     if args.fraction is None or not 0 < args.fraction < 1:
         raise UserError("--from-prune needs --fraction F with 0 < F < 1")
-    path = Path(args.from_prune) / "prune_order.csv"
+    path = Path(args.from_prune) / ORDER_FILE
     if not path.is_file():
         raise UserError(f"{path} not found: --from-prune takes the run directory of `bertscope heads prune`")
     try:
-        heads = head_removal.heads_from_prune_order(path, args.fraction)
+        heads = heads_from_prune_order(path, args.fraction)
     except ValueError as e:
         raise UserError(str(e)) from None
     if not heads:

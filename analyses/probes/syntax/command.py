@@ -16,7 +16,7 @@ import logging
 import time
 
 from bertscope.analyses.probes.syntax import stats as syntax
-from bertscope.args import add_common_arguments
+from bertscope.args import add_common_arguments, limit_arg
 from bertscope.data import seeded_sample
 from bertscope.errors import UserError
 from bertscope.models import model_name
@@ -39,9 +39,9 @@ ALL_SENTENCES = 0  # --limit all
 
 
 def limit_option(text: str) -> int:
-    from bertscope.args import positive_int
-
-    return ALL_SENTENCES if text.lower() == "all" else positive_int(text)
+    """--limit N or all, told apart from no --limit (each treebank's default)."""
+    limit = limit_arg(text)
+    return ALL_SENTENCES if limit is None else limit
 
 
 def add_arguments(p):
