@@ -131,7 +131,7 @@ class Scope:
         (layers, H, W, W) float32; W counts the words and then the special tokens, rows sum to 1.
         A list of words is taken as given (gold words, e.g. a treebank sentence)."""
         from bertscope.engine import iter_word_maps
-        from bertscope.segments import word_segment
+        from bertscope.word_segments import word_segment
 
         if isinstance(text, list):
             segment = word_segment(text, self.tokenizer, max_len)

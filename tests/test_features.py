@@ -15,7 +15,7 @@ from bertscope.batch import BatchContext
 from bertscope.cli import main
 from bertscope.kernels import RowStats, StatsSpec
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.segments import word_segment
+from bertscope.word_segments import word_segment
 from conftest import require_data, run_one_and_two_ranks
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -269,7 +269,7 @@ def test_cli_end_to_end_on_gum_and_gap(tiny_checkpoint, tmp_path, capsys):
     from bertscope.cli import main
     from bertscope.datasets.gap import read_gap
     from bertscope.data import seeded_sample as sample
-    from bertscope.segments import word_segment
+    from bertscope.word_segments import word_segment
     from transformers import AutoTokenizer
 
     out = tmp_path / "run"

@@ -159,7 +159,7 @@ def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_availa
     from bertscope.engine import stream_batches
     from bertscope.kernels import StatsSpec
     from bertscope.models import load_model
-    from bertscope.segments import word_segment
+    from bertscope.word_segments import word_segment
 
     loaded = load_model(str(tiny_checkpoint))
     segments = [word_segment(s.words, loaded.tokenizer, 128) for s in read_ewt_dev()[:6]]
@@ -181,7 +181,7 @@ def test_cli_end_to_end(tiny_checkpoint, ewt_available, tmp_path):
     from bertscope.datasets.treebank import read_ewt_dev
     from bertscope.models import load_model
     from bertscope.data import seeded_sample
-    from bertscope.segments import word_segment
+    from bertscope.word_segments import word_segment
 
     out = tmp_path / "run"
     args = ["probe", "syntax", "--model", str(tiny_checkpoint), "--limit", "40", "--max-len", "24",

@@ -221,7 +221,8 @@ def test_accumulator_equals_direct_computation_from_output_attentions(tiny_model
     from bertscope.models import wrap_model
     from bertscope.analyses.relations.command import offsets_spec
     from bertscope.analyses.relations.stats import prev_next
-    from bertscope.segments import collate, word_segment
+    from bertscope.segments import collate
+    from bertscope.word_segments import word_segment
 
     model, tokenizer = tiny_model("bert")
     twin, _ = tiny_model("bert", attn_implementation="eager")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bertscope.corpus import Document
-from bertscope.segments import SegmentOptions, make_segments, split_words, word_segment
+from bertscope.segments import SegmentOptions, make_segments
+from bertscope.word_segments import split_words, word_segment
 from conftest import require_data
 
 WORDS = ["The", "sheikh", "in", "wheel", "-", "chair", "has", "been", "attacked", "."]

@@ -46,8 +46,9 @@ def make_segments(data: str, inputs: list, tokenizer, max_len: int) -> tuple[lis
     """Segments with their feature classes set, and what was dropped or cut."""
     from bertscope.analyses.features.stats import set_classes, word_tags
     from bertscope.corpus import Document
-    from bertscope.segments import SegmentOptions, word_segment
+    from bertscope.segments import SegmentOptions
     from bertscope.segments import make_segments as text_segments
+    from bertscope.word_segments import word_segment
 
     segments, report = [], dict(inputs=len(inputs), too_long=0, truncated=0, empty=0)
     if data in TREEBANKS:

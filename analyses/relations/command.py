@@ -90,7 +90,7 @@ def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]
     with its control pairs (drawn with a generator seeded by --seed and the sentence id)."""
     import random
 
-    from bertscope.segments import word_segment
+    from bertscope.word_segments import word_segment
 
     groups = relation_groups()
     segments, links, report = [], [], dict(sentences=len(sentences), too_many_words=0, no_link=0,
@@ -119,7 +119,7 @@ def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report): verb -> subject in every EWT sentence or GUM input, and
     pronoun -> antecedent in GUM inputs (windows of whole sentences, or sentences)."""
     from bertscope.datasets.coref import coref_document
-    from bertscope.segments import split_words, word_segment
+    from bertscope.word_segments import split_words, word_segment
 
     segments, links, report = [], [], dict(inputs=0, too_long=0, no_link=0, verb_subject=0, pronoun_antecedent=0)
 

@@ -5,7 +5,7 @@ offset, names A and B with their offsets and whether each corefers with the pron
 Rows are split into words the way BERT's basic tokenizer splits text (runs of letters and
 digits, every other non-space character a word of its own), with a forced word boundary
 at the start and end of the pronoun and of both names, so that each maps to whole words.
-`bertscope.segments.word_segment(example.words, ...)` then turns a row into model input.
+`bertscope.word_segments.word_segment(example.words, ...)` then turns a row into model input.
 """
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ def read_data(args):
 
 def make_segments(sentences, tokenizer, max_len):
     """`[CLS] words [SEP]` of each sentence that fits; (segments, the sentences kept, number skipped)."""
-    from bertscope.segments import word_segment
+    from bertscope.word_segments import word_segment
 
     segments, kept = [], []
     for s in sentences:

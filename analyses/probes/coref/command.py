@@ -1,7 +1,7 @@
 """`bertscope probe coref`: coreference heads, Clark et al. (2019) section 4.3, Table 2.
 
 GUM: every document is cut into segments `[CLS] words [SEP]` of at most --max-len tokens,
-at sentence boundaries (`bertscope.segments.split_words`), from its gold words.
+at sentence boundaries (`bertscope.word_segments.split_words`), from its gold words.
 `--segments windows` (the default) uses every consecutive window, so the whole corpus is
 scored; `--segments first` keeps only each document's first window, as the paper kept the
 first 128 tokens of each CoNLL-2012 document. GUM has only 160 documents, so their first
@@ -101,7 +101,7 @@ class GumSegment:
 
 def gum_segments(documents: list, tokenizer, max_len: int, mode: str):
     """Segments and their scored mentions; report counts what was used and skipped."""
-    from bertscope.segments import split_words, word_segment
+    from bertscope.word_segments import split_words, word_segment
 
     segments, scored = [], []
     report = dict(documents=len(documents), words=0, windows=0, windows_too_long=0, windows_without_anaphors=0,
@@ -193,7 +193,7 @@ class GapScores(coref.Scores):
 
 def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Scores, dict]:
     from bertscope.engine import EngineOptions, fold, word_map_spec
-    from bertscope.segments import word_segment
+    from bertscope.word_segments import word_segment
 
     t0 = time.perf_counter()
     report = dict(rows=len(examples), skipped_neither=0, skipped_too_long=0, scored=0)

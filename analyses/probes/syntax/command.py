@@ -1,7 +1,7 @@
 """`bertscope probe syntax`: per-head dependency accuracy, Clark et al. (2019) Table 1.
 
 Each treebank sentence is one input `[CLS] words [SEP]`, tokenized from its gold words
-(`bertscope.segments.word_segment`); sentences longer than --max-len tokens are skipped and
+(`bertscope.word_segments.word_segment`); sentences longer than --max-len tokens are skipped and
 counted. The word-level maps of every head (`bertscope.engine.iter_word_maps`) are turned
 into predicted heads and scored per relation by `bertscope.analyses.probes.syntax.stats`, where the
 metric, the two directions, the baselines and the UD/SD label mapping are explained.
@@ -74,7 +74,7 @@ def read_sentences(treebank: str, data_dir: str | None) -> list:
 def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank: str):
     """Segments, word maps and counts for one treebank: (SyntaxCounts, report dict)."""
     from bertscope.engine import EngineOptions, fold, word_map_spec
-    from bertscope.segments import word_segment
+    from bertscope.word_segments import word_segment
 
     t0 = time.perf_counter()
     segments, dependents, report = [], [], dict(sentences=len(sentences), skipped_long=0,
