@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bertscope.cli import main
-from bertscope.analyses.cues.command import label_cues, strongest, warrant_cues, word_tokens
+from bertscope.analyses.cues.stats import label_cues, strongest, warrant_cues, word_tokens
 
 # five ARCT-like points: (warrant0, warrant1, index of the correct warrant)
 POINTS = [

@@ -13,13 +13,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_engine import eager_twin, inputs_of, random_segments
 
+from bertscope.analyses.probes.cluster import plots as cluster_plots
 from bertscope.analyses.probes.cluster import stats as cluster
+from bertscope.analyses.probes.cluster.command import js_sums, spec_for
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli import main
 from bertscope.engine import EngineOptions, run_stats
-from bertscope.analyses.probes.cluster.command import js_sums, spec_for
-from test_engine import eager_twin, inputs_of, random_segments
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 TINY_LAYERS, TINY_HEADS = 2, 4
@@ -152,8 +153,8 @@ def test_mds_rows_and_figures(tmp_path):
                        "prev": 7.0, "next": 7.1, "cls": 7.2, "sep": 7.3, "punct": 7.4, "entropy": 7.5}
     text = cluster.summary(d, labels, 2, 6)
     assert "nearest head in the same layer: 12 of 12" in text and "broad 6, previous 1" in text
-    for fig, name in ((cluster.plot_mds(xy, labels, 2, 6, "planted"), "mds.png"),
-                      (cluster.plot_layer_js(cluster.layer_mean_js(d, 2, 6), "planted"), "layers.png")):
+    for fig, name in ((cluster_plots.plot_mds(xy, labels, 2, 6, "planted"), "mds.png"),
+                      (cluster_plots.plot_layer_js(cluster.layer_mean_js(d, 2, 6), "planted"), "layers.png")):
         fig.savefig(tmp_path / name)
         assert (tmp_path / name).read_bytes().startswith(PNG)
 

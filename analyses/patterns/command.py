@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertscope.analyses.patterns import plots
 from bertscope.analyses.patterns import stats as P
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
@@ -274,17 +275,17 @@ def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: 
     logger.info(table.rstrip("\n"))
     run.write_text("patterns_table.txt", table)
     if not args.no_figures:
-        run.save_figure(P.plot_overall({n: results["data"][n]["overall"] for n in names},
+        run.save_figure(plots.plot_overall({n: results["data"][n]["overall"] for n in names},
                                        f"{label}: attention pattern types (rules on streamed statistics)"),
                         "fig_patterns.png")
-        run.save_figure(P.plot_layers(by_data, f"{label}: pattern types by layer"), "fig_patterns_layers.png")
+        run.save_figure(plots.plot_layers(by_data, f"{label}: pattern types by layer"), "fig_patterns_layers.png")
         if args.examples > 0:
             results["example_maps"] = {}
             for name in names:
                 picked = pick_examples(run.loaded, first_segments(name, args, run.loaded.tokenizer, args.examples), t)
                 results["example_maps"][name] = [{k: ex[k] for k in ("type", "layer", "head", "segment", "doc_id",
                                                                       "features")} for ex in picked]
-                run.save_figure(P.plot_examples(picked, f"{label}, {name}: one map per type (first {args.examples} "
+                run.save_figure(plots.plot_examples(picked, f"{label}, {name}: one map per type (first {args.examples} "
                                                 "segments)"), f"fig_patterns_examples_{name}.png")
     run.finish(results)
     refresh_report(run.dir)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertscope.analyses.probes.classifier import plots
 from bertscope.analyses.probes.classifier import stats as clf
 from bertscope.args import add_common_arguments
 from bertscope.data import seeded_sample
@@ -312,5 +313,5 @@ def figures(run, curves, weights):
     if getattr(run.args, "no_figures", False):
         return
     title = model_name(run.loaded.path)
-    run.save_figure(clf.plot_training(curves, title), "fig_classifier_training.png")
-    run.save_figure(clf.plot_head_weights(weights, title), "fig_classifier_head_weights.png")
+    run.save_figure(plots.plot_training(curves, title), "fig_classifier_training.png")
+    run.save_figure(plots.plot_head_weights(weights, title), "fig_classifier_head_weights.png")

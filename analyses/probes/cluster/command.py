@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from bertscope.accumulate import HeadStats
+from bertscope.analyses.probes.cluster import plots
 from bertscope.args import add_common_arguments
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
@@ -187,8 +188,8 @@ def main(args) -> int:
                      for a in range(Ly) for b in range(Ly)], ("layer_a", "layer_b", "js_mean_per_token"))
     if not args.no_figures:
         title = model_name(loaded.path)
-        probe.save_figure(cluster.plot_mds(xy, labels, Ly, H, title), "fig_cluster_mds.png")
-        probe.save_figure(cluster.plot_layer_js(layer_js, title), "fig_cluster_layers.png")
+        probe.save_figure(plots.plot_mds(xy, labels, Ly, H, title), "fig_cluster_mds.png")
+        probe.save_figure(plots.plot_layer_js(layer_js, title), "fig_cluster_layers.png")
 
     closeness = cluster.layer_closeness(js_mean, Ly, H)
     probe.log(f"head clustering over {sums.n_tokens} tokens of {len(segments)} segments "

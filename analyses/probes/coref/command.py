@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from bertscope.analyses.probes.coref import plots
 from bertscope.analyses.probes.coref import stats as coref
 from bertscope.args import add_common_arguments
 from bertscope.data import seeded_sample
@@ -262,9 +263,9 @@ def main(args) -> int:
     run.write_csv("coref_table.csv", table_rows, coref.TABLE_COLUMNS)
     run.write_csv("coref_heads.csv", head_rows, ("dataset", "mention_type", "layer", "head", "accuracy", "n"))
     if not args.no_figures:
-        run.save_figure(coref.plot_bars(table_rows, f"{label}: coreference heads vs baselines"),
+        run.save_figure(plots.plot_bars(table_rows, f"{label}: coreference heads vs baselines"),
                         "coref_bars.png")
-        run.save_figure(coref.plot_heatmaps(head_rows, f"{label}: accuracy of every head"),
+        run.save_figure(plots.plot_heatmaps(head_rows, f"{label}: accuracy of every head"),
                         "coref_heads.png")
     run.finish(results)
     refresh_report(run.dir)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
+from bertscope.analyses.probes.syntax import plots
 from bertscope.analyses.probes.syntax import stats as syntax
 from bertscope.args import add_common_arguments, limit_arg
 from bertscope.data import seeded_sample
@@ -155,9 +156,9 @@ def main(args) -> int:
         texts.append(header + text)
         logger.info(header + text)
         results[tb] = {**report, "relations": headline(table_rows, args.min_count)}
-        run.save_figure(syntax.plot_best_heads(table_rows, f"{label} on {tb.upper()}: best head per relation",
+        run.save_figure(plots.plot_best_heads(table_rows, f"{label} on {tb.upper()}: best head per relation",
                                                args.min_count), f"syntax_best_heads_{tb}.png")
-        run.save_figure(syntax.plot_relation_heatmaps(head_rows, f"{label} on {tb.upper()}"),
+        run.save_figure(plots.plot_relation_heatmaps(head_rows, f"{label} on {tb.upper()}"),
                         f"syntax_heatmaps_{tb}.png")
     run.write_text("syntax_table.txt", "\n".join(texts))
     run.write_csv("syntax_heads.csv", all_heads,
