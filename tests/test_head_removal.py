@@ -366,7 +366,7 @@ def test_run_command_on_a_pruned_checkpoint(tiny_checkpoint, tmp_path, capsys):
     corpus.write_text("The cat sat on the mat.\tIt was happy.\nHello, world. Again.\nA third line, with commas.\n")
     out = tmp_path / "run"
     assert main(["run", "--model", str(pruned), "--corpus", str(corpus), "--limit", "all", "--argmax",
-                 "--out", str(out), "--quiet"]) == 0
+                 "--out", str(out)]) == 0  # not --quiet: the summary it prints is checked
     said = capsys.readouterr()
     by_layer = next(line for line in (said.out + said.err).splitlines() if "[SEP] mass by layer" in line).split()
     assert by_layer[-1] == "nan" and by_layer[-2] != "nan"  # layer 1: the mean of its kept heads

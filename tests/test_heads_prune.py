@@ -100,7 +100,7 @@ def test_importance_command_and_compare(rte_checkpoint, tmp_path):
     entry = json.loads((one / "run.json").read_text())["probes"]["importance"]
     assert entry["status"] == "complete" and entry["results"]["examples"] == 10
     assert entry["results"]["split"] == "dev" and {"importance.csv", "fig_importance.png"} <= set(entry["outputs"])
-    assert "Head importance and pruning (Michel et al. 2019)" in (one / "index.html").read_text()
+    assert "Head importance (Michel et al. 2019)" in (one / "index.html").read_text()
     rows2 = read(two / "importance.csv")
     assert all(r["importance"] == r["importance_raw"] for r in rows2)  # --no-normalise
 

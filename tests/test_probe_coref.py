@@ -274,7 +274,7 @@ def test_cli_end_to_end_on_gum_and_gap(tiny_checkpoint, tmp_path, capsys):
 
     out = tmp_path / "run"
     code = main(["probe", "coref", "--model", str(tiny_checkpoint), "--limit-docs", "2", "--limit-gap", "12",
-                 "--max-len", "96", "--out", str(out), "--quiet"])
+                 "--max-len", "96", "--out", str(out)])  # not --quiet: the printed table is checked
     assert code == 0
     printed = capsys.readouterr().out
     assert "gum      All" in printed and "gap      All" in printed
