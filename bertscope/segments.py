@@ -203,19 +203,31 @@ def make_segments(
     return segments, report
 
 
+def pad_rows(rows: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, pad_id: int,
+             with_types: bool = True) -> dict[str, torch.Tensor]:
+    """Token rows padded on the right to the longest: input_ids, attention_mask and (with_types)
+    token_type_ids, each (R, L). Missing `types` are zeros. Every batch bertscope feeds a model is
+    made here: segments, task rows, fine-tuning batches."""
+    if not rows:
+        raise ValueError("cannot collate an empty batch")
+    length = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)  # (R, L)
+    token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)  # (R, L)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)  # (R, L)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, : len(row)] = 1
+        if types is not None:
+            token_type_ids[i, : len(types[i])] = torch.tensor(types[i], dtype=torch.long)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if with_types:
+        batch["token_type_ids"] = token_type_ids
+    return batch
+
+
 def collate(segments: Sequence[Segment], pad_id: int) -> dict[str, torch.Tensor]:
     """A batch padded on the right to its longest segment: input_ids, token_type_ids, attention_mask."""
-    if not segments:
-        raise ValueError("cannot collate an empty batch")
-    length = max(s.n_tokens for s in segments)
-    input_ids = torch.full((len(segments), length), pad_id, dtype=torch.long)  # (B, L)
-    token_type_ids = torch.zeros((len(segments), length), dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((len(segments), length), dtype=torch.long)  # (B, L)
-    for row, s in enumerate(segments):
-        input_ids[row, : s.n_tokens] = torch.tensor(s.input_ids, dtype=torch.long)
-        token_type_ids[row, : s.n_tokens] = torch.tensor(s.token_type_ids, dtype=torch.long)
-        attention_mask[row, : s.n_tokens] = 1
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    return pad_rows([s.input_ids for s in segments], [s.token_type_ids for s in segments], pad_id)
 
 
 # --- one document ----------------------------------------------------------------------

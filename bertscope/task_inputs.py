@@ -11,8 +11,12 @@ Two kinds of task (Kovaleva et al. 2019; Niven & Kao 2019):
               monotone in it); a two-logit head's is logit[1] - logit[0], the log-odds that
               this warrant is the right one.
 
-Inputs are the tokenizer's own `[CLS] a [SEP] b [SEP]` template (RoBERTa's `<s> a </s></s> b
-</s>`), cut to `max_len` tokens by the tokenizer's longest-first truncation.
+ARCT's first segment can be chosen (`ARCT_INPUTS`): claim and reason (`full`, Niven & Kao's
+setting), none (`W`, the warrant alone), the reason (`RW`) or the claim (`CW`), which probe
+for cues in the warrants. Inputs are the tokenizer's own `[CLS] a [SEP] b [SEP]` template
+(RoBERTa's `<s> a </s></s> b </s>`), cut to `max_len` tokens by the tokenizer's longest-first
+truncation. This is the one task encoder: `bertscope finetune` trains on it and the `heads`
+commands evaluate on it.
 """
 from __future__ import annotations
 
@@ -22,9 +26,11 @@ import numpy as np
 import torch
 
 from bertscope.errors import UserError
+from bertscope.segments import pad_rows
 
 TASK_LABELS = {"rte": 2, "polarity": 2}  # classes of a classify task's head
 CHOICE_TASKS = {"arct": 2}  # candidates per example of a choice task
+ARCT_INPUTS = ("full", "W", "RW", "CW")
 
 
 @dataclass
@@ -55,22 +61,19 @@ class EncodedTask:
         n = np.array([len(r) for r in self.rows], dtype=np.int64).reshape(self.n_examples, self.per_example)
         return n.max(1) if self.n_examples else np.zeros(0, dtype=np.int64)
 
-    def batch(self, examples, pad_id: int, device="cpu") -> dict[str, torch.Tensor]:
-        """Padded model inputs of `examples` (indices), their rows in order: (b * per_example, L)."""
+    @property
+    def pairwise(self) -> bool:
+        """A choice task: one score per candidate row, a softmax over an example's candidates."""
+        return self.kind == "choice"
+
+    def batch(self, examples, pad_id: int, device="cpu", with_types: bool | None = None) -> dict[str, torch.Tensor]:
+        """Padded model inputs of `examples` (indices), their rows in order: (b * per_example, L).
+        with_types: give token_type_ids (zeros where the tokenizer made none); default: when the
+        tokenizer made them."""
         idx = [e * self.per_example + k for e in examples for k in range(self.per_example)]
-        L = max(len(self.rows[i]) for i in idx)
-        ids = torch.full((len(idx), L), pad_id, dtype=torch.long)  # (R, L)
-        mask = torch.zeros(len(idx), L, dtype=torch.long)  # (R, L)
-        types = None if self.types is None else torch.zeros(len(idx), L, dtype=torch.long)
-        for r, i in enumerate(idx):
-            n = len(self.rows[i])
-            ids[r, :n] = torch.tensor(self.rows[i])
-            mask[r, :n] = 1
-            if types is not None:
-                types[r, :n] = torch.tensor(self.types[i])
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        if types is not None:
-            inputs["token_type_ids"] = types
+        types = None if self.types is None else [self.types[i] for i in idx]
+        inputs = pad_rows([self.rows[i] for i in idx], types, pad_id,
+                          with_types=self.types is not None if with_types is None else with_types)
         return {k: t.to(device) for k, t in inputs.items()}
 
     def example_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -86,21 +89,26 @@ class EncodedTask:
         return self.example_logits(logits).argmax(-1)
 
 
-def pair_texts(task: str, example) -> list[tuple[str, str | None]]:
-    """The (first, second) segments of an example's rows: ARCT's are those `bertscope finetune`
-    trains on (`task_model.arct_segments`, claim and reason, then the warrant)."""
-    if task in CHOICE_TASKS:
-        from bertscope.task_model import arct_segments
+def arct_segments(example, variant: str) -> list[tuple[str, str | None]]:
+    """The two (first segment, warrant) inputs of an ARCT data point for one input variant."""
+    if variant not in ARCT_INPUTS:
+        raise UserError(f"unknown ARCT input {variant!r}: choose one of {', '.join(ARCT_INPUTS)}")
+    first = {"full": f"{example.claim} {example.reason}", "W": None, "RW": example.reason, "CW": example.claim}[variant]
+    return [(w, None) if first is None else (first, w) for w in example.warrants]
 
-        return arct_segments(example, "full")
+
+def pair_texts(task: str, example, arct_input: str = "full") -> list[tuple[str, str | None]]:
+    """The (first, second) segments of an example's rows."""
+    if task in CHOICE_TASKS:
+        return arct_segments(example, arct_input)
     return [(example.text_a, example.text_b)]
 
 
-def encode_task(task: str, examples, tokenizer, max_len: int = 128) -> EncodedTask:
+def encode_task(task: str, examples, tokenizer, max_len: int = 128, arct_input: str = "full") -> EncodedTask:
     """Tokenise a split of `task` (see the module docstring)."""
     if task not in TASK_LABELS and task not in CHOICE_TASKS:
         raise UserError(f"unknown task {task!r}: choose one of {', '.join([*TASK_LABELS, *CHOICE_TASKS])}")
-    pairs = [p for ex in examples for p in pair_texts(task, ex)]
+    pairs = [p for ex in examples for p in pair_texts(task, ex, arct_input)]
     firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
     single = all(b is None for b in seconds)
     enc = tokenizer(firsts, None if single else seconds, truncation=True, max_length=max_len)

@@ -1,8 +1,9 @@
-"""Task models: encoding task data, fine-tuning a sequence classifier, evaluating it, and the
-linear probe on frozen features. What `bertscope finetune` runs (see bertscope/finetune.py).
+"""Task models: fine-tuning a sequence classifier, evaluating it, and the linear probe on
+frozen features. What `bertscope finetune` runs (analyses/finetune/command.py).
 
-Inputs. A data point becomes one token sequence (RTE: text [SEP] hypothesis; polarity: the
-sentence) or, for ARCT, two: one per warrant, scored as Niven & Kao did. The model gives one
+Inputs come from the one task encoder (`bertscope.task_inputs.encode_task`). A data point is
+one token sequence (RTE: text [SEP] hypothesis; polarity: the sentence) or, for ARCT, two: one
+per warrant, scored as Niven & Kao did. The model gives one
 logit per warrant and the two logits of a data point go through a softmax, so the loss is the
 cross-entropy over the pair and the prediction is the warrant with the larger logit. The
 first segment is the claim and the reason ("full"); the probes drop parts of it: warrant only
@@ -31,87 +32,37 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from bertscope.errors import UserError
+from bertscope.task_inputs import EncodedTask
 
 logger = logging.getLogger(__name__)
 
-ARCT_INPUTS = ("full", "W", "RW", "CW")
 WINDOW_BATCHES = 50  # training batches sorted by length together
 
 
-@dataclass
-class Encoded:
-    """A data set as token ids: `seqs[i]` holds the sequences of data point i (1, or 2 for ARCT)."""
-    seqs: list[list[tuple[list[int], list[int]]]]  # per data point: [(input_ids, token_type_ids), ...]
-    labels: list[int]
-    pairwise: bool  # ARCT: one logit per sequence, softmax over a data point's two sequences
-    n_truncated: int = 0
-
-    def __len__(self):
-        return len(self.labels)
-
-    def length(self, i: int) -> int:
-        return max(len(ids) for ids, _ in self.seqs[i])
+def labelled_batch(data: EncodedTask, examples, pad_id: int, with_types: bool, device="cpu") -> dict:
+    """One padded batch of `examples` (indices): the rows' inputs (S, L), S = B or 2B, and the
+    examples' labels (B,)."""
+    batch = data.batch(examples, pad_id, device, with_types=with_types)
+    return batch | {"labels": torch.as_tensor(data.labels[list(examples)], dtype=torch.long).to(device)}
 
 
-def arct_segments(example, variant: str) -> list[tuple[str, str | None]]:
-    """The two (first segment, warrant) inputs of an ARCT data point for one input variant."""
-    if variant not in ARCT_INPUTS:
-        raise UserError(f"unknown ARCT input {variant!r}: choose one of {', '.join(ARCT_INPUTS)}")
-    first = {"full": f"{example.claim} {example.reason}", "W": None, "RW": example.reason, "CW": example.claim}[variant]
-    return [(w, None) if first is None else (first, w) for w in example.warrants]
-
-
-def encode(tokenizer, examples, max_len: int = 128, arct_input: str | None = None) -> Encoded:
-    """Token ids of every data point: TaskExample (one sequence) or ArctExample (two, `arct_input`)."""
-    pairwise = arct_input is not None
-    seqs, labels, cut = [], [], 0
-    for ex in examples:
-        parts = arct_segments(ex, arct_input) if pairwise else [(ex.text_a, ex.text_b)]
-        point = []
-        for a, b in parts:
-            enc = tokenizer(a, b, truncation=True, max_length=max_len, return_overflowing_tokens=False)
-            full = len(tokenizer(a, b)["input_ids"]) if len(enc["input_ids"]) == max_len else 0
-            cut += full > max_len
-            types = enc.get("token_type_ids") or [0] * len(enc["input_ids"])
-            point.append((enc["input_ids"], types))
-        seqs.append(point)
-        labels.append(int(ex.label))
-    return Encoded(seqs, labels, pairwise, cut)
-
-
-def collate(data: Encoded, indices, pad_id: int, with_types: bool) -> dict:
-    """One padded batch: input_ids/attention_mask(/token_type_ids) (S, L) and labels (B,)."""
-    rows = [s for i in indices for s in data.seqs[i]]  # S = B or 2B sequences
-    L = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)  # (S, L)
-    types = torch.zeros((len(rows), L), dtype=torch.long)  # (S, L)
-    mask = torch.zeros((len(rows), L), dtype=torch.long)  # (S, L)
-    for r, (seq, typ) in enumerate(rows):
-        ids[r, :len(seq)] = torch.tensor(seq)
-        types[r, :len(typ)] = torch.tensor(typ)
-        mask[r, :len(seq)] = 1
-    batch = {"input_ids": ids, "attention_mask": mask}
-    if with_types:
-        batch["token_type_ids"] = types
-    return batch | {"labels": torch.tensor([data.labels[i] for i in indices])}
-
-
-def train_batches(data: Encoded, batch_size: int, rng: random.Random) -> list[list[int]]:
+def train_batches(data: EncodedTask, batch_size: int, rng: random.Random) -> list[list[int]]:
     """Shuffled batches of data-point indices, sorted by length within windows of batches."""
-    order = list(range(len(data)))
+    order = list(range(data.n_examples))
     rng.shuffle(order)
+    lengths = data.lengths()
     batches = []
     window = batch_size * WINDOW_BATCHES
     for w in range(0, len(order), window):
-        chunk = sorted(order[w:w + window], key=data.length)
+        chunk = sorted(order[w:w + window], key=lengths.__getitem__)
         batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return batches
 
 
-def eval_batches(data: Encoded, batch_size: int) -> list[list[int]]:
-    order = sorted(range(len(data)), key=data.length)
+def eval_batches(data: EncodedTask, batch_size: int) -> list[list[int]]:
+    """Batches of data-point indices, everything sorted by length (least padding)."""
+    order = sorted(range(data.n_examples), key=data.lengths().__getitem__)
     return [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
 
 
@@ -149,15 +100,15 @@ def metrics(pred: np.ndarray, gold: np.ndarray, f1: bool) -> dict:
 
 
 @torch.no_grad()
-def predict(model, data: Encoded, batch_size: int, pad_id: int, with_types: bool, precision="fp32",
+def predict(model, data: EncodedTask, batch_size: int, pad_id: int, with_types: bool, precision="fp32",
             device="cpu", progress=None) -> np.ndarray:
     """Predicted class (or warrant) of every data point, in data order."""
     was_training = model.training
     model.eval()
-    pred = np.zeros(len(data), dtype=np.int64)
+    pred = np.zeros(data.n_examples, dtype=np.int64)
     batches = eval_batches(data, batch_size)
     for idx in (progress(batches) if progress else batches):
-        batch = {k: v.to(device) for k, v in collate(data, idx, pad_id, with_types).items()}
+        batch = labelled_batch(data, idx, pad_id, with_types, device)
         with autocast(precision, device):
             logits = point_logits(model, batch, data.pairwise)  # (B, C)
         pred[idx] = logits.argmax(-1).cpu().numpy()
@@ -196,7 +147,7 @@ def linear_warmup(optimizer, warmup_steps: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def fine_tune(model, train: Encoded, dev: Encoded, cfg: TrainConfig, seed: int, pad_id: int, with_types: bool,
+def fine_tune(model, train: EncodedTask, dev: EncodedTask, cfg: TrainConfig, seed: int, pad_id: int, with_types: bool,
               progress=None, log=logger.info, desc="fine-tune") -> TrainResult:
     """Train `model` in place for cfg.epochs; afterwards it holds the weights of the best dev epoch."""
     torch.manual_seed(seed)
@@ -206,7 +157,7 @@ def fine_tune(model, train: Encoded, dev: Encoded, cfg: TrainConfig, seed: int, 
     fused = torch.device(cfg.device).type in ("cpu", "cuda")
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, fused=fused)
-    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    steps_per_epoch = math.ceil(train.n_examples / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     scheduler = linear_warmup(optimizer, max(1, round(cfg.warmup * total)), total)
     best = TrainResult(best_epoch=0, best_dev=-1.0)
@@ -219,7 +170,7 @@ def fine_tune(model, train: Encoded, dev: Encoded, cfg: TrainConfig, seed: int, 
         losses = []
         te = time.perf_counter()
         for idx in bar:
-            batch = {k: v.to(cfg.device) for k, v in collate(train, idx, pad_id, with_types).items()}
+            batch = labelled_batch(train, idx, pad_id, with_types, cfg.device)
             with autocast(cfg.precision, cfg.device):
                 logits = point_logits(model, batch, train.pairwise)  # (B, C)
             loss = point_loss(logits, batch["labels"])
@@ -232,7 +183,7 @@ def fine_tune(model, train: Encoded, dev: Encoded, cfg: TrainConfig, seed: int, 
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
         dev_pred = predict(model, dev, cfg.batch_size, pad_id, with_types, cfg.precision, cfg.device)
-        dev_acc = metrics(dev_pred, np.array(dev.labels), f1=False)["accuracy"]
+        dev_acc = metrics(dev_pred, dev.labels, f1=False)["accuracy"]
         best.history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "dev_accuracy": dev_acc,
                              "seconds": round(time.perf_counter() - te, 1)})
         log(f"  {desc} epoch {epoch}: train loss {np.mean(losses):.4f}, dev accuracy {dev_acc:.4f} "
@@ -290,19 +241,18 @@ def reset_head(model, seed: int):
 # ----------------------------------------------------------------------------- linear probe
 
 @torch.no_grad()
-def cls_features(encoder, data: Encoded, batch_size: int, pad_id: int, with_types: bool, device="cpu",
+def cls_features(encoder, data: EncodedTask, batch_size: int, pad_id: int, with_types: bool, device="cpu",
                  progress=None) -> np.ndarray:
     """Final-layer [CLS] vector of every sequence of the frozen encoder: (N, S, D), S = 1 or 2."""
     encoder.eval()
     out = None
     batches = eval_batches(data, batch_size)
     for idx in (progress(batches) if progress else batches):
-        batch = collate(data, idx, pad_id, with_types)
-        batch.pop("labels")
-        hidden = encoder(**{k: v.to(device) for k, v in batch.items()}).last_hidden_state[:, 0]  # (S, D)
+        batch = data.batch(idx, pad_id, device, with_types=with_types)
+        hidden = encoder(**batch).last_hidden_state[:, 0]  # (S, D)
         hidden = hidden.float().cpu().numpy().reshape(len(idx), -1, hidden.shape[-1])  # (B, S, D)
         if out is None:
-            out = np.zeros((len(data), hidden.shape[1], hidden.shape[2]), dtype=np.float32)
+            out = np.zeros((data.n_examples, hidden.shape[1], hidden.shape[2]), dtype=np.float32)
         out[idx] = hidden
     return out
 

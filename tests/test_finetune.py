@@ -8,16 +8,25 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_config
 from transformers import AutoModelForSequenceClassification
 
 from bertscope.analyses.finetune.attention_change import attention_cosine
 from bertscope.cli import main
 from bertscope.datasets.tasks import ArctExample, TaskExample
 from bertscope.models import load_model, wrap_model
-from bertscope.task_model import (TrainConfig, arct_segments, collate, encode, eval_batches, fine_tune,
-                                  linear_probe, metrics, point_logits, predict, train_batches)
-
-from conftest import tiny_config
+from bertscope.task_inputs import arct_segments, encode_task
+from bertscope.task_model import (
+    TrainConfig,
+    eval_batches,
+    fine_tune,
+    labelled_batch,
+    linear_probe,
+    metrics,
+    point_logits,
+    predict,
+    train_batches,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -59,6 +68,13 @@ def toy_arct(n=24, seed=0):
     return out
 
 
+def encode(tokenizer, examples, max_len, arct_input=None):
+    """Toy sentences as a polarity split, toy arguments as ARCT with `arct_input`."""
+    if arct_input is None:
+        return encode_task("polarity", examples, tokenizer, max_len)
+    return encode_task("arct", examples, tokenizer, max_len, arct_input=arct_input)
+
+
 def run_fit(tokenizer, train, dev, arct_input=None, seed=0, num_labels=2, epochs=10):
     loaded = tiny_classifier(tokenizer, num_labels=num_labels, seed=seed)
     tr, dv = encode(tokenizer, train, 32, arct_input), encode(tokenizer, dev, 32, arct_input)
@@ -95,7 +111,7 @@ def test_arct_scores_each_warrant_and_softmaxes_the_pair(minilm_tokenizer):
     assert arct_segments(ex[0], "CW")[0] == (ex[0].claim, ex[0].warrant0)
     loaded = tiny_classifier(minilm_tokenizer, num_labels=1)
     data = encode(minilm_tokenizer, ex, 32, "full")
-    batch = collate(data, [0, 1], minilm_tokenizer.pad_token_id, True)
+    batch = labelled_batch(data, [0, 1], minilm_tokenizer.pad_token_id, True)
     assert batch["input_ids"].shape[0] == 4 and batch["labels"].tolist() == [e.label for e in ex]
     with torch.no_grad():
         pair = point_logits(loaded.model, batch, pairwise=True)  # (2, 2)
@@ -118,10 +134,11 @@ def test_length_bucketed_batches_cover_every_point_once(minilm_tokenizer):
     batches = train_batches(data, 8, random.Random(0))
     assert sorted(i for b in batches for i in b) == list(range(45))
     assert batches == train_batches(data, 8, random.Random(0))
-    lengths = [data.length(i) for b in eval_batches(data, 8) for i in b]
+    lengths = [data.lengths()[i] for b in eval_batches(data, 8) for i in b]
     assert lengths == sorted(lengths)
-    batch = collate(data, batches[0], minilm_tokenizer.pad_token_id, True)
-    assert batch["input_ids"].shape[1] == max(data.length(i) for i in batches[0])  # dynamic padding
+    batch = labelled_batch(data, batches[0], minilm_tokenizer.pad_token_id, True)
+    assert batch["input_ids"].shape[1] == max(data.lengths()[i] for i in batches[0])  # dynamic padding
+    assert batch["labels"].tolist() == data.labels[batches[0]].tolist()
 
 
 def test_linear_probe_on_separable_features():

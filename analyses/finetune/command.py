@@ -95,7 +95,7 @@ def seed_list(text: str) -> list[int]:
 
 def add_arguments(p):
     from bertscope.args import add_common_arguments
-    from bertscope.task_model import ARCT_INPUTS
+    from bertscope.task_inputs import ARCT_INPUTS
 
     p.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
     p.add_argument("--inits", type=csv_list(INITS), default=list(INITS),
@@ -168,7 +168,7 @@ class FineTuneRun:
         return list(itertools.product(self.args.arct_data, self.args.arct_inputs))
 
     def data(self, version, variant):
-        from bertscope.task_model import encode
+        from bertscope.task_inputs import encode_task
 
         a, tok = self.args, self.run.loaded.tokenizer
         arct = a.task == "arct"
@@ -178,9 +178,10 @@ class FineTuneRun:
             from bertscope.data import seeded_sample
 
             splits = {s: seeded_sample(ex, a.limit, a.seed) for s, ex in splits.items()}
-        enc = {s: encode(tok, ex, a.max_len, arct_input=variant if arct else None) for s, ex in splits.items()}
+        enc = {s: encode_task(a.task, ex, tok, a.max_len, arct_input=variant if arct else "full")
+               for s, ex in splits.items()}
         self.run.record.setdefault("data", {})[f"{version}/{variant}"] = {
-            s: {"n": len(e), "truncated": e.n_truncated, "labels": {str(k): int(v) for k, v in zip(*np.unique(e.labels, return_counts=True))}}
+            s: {"n": e.n_examples, "truncated": e.truncated, "labels": {str(k): int(v) for k, v in zip(*np.unique(e.labels, return_counts=True))}}
             for s, e in enc.items()}
         return enc
 
@@ -192,7 +193,7 @@ class FineTuneRun:
                 name = a.task if a.task != "arct" else f"arct-{version}-{variant}"
                 self.run.log(f"{name}: reading and encoding the data")
                 enc = self.data(version, variant)
-                self.run.log("  " + ", ".join(f"{s} {len(e)}" for s, e in enc.items()))
+                self.run.log("  " + ", ".join(f"{s} {e.n_examples}" for s, e in enc.items()))
                 if "probe" in a.inits:
                     self.probe(enc, version, variant)
                 for init in ("pretrained", "random"):
@@ -220,7 +221,7 @@ class FineTuneRun:
                                            enc["train"].pairwise)
         seconds = round(time.perf_counter() - t0, 1)
         for split in ("dev", "test"):
-            m = metrics(predict(feats[split]), np.array(enc[split].labels), f1=a.task != "arct")
+            m = metrics(predict(feats[split]), enc[split].labels, f1=a.task != "arct")
             self.add_row(version, variant, "probe", "-", split, m, best_epoch=f"C={C}", dev=dev_acc, seconds=seconds)
         self.run.log(f"  probe (logistic regression on frozen [CLS], C={C}): dev {dev_acc:.4f}, "
                      f"test {self.rows[-1]['accuracy']:.4f} ({seconds} s)")
@@ -241,7 +242,7 @@ class FineTuneRun:
             checkpoint = self.save(loaded, name, init, seed, result)
         for split in ("dev", "test"):
             pred = predict(model, enc[split], a.batch_size, pad, types, a.precision, a.device)
-            m = metrics(pred, np.array(enc[split].labels), f1=a.task != "arct")
+            m = metrics(pred, enc[split].labels, f1=a.task != "arct")
             self.add_row(version, variant, init, seed, split, m, best_epoch=result.best_epoch, dev=result.best_dev,
                          seconds=result.seconds, checkpoint=checkpoint)
         for h in result.history:
@@ -257,17 +258,17 @@ class FineTuneRun:
     def attention_change(self, tuned, dev, version, variant, seed):
         from bertscope.analyses.finetune.attention_change import attention_cosine
         from bertscope.data import seeded_sample
-        from bertscope.task_model import Encoded, collate, eval_batches
+        from bertscope.task_inputs import EncodedTask
+        from bertscope.task_model import eval_batches
 
         a, ref = self.args, self.run.loaded
         t0 = time.perf_counter()
-        seqs = seeded_sample([s for point in dev.seqs for s in point], a.cosine_examples, a.seed)
-        flat = Encoded([[s] for s in seqs], [0] * len(seqs), pairwise=False)
-        batches = []
-        for idx in eval_batches(flat, a.batch_size):
-            batch = collate(flat, idx, ref.tokenizer.pad_token_id, ref.takes_token_types)
-            batch.pop("labels")
-            batches.append({k: v.to(a.device) for k, v in batch.items()})
+        keep = seeded_sample(list(range(len(dev.rows))), a.cosine_examples, a.seed)  # sequences, not data points
+        flat = EncodedTask(dev.task, rows=[dev.rows[i] for i in keep],
+                           types=None if dev.types is None else [dev.types[i] for i in keep],
+                           labels=np.zeros(len(keep), dtype=np.int64), per_example=1, kind="classify")
+        batches = [flat.batch(idx, ref.tokenizer.pad_token_id, a.device, with_types=ref.takes_token_types)
+                   for idx in eval_batches(flat, a.batch_size)]
         sums = attention_cosine(ref, tuned, batches, progress=self.bar("attention cosine"))
         key = {"task": a.task, "data": version, "input": variant, "seed": seed}
         self.cosine = [r for r in self.cosine if not same(r, key)]
