@@ -3,7 +3,7 @@ against the bare SDPA forward, as ratios in one run.
 
     python bench/bench_engine.py [--lengths 128 512] [--batch-size 16] [--batches 4] [--repeats 5] [--threads N]
 
-Three methods on the same Wikipedia segments of exactly L tokens (bench_surface's text),
+Three methods on the same Wikipedia segments of exactly L tokens (`common.wiki_token_stream`),
 the real all-MiniLM-L6-v2, interleaved batch by batch in rotated order:
     floor        AutoModel(attn_implementation="sdpa"), no statistics
     surface      bertscope's fold into HeadStats (what `bertscope run` does)
@@ -27,7 +27,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_surface import make_batches, wiki_token_stream  # noqa: E402
+from common import make_batches, wiki_token_stream  # noqa: E402
 
 METHODS = ("floor", "surface", "per-example")
 

@@ -3,7 +3,7 @@
     python bench/bench_gates.py                          # batch 32, L = 128, embedded MiniLM, CPU
     python bench/bench_gates.py --device cuda --repeats 20
 
-Three methods on the same batch of real Wikipedia text (`bench_surface.packed_segments`:
+Three methods on the same batch of real Wikipedia text (`common.packed_segments`:
 every segment exactly L tokens, [CLS] a [SEP] b [SEP]), the same loss (the sum of the
 pooled output), forward + backward each:
 
@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 
 def batch_inputs(tokenizer, L: int, batch_size: int, device) -> dict:
-    from bench_surface import packed_segments
+    from common import packed_segments
 
     from bertscope.segments import collate
 
