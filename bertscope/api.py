@@ -112,6 +112,7 @@ class Scope:
         not given)."""
         import pandas as pd
 
+        from bertscope.analyses.surface.outputs import EXAMPLES_FILE
         from bertscope.analyses.surface.per_example import PerExampleWriter
         from bertscope.engine import EngineOptions, fold
 
@@ -122,8 +123,8 @@ class Scope:
             fold(self.loaded, segments, spec, [writer], EngineOptions(batch_size=batch_size, backend=self.backend,
                                                                         progress=progress), classes=classes)
             writer.save()
-            writer.finish(Path(tmp) / "examples.parquet")
-            table = pd.read_parquet(Path(tmp) / "examples.parquet")
+            writer.finish(Path(tmp) / EXAMPLES_FILE)
+            table = pd.read_parquet(Path(tmp) / EXAMPLES_FILE)
         return table.sort_values(["segment", "layer", "head"]).reset_index(drop=True)
 
     def word_maps(self, text: Text | Sequence[str], from_word: str = "mean", max_len: int = 128):

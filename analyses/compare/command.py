@@ -26,7 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from bertscope.analyses.compare import stats as stats_compare
-from bertscope.analyses.compare.outputs import CSV_NAME
+from bertscope.analyses.compare.outputs import CSV_NAME, FIGURE
+from bertscope.analyses.probes.classifier import outputs as classifier_outputs
+from bertscope.analyses.probes.coref import outputs as coref_outputs
+from bertscope.analyses.probes.syntax import outputs as syntax_outputs
+from bertscope.analyses.surface.outputs import EXAMPLES_FILE, HEADS_FILE
 from bertscope.args import add_quiet_argument, fraction
 from bertscope.errors import UserError
 from bertscope.rundir import (
@@ -39,17 +43,15 @@ from bertscope.rundir import (
 
 logger = logging.getLogger(__name__)
 
-HEADS_CSV = "heads.csv"
-EXAMPLES = "examples.parquet"
 # heads.csv columns that are no statistic: the head's coordinates and the token count
 NOT_COMPARED = ("layer", "head", "n_tokens")
 # per-head tables of probes: file -> (columns that name the statistic, value columns).
 # cluster_mds.csv is left out: MDS coordinates have an arbitrary rotation per run, and its
 # other columns repeat heads.csv.
 PROBE_TABLES = {
-    "syntax_heads.csv": (("treebank", "relation", "direction"), ("accuracy",)),
-    "coref_heads.csv": (("dataset", "mention_type"), ("accuracy",)),
-    "classifier_attn_weights.csv": ((), ("w", "u")),
+    syntax_outputs.HEADS_FILE: (("treebank", "relation", "direction"), ("accuracy",)),
+    coref_outputs.HEADS_FILE: (("dataset", "mention_type"), ("accuracy",)),
+    classifier_outputs.WEIGHTS_FILE: ((), ("w", "u")),
 }
 # heads.csv name -> examples.parquet name, where they differ (bertscope.analyses.surface.per_example)
 EXAMPLE_NAME = {"rest_sep": "non_sep_sep"}
@@ -89,15 +91,15 @@ def load_run(path: str | Path) -> RunDir:
                         f"bertscope run --resume {path}")
     layers, heads = _shape(record, path)
     run = RunDir(path, record, layers, heads)
-    if (path / HEADS_CSV).is_file():
-        run.tables.update(_read_table(path / HEADS_CSV, (), None, layers, heads))
+    if (path / HEADS_FILE).is_file():
+        run.tables.update(_read_table(path / HEADS_FILE, (), None, layers, heads))
     for name, (keys, values) in PROBE_TABLES.items():
         if (path / name).is_file():
             run.tables.update(_read_table(path / name, keys, values, layers, heads))
     if not run.tables:
-        raise UserError(f"{path} has no per-head table ({HEADS_CSV} or a probe's): nothing to compare")
-    if (path / EXAMPLES).is_file():
-        run.examples = path / EXAMPLES
+        raise UserError(f"{path} has no per-head table ({HEADS_FILE} or a probe's): nothing to compare")
+    if (path / EXAMPLES_FILE).is_file():
+        run.examples = path / EXAMPLES_FILE
     return run
 
 
@@ -261,7 +263,7 @@ class Comparison:
             by_source.setdefault(key[0], []).append(key)
         for source, keys in by_source.items():
             lines.append(f"largest changes in {source}:")
-            if source != HEADS_CSV:  # probe tables have many statistics: the k largest over all of them
+            if source != HEADS_FILE:  # probe tables have many statistics: the k largest over all of them
                 flat = [(abs(self.diff[key][l, h]), key, l, h) for key in keys
                         for l in range(Ly) for h in range(H) if np.nan_to_num(self.diff[key][l, h]) != 0]
                 flat.sort(key=lambda x: -x[0])
@@ -319,7 +321,7 @@ def _test_heads(run_a: RunDir, run_b: RunDir, keys: list, test: str, memory_mb: 
     paired = same and test != "unpaired"
     names_a = set(_parquet(run_a.examples).schema_arrow.names)
     names_b = set(_parquet(run_b.examples).schema_arrow.names)
-    testable = [k for k in keys if k[0] == HEADS_CSV
+    testable = [k for k in keys if k[0] == HEADS_FILE
                 and EXAMPLE_NAME.get(k[1], k[1]) in names_a & names_b]
     per_pass = max(1, memory_mb * 2 ** 20 // (8 * (len(seg_a.index) + len(seg_b.index)) * Ly * H))
     tests = {}
@@ -338,7 +340,7 @@ def _test_heads(run_a: RunDir, run_b: RunDir, keys: list, test: str, memory_mb: 
 # ----------------------------------------------------------------------------- outputs
 
 def figure_name(statistic: str) -> str:
-    return f"fig_compare_{statistic}.png"
+    return FIGURE.format(statistic=statistic)
 
 
 def write_comparison(comp: Comparison, out: str | Path | None = None, figures: bool = True,
@@ -358,7 +360,7 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
         from bertscope.analyses.compare.plots import plot_diff
 
         for key, d in comp.diff.items():
-            if key[0] != HEADS_CSV:
+            if key[0] != HEADS_FILE:
                 continue
             t = comp.tests.get(key)
             caption = (f"Per-head change of {key[1]} (heads.csv), b - a, with a = {comp.run_a.path.name} and "

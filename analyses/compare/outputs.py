@@ -1,5 +1,6 @@
 """What `bertscope compare` writes: the names the command and the report section share, and the
-one reader of a comparison."""
+one reader of a comparison. The tables it compares are named where they are written
+(`bertscope.analyses.surface.outputs` and the probes' outputs)."""
 from __future__ import annotations
 
 import csv
@@ -8,6 +9,7 @@ from pathlib import Path
 from bertscope.rundir import read_json
 
 CSV_NAME = "compare_heads.csv"  # one row per (source, statistic, head)
+FIGURE = "fig_compare_{statistic}.png"  # the difference heatmap of one heads.csv statistic
 
 
 def read_comparison(directory: str | Path) -> tuple[dict, list[dict]] | None:

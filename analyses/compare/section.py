@@ -1,7 +1,8 @@
 """The comparison of two runs in the report (`bertscope compare`)."""
 from __future__ import annotations
 
-from bertscope.analyses.compare.outputs import read_comparison
+from bertscope.analyses.compare.outputs import FIGURE, read_comparison
+from bertscope.analyses.surface.outputs import HEADS_FILE
 from bertscope.report_page import RunFiles, Section, Table, num
 
 
@@ -10,7 +11,7 @@ def build(run: RunFiles) -> Section | None:
     if found is None:
         return None
     record, rows = found
-    changed = sorted((r for r in rows if r.get("source") == "heads.csv" and num(r["diff"]) is not None),
+    changed = sorted((r for r in rows if r.get("source") == HEADS_FILE and num(r["diff"]) is not None),
                      key=lambda r: -abs(num(r["diff"])))[:15]
     table = Table("Heads that changed most (heads.csv statistics), diff = b - a",
                   ["statistic", "layer", "head", "a", "b", "diff", "q", "significant"],
@@ -20,8 +21,9 @@ def build(run: RunFiles) -> Section | None:
     if record.get("test"):
         findings.append(f"Test: {record.get('test_description')}; significant heads per statistic at q < "
                         f"{record.get('alpha')}: {record.get('significant')}.")
-    figures = [run.figure(n, f"Per-head change of {n[len('fig_compare_'):-4]}, b - a: purple higher in b, orange "
+    prefix, _, suffix = FIGURE.partition("{statistic}")
+    figures = [run.figure(n, f"Per-head change of {n[len(prefix):-len(suffix)]}, b - a: purple higher in b, orange "
                           "lower, white unchanged; framed cells are significant where a test ran.")
-               for n in run.figures("fig_compare_*.png")]
+               for n in run.figures(FIGURE.format(statistic="*"))]
     return Section("Comparison of two runs", intro="Per-head differences between two run directories "
                    "(bertscope compare).", findings=findings, tables=[table], figures=figures)

@@ -26,6 +26,7 @@ ARCT near the 0.64 Niven & Kao report (see the README).
 """
 from __future__ import annotations
 
+from bertscope.analyses.cues.outputs import CUES_FIGURE, CUES_FILE
 from bertscope.analyses.cues.plots import cue_figure
 from bertscope.analyses.cues.stats import COLUMNS, Cue, cue_tables, rows, strongest
 from bertscope.report import refresh_report
@@ -63,7 +64,7 @@ def main(args) -> int:
 
     tables = cue_tables(args.task, args.data_dir, args.seed, args.expand_not)  # reads the data first: a missing set fails early
     run = AnalysisRun("cues", args)
-    run.write_csv("cues.csv", rows(args.task, tables, args.min_n), COLUMNS)
+    run.write_csv(CUES_FILE, rows(args.task, tables, args.min_n), COLUMNS)
     results = {}
     for (data, split), cues in tables.items():
         top = strongest([c for c in cues if c.ngram == 1], top=args.top)
@@ -73,7 +74,7 @@ def main(args) -> int:
         if split == "all" or not getattr(args, "quiet", False):
             run.log(_table(f"{args.task} {data} {split}", cues, args.top))
     if not args.no_figures:
-        run.save_figure(cue_figure(args.task, tables, args.top), "cues.png")
+        run.save_figure(cue_figure(args.task, tables, args.top), CUES_FIGURE)
     run.finish(results)
     refresh_report(run.dir)
     return 0

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.cues.outputs import CUES_FIGURE, CUES_FILE
 from bertscope.report_page import RunFiles, Section, Table, num
 
 
 def build(run: RunFiles) -> Section | None:
-    rows = run.csv("cues.csv")
+    rows = run.csv(CUES_FILE)
     if rows is None:
         return None
     task = rows[0]["task"] if rows else ""
@@ -34,7 +35,7 @@ def build(run: RunFiles) -> Section | None:
     if adversarial:
         findings.append(f"Adversarial test set: every cue's productivity lies in [{min(adversarial):.2f}, "
                         f"{max(adversarial):.2f}] (0.5 = no signal).")
-    figures = [run.figure("cues.png", "Each dot is a unigram cue: coverage (share of data points where it occurs in "
+    figures = [run.figure(CUES_FIGURE, "Each dot is a unigram cue: coverage (share of data points where it occurs in "
                           "one warrant only, or in the hypothesis for RTE) against productivity (how often it points "
                           "to the right answer). Red: the strongest cues above chance.")]
     return Section(f"Dataset cues (Niven & Kao 2019), {task.upper()}",

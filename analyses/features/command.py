@@ -13,6 +13,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bertscope.analyses.features.outputs import (
+    CHECKPOINT,
+    CLS_LAST_LAYER_FIGURE,
+    FIG7_CSV,
+    HEATMAP_FIGURE,
+    LAYERS_FIGURE,
+    SCORES_CSV,
+)
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
 
@@ -22,7 +30,6 @@ TASK_DATA = ("rte", "arct", "polarity")
 DATA = TREEBANKS + TASK_DATA
 DEFAULT_LIMIT = 1000  # inputs per data set
 CHECKPOINT_EVERY = 20  # batches between checkpoints
-SCORES_CSV, FIG7_CSV = "features_scores.csv", "features_cls_last_layer.csv"
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -70,7 +77,7 @@ def make_segments(data: str, inputs: list, tokenizer, max_len: int) -> tuple[lis
 # ----------------------------------------------------------------------------- the run
 
 def checkpoint_path(run_dir: Path, data: str, world) -> Path:
-    return run_dir / f"features_{data}{world.suffix()}.npz"
+    return run_dir / CHECKPOINT.format(data=data, suffix=world.suffix())
 
 
 def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, progress: bool):
@@ -148,17 +155,17 @@ def run(args) -> Path:
             rows += acc.rows(data)
             results[data] = {**report, **summary(acc)}
             if world.size > 1:
-                acc.save(run_dir / f"features_{data}.npz")
-            run_.outputs.append(f"features_{data}.npz")
+                acc.save(run_dir / CHECKPOINT.format(data=data, suffix=""))
+            run_.outputs.append(CHECKPOINT.format(data=data, suffix=""))
     shutdown(world)
     if not world.is_main:
         return run_dir
     for data, result in earlier.items():  # data sets an earlier command wrote into this directory
         from bertscope.analyses.features.stats import FeatureScores
 
-        rows += FeatureScores.load(run_dir / f"features_{data}.npz").rows(data)
+        rows += FeatureScores.load(run_dir / CHECKPOINT.format(data=data, suffix="")).rows(data)
         results[data] = result
-        run_.outputs.append(f"features_{data}.npz")
+        run_.outputs.append(CHECKPOINT.format(data=data, suffix=""))
     rows.sort(key=lambda r: DATA.index(r["data"]))  # stable: layers and heads stay in order
     write_outputs(run_, rows, {d: results[d] for d in DATA if d in results})
     return run_dir
@@ -174,7 +181,7 @@ def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
         return {}
     record = read_json(path).get("probes", {}).get(NAME) or {}
     return {data: result for data, result in (record.get("results") or {}).items()
-            if data not in datas and (path.parent / f"features_{data}.npz").is_file()}
+            if data not in datas and (path.parent / CHECKPOINT.format(data=data, suffix="")).is_file()}
 
 
 def write_outputs(run_, rows: list[dict], results: dict):
@@ -190,11 +197,12 @@ def write_outputs(run_, rows: list[dict], results: dict):
                    ("data", "feature", "layer", "head", "cls_mass", "n_inputs"))
     for data in results:
         run_.save_figure(plots.plot_feature_heatmaps(rows, data, f"{label} on {data.upper()}: attention to each "
-                                                     "feature (Kovaleva et al. Fig. 6)"), f"fig_features_{data}.png")
+                                                     "feature (Kovaleva et al. Fig. 6)"),
+                         HEATMAP_FIGURE.format(data=data))
     run_.save_figure(plots.plot_cls_last_layer(rows, f"{label}: last layer's [CLS] row per feature "
-                                               "(Kovaleva et al. Fig. 7)"), "fig_features_cls_last_layer.png")
+                                               "(Kovaleva et al. Fig. 7)"), CLS_LAST_LAYER_FIGURE)
     run_.save_figure(plots.plot_layer_profile(rows, f"{label}: mean feature score by layer"),
-                     "fig_features_layers.png")
+                     LAYERS_FIGURE)
     for data, r in results.items():
         ranked = sorted(r["features"].items(), key=lambda kv: -kv[1]["best"])
         run_.log(f"{data} ({r['used']} inputs): best head per feature: "

@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.features.outputs import (
+    CLS_LAST_LAYER_FIGURE,
+    HEATMAP_FIGURE,
+    LAYERS_FIGURE,
+    SCORES_CSV,
+)
 from bertscope.report_page import RunFiles, Section, Table, num, pct
 
 FEATURE_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "noun": "nouns", "verb": "verbs", "pron": "pronouns",
@@ -45,7 +51,7 @@ def feature_findings(rows: list[dict], uniform: dict) -> tuple[list[str], list[l
 
 
 def build(run: RunFiles) -> Section | None:
-    rows = run.csv("features_scores.csv")
+    rows = run.csv(SCORES_CSV)
     if not rows:
         return None
     results = ((run.record.get("probes") or {}).get("features") or {}).get("results") or {}
@@ -66,16 +72,17 @@ def build(run: RunFiles) -> Section | None:
                   "share of (input, head) pairs whose most-attended token is of the feature",
                   ["data", "feature", "inputs", "mean score", "best head", "best score", "top-token share"],
                   table_rows, shade={"mean score", "best score", "top-token share"})
-    figures = [run.figure(n, f"Layer x head score per feature on {n[len('fig_features_'):-4].upper()} (Kovaleva et "
+    prefix, _, suffix = HEATMAP_FIGURE.partition("{data}")
+    figures = [run.figure(n, f"Layer x head score per feature on {n[len(prefix):-len(suffix)].upper()} (Kovaleva et "
                           "al. Fig. 6): attention all tokens give to the feature's most-attended token, divided by "
                           "the input's length, averaged over inputs with the feature; one colour scale for all "
                           "panels, so linguistic features read against [CLS] and [SEP].")
-               for n in run.figures("fig_features_*.png")
-               if n not in ("fig_features_cls_last_layer.png", "fig_features_layers.png")]
-    figures += [run.figure("fig_features_cls_last_layer.png", "Last layer: the [CLS] row's attention on each "
+               for n in run.figures(HEATMAP_FIGURE.format(data="*"))
+               if n not in (CLS_LAST_LAYER_FIGURE, LAYERS_FIGURE)]
+    figures += [run.figure(CLS_LAST_LAYER_FIGURE, "Last layer: the [CLS] row's attention on each "
                            "feature's tokens, per head (Kovaleva et al. Fig. 7), averaged over inputs with the "
                            "feature."),
-                run.figure("fig_features_layers.png", "Mean score over the heads of each layer, per feature: "
+                run.figure(LAYERS_FIGURE, "Mean score over the heads of each layer, per feature: "
                            "where in depth [CLS] and [SEP] take the attention.")]
     return Section("Attention to linguistic features (Kovaleva et al. 2019, section 4.4)",
                    intro="Does a head's vertical stripe fall on nouns, verbs, pronouns, subjects, objects, negation "

@@ -27,6 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bertscope.analyses.finetune.outputs import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_RECORD,
+    COSINE_FILE,
+    EPOCHS_FILE,
+    RESULTS_FILE,
+    SUMMARY_FILE,
+)
 from bertscope.analyses.finetune.plots import cosine_figures
 from bertscope.datasets.tasks import TASKS, read_task
 from bertscope.errors import UserError
@@ -148,9 +156,9 @@ class FineTuneRun:
 
     def __init__(self, args, run):
         self.args, self.run = args, run
-        self.rows = read_rows(run.dir / "finetune_results.csv")
-        self.epochs = read_rows(run.dir / "finetune_epochs.csv")
-        self.cosine = read_rows(run.dir / "finetune_cosine.csv")
+        self.rows = read_rows(run.dir / RESULTS_FILE)
+        self.epochs = read_rows(run.dir / EPOCHS_FILE)
+        self.cosine = read_rows(run.dir / COSINE_FILE)
         from bertscope.task_model import TrainConfig
 
         self.cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
@@ -292,7 +300,7 @@ class FineTuneRun:
     def save(self, loaded, name, init, seed, result) -> str:
         from bertscope.rundir import write_json
 
-        rel = f"checkpoints/{name}-{init}-seed{seed}"
+        rel = CHECKPOINT_DIR.format(name=name, init=init, seed=seed)
         path = self.run.dir / rel
         model = loaded.model
         labels = LABELS[self.args.task]
@@ -300,7 +308,7 @@ class FineTuneRun:
         model.config.label2id = {v: k for k, v in enumerate(labels)}
         model.save_pretrained(path)
         loaded.tokenizer.save_pretrained(path)
-        write_json(path / "bertscope_finetune.json", {
+        write_json(path / CHECKPOINT_RECORD, {
             "task": self.args.task, "name": name, "init": init, "seed": seed, "best_epoch": result.best_epoch,
             "dev_accuracy": result.best_dev, "history": result.history, "train": vars(self.cfg),
             "base_model": str(self.run.loaded.path), "data_split_seed": self.args.seed})
@@ -310,14 +318,14 @@ class FineTuneRun:
         from bertscope.rundir import write_csv
 
         d = self.run.dir
-        write_csv(d / "finetune_results.csv", self.rows, RESULT_COLUMNS)
+        write_csv(d / RESULTS_FILE, self.rows, RESULT_COLUMNS)
         summary = summarise(self.rows)
-        write_csv(d / "finetune_summary.csv", summary, SUMMARY_COLUMNS)
-        write_csv(d / "finetune_epochs.csv", self.epochs, EPOCH_COLUMNS)
-        names = ["finetune_results.csv", "finetune_summary.csv", "finetune_epochs.csv"]
+        write_csv(d / SUMMARY_FILE, summary, SUMMARY_COLUMNS)
+        write_csv(d / EPOCHS_FILE, self.epochs, EPOCH_COLUMNS)
+        names = [RESULTS_FILE, SUMMARY_FILE, EPOCHS_FILE]
         if self.cosine:
-            write_csv(d / "finetune_cosine.csv", self.cosine, COSINE_COLUMNS)
-            names.append("finetune_cosine.csv")
+            write_csv(d / COSINE_FILE, self.cosine, COSINE_COLUMNS)
+            names.append(COSINE_FILE)
         self.run.outputs = sorted(set(self.run.outputs) | set(names))
         results = {"test": [r for r in self.rows if r["split"] == "test"],
                    "summary": [r for r in summary if r["split"] == "test"],

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertscope.analyses.finetune.outputs import COSINE_FIGURE
+
 
 def cosine_figures(rows: list[dict]):
     """(figure, filename) per (task, data, input): layer x head heatmap of the mean cosine over the
@@ -38,4 +40,4 @@ def cosine_figures(rows: list[dict]):
         ax.set_title(f"{name}: cosine(pre-trained, fine-tuned attention)\nmean over dev inputs, seeds {','.join(seeds)}",
                      fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
-        yield fig, f"fig_finetune_cosine_{name}.png"
+        yield fig, COSINE_FIGURE.format(name=name)

@@ -4,13 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.finetune.outputs import COSINE_FIGURE, COSINE_FILE, SUMMARY_FILE
 from bertscope.report_page import RunFiles, Section, Table, num
 
 
 def build(run: RunFiles) -> Section | None:
     """Table 1's three columns per task next to Kovaleva's bert-base row, the ARCT probes next to
     Niven & Kao, and the Figure 5 heatmaps of attention change."""
-    rows = run.csv("finetune_summary.csv")
+    rows = run.csv(SUMMARY_FILE)
     if not rows:
         return None
     test = [r for r in rows if r["split"] == "test"]
@@ -57,12 +58,13 @@ def build(run: RunFiles) -> Section | None:
                             "on train-swapped, tested on test-adv-negated. Chance is 50%.",
                             ["data", "input", "probe", "FT normal init", "FT pre-trained", "paper mean",
                              "paper peak"], arct_rows, digits=1))
+    prefix, _, suffix = COSINE_FIGURE.partition("{name}")
     figures = [run.figure(n, f"Per-head cosine similarity between the attention maps of the pre-trained and the "
-                          f"fine-tuned model ({n[len('fig_finetune_cosine_'):-4]}), averaged over up to 1,000 dev "
+                          f"fine-tuned model ({n[len(prefix):-len(suffix)]}), averaged over up to 1,000 dev "
                           "inputs and over the seeds (Kovaleva et al. Fig. 5). Darker cells changed more; in "
                           "bert-base the last two layers changed most.")
-               for n in run.figures("fig_finetune_cosine_*.png")]
-    cosine = run.csv("finetune_cosine.csv") or []
+               for n in run.figures(COSINE_FIGURE.format(name="*"))]
+    cosine = run.csv(COSINE_FILE) or []
     by_task: dict[str, dict[int, list[float]]] = {}
     for r in cosine:
         by_task.setdefault(r["task"] if r["task"] != "arct" else f"arct-{r['data']}-{r['input']}", {}) \

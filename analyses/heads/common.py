@@ -4,9 +4,9 @@ which evaluates gated variants of a fine-tuned model against its baseline.
 A command that evaluates gated variants (`heads disable`, `heads ablate`) takes
 `add_variant_arguments` and calls `run_variants` with its gate, its variant set and an
 `outputs` hook for its figures and results. Every variant runs on the same weights through the
-model's head gates, several variants per forward pass (`bertscope.variants`). Outputs:
-`<name>.csv` (one row per variant), the figures of the command's hook, and its entry in
-run.json.
+model's head gates, several variants per forward pass (`bertscope.variants`). Outputs: a CSV
+with one row per variant (the name in the command's outputs.py), the figures of the command's
+hook, and its entry in run.json.
 """
 from __future__ import annotations
 
@@ -64,9 +64,10 @@ def load_split(args):
     return seeded_sample(examples, args.limit, args.seed)
 
 
-def run_variants(args, name: str, gate: Gate, outputs, variants=None):
-    """Evaluate the baseline and `variants` on the task split; write `<name>.csv`, run.json's
-    entry and, through `outputs`, the figures and anything else the command adds.
+def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str | None = None):
+    """Evaluate the baseline and `variants` on the task split; write the CSV `table` (default
+    `<name>.csv`), run.json's entry and, through `outputs`, the figures and anything else the
+    command adds.
 
     variants: a list of `Variant`, or a function (layers, H) -> list for sets that depend on
       the model's shape (known once it has loaded); default every single head and every whole
@@ -95,7 +96,7 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None):
             f"tokens), {len(variants)} variants ({gate.name.lower()} gate)")
     res = V.evaluate_variants(loaded, task, variants, args.batch_size, args.max_rows, run.progress, desc=name)
     rows = variant_rows(res, args.resamples, args.seed, args.alpha)
-    run.write_csv(f"{name}.csv", rows, COLUMNS)
+    run.write_csv(table or f"{name}.csv", rows, COLUMNS)
     results = summarise(rows, task, res, gate, args)
     for line in summary_lines(results):
         run.log(line)

@@ -26,6 +26,18 @@ import torch
 
 from bertscope.analyses.patterns import plots
 from bertscope.analyses.patterns import stats as P
+from bertscope.analyses.patterns.outputs import (
+    CNN_FILE,
+    CNN_SCORES_FILE,
+    COUNTS_CHECKPOINT,
+    EXAMPLES_FIGURE,
+    HEADS_FILE,
+    LABELS_FILE,
+    LAYERS_FIGURE,
+    OVERALL_FIGURE,
+    PATTERNS_FILE,
+    TABLE_TEXT,
+)
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
 
@@ -223,7 +235,7 @@ def classify(args) -> int:
     results, by_data = {"thresholds": t.as_dict(), "types": list(P.TYPES), "data": {}}, {}
     for name in names:
         t0 = time.perf_counter()
-        path = run_dir / f"patterns_{name}{world.suffix()}.npz"
+        path = run_dir / COUNTS_CHECKPOINT.format(data=name, suffix=world.suffix())
         counts = P.PatternCounts(loaded.n_layers, loaded.n_heads, t)
         if args.resume and path.exists():
             counts = P.PatternCounts.load(path)
@@ -267,18 +279,18 @@ def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: 
     from bertscope.models import model_name
 
     label = model_name(run.loaded.path)
-    run.write_csv("patterns.csv", [r for n in names for r in by_data[n].tidy_rows(n)], P.TIDY_COLUMNS)
-    run.write_csv("patterns_heads.csv", [r for n in names for r in by_data[n].head_rows(n)], P.HEAD_COLUMNS)
+    run.write_csv(PATTERNS_FILE, [r for n in names for r in by_data[n].tidy_rows(n)], P.TIDY_COLUMNS)
+    run.write_csv(HEADS_FILE, [r for n in names for r in by_data[n].head_rows(n)], P.HEAD_COLUMNS)
     for name in names:
-        by_data[name].save(run.dir / f"patterns_{name}.npz")
+        by_data[name].save(run.dir / COUNTS_CHECKPOINT.format(data=name, suffix=""))
     table = format_table({n: results["data"][n]["overall"] for n in names}, {n: by_data[n].n_examples for n in names})
     logger.info(table.rstrip("\n"))
-    run.write_text("patterns_table.txt", table)
+    run.write_text(TABLE_TEXT, table)
     if not args.no_figures:
         run.save_figure(plots.plot_overall({n: results["data"][n]["overall"] for n in names},
                                        f"{label}: attention pattern types (rules on streamed statistics)"),
-                        "fig_patterns.png")
-        run.save_figure(plots.plot_layers(by_data, f"{label}: pattern types by layer"), "fig_patterns_layers.png")
+                        OVERALL_FIGURE)
+        run.save_figure(plots.plot_layers(by_data, f"{label}: pattern types by layer"), LAYERS_FIGURE)
         if args.examples > 0:
             results["example_maps"] = {}
             for name in names:
@@ -286,7 +298,7 @@ def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: 
                 results["example_maps"][name] = [{k: ex[k] for k in ("type", "layer", "head", "segment", "doc_id",
                                                                       "features")} for ex in picked]
                 run.save_figure(plots.plot_examples(picked, f"{label}, {name}: one map per type (first {args.examples} "
-                                                "segments)"), f"fig_patterns_examples_{name}.png")
+                                                "segments)"), EXAMPLES_FIGURE.format(data=name))
     run.finish(results)
     refresh_report(run.dir)
 
@@ -318,7 +330,7 @@ def label(args) -> int:
                 maps.append(C.resize_map(m[layer, head]).astype(np.float16))
                 labels.append(int(kinds[layer, head]))
                 source.append((index, layer + 1, head + 1))
-        path = run.dir / f"labels_{name}.npz"
+        path = run.dir / LABELS_FILE.format(data=name)
         C.save_labels(path, np.stack(maps), np.array(labels), np.array(source),
                       dict(model=model_name(run.loaded.path), data=name, split=args.split, seed=args.seed,
                            labeller="rules", thresholds=t.as_dict()))
@@ -358,14 +370,14 @@ def train(args) -> int:
         results["eval"] = dict(labels=str(args.eval_labels), **C.scores(other[1], C.predict(model, other[0])))
     out = Path(args.out) if args.out else new_run_dir(None)
     out.mkdir(parents=True, exist_ok=True)
-    C.save_model(model, out / "pattern_cnn.pt", dict(labels=str(args.labels)))
-    write_json(out / "pattern_cnn.json", results)
+    C.save_model(model, out / CNN_FILE, dict(labels=str(args.labels)))
+    write_json(out / CNN_SCORES_FILE, results)
     for key in ("held_out", "eval"):
         if key in results:
             s = results[key]
             logger.info(f"{key}: {s['n']} maps, accuracy {s['accuracy']:.3f}, macro F1 {s['f1_macro']:.3f}, "
                   f"weighted F1 {s['f1_weighted']:.3f}, Cohen's kappa {s['kappa']:.3f}")
-    logger.info(f"wrote pattern_cnn.pt and pattern_cnn.json to {out}")
+    logger.info(f"wrote {CNN_FILE} and {CNN_SCORES_FILE} to {out}")
     return 0
 
 

@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.patterns.outputs import (
+    EXAMPLES_FIGURE,
+    LAYERS_FIGURE,
+    OVERALL_FIGURE,
+    PATTERNS_FILE,
+)
 from bertscope.report_page import RunFiles, Section, Table, num
 
 
 def build(run: RunFiles) -> Section | None:
     """Kovaleva et al. (2019) section 4.1: type proportions per data set beside the paper's statements."""
-    rows = run.csv("patterns.csv")
+    rows = run.csv(PATTERNS_FILE)
     if rows is None:
         return None
     from bertscope.analyses.patterns.stats import TYPES
@@ -31,12 +37,13 @@ def build(run: RunFiles) -> Section | None:
     rules = ", ".join(f"{k} {v}" for k, v in thresholds.items())
     findings.append(f"Not the paper's method: bertscope labels maps by rules on streamed statistics (thresholds: {rules}), "
                     "not by a CNN trained on hand labels; model and data differ too.")
-    figures = [run.figure("fig_patterns.png", "Share of each pattern type among all (example, head) maps, one bar "
+    figures = [run.figure(OVERALL_FIGURE, "Share of each pattern type among all (example, head) maps, one bar "
                           "per data set, stacked as the paper's Figure 2."),
-               run.figure("fig_patterns_layers.png", "The same shares per layer: which layers hold which types.")]
-    figures += [run.figure(n, f"One real map per type from {n[len('fig_patterns_examples_'):-4]}, the clearest "
+               run.figure(LAYERS_FIGURE, "The same shares per layer: which layers hold which types.")]
+    prefix, _, suffix = EXAMPLES_FIGURE.partition("{data}")
+    figures += [run.figure(n, f"One real map per type from {n[len(prefix):-len(suffix)]}, the clearest "
                            "among the first segments (the paper's Figure 1); titles give the rule statistics.")
-                for n in run.figures("fig_patterns_examples_*.png")]
+                for n in run.figures(EXAMPLES_FIGURE.format(data="*"))]
     return Section("Attention pattern types (Kovaleva et al. 2019, section 4.1)",
                    intro="Every (example, head) map is one of Vertical ([CLS]/[SEP]), Diagonal (previous/next "
                    "token), Vertical+Diagonal, Block (within the query's own part of a pair) or Heterogeneous.",

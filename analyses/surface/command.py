@@ -23,6 +23,12 @@ import transformers
 from bertscope.accumulate import HeadStats
 from bertscope.analyses.surface import plots as surface_plots
 from bertscope.analyses.surface import stats as surface
+from bertscope.analyses.surface.outputs import (
+    EXAMPLES_FILE,
+    HEADS_FILE,
+    STATS_CHECKPOINT,
+    STATS_FILE,
+)
 from bertscope.args import (
     add_quiet_argument,
     add_threads_argument,
@@ -258,7 +264,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     }
     # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
     # rank under torchrun; it records how many batches its sums cover
-    stats_path = run_dir / f"stats{world.suffix()}.npz"
+    stats_path = run_dir / STATS_CHECKPOINT.format(suffix=world.suffix())
     spec = settings.spec()
     stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes, settings.average)
     if resume and stats_path.exists():
@@ -296,7 +302,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     if not world.is_main:
         return run_dir
     if world.size > 1:
-        stats.save(run_dir / "stats.npz")
+        stats.save(run_dir / STATS_FILE)
 
     record.update(corpus=corpus.report.as_dict(), segments=seg_report.as_dict())
     log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
@@ -353,15 +359,13 @@ def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, example
     table = surface.head_table(stats)
     if figures is not None:
         draw_figures(figures, table, stats, loaded, run_dir)
-    outputs = ["heads.csv", "stats.npz"]
-    write_csv(run_dir / "heads.csv", surface.table_rows(table), tuple(table))
+    outputs = [HEADS_FILE, STATS_FILE]
+    write_csv(run_dir / HEADS_FILE, surface.table_rows(table), tuple(table))
     if examples is not None:
-        from bertscope.analyses.surface.per_example import FILE_NAME
-
-        rows = examples.finish(run_dir / FILE_NAME)
-        record["per_example"] = {"file": FILE_NAME, "rows": rows}
-        outputs.append(FILE_NAME)
-        log(f"wrote {rows} per-example rows (segment x layer x head) to {FILE_NAME}")
+        rows = examples.finish(run_dir / EXAMPLES_FILE)
+        record["per_example"] = {"file": EXAMPLES_FILE, "rows": rows}
+        outputs.append(EXAMPLES_FILE)
+        log(f"wrote {rows} per-example rows (segment x layer x head) to {EXAMPLES_FILE}")
     return outputs + write_surface(table, run_dir, record, figures, log)
 
 
@@ -392,5 +396,5 @@ def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool 
     log(f"surface patterns over {record['n_tokens']} tokens, means over "
         f"{record['settings'].get('average', 'tokens')} (head = layer-head, numbered from 1):")
     log(text)
-    log(f"wrote {', '.join(['heads.csv', 'stats.npz'] + outputs)} to {run_dir}")
+    log(f"wrote {', '.join([HEADS_FILE, STATS_FILE] + outputs)} to {run_dir}")
     return outputs

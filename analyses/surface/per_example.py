@@ -29,7 +29,8 @@ heads.csv exactly.
 
 Parts are named by rank and the batches they cover, so a resumed run drops the parts
 beyond its checkpoint, torchrun ranks write side by side, and `finish` streams every part
-into one `examples.parquet` (rows in batch order; sort by `segment` when needed).
+into one `examples.parquet` (rows in batch order; sort by `segment` when needed), named in
+`bertscope.analyses.surface.outputs`.
 """
 from __future__ import annotations
 
@@ -46,7 +47,6 @@ from bertscope.kernels import StatsSpec
 from bertscope.token_classes import TokenClasses
 
 PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")
-FILE_NAME = "examples.parquet"
 
 
 def offset_name(o: int) -> str:

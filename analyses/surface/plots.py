@@ -24,6 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bertscope.analyses.surface.outputs import (
+    ENTROPY_BY_LAYER_FIGURE,
+    ENTROPY_HEATMAP_FIGURE,
+    OFFSETS_HEATMAP_FIGURE,
+    SPECIAL_HEATMAP_FIGURE,
+    TOKENS_BY_LAYER_FIGURE,
+)
 from bertscope.plotting import layer_head_ticks
 
 DPI = 150
@@ -34,8 +41,8 @@ BLUE, ORANGE, GREEN, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
 
 # Every figure, with its drawing time relative to the others (measured on the 6 x 12 MiniLM;
 # the annotated heatmaps cost most), so that figure helpers get equal shares (bertscope.figure_pool).
-FIGURES = {"fig_tokens_by_layer.png": 3, "fig_entropy_by_layer.png": 2, "fig_offsets_heatmap.png": 4,
-           "fig_special_heatmap.png": 5, "fig_entropy_heatmap.png": 2}
+FIGURES = {TOKENS_BY_LAYER_FIGURE: 3, ENTROPY_BY_LAYER_FIGURE: 2, OFFSETS_HEATMAP_FIGURE: 4,
+           SPECIAL_HEATMAP_FIGURE: 5, ENTROPY_HEATMAP_FIGURE: 2}
 
 
 def new_figure(**kwargs):
@@ -73,17 +80,17 @@ def plot_surface(table: dict[str, np.ndarray], out_dir: Path, title: str,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     draw = {
-        "fig_tokens_by_layer.png": lambda path: _tokens_by_layer(table, path, title),
-        "fig_entropy_by_layer.png": lambda path: _entropy_by_layer(table, path, title, uniform_entropy,
-                                                                   cls_uniform_entropy),
-        "fig_offsets_heatmap.png": lambda path: _heatmaps(
+        TOKENS_BY_LAYER_FIGURE: lambda path: _tokens_by_layer(table, path, title),
+        ENTROPY_BY_LAYER_FIGURE: lambda path: _entropy_by_layer(table, path, title, uniform_entropy,
+                                                                cls_uniform_entropy),
+        OFFSETS_HEATMAP_FIGURE: lambda path: _heatmaps(
             table, [("prev", "previous token"), ("self", "current token"), ("next", "next token")], path,
             f"{title}: average attention to relative positions", "average attention"),
-        "fig_special_heatmap.png": lambda path: _heatmaps(
+        SPECIAL_HEATMAP_FIGURE: lambda path: _heatmaps(
             table, [("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", '". or ,"'),
                     ("sep_sep", "[SEP] → [SEP] (from [SEP] rows)")], path,
             f"{title}: average attention to special tokens", "average attention"),
-        "fig_entropy_heatmap.png": lambda path: _heatmaps(
+        ENTROPY_HEATMAP_FIGURE: lambda path: _heatmaps(
             table, [("entropy", "")], path, f"{title}: average attention entropy per head", "entropy (nats)",
             vmin=None, vmax=None, cmap="magma"),
     }

@@ -6,28 +6,37 @@ import zipfile
 import numpy as np
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.surface.outputs import (
+    ENTROPY_BY_LAYER_FIGURE,
+    ENTROPY_HEATMAP_FIGURE,
+    HEADS_FILE,
+    OFFSETS_HEATMAP_FIGURE,
+    SPECIAL_HEATMAP_FIGURE,
+    STATS_FILE,
+    TOKENS_BY_LAYER_FIGURE,
+)
 from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
 
 PREV_NEXT_CUT = 0.5  # "> 50% of attention on the previous / next token" (Clark 3.1)
 SEP_SEP_CUT = 0.9  # "[SEP] attends to [SEP] with > 90%" (Clark 3.2)
 
 SURFACE_FIGURES = {
-    "fig_tokens_by_layer.png": (
+    TOKENS_BY_LAYER_FIGURE: (
         "Average attention to [CLS], [SEP] and '. or ,' by layer (Clark et al. Fig. 2). Each dot is one head, "
         "the line the layer mean; the last panel separates [SEP] rows attending to [SEP] from all other rows. "
         "Read it for where each special token takes the attention: in bert-base, [CLS] early, [SEP] in layers "
         "6-10, punctuation at the end."),
-    "fig_entropy_by_layer.png": (
+    ENTROPY_BY_LAYER_FIGURE: (
         "Mean attention entropy in nats by layer, over all rows and over [CLS] rows only (Clark et al. Fig. 4). "
         "Dots are heads; the dashed line is the entropy of uniform attention over the same tokens. Heads near "
         "it attend broadly (a bag of vectors), low values mean focused heads."),
-    "fig_offsets_heatmap.png": (
+    OFFSETS_HEATMAP_FIGURE: (
         "Layer x head attention mass on the previous, same and next token. A bright cell above 0.5 is a "
         "positional head (Clark et al. section 3.1: four previous-token and five next-token heads in bert-base)."),
-    "fig_special_heatmap.png": (
+    SPECIAL_HEATMAP_FIGURE: (
         "Layer x head attention mass on [CLS], [SEP], '. or ,' and, for [SEP] rows, on [SEP]. Bright "
         "columns of a layer show which special token that layer's heads lean on."),
-    "fig_entropy_heatmap.png": (
+    ENTROPY_HEATMAP_FIGURE: (
         "Layer x head mean attention entropy in nats (Clark et al. Fig. 4, head by head). Bright: broad heads, "
         "dark: heads that put their attention on a few tokens."),
 }
@@ -48,12 +57,12 @@ def _over(grid: np.ndarray, cut: float) -> list[str]:
 
 def _uniform_entropy(run: RunFiles) -> float | None:
     """Entropy of uniform attention over the run's rows, from stats.npz (exact), else None."""
-    if not run.has("stats.npz"):
+    if not run.has(STATS_FILE):
         return None
     try:
         from bertscope.accumulate import HeadStats
 
-        return HeadStats.load(run.dir / "stats.npz").uniform_entropy()
+        return HeadStats.load(run.dir / STATS_FILE).uniform_entropy()
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # an unreadable checkpoint only costs the broad-head finding
         return None
 
@@ -123,7 +132,7 @@ def _surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str
 
 
 def build(run: RunFiles) -> Section | None:
-    rows = run.csv("heads.csv")
+    rows = run.csv(HEADS_FILE)
     if not rows:
         return None
     findings, per_layer = surface_findings(rows, _uniform_entropy(run))

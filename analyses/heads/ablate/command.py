@@ -11,6 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bertscope.analyses.heads.ablate.outputs import (
+    ABLATE_FILE,
+    BUT_ONE_FIGURE,
+    BUT_ONE_FILE,
+    HEADS_FIGURE,
+    HISTOGRAM_FIGURE,
+    IMPORTANCE_FIGURE,
+)
 from bertscope.analyses.heads.importance.outputs import (
     IMPORTANCE_FILE,
     importance_grid,
@@ -61,7 +69,7 @@ def main(args) -> int:
             importance = (source, read_importance(source))  # a bad file fails before the model loads
     try:
         run_variants(args, "ablate", Gate.ZERO, variants=variant_set(args.variants, importance),
-                     outputs=lambda run, rows, results: outputs(run, rows, results, importance))
+                     outputs=lambda run, rows, results: outputs(run, rows, results, importance), table=ABLATE_FILE)
     except KeyboardInterrupt:
         raise UserError("interrupted") from None
     return 0
@@ -98,11 +106,11 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
             from bertscope.analyses.heads.ablate.plots import plot_histogram
             from bertscope.analyses.heads.disable.plots import plot_heads
 
-            run.save_figure(plot_heads(rows, L, H, title, "zero"), "fig_ablate_heads.png")
-            run.save_figure(plot_histogram(deltas.ravel(), results["examples"], title), "fig_ablate_hist.png")
+            run.save_figure(plot_heads(rows, L, H, title, "zero"), HEADS_FIGURE)
+            run.save_figure(plot_histogram(deltas.ravel(), results["examples"], title), HISTOGRAM_FIGURE)
     table = A.but_one_table(rows, args.alpha)
     if table:
-        run.write_csv("ablate_but_one.csv", table, A.BUT_ONE_COLUMNS)
+        run.write_csv(BUT_ONE_FILE, table, A.BUT_ONE_COLUMNS)
         enough = A.one_head_suffices(table)
         results["but_one"] = {"per_layer": table, "one_head_suffices": enough}
         for r in table:
@@ -114,7 +122,7 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         if figures:
             from bertscope.analyses.heads.ablate.plots import plot_but_one
 
-            run.save_figure(plot_but_one(rows, table, title), "fig_ablate_but_one.png")
+            run.save_figure(plot_but_one(rows, table, title), BUT_ONE_FIGURE)
     if importance is not None and singles:
         source, values = importance
         delta = A.head_deltas(rows, L, H)
@@ -129,4 +137,4 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
             from bertscope.analyses.heads.ablate.plots import plot_importance
 
             run.save_figure(plot_importance(importance_grid(values, L, H), delta, corr["importance"], title),
-                            "fig_ablate_importance.png")
+                            IMPORTANCE_FIGURE)

@@ -4,13 +4,21 @@ from __future__ import annotations
 import numpy as np
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.heads.ablate.outputs import (
+    ABLATE_FILE,
+    BUT_ONE_FIGURE,
+    BUT_ONE_FILE,
+    HEADS_FIGURE,
+    HISTOGRAM_FIGURE,
+    IMPORTANCE_FIGURE,
+)
 from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
 
 
 def build(run: RunFiles) -> Section | None:
     """Michel et al. (2019): single heads masked, all heads of a layer but one, importance vs
     ablation (bertscope heads ablate)."""
-    rows = run.csv("ablate.csv")
+    rows = run.csv(ABLATE_FILE)
     if not rows:
         return None
     entry = ((run.record.get("probes") or {}).get("ablate") or {}).get("results") or {}
@@ -27,7 +35,7 @@ def build(run: RunFiles) -> Section | None:
                         f"{pts(float(deltas.mean()))}, worst {worst['variant']} {pts(num(worst['delta']))}; "
                         f"significant: {heads_str(sig)}. Paper: {paper.MICHEL_ABLATION_TEXT['single']} "
                         f"[{paper.MICHEL_ABLATION.short}].")
-    table_rows = run.csv("ablate_but_one.csv") or []
+    table_rows = run.csv(BUT_ONE_FILE) or []
     tables = []
     if table_rows:
         enough = [r["layer"] for r in table_rows if num(r["delta"]) >= 0 or r["significant"] != "True"]
@@ -51,13 +59,13 @@ def build(run: RunFiles) -> Section | None:
                 f"{c['spearman']:+.3f} (p = {c['p']:.3g})"
             findings.append(f"Spearman rho between {column} ({corr['file']}) and the accuracy lost when the head is "
                             f"masked: {rho} over {c.get('heads', '?')} heads.")
-    figures = [run.figure("fig_ablate_heads.png", "Accuracy with one head masked (zero gate) at a time: colour centred "
+    figures = [run.figure(HEADS_FIGURE, "Accuracy with one head masked (zero gate) at a time: colour centred "
                           "on the baseline, cells give the change in points, framed cells are significant."),
-               run.figure("fig_ablate_hist.png", "Distribution of the single-head changes (one bin per example "
+               run.figure(HISTOGRAM_FIGURE, "Distribution of the single-head changes (one bin per example "
                           "flipped); shaded: within 0.5 points, Michel et al.'s 'most heads'."),
-               run.figure("fig_ablate_but_one.png", "All heads of a layer masked but one: grey, every kept head; "
+               run.figure(BUT_ONE_FIGURE, "All heads of a layer masked but one: grey, every kept head; "
                           "purple, the best one with its 95% interval (label: its number)."),
-               run.figure("fig_ablate_importance.png", "Head importance (x) against the accuracy lost when the head "
+               run.figure(IMPORTANCE_FIGURE, "Head importance (x) against the accuracy lost when the head "
                           "is masked (y), by layer; Spearman's rho in the title.")]
     return Section("Ablating heads (Michel et al. 2019)",
                    intro="A masked head's output is zeroed before the output projection (xi_h = 0). Each single head "

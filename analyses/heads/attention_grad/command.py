@@ -33,6 +33,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertscope.analyses.heads.attention_grad.outputs import (
+    HEADS_FIGURE,
+    HEADS_FILE,
+    LAYERS_FIGURE,
+    LAYERS_FILE,
+)
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
 from bertscope.token_classes import KEY_CLASSES
@@ -99,8 +105,8 @@ def main(args) -> int:
     except KeyboardInterrupt:
         raise UserError("interrupted") from None
     layers, heads = stats.layer_rows(), stats.head_rows()
-    run.write_csv(f"{NAME}_layers.csv", layers, LAYER_COLUMNS)
-    run.write_csv(f"{NAME}_heads.csv", heads, HEAD_COLUMNS)
+    run.write_csv(LAYERS_FILE, layers, LAYER_COLUMNS)
+    run.write_csv(HEADS_FILE, heads, HEAD_COLUMNS)
     if not args.no_figures:
         from bertscope.analyses.heads.attention_grad.plots import (
             plot_heads,
@@ -110,8 +116,8 @@ def main(args) -> int:
 
         source = f"{args.task} {args.split}" if objective == "task" else args.corpus
         title = f"{model_name(loaded.path)}, {objective} loss on {source} ({stats.examples} inputs)"
-        run.save_figure(plot_layers(layers, title), f"fig_{NAME}.png")
-        run.save_figure(plot_heads(heads, loaded.n_layers, loaded.n_heads, title), f"fig_{NAME}_heads.png")
+        run.save_figure(plot_layers(layers, title), LAYERS_FIGURE)
+        run.save_figure(plot_heads(heads, loaded.n_layers, loaded.n_heads, title), HEADS_FIGURE)
     results = summarise(stats, layers, objective, args)
     for line in summary_lines(layers):
         run.log(line)

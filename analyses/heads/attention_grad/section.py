@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.heads.attention_grad.outputs import (
+    HEADS_FIGURE,
+    LAYERS_FIGURE,
+    LAYERS_FILE,
+)
 from bertscope.report_page import RunFiles, Section, Table, num, pct
 
 
 def build(run: RunFiles) -> Section | None:
     """Clark et al. section 3, Fig. 5: mean |dL/dP| per layer and key class, beside the attention
     (bertscope heads attention-grad)."""
-    rows = run.csv("attention_grad_layers.csv")
+    rows = run.csv(LAYERS_FILE)
     if not rows:
         return None
     entry = ((run.record.get("probes") or {}).get("attention_grad") or {}).get("results") or {}
@@ -38,11 +43,11 @@ def build(run: RunFiles) -> Section | None:
                   [[lay] + [sci(value(lay, c, "mean_abs_grad")) for c in classes]
                    + [num(by[(lay, c)]["grad_vs_other"]) for c in classes[:-1]]
                    + [num(by[(lay, c)]["attention"]) for c in classes] for lay in layers], digits=3)
-    figures = [run.figure("fig_attention_grad.png", "Clark et al. Fig. 5: by layer, the attention mass on each key "
+    figures = [run.figure(LAYERS_FIGURE, "Clark et al. Fig. 5: by layer, the attention mass on each key "
                           "class, the mean |gradient| of the loss with respect to an attention weight to it (log "
                           "scale), and that gradient relative to other tokens' (1 = as other tokens). A class with "
                           "much attention and a gradient far below 1 is attended to as a no-op."),
-               run.figure("fig_attention_grad_heads.png", "Per head, for [CLS], [SEP] and '. or ,': the attention "
+               run.figure(HEADS_FIGURE, "Per head, for [CLS], [SEP] and '. or ,': the attention "
                           "mass on the class (top) and log10 of its mean |gradient| over other tokens' (bottom; red: "
                           "smaller). A head with much attention on a class and a red cell below it uses that "
                           "class as a no-op.")]

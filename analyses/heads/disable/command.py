@@ -11,6 +11,11 @@ from bertscope.analyses.heads.common import (
     figure_title,
     run_variants,
 )
+from bertscope.analyses.heads.disable.outputs import (
+    DISABLE_FILE,
+    HEADS_FIGURE,
+    LAYERS_FIGURE,
+)
 from bertscope.kernels import Gate
 
 HELP = "task accuracy with each head and each layer disabled (uniform attention), against the baseline"
@@ -31,7 +36,7 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    run_variants(args, "disable", Gate.UNIFORM, outputs=disable_figures)
+    run_variants(args, "disable", Gate.UNIFORM, outputs=disable_figures, table=DISABLE_FILE)
     return 0
 
 
@@ -42,5 +47,5 @@ def disable_figures(run, rows: list[dict], results: dict):
     from bertscope.analyses.heads.disable.plots import plot_heads, plot_layers
 
     L, H, gate, title = run.loaded.n_layers, run.loaded.n_heads, results["gate"], figure_title(run)
-    run.save_figure(plot_heads(rows, L, H, title, gate), f"fig_{run.name}_heads.png")
-    run.save_figure(plot_layers(rows, title, gate), f"fig_{run.name}_layers.png")
+    run.save_figure(plot_heads(rows, L, H, title, gate), HEADS_FIGURE)
+    run.save_figure(plot_layers(rows, title, gate), LAYERS_FIGURE)

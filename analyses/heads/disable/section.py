@@ -4,12 +4,17 @@ from __future__ import annotations
 import numpy as np
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.heads.disable.outputs import (
+    DISABLE_FILE,
+    HEADS_FIGURE,
+    LAYERS_FIGURE,
+)
 from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
 
 
 def build(run: RunFiles) -> Section | None:
     """Kovaleva et al. 4.6: each head and each layer disabled (bertscope heads disable)."""
-    rows = run.csv("disable.csv")
+    rows = run.csv(DISABLE_FILE)
     entry = ((run.record.get("probes") or {}).get("disable") or {}).get("results") or {}
     if rows is None or not rows:
         return None
@@ -39,10 +44,10 @@ def build(run: RunFiles) -> Section | None:
                   [[r["variant"], 100 * num(r["accuracy"]), 100 * num(r["delta"]), 100 * num(r["ci_low"]),
                     100 * num(r["ci_high"]), int(r["b"]), int(r["c"]), num(r["p"]), num(r["q"]), r["significant"]]
                    for r in layers + sorted(heads, key=lambda r: -abs(num(r["delta"])))[:8]], digits=3)
-    figures = [run.figure("fig_disable_heads.png", "Accuracy with one head disabled at a time (Kovaleva et al. "
+    figures = [run.figure(HEADS_FIGURE, "Accuracy with one head disabled at a time (Kovaleva et al. "
                           "Fig. 8): colour centred on the baseline (orange on the colour bar), cells give the change "
                           "in points, framed cells are significant."),
-               run.figure("fig_disable_layers.png", "Accuracy with one whole layer disabled at a time (Fig. 9), "
+               run.figure(LAYERS_FIGURE, "Accuracy with one whole layer disabled at a time (Fig. 9), "
                           "with 95% paired bootstrap intervals; the orange line is the baseline, * significant.")]
     return Section("Disabling heads and layers (Kovaleva et al. 2019, section 4.6)",
                    intro="A disabled head attends uniformly to every valid token (its output is the mean of V). "

@@ -16,7 +16,9 @@ import numpy as np
 
 from bertscope.analyses.heads.importance.outputs import (
     COLUMNS,
+    CORRELATION_FIGURE,
     CORRELATION_FILE,
+    FIGURE,
     IMPORTANCE_FILE,
     importance_grid,
     read_importance,
@@ -112,7 +114,7 @@ def run_importance(args):
 
         title = f"{args.task} {args.split} ({task.n_examples} examples), {model_name(run.loaded.path)}, " \
                 f"{imp.convention} convention"
-        run.save_figure(plot_importance(imp.scores, imp.ranks(), title, imp.normalised), "fig_importance.png")
+        run.save_figure(plot_importance(imp.scores, imp.ranks(), title, imp.normalised), FIGURE)
     top = sorted(rows, key=lambda r: r["rank"])[:5]
     per_layer = np.nanmean(imp.raw, axis=1)
     results = {"task": args.task, "split": args.split,
@@ -187,7 +189,7 @@ def compare_runs(args):
         from bertscope.analyses.heads.importance.plots import plot_correlation
 
         run.save_figure(plot_correlation(rho, labels, f"Spearman rho of head importance over {rows[0]['n_heads']} "
-                                         "heads"), "fig_importance_correlation.png")
+                                         "heads"), CORRELATION_FIGURE)
     run.finish({"runs": [str(r) for r in runs], "labels": labels,
                 "pairs": {f"{r['label_a']} | {r['label_b']}": {k: r[k] for k in ("spearman", "p", "spearman_raw",
                                                                                   "top_overlap")} for r in rows}})

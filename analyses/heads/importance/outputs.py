@@ -18,6 +18,8 @@ from bertscope.errors import UserError
 IMPORTANCE_FILE = "importance.csv"
 COLUMNS = ("layer", "head", "importance", "importance_raw", "rank")
 CORRELATION_FILE = "importance_correlation.csv"  # heads importance --compare
+FIGURE = "fig_importance.png"
+CORRELATION_FIGURE = "fig_importance_correlation.png"  # heads importance --compare
 
 
 def importance_path(path) -> Path:

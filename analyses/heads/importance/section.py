@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from bertscope import paper_numbers as paper
 from bertscope.analyses.heads.importance.outputs import (
+    CORRELATION_FIGURE,
     CORRELATION_FILE,
+    FIGURE,
     IMPORTANCE_FILE,
 )
 from bertscope.report_page import RunFiles, Section, Table, heads_str, num
@@ -26,7 +28,7 @@ def build(run: RunFiles) -> Section | None:
         if per_layer:
             findings.append("Mean raw importance E|dL/dxi_h| per layer: "
                             + ", ".join(f"{i + 1}: {v:.4f}" for i, v in enumerate(per_layer)) + ".")
-        figures.append(run.figure("fig_importance.png", "Head importance I_h = E_x |dL(x)/dxi_h| at xi = 1 (Michel et "
+        figures.append(run.figure(FIGURE, "Head importance I_h = E_x |dL(x)/dxi_h| at xi = 1 (Michel et "
                                   "al. section 4), per layer L2-normalised unless --no-normalise; each cell shows the "
                                   "head's rank, 1 = the head whose masking the loss is most sensitive to (first order)."))
     if pairs:
@@ -37,7 +39,7 @@ def build(run: RunFiles) -> Section | None:
                               num(r["spearman_raw"]), num(r["top_overlap"])] for r in pairs]))
         findings.append(f"Paper: {paper.MICHEL_IMPORTANCE_TEXT} [{paper.MICHEL_IMPORTANCE.short}]. Here the runs are "
                         "different fine-tuned models on different tasks, a stronger test than one model on two domains.")
-        figures.append(run.figure("fig_importance_correlation.png", "Spearman rho of head importance between the runs "
+        figures.append(run.figure(CORRELATION_FIGURE, "Spearman rho of head importance between the runs "
                                   "compared: are the important heads the same across tasks?"))
     return Section("Head importance (Michel et al. 2019)",
                    intro="Head importance is the first-order (Taylor) estimate of the loss change when a head is "

@@ -21,6 +21,13 @@ from tqdm.auto import tqdm
 
 from bertscope.analyses.probes.classifier import plots
 from bertscope.analyses.probes.classifier import stats as clf
+from bertscope.analyses.probes.classifier.outputs import (
+    HEAD_WEIGHTS_FIGURE,
+    TABLE_FILE,
+    TABLE_TEXT,
+    TRAINING_FIGURE,
+    WEIGHTS_FILE,
+)
 from bertscope.args import add_common_arguments
 from bertscope.data import seeded_sample
 from bertscope.errors import UserError
@@ -128,10 +135,10 @@ def main(args) -> int:
     timings["random_init_s"] = time.perf_counter() - t
     rows += trained  # the paper's row order
 
-    run.write_csv("classifier_table.csv", rows, COLUMNS)
-    run.write_text("classifier_table.txt", table_text(rows, run, len(eval_segs)))
+    run.write_csv(TABLE_FILE, rows, COLUMNS)
+    run.write_text(TABLE_TEXT, table_text(rows, run, len(eval_segs)))
     weights = head_weights(attn_only, run.loaded.n_layers, run.loaded.n_heads)
-    run.write_csv("classifier_attn_weights.csv", weights_rows(weights), ("layer", "head", "w", "u"))
+    run.write_csv(WEIGHTS_FILE, weights_rows(weights), ("layer", "head", "w", "u"))
     figures(run, curves, weights)
     log(table_text(rows, run, len(eval_segs)))
 
@@ -313,5 +320,5 @@ def figures(run, curves, weights):
     if getattr(run.args, "no_figures", False):
         return
     title = model_name(run.loaded.path)
-    run.save_figure(plots.plot_training(curves, title), "fig_classifier_training.png")
-    run.save_figure(plots.plot_head_weights(weights, title), "fig_classifier_head_weights.png")
+    run.save_figure(plots.plot_training(curves, title), TRAINING_FIGURE)
+    run.save_figure(plots.plot_head_weights(weights, title), HEAD_WEIGHTS_FIGURE)

@@ -20,6 +20,13 @@ import torch
 
 from bertscope.accumulate import HeadStats
 from bertscope.analyses.probes.cluster import plots
+from bertscope.analyses.probes.cluster.outputs import (
+    JS_FILE,
+    LAYERS_FIGURE,
+    LAYERS_FILE,
+    MDS_FIGURE,
+    MDS_FILE,
+)
 from bertscope.args import add_common_arguments
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
@@ -181,15 +188,15 @@ def main(args) -> int:
     xy = cluster.embed(js_mean, seed=args.seed)  # (N, 2)
     layer_js = cluster.layer_mean_js(js_mean, Ly, H)  # (layers, layers)
 
-    probe.write_csv("cluster_js.csv", cluster.js_rows(sums.js_sum, sums.n_tokens, Ly, H), cluster.JS_COLUMNS)
-    probe.write_csv("cluster_mds.csv", cluster.mds_rows(xy, labels, table, Ly, H), cluster.MDS_COLUMNS)
-    probe.write_csv("cluster_layers.csv",
+    probe.write_csv(JS_FILE, cluster.js_rows(sums.js_sum, sums.n_tokens, Ly, H), cluster.JS_COLUMNS)
+    probe.write_csv(MDS_FILE, cluster.mds_rows(xy, labels, table, Ly, H), cluster.MDS_COLUMNS)
+    probe.write_csv(LAYERS_FILE,
                     [{"layer_a": a + 1, "layer_b": b + 1, "js_mean_per_token": float(layer_js[a, b])}
                      for a in range(Ly) for b in range(Ly)], ("layer_a", "layer_b", "js_mean_per_token"))
     if not args.no_figures:
         title = model_name(loaded.path)
-        probe.save_figure(plots.plot_mds(xy, labels, Ly, H, title), "fig_cluster_mds.png")
-        probe.save_figure(plots.plot_layer_js(layer_js, title), "fig_cluster_layers.png")
+        probe.save_figure(plots.plot_mds(xy, labels, Ly, H, title), MDS_FIGURE)
+        probe.save_figure(plots.plot_layer_js(layer_js, title), LAYERS_FIGURE)
 
     closeness = cluster.layer_closeness(js_mean, Ly, H)
     probe.log(f"head clustering over {sums.n_tokens} tokens of {len(segments)} segments "

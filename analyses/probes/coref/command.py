@@ -24,6 +24,13 @@ import torch
 
 from bertscope.analyses.probes.coref import plots
 from bertscope.analyses.probes.coref import stats as coref
+from bertscope.analyses.probes.coref.outputs import (
+    BARS_FIGURE,
+    HEADS_FIGURE,
+    HEADS_FILE,
+    TABLE_FILE,
+    TABLE_TEXT,
+)
 from bertscope.args import add_common_arguments
 from bertscope.data import seeded_sample
 from bertscope.errors import UserError
@@ -259,14 +266,14 @@ def main(args) -> int:
             f"'All-best head' = the best head on All, scored on each type)\n"
             + coref.format_table(table_rows) + "\n".join(notes) + "\n")
     logger.info(text.rstrip("\n"))
-    run.write_text("coref_table.txt", text)
-    run.write_csv("coref_table.csv", table_rows, coref.TABLE_COLUMNS)
-    run.write_csv("coref_heads.csv", head_rows, ("dataset", "mention_type", "layer", "head", "accuracy", "n"))
+    run.write_text(TABLE_TEXT, text)
+    run.write_csv(TABLE_FILE, table_rows, coref.TABLE_COLUMNS)
+    run.write_csv(HEADS_FILE, head_rows, ("dataset", "mention_type", "layer", "head", "accuracy", "n"))
     if not args.no_figures:
         run.save_figure(plots.plot_bars(table_rows, f"{label}: coreference heads vs baselines"),
-                        "coref_bars.png")
+                        BARS_FIGURE)
         run.save_figure(plots.plot_heatmaps(head_rows, f"{label}: accuracy of every head"),
-                        "coref_heads.png")
+                        HEADS_FIGURE)
     run.finish(results)
     refresh_report(run.dir)
     return 0

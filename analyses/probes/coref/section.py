@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.probes.coref.outputs import (
+    BARS_FIGURE,
+    HEADS_FIGURE,
+    TABLE_FILE,
+)
 from bertscope.report_page import RunFiles, Section, Table, num
 
 # datasets scored as Table 2 is (antecedent selection over every mention); GAP picks one of two names
@@ -9,7 +14,7 @@ TABLE2_DATASETS = {"gum"}
 
 
 def build(run: RunFiles) -> Section | None:
-    rows = run.csv("coref_table.csv")
+    rows = run.csv(TABLE_FILE)
     if rows is None:
         return None
     ref = paper.COREF_TABLE2
@@ -27,9 +32,9 @@ def build(run: RunFiles) -> Section | None:
                             f"{100 * v['accuracy']:.1f}% of the time (n = {r['n']})" +
                             (f", vs the paper's head 5-4 at {ref['head 5-4']['All'].value}% [{paper.TABLE2.where}]."
                              if comparable else "; no paper number: not Table 2's task."))
-    figures = [run.figure("coref_bars.png", "Antecedent accuracy by mention type: the best head against the "
+    figures = [run.figure(BARS_FIGURE, "Antecedent accuracy by mention type: the best head against the "
                           "baselines (nearest mention, head-word match, sieve)."),
-               run.figure("coref_heads.png", "Layer x head antecedent accuracy: where coreference is found.")]
+               run.figure(HEADS_FIGURE, "Layer x head antecedent accuracy: where coreference is found.")]
     table = Table(f"Antecedent selection accuracy % beside {paper.TABLE2}",
                   ["dataset", "type", "best head", "accuracy", "All-best head acc", "nearest", "head match", "sieve",
                    "paper head 5-4", "paper nearest", "paper head match", "paper sieve", "n"], table_rows, digits=1)

@@ -17,6 +17,13 @@ import time
 
 from bertscope.analyses.probes.syntax import plots
 from bertscope.analyses.probes.syntax import stats as syntax
+from bertscope.analyses.probes.syntax.outputs import (
+    BEST_HEADS_FIGURE,
+    HEADS_FILE,
+    HEATMAPS_FIGURE,
+    TABLE_FILE,
+    TABLE_TEXT,
+)
 from bertscope.args import add_common_arguments, limit_arg
 from bertscope.data import seeded_sample
 from bertscope.errors import UserError
@@ -157,13 +164,13 @@ def main(args) -> int:
         logger.info(header + text)
         results[tb] = {**report, "relations": headline(table_rows, args.min_count)}
         run.save_figure(plots.plot_best_heads(table_rows, f"{label} on {tb.upper()}: best head per relation",
-                                               args.min_count), f"syntax_best_heads_{tb}.png")
+                                               args.min_count), BEST_HEADS_FIGURE.format(treebank=tb))
         run.save_figure(plots.plot_relation_heatmaps(head_rows, f"{label} on {tb.upper()}"),
-                        f"syntax_heatmaps_{tb}.png")
-    run.write_text("syntax_table.txt", "\n".join(texts))
-    run.write_csv("syntax_heads.csv", all_heads,
+                        HEATMAPS_FIGURE.format(treebank=tb))
+    run.write_text(TABLE_TEXT, "\n".join(texts))
+    run.write_csv(HEADS_FILE, all_heads,
                   ("treebank", "relation", "sd_label", "direction", "layer", "head", "accuracy", "n"))
-    run.write_csv("syntax_table.csv", all_table,
+    run.write_csv(TABLE_FILE, all_table,
                   ("treebank", "relation", "sd_label", "direction", "best_head", "accuracy",
                    "baseline_offset", "baseline_accuracy", "n"))
     run.finish(results)

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.probes.syntax.outputs import (
+    BEST_HEADS_FIGURE,
+    HEATMAPS_FIGURE,
+    TABLE_FILE,
+)
 from bertscope.report_page import RunFiles, Section, Table, num
 
 BASELINE_MARGIN = 10  # points: a head this far above word position tracks the relation itself
@@ -9,7 +14,7 @@ MIN_WORDS = 20  # fewer scored words make a percentage too noisy for a finding
 
 
 def build(run: RunFiles) -> Section | None:
-    rows = run.csv("syntax_table.csv")
+    rows = run.csv(TABLE_FILE)
     if rows is None:
         return None
     best: dict[tuple[str, str], dict] = {}  # (treebank, relation) -> the better direction's row
@@ -36,9 +41,9 @@ def build(run: RunFiles) -> Section | None:
                         f"{', '.join(f'{rel} (+{d:.1f})' for rel, d in above[:6]) or 'none'}.")
     figures = [run.figure(n, "Best head per relation (bars) against the best fixed-offset baseline; a head well "
                           "above its baseline tracks that relation beyond word position.")
-               for n in run.figures("syntax_best_heads_*.png")]
+               for n in run.figures(BEST_HEADS_FIGURE.format(treebank="*"))]
     figures += [run.figure(n, "Layer x head accuracy per relation: where in the network each relation is found.")
-                for n in run.figures("syntax_heatmaps_*.png")]
+                for n in run.figures(HEATMAPS_FIGURE.format(treebank="*"))]
     table = Table(f"Best head per relation, accuracy % (ours, better direction) beside {paper.TABLE1}",
                   ["treebank", "relation", "SD label", "direction", "head", "accuracy", "baseline", "n",
                    "paper head", "paper accuracy", "paper baseline"], table_rows, digits=1)
