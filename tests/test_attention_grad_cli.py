@@ -8,12 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_HEADS, TINY_LAYERS, require_data, tiny_config
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-from bertscope.analyses.heads.attention_grad.command import GradStats, mask_tokens
+from bertscope.analyses.heads.attention_grad.stats import GradStats, mask_tokens
 from bertscope.cli import main
-
-from conftest import TINY_HEADS, TINY_LAYERS, require_data, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -17,7 +17,7 @@ from test_engine import eager_twin, inputs_of, random_segments
 
 from bertscope.analyses.probes.cluster import plots as cluster_plots
 from bertscope.analyses.probes.cluster import stats as cluster
-from bertscope.analyses.probes.cluster.command import js_sums, spec_for
+from bertscope.analyses.probes.cluster.stats import js_sums, spec_for
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli import main
 from bertscope.engine import EngineOptions, run_stats

@@ -21,11 +21,25 @@ Only the example maps drawn in the figures are ever materialised.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from pathlib import Path
 
 from bertscope.analyses.relations import stats as rel
+from bertscope.analyses.relations.outputs import (
+    EXAMPLES_FIGURE,
+    HEAD_COLUMNS,
+    HEADS_FILE,
+    HEATMAP_FIGURE,
+    SUMMARY_COLUMNS,
+    SUMMARY_FILE,
+    SUMMARY_TEXT,
+)
 from bertscope.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+EXAMPLE_HEADS = 4  # heads drawn per example figure
 
 NAME = "relations"
 HELP = "relation heads and token-to-token attention (Kovaleva et al. 2019, sections 4.2 and 4.5)"
@@ -299,7 +313,6 @@ def main(args) -> int:
     shutdown(world)
     if not world.is_main:
         return 0
-    from bertscope.analyses.relations.outputs import write_outputs
 
     write_outputs(run, results, analyses, list(data), args, loaded)
     return 0
@@ -311,3 +324,69 @@ def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> 
 
     kept = seeded_sample(list(zip(segments, links)), limit, seed)
     return [s for s, _ in kept], [lk for _, lk in kept]
+
+
+def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
+    from bertscope.analyses.relations import plots
+    from bertscope.models import model_name
+    from bertscope.report import refresh_report
+
+    label = model_name(run.loaded.path)
+    all_heads, summary, record = [], [], {"adjacent_mass": args.prev_next_mass, "percentile": rel.PERCENTILE}
+    by_table = rel.tables(results, analyses, names)
+    for (analysis, data), (scores, prev, next_, n_inputs) in by_table.items():
+        all_heads += rel.head_rows(data, analysis, scores, prev, next_, args.prev_next_mass)
+        rows = rel.summary_rows(data, analysis, scores, args.top, prev, next_, args.prev_next_mass)
+        summary += rows
+        entry = {"inputs": n_inputs, "groups": {r["group"]: {k: r[k] for k in SUMMARY_COLUMNS[3:]} for r in rows}}
+        if data in names:
+            entry.update(report=results[(analysis, data)][2])
+        record.setdefault(analysis, {})[data] = entry
+        adjacent = rel.adjacent_heads(prev, next_, args.prev_next_mass)
+        note = (f"mean {'max weight over a sentence' if analysis == 'relations' else 'weight per link'}; red boxes: "
+                f"above the 99th percentile of the {scores.n_layers * scores.n_heads} heads; white dots: previous/"
+                f"next-token heads (mean offset -1 or +1 mass > {args.prev_next_mass})")
+        title = (f"{label} on {data.upper()}: "
+                 + ("predicate <-> core argument attention (UD, <= %d words, >= %d apart)" % (args.max_words,
+                                                                                           args.min_distance)
+                    if analysis == "relations" else "token-to-token attention (verb -> subject, pronoun -> antecedent)"))
+        run.save_figure(plots.plot_heatmaps(scores.means(), scores.groups, scores.n, title, note, adjacent),
+                        HEATMAP_FIGURE.format(analysis=analysis, data=data.replace("+", "_")))
+    text = (f"bertscope relations: {label}, word-level maps (attention from a word = mean of its tokens' rows, "
+            f"to a word = sum of its tokens' columns)\n" + rel.format_summary(summary))
+    logger.info(text.rstrip("\n"))
+    run.write_text(SUMMARY_TEXT, text)
+    run.write_csv(HEADS_FILE, all_heads, HEAD_COLUMNS)
+    run.write_csv(SUMMARY_FILE, summary, SUMMARY_COLUMNS)
+    if not args.no_figures:
+        for analysis in analyses:
+            key = [k for k in by_table if k[0] == analysis][-1]  # the pooled table when there is one
+            draw_example(run, loaded, analysis, results, names, by_table[key][0], args, label)
+    run.finish(record)
+    refresh_report(run.dir)
+
+
+def draw_example(run, loaded, analysis: str, results: dict, names: list[str], scores, args, label: str):
+    """One seeded random input's word maps for the top heads: the flagged ones of the first
+    group, then the next best, `EXAMPLE_HEADS` in all; the gold links boxed."""
+    import random
+
+    from bertscope.analyses.relations import plots
+    from bertscope.engine import iter_word_maps
+
+    group = rel.ALL if analysis == "relations" else rel.VERB_SUBJECT + "_far"
+    g = scores.groups.index(group)
+    heads = rel.top_heads(scores.means()[g], EXAMPLE_HEADS)
+    candidates = [(seg, links) for name in names for seg, links in zip(*results[(analysis, name)][3:5])
+                  if (links.group == g).any() and seg.n_tokens <= 40]
+    if not candidates:
+        return
+    segment, links = random.Random(args.seed).choice(candidates)
+    _, maps = next(iter_word_maps(loaded, [segment], args.from_word, progress=False, backend=args.backend))
+    pairs = sorted({(int(a), int(b)) for a, b, k in zip(links.src, links.dst, links.group) if k == g})
+    values = scores.means()[g]
+    title = (f"{label}: word-level maps of the top heads for '{group}' on a random input "
+             f"(red: gold {'predicate-argument links, both directions' if analysis == 'relations' else 'verb -> subject cells'})"
+             f"\nmean score: " + ", ".join(f"{rel.head_label(*h)} {values[h]:.3f}" for h in heads))
+    run.save_figure(plots.plot_example_maps(maps, segment.words, heads, pairs, title, both=analysis == "relations"),
+                    EXAMPLES_FIGURE.format(analysis=analysis))

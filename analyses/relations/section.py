@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 from bertscope import paper_numbers as paper
+from bertscope.analyses.relations.outputs import (
+    EXAMPLES_FIGURE,
+    HEATMAP_FIGURE,
+    SUMMARY_FILE,
+)
 from bertscope.report_page import RunFiles, Section, Table, num
 
-RELATION_FIGURES = (
-    ("relations_heatmap_{}.png", "Mean over sentences of each head's largest word-level attention between a "
+RELATION_FIGURES = (  # (analysis, caption) of the heatmaps
+    ("relations", "Mean over sentences of each head's largest word-level attention between a "
      "predicate and one of its core arguments (gold UD nsubj, nsubj:pass, obj, iobj, obl; either direction), "
      "pooled ('all') and per relation (Kovaleva et al. Fig. 3, with UD in place of FrameNet). Red boxes: heads "
      "above the 99th percentile of all heads; white dots: previous/next-token heads."),
-    ("tokens_heatmap_{}.png", "Mean directed word-level attention from a verb to its subject and from a pronoun "
+    ("tokens", "Mean directed word-level attention from a verb to its subject and from a pronoun "
      "to its nearest noun antecedent (GUM coreference), per link; '_far' keeps the links whose words are at "
      "least 2 apart. White dots mark previous/next-token heads (mean offset -1 or +1 mass > 0.5 on the same "
      "inputs): Kovaleva et al. section 4.5 found the top heads were mostly those."),
@@ -17,7 +22,7 @@ RELATION_FIGURES = (
 
 
 def build(run: RunFiles) -> Section | None:
-    rows = run.csv("relations_summary.csv")
+    rows = run.csv(SUMMARY_FILE)
     if rows is None:
         return None
     record = ((run.record.get("probes") or {}).get("relations") or {}).get("results") or {}
@@ -43,11 +48,12 @@ def build(run: RunFiles) -> Section | None:
         findings.append(f"A previous/next-token head puts more than {record['adjacent_mass']} of its attention, on "
                         "average over every token of the same inputs, on offset -1 or on +1.")
     labels = [pooled] + sorted({r["data"] for r in rows} - {pooled})  # pooled first, then each data set
-    figures = [run.figure(name.format(data.replace("+", "_")), caption + ("" if data == pooled else f" ({data} only.)"))
-               for name, caption in RELATION_FIGURES for data in labels]
-    figures += [run.figure("relations_examples.png", "Word-level maps of the top relation heads on one random short "
+    figures = [run.figure(HEATMAP_FIGURE.format(analysis=analysis, data=data.replace("+", "_")),
+                          caption + ("" if data == pooled else f" ({data} only.)"))
+               for analysis, caption in RELATION_FIGURES for data in labels]
+    figures += [run.figure(EXAMPLES_FIGURE.format(analysis="relations"), "Word-level maps of the top relation heads on one random short "
                            "sentence; red boxes are its gold predicate-argument cells (both directions)."),
-                run.figure("tokens_examples.png", "Word-level maps of the top verb -> subject heads (links 2+ words "
+                run.figure(EXAMPLES_FIGURE.format(analysis="tokens"), "Word-level maps of the top verb -> subject heads (links 2+ words "
                            "apart) on one random input; red boxes are the verb -> subject cells.")]
     return Section("Relation heads and token-to-token attention (Kovaleva et al. 2019, sections 4.2 and 4.5)",
                    intro="bertscope relations: word-level attention between gold-linked words, averaged per head; "

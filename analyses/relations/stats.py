@@ -337,3 +337,30 @@ def prev_next(offsets) -> tuple[np.ndarray, np.ndarray]:
     """(layers, H) mean mass on offset -1 and on +1, over every query token of the inputs."""
     mass = offsets.mean("offset_mass_sum")  # (layers, H, 2)
     return mass[..., 0], mass[..., 1]
+
+
+def tables(results: dict, analyses, names: list[str]):
+    """{(analysis, data label): (LinkScores, prev, next, n_inputs)} per data set, plus the pooled
+    'ewt+gum' when there are two."""
+    out = {}
+    for analysis in analyses:
+        parts = [results[(analysis, name)] for name in names]
+        for name, (scores, offsets, report, _, _) in zip(names, parts):
+            out[(analysis, name)] = (scores, *prev_next(offsets), report["inputs"])
+        if len(names) > 1:
+            scores = pooled([p[0] for p in parts])
+            offsets = pooled([p[1] for p in parts])
+            out[(analysis, "+".join(names))] = (scores, *prev_next(offsets), sum(p[2]["inputs"] for p in parts))
+    return out
+
+
+def format_summary(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        lines.append(f"{r['analysis']:9} {r['data']:8} {r['group']:24} n={r['n']:<6} mean={r['mean']:.3f} "
+                     f"p99={r['p99']:.3f}  flagged: {r['flagged']}")
+        lines.append(f"{'':44}top {r['top_k']}: {r['top']}")
+        lines.append(f"{'':44}previous/next-token heads: {r['top_prev_next']} of the top {r['top_k']}, "
+                     f"{r['flagged_prev_next']} of {r['n_flagged']} flagged ({r['prev_next_heads']} in the model); "
+                     f"Spearman rho(score, max(prev, next)) over the heads {r['rho_prev_next']:.2f}")
+    return "\n".join(lines) + "\n"

@@ -12,13 +12,8 @@ than the forward pass: the default sample is 200 segments of up to 128 tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
-
-import numpy as np
 import torch
 
-from bertscope.accumulate import HeadStats
 from bertscope.analyses.probes.cluster import plots
 from bertscope.analyses.probes.cluster.outputs import (
     JS_FILE,
@@ -29,11 +24,10 @@ from bertscope.analyses.probes.cluster.outputs import (
 )
 from bertscope.args import add_common_arguments
 from bertscope.errors import UserError
-from bertscope.kernels import StatsSpec
 from bertscope.kernels.js import JS_BACKENDS
 from bertscope.models import model_name
 from bertscope.report import refresh_report
-from bertscope.rundir import ProbeRun, write_npz
+from bertscope.rundir import ProbeRun
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
@@ -72,81 +66,6 @@ def add_arguments(p):
                    "(default: chunked)")
 
 
-class JSSums:
-    """Accumulator (`bertscope.batch.Accumulator`) of the (N, N) JS sums between all heads,
-    N = layers x heads layer-major, over `n_tokens` query tokens."""
-
-    def __init__(self, n_heads_total: int, js_backend: str = "chunked"):
-        self.js_sum = np.zeros((n_heads_total, n_heads_total))
-        self.n_tokens = 0
-        self.js_backend = js_backend
-        self.batches_done = 0
-
-    def add(self, batch):
-        from bertscope.kernels.js import pairwise_js
-
-        layers = batch.layers
-        # scale folded into q per layer, so layers with different scales could share one call
-        q = torch.cat([s.queries * s.scale for s in layers], dim=1)  # (B, layers*H, L, D)
-        k = torch.cat([s.keys for s in layers], dim=1)  # (B, layers*H, L, D)
-        self.js_sum += pairwise_js(q, k, batch.key_valid, 1.0, backend=self.js_backend).cpu().numpy()  # (N, N)
-        self.n_tokens += int(batch.n_tokens.sum())
-
-    def merge(self, other: "JSSums") -> "JSSums":
-        if other.js_sum.shape != self.js_sum.shape:
-            raise ValueError("cannot merge JS sums of different models")
-        self.js_sum += other.js_sum
-        self.n_tokens += other.n_tokens
-        return self
-
-    def save(self, path):
-        write_npz(path, js_sum=self.js_sum, n_tokens=self.n_tokens, batches_done=self.batches_done)
-
-    @classmethod
-    def load(cls, path) -> "JSSums":
-        with np.load(path) as f:
-            acc = cls(f["js_sum"].shape[0])
-            acc.js_sum[...] = f["js_sum"]
-            acc.n_tokens, acc.batches_done = int(f["n_tokens"]), int(f["batches_done"])
-        return acc
-
-
-@dataclass
-class ClusterSums:
-    """What the pass accumulates: the JS sums and the surface statistics of the same tokens."""
-
-    js: JSSums
-    stats: HeadStats
-
-    @property
-    def js_sum(self) -> np.ndarray:
-        return self.js.js_sum
-
-    @property
-    def n_tokens(self) -> int:
-        return self.js.n_tokens
-
-
-def spec_for(loaded) -> StatsSpec:
-    from bertscope.analyses.surface import stats as surface
-
-    own = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, keep_qk=True)
-    return own.union(surface.NEEDS)
-
-
-def js_sums(loaded, segments: Sequence, js_backend: str = "chunked", batch_size: int = 32,
-            backend: str = "auto", progress: bool = True) -> ClusterSums:
-    """One pass over `segments`: JS sums between all heads of all layers, and surface sums."""
-    from bertscope.engine import EngineOptions, fold
-
-    spec = spec_for(loaded)
-    sums = ClusterSums(JSSums(loaded.n_layers * loaded.n_heads, js_backend),
-                       HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes))
-    fold(loaded, segments, spec, [sums.js, sums.stats],
-         EngineOptions(batch_size=batch_size, backend=backend, progress=progress), desc="JS between heads")
-    return sums
-
-
 def check_js_backend(name: str):
     if name != "triton":
         return
@@ -179,7 +98,7 @@ def main(args) -> int:
     probe.log(f"{len(segments)} segments from {args.corpus}; JS between {Ly * H} heads "
               f"({Ly * H * (Ly * H - 1) // 2} pairs), backend {args.js_backend}")
 
-    sums = js_sums(loaded, segments, args.js_backend, args.batch_size, args.backend, probe.progress)
+    sums = cluster.js_sums(loaded, segments, args.js_backend, args.batch_size, args.backend, probe.progress)
     js_mean = cluster.mean_per_token(sums.js_sum, sums.n_tokens)  # (N, N)
     table = surface.head_table(sums.stats)
     uniform = sums.stats.uniform_entropy()
