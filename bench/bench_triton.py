@@ -99,7 +99,7 @@ def gpu_table() -> str:
     lines = ["| B x H x L | dtype | sdpa (no stats) | eager | chunked | triton | triton vs eager | triton vs sdpa |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for B, H, L in SHAPES:
-        for dtype in (torch.float16, torch.float32):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
             key_valid = torch.ones(B, L, dtype=torch.bool, device="cuda")
@@ -115,6 +115,36 @@ def gpu_table() -> str:
     return "\n".join(lines)
 
 
+def class_path_table() -> str:
+    """Median ms of the fused forward with the class masses by the one-hot dot (shipped) and
+    by C masked passes (CLASS_DOT=False), 4x12x512, at 4, 16 and 32 key classes."""
+    import dataclasses
+
+    import triton
+
+    from bertscope.kernels.triton_attention import fused_attention
+
+    B, H, L = 4, 12, 512
+    lines = ["| dtype | C | one-hot dot | masked loop | loop / dot |", "|---|---:|---:|---:|---:|"]
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        key_valid = torch.ones(B, L, dtype=torch.bool, device="cuda")
+        for C in (4, 16, 32):
+            spec = dataclasses.replace(SPEC, n_key_classes=C)
+            key_class = torch.randint(0, C, (B, L), device="cuda", generator=g)
+            ms = [triton.testing.do_bench(lambda: fused_attention(q, k, v, key_valid, key_class, spec, class_dot=dot))
+                  for dot in (True, False)]
+            lines.append(f"| {str(dtype)[6:]} | {C} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[1] / ms[0]:.2f}x |")
+    return "\n".join(lines)
+
+
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="also write the markdown here")
@@ -125,7 +155,8 @@ def main(argv=None) -> int:
     parts = [
         "# bertscope Triton kernels: resources, traffic and timings",
         f"\n```\n$ python bench/bench_triton.py{' ' + ' '.join(argv or sys.argv[1:]) if (argv or sys.argv[1:]) else ''}\n"
-        f"torch {torch.__version__}, python {platform.python_version()}, GPU: {gpu or 'none'}\n```",
+        f"torch {torch.__version__}, triton {triton_version()}, python {platform.python_version()}, "
+        f"GPU: {gpu or 'none'}\n```",
         f"\n## Memory traffic per (batch, head) on paper (D={D}, offsets -2..2, 4 key classes, entropy, argmax)\n",
         paper_table(),
         "\nRoofline times are max(bytes / DRAM bandwidth, 4 L^2 D flop / peak) per head; eager's matmuls "
@@ -134,7 +165,9 @@ def main(argv=None) -> int:
     if not args.no_aot:
         parts += ["\n## Ahead-of-time compilation (triton.compile + ptxas -v, no GPU needed)\n", aot_table()]
     if gpu:
-        parts += [f"\n## Measured on {gpu} (triton.testing.do_bench, median ms per call)\n", gpu_table()]
+        parts += [f"\n## Measured on {gpu} (triton.testing.do_bench, median ms per call)\n", gpu_table(),
+                  f"\n## Class masses: one-hot dot vs masked loop, 4x12x512, {gpu} (median ms per call)\n",
+                  class_path_table()]
     else:
         parts += ["\n## Measured timings\n",
                   "No GPU here: run `python bench/bench_triton.py` on a GPU machine for the measured table "

@@ -2,7 +2,7 @@
 
 The test suite proves the Triton kernels under the interpreter; this command is what a GPU
 user runs first, on the GPU itself: the same parity checks with real compiled kernels (and
-the real TF32/fp16 behaviour of the device), a line per case, exit code 1 on any mismatch.
+the real TF32/fp16/bf16 behaviour of the device), a line per case, exit code 1 on any mismatch.
 On a CPU it checks `chunked` (and `triton` when TRITON_INTERPRET=1 is set, on small shapes).
 """
 from __future__ import annotations
@@ -45,7 +45,8 @@ class Case:
 
 FULL = [Case(2, 3, 1, 32), Case(3, 4, 37, 32), Case(2, 12, 128, 64), Case(2, 4, 200, 32), Case(1, 12, 512, 64),
         Case(2, 12, 128, 64, torch.float16), Case(1, 4, 512, 32, torch.float16),
-        Case(3, 4, 37, 32, C=16), Case(2, 4, 200, 64, C=20), Case(2, 12, 128, 64, torch.float16, C=16)]
+        Case(3, 4, 37, 32, C=16), Case(2, 4, 200, 64, C=20), Case(2, 12, 128, 64, torch.float16, C=16),
+        Case(2, 12, 128, 64, torch.bfloat16), Case(1, 4, 512, 32, torch.bfloat16, C=32)]
 QUICK = [Case(2, 3, 1, 16), Case(2, 3, 37, 16), Case(1, 3, 130, 16, C=16)]
 
 
@@ -66,8 +67,14 @@ def inputs(case: Case, seed=0):
     return (q, k, v, key_valid, key_class), gates, unit, candidate
 
 
+def scaled_error(got, ref) -> float:
+    """Largest error, absolute where |ref| <= 1 and relative above: a column mass of 50
+    stored in bf16 is 0.125 off after rounding alone, as right as a probability 1e-3 off."""
+    return float(((got - ref).abs() / ref.abs().clamp(min=1)).max())
+
+
 def check(backend: str, case: Case, device) -> dict:
-    """Largest absolute error of each statistic against eager (float64 on the CPU)."""
+    """Largest error (`scaled_error`) of each statistic against eager (float64 on the CPU)."""
     args, gates, unit, candidate = inputs(case)
     spec = replace(SPEC, n_key_classes=case.C)
     ref_args = [a.double() if a.is_floating_point() else a for a in args]
@@ -77,9 +84,9 @@ def check(backend: str, case: Case, device) -> dict:
                                backend=backend,
                                pooling=word_pooling(unit.to(device), candidate.to(device)))
     valid = args[3]
-    err = {"out": float(((out.cpu().double() - out_ref) * valid[:, :, None, None]).abs().max())}
+    err = {"out": scaled_error(out.cpu().double() * valid[:, :, None, None], out_ref * valid[:, :, None, None])}
     for name in ROW_FIELDS:
-        err[name] = float((getattr(got, name).cpu().double() - getattr(ref, name)).abs().max())
+        err[name] = scaled_error(getattr(got, name).cpu().double(), getattr(ref, name))
     err["argmax_agree"] = float((got.argmax.cpu() == ref.argmax).double().mean())
     return err
 
@@ -94,7 +101,16 @@ def check_js(backend: str, device) -> float:
 
 
 def tolerance(case: Case) -> float:
-    return 2e-2 if case.dtype == torch.float16 else 1e-4
+    """Largest `scaled_error` allowed against eager in float64 on the fp32 inputs: half
+    inputs are rounded first (fp16 keeps 11 significant bits, bf16 8) and the statistics
+    are stored in the input dtype (half a bf16 ulp is 2^-9 relative, 0.4%)."""
+    return {torch.float16: 2e-2, torch.bfloat16: 6e-2}.get(case.dtype, 1e-4)
+
+
+def min_argmax_agreement(case: Case) -> float:
+    """Rows whose argmax must agree with eager: rounding the inputs to bf16 moves scores by
+    about 1e-2, enough to swap near-tied keys in about 1% of the rows (0.99 measured at 4x512)."""
+    return 0.97 if case.dtype == torch.bfloat16 else 0.99
 
 
 def run_selftest(device: str = "cpu", quick: bool = False, log=logger.info) -> bool:
@@ -117,9 +133,9 @@ def run_selftest(device: str = "cpu", quick: bool = False, log=logger.info) -> b
             err = check(backend, case, dev)
             tol = tolerance(case)
             worst = max(v for key, v in err.items() if key != "argmax_agree")
-            passed = worst <= tol and err["argmax_agree"] >= 0.99
+            passed = worst <= tol and err["argmax_agree"] >= min_argmax_agreement(case)
             ok &= passed
-            log(f"  {backend:<8} {str(case):<28} max |err| {worst:.1e} (tol {tol:.0e}), argmax agree "
+            log(f"  {backend:<8} {str(case):<28} max err {worst:.1e} (tol {tol:.0e}), argmax agree "
                 f"{err['argmax_agree']:.3f}  {'ok' if passed else 'FAIL ' + str(err)}")
         if backend in ("chunked", "triton"):
             rel = check_js(backend, dev)

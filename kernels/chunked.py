@@ -17,7 +17,8 @@ Each statistic is arranged to cost (almost) nothing beyond the attention itself:
 That torch row pass still reads each map six times (softmax's three passes, two maxima, a
 dot product). For float32 on the CPU the compiled row pass in `cpu_rows.c` replaces it:
 the matmuls stay torch's, and everything between them is done in one visit per row while
-the row sits in L1. `row_pass="torch"` forces the pure-torch version (the compiled one is
+the row sits in L1 (from `CLASS_MATMUL_MIN` key classes on, the class masses are a third
+matmul P @ onehot instead of C passes over each row). `row_pass="torch"` forces the pure-torch version (the compiled one is
 used when a C compiler is available; see `cpu_rows.py`).
 """
 from __future__ import annotations
@@ -31,6 +32,12 @@ from .pooling import pool_map, word_argmax
 from .spec import RowStats, StatsSpec, WordPooling
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+# from this many key classes on, the compiled path takes the class masses from one matmul
+# P @ onehot after the row pass instead of C short passes over each row inside it: per chunk
+# of 1 MiB of scores (one thread), the matmul costs 0.41-0.49 ms at C = 16-32 against the
+# passes' 0.67-1.04 ms (L = 128), and 0.58 ms against 0.39-0.48 ms at C = 4-8, where
+# torch's matmul is slow for so few columns (bench/results_triton.md, "CPU row pass")
+CLASS_MATMUL_MIN = 16
 
 
 ROW_PASSES = ("auto", "compiled", "torch")
@@ -142,7 +149,12 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
     scale = D**-0.5 if scale is None else scale
     dev = q.device
 
-    class_mask = torch.nn.functional.one_hot(key_class, C).to(torch.float32).transpose(1, 2).contiguous()  # (B, C, L)
+    onehot = torch.nn.functional.one_hot(key_class, C).to(torch.float32)  # (B, L, C)
+    by_matmul = C >= CLASS_MATMUL_MIN
+    # the row pass's class masks: (B, C, L) 0/1 rows, or none when a matmul computes the masses
+    class_mask = onehot[:, :, :0] if by_matmul else onehot
+    class_mask = class_mask.transpose(1, 2).contiguous()  # (B, C or 0, L)
+    no_classes = torch.empty(0, dtype=q.dtype, device=dev)
     offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
     key_bias = None
     if not bool(key_valid.all()):
@@ -165,9 +177,11 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
             # -- scaled scores; then bias, probabilities and statistics in place; then P @ V
             torch.baddbmm(s, q[b, h], k[b, h].transpose(-1, -2), beta=0, alpha=scale, out=s)
             cpu_rows.softmax_stats_(
-                s, _rows(key_bias, b), class_mask[b], offsets, _rows(entropy, b, h), class_mass[b, h],
-                offset_mass[b, h], _rows(argmax, b, h),
+                s, _rows(key_bias, b), class_mask[b], offsets, _rows(entropy, b, h),
+                no_classes if by_matmul else class_mass[b, h], offset_mass[b, h], _rows(argmax, b, h),
             )
+            if by_matmul:
+                torch.matmul(s, onehot[b], out=class_mass[b, h])  # (n, L, C)
             torch.bmm(s, v[b, h], out=out[b, h])
             maps.add(s, b * H + h.start)
 

@@ -9,6 +9,8 @@ too large for the target: `tests/test_triton_aot.py` fails on any.
 
     python -m bertscope.kernels.triton_aot              # table for sm_80 and sm_90
     python -m bertscope.kernels.triton_aot --arch 80    # one target
+    python -m bertscope.kernels.triton_aot --classes 32 --dtype bf16   # a part of the matrix
+    bench/aot_oldest_triton.sh                          # the same report with the oldest supported Triton
 
 The kernel module must be imported without TRITON_INTERPRET=1 (under the interpreter
 @triton.jit returns an interpreted function, which cannot be compiled); the command line
@@ -27,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ARCHS = (80, 90)
-# key class counts: the vocabulary's [CLS], [SEP], punctuation, other (4), and 16 for classes from
-# tags (UPOS has 17 tags; class masses are a runtime loop over the classes, but their accumulator
-# is (BLOCK_M, C_PAD) registers, C_PAD the next power of two, so its width is compiled in)
-CLASS_COUNTS = (4, 16)
+# key class counts: the vocabulary's [CLS], [SEP], punctuation, other (4), 16 for classes from
+# tags (UPOS has 17 tags) and 32 (the features scheme's); the class count is a runtime argument,
+# but the class accumulator is (BLOCK_M, C_PAD) registers, C_PAD its padded width, compiled in
+CLASS_COUNTS = (4, 16, 32)
+# input dtypes (Triton's names); bf16 takes fp16's block sizes
+DTYPES = ("fp32", "fp16", "bf16")
 # head dimensions of the supported models: MiniLM (32), bert-base and larger (64)
 HEAD_DIMS = (32, 64)
 # row lengths that select every shipped path / block size (kernel_config picks them by L and dtype)
@@ -41,24 +45,25 @@ LENGTHS = (32, 128, 512)
 class Specialisation:
     L: int  # a row length that selects this configuration
     D: int
-    dtype: str  # "fp32" or "fp16"
+    dtype: str  # "fp32", "fp16" or "bf16"
     entropy: bool
     argmax: bool
     n_classes: int = 4
+    class_dot: bool = True  # class masses by a one-hot dot (shipped), or the masked loop
 
     def config(self) -> dict:
         import torch
 
         from .triton_attention import kernel_config
 
-        return kernel_config(self.L, self.D, torch.float32 if self.dtype == "fp32" else torch.float16)
+        return kernel_config(self.L, self.D, torch_dtype(self.dtype))
 
     def name(self) -> str:
         c = self.config()
         path = "single" if c["SINGLE_TILE"] else "online"
         flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
         return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
-                f"{self.dtype} C{self.n_classes} {flags}")
+                f"{self.dtype} C{self.n_classes} {flags}" + ("" if self.class_dot else " loop"))
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ class AotSpec:
     kernel: str  # _column_mass_kernel, _word_map_kernel, _row_lse_kernel or _js_pair_kernel
     L: int  # a row length that selects the configuration
     D: int
-    dtype: str  # "fp32" or "fp16"
+    dtype: str  # "fp32", "fp16" or "bf16"
     W: int = 0  # units (word maps only)
 
     def config(self) -> dict:
@@ -119,33 +124,40 @@ class AotSpec:
         return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
 
 
-def aot_specialisations() -> list[AotSpec]:
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def aot_specialisations(dtypes=DTYPES) -> list[AotSpec]:
     """The shipped specialisations of the column-mass, word-map and JS kernels for rows of
     32 keys or more (shorter rows take 16-wide blocks, which hold fewer registers): head
     dimension 64 (the larger of the shipped models'; D = 32 holds fewer registers), and
     D = 32 too for the word maps, whose register use does not shrink monotonically."""
     specs = []
-    for t in ("fp32", "fp16"):
+    for t in dtypes:
         specs += [AotSpec("_column_mass_kernel", 128, 64, t), AotSpec("_row_lse_kernel", 128, 64, t),
                   AotSpec("_js_pair_kernel", 128, 64, t)]
         specs += [AotSpec("_word_map_kernel", 128, D, t, W=128) for D in (32, 64)]
     return specs
 
 
-def shipped_specialisations() -> list[Specialisation]:
+def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, class_dot=True) -> list[Specialisation]:
     """Every specialisation a GPU run of bertscope launches with the default statistics.
 
     The surface analysis (`bertscope run`) always asks for the entropy, and --argmax
-    switches the argmax on, so both are covered: (single-tile, online) x (fp32, fp16) x
-    (D 32, 64) x (argmax off, on), each for 4 and 16 key classes. The probes' specs (entropy
-    and argmax off) also need word maps or column mass, which the fused forward delegates to
-    other kernels; the entropy-off, argmax-off forward is compiled once per path, dtype and
-    class count at D = 64.
+    switches the argmax on, so both are covered: (single-tile, online) x (fp32, fp16, bf16)
+    x (D 32, 64) x (argmax off, on), each for 4, 16 and 32 key classes. The probes' specs
+    (entropy and argmax off) also need word maps or column mass, which the fused forward
+    delegates to other kernels; the entropy-off, argmax-off forward is compiled once per
+    path, dtype and class count at D = 64. maps=False leaves the whole-map kernels out;
+    class_dot=False compiles the class masses' masked loop instead of the shipped one-hot dot.
     """
-    specs = [Specialisation(L, D, dtype, True, argmax, C) for C in CLASS_COUNTS
-             for dtype in ("fp32", "fp16") for L in LENGTHS for D in HEAD_DIMS for argmax in (False, True)]
-    specs += [Specialisation(L, 64, dtype, False, False, C)
-              for C in CLASS_COUNTS for dtype in ("fp32", "fp16") for L in LENGTHS]
+    specs = [Specialisation(L, D, dtype, True, argmax, C, class_dot) for C in classes
+             for dtype in dtypes for L in LENGTHS for D in HEAD_DIMS for argmax in (False, True)]
+    specs += [Specialisation(L, 64, dtype, False, False, C, class_dot)
+              for C in classes for dtype in dtypes for L in LENGTHS]
     # one per distinct configuration (several L select the same one)
     seen, unique = set(), []
     for s in specs:
@@ -154,7 +166,7 @@ def shipped_specialisations() -> list[Specialisation]:
             seen.add(key)
             unique.append(s)
     # column mass, word maps and JS (kernels/triton_maps.py, triton_js.py): their own AotSpec
-    return unique + aot_specialisations()
+    return unique + (aot_specialisations(dtypes) if maps else [])
 
 
 def _ast_source(spec: Specialisation):
@@ -175,7 +187,7 @@ def _ast_source(spec: Specialisation):
         raise RuntimeError("bertscope.kernels.triton_attention was imported under TRITON_INTERPRET=1; "
                            "compile in a process without it (python -m bertscope.kernels.triton_aot)")
     c = spec.config()
-    t = "fp32" if spec.dtype == "fp32" else "fp16"
+    t = spec.dtype
     sig = {
         "Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
         "GateUniform": "*i8",
@@ -189,8 +201,9 @@ def _ast_source(spec: Specialisation):
     sig.update(H="i32", L="i32", D="i32", n_offsets="i32", n_classes="i32")
     constexprs = {name: 1 for name in unit}
     constexprs.update(
-        C_PAD=ta.c_pad(spec.n_classes), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"],
-        ENTROPY=spec.entropy, ARGMAX=spec.argmax, IS_FP32=spec.dtype == "fp32",
+        C_PAD=ta.c_pad(spec.n_classes, spec.class_dot), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+        BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"], ENTROPY=spec.entropy, ARGMAX=spec.argmax,
+        IS_FP32=spec.dtype == "fp32", CLASS_DOT=spec.class_dot,
     )
     for name in constexprs:
         sig[name] = "constexpr"
@@ -265,15 +278,25 @@ def format_table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bertscope.kernels.triton_aot", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, action="append", choices=ARCHS, help="target (default: all of 80, 90)")
+    parser.add_argument("--classes", type=int, action="append", help=f"key class counts (default: {CLASS_COUNTS})")
+    parser.add_argument("--dtype", action="append", choices=DTYPES, help="input dtypes (default: all)")
+    parser.add_argument("--forward-only", action="store_true", help="the fused forward only, no whole-map kernels")
+    parser.add_argument("--class-loop", action="store_true",
+                        help="compile the class masses' masked loop instead of the one-hot dot (for comparison)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before the kernel module runs @triton.jit
-    rows = compile_all(tuple(args.arch or ARCHS))
+    import triton
+
+    specs = shipped_specialisations(tuple(args.classes or CLASS_COUNTS), tuple(args.dtype or DTYPES),
+                                    maps=not args.forward_only, class_dot=not args.class_loop)
+    rows = compile_all(tuple(args.arch or ARCHS), specs)
     if args.json:
         import json
 
         print(json.dumps(rows))
     else:
+        print(f"Triton {triton.__version__} ({Path(triton.__file__).parent})")
         print(format_table(rows))
         spilled = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
         print(f"\n{len(rows)} kernels, {len(spilled)} with spills (compile s is ~0 when Triton's cache had the kernel)")

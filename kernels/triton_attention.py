@@ -10,7 +10,10 @@ and in the same pass the row statistics of `spec.StatsSpec`:
                 (no log per key, and no cancellation of two large numbers);
 - offset mass   p_{i, i+o} for each offset o, recomputed in the epilogue from the final
                 m and l: one (BLOCK_M, D) load of K shifted by o and a row dot product;
-- class mass    sum of p_j over the keys of each class (one class id per key);
+- class mass    sum of p_j over the keys of each class (one class id per key): per key
+                block one tl.dot(P, onehot), onehot the (BLOCK_N, C_PAD) one-hot of the
+                block's key classes, C_PAD >= 16 (tl.dot's smallest width); the constexpr
+                CLASS_DOT=False takes C masked passes instead (kept to time both on a GPU);
 - argmax        the first key with the row's largest score (ties: lowest index), tracked
                 with the running max;
 - lse           m + ln l, fp32, for passes that need p again (column mass, JS divergence).
@@ -28,10 +31,10 @@ those of the head's own un-gated attention. The kernel has no backward: with a g
 to compute, `bertscope.attention` takes the output from SDPA instead.
 
 Inputs are (B, H, L, D) tensors, possibly strided views of the model's projections: the
-kernel reads them through their strides, nothing is copied. fp32 and fp16 inputs are
-supported; everything is computed in fp32 (fp32 dots use input_precision="ieee", not
-tf32; fp16 P V multiplies an fp16 P as FlashAttention does), the output has the input
-dtype. On a machine without a GPU the kernel runs on CPU tensors through Triton's
+kernel reads them through their strides, nothing is copied. fp32, fp16 and bf16 inputs
+are supported; everything is computed in fp32 (fp32 dots use input_precision="ieee", not
+tf32; a half-precision P V multiplies P cast to the input dtype as FlashAttention does),
+the output has the input dtype. On a machine without a GPU the kernel runs on CPU tensors through Triton's
 interpreter when TRITON_INTERPRET=1 is set before this module is imported.
 """
 from __future__ import annotations
@@ -44,11 +47,13 @@ import triton.language as tl
 
 from .common import keep_qk, require_pooling, zero_padding_rows
 from .spec import RowStats, StatsSpec, WordPooling
-from .triton_tiles import FMIN, key_block_scores, map_base
+from .triton_tiles import DTYPES, FMIN, key_block_scores, map_base
 
-# rows up to this length take the single-tile path (fp16; fp32, whose exact dots need more registers)
+# rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
 SINGLE_TILE_MAX_L = 128
 SINGLE_TILE_MAX_L_FP32 = 32
+# the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same block sizes
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -60,7 +65,7 @@ def _attn_stats_inner(
     offs_d, FMIN,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
     SINGLE_TILE: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,  #
-    IS_FP32: tl.constexpr,
+    IS_FP32: tl.constexpr, CLASS_DOT: tl.constexpr,
 ):
     """Run over the keys of one row block; the returned acc and cls_i are normalised by l_i
     only on the single-tile path (the online path divides in the epilogue)."""
@@ -97,20 +102,38 @@ def _attn_stats_inner(
             p = e * (1.0 / l_i)[:, None]  # exact softmax: the whole row is in this tile
         else:
             p = e
-        # -- class mass
-        cls = tl.load(Class_ptr + offs_n * stride_cl, mask=n_in, other=-1)  # (BLOCK_N,)
-        cls_i = cls_i * alpha[:, None]
-        for c in range(0, n_classes):
-            mass = tl.sum(tl.where(cls[None, :] == c, p, 0.0), 1)  # (BLOCK_M,)
-            cls_i = tl.where(cidx[None, :] == c, cls_i + mass[:, None], cls_i)  # (BLOCK_M, C_PAD)
-        # -- update acc with P V; sum of valid V rows for the UNIFORM gate
+        # -- class mass and P V, both rescaled to the new max first
+        cls = tl.load(Class_ptr + offs_n * stride_cl, mask=n_in, other=-1)  # (BLOCK_N,); -1: no class
         v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
                     mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        cls_i = cls_i * alpha[:, None]
         acc = acc * alpha[:, None]
         if IS_FP32:
-            acc = tl.dot(p, v, acc, input_precision="ieee")  # (BLOCK_M, BLOCK_D)
+            pv = p  # (BLOCK_M, BLOCK_N) fp32
         else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+            # P in the input dtype, as FlashAttention's P V takes it; every p_j >= 0, so a class
+            # sum keeps the relative rounding of its terms (2^-12 fp16, 2^-9 bf16): no more than
+            # storing the class mass in that dtype costs
+            pv = p.to(v.dtype)
+        if CLASS_DOT:
+            # one dot with the block's one-hot classes; fp32 stays exact ("ieee": tf32 would
+            # keep 10 bits of p), half runs on tensor cores with fp32 accumulation
+            # (built through fp32: Triton's interpreter casts a bool to bf16 as raw bits)
+            onehot = tl.where(cls[:, None] == cidx[None, :], 1.0, 0.0).to(pv.dtype)  # (BLOCK_N, C_PAD)
+            if IS_FP32:
+                cls_i = tl.dot(pv, onehot, cls_i, input_precision="ieee")  # (BLOCK_M, C_PAD)
+            else:
+                cls_i = tl.dot(pv, onehot, cls_i)
+        else:
+            # one masked pass over the block per class, in fp32
+            for c in range(0, n_classes):
+                mass = tl.sum(tl.where(cls[None, :] == c, p, 0.0), 1)  # (BLOCK_M,)
+                cls_i = tl.where(cidx[None, :] == c, cls_i + mass[:, None], cls_i)  # (BLOCK_M, C_PAD)
+        # -- P V; sum of valid V rows for the UNIFORM gate
+        if IS_FP32:
+            acc = tl.dot(pv, v, acc, input_precision="ieee")  # (BLOCK_M, BLOCK_D)
+        else:
+            acc = tl.dot(pv, v, acc)
         vsum_i += tl.sum(tl.where(kv[:, None], v.to(tl.float32), 0.0), 0)  # (BLOCK_D,)
         nvalid_i += tl.sum(kv.to(tl.int32), 0)
     return acc, l_i, m_i, t_i, arg_i, cls_i, vsum_i, nvalid_i
@@ -129,7 +152,7 @@ def _attn_stats_fwd(
     H, L, D, n_offsets, n_classes,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
     SINGLE_TILE: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,  #
-    IS_FP32: tl.constexpr,
+    IS_FP32: tl.constexpr, CLASS_DOT: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     # -- this program's (b, h) map
@@ -159,7 +182,7 @@ def _attn_stats_fwd(
         stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
         sm_scale, L, D, n_classes, offs_d, FMIN,  #
         BLOCK_M, BLOCK_N, BLOCK_D, C_PAD,  #
-        SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32)
+        SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT)
     # -- epilogue: normalise (online path), row statistics
     if not SINGLE_TILE:
         acc = acc / l_i[:, None]
@@ -204,19 +227,22 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
     """Code path, block sizes, warps and stages for rows of length L, head dimension D.
 
     The shipped configurations are those `triton_aot` compiles for sm_80 and sm_90 with no
-    register spill (ptxas -v, D = 32 and 64; the table is in kernels/triton_aot.py):
+    register spill with Triton 3.6 and 3.7 (ptxas -v, D = 32 and 64, 4 to 32 key classes;
+    the tables are in bench/results_triton.md). bf16 takes fp16's (same tile shapes and
+    tensor-core dots, fp32 accumulation):
         fp16  single-tile for L <= 128: BLOCK_M 32 x BLOCK_N 128, 8 warps
-              online:                   64 x 64, 8 warps, 2 stages
+              online:                   64 x 32, 8 warps, 2 stages
         fp32  single-tile for L <= 32:  16 x 32, 4 warps
               online:                   32 x 32, 8 warps, 2 stages
     fp32 dots are exact ("ieee"): FMA loops instead of tensor cores, which need far more
     registers, so fp32 tiles are small and fp32 rows longer than 32 take the online path
     (a 32 x 64 single tile already spills, and 4 warps on 32 x 32 online blocks spill at
-    D = 64 on sm_80). single_tile=True/False forces a path (the tests
+    D = 64 on sm_80). Half-precision online blocks of 64 x 64 spill on sm_80 with the class
+    dot (255 registers); 64 x 32 hold about 180. single_tile=True/False forces a path (the tests
     run both on the same inputs); a forced single tile longer than the shipped one is for
     the interpreter and is not register-checked.
     """
-    fp16 = dtype == torch.float16
+    fp16 = dtype in HALF_DTYPES  # fp16 or bf16
     max_single = SINGLE_TILE_MAX_L if fp16 else SINGLE_TILE_MAX_L_FP32
     if single_tile is None:
         single_tile = L <= max_single
@@ -226,36 +252,38 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
         block_m = 32 if fp16 and block_n <= 128 else 16
         num_warps, num_stages = (8 if fp16 else 4), 1
     elif fp16:
-        block_m, block_n, num_warps, num_stages = 64, 64, 8, 2
+        block_m, block_n, num_warps, num_stages = 64, 32, 8, 2
     else:
         block_m, block_n, num_warps, num_stages = 32, 32, 8, 2
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile, num_warps=num_warps,
                 num_stages=num_stages)
 
 
-def c_pad(n_classes: int) -> int:
-    """The class accumulator's width: a power of two >= n_classes."""
-    return max(2, triton.next_power_of_2(n_classes))
+def c_pad(n_classes: int, class_dot: bool = True) -> int:
+    """The class accumulator's width: a power of two >= n_classes, and >= 16 for the one-hot
+    dot (tl.dot's smallest N)."""
+    return max(16 if class_dot else 2, triton.next_power_of_2(n_classes))
 
 
 def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, single_tile=None,
-                    stats_dtype=None):
+                    stats_dtype=None, class_dot=True):
     """One launch: attention output, row statistics and row log-sum-exp.
 
-    q, k, v:    (B, H, L, D) fp32 or fp16, any strides (read in place)
+    q, k, v:    (B, H, L, D) fp32, fp16 or bf16, any strides (read in place)
     key_valid:  (B, L) bool, False for padding keys
     key_class:  (B, L) integer class ids in [0, spec.n_key_classes)
     gates:      `LayerGates` (xi and uniform (H,) or (B, H): float, bool), or None
     single_tile: force the single-tile (True) or online (False) path; None picks by L
     stats_dtype: dtype of entropy / offset_mass / class_mass (default: the input dtype)
+    class_dot:  class masses by one one-hot dot per key block (True), or C masked passes
     Returns (out (B, L, H, D) contiguous in the input dtype, dict of statistics tensors
     "entropy" (B, H, L), "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C),
     "argmax" (B, H, L) int64 (absent when not asked for), lse (B, H, L) fp32).
     Statistics of padding-query rows are left as computed (finite); out of a gated head
     is gated, statistics never are.
     """
-    if q.dtype not in (torch.float32, torch.float16):
-        raise TypeError(f"the triton backend takes float32 or float16 inputs, not {q.dtype}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the triton backend takes float32, float16 or bfloat16 inputs, not {q.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError("q, k and v must have the same dtype")
     B, H, L, D = q.shape
@@ -288,9 +316,9 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
         out.stride(0), out.stride(2), out.stride(1), out.stride(3),  #
         valid.stride(0), valid.stride(1), classes.stride(0), classes.stride(1),  #
         H, L, D, O, C,  #
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C),  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C, class_dot),  #
         SINGLE_TILE=cfg["SINGLE_TILE"], ENTROPY=spec.entropy, ARGMAX=spec.argmax,  #
-        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        IS_FP32=q.dtype == torch.float32, CLASS_DOT=class_dot, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     stats = {"class_mass": class_mass}
     if spec.entropy:
@@ -370,4 +398,4 @@ def _asks(value) -> bool:
     return bool(value)
 
 
-__all__ = ["attention_stats_triton", "fused_attention", "kernel_config", "INTERPRETED", "SINGLE_TILE_MAX_L"]
+__all__ = ["attention_stats_triton", "fused_attention", "kernel_config", "INTERPRETED", "SINGLE_TILE_MAX_L", "DTYPES"]

@@ -15,7 +15,7 @@ keeping any L x L map:
    slots in float64, so the result is deterministic (no atomics).
 
 Padding keys get no mass (the most negative finite fill, as `eager`), padding queries are
-not counted. fp32 and fp16 inputs; everything is computed in fp32.
+not counted. fp32, fp16 and bf16 inputs; everything is computed in fp32.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_tiles import FMIN, key_block_scores, map_base, mask_int8, tile_probs
+from .triton_tiles import DTYPES, FMIN, key_block_scores, map_base, mask_int8, tile_probs
 
 
 @triton.jit
@@ -182,11 +182,11 @@ def pairwise_js_triton(q, k, key_valid, scale):
     """(N, N) float64 on the CPU, like the other backends: JS summed over the valid query
     rows of the batch for every pair of heads; the diagonal is 0.
 
-    q, k:      (B, N, L, D) fp32 or fp16, any strides (read in place)
+    q, k:      (B, N, L, D) fp32, fp16 or bf16, any strides (read in place)
     key_valid: (B, L) bool
     """
-    if q.dtype not in (torch.float32, torch.float16) or k.dtype != q.dtype:
-        raise TypeError(f"q and k must both be float32 or float16, got {q.dtype} and {k.dtype}")
+    if q.dtype not in DTYPES or k.dtype != q.dtype:
+        raise TypeError(f"q and k must both be float32, float16 or bfloat16, got {q.dtype} and {k.dtype}")
     if k.shape != q.shape:
         raise ValueError(f"q and k must both be (B, N, L, D); got {tuple(q.shape)} and {tuple(k.shape)}")
     B, N, L, D = q.shape

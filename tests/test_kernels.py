@@ -1,4 +1,5 @@
 """Every backend against the eager reference, and the reference against first principles."""
+import dataclasses
 import functools
 import math
 import os
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats
 from bertscope.kernels import cpu_rows
-from bertscope.kernels.chunked import attention_stats_chunked
+from bertscope.kernels.chunked import CLASS_MATMUL_MIN, attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 
 SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4)
@@ -195,6 +196,17 @@ def test_compiled_row_pass_is_the_default_for_float32():
     inputs = make_inputs(2, 3, 40, 8, [40, 22], seed=3)
     auto, compiled = attention_stats_chunked(*inputs, SPEC), chunked("compiled")(*inputs, SPEC)
     assert torch.equal(auto[0], compiled[0]) and torch.equal(auto[1].entropy, compiled[1].entropy)
+
+
+@pytest.mark.parametrize("C", [CLASS_MATMUL_MIN - 1, CLASS_MATMUL_MIN, 32])
+def test_compiled_class_masses_by_row_passes_and_by_matmul(C):
+    """Below CLASS_MATMUL_MIN classes the row pass sums each class, from it on a matmul
+    P @ onehot does: both against eager, with padding, in chunks of several maps."""
+    spec = dataclasses.replace(SPEC, n_key_classes=C)
+    inputs = make_inputs(3, 4, 45, 8, [45, 30, 1], seed=C, C=C)
+    ref, fast = attention_stats_eager(*inputs, spec), chunked("compiled")(*inputs, spec, chunk_bytes=3 * 45 * 45 * 4)
+    assert_same(ref, fast, inputs[3])
+    assert fast[1].class_mass.shape == (3, 4, 45, C) and fast[1].class_mass[0].sum(-1).allclose(torch.ones(4, 45))
 
 
 def test_compiled_spec_without_entropy_offsets_or_argmax():

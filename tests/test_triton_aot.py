@@ -1,6 +1,6 @@
-"""Every shipped specialisation of the fused Triton forward (4 and 16 key classes) and of the
-whole-map kernels compiles for sm_80 and sm_90 without a GPU, and none spills registers
-(kernels/triton_aot.py).
+"""Every shipped specialisation of the fused Triton forward (4, 16 and 32 key classes; fp32,
+fp16, bf16) and of the whole-map kernels compiles for sm_80 and sm_90 without a GPU, and none
+spills registers (kernels/triton_aot.py).
 
 The compiles run in two child processes, one per target, in parallel: the kernel module
 must be imported there without TRITON_INTERPRET=1, which other test modules of this
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from bertscope.kernels.triton_aot import _REGS, _SPILL, CLASS_COUNTS, format_table
+from bertscope.kernels.triton_aot import _REGS, _SPILL, CLASS_COUNTS, DTYPES, format_table
 
 ARCHS = ("80", "90")
 # registers per thread and shared memory per block the targets allow
@@ -38,11 +38,13 @@ def test_every_specialisation_compiles_for_both_targets(rows):
     by_arch = {arch: sorted((r["spec"], r["D"]) for r in rows if r["arch"] == arch) for arch in ("sm_80", "sm_90")}
     assert by_arch["sm_80"] == by_arch["sm_90"] and len(by_arch["sm_80"]) >= 50
     names = {name for name, _ in by_arch["sm_80"]}
-    for path, dtype in (("single", "fp32"), ("online", "fp32"), ("single", "fp16"), ("online", "fp16")):
-        for classes in CLASS_COUNTS:  # the vocabulary's 4 classes and 16 (tag classes)
+    for path in ("single", "online"):
+        for dtype, classes in ((d, c) for d in DTYPES for c in CLASS_COUNTS):  # 4 (vocabulary), 16 (tags), 32
             for flags in ("entropy", "entropy+argmax", "-"):
                 assert any(n.startswith(path) and n.endswith(f"{dtype} C{classes} {flags}") for n in names), \
                     (path, dtype, classes, flags)
+    for kernel in ("column_mass", "row_lse", "js_pair", "word_map"):
+        assert {n.split()[-1] for n in names if n.startswith(kernel)} == set(DTYPES), kernel
     assert all(r["cubin_bytes"] > 0 for r in rows)
 
 

@@ -22,13 +22,16 @@ from bertscope.kernels.common import masked_scores  # noqa: E402
 from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
 
 import bertscope.kernels.triton_attention as ta  # noqa: E402
+from triton_interpreter import emulate_bf16_dots  # noqa: E402
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
+emulate_bf16_dots()  # the interpreter's bf16 tl.dot multiplies raw bits (tests/triton_interpreter.py)
 
 SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4)
 ROW_FIELDS = ("entropy", "offset_mass", "class_mass")
 PATHS = [None, True, False]  # by length, single-tile forced, online forced
+HALF = [torch.float16, torch.bfloat16]
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +64,36 @@ def assert_same(ref, got, key_valid, atol=1e-5, rtol=1e-5, argmax=True):
         assert torch.equal(sg.argmax, sr.argmax)
 
 
+def fp32(t):
+    return t.float() if t.is_floating_point() else t
+
+
+def assert_half_close(ref, got, inputs, dtype):
+    """Half-precision kernel results against eager in fp32 on the same (rounded) inputs.
+
+    fp16 keeps 11 significant bits, bf16 8. Row statistics are computed in fp32 and only
+    stored in the input dtype: within one ulp of it (the interpreter truncates fp32 -> bf16
+    where a GPU rounds, tests/triton_interpreter.py), 2^-7 relative for bf16. The output
+    also multiplies P cast to the input dtype (as FlashAttention does): P's rounding moves
+    it by at most 2^-7 max|v| in bf16, its own rounding by as much again."""
+    (out_r, sr), (out_g, sg) = ref, got
+    rows = inputs[3][:, :, None, None]  # (B, L, 1, 1) in the output layout
+    assert out_g.dtype == dtype and all(getattr(sg, n).dtype == dtype for n in ROW_FIELDS)
+    if dtype == torch.float16:
+        out_tol, stat_tol = dict(atol=5e-3, rtol=5e-3), dict(atol=2e-3, rtol=2e-3)
+    else:
+        out_tol, stat_tol = dict(atol=2**-6 * float(inputs[2].abs().max()), rtol=0), dict(atol=1e-3, rtol=1.6e-2)
+    torch.testing.assert_close(out_g.float() * rows, out_r * rows, **out_tol)
+    for name in ROW_FIELDS:
+        torch.testing.assert_close(getattr(sg, name).float(), getattr(sr, name), **stat_tol, msg=name)
+    # -- argmax: equal wherever the row's top two scores are not within fp32 rounding of a tie
+    q, k = inputs[0].float(), inputs[1].float()
+    top2 = masked_scores(q, k, inputs[3], q.shape[-1] ** -0.5).topk(min(2, q.shape[2]), -1).values  # (B, H, L, 2)
+    clear = (top2[..., 0] - top2[..., -1] > 1e-4 * top2[..., 0].abs().clamp(min=1)) | (top2.shape[-1] == 1)
+    assert sg.argmax.dtype == torch.int64
+    assert torch.equal(sg.argmax[clear], sr.argmax[clear])
+
+
 @pytest.mark.parametrize("L", [1, 16, 37, 128, 200])
 def test_matches_eager_at_odd_lengths_with_padding(L):
     inputs = make_inputs(3, 2 if L < 100 else 1, L, 32, [L, max(1, L // 2), 1], seed=L)  # the interpreter is slow
@@ -74,22 +107,25 @@ def test_long_rows_take_the_online_path():
     assert_same(attention_stats_eager(*inputs, SPEC), triton(*inputs), inputs[3])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
 @pytest.mark.parametrize("L", [20, 100])
 def test_single_tile_and_online_paths_agree(L, dtype):
     """Both code paths forced on the same inputs (and by-length dispatch picks one of them)."""
     inputs = make_inputs(2, 2, L, 16, [L, L - 7], seed=L, dtype=dtype)
     single, online = triton(*inputs, single_tile=True), triton(*inputs, single_tile=False)
-    tol = 1e-6 if dtype == torch.float32 else 2e-3
-    assert_same(single, online, inputs[3], atol=tol, rtol=tol)
     _, s_single, lse_single = ta.fused_attention(*inputs, SPEC, single_tile=True)
     _, s_online, lse_online = ta.fused_attention(*inputs, SPEC, single_tile=False)
     torch.testing.assert_close(lse_single, lse_online, atol=1e-5, rtol=1e-6)
-    ref = attention_stats_eager(*(t.float() if t.is_floating_point() else t for t in inputs), SPEC)
-    ref_tol = 1e-5 if dtype == torch.float32 else 5e-3
+    if dtype == torch.float32:
+        assert_same(single, online, inputs[3], atol=1e-6, rtol=1e-6)
+    elif dtype == torch.float16:
+        assert_same(single, online, inputs[3], atol=2e-3, rtol=2e-3)
+    ref = attention_stats_eager(*map(fp32, inputs), SPEC)
     for got in (single, online):  # and both are right, not just equal
-        assert_same(ref, tuple((got[0].float(), dataclasses.replace(got[1], **{n: getattr(got[1], n).float() for n in ROW_FIELDS})))
-                    , inputs[3], atol=ref_tol, rtol=ref_tol, argmax=dtype == torch.float32)
+        if dtype == torch.float32:
+            assert_same(ref, got, inputs[3], atol=1e-5, rtol=1e-5)
+        else:
+            assert_half_close(ref, got, inputs, dtype)
 
 
 def test_reference_statistics_from_first_principles():
@@ -176,16 +212,44 @@ def test_gates_in_the_epilogue(single_tile):
         assert torch.equal(getattr(s, name), getattr(s_kept, name)), name
 
 
-def test_fp16_inputs():
-    inputs = make_inputs(2, 2, 45, 32, [45, 30], seed=2, dtype=torch.float16)
-    ref = attention_stats_eager(*(t.float() if t.is_floating_point() else t for t in inputs), SPEC)
-    out, s = triton(*inputs)
-    assert out.dtype == torch.float16 and s.entropy.dtype == torch.float16 and s.argmax.dtype == torch.int64
-    rows = inputs[3][:, :, None, None]
-    torch.testing.assert_close(out.float() * rows, ref[0] * rows, atol=5e-3, rtol=5e-3)
-    for name in ROW_FIELDS:
-        torch.testing.assert_close(getattr(s, name).float(), getattr(ref[1], name), atol=2e-3, rtol=2e-3, msg=name)
-    assert (s.argmax == ref[1].argmax).float().mean() > 0.99  # near-ties may round differently in fp16
+@pytest.mark.parametrize("C", [4, 32])
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_inputs(dtype, C):
+    """fp16 / bf16 q, k, v with padding, a single-key sequence and KEEP / ZERO / UNIFORM gates."""
+    inputs = make_inputs(3, 3, 45, 32, [45, 30, 1], seed=2, C=C, dtype=dtype)
+    gates = LayerGates.from_codes([Gate.KEEP, Gate.ZERO, Gate.UNIFORM])
+    spec = dataclasses.replace(SPEC, n_key_classes=C)
+    ref = attention_stats_eager(*map(fp32, inputs), spec, gates=gates)
+    got = triton(*inputs, spec=spec, gates=gates)
+    assert_half_close(ref, got, inputs, dtype)
+    assert got[0][:, :, 1].abs().sum() == 0  # the ZERO head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("C", [1, 5, 16, 32])
+def test_class_masses_by_the_one_hot_dot_and_by_the_loop(C, dtype):
+    """The shipped one-hot dot (one tl.dot per key block, C padded to >= 16 columns) and the
+    masked loop (C passes, class_dot=False), on both code paths, against eager. bf16: P is
+    rounded to bf16 for the dot (truncated by the interpreter, 2^-7) and the result stored
+    in bf16 (2^-7 again), so 2^-6 relative; the loop sums in fp32 (one rounding)."""
+    inputs = make_inputs(2, 2, 70, 16, [70, 41], seed=C, C=C, dtype=dtype)
+    spec = dataclasses.replace(SPEC, n_key_classes=C)
+    rows = inputs[3][:, None, :, None]  # (B, 1, L, 1) valid query rows
+    ref = attention_stats_eager(*map(fp32, inputs), spec)[1].class_mass * rows
+    tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-3, rtol=2**-6 + 2e-3)
+    assert ta.c_pad(C) == max(16, triton_next_pow2(C)) and ta.c_pad(C, class_dot=False) == max(2, triton_next_pow2(C))
+    for single_tile in (True, False):
+        for class_dot in (True, False):
+            _, stats, _ = ta.fused_attention(*inputs, spec, single_tile=single_tile, class_dot=class_dot)
+            got = stats["class_mass"].float() * rows  # (B, H, L, C)
+            assert got.shape == ref.shape
+            torch.testing.assert_close(got, ref, **tol, msg=f"single_tile={single_tile} class_dot={class_dot}")
+            total = rows[..., 0].expand_as(got[..., 0]).float()  # every valid row gives away 1
+            torch.testing.assert_close(got.sum(-1), total, atol=1e-5 if dtype == torch.float32 else 2**-6 + 1e-3, rtol=0)
+
+
+def triton_next_pow2(n):
+    return 1 << (n - 1).bit_length()
 
 
 def test_strided_views_of_the_projections_are_read_in_place():
@@ -235,9 +299,12 @@ def test_unknown_spec_field_fails_loudly():
 
 
 def test_bad_dtypes():
-    inputs = make_inputs(1, 1, 4, 16, [4], dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="float32 or float16"):
+    inputs = make_inputs(1, 1, 4, 16, [4], dtype=torch.float64)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         triton(*inputs)
+    q, k, v, key_valid, key_class = make_inputs(1, 1, 4, 16, [4], dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="same dtype"):
+        triton(q, k.half(), v, key_valid, key_class)
 
 
 def test_dispatcher(monkeypatch):
@@ -256,8 +323,12 @@ def test_dispatcher(monkeypatch):
 
 @settings(max_examples=10, deadline=None)
 @given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 48), D=st.sampled_from([1, 4, 8, 17]),
-       single_tile=st.sampled_from(PATHS), data=st.data())
-def test_matches_eager_on_random_shapes(B, H, L, D, single_tile, data):
+       single_tile=st.sampled_from(PATHS), dtype=st.sampled_from([torch.float32, *HALF]), data=st.data())
+def test_matches_eager_on_random_shapes(B, H, L, D, single_tile, dtype, data):
     lengths = data.draw(st.lists(st.integers(1, L), min_size=B, max_size=B))
-    inputs = make_inputs(B, H, L, D, lengths, seed=data.draw(st.integers(0, 10**6)))
-    assert_same(attention_stats_eager(*inputs, SPEC), triton(*inputs, single_tile=single_tile), inputs[3])
+    inputs = make_inputs(B, H, L, D, lengths, seed=data.draw(st.integers(0, 10**6)), dtype=dtype)
+    ref, got = attention_stats_eager(*map(fp32, inputs), SPEC), triton(*inputs, single_tile=single_tile)
+    if dtype == torch.float32:
+        assert_same(ref, got, inputs[3])
+    else:
+        assert_half_close(ref, got, inputs, dtype)

@@ -18,9 +18,11 @@ from bertscope.kernels.common import masked_scores  # noqa: E402
 from bertscope.kernels.js import pairwise_js, pairwise_js_eager  # noqa: E402
 from bertscope.kernels.triton_js import pairwise_js_triton, row_lse_triton  # noqa: E402
 from bertscope.kernels.triton_maps import INTERPRETED  # noqa: E402
+from triton_interpreter import emulate_bf16_dots  # noqa: E402
 
 if not INTERPRETED:
     pytest.fail("bertscope.kernels.triton_maps was imported before TRITON_INTERPRET=1 was set", pytrace=False)
+emulate_bf16_dots()  # the interpreter's bf16 tl.dot multiplies raw bits (tests/triton_interpreter.py)
 
 
 def make_qk(B, N, L, D, lengths, seed=0, dtype=torch.float32):
@@ -76,26 +78,33 @@ def test_js_from_first_principles():
     assert abs(js[1, 2]) < 1e-6
 
 
-def test_fp16_inputs():
-    q, k, key_valid = make_qk(2, 3, 37, 16, [37, 20], seed=9, dtype=torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs(dtype):
+    """Against eager in fp32 on the same rounded q, k: JS is computed in fp32 from half
+    inputs (nothing is stored in half), so only the fp32 summation order differs."""
+    q, k, key_valid = make_qk(2, 3, 37, 16, [37, 20], seed=9, dtype=dtype)
     ref = pairwise_js_eager(q.float(), k.float(), key_valid, 0.25)
     fast = pairwise_js_triton(q, k, key_valid, 0.25)
     torch.testing.assert_close(fast, ref, atol=1e-3, rtol=1e-3)
+    assert torch.all(fast[~torch.eye(3, dtype=torch.bool)] > 0.1)
 
 
 def test_single_head_and_bad_arguments():
     q, k, key_valid = make_qk(1, 1, 5, 4, [5])
     assert torch.equal(pairwise_js_triton(q, k, key_valid, 0.5), torch.zeros(1, 1, dtype=torch.float64))
-    with pytest.raises(TypeError, match="float32 or float16"):
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         pairwise_js_triton(q.double(), k.double(), key_valid, 0.5)
     with pytest.raises(ValueError, match="key_valid"):
         pairwise_js_triton(q, k, key_valid[:, :4], 0.5)
 
 
 @settings(max_examples=6, deadline=None)
-@given(B=st.integers(1, 2), N=st.integers(2, 4), L=st.integers(1, 40), D=st.sampled_from([4, 16, 24]), data=st.data())
-def test_js_matches_eager_on_random_shapes(B, N, L, D, data):
+@given(B=st.integers(1, 2), N=st.integers(2, 4), L=st.integers(1, 40), D=st.sampled_from([4, 16, 24]), data=st.data(),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_js_matches_eager_on_random_shapes(B, N, L, D, data, dtype):
+    """Half inputs too, against eager in fp32 on the same rounded values: the kernel works in
+    fp32 after loading them, so the fp32 tolerance holds."""
     lengths = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
-    q, k, key_valid = make_qk(B, N, L, D, lengths, seed=data.draw(st.integers(0, 10**6)))
-    ref = pairwise_js_eager(q, k, key_valid, D**-0.5)
+    q, k, key_valid = make_qk(B, N, L, D, lengths, seed=data.draw(st.integers(0, 10**6)), dtype=dtype)
+    ref = pairwise_js_eager(q.float(), k.float(), key_valid, D**-0.5)
     torch.testing.assert_close(pairwise_js_triton(q, k, key_valid, D**-0.5), ref, atol=1e-5, rtol=1e-5)

@@ -19,9 +19,11 @@ from bertscope.kernels.common import masked_scores  # noqa: E402
 from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
 from bertscope.kernels.spec import WordPooling  # noqa: E402
 from bertscope.kernels.triton_maps import INTERPRETED, column_mass_triton, word_maps_triton  # noqa: E402
+from triton_interpreter import emulate_bf16_dots  # noqa: E402
 
 if not INTERPRETED:
     pytest.fail("bertscope.kernels.triton_maps was imported before TRITON_INTERPRET=1 was set", pytrace=False)
+emulate_bf16_dots()  # the interpreter's bf16 tl.dot multiplies raw bits (tests/triton_interpreter.py)
 
 
 def torch_lse(q, k, key_valid, scale):
@@ -137,13 +139,23 @@ def test_word_argmax_none_left_is_minus_one():
     assert torch.equal(warg, ref.word_argmax)
 
 
-def test_fp16_inputs():
+# (column mass, word map) tolerances against eager in fp32 on the same rounded q, k: the maps
+# are fp32 in the kernel and only stored in the input dtype, within one ulp of it (bf16:
+# 2^-7 relative; the interpreter truncates where a GPU rounds, tests/triton_interpreter.py)
+HALF_TOL = {torch.float16: (dict(atol=5e-3, rtol=2e-3), dict(atol=2e-3, rtol=2e-3)),
+            torch.bfloat16: (dict(atol=5e-3, rtol=1.6e-2), dict(atol=1e-3, rtol=1.6e-2))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs(dtype):
     inputs, unit, candidate = make_inputs(2, 2, 37, 16, [37, 20], seed=7)
     pooling = word_pooling(unit, candidate, "mean")
-    ref, col, wmap, _ = run_both(inputs, pooling, dtype=torch.float16)
-    assert col.dtype == wmap.dtype == torch.float16
-    torch.testing.assert_close(col.float(), ref.column_mass, atol=5e-3, rtol=2e-3)
-    torch.testing.assert_close(wmap.float(), ref.word_map, atol=2e-3, rtol=2e-3)
+    ref, col, wmap, warg = run_both(inputs, pooling, dtype=dtype)
+    assert col.dtype == wmap.dtype == dtype
+    col_tol, map_tol = HALF_TOL[dtype]
+    torch.testing.assert_close(col.float(), ref.column_mass, **col_tol)
+    torch.testing.assert_close(wmap.float(), ref.word_map, **map_tol)
+    assert_argmax_matches(warg, ref)  # the argmax reads the fp32 map, before it is stored
 
 
 def test_with_lse_from_the_triton_row_pass():
@@ -165,8 +177,10 @@ def test_bad_arguments():
     lse = torch_lse(q, k, key_valid, 8**-0.5)
     with pytest.raises(ValueError, match="lse"):
         column_mass_triton(q, k, key_valid, lse.double())
-    with pytest.raises(TypeError, match="float32 or float16"):
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         column_mass_triton(q.double(), k.double(), key_valid, lse)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        column_mass_triton(q.bfloat16(), k.half(), key_valid, lse)
     with pytest.raises(ValueError, match="WordPooling"):
         word_maps_triton(q, k, key_valid, lse, None)
     bad = word_pooling(unit, candidate)
@@ -176,15 +190,16 @@ def test_bad_arguments():
 
 @settings(max_examples=6, deadline=None)
 @given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 40), D=st.sampled_from([4, 16, 24]), data=st.data(),
-       from_word=st.sampled_from(["mean", "first"]))
-def test_maps_match_eager_on_random_shapes(B, H, L, D, data, from_word):
+       from_word=st.sampled_from(["mean", "first"]), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_maps_match_eager_on_random_shapes(B, H, L, D, data, from_word, dtype):
     lengths = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
     lengths[0] = max(1, lengths[0])  # at least one unit in the batch (key-less sequences allowed after it)
     inputs, unit, candidate = make_inputs(B, H, L, D, lengths, seed=data.draw(st.integers(0, 10**6)))
     pooling = word_pooling(unit, candidate, from_word)
-    ref, col, wmap, warg = run_both(inputs, pooling)
-    torch.testing.assert_close(col, ref.column_mass, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(wmap, ref.word_map, atol=1e-5, rtol=1e-5)
+    ref, col, wmap, warg = run_both(inputs, pooling, dtype=dtype)
+    col_tol, map_tol = HALF_TOL.get(dtype, (dict(atol=1e-5, rtol=1e-5),) * 2)
+    torch.testing.assert_close(col.float(), ref.column_mass, **col_tol)
+    torch.testing.assert_close(wmap.float(), ref.word_map, **map_tol)
     assert_argmax_matches(warg, ref)
 
 
