@@ -1,8 +1,8 @@
 """`bertscope data`: where the annotated data sets are found, and a clear word when they are not."""
-from pathlib import Path
 
 import pytest
 
+from bertscope import data
 from bertscope.cli import main
 from bertscope.data import DATASETS
 
@@ -15,6 +15,7 @@ def test_data_command_lists_every_dataset(tmp_path, capsys):
     assert f"data folder: {tmp_path}" in out
     assert f"ud-ewt             {tmp_path / 'ud-ewt'}" in out
     assert out.count("MISSING") == len(DATASETS) - 1 and "gap-development.tsv" in out
+    assert f"get it with `bertscope data download gap --data-dir {tmp_path}`" in out
 
 
 def test_data_command_rejects_a_missing_folder(capsys):
@@ -23,9 +24,10 @@ def test_data_command_rejects_a_missing_folder(capsys):
     assert err.startswith("bertscope: error: --data-dir points to /no/such/folder") and err.count("\n") == 1
 
 
-def test_shared_data_is_found_by_default(capsys, monkeypatch):
+def test_shared_data_is_found_by_default(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("BERTSCOPE_DATA", raising=False)
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    monkeypatch.setattr(data, "user_data_dir", lambda: tmp_path / "no-user-data")
+    shared = data.shared_data_dir()
     if not shared.is_dir():
         pytest.skip(f"no shared data beside this checkout ({shared})")
     assert main(["data"]) == 0, "the repository expects ../shared/data beside it (development and CI)"
