@@ -19,6 +19,7 @@ Only the standard library speaks HTTP (urllib); the progress bar is tqdm's.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import stat
@@ -182,7 +183,10 @@ def _stream(url: str, part: Path, have: int, digest, bar):
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             total = None
             if have and response.status == 206:
-                total = _range_total(response.headers.get("Content-Range"))
+                content_range = response.headers.get("Content-Range") or ""
+                if not content_range.startswith(f"bytes {have}-"):
+                    raise ValueError(f"asked for bytes {have}- and got {content_range or 'no Content-Range'}")
+                total = _range_total(content_range)
                 bar.update(have)
             else:  # the whole file: what the .part held goes
                 have, digest = 0, hashlib.sha256()
@@ -201,7 +205,7 @@ def _stream(url: str, part: Path, have: int, digest, bar):
         if e.code == 416 and have and _range_total(e.headers.get("Content-Range")) == have:
             return have, digest  # the .part already holds all of it
         raise UserError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (OSError, http.client.HTTPException, ValueError) as e:  # URLError is an OSError
         reason = getattr(e, "reason", None) or e
         raise UserError(f"cannot download {url}: {_one_line(reason)}") from None
     if total is not None and have != total:

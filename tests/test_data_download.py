@@ -36,11 +36,19 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
     requests: list = []
     ranges = True
+    cut: int | None = None  # send only this many bytes of a whole file, then hang up
 
     def send_head(self):
         self.requests.append((self.path, self.headers.get("Range")))
         wanted = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
         path = Path(self.translate_path(self.path))
+        if self.cut is not None and not wanted and path.is_file():
+            content = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.close_connection = True
+            return io.BytesIO(content[:self.cut])
         if not (self.ranges and wanted and path.is_file()):
             return super().send_head()
         start, size = int(wanted.group(1)), path.stat().st_size
@@ -215,6 +223,25 @@ def test_a_partial_download_resumes_to_the_right_bytes(tmp_path, serve, ranges):
     assert (folder / "gap-development.tsv").read_bytes() == content
     assert not (folder / "gap-development.tsv.part").exists()
     assert serve.servers[0].handler.requests == [("/gap/gap-development.tsv", f"bytes={half}-")]
+
+
+def test_a_dropped_connection_keeps_its_part_and_the_next_run_resumes(tmp_path, serve):
+    content = bytes(range(256)) * 400
+    (tmp_path / "mirror" / "gap").mkdir(parents=True)
+    (tmp_path / "mirror" / "gap" / "gap-development.tsv").write_bytes(content)
+    url = serve(tmp_path / "mirror")
+    handler = serve.servers[0].handler
+    handler.cut = 30000
+    files = {"gap": [entry("gap-development.tsv", content)]}
+    folder = tmp_path / "data" / "gap"
+    with pytest.raises(UserError, match=r"^cannot download http://127\.0\.0\.1:\d+/gap/gap-development\.tsv: "):
+        download(["gap"], tmp_path / "data", mirror=url, progress=False, files=files)
+    assert final_files(folder) == []
+    assert (folder / "gap-development.tsv.part").read_bytes() == content[:30000]
+    handler.cut = None
+    download(["gap"], tmp_path / "data", mirror=url, progress=False, files=files)
+    assert (folder / "gap-development.tsv").read_bytes() == content
+    assert handler.requests[-1] == ("/gap/gap-development.tsv", "bytes=30000-")
 
 
 def test_a_part_with_wrong_bytes_is_dropped(tmp_path, serve):
