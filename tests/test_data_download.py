@@ -19,6 +19,7 @@ import threading
 import zipfile
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -34,7 +35,7 @@ class RangeHandler(SimpleHTTPRequestHandler):
     """Files of a folder, with `Range: bytes=N-` answered by 206 (or 416 past the end); every
     request's path and Range header is recorded in `requests`."""
 
-    requests: list = []
+    requests: ClassVar[list] = []  # each server gets a subclass with its own list
     ranges = True
     cut: int | None = None  # send only this many bytes of a whole file, then hang up
 
