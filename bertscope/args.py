@@ -65,7 +65,8 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
     p.add_argument("--model", metavar="PATH", default=None,
                    help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
     p.add_argument("--data-dir", metavar="DIR", default=None,
-                   help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then ../shared/data)")
+                   help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then the user data "
+                   "folder, then ../shared/data; `bertscope data download` fills the user data folder)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="run directory; an existing run's directory gains this probe's outputs "
                    "(default: runs/<timestamp>)")

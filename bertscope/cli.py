@@ -32,15 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                 dest=group, metavar=g.metavar, required=True)
         module.add_arguments((groups[group] if group else sub).add_parser(
             subname, help=module.HELP, description=module.DESCRIPTION))
-    d = sub.add_parser(
-        "data",
-        help="show where the annotated data sets are found",
-        description="Check the annotated data sets (UD-EWT, GUM, GAP, RTE, sentence polarity) "
-        "that the probing analyses read. Looked up in --data-dir, then $BERTSCOPE_DATA, then "
-        "../shared/data beside the repository.",
-    )
-    d.add_argument("--data-dir", metavar="DIR", default=None, help="folder holding the data sets")
-    add_quiet_argument(d)
+    add_data_parser(sub)
     rp = sub.add_parser(
         "report", help="(re)write RUN_DIR/index.html, one self-contained page of every analysis in the run",
         description="Write index.html into RUN_DIR: settings and provenance from run.json, every figure (embedded) "
@@ -61,6 +53,42 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quick", action="store_true", help="small shapes only")
     add_quiet_argument(t)
     return parser
+
+
+def add_data_parser(sub):
+    """`bertscope data [list]` and `bertscope data download`. --data-dir and --quiet are taken
+    before or after the subcommand (the subcommand's copies default to "not given", so they
+    never overwrite the value given before it)."""
+    from bertscope.data import DATASETS
+
+    where = ("Looked up in --data-dir, then $BERTSCOPE_DATA, then the user data folder (where `bertscope data "
+             "download` writes), then ../shared/data beside a checkout.")
+    d = sub.add_parser(
+        "data", help="list the annotated data sets (found or missing) and download them",
+        description="The annotated data sets (UD-EWT, GUM, GAP, RTE, sentence polarity, ARCT) that the probes "
+        "and task analyses read. Without a subcommand: list each set as found or missing. " + where)
+
+    def common(p, suppress=False):
+        p.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS if suppress else None,
+                       help="folder holding the data sets")
+        p.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                       help="no progress bars; warnings and errors only")
+
+    common(d)
+    data_sub = d.add_subparsers(dest="data_command", metavar="{list,download}")
+    common(data_sub.add_parser("list", help="each data set, found or missing (the default)",
+                               description="List each data set as found (where) or missing (with the command "
+                               "that gets it). Exit code 1 when one is missing. " + where), suppress=True)
+    dl = data_sub.add_parser(
+        "download", help="fetch data sets from their public homes, checked against their sha256",
+        description="Fetch data sets from their public homes at pinned commits (GitHub repositories; the NLTK "
+        "data archives for RTE and sentence polarity), check every file's size and sha256 against the "
+        "manifest, and write them into --data-dir, else $BERTSCOPE_DATA, else the user data folder. An "
+        "interrupted download resumes where it stopped. BERTSCOPE_DATA_MIRROR=URL reads every file from "
+        "URL/<set>/<path> instead (a copy of a data folder served over HTTP).")
+    dl.add_argument("names", nargs="*", metavar="NAME",
+                    help=f"data sets to fetch: {', '.join(DATASETS)}, or all (the default)")
+    common(dl, suppress=True)
 
 
 def command_module(args):
@@ -174,17 +202,25 @@ def cmd_view(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from bertscope.data import DATASETS, data_root, dataset_dir
+    """List the data sets (exit code 1 when one is missing; after `download`, 0: the sets
+    asked for are there, others may be missing)."""
+    from bertscope.data import DATASETS, data_roots, dataset_dir, download_command, not_found_message
 
-    print(f"data folder: {data_root(args.data_dir)}")
+    downloading = args.data_command == "download"
+    if downloading:
+        from bertscope.data_download import download
+
+        download(args.names, args.data_dir, progress=not args.quiet)
+    roots = data_roots(args.data_dir)
+    print(f"data folder: {roots[0]}" if roots else not_found_message())
     missing = 0
     for name in DATASETS:
         try:
             print(f"  {name:<18} {dataset_dir(name, args.data_dir)}")
         except UserError as e:
             missing += 1
-            print(f"  {name:<18} MISSING: {e}")
-    return 1 if missing else 0
+            print(f"  {name:<18} MISSING: {e if roots else 'get it with `' + download_command(name) + '`'}")
+    return 1 if missing and not downloading else 0
 
 
 if __name__ == "__main__":

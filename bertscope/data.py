@@ -1,8 +1,12 @@
 """Where the annotated data sets live (treebanks, coreference, RTE, sentence polarity, ARCT).
 
-Looked up in this order: `--data-dir`, the BERTSCOPE_DATA environment variable, then
-`../shared/data` beside the repository (the layout of development machines and CI). The
-data is never copied into the repository.
+Looked up in this order: `--data-dir`, the BERTSCOPE_DATA environment variable, the user data
+folder (platformdirs' user data dir for "bertscope", where `bertscope data download` writes),
+then `../shared/data` beside the repository (the layout of development machines and CI). A
+folder the user names (the first two) is the only place looked in: a typo is an error, not a
+silent fall back. Of the two defaults, each data set is taken from the first that holds it, so
+a user who downloaded one set still finds the others beside a checkout. The data is never
+copied into the repository.
 """
 from __future__ import annotations
 
@@ -25,27 +29,68 @@ DATASETS = {
 }
 
 
-def data_root(data_dir: str | None = None) -> Path:
-    """The folder holding the data sets, or a UserError saying where it was looked for."""
+def user_data_dir() -> Path:
+    """The user's own data folder (~/.local/share/bertscope on Linux): `download`'s default."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("bertscope", appauthor=False))
+
+
+def shared_data_dir() -> Path:
+    """../shared/data beside a checkout."""
+    return REPO_ROOT.parent / "shared" / "data"
+
+
+def given_data_dir(data_dir: str | None = None) -> tuple[Path, str] | None:
+    """The folder the user named (--data-dir, else BERTSCOPE_DATA) and how, or None."""
     for candidate, how in ((data_dir, "--data-dir"), (os.environ.get("BERTSCOPE_DATA"), "BERTSCOPE_DATA")):
         if candidate:
-            path = Path(candidate).expanduser()
-            if not path.is_dir():
-                raise UserError(f"{how} points to {path}, which is not a directory")
-            return path
-    default = REPO_ROOT.parent / "shared" / "data"
-    if default.is_dir():
-        return default
-    raise UserError(f"annotated data not found: pass --data-dir DIR or set BERTSCOPE_DATA (looked in {default})")
+            return Path(candidate).expanduser(), how
+    return None
+
+
+def data_roots(data_dir: str | None = None) -> list[Path]:
+    """The folders to look in, in order: the one the user named (which must exist), else those
+    of the defaults that exist (maybe none)."""
+    given = given_data_dir(data_dir)
+    if given:
+        path, how = given
+        if not path.is_dir():
+            raise UserError(f"{how} points to {path}, which is not a directory")
+        return [path]
+    return [path for path in (user_data_dir(), shared_data_dir()) if path.is_dir()]
+
+
+def not_found_message() -> str:
+    return (f"annotated data not found: run `bertscope data download`, pass --data-dir DIR or set "
+            f"BERTSCOPE_DATA (looked in {user_data_dir()} and {shared_data_dir()})")
+
+
+def data_root(data_dir: str | None = None) -> Path:
+    """The first folder holding data sets, or a UserError saying where it was looked for."""
+    roots = data_roots(data_dir)
+    if not roots:
+        raise UserError(not_found_message())
+    return roots[0]
 
 
 def dataset_dir(name: str, data_dir: str | None = None) -> Path:
-    """The folder of one data set, checked to hold what it should."""
+    """The folder of one data set, checked to hold what it should (the first root that does)."""
     folder, expected, what = DATASETS[name]
-    path = data_root(data_dir) / folder
-    if not path.is_dir() or not any(path.glob(expected)):
-        raise UserError(f"{what} not found: expected {expected} in {path}")
-    return path
+    roots = data_roots(data_dir)
+    if not roots:
+        raise UserError(not_found_message())
+    for root in roots:
+        path = root / folder
+        if path.is_dir() and any(path.glob(expected)):
+            return path
+    raise UserError(f"{what} not found: expected {expected} in {roots[0] / folder}; "
+                    f"get it with `{download_command(name, data_dir)}`")
+
+
+def download_command(name: str, data_dir: str | None = None) -> str:
+    """The command that gets a missing data set into the folder it is looked for in."""
+    return f"bertscope data download {name}" + (f" --data-dir {data_dir}" if data_dir else "")
 
 
 def seeded_sample(items: list, limit: int | None, seed: int) -> list:

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from bertscope.cli import main
 from bertscope.analyses.cues.stats import label_cues, strongest, warrant_cues, word_tokens
+from bertscope.cli import main
+from conftest import require_data
 
 # five ARCT-like points: (warrant0, warrant1, index of the correct warrant)
 POINTS = [
@@ -62,6 +63,7 @@ def test_strongest_ranks_by_coverage_times_productivity():
 
 
 def test_cues_command_on_arct(tmp_path, capsys):
+    require_data("arct")
     out = tmp_path / "run"
     assert main(["cues", "--task", "arct", "--out", str(out), "--no-figures", "--top", "3"]) == 0
     printed = capsys.readouterr().out
@@ -81,6 +83,7 @@ def test_cues_command_on_arct(tmp_path, capsys):
 
 
 def test_cues_command_on_rte_and_missing_data(tmp_path, capsys, monkeypatch):
+    require_data("rte")
     assert main(["cues", "--task", "rte", "--out", str(tmp_path / "rte"), "--quiet", "--min-n", "20"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "rte" / "cues.csv")))
     assert {r["split"] for r in rows} == {"train", "dev", "test", "all"}

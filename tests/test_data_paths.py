@@ -1,4 +1,5 @@
-"""Where the annotated data sets are found: --data-dir, then BERTSCOPE_DATA, then ../shared/data."""
+"""Where the annotated data sets are found: --data-dir, then BERTSCOPE_DATA, then the user data
+folder, then ../shared/data."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,6 +26,15 @@ MARKERS = {
 @pytest.fixture
 def no_env(monkeypatch):
     monkeypatch.delenv("BERTSCOPE_DATA", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def user_folder(tmp_path, monkeypatch) -> Path:
+    """The user data folder, in the test's own tmp_path (not yet made): a download into the real
+    one must not change what these tests see."""
+    path = tmp_path / "user-data"
+    monkeypatch.setattr(data, "user_data_dir", lambda: path)
+    return path
 
 
 def fake_root(root: Path, names=tuple(DATASETS)) -> Path:
@@ -107,13 +117,33 @@ def test_a_given_folder_does_not_fall_back_to_the_default(tmp_path, monkeypatch)
         data_root(str(tmp_path / "typo"))
 
 
-def test_nothing_found_says_where_it_looked(tmp_path, monkeypatch, no_env):
+def test_nothing_found_says_where_it_looked(tmp_path, monkeypatch, no_env, user_folder):
     monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
     with pytest.raises(UserError) as info:
         data_root()
     message = str(info.value)
-    assert "--data-dir" in message and "BERTSCOPE_DATA" in message
-    assert str(tmp_path / "shared" / "data") in message
+    assert "--data-dir" in message and "BERTSCOPE_DATA" in message and "bertscope data download" in message
+    assert str(tmp_path / "shared" / "data") in message and str(user_folder) in message
+
+
+def test_the_user_folder_comes_before_shared_data(tmp_path, monkeypatch, no_env, user_folder):
+    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    fake_root(tmp_path / "shared" / "data")
+    assert data_root() == tmp_path / "shared" / "data"
+    fake_root(user_folder, names=["gap"])
+    assert data_root() == user_folder
+    assert dataset_dir("gap") == user_folder / "gap"
+    # a set the user folder lacks is still found beside the checkout
+    assert dataset_dir("rte") == tmp_path / "shared" / "data" / "rte"
+
+
+def test_the_environment_comes_before_the_user_folder(tmp_path, monkeypatch, user_folder):
+    fake_root(user_folder)
+    monkeypatch.setenv("BERTSCOPE_DATA", str(tmp_path / "env"))
+    (tmp_path / "env").mkdir()
+    assert data_root() == tmp_path / "env"
+    with pytest.raises(UserError, match="get it with `bertscope data download gap`$"):
+        dataset_dir("gap")  # a folder the user named is the only place looked in
 
 
 # --- one data set ---------------------------------------------------------------------------
@@ -131,7 +161,8 @@ def test_missing_dataset_names_what_is_expected_where(tmp_path, name):
     folder, expected, what = DATASETS[name]
     with pytest.raises(UserError) as info:
         dataset_dir(name, str(root))
-    assert str(info.value) == f"{what} not found: expected {expected} in {root / folder}"
+    assert str(info.value) == (f"{what} not found: expected {expected} in {root / folder}; "
+                               f"get it with `bertscope data download {name} --data-dir {root}`")
 
 
 def test_dataset_folder_without_its_files(tmp_path):

@@ -4,9 +4,11 @@ import pytest
 from bertscope.datasets.tasks import (read_arct, read_arct_file, read_polarity, read_rte, read_rte_file,
                                       read_task, stratified_split)
 from bertscope.errors import UserError
+from conftest import require_data
 
 
 def test_rte_counts_and_labels():
+    require_data("rte")
     train, dev, test = read_rte("train"), read_rte("dev"), read_rte("test")
     assert (len(train), len(dev), len(test)) == (3030, 337, 800)
     assert len(read_rte("all")) == 4167
@@ -16,6 +18,7 @@ def test_rte_counts_and_labels():
 
 
 def test_polarity_split_is_stratified_and_seeded():
+    require_data("sentence_polarity")
     parts = [read_polarity(s) for s in ("train", "dev", "test")]
     assert [len(p) for p in parts] == [8530, 1066, 1066]
     assert [sum(ex.label for ex in p) for p in parts] == [4265, 533, 533]
@@ -25,6 +28,7 @@ def test_polarity_split_is_stratified_and_seeded():
 
 
 def test_arct_original_and_adversarial():
+    require_data("arct")
     assert [len(read_arct(s)) for s in ("train", "dev", "test")] == [1210, 316, 444]
     assert [len(read_arct(s, "adversarial")) for s in ("train", "dev", "test")] == [2420, 632, 888]
     adv = read_arct("test", "adversarial")  # columns in another order in this file

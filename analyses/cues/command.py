@@ -45,7 +45,8 @@ def add_arguments(p):
                    help="arct: cues in the warrants (original and adversarial data); rte: cues in the hypothesis "
                    "(default: arct)")
     p.add_argument("--data-dir", metavar="DIR", default=None,
-                   help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then ../shared/data)")
+                   help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then the user data "
+                   "folder, then ../shared/data; `bertscope data download` fills the user data folder)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="run directory; an existing run's directory gains the outputs (default: runs/<timestamp>)")
     p.add_argument("--top", type=positive_int, default=10, metavar="K", help="strongest cues shown per table (default: 10)")
