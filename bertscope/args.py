@@ -44,6 +44,9 @@ def check_device(device: str, backend: str):
         raise UserError(f"unknown --device {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but torch sees no GPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0 .. "
+                        f"cuda:{torch.cuda.device_count() - 1})")
     try:
         resolve_backend(backend, dev)
     except ValueError as e:

@@ -176,7 +176,7 @@ class ProbeRun(AnalysisRun):
     """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
 
     def __init__(self, name: str, args: argparse.Namespace, task: str | None = None,
-                 command: str | None = None):
+                 command: str | None = None, device: str | None = None):
         import torch
 
         from bertscope.args import check_device
@@ -185,7 +185,8 @@ class ProbeRun(AnalysisRun):
         check_device(args.device, args.backend)
         if args.threads:
             torch.set_num_threads(args.threads)
-        self.loaded = load_model(args.model, device=args.device, task=task)  # task: models.TASKS
+        # device: this rank's under torchrun (`distributed.init_world`); args.device is recorded
+        self.loaded = load_model(args.model, device=device or args.device, task=task)  # task: models.TASKS
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
         super().__init__(name, args, model=self.loaded.record())

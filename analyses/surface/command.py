@@ -213,7 +213,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
 def _run(settings: RunSettings, out: str | None, resume: str | None, figures: FigurePool | None,
          progress: bool, log) -> Path:
     t0 = time.perf_counter()
-    world = init_world()
+    world = init_world(settings.device)
     if not world.is_main:
         log, progress = (lambda *a, **k: None), False
     run_dir = None
@@ -229,7 +229,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     elif world.is_main:
         check_run_dir(out)  # a used --out fails before any work
 
-    loaded = load_model(settings.model, device=settings.device)
+    loaded = load_model(settings.model, device=world.device)  # under torchrun: cuda:LOCAL_RANK
     if settings.max_len > loaded.max_len:
         raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
     corpus = open_corpus(settings.corpus, settings.text_field)
