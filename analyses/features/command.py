@@ -137,7 +137,7 @@ def run(args) -> Path:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        loaded, run_dir, progress, log = load_model(args.model, device=world.device), None, False, lambda *a, **k: None
+        loaded, run_dir, progress, log = load_model(args.model, device=world.device, dtype=args.dtype), None, False, lambda *a, **k: None
     run_dir = Path(broadcast(world, None if run_dir is None else str(run_dir)))
 
     results, rows = {}, []

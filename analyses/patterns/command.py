@@ -230,7 +230,7 @@ def classify(args) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        run, loaded, log, progress, run_dir = None, load_model(args.model, device=world.device), (lambda *a: None), False, None
+        run, loaded, log, progress, run_dir = None, load_model(args.model, device=world.device, dtype=args.dtype), (lambda *a: None), False, None
     run_dir = Path(broadcast(world, str(run_dir) if run_dir else None))
     results, by_data = {"thresholds": t.as_dict(), "types": list(P.TYPES), "data": {}}, {}
     for name in names:

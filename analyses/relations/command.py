@@ -287,7 +287,7 @@ def main(args) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        loaded = load_model(args.model, device=world.device)
+        loaded = load_model(args.model, device=world.device, dtype=args.dtype)
     run_dir = Path(broadcast(world, str(run_dir) if world.is_main else None))
 
     results = {}
