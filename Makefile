@@ -1,13 +1,16 @@
 # Two entry points, both self-contained on a machine with python3 and pip:
 #   make run   set up .venv and run the surface analysis on Wikipedia (embedded defaults)
 #   make test  set up .venv and run the test suite
+# and one for a GPU machine, which installs nothing:
+#   make gpu-check   selftest, AOT report, kernel and end-to-end benchmarks, pytest -m gpu
+#                    -> bench/results_gpu.md (python from PATH; PYTHON=... to choose another)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bertscope-installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test bench clean
+.PHONY: run test bench gpu-check clean
 
 run: $(STAMP)
 	$(BIN)/bertscope run --corpus wiki
@@ -17,6 +20,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_surface.py
+
+# The GPU image's own torch and Triton, with bertscope installed by `pip install --no-deps .`:
+# no venv, no pip, no package index (bench/gpu_check.py; under 8 minutes on one H100).
+gpu-check: PYTHON = python
+gpu-check:
+	$(PYTHON) bench/gpu_check.py --python $(PYTHON) --out bench/results_gpu.md
 
 # torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA).
 # The weight, text and GloVe packages go in with --no-deps: bertscope reads their files, and

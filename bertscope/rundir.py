@@ -176,16 +176,20 @@ class ProbeRun(AnalysisRun):
     """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
 
     def __init__(self, name: str, args: argparse.Namespace, task: str | None = None,
-                 command: str | None = None):
+                 command: str | None = None, device: str | None = None, dtype: str | None = None):
         import torch
 
-        from bertscope.args import check_device
+        from bertscope.args import check_device, check_dtype
         from bertscope.models import load_model
 
         check_device(args.device, args.backend)
+        # dtype: the model's (default: --dtype; finetune keeps float32 weights and autocasts)
+        dtype = dtype or getattr(args, "dtype", "float32")
+        check_dtype(dtype, args.device)
         if args.threads:
             torch.set_num_threads(args.threads)
-        self.loaded = load_model(args.model, device=args.device, task=task)  # task: models.TASKS
+        # device: this rank's under torchrun (`distributed.init_world`); args.device is recorded
+        self.loaded = load_model(args.model, device=device or args.device, task=task, dtype=dtype)  # task: models.TASKS
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
         super().__init__(name, args, model=self.loaded.record())

@@ -93,6 +93,9 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     gates: the layer's `LayerGates` (head scale xi, uniform heads), or None. They change the
     output only; the statistics describe the un-gated heads.
 
+    The output has q's dtype; the statistics are float32 whatever it is (half-precision
+    backends' statistics are cast here, before any accumulator sees them).
+
     Gradients: the fast paths cannot be differentiated (chunked writes with out= and its C
     row pass; the Triton kernel has no backward). When autograd needs the output
     (`needs_grad`), the backend computes the statistics without grad and the output comes
@@ -101,10 +104,11 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     check_layer_gates(gates, q.shape[0], q.shape[1])
     fn = BACKENDS[resolve_backend(backend, q.device)]
     if not needs_grad(q, k, v, gates):
-        return fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
+        out, stats = fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
+        return out, stats.as_float32()
     with torch.no_grad():
         _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling)
-    return gated_sdpa(q, k, v, key_valid, gates, scale), stats
+    return gated_sdpa(q, k, v, key_valid, gates, scale), stats.as_float32()
 
 
 def output_path(backend: str, grad: bool) -> str:

@@ -20,6 +20,13 @@ the matmuls stay torch's, and everything between them is done in one visit per r
 the row sits in L1 (from `CLASS_MATMUL_MIN` key classes on, the class masses are a third
 matmul P @ onehot instead of C passes over each row). `row_pass="torch"` forces the pure-torch version (the compiled one is
 used when a C compiler is available; see `cpu_rows.py`).
+
+float16 and bfloat16 on the CPU: q, k and v are widened to float32 on entry and the
+compiled row pass runs on them (the output is narrowed back). The widening reads B*H*L*D
+values per tensor against the L x L maps' B*H*L*L, and it is both faster and exact on its
+inputs: at B 16, H 12, L 128, D 32 on one thread, 21.6 ms against the pure-torch pass in
+bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats (mean
+0.013). `row_pass="torch"` keeps the half-precision torch pass.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 # passes' 0.67-1.04 ms (L = 128), and 0.58 ms against 0.39-0.48 ms at C = 4-8, where
 # torch's matmul is slow for so few columns (bench/results_triton.md, "CPU row pass")
 CLASS_MATMUL_MIN = 16
+HALF = (torch.float16, torch.bfloat16)  # widened to float32 on the CPU (module docstring)
 
 
 ROW_PASSES = ("auto", "compiled", "torch")
@@ -49,14 +57,18 @@ def attention_stats_chunked(
 ):
     """Same contract as `attention_stats_eager`; never holds more than one chunk of maps.
 
-    row_pass: "compiled" (cpu_rows.c; float32 on CPU), "torch", or "auto" (compiled when it
-    applies and could be built, torch otherwise).
+    row_pass: "compiled" (cpu_rows.c; float32 on CPU, half precision widened to it), "torch",
+    or "auto" (compiled when it applies and could be built, torch otherwise).
     """
     if row_pass not in ROW_PASSES:
         raise ValueError(f"row_pass must be one of {ROW_PASSES}, not {row_pass!r}")
+    if row_pass != "torch" and q.device.type == "cpu" and q.dtype in HALF:
+        out, stats = attention_stats_chunked(q.float(), k.float(), v.float(), key_valid, key_class, spec, gates,
+                                             scale, pooling, chunk_bytes, row_pass)
+        return out.to(v.dtype), stats
     compiled_fits = q.dtype == torch.float32 and q.device.type == "cpu"
     if row_pass == "compiled" and not compiled_fits:
-        raise ValueError("the compiled row pass takes float32 CPU tensors")
+        raise ValueError("the compiled row pass takes float32, float16 or bfloat16 CPU tensors")
     if row_pass == "compiled" and cpu_rows.load() is None:
         raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
     if row_pass != "torch" and compiled_fits and cpu_rows.load() is not None:

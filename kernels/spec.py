@@ -164,3 +164,12 @@ class RowStats:
     keys: torch.Tensor | None = None
     scale: float | None = None
     extras: dict = field(default_factory=dict)
+
+    def as_float32(self) -> "RowStats":
+        """The statistics in float32, in place: a model in float16 or bfloat16 gives its kernels
+        half-precision q, k, v, and its statistics are summed from float32 (then float64)."""
+        for name in ("entropy", "offset_mass", "class_mass", "column_mass", "word_map"):
+            t = getattr(self, name)
+            if t is not None and t.is_floating_point() and t.dtype != torch.float32:
+                setattr(self, name, t.float())
+        return self

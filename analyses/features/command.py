@@ -121,14 +121,14 @@ def run(args) -> Path:
 
     datas = DATA if args.data == "all" else (args.data,)
     raw = {d: seeded_sample(read_inputs(d, args.data_dir, args.split), args.limit, args.seed) for d in datas}
-    world = init_world()
+    world = init_world(args.device)
     if args.resume and args.world_size != world.size:
         raise UserError(f"{args.resume} was started with {args.world_size} processes; resume it with the same "
                         f"number (now {world.size})")
     run_, earlier = None, {}
     if world.is_main:
         earlier = earlier_results(args.out, datas)
-        run_ = ProbeRun(NAME, args)
+        run_ = ProbeRun(NAME, args, device=world.device)
         run_.record["world_size"] = world.size  # per-rank checkpoints: a resume needs as many
         run_._save_record()
         loaded, run_dir, progress, log = run_.loaded, run_.dir, run_.progress, run_.log
@@ -137,7 +137,7 @@ def run(args) -> Path:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        loaded, run_dir, progress, log = load_model(args.model, device=args.device), None, False, lambda *a, **k: None
+        loaded, run_dir, progress, log = load_model(args.model, device=world.device, dtype=args.dtype), None, False, lambda *a, **k: None
     run_dir = Path(broadcast(world, None if run_dir is None else str(run_dir)))
 
     results, rows = {}, []

@@ -20,8 +20,10 @@ finishes, so an interrupted run keeps what it finished; an existing run director
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import itertools
+import logging
 import time
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from bertscope.datasets.tasks import TASKS, read_task
 from bertscope.errors import UserError
 from bertscope.report import refresh_report
 
+logger = logging.getLogger(__name__)
 INITS = ("pretrained", "random", "probe")
 DATASET = {"rte": "rte", "polarity": "sentence_polarity", "arct": "arct"}  # bertscope.data names
 ARCT_DATA = ("original", "adversarial")
@@ -119,9 +122,8 @@ def add_arguments(p):
     p.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate (default: 5e-5)")
     p.add_argument("--warmup", type=float, default=0.1, help="linear warm-up, fraction of the steps (default: 0.1)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: autocast matmuls to bfloat16 (fp32 weights and optimizer), ~1.6x faster on a CPU "
-                   "with AVX512-BF16 (default: fp32)")
+    # --precision fp32|bf16: the option's name before --dtype, kept as a hidden alias
+    p.add_argument("--precision", choices=tuple(PRECISION), default=None, help=argparse.SUPPRESS)
     p.add_argument("--save", choices=("all", "pretrained", "none"), default="all",
                    help="which fine-tuned models to keep under checkpoints/ (default: all)")
     p.add_argument("--cosine-examples", type=int, default=1000, metavar="N",
@@ -135,6 +137,22 @@ def add_arguments(p):
             action.help = "seed of the data splits (RTE dev, polarity 80/10/10) (default: 0)"
         if action.dest == "batch_size":
             action.help = "data points per training step (ARCT: arguments, two sequences each) (default: 32)"
+        if action.dest == "dtype":
+            action.choices = ("float32", "bfloat16")
+            action.help = ("bfloat16: autocast matmuls to bfloat16 (float32 weights and optimizer), ~1.6x faster on a "
+                           "CPU with AVX512-BF16 (default: float32)")
+
+
+# the deprecated --precision's values -> --dtype
+PRECISION = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def autocast_precision(args) -> str:
+    """task_model's precision ("fp32" or "bf16" autocast) from --dtype, or the deprecated --precision."""
+    if args.precision is not None:
+        logger.warning("--precision is deprecated: use --dtype %s", PRECISION[args.precision])
+        args.dtype = PRECISION[args.precision]
+    return "bf16" if args.dtype == "bfloat16" else "fp32"
 
 
 def main(args) -> int:
@@ -142,10 +160,11 @@ def main(args) -> int:
     from bertscope.rundir import ProbeRun
 
     check_task(args.task)
+    args.precision = autocast_precision(args)  # the weights stay float32: ProbeRun loads them so
     dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
     check_labels(args.model, args.task)
     try:
-        FineTuneRun(args, ProbeRun("finetune", args)).execute()
+        FineTuneRun(args, ProbeRun("finetune", args, dtype="float32")).execute()
     except KeyboardInterrupt:
         raise UserError("interrupted (finished configurations are in the run directory)") from None
     return 0

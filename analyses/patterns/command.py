@@ -221,16 +221,16 @@ def classify(args) -> int:
     for name in names:  # missing data fails before a run directory exists
         if name != "wiki":
             documents(name, args)
-    world = init_world()
+    world = init_world(args.device)
     if world.is_main:
-        run = ProbeRun(NAME, args)
+        run = ProbeRun(NAME, args, device=world.device)
         loaded, log, progress, run_dir = run.loaded, run.log, run.progress, run.dir
     else:
         from bertscope.models import load_model
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        run, loaded, log, progress, run_dir = None, load_model(args.model, device=args.device), (lambda *a: None), False, None
+        run, loaded, log, progress, run_dir = None, load_model(args.model, device=world.device, dtype=args.dtype), (lambda *a: None), False, None
     run_dir = Path(broadcast(world, str(run_dir) if run_dir else None))
     results, by_data = {"thresholds": t.as_dict(), "types": list(P.TYPES), "data": {}}, {}
     for name in names:

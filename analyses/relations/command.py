@@ -269,14 +269,14 @@ def main(args) -> int:
         args = resumed_args(args)
     analyses = ANALYSES if args.analysis == "both" else (args.analysis,)
     data = read_data(args)  # a missing data set should not leave a run directory
-    world = init_world()
+    world = init_world(args.device)
     if args.resume:
         check_world_size(Path(args.resume), world.size)
     run, progress, log = None, False, (lambda *a, **k: None)
     if world.is_main:
         from bertscope.rundir import ProbeRun
 
-        run = ProbeRun(NAME, args)
+        run = ProbeRun(NAME, args, device=world.device)
         loaded, run_dir, progress, log = run.loaded, run.dir, run.progress, run.log
         run.record["world_size"] = world.size
         run._save_record()  # now, so that an interrupted run knows how many ranks to resume with
@@ -287,7 +287,7 @@ def main(args) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        loaded = load_model(args.model, device=args.device)
+        loaded = load_model(args.model, device=world.device, dtype=args.dtype)
     run_dir = Path(broadcast(world, str(run_dir) if world.is_main else None))
 
     results = {}

@@ -30,14 +30,16 @@ from bertscope.analyses.surface.outputs import (
     STATS_FILE,
 )
 from bertscope.args import (
+    add_dtype_argument,
     add_quiet_argument,
     add_threads_argument,
     check_device,
+    check_dtype,
     limit_arg,
     positive_int,
 )
 from bertscope.corpus import open_corpus
-from bertscope.distributed import all_reduce_stats, broadcast, init_world, shutdown
+from bertscope.distributed import all_reduce_stats, broadcast, init_world, rank_device, shutdown
 from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
 from bertscope.errors import UserError
 from bertscope.figure_pool import FigureError, FigurePool, split
@@ -114,6 +116,7 @@ def add_arguments(p):
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, chunked on the CPU")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_dtype_argument(p)
     add_threads_argument(p)
     p.add_argument("--out", metavar="DIR", default=None, help="run directory (default: runs/<timestamp>)")
     p.add_argument("--resume", metavar="DIR", default=None,
@@ -138,11 +141,12 @@ def start_run(args, figures) -> int:
     settings = RunSettings(
         corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
-        backend=args.backend, device=args.device, packing=args.packing, average=args.average,
+        backend=args.backend, device=args.device, dtype=args.dtype, packing=args.packing, average=args.average,
         per_example=args.per_example, text_field=args.text_field,
         **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
     )
     check_device(settings.device, settings.backend)
+    check_dtype(settings.dtype, settings.device)
     if args.threads:
         import torch
 
@@ -174,6 +178,7 @@ class RunSettings:
     batch_size: int = 16
     backend: str = "auto"
     device: str = "cpu"
+    dtype: str = "float32"  # the model's weights and activations; statistics in float32 (sums float64)
     packing: str = "clark"  # how Wikipedia text becomes segments (bertscope.segments)
     average: str = "tokens"  # pool all tokens, or average per segment first (HeadStats)
     per_example: bool = False  # also write examples.parquet: one row per (segment, layer, head)
@@ -213,7 +218,7 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
 def _run(settings: RunSettings, out: str | None, resume: str | None, figures: FigurePool | None,
          progress: bool, log) -> Path:
     t0 = time.perf_counter()
-    world = init_world()
+    world = init_world(settings.device)
     if not world.is_main:
         log, progress = (lambda *a, **k: None), False
     run_dir = None
@@ -229,7 +234,9 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     elif world.is_main:
         check_run_dir(out)  # a used --out fails before any work
 
-    loaded = load_model(settings.model, device=settings.device)
+    # under torchrun cuda:LOCAL_RANK; settings.device is the recorded one when resuming
+    device = rank_device(settings.device, world.local_rank) if world.size > 1 else settings.device
+    loaded = load_model(settings.model, device=device, dtype=settings.dtype)  # under torchrun: cuda:LOCAL_RANK
     if settings.max_len > loaded.max_len:
         raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
     corpus = open_corpus(settings.corpus, settings.text_field)
