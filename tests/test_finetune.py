@@ -111,6 +111,7 @@ def test_arct_scores_each_warrant_and_softmaxes_the_pair(minilm_tokenizer):
     assert arct_segments(ex[0], "W") == [(w, None) for w in ex[0].warrants]
     assert arct_segments(ex[0], "RW")[1] == (ex[0].reason, ex[0].warrant1)
     assert arct_segments(ex[0], "CW")[0] == (ex[0].claim, ex[0].warrant0)
+    assert arct_segments(ex[0], "RCW") == [(f"{ex[0].reason} {ex[0].claim}", w) for w in ex[0].warrants]
     loaded = tiny_classifier(minilm_tokenizer, num_labels=1)
     data = encode(minilm_tokenizer, ex, 32, "full")
     batch = labelled_batch(data, [0, 1], minilm_tokenizer.pad_token_id, True)

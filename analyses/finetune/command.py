@@ -105,8 +105,8 @@ def add_arguments(p):
     p.add_argument("--arct-data", type=csv_list(ARCT_DATA), default=["original"],
                    help="ARCT data: original, adversarial (train-swapped / dev,test-adv-negated) (default: original)")
     p.add_argument("--arct-inputs", type=csv_list(ARCT_INPUTS), default=["full"],
-                   help="ARCT input: full (claim+reason, warrant), W (warrant only), RW (reason, warrant), "
-                   "CW (claim, warrant); comma-separated (default: full)")
+                   help="ARCT input: full (claim+reason, warrant), RCW (reason+claim, warrant), W (warrant only), "
+                   "RW (reason, warrant), CW (claim, warrant); comma-separated (default: full)")
     p.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3, as the papers)")
     p.add_argument("--lr", type=float, default=5e-5, help="peak AdamW learning rate (default: 5e-5)")
     p.add_argument("--warmup", type=float, default=0.1, help="linear warm-up, fraction of the steps (default: 0.1)")
