@@ -84,7 +84,12 @@ PLANS: dict[str, list[Config]] = {
     # ARCT: Niven & Kao's figure order (reason + claim, warrant); needs task_inputs with RCW (a fresh process)
     "arct2": grid(task="arct", input="RCW", lr=3e-5, epochs=5, batch_size=16),
     # what a small model may need: a higher rate for the fresh classifier head (RTE, the chosen recipe otherwise)
-    "more": grid(lr=3e-5, head_lr=1e-3, epochs=5, batch_size=16),
+    # and ARCT's full input (tied with RCW on seed 0) on two more seeds
+    "more": grid(lr=3e-5, head_lr=1e-3, epochs=5, batch_size=16)
+    + grid(seeds=(1, 2), task="arct", lr=3e-5, epochs=5, batch_size=16),
+    # the chosen recipes, for the one look at the test split (--test-plan; their rows come from the plans above)
+    "rte_chosen": grid(seeds=(0, 1, 2), lr=3e-5, epochs=5, batch_size=16),
+    "arct_chosen": grid(seeds=(0, 1, 2), task="arct", lr=3e-5, epochs=5, batch_size=16),
 }
 
 
