@@ -325,3 +325,20 @@ def test_ctrl_c_keeps_what_finished(tmp_path, tiny_checkpoint, capsys, monkeypat
     record = json.loads((out / "run.json").read_text())["probes"]["finetune"]
     assert record["status"] == "interrupted" and record["results"]["timing"]["interrupted"]
     assert (out / "fig_finetune_cosine_rte.png").is_file()
+
+
+def test_training_settings_default_to_the_tasks_recipe():
+    from bertscope.analyses.finetune.command import PAPERS_RECIPE, RECIPES, resolve_recipe
+    from bertscope.cli import build_parser
+
+    def settings(*argv):
+        args = resolve_recipe(build_parser().parse_args(["finetune", *argv]))
+        return {k: getattr(args, k) for k in PAPERS_RECIPE}
+
+    searched = {"epochs": 5, "lr": 3e-5, "batch_size": 16, "warmup": 0.1, "patience": 0}  # issue 23's dev search
+    assert settings("--task", "rte") == settings("--task", "arct") == RECIPES["rte"] == searched
+    assert settings("--task", "polarity") == PAPERS_RECIPE
+    assert PAPERS_RECIPE == {"epochs": 3, "lr": 5e-5, "batch_size": 32, "warmup": 0.1, "patience": 0}
+    # what is given wins; the rest comes from the task
+    assert settings("--task", "rte", "--lr", "5e-5", "--patience", "0") == dict(RECIPES["rte"], lr=5e-5, patience=0)
+    assert settings("--task", "polarity", "--batch-size", "8")["batch_size"] == 8
