@@ -51,12 +51,17 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    from bertscope.data import seeded_sample
     from bertscope.datasets.tasks import read_task
     from bertscope.kernels import Gate
     from bertscope.models import load_model
-    from bertscope.data import seeded_sample
     from bertscope.task_inputs import encode_task
-    from bertscope.variants import baseline, evaluate_variants, single_heads, whole_layers
+    from bertscope.variants import (
+        baseline,
+        evaluate_variants,
+        single_heads,
+        whole_layers,
+    )
 
     loaded = load_model(args.model, task="sequence-classification", num_labels=None if args.model else 2)
     examples = seeded_sample(read_task("rte", "test"), args.examples, 0)

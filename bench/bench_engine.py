@@ -37,9 +37,9 @@ class Engine:
         import torch
         from transformers import AutoModel
 
+        from bertscope.analyses.surface.command import RunSettings
         from bertscope.attention import HeadProbe
         from bertscope.models import load_model
-        from bertscope.analyses.surface.command import RunSettings
 
         self.torch, self.folder = torch, folder
         self.loaded = load_model()

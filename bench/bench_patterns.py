@@ -53,11 +53,11 @@ def inprocess(limit: int, repeats: int, threads: int) -> str:
 
     from bertscope.accumulate import HeadStats
     from bertscope.analyses.patterns import stats as P
+    from bertscope.analyses.surface.command import RunSettings
     from bertscope.attention import HeadProbe
     from bertscope.corpus import open_corpus
     from bertscope.engine import _collate, forward, windowed_batches
     from bertscope.models import load_model
-    from bertscope.analyses.surface.command import RunSettings
     from bertscope.segments import SegmentOptions, iter_segments
     from bertscope.token_classes import part_ids
 

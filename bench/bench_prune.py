@@ -39,8 +39,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint (default: the embedded all-MiniLM-L6-v2)")
@@ -227,7 +225,8 @@ def table(args, loaded, rows, shares, params, elapsed) -> str:
               "projection, LayerNorm), timed with forward hooks (s in the expected speed-up):", "",
               "| batch | L | attention share s |", "|---:|---:|---:|"]
     lines += [f"| {B} | {L} | {100 * s:.1f}% |" for (B, L), s in shares.items()]
-    from bertscope.paper_numbers import MICHEL_PRUNING_FRACTION as F, MICHEL_PRUNING_SPEEDUP as S
+    from bertscope.paper_numbers import MICHEL_PRUNING_FRACTION as F
+    from bertscope.paper_numbers import MICHEL_PRUNING_SPEEDUP as S
 
     lines += ["", f"Reference: {S.source}: up to about {S.value:g}% faster inference with "
               f"{100 * F.value:.0f}% of the heads removed.", ""]

@@ -106,8 +106,8 @@ class Runner:
         self.models = {}
         path = default_model_dir()
         if "bertscope" in methods:
-            from bertscope.attention import HeadProbe
             from bertscope.analyses.surface.command import RunSettings
+            from bertscope.attention import HeadProbe
 
             self.loaded = load_model()
             self.tokenizer, self.class_table = self.loaded.tokenizer, self.loaded.class_table

@@ -111,7 +111,7 @@ STEPS = [
     # fine-tuning, then the heads commands on its checkpoint
     Step("finetune", ["finetune", "--task", "polarity", "--limit", "32", "--epochs", "1", "--seeds", "0",
                       "--save", "pretrained", "--cosine-examples", "8", "--out", "runs/finetune", *T1]),
-    Step("heads_disable", ["heads", "disable", *HEADS, "--limit", "12", "--resamples", "50",
+    Step("heads_disable", ["heads", "disable", *HEADS, "--limit", "12",
                            "--out", "runs/heads_disable"], after=("finetune",)),
     Step("heads_importance", ["heads", "importance", *HEADS, "--limit", "16", "--out", "runs/heads"],
          after=("finetune",)),
@@ -120,7 +120,7 @@ STEPS = [
     Step("heads_importance_compare", ["heads", "importance", "--compare", "runs/heads", "runs/heads_importance_test",
                                       "--out", "runs/heads_importance_compare", *T1],
          after=("heads_ablate", "heads_importance_test")),  # after ablate, which adds to runs/heads
-    Step("heads_ablate", ["heads", "ablate", *HEADS, "--limit", "12", "--resamples", "50", "--out", "runs/heads"],
+    Step("heads_ablate", ["heads", "ablate", *HEADS, "--limit", "12", "--out", "runs/heads"],
          after=("heads_importance",)),
     Step("heads_prune", ["heads", "prune", *HEADS, "--limit", "12", "--random-seeds", "2", "--step", "0.25",
                          "--out", "runs/heads_prune"], after=("finetune",)),

@@ -204,7 +204,13 @@ def cmd_view(args) -> int:
 def cmd_data(args) -> int:
     """List the data sets (exit code 1 when one is missing; after `download`, 0: the sets
     asked for are there, others may be missing)."""
-    from bertscope.data import DATASETS, data_roots, dataset_dir, download_command, not_found_message
+    from bertscope.data import (
+        DATASETS,
+        data_roots,
+        dataset_dir,
+        download_command,
+        not_found_message,
+    )
 
     downloading = args.data_command == "download"
     if downloading:

@@ -11,9 +11,9 @@ Two kinds of task (Kovaleva et al. 2019; Niven & Kao 2019):
               monotone in it); a two-logit head's is logit[1] - logit[0], the log-odds that
               this warrant is the right one.
 
-ARCT's first segment can be chosen (`ARCT_INPUTS`): claim and reason (`full`, Niven & Kao's
-setting), none (`W`, the warrant alone), the reason (`RW`) or the claim (`CW`), which probe
-for cues in the warrants. Inputs are the tokenizer's own `[CLS] a [SEP] b [SEP]` template
+ARCT's first segment can be chosen (`ARCT_INPUTS`): claim and reason (`full`, as Niven & Kao's
+text says), reason and claim (`RCW`, the order of their Figure 3's caption), none (`W`, the
+warrant alone), the reason (`RW`) or the claim (`CW`), which probe for cues in the warrants. Inputs are the tokenizer's own `[CLS] a [SEP] b [SEP]` template
 (RoBERTa's `<s> a </s></s> b </s>`), cut to `max_len` tokens by the tokenizer's longest-first
 truncation. This is the one task encoder: `bertscope finetune` trains on it and the `heads`
 commands evaluate on it.
@@ -30,7 +30,7 @@ from bertscope.segments import pad_rows
 
 TASK_LABELS = {"rte": 2, "polarity": 2}  # classes of a classify task's head
 CHOICE_TASKS = {"arct": 2}  # candidates per example of a choice task
-ARCT_INPUTS = ("full", "W", "RW", "CW")
+ARCT_INPUTS = ("full", "W", "RW", "CW", "RCW")
 
 
 @dataclass
@@ -93,7 +93,8 @@ def arct_segments(example, variant: str) -> list[tuple[str, str | None]]:
     """The two (first segment, warrant) inputs of an ARCT data point for one input variant."""
     if variant not in ARCT_INPUTS:
         raise UserError(f"unknown ARCT input {variant!r}: choose one of {', '.join(ARCT_INPUTS)}")
-    first = {"full": f"{example.claim} {example.reason}", "W": None, "RW": example.reason, "CW": example.claim}[variant]
+    first = {"full": f"{example.claim} {example.reason}", "RCW": f"{example.reason} {example.claim}", "W": None,
+             "RW": example.reason, "CW": example.claim}[variant]
     return [(w, None) if first is None else (first, w) for w in example.warrants]
 
 

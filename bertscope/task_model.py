@@ -127,6 +127,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip: float = 1.0
     precision: str = "fp32"  # or "bf16": autocast to bfloat16 (fp32 weights and optimizer)
+    head_lr: float | None = None  # peak lr of the task head (outside the encoder); None: lr
+    patience: int | None = None  # stop after this many epochs without a better dev accuracy; None: never
     device: str = "cpu"
 
 
@@ -138,28 +140,42 @@ class TrainResult:
     seconds: float = 0.0
 
 
-def linear_warmup(optimizer, warmup_steps: int, total_steps: int):
-    """Linear warm-up to the peak lr, then linear decay to 0 (BERT's schedule)."""
-    def factor(step):
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+def make_optimizer(model, cfg: TrainConfig):
+    """AdamW (fused on CPU/CUDA), weight decay on matrices only (not biases and LayerNorm); with
+    cfg.head_lr the task head (every parameter outside `model.base_model_prefix`: MiniLM's
+    classifier) gets its own peak rate, the encoder cfg.lr. The schedule scales every group alike."""
+    prefix = getattr(model, "base_model_prefix", "")
+    groups: dict[tuple, list] = {}
+    for name, p in model.named_parameters():
+        head = cfg.head_lr is not None and not name.startswith(prefix + ".")
+        decay = cfg.weight_decay if p.ndim >= 2 else 0.0
+        groups.setdefault((cfg.head_lr if head else cfg.lr, decay), []).append(p)
+    fused = torch.device(cfg.device).type in ("cpu", "cuda")
+    return torch.optim.AdamW([{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()],
+                             lr=cfg.lr, fused=fused)
+
+
+def linear_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
+    """BERT's schedule, transformers' `get_linear_schedule_with_warmup`: the lr rises linearly from 0
+    over the first round(cfg.warmup * total) steps (at least 1) to the peak, then decays linearly to 0
+    at the last step; total = steps_per_epoch * cfg.epochs, so the decay depends on the epochs asked
+    for (the best epoch of a 10-epoch run is not a run of that many epochs)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    total = steps_per_epoch * cfg.epochs
+    return get_linear_schedule_with_warmup(optimizer, max(1, round(cfg.warmup * total)), total)
 
 
 def fine_tune(model, train: EncodedTask, dev: EncodedTask, cfg: TrainConfig, seed: int, pad_id: int, with_types: bool,
               progress=None, log=logger.info, desc="fine-tune") -> TrainResult:
-    """Train `model` in place for cfg.epochs; afterwards it holds the weights of the best dev epoch."""
+    """Train `model` in place for cfg.epochs (fewer with cfg.patience: stopped once the best dev epoch is
+    cfg.patience epochs old; the lr schedule still spans cfg.epochs, so such a run equals the first
+    epochs of the full one); afterwards it holds the weights of the best dev epoch."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # biases and LayerNorm: no weight decay
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    fused = torch.device(cfg.device).type in ("cpu", "cuda")
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, fused=fused)
+    optimizer = make_optimizer(model, cfg)
     steps_per_epoch = math.ceil(train.n_examples / cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
-    scheduler = linear_warmup(optimizer, max(1, round(cfg.warmup * total)), total)
+    scheduler = linear_schedule(optimizer, cfg, steps_per_epoch)
     best = TrainResult(best_epoch=0, best_dev=-1.0)
     best_state = None
     t0 = time.perf_counter()
@@ -191,6 +207,10 @@ def fine_tune(model, train: EncodedTask, dev: EncodedTask, cfg: TrainConfig, see
         if dev_acc > best.best_dev:  # ties keep the earlier epoch
             best.best_epoch, best.best_dev = epoch, dev_acc
             best_state = copy.deepcopy(model.state_dict())
+        if cfg.patience is not None and epoch - best.best_epoch >= cfg.patience and epoch < cfg.epochs:
+            log(f"  {desc}: no better dev accuracy for {cfg.patience} epochs, stopping after epoch {epoch} "
+                f"(the schedule was laid out for {cfg.epochs})")
+            break
     model.load_state_dict(best_state)
     model.eval()
     best.seconds = round(time.perf_counter() - t0, 1)

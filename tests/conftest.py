@@ -129,7 +129,13 @@ TINY_KINDS = ("bert", "roberta", "distilbert")
 def tiny_config(kind: str, tokenizer):
     """A fresh config per call: configs are mutable and `from_config` writes the attention
     implementation into them, so two models must never share one."""
-    from transformers import AlbertConfig, BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig
+    from transformers import (
+        AlbertConfig,
+        BertConfig,
+        DistilBertConfig,
+        ElectraConfig,
+        RobertaConfig,
+    )
 
     common = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=TINY_LAYERS,
                   num_attention_heads=TINY_HEADS, intermediate_size=64, max_position_embeddings=128,

@@ -83,7 +83,7 @@ def test_a_head_with_a_zero_output_projection_has_delta_exactly_zero(minilm_toke
     assert torch.equal(logits[dead], logits[0])
     assert not torch.allclose(logits[dead - 1], logits[0], atol=1e-4)  # the head beside it is alive
     res = evaluate_variants(loaded, toy_task(minilm_tokenizer, n=40), variants, batch_size=8, progress=False)
-    rows = variant_rows(res, resamples=50, seed=0, alpha=0.05)
+    rows = variant_rows(res, alpha=0.05)
     assert rows[dead]["variant"] == f"{layer + 1}-{head + 1}"
     assert (rows[dead]["delta"], rows[dead]["b"], rows[dead]["c"]) == (0.0, 0, 0)
     assert (rows[dead]["ci_low"], rows[dead]["ci_high"], rows[dead]["p"]) == (0.0, 0.0, 1.0)
@@ -223,7 +223,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classif
     # a run directory that `heads importance` already wrote to: run.json and importance.csv
     AnalysisRun("importance", type("A", (), {"out": str(out), "quiet": True})())
     norm, _ = write_importance(out / "importance.csv")
-    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "30", "--resamples", "50",
+    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "30",
                  "--out", str(out), "--quiet"]) == 0
     rows = read_csv(out / "ablate.csv")
     assert len(rows) == 1 + 2 * L_ * H_
@@ -258,7 +258,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoin
     require_data("rte")
     write_importance(tmp_path / "imp.csv", seed=3)
     out = tmp_path / "run"
-    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "12", "--resamples", "20",
+    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "12",
                  "--variants", "single", "--importance", str(tmp_path / "imp.csv"), "--out", str(out), "--quiet",
                  "--no-figures"]) == 0
     rows = read_csv(out / "ablate.csv")
@@ -267,7 +267,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoin
     assert "but_one" not in results and results["importance"]["importance_raw"]["heads"] == L_ * H_
     # but-one alone: the importance file in the run directory is not used (no single heads to compare)
     (out / "importance.csv").write_text((tmp_path / "imp.csv").read_text())
-    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "12", "--resamples", "20",
+    assert main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "12",
                  "--variants", "but-one", "--out", str(out), "--quiet", "--no-figures"]) == 0
     rows = read_csv(out / "ablate.csv")
     assert [r["kind"] for r in rows] == ["baseline"] + ["but-one"] * L_ * H_

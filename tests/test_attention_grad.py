@@ -2,13 +2,12 @@
 equal to autograd's on the materialised map (kernels.eager.attention_grad_eager)."""
 import pytest
 import torch
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForSequenceClassification
 
 from bertscope.kernels import GradSums, attention_grad, attention_grad_eager
-
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 
 C = 4
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -214,8 +213,8 @@ def test_probe_refuses_what_it_cannot_measure(minilm_tokenizer):
 def test_pruned_model_sums_sit_in_the_original_slots(minilm_tokenizer):
     """A really pruned model's per-head sums are the zero-gated model's for the kept heads and
     NaN for the removed ones (a fully removed layer too); pair and row counts unchanged."""
-    from bertscope.models import wrap_model
     from bertscope.head_removal import prune_heads
+    from bertscope.models import wrap_model
 
     inputs = padded_inputs(minilm_tokenizer)
     labels = torch.tensor([0, 1, 1])

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bertscope.accumulate import HeadStats
-from bertscope.batch import BatchContext
 from bertscope.analyses.surface.stats import head_table
+from bertscope.batch import BatchContext
 from bertscope.kernels import RowStats, StatsSpec
 from bertscope.token_classes import TokenClasses
 

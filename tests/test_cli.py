@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-import bertscope.engine
 import bertscope.analyses.surface.command
+import bertscope.engine
 from bertscope.accumulate import ARRAYS, HeadStats
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli import main
@@ -458,8 +458,8 @@ def test_resume_across_windows_equals_an_uninterrupted_run(tmp_path, tiny_checkp
 def test_runs_recorded_before_windows_resume_with_one_sorted_window():
     from dataclasses import asdict
 
-    from bertscope.engine import WINDOW_BATCHES
     from bertscope.analyses.surface.command import RunSettings
+    from bertscope.engine import WINDOW_BATCHES
 
     assert RunSettings.from_dict({"corpus": "wiki", "limit": 5}).window_batches is None
     assert RunSettings.from_dict(asdict(RunSettings())).window_batches == WINDOW_BATCHES

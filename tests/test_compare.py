@@ -10,6 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from scipy import stats as sps
+
+import bertscope.analyses.compare.command
+from bertscope.analyses.compare.command import compare_runs
 from bertscope.analyses.compare.stats import (
     PAIRED,
     UNPAIRED,
@@ -17,11 +21,7 @@ from bertscope.analyses.compare.stats import (
     paired_test,
     unpaired_test,
 )
-from scipy import stats as sps
-
-import bertscope.analyses.compare.command
 from bertscope.cli import main
-from bertscope.analyses.compare.command import compare_runs
 from bertscope.errors import UserError
 from bertscope.rundir import write_csv, write_json
 

@@ -3,9 +3,8 @@ import pytest
 
 from bertscope import corpus
 from bertscope.corpus import Document, load_corpus, load_text_file
-from bertscope.sentences import sentence_spans, split_sentences
 from bertscope.errors import UserError
-
+from bertscope.sentences import sentence_spans, split_sentences
 
 # --- sentences -------------------------------------------------------------------------
 

@@ -3,10 +3,15 @@ import csv
 import json
 
 import pytest
-
-from bertscope.analyses.cues.stats import label_cues, strongest, warrant_cues, word_tokens
-from bertscope.cli import main
 from conftest import require_data
+
+from bertscope.analyses.cues.stats import (
+    label_cues,
+    strongest,
+    warrant_cues,
+    word_tokens,
+)
+from bertscope.cli import main
 
 # five ARCT-like points: (warrant0, warrant1, index of the correct warrant)
 POINTS = [

@@ -6,17 +6,27 @@ files by hand.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+from conftest import require_data
 
 from bertscope.datasets import coref, gap, glove
-from bertscope.datasets.coref import CorefDocument, Mention, coref_document, head_word, read_gum_coref
+from bertscope.datasets.coref import (
+    CorefDocument,
+    Mention,
+    coref_document,
+    head_word,
+    read_gum_coref,
+)
 from bertscope.datasets.gap import read_gap, read_gap_file, split_text
 from bertscope.datasets.glove import load_glove
-from bertscope.datasets.treebank import read_ewt_dev, read_gum, read_gum_document, read_treebank
+from bertscope.datasets.treebank import (
+    read_ewt_dev,
+    read_gum,
+    read_gum_document,
+    read_treebank,
+)
 from bertscope.errors import UserError
-from conftest import require_data
 
 
 def need(name: str):

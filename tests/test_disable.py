@@ -8,16 +8,29 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForSequenceClassification
 
-from bertscope.analyses.heads.paired import disagreements, mcnemar_exact, paired_bootstrap
+from bertscope.analyses.heads.paired import (
+    disagreements,
+    mcnemar_exact,
+    mcnemar_interval,
+)
 from bertscope.kernels import Gate
 from bertscope.models import wrap_model
 from bertscope.task_inputs import EncodedTask, encode_task
-from bertscope.variants import (baseline, evaluate_variants, forward_variants, gated, layer_modules, single_heads,
-                                variant_gates, whole_layers)
-
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
+from bertscope.variants import (
+    baseline,
+    evaluate_variants,
+    forward_variants,
+    gated,
+    layer_modules,
+    single_heads,
+    variant_gates,
+    whole_layers,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS
@@ -190,23 +203,49 @@ def test_mcnemar_exact_known_values():
     np.testing.assert_allclose(mcnemar_exact([0, 1, 3, 0], [5, 9, 3, 0]), [2 / 32, 2 * 11 / 1024, 1.0, 1.0])
 
 
-def test_paired_bootstrap_known_answers():
-    from scipy.stats import binom
+def test_mcnemar_interval_of_the_issue_example_includes_zero():
+    """Issue 23: b = 4, c = 0 of n = 200 has p = 0.125; the percentile bootstrap gave
+    [-0.045, -0.005]. The exact interval must hold 0 (and the observed delta -0.02)."""
+    np.testing.assert_allclose(mcnemar_exact(4, 0), [0.125])
+    low, high = mcnemar_interval(4, 0, 200)
+    assert low[0] <= -0.02 < 0 < high[0]
+    # by hand: Clopper-Pearson for 0 of 4 is [0, 1 - 0.025 ** (1 / 4)]; delta = 4/200 * (2 pi - 1)
+    np.testing.assert_allclose([low[0], high[0]], [-0.02, 0.02 * (2 * (1 - 0.025 ** 0.25) - 1)], rtol=1e-9)
 
-    base = np.ones(40, bool)
-    same, none = base.copy(), np.zeros(40, bool)
-    low, high = paired_bootstrap(np.stack([same, none]), base, resamples=200, seed=0)
-    assert low.tolist() == [0.0, -1.0] and high.tolist() == [0.0, -1.0]
-    # 10 of N = 50 examples gained: a resampled delta is Binomial(50, 0.2) / 50
-    N, k = 50, 10
-    base = np.zeros(N, bool)
-    var = np.arange(N) < k
-    low, high = paired_bootstrap(var, base, resamples=20_000, seed=1)
-    assert abs(low[0] - binom.ppf(0.025, N, k / N) / N) <= 1 / N
-    assert abs(high[0] - binom.ppf(0.975, N, k / N) / N) <= 1 / N
-    # seeded: the same seed gives the same interval, another seed another one
-    again = paired_bootstrap(var, base, resamples=300, seed=5)
-    assert again == paired_bootstrap(var, base, resamples=300, seed=5)
+
+def test_mcnemar_interval_known_answers():
+    from scipy.stats import binomtest
+
+    # no disagreement: delta is exactly 0 given m = 0; all disagreements one way: delta = -m/n is the low end
+    low, high = mcnemar_interval([0, 7], [0, 0], 50)
+    assert (low[0], high[0]) == (0.0, 0.0) and low[1] == -7 / 50 and high[1] < 0  # p = 2/128 < 0.05
+    # the interval is scipy's Clopper-Pearson of c out of m, mapped to m/n (2 pi - 1)
+    for b, c, n, level in [(3, 9, 40, 0.95), (20, 11, 300, 0.99), (1, 1, 10, 0.9)]:
+        ci = binomtest(c, b + c).proportion_ci(level, method="exact")
+        low, high = mcnemar_interval(b, c, n, level)
+        np.testing.assert_allclose([low[0], high[0]], [(b + c) / n * (2 * ci.low - 1), (b + c) / n * (2 * ci.high - 1)],
+                                   rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError):
+        mcnemar_interval(5, 6, 10)
+
+
+@settings(max_examples=400, deadline=None)
+@given(n=st.integers(1, 2000), data=st.data(), alpha=st.sampled_from([0.001, 0.01, 0.05, 0.1, 0.2]))
+def test_mcnemar_interval_excludes_zero_iff_the_exact_test_rejects(n, data, alpha):
+    b = data.draw(st.integers(0, n))
+    c = data.draw(st.integers(0, n - b))
+    p = mcnemar_exact(b, c)[0]
+    low, high = mcnemar_interval(b, c, n, level=1 - alpha)
+    assert (low[0] > 0 or high[0] < 0) == (p < alpha), (b, c, n, alpha, p, low, high)
+    assert low[0] <= (c - b) / n <= high[0] and -1 <= low[0] <= high[0] <= 1
+
+
+def test_mcnemar_interval_agrees_with_the_test_for_every_split_of_small_m():
+    for m in range(0, 80):
+        b = np.arange(m + 1)
+        p = mcnemar_exact(b, m - b)
+        low, high = mcnemar_interval(b, m - b, 100)
+        assert (((low > 0) | (high < 0)) == (p < 0.05)).all(), m
 
 
 # --- the command --------------------------------------------------------------------------
@@ -228,7 +267,7 @@ def test_disable_command_on_rte(tiny_classifier_checkpoint, tmp_path):
     require_data("rte")
     out = tmp_path / "run"
     assert main(["heads", "disable", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "30",
-                 "--resamples", "50", "--out", str(out), "--quiet"]) == 0
+                 "--out", str(out), "--quiet"]) == 0
     import csv
 
     rows = list(csv.DictReader(open(out / "disable.csv")))
@@ -280,7 +319,7 @@ def test_disable_command_on_arct_scores_warrant_pairs(tmp_path, minilm_tokenizer
     minilm_tokenizer.save_pretrained(ckpt)
     out = tmp_path / "run"
     assert main(["heads", "disable", "--model", str(ckpt), "--task", "arct", "--split", "dev", "--limit", "12",
-                 "--resamples", "20", "--out", str(out), "--quiet", "--no-figures"]) == 0
+                 "--out", str(out), "--quiet", "--no-figures"]) == 0
     rows = list(csv.DictReader(open(out / "disable.csv")))
     assert len(rows) == 1 + L_ * H_ + L_
     assert all(abs(float(r["accuracy"]) * 12 - round(float(r["accuracy"]) * 12)) < 1e-4 for r in rows)

@@ -3,9 +3,9 @@ import csv
 
 import numpy as np
 import pandas as pd
+from conftest import run_one_and_two_ranks
 
 from bertscope.accumulate import HeadStats
-from conftest import run_one_and_two_ranks
 
 
 def read_heads(path):

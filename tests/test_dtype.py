@@ -21,7 +21,12 @@ from bertscope import analyses
 from bertscope.args import check_dtype
 from bertscope.cli import build_parser, main
 from bertscope.errors import UserError
-from bertscope.kernels import StatsSpec, attention_stats, attention_stats_chunked, attention_stats_eager
+from bertscope.kernels import (
+    StatsSpec,
+    attention_stats,
+    attention_stats_chunked,
+    attention_stats_eager,
+)
 from bertscope.models import load_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -17,7 +17,14 @@ from bertscope.accumulate import ARRAYS, HeadStats
 from bertscope.analyses.surface.stats import head_table
 from bertscope.attention import HeadProbe
 from bertscope.corpus import Document
-from bertscope.engine import EngineOptions, plan_batches, run_batch, run_stats, stream_batches, windowed_batches
+from bertscope.engine import (
+    EngineOptions,
+    plan_batches,
+    run_batch,
+    run_stats,
+    stream_batches,
+    windowed_batches,
+)
 from bertscope.errors import UserError
 from bertscope.kernels import Gate, StatsSpec
 from bertscope.models import SUPPORTED_MODEL_TYPES, load_model, wrap_model

@@ -8,15 +8,23 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import require_data, run_one_and_two_ranks
 
-from bertscope.analyses.features.stats import (FEATURES, SCHEME, TASK_FEATURES, FeatureScores, feature_classes,
-                                         negation_words, set_classes, word_tags)
+from bertscope.analyses.features.stats import (
+    FEATURES,
+    SCHEME,
+    TASK_FEATURES,
+    FeatureScores,
+    feature_classes,
+    negation_words,
+    set_classes,
+    word_tags,
+)
 from bertscope.batch import BatchContext
 from bertscope.cli import main
 from bertscope.kernels import RowStats, StatsSpec
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.word_segments import word_segment
-from conftest import require_data, run_one_and_two_ranks
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

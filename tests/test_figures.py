@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+from test_cli import PNG, check_error, check_heads, resume_corpus  # noqa: F401 (a fixture)
+from test_surface_plots import synthetic_table
 
 import bertscope.engine
 import bertscope.figure_pool
+from bertscope.analyses.surface.command import SURFACE_PLOTS, surface_pool
 from bertscope.analyses.surface.plots import FIGURES
 from bertscope.cli import main
 from bertscope.figure_pool import FigureError, FigurePool, split
-from bertscope.analyses.surface.command import SURFACE_PLOTS, surface_pool
-from test_cli import PNG, check_error, check_heads, resume_corpus  # noqa: F401 (a fixture)
-from test_surface_plots import synthetic_table
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 PLOT = f"{SURFACE_PLOTS}:plot_surface"

@@ -22,6 +22,8 @@ from bertscope.task_model import (
     fine_tune,
     labelled_batch,
     linear_probe,
+    linear_schedule,
+    make_optimizer,
     metrics,
     point_logits,
     predict,
@@ -109,6 +111,7 @@ def test_arct_scores_each_warrant_and_softmaxes_the_pair(minilm_tokenizer):
     assert arct_segments(ex[0], "W") == [(w, None) for w in ex[0].warrants]
     assert arct_segments(ex[0], "RW")[1] == (ex[0].reason, ex[0].warrant1)
     assert arct_segments(ex[0], "CW")[0] == (ex[0].claim, ex[0].warrant0)
+    assert arct_segments(ex[0], "RCW") == [(f"{ex[0].reason} {ex[0].claim}", w) for w in ex[0].warrants]
     loaded = tiny_classifier(minilm_tokenizer, num_labels=1)
     data = encode(minilm_tokenizer, ex, 32, "full")
     batch = labelled_batch(data, [0, 1], minilm_tokenizer.pad_token_id, True)
@@ -125,6 +128,53 @@ def test_arct_scores_each_warrant_and_softmaxes_the_pair(minilm_tokenizer):
     swapped = [ArctExample(e.id, e.claim, e.reason, e.warrant1, e.warrant0, 1 - e.label) for e in dev]
     pred_swapped = predict(loaded.model, encode(minilm_tokenizer, swapped, 32, "W"), 8, minilm_tokenizer.pad_token_id, True)
     assert (pred_swapped == 1 - pred).all()
+
+
+def test_schedule_is_linear_warmup_from_zero_then_linear_decay_to_zero(minilm_tokenizer):
+    """transformers' get_linear_schedule_with_warmup: 20 steps, 10% warm-up = 2 steps from 0."""
+    model = tiny_classifier(minilm_tokenizer).model
+    cfg = TrainConfig(epochs=2, lr=1e-3, warmup=0.1)
+    optimizer = make_optimizer(model, cfg)
+    scheduler = linear_schedule(optimizer, cfg, steps_per_epoch=10)
+    lrs = []
+    for _ in range(21):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    want = [0.0, 0.5e-3] + [1e-3 * (20 - s) / 18 for s in range(2, 21)]
+    np.testing.assert_allclose(lrs, want, rtol=1e-12, atol=1e-15)
+    assert max(lrs) == 1e-3 and lrs[-2] > 0 and lrs[-1] == 0.0
+
+
+def test_head_lr_gives_the_classifier_its_own_rate_and_no_decay_on_vectors(minilm_tokenizer):
+    model = tiny_classifier(minilm_tokenizer).model
+    groups = make_optimizer(model, TrainConfig(lr=1e-4, head_lr=1e-2, weight_decay=0.01)).param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    for g in groups:
+        for p in g["params"]:
+            name = names[id(p)]
+            assert g["lr"] == (1e-4 if name.startswith("bert.") else 1e-2), name
+            assert g["weight_decay"] == (0.01 if p.ndim >= 2 else 0.0), name
+    assert sum(len(g["params"]) for g in groups) == len(names)
+    assert {names[id(p)] for g in groups if g["lr"] == 1e-2 for p in g["params"]} == {
+        "classifier.weight", "classifier.bias"}
+    # without head_lr: one rate, two groups (decay and no decay), as before
+    plain = make_optimizer(model, TrainConfig(lr=1e-4)).param_groups
+    assert len(plain) == 2 and {g["lr"] for g in plain} == {1e-4}
+
+
+def test_patience_stops_early_and_equals_the_start_of_the_full_run(minilm_tokenizer):
+    train, dev = toy_sentences(24), toy_sentences(12, seed=1)
+    runs = []
+    for patience in (None, 1):
+        loaded = tiny_classifier(minilm_tokenizer, seed=0)
+        tr, dv = encode(minilm_tokenizer, train, 32), encode(minilm_tokenizer, dev, 32)
+        cfg = TrainConfig(epochs=6, batch_size=8, lr=1e-7, warmup=0.1, patience=patience)  # too low to move dev
+        runs.append(fine_tune(loaded.model, tr, dv, cfg, 0, minilm_tokenizer.pad_token_id, True, log=lambda *a: None))
+    full, short = runs
+    assert len(full.history) == 6 and short.best_epoch == 1 and len(short.history) == 2
+    strip = [{k: v for k, v in h.items() if k != "seconds"} for h in full.history]
+    assert [{k: v for k, v in h.items() if k != "seconds"} for h in short.history] == strip[:2]
 
 
 def test_length_bucketed_batches_cover_every_point_once(minilm_tokenizer):
@@ -275,3 +325,24 @@ def test_ctrl_c_keeps_what_finished(tmp_path, tiny_checkpoint, capsys, monkeypat
     record = json.loads((out / "run.json").read_text())["probes"]["finetune"]
     assert record["status"] == "interrupted" and record["results"]["timing"]["interrupted"]
     assert (out / "fig_finetune_cosine_rte.png").is_file()
+
+
+def test_training_settings_default_to_the_tasks_recipe():
+    from bertscope.analyses.finetune.command import (
+        PAPERS_RECIPE,
+        RECIPES,
+        resolve_recipe,
+    )
+    from bertscope.cli import build_parser
+
+    def settings(*argv):
+        args = resolve_recipe(build_parser().parse_args(["finetune", *argv]))
+        return {k: getattr(args, k) for k in PAPERS_RECIPE}
+
+    searched = {"epochs": 5, "lr": 3e-5, "batch_size": 16, "warmup": 0.1, "patience": 0}  # issue 23's dev search
+    assert settings("--task", "rte") == settings("--task", "arct") == RECIPES["rte"] == searched
+    assert settings("--task", "polarity") == PAPERS_RECIPE
+    assert PAPERS_RECIPE == {"epochs": 3, "lr": 5e-5, "batch_size": 32, "warmup": 0.1, "patience": 0}
+    # what is given wins; the rest comes from the task
+    assert settings("--task", "rte", "--lr", "5e-5", "--patience", "0") == dict(RECIPES["rte"], lr=5e-5, patience=0)
+    assert settings("--task", "polarity", "--batch-size", "8")["batch_size"] == 8

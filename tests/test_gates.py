@@ -13,6 +13,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config  # noqa: E402
 from transformers import AutoModel  # noqa: E402
 
 from bertscope.attention import HeadProbe  # noqa: E402
@@ -21,8 +22,6 @@ from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats  # no
 from bertscope.kernels.chunked import attention_stats_chunked  # noqa: E402
 from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
 from bertscope.models import wrap_model  # noqa: E402
-
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -8,13 +8,17 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from bertscope.analyses.heads.prune.command import importance_order, prunable_fraction, prune_counts, random_order
-from bertscope.analyses.heads.importance.stats import head_importance
-from bertscope.models import wrap_model
-
 from conftest import TINY_HEADS, TINY_LAYERS, require_data
 from test_disable import classifier, toy_task
+
+from bertscope.analyses.heads.importance.stats import head_importance
+from bertscope.analyses.heads.prune.command import (
+    importance_order,
+    prunable_fraction,
+    prune_counts,
+    random_order,
+)
+from bertscope.models import wrap_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS
@@ -118,9 +122,9 @@ def test_importance_command_and_compare(rte_checkpoint, tmp_path):
 
 def test_prune_command_matches_the_gated_model_by_hand(rte_checkpoint, tmp_path):
     from bertscope.cli import main
+    from bertscope.data import seeded_sample
     from bertscope.datasets.tasks import read_task
     from bertscope.models import load_model
-    from bertscope.data import seeded_sample
     from bertscope.task_inputs import encode_task
 
     require_data("rte")
@@ -184,9 +188,9 @@ def test_user_errors_are_one_line(rte_checkpoint, tiny_checkpoint, tmp_path, cap
 def test_importance_command_on_arct_scores_warrant_pairs(tmp_path, minilm_tokenizer):
     """ARCT through the command: a one-logit head, two rows per example, the loss of each pair."""
     from bertscope.cli import main
+    from bertscope.data import seeded_sample
     from bertscope.datasets.tasks import read_task
     from bertscope.models import load_model
-    from bertscope.data import seeded_sample
     from bertscope.task_inputs import encode_task
 
     require_data("arct")

@@ -6,15 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_HEADS, TINY_LAYERS
+from test_disable import classifier, toy_task
 
-from bertscope.analyses.heads.importance.stats import example_gradients, head_importance, layer_normalise, least_important
+from bertscope.analyses.heads.importance.stats import (
+    example_gradients,
+    head_importance,
+    layer_normalise,
+    least_important,
+)
 from bertscope.models import wrap_model
 from bertscope.task_inputs import encode_task
 from bertscope.task_model import point_loss
 from bertscope.variants import example_batches
-
-from conftest import TINY_HEADS, TINY_LAYERS
-from test_disable import classifier, toy_task
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS

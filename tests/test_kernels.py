@@ -11,8 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats
-from bertscope.kernels import cpu_rows
+from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats, cpu_rows
 from bertscope.kernels.chunked import CLASS_MATMUL_MIN, attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import interrupt_on_call, run_one_and_two_ranks
 
 from bertscope.analyses.patterns import stats as P
 from bertscope.cli import main
-from conftest import interrupt_on_call, run_one_and_two_ranks
 
 
 @pytest.fixture
@@ -120,9 +120,8 @@ def test_two_ranks_equal_one_process(tmp_path, tiny_checkpoint, wiki):
 
 def test_patterns_runs_on_a_fine_tuned_style_checkpoint(tmp_path, tiny_model, wiki, single_thread):
     """--model takes a sequence-classification checkpoint (as the fine-tuning helper saves them): its encoder's maps."""
-    from transformers import BertForSequenceClassification
-
     from conftest import tiny_config
+    from transformers import BertForSequenceClassification
 
     _, tokenizer = tiny_model("bert")
     torch.manual_seed(0)

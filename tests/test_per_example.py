@@ -8,16 +8,22 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from test_engine import (
+    SPEC,
+    eager_twin,
+    hand_segments,
+    random_segments,
+    reference_table,
+)
 
-import bertscope.engine
 import bertscope.analyses.surface.command
+import bertscope.engine
 from bertscope.accumulate import HeadStats
+from bertscope.analyses.surface.per_example import PerExampleWriter, stat_columns
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli import main
 from bertscope.engine import EngineOptions, fold
 from bertscope.kernels import StatsSpec
-from bertscope.analyses.surface.per_example import PerExampleWriter, stat_columns
-from test_engine import SPEC, eager_twin, hand_segments, random_segments, reference_table
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

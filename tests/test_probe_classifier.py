@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import require_data
 
 from bertscope.analyses.probes.classifier import stats as clf
-from conftest import require_data
 
 K_LAYERS, K_HEADS = 2, 3
 K = K_LAYERS * K_HEADS

@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from conftest import require_data
 
 from bertscope.analyses.probes.coref import stats as coref
 from bertscope.datasets.coref import CorefDocument, Mention
-from conftest import require_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -266,11 +266,12 @@ def test_windows_score_only_antecedents_inside_the_segment(minilm_tokenizer):
 
 def test_cli_end_to_end_on_gum_and_gap(tiny_checkpoint, tmp_path, capsys):
     shared_data_or_skip()
-    from bertscope.cli import main
-    from bertscope.datasets.gap import read_gap
-    from bertscope.data import seeded_sample as sample
-    from bertscope.word_segments import word_segment
     from transformers import AutoTokenizer
+
+    from bertscope.cli import main
+    from bertscope.data import seeded_sample as sample
+    from bertscope.datasets.gap import read_gap
+    from bertscope.word_segments import word_segment
 
     out = tmp_path / "run"
     code = main(["probe", "coref", "--model", str(tiny_checkpoint), "--limit-docs", "2", "--limit-gap", "12",
@@ -318,9 +319,13 @@ def test_kernel_argmax_path_matches_word_maps(tiny_checkpoint):
     shared_data_or_skip()
     from types import SimpleNamespace
 
+    from bertscope.analyses.probes.coref.command import (
+        gum_segments,
+        probe_gum,
+        read_gum_documents,
+    )
     from bertscope.engine import iter_word_maps
     from bertscope.models import load_model
-    from bertscope.analyses.probes.coref.command import gum_segments, probe_gum, read_gum_documents
 
     loaded = load_model(str(tiny_checkpoint))
     docs = read_gum_documents(None, 1, 3)

@@ -7,11 +7,18 @@ import json
 
 import numpy as np
 import pytest
-
-from bertscope.analyses.probes.syntax.stats import (ALL, OFFSETS, SyntaxCounts, format_table, sentence_dependents, summarise,
-                                       word_predictions)
-from bertscope.cli import main
 from conftest import require_data
+
+from bertscope.analyses.probes.syntax.stats import (
+    ALL,
+    OFFSETS,
+    SyntaxCounts,
+    format_table,
+    sentence_dependents,
+    summarise,
+    word_predictions,
+)
+from bertscope.cli import main
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -178,9 +185,9 @@ def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_availa
 
 
 def test_cli_end_to_end(tiny_checkpoint, ewt_available, tmp_path):
+    from bertscope.data import seeded_sample
     from bertscope.datasets.treebank import read_ewt_dev
     from bertscope.models import load_model
-    from bertscope.data import seeded_sample
     from bertscope.word_segments import word_segment
 
     out = tmp_path / "run"

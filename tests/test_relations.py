@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import interrupt_on_call, require_data, run_one_and_two_ranks
 
 from bertscope.analyses.relations import stats as rel
 from bertscope.cli import main
 from bertscope.datasets.coref import CorefDocument, Mention
-from conftest import interrupt_on_call, require_data, run_one_and_two_ranks
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -217,10 +217,10 @@ def word_pool(token_map: np.ndarray, word_ids: list[int]) -> np.ndarray:
 
 def test_accumulator_equals_direct_computation_from_output_attentions(tiny_model):
     from bertscope.accumulate import HeadStats
-    from bertscope.engine import EngineOptions, fold
-    from bertscope.models import wrap_model
     from bertscope.analyses.relations.command import offsets_spec
     from bertscope.analyses.relations.stats import prev_next
+    from bertscope.engine import EngineOptions, fold
+    from bertscope.models import wrap_model
     from bertscope.segments import collate
     from bertscope.word_segments import word_segment
 

@@ -8,7 +8,16 @@ import torch
 
 from bertscope.corpus import Document, open_corpus
 from bertscope.errors import UserError
-from bertscope.segments import Segment, SegmentOptions, SegmentReport, collate, iter_segments, length_summary, make_segments, sample_order
+from bertscope.segments import (
+    Segment,
+    SegmentOptions,
+    SegmentReport,
+    collate,
+    iter_segments,
+    length_summary,
+    make_segments,
+    sample_order,
+)
 
 THREE_SENTENCES = "One two three four five. Six seven. Eight nine ten."  # 6 + 3 + 4 MiniLM tokens
 LONG_WORDS = "The unbelievably photosynthesising hippopotamus ate."  # 16 tokens in 6 words

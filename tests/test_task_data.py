@@ -1,10 +1,17 @@
 """Task readers: RTE, sentence polarity and ARCT counts, labels and splits."""
 import pytest
-
-from bertscope.datasets.tasks import (read_arct, read_arct_file, read_polarity, read_rte, read_rte_file,
-                                      read_task, stratified_split)
-from bertscope.errors import UserError
 from conftest import require_data
+
+from bertscope.datasets.tasks import (
+    read_arct,
+    read_arct_file,
+    read_polarity,
+    read_rte,
+    read_rte_file,
+    read_task,
+    stratified_split,
+)
+from bertscope.errors import UserError
 
 
 def test_rte_counts_and_labels():

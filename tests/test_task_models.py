@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 from transformers import AutoModelForSequenceClassification
 
 from bertscope.attention import HeadProbe
 from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec
 from bertscope.models import HEAD_SEED, load_model
-
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -5,14 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_engine import eager_twin, inputs_of
 
 from bertscope.accumulate import HeadStats
 from bertscope.engine import EngineOptions, collate_batch, fold
 from bertscope.kernels import StatsSpec
+from bertscope.token_classes import (
+    PARTS,
+    TokenClasses,
+    check_ids,
+    part_ids,
+    tag_ids,
+    tag_scheme,
+    word_list_ids,
+    word_list_scheme,
+)
 from bertscope.word_segments import word_segment
-from bertscope.token_classes import (PARTS, TokenClasses, check_ids, part_ids, tag_ids, tag_scheme, word_list_ids,
-                                     word_list_scheme)
-from test_engine import eager_twin, inputs_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -13,7 +13,13 @@ import sys
 
 import pytest
 
-from bertscope.kernels.triton_aot import _REGS, _SPILL, CLASS_COUNTS, DTYPES, format_table
+from bertscope.kernels.triton_aot import (
+    _REGS,
+    _SPILL,
+    CLASS_COUNTS,
+    DTYPES,
+    format_table,
+)
 
 ARCHS = ("80", "90")
 # registers per thread and shared memory per block the targets allow

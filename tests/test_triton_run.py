@@ -5,7 +5,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from test_cli import CORPUS_LINES, read_heads
 
 

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 import torch
+from test_engine import eager_twin, hand_segments, inputs_of
 
 from bertscope.engine import iter_word_maps, segment_units, stream_batches
 from bertscope.kernels import StatsSpec
-from test_engine import eager_twin, hand_segments, inputs_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,13 +1,12 @@
 """Segments of pre-split gold words (`word_segment`, `split_words`) for BERT and RoBERTa."""
 from __future__ import annotations
 
-
 import pytest
+from conftest import require_data
 
 from bertscope.corpus import Document
 from bertscope.segments import SegmentOptions, make_segments
 from bertscope.word_segments import split_words, word_segment
-from conftest import require_data
 
 WORDS = ["The", "sheikh", "in", "wheel", "-", "chair", "has", "been", "attacked", "."]
 SECOND = ["He", "did", "n't", "flinch", "!"]

@@ -39,14 +39,13 @@ def add_task_data_arguments(p, split_default: str, split_help: str, splits=("tra
 
 def add_variant_arguments(d):
     """The options of every command that evaluates gated variants through `run_variants`."""
-    from bertscope.args import add_common_arguments, fraction, positive_int
+    from bertscope.args import add_common_arguments, fraction
 
     add_task_data_arguments(d, "test", "evaluation split (default: test; RTE test is RTE3's 800 pairs)",
                             splits=("dev", "test"), limit_help="a seeded sample of N examples of the split (default: all)")
-    d.add_argument("--resamples", type=positive_int, default=1000, metavar="R",
-                   help="paired bootstrap resamples per variant (default: 1000)")
     d.add_argument("--alpha", type=fraction, default=0.05,
-                   help="false discovery rate: variants with BH-adjusted q below it are significant (default: 0.05)")
+                   help="false discovery rate: variants with BH-adjusted q below it are significant; each "
+                   "variant's interval is at level 1 - alpha (default: 0.05)")
     d.add_argument("--max-rows", type=int, default=512, metavar="N",
                    help="model rows per forward pass: ceil(N / batch rows) variants share one batch; 0 runs the "
                    "variants one by one (default: 512)")
@@ -95,7 +94,7 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
             f"tokens), {len(variants)} variants ({gate.name.lower()} gate)")
     res = V.evaluate_variants(loaded, task, variants, args.batch_size, args.max_rows, run.progress, desc=name)
-    rows = variant_rows(res, args.resamples, args.seed, args.alpha)
+    rows = variant_rows(res, args.alpha)
     run.write_csv(table or f"{name}.csv", rows, COLUMNS)
     results = summarise(rows, task, res, gate, args)
     for line in summary_lines(results):
@@ -111,21 +110,22 @@ def figure_title(run) -> str:
     return f"{run.args.task} {run.args.split}, {run.loaded.path.name}"
 
 
-def variant_rows(res, resamples: int, seed: int, alpha: float) -> list[dict]:
-    """One CSV row per variant: accuracy, delta vs the baseline (variant 0), its paired bootstrap
-    interval, McNemar's (b, c, p) and the BH q over the non-baseline variants."""
+def variant_rows(res, alpha: float) -> list[dict]:
+    """One CSV row per variant: accuracy, delta vs the baseline (variant 0), its exact interval at
+    level 1 - alpha (McNemar's test inverted: it excludes 0 iff p < alpha), McNemar's (b, c, p) and
+    the BH q over the non-baseline variants."""
     from bertscope.analyses.heads.paired import (
         bh_adjust,
         disagreements,
         mcnemar_exact,
-        paired_bootstrap,
+        mcnemar_interval,
     )
 
     correct, acc = res.correct, res.accuracy  # (V, N), (V,)
     base = correct[0]
-    low, high = paired_bootstrap(correct, base, resamples, seed)
     b, c = disagreements(correct, base)
     p = mcnemar_exact(b, c)
+    low, high = mcnemar_interval(b, c, correct.shape[1], level=1 - alpha)
     q = np.full(len(p), np.nan)
     q[1:] = bh_adjust(p[1:])
     rows = []
@@ -148,7 +148,8 @@ def summarise(rows, task, res, gate, args) -> dict:
         "task": args.task, "split": args.split, "arct_version": args.arct_version if args.task == "arct" else None,
         "gate": gate.name.lower(), "examples": task.n_examples, "truncated_rows": task.truncated,
         "variants": len(rows), "forwards": res.forwards, "eval_s": round(res.elapsed_s, 2),
-        "resamples": args.resamples, "alpha": args.alpha, "baseline_accuracy": base,
+        "interval": f"exact, McNemar inverted (Clopper-Pearson on the discordant pairs), level {1 - args.alpha:g}",
+        "alpha": args.alpha, "baseline_accuracy": base,
         "mean_delta_heads": float(np.mean([r["delta"] for r in heads])) if heads else None,
         "heads_better": sum(r["delta"] > 0 for r in heads), "heads_worse": sum(r["delta"] < 0 for r in heads),
         "best_head": _extreme(heads, max), "worst_head": _extreme(heads, min),

@@ -39,7 +39,13 @@ from bertscope.args import (
     positive_int,
 )
 from bertscope.corpus import open_corpus
-from bertscope.distributed import all_reduce_stats, broadcast, init_world, rank_device, shutdown
+from bertscope.distributed import (
+    all_reduce_stats,
+    broadcast,
+    init_world,
+    rank_device,
+    shutdown,
+)
 from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
 from bertscope.errors import UserError
 from bertscope.figure_pool import FigureError, FigurePool, split

@@ -34,12 +34,12 @@ DESCRIPTION = (
     "(xi_h = 0 in sum_h xi_h W_o^h Att_h(x)). Evaluates the fine-tuned model (--model, with a "
     "sequence-classification head) on the task split unmasked, with each single head masked (--variants "
     "single) and, for each layer and each head h, with every head of the layer but h masked (--variants "
-    "but-one). Per variant: accuracy, its change against the baseline with a paired bootstrap interval, "
-    "McNemar's exact test and Benjamini-Hochberg q over all variants. With an importance CSV (--importance, "
-    "or importance.csv in the run directory, from `bertscope heads importance`): Spearman's rank correlation "
-    "between importance and the accuracy lost when the head is masked. Writes ablate.csv, ablate_but_one.csv, "
-    "fig_ablate_heads.png, fig_ablate_hist.png, fig_ablate_but_one.png, fig_ablate_importance.png and "
-    "run.json['probes']['ablate'].")
+    "but-one). Per variant: accuracy, its change against the baseline with an exact interval (McNemar's "
+    "test inverted), McNemar's exact test and Benjamini-Hochberg q over all variants. With an importance "
+    "CSV (--importance, or importance.csv in the run directory, from `bertscope heads importance`): "
+    "Spearman's rank correlation between importance and the accuracy lost when the head is masked. Writes "
+    "ablate.csv, ablate_but_one.csv, fig_ablate_heads.png, fig_ablate_hist.png, fig_ablate_but_one.png, "
+    "fig_ablate_importance.png and run.json['probes']['ablate'].")
 VARIANT_SETS = ("single", "but-one", "both")
 
 

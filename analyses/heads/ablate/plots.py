@@ -42,7 +42,7 @@ def plot_histogram(deltas: np.ndarray, n_examples: int, title: str):
 
 def plot_but_one(rows: list[dict], table: list[dict], title: str):
     """Per layer: the delta of every "all but one" variant (grey, by kept head) and the best
-    kept head's with its 95% paired bootstrap interval; 0 is the full model."""
+    kept head's with its exact interval (level 1 - alpha, McNemar inverted); 0 is the full model."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(4.5, 0.7 * len(table) + 2.5), 3.6))
     rows = [r for r in rows if r["kind"] == "but-one"]

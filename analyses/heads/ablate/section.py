@@ -44,8 +44,9 @@ def build(run: RunFiles) -> Section | None:
                         f"{paper.MICHEL_ABLATION_TEXT['but_one']} [{paper.MICHEL_ABLATION.short}]. The best head is "
                         "picked on the evaluation data itself (as in the paper), so its delta is optimistic.")
         tables.append(Table("All heads of a layer masked but one: the best kept head per layer (Michel et al.'s "
-                            "table), its change in points with the 95% paired bootstrap interval and BH q; the worst "
-                            "kept head and the mean over kept heads; heads within = kept heads within 0.5 points",
+                            "table), its change in points with its exact interval at level 1 - alpha (McNemar "
+                            "inverted) and BH q; the worst kept head and the mean over kept heads; heads within = "
+                            "kept heads within 0.5 points",
                             ["layer", "best head", "delta", "CI low", "CI high", "q", "worst head", "worst delta",
                              "mean delta", "heads within"],
                             [[r["layer"], r["best_head"], 100 * num(r["delta"]), 100 * num(r["ci_low"]),
@@ -70,5 +71,5 @@ def build(run: RunFiles) -> Section | None:
     return Section("Ablating heads (Michel et al. 2019)",
                    intro="A masked head's output is zeroed before the output projection (xi_h = 0). Each single head "
                    "is masked in turn, and in each layer every head but one; the change of accuracy is tested "
-                   "against the unmasked model on the same examples (paired bootstrap, exact McNemar, BH).",
+                   "against the unmasked model on the same examples (exact McNemar test and its interval, BH).",
                    findings=findings, tables=tables, figures=[f for f in figures if f])

@@ -3,7 +3,7 @@
 Masking head h of layer l sets its gate xi_h = 0: the head's slice of the attention output is
 zeroed before the output projection, so the layer computes sum_{h' != h} W_o^h' Att_h'(x).
 Two variant sets, each against the unmasked model on the same examples (`bertscope.analyses.heads.common`
-writes one row per variant: accuracy, delta, paired bootstrap interval, McNemar, BH q):
+writes one row per variant: accuracy, delta, exact interval (McNemar inverted), McNemar, BH q):
 
     single    one head masked, every head in turn (Michel's "ablating one head").
     but-one   in one layer, every head masked but h, for every layer and every h ("ablating

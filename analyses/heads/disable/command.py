@@ -1,8 +1,8 @@
 """`bertscope heads disable`: Kovaleva et al. (2019) section 4.6, Figures 8-9.
 
 The task metric with each single head, and each whole layer, disabled (attention replaced by
-the uniform distribution over the valid tokens), against the baseline, with a paired
-bootstrap interval and McNemar's exact test per variant, through `run_variants`.
+the uniform distribution over the valid tokens), against the baseline, with an exact
+interval (McNemar's test inverted) and McNemar's exact test per variant, through `run_variants`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ DESCRIPTION = (
     "the mean of V), which removes its learned pattern but keeps the information flow. Evaluates the "
     "fine-tuned model (--model, a checkpoint with a sequence-classification head) on the task split with no "
     "head disabled, with each single head disabled and with each whole layer disabled. Per variant: "
-    "accuracy, its change against the baseline with a paired bootstrap interval, McNemar's exact test, and "
+    "accuracy, its change against the baseline with an exact interval (McNemar's test inverted), McNemar's "
+    "exact test, and "
     "Benjamini-Hochberg-adjusted q over all variants. Writes disable.csv, fig_disable_heads.png, "
     "fig_disable_layers.png and run.json['probes']['disable'].")
 

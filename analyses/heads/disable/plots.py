@@ -50,8 +50,8 @@ def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str, gate: 
 
 
 def plot_layers(rows: list[dict], title: str, gate: str = "uniform"):
-    """Accuracy with each whole layer gated (points, with the 95% paired bootstrap interval of the
-    change around them), against the baseline line; significant layers starred."""
+    """Accuracy with each whole layer gated (points, with the exact interval of the change around
+    them: level 1 - alpha, McNemar inverted), against the baseline line; significant layers starred."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -38,8 +38,9 @@ def build(run: RunFiles) -> Section | None:
         findings.append(f"Layer 1 disabled: {pts(num(first['delta']))} points, 95% CI [{pts(num(first['ci_low']))}, "
                         f"{pts(num(first['ci_high']))}], q = {num(first['q']):.3g}. Paper: "
                         f"{paper.DISABLE_TEXT['layers']} [{paper.DISABLE.short}].")
-    table = Table("Whole layers disabled, and the 8 single heads that change accuracy most (points; 95% paired "
-                  "bootstrap interval; b / c = examples only the baseline / only the variant gets right)",
+    table = Table("Whole layers disabled, and the 8 single heads that change accuracy most (points; exact "
+                  "interval at level 1 - alpha, McNemar inverted; b / c = examples only the baseline / only "
+                  "the variant gets right)",
                   ["variant", "accuracy %", "delta", "CI low", "CI high", "b", "c", "p", "q", "significant"],
                   [[r["variant"], 100 * num(r["accuracy"]), 100 * num(r["delta"]), 100 * num(r["ci_low"]),
                     100 * num(r["ci_high"]), int(r["b"]), int(r["c"]), num(r["p"]), num(r["q"]), r["significant"]]
@@ -48,7 +49,8 @@ def build(run: RunFiles) -> Section | None:
                           "Fig. 8): colour centred on the baseline (orange on the colour bar), cells give the change "
                           "in points, framed cells are significant."),
                run.figure(LAYERS_FIGURE, "Accuracy with one whole layer disabled at a time (Fig. 9), "
-                          "with 95% paired bootstrap intervals; the orange line is the baseline, * significant.")]
+                          "with exact intervals at level 1 - alpha (McNemar inverted); the orange line is the "
+                          "baseline, * significant.")]
     return Section("Disabling heads and layers (Kovaleva et al. 2019, section 4.6)",
                    intro="A disabled head attends uniformly to every valid token (its output is the mean of V). "
                    "Each single head and each whole layer of the fine-tuned model is disabled in turn; the change "
