@@ -27,8 +27,9 @@ Text = Union[str, tuple[str, str]]
 
 
 def load(model: str | Path | None = None, device: str = "cpu", backend: str = "auto", **kwargs) -> "Scope":
-    """A `Scope` over a local checkpoint directory (default: the embedded all-MiniLM-L6-v2).
-    Extra keyword arguments go to `bertscope.models.load_model`."""
+    """A `Scope` over a local checkpoint folder or a Hugging Face Hub id (default: the embedded
+    all-MiniLM-L6-v2). Extra keyword arguments go to `bertscope.models.load_model`, e.g.
+    `revision` (a Hub id's branch, tag or commit)."""
     from bertscope.models import load_model
 
     return Scope(load_model(model, device=device, **kwargs), backend)

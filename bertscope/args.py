@@ -88,9 +88,19 @@ def add_threads_argument(p: argparse.ArgumentParser):
                    "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
 
 
+def add_model_arguments(p: argparse.ArgumentParser):
+    """--model and --revision, the same for every command that loads a model
+    (`bertscope.model_source` resolves them)."""
+    p.add_argument("--model", metavar="FOLDER|ID", default=None,
+                   help="the model: a local Hugging Face checkpoint folder or a Hub id (bert-base-uncased, "
+                   "org/name), read from the Hugging Face cache ($HF_HUB_CACHE) and downloaded there first "
+                   "unless HF_HUB_OFFLINE=1 (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--revision", metavar="REV", default=None,
+                   help="with a Hub id: its branch, tag or commit (default: main); run.json records the commit")
+
+
 def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    add_model_arguments(p)
     p.add_argument("--data-dir", metavar="DIR", default=None,
                    help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then the user data "
                    "folder, then ../shared/data; `bertscope data download` fills the user data folder)")

@@ -10,7 +10,12 @@ import os
 import sys
 
 from bertscope import analyses
-from bertscope.args import add_quiet_argument, check_device, positive_int
+from bertscope.args import (
+    add_model_arguments,
+    add_quiet_argument,
+    check_device,
+    positive_int,
+)
 from bertscope.errors import UserError
 from bertscope.log import configure as configure_logging
 
@@ -113,8 +118,7 @@ def add_view_parser(sub):
     )
     v.add_argument("text", metavar="TEXT", help="the input text")
     v.add_argument("--pair", metavar="TEXT2", default=None, help="a second part, as in a sentence pair")
-    v.add_argument("--model", metavar="PATH", default=None,
-                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    add_model_arguments(v)
     v.add_argument("--out", metavar="FILE", default="view.html", help="the HTML file to write (default: view.html)")
     v.add_argument("--max-len", type=positive_int, default=DEFAULT_MAX_LEN, metavar="N",
                    help=f"longest input, in tokens with the special tokens (default: {DEFAULT_MAX_LEN}); "
@@ -196,7 +200,7 @@ def cmd_view(args) -> int:
     from bertscope.view import check_request, write_view
 
     check_request(args.text, args.pair, args.out)  # before the model loads
-    out = write_view(load(args.model), args.text, args.out, args.pair, args.max_len, args.from_word)
+    out = write_view(load(args.model, revision=args.revision), args.text, args.out, args.pair, args.max_len, args.from_word)
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB): open it in a browser")
     return 0
 

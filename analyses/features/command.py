@@ -137,7 +137,7 @@ def run(args) -> Path:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        loaded, run_dir, progress, log = load_model(args.model, device=world.device, dtype=args.dtype), None, False, lambda *a, **k: None
+        loaded, run_dir, progress, log = load_model(args.model, device=world.device, dtype=args.dtype, revision=args.revision), None, False, lambda *a, **k: None
     run_dir = Path(broadcast(world, None if run_dir is None else str(run_dir)))
 
     results, rows = {}, []
@@ -239,11 +239,12 @@ def add_arguments(p):
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR's run.json, with DIR as --out."""
-    from bertscope.rundir import recorded_run
+    from bertscope.rundir import recorded_run, resumed_revision
 
     record = recorded_run(args.resume, NAME)
     settings = {**vars(args), **record["settings"]}
-    settings.update(out=args.resume, resume=args.resume, quiet=args.quiet, world_size=record.get("world_size", 1))
+    settings.update(out=args.resume, resume=args.resume, quiet=args.quiet, world_size=record.get("world_size", 1),
+                    revision=resumed_revision(record, record["settings"].get("revision")))
     return argparse.Namespace(**settings)
 
 

@@ -74,13 +74,13 @@ def check_task(task: str):
         raise UserError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
 
 
-def check_labels(path, task: str):
+def check_labels(model, task: str, revision: str | None = None):
     """A checkpoint with a classification head must have the task's number of outputs."""
     from transformers import AutoConfig
 
-    from bertscope.models import default_model_dir
+    from bertscope.models import model_dir
 
-    path = Path(path) if path else default_model_dir()
+    path = model_dir(model, revision)
     if not (path / "config.json").is_file():
         return  # load_model says what is wrong
     config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -196,7 +196,7 @@ def main(args) -> int:
     args.precision = autocast_precision(args)  # the weights stay float32: ProbeRun loads them so
     resolve_recipe(args)
     dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
-    check_labels(args.model, args.task)
+    check_labels(args.model, args.task, args.revision)
     try:
         FineTuneRun(args, ProbeRun("finetune", args, dtype="float32")).execute()
     except KeyboardInterrupt:
@@ -293,7 +293,7 @@ class FineTuneRun:
         from bertscope.task_model import classifier_model, fine_tune, metrics, predict
 
         a = self.args
-        loaded = classifier_model(a.model, num_labels(a.task), init, seed, a.device)
+        loaded = classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
         model, pad, types = loaded.model, loaded.tokenizer.pad_token_id, loaded.takes_token_types
         desc = f"{name} {init} seed {seed}"
         self.run.log(f"  fine-tuning {desc}")

@@ -106,8 +106,9 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
 
 
 def figure_title(run) -> str:
-    """`task split, model folder`: the first line of every figure's title."""
-    return f"{run.args.task} {run.args.split}, {run.loaded.path.name}"
+    """`task split, model folder` (or Hub id): the first line of every figure's title."""
+    source = run.loaded.source
+    return f"{run.args.task} {run.args.split}, {source.hub_id if source and source.hub_id else run.loaded.path.name}"
 
 
 def variant_rows(res, alpha: float) -> list[dict]:

@@ -54,7 +54,7 @@ DESCRIPTION = (
     "train: train the paper's 8-layer CNN on a labels file, with F1 and Cohen's kappa on held-out segments.")
 CHECKPOINT_EVERY = 20  # batches between checkpoints of the counts
 # settings a resumed run takes from run.json
-RESUMED = ("data", "split", "arct_version", "limit", "seed", "max_len", "batch_size", "model", "examples",
+RESUMED = ("data", "split", "arct_version", "limit", "seed", "max_len", "batch_size", "model", "revision", "examples",
            "structured", "mix", "own", "spread", "data_dir")
 
 
@@ -209,13 +209,14 @@ def pick_examples(loaded, segments, t: P.Thresholds) -> list[dict]:
 def classify(args) -> int:
     from bertscope.distributed import broadcast, init_world, shutdown
     from bertscope.engine import EngineOptions, fold
-    from bertscope.rundir import ProbeRun, recorded_run
+    from bertscope.rundir import ProbeRun, recorded_run, resumed_revision
     from bertscope.segments import SegmentReport
 
     if args.resume:
         record = recorded_run(args.resume, NAME)
         for key in RESUMED:
             setattr(args, key, record["settings"].get(key, getattr(args, key)))
+        args.revision = resumed_revision(record, args.revision)
         args.out = args.resume
     names, t = data_names(args.data), thresholds(args)
     for name in names:  # missing data fails before a run directory exists
@@ -230,7 +231,7 @@ def classify(args) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        run, loaded, log, progress, run_dir = None, load_model(args.model, device=world.device, dtype=args.dtype), (lambda *a: None), False, None
+        run, loaded, log, progress, run_dir = None, load_model(args.model, device=world.device, dtype=args.dtype, revision=args.revision), (lambda *a: None), False, None
     run_dir = Path(broadcast(world, str(run_dir) if run_dir else None))
     results, by_data = {"thresholds": t.as_dict(), "types": list(P.TYPES), "data": {}}, {}
     for name in names:

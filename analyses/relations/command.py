@@ -242,14 +242,15 @@ def all_reduce(world, scores, offsets):
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR/run.json, with this command line's --resume and --quiet."""
-    from bertscope.rundir import recorded_run
+    from bertscope.rundir import recorded_run, resumed_revision
 
     record = recorded_run(args.resume, NAME)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     settings = {**vars(parser.parse_args([])), "command": NAME}  # defaults of options newer than the record
     settings.update(record["settings"])
-    settings.update({k: getattr(args, k) for k in RESUME_KEYS}, out=args.resume)
+    settings.update({k: getattr(args, k) for k in RESUME_KEYS}, out=args.resume,
+                    revision=resumed_revision(record, settings.get("revision")))
     return argparse.Namespace(**settings)
 
 
@@ -287,7 +288,7 @@ def main(args) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        loaded = load_model(args.model, device=world.device, dtype=args.dtype)
+        loaded = load_model(args.model, device=world.device, dtype=args.dtype, revision=args.revision)
     run_dir = Path(broadcast(world, str(run_dir) if world.is_main else None))
 
     results = {}

@@ -13,7 +13,7 @@ import logging
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from itertools import chain
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from bertscope.analyses.surface.outputs import (
 )
 from bertscope.args import (
     add_dtype_argument,
+    add_model_arguments,
     add_quiet_argument,
     add_threads_argument,
     check_device,
@@ -62,6 +63,7 @@ from bertscope.rundir import (
     check_run_dir,
     new_run_dir,
     read_json,
+    resumed_revision,
     write_csv,
     write_json,
 )
@@ -90,8 +92,7 @@ def add_arguments(p):
     p.add_argument("--text-field", metavar="NAME", default=None,
                    help="the text column of a JSON Lines, Parquet or datasets corpus, or NAME_A,NAME_B for the two "
                    "parts of a pair (default: 'text', else 'text_a' and 'text_b')")
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    add_model_arguments(p)
     p.add_argument("--limit", type=limit_arg, default=1000, metavar="N",
                    help="number of segments, sampled with --seed; 'all' for every one (default: 1000, as the paper)")
     p.add_argument("--max-len", type=positive_int, default=128, help="maximum tokens per segment (default: 128)")
@@ -145,7 +146,7 @@ def start_run(args, figures) -> int:
     if args.max_offset < 1:
         raise UserError("--max-offset must be >= 1 (the surface analysis needs offsets -1, 0, +1)")
     settings = RunSettings(
-        corpus=args.corpus, model=args.model, limit=args.limit, max_len=args.max_len, seed=args.seed,
+        corpus=args.corpus, model=args.model, revision=args.revision, limit=args.limit, max_len=args.max_len, seed=args.seed,
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
         backend=args.backend, device=args.device, dtype=args.dtype, packing=args.packing, average=args.average,
         per_example=args.per_example, text_field=args.text_field,
@@ -174,7 +175,8 @@ class RunSettings:
     """Everything that determines a run's result (recorded in run.json)."""
 
     corpus: str = "wiki"
-    model: str | None = None  # None: the embedded all-MiniLM-L6-v2
+    model: str | None = None  # a folder or a Hub id; None: the embedded all-MiniLM-L6-v2
+    revision: str | None = None  # a Hub id's branch, tag or commit (None: main); run.json's model has the commit
     limit: int | None = 1000
     max_len: int = 128
     seed: int = 0
@@ -228,10 +230,12 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     if not world.is_main:
         log, progress = (lambda *a, **k: None), False
     run_dir = None
+    revision = settings.revision
     if resume:
         run_dir = Path(resume)
         record = read_json(run_dir / "run.json")
         settings = RunSettings.from_dict(record["settings"])
+        revision = resumed_revision(record, settings.revision)
         if record.get("world_size", 1) != world.size:
             raise UserError(f"{run_dir} was started with {record.get('world_size', 1)} processes; "
                             f"resume it with the same number (now {world.size})")
@@ -242,7 +246,9 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
 
     # under torchrun cuda:LOCAL_RANK; settings.device is the recorded one when resuming
     device = rank_device(settings.device, world.local_rank) if world.size > 1 else settings.device
-    loaded = load_model(settings.model, device=device, dtype=settings.dtype)  # under torchrun: cuda:LOCAL_RANK
+    loaded = load_model(settings.model, device=device, dtype=settings.dtype, revision=revision)  # torchrun: cuda:LOCAL_RANK
+    if loaded.source is not None and loaded.source.hub_id is not None:  # run.json keeps the revision asked for
+        loaded.source = replace(loaded.source, revision=settings.revision)
     if settings.max_len > loaded.max_len:
         raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
     corpus = open_corpus(settings.corpus, settings.text_field)
@@ -254,7 +260,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
     log(f"bertscope {__version__}: run directory {run_dir}")
     removed = sum(map(len, loaded.pruned_heads.values()))
-    log(f"model {loaded.path} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads"
+    log(f"model {loaded.origin} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads"
         + (f", {removed} of them removed: NaN in the statistics" if removed else "") + "); "
         f"segments from {settings.corpus}" + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
         + (f", at most {settings.limit}" if settings.limit else ", all of them"))

@@ -11,7 +11,6 @@ The definition of the statistic, the masking and the accumulator are in `stats.p
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,7 +73,7 @@ def add_arguments(p):
 def main(args) -> int:
     from bertscope.rundir import ProbeRun
 
-    objective = args.objective or default_objective(args.model)
+    objective = args.objective or default_objective(args.model, args.revision)
     if objective == "task" and args.task is None:
         raise UserError("--objective task needs --task (the task the checkpoint was fine-tuned on); the embedded "
                         "MiniLM has no MLM head, so give a fine-tuned --model and its --task")
@@ -120,11 +119,11 @@ def main(args) -> int:
 # --- the loss and its data ---------------------------------------------------------------
 
 
-def default_objective(model) -> str:
+def default_objective(model, revision: str | None = None) -> str:
     """mlm when the checkpoint's architectures name a masked-LM (or pre-training) head, else task."""
-    from bertscope.models import default_model_dir
+    from bertscope.models import model_dir
 
-    path = Path(model) if model is not None else default_model_dir()
+    path = model_dir(model, revision)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -27,10 +27,13 @@ DESCRIPTION = (
 
 
 def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subcommand's own dest
-    from bertscope.args import add_quiet_argument, add_threads_argument
+    from bertscope.args import (
+        add_model_arguments,
+        add_quiet_argument,
+        add_threads_argument,
+    )
 
-    p.add_argument("--model", metavar="PATH", default=None,
-                   help="local Hugging Face checkpoint directory (default: the embedded all-MiniLM-L6-v2)")
+    add_model_arguments(p)
     p.add_argument("--out", metavar="DIR", required=True, help="where to save the pruned model (a new or empty folder)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--heads", dest="remove_heads", metavar="L-H,...",
@@ -48,6 +51,7 @@ def main(args) -> int:
     import torch
 
     from bertscope import head_removal
+    from bertscope.model_source import resolve_model
     from bertscope.models import load_model
 
     if args.threads:
@@ -56,7 +60,8 @@ def main(args) -> int:
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not an empty folder")
-    loaded = load_model(args.model, task=checkpoint_task(args.model))
+    source = resolve_model(args.model, args.revision)  # once: a Hub id's folder in the cache
+    loaded = load_model(source, task=checkpoint_task(source.path))
     if out.resolve() == loaded.path.resolve():
         raise UserError("--out must not be the --model folder")
     before = sum(p.numel() for p in loaded.model.parameters())
@@ -103,9 +108,9 @@ def checkpoint_task(path) -> str | None:
     """The task head a checkpoint carries, so that pruning keeps it (None: a bare encoder)."""
     import json
 
-    from bertscope.models import default_model_dir
+    from bertscope.models import model_dir
 
-    config = Path(path if path is not None else default_model_dir()) / "config.json"
+    config = model_dir(path) / "config.json"
     try:
         archs = json.loads(config.read_text()).get("architectures") or []
     except (OSError, ValueError):
