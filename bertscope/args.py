@@ -18,6 +18,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0 (a seed, a patience where 0 means never, a count where 0 skips)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number strictly between 0 and 1 (an FDR level, a share of heads)."""
     try:
@@ -56,8 +67,8 @@ def check_device(device: str, backend: str):
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # bertscope.models.DTYPES
 
 
-def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None):
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
+def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None, choices: tuple[str, ...] = DTYPE_CHOICES):
+    p.add_argument("--dtype", choices=choices, default="float32",
                    help=help or "the model's weights and activations (default: float32); the attention statistics "
                    "are computed and summed in float32 (sums in float64) whatever it is")
 
@@ -88,38 +99,56 @@ def add_threads_argument(p: argparse.ArgumentParser):
                    "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
 
 
-def add_model_arguments(p: argparse.ArgumentParser):
+def add_model_arguments(p: argparse.ArgumentParser, add=None):
     """--model and --revision, the same for every command that loads a model
-    (`bertscope.model_source` resolves them)."""
-    p.add_argument("--model", metavar="FOLDER|ID", default=None,
-                   help="the model: a local Hugging Face checkpoint folder or a Hub id (bert-base-uncased, "
-                   "org/name), read from the Hugging Face cache ($HF_HUB_CACHE) and downloaded there first "
-                   "unless HF_HUB_OFFLINE=1 (default: the embedded all-MiniLM-L6-v2)")
-    p.add_argument("--revision", metavar="REV", default=None,
-                   help="with a Hub id: its branch, tag or commit (default: main); run.json records the commit")
+    (`bertscope.model_source` resolves them). `add` is the add_argument to use (default p's)."""
+    add = add or p.add_argument
+    add("--model", metavar="FOLDER|ID", default=None,
+        help="the model: a local Hugging Face checkpoint folder or a Hub id (bert-base-uncased, "
+        "org/name), read from the Hugging Face cache ($HF_HUB_CACHE) and downloaded there first "
+        "unless HF_HUB_OFFLINE=1 (default: the embedded all-MiniLM-L6-v2)")
+    add("--revision", metavar="REV", default=None,
+        help="with a Hub id: its branch, tag or commit (default: main); run.json records the commit")
 
 
-def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True):
-    add_model_arguments(p)
-    p.add_argument("--data-dir", metavar="DIR", default=None,
-                   help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then the user data "
-                   "folder, then ../shared/data; `bertscope data download` fills the user data folder)")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help="run directory; an existing run's directory gains this probe's outputs "
-                   "(default: runs/<timestamp>)")
+def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, overrides: dict | None = None):
+    """The options every model-running command shares. `overrides` maps an option's dest to the
+    keyword arguments of `add_argument` that this command declares differently (its help, default,
+    choices, ...), e.g. {"seed": {"help": ...}, "dtype": {"choices": (...)}}."""
+    overrides = dict(overrides or {})
+
+    def add(*names, **kwargs):
+        dest = kwargs.get("dest") or names[0].lstrip("-").replace("-", "_")
+        p.add_argument(*names, **{**kwargs, **overrides.pop(dest, {})})
+
+    add_model_arguments(p, add)
+    add("--data-dir", metavar="DIR", default=None,
+        help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then the user data "
+        "folder, then ../shared/data; `bertscope data download` fills the user data folder)")
+    add("--out", metavar="DIR", default=None,
+        help="run directory; an existing run's directory gains this probe's outputs "
+        "(default: runs/<timestamp>)")
     if from_word:
-        p.add_argument("--from-word", choices=("mean", "first"), default="mean",
-                       help="attention *from* a split word: the mean of its tokens' rows, as the paper "
-                       "defines it, or its first token's row, as Clark et al.'s released code did (default: mean)")
-    p.add_argument("--max-len", type=positive_int, default=128,
-                   help="maximum tokens per model input (default: 128); what happens to longer inputs "
-                   "depends on the probe and is counted")
-    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="inputs per forward pass (default: 32)")
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    add_dtype_argument(p)
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+        add("--from-word", choices=("mean", "first"), default="mean",
+            help="attention *from* a split word: the mean of its tokens' rows, as the paper "
+            "defines it, or its first token's row, as Clark et al.'s released code did (default: mean)")
+    add("--max-len", type=positive_int, default=128,
+        help="maximum tokens per model input (default: 128); what happens to longer inputs "
+        "depends on the probe and is counted")
+    add("--batch-size", type=positive_int, default=32, metavar="N", help="inputs per forward pass (default: 32)")
+    add("--backend", choices=BACKEND_CHOICES, default="auto",
+        help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
+    add("--device", default="cpu", help="torch device (default: cpu)")
+    dtype = overrides.pop("dtype", {})
+    add_dtype_argument(p, help=dtype.pop("help", None), choices=dtype.pop("choices", DTYPE_CHOICES))
+    if dtype:
+        raise ValueError(f"--dtype takes help and choices overrides only, not {', '.join(dtype)}")
+    add("--seed", type=int, default=0, help="random seed (default: 0)")
+    threads = overrides.pop("threads", None)
+    if threads:
+        raise ValueError("--threads takes no overrides")
     add_threads_argument(p)
-    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    add("--no-figures", action="store_true", help="skip the PNG figures")
+    if overrides:
+        raise ValueError(f"no common option has the dest {', '.join(overrides)}")
     add_quiet_argument(p)

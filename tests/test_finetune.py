@@ -290,7 +290,7 @@ def one_line_error(capsys, args) -> str:
 def test_user_errors_are_one_line(tmp_path, tiny_checkpoint, capsys, minilm_tokenizer):
     write_rte(tmp_path / "data" / "rte")
     data = ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "o")]
-    assert "unknown task 'mnli'" in one_line_error(capsys, ["finetune", "--task", "mnli"] + data)
+    # an unknown --task is argparse's usage error (choices=): tests/test_cli_conventions.py
     assert "sentence polarity" in one_line_error(capsys, ["finetune", "--task", "polarity"] + data)
     three = tmp_path / "three-labels"
     model = tiny_classifier(minilm_tokenizer, num_labels=3).model
@@ -315,10 +315,11 @@ def test_ctrl_c_keeps_what_finished(tmp_path, tiny_checkpoint, capsys, monkeypat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(task_model, "fine_tune", second_is_interrupted)
-    err = one_line_error(capsys, ["finetune", "--task", "rte", "--model", str(tiny_checkpoint), "--data-dir",
-                                  str(tmp_path / "data"), "--out", str(out), "--seeds", "0,1", "--epochs", "1",
-                                  "--inits", "pretrained", "--threads", "1", "--quiet", "--cosine-examples", "4"])
-    assert "interrupted" in err
+    code = main(["finetune", "--task", "rte", "--model", str(tiny_checkpoint), "--data-dir", str(tmp_path / "data"),
+                 "--out", str(out), "--seeds", "0,1", "--epochs", "1", "--inits", "pretrained", "--threads", "1",
+                 "--quiet", "--cosine-examples", "4"])
+    err = capsys.readouterr().err.strip()
+    assert code == 130 and len(err.splitlines()) == 1 and err.startswith("bertscope: interrupted"), err
     with open(out / "finetune_results.csv") as f:
         rows = list(csv.DictReader(f))
     assert {(r["seed"], r["split"]) for r in rows} == {("0", "dev"), ("0", "test")}  # seed 0 finished, 1 did not

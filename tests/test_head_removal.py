@@ -133,10 +133,14 @@ def test_pruning_twice_uses_original_indices(family):
 
 def test_bad_heads_are_refused(family):
     model, _ = family("bert")
-    with pytest.raises(ValueError, match="layer 5 does not exist"):
+    # counted from 1, as the user wrote them (`heads remove --heads 6-1`)
+    n_layers = head_removal.n_layers_heads(model.config)[0]
+    with pytest.raises(ValueError, match=rf"^layer 6 does not exist: the model has layers 1\.\.{n_layers}$"):
         head_removal.prune_heads(model, {5: [0]})
-    with pytest.raises(ValueError, match=r"head\(s\) \[4\] do not exist"):
+    with pytest.raises(ValueError, match=rf"^layer 1: head 5 does not exist: the model has heads 1\.\.{TINY_HEADS}$"):
         head_removal.prune_heads(model, {0: [4]})
+    with pytest.raises(ValueError, match=r"^layer 2: heads 5, 7 do not exist"):
+        head_removal.prune_heads(model, {1: [0, 4, 6]})
     assert head_removal.kept_heads(model)[0] == list(range(TINY_HEADS))  # nothing half done
 
 
@@ -330,7 +334,10 @@ def test_heads_remove_command(tiny_checkpoint, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--heads", "1-9"], "head(s) [8] do not exist"),
+    # every message counts layers and heads from 1, as --heads does (the tiny model: 2 layers x 4 heads)
+    (["--heads", "1-9"], "layer 1: head 9 does not exist: the model has heads 1..4"),
+    (["--heads", "3-3"], "layer 3 does not exist: the model has layers 1..2"),
+    (["--heads", "2-1,2-5,2-6"], "layer 2: heads 5, 6 do not exist: the model has heads 1..4"),
     (["--heads", "x"], "--heads: 'x' is not LAYER-HEAD"),
     (["--heads", "1-1", "--fraction", "0.5"], "--fraction goes with --from-prune"),
     (["--from-prune", "RUN"], "--from-prune needs --fraction"),

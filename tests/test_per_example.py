@@ -124,7 +124,7 @@ def test_interrupted_per_example_run_resumes_to_the_same_rows(tmp_path, tiny_che
         return real_forward(*a, **k)
 
     monkeypatch.setattr(bertscope.engine, "forward", crash_on_third)
-    assert main([*args, "--out", str(tmp_path / "broken")]) == 2
+    assert main([*args, "--out", str(tmp_path / "broken")]) == 130  # Ctrl-C
     assert len(list((tmp_path / "broken" / "examples").glob("part-*.parquet"))) == 2
     monkeypatch.setattr(bertscope.engine, "forward", real_forward)
     assert main(["run", "--resume", str(tmp_path / "broken"), "--quiet", "--no-figures"]) == 0

@@ -37,8 +37,8 @@ from bertscope.rundir import (
     check_run_dir,
     new_run_dir,
     read_json,
+    update_json,
     write_csv,
-    write_json,
 )
 
 logger = logging.getLogger(__name__)
@@ -353,7 +353,7 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
     existing = (out / "run.json").is_file()
     if not existing:
         out = new_run_dir(str(out))
-        write_json(out / "run.json", {"compare": {}})
+        update_json(out / "run.json", lambda run: run.setdefault("compare", {}))
     write_csv(out / CSV_NAME, comp.rows(), COLUMNS)
     outputs = [CSV_NAME]
     if figures:
@@ -372,8 +372,7 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
             plot_diff(d, out / figure_name(key[1]), f"{key[1]}: b - a", caption,
                       None if t is None else t["q"], comp.alpha)
             outputs.append(figure_name(key[1]))
-    record = read_json(out / "run.json")
-    record["compare"] = {
+    compare = {
         "command": " ".join(sys.argv),
         "status": "complete",
         "a": str(comp.run_a.path), "b": str(comp.run_b.path),
@@ -387,7 +386,7 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
         "only_a": [f"{s}:{n}" for s, n in comp.only_a], "only_b": [f"{s}:{n}" for s, n in comp.only_b],
         "outputs": outputs, "elapsed_s": round(time.perf_counter() - t0, 2),
     }
-    write_json(out / "run.json", record)
+    update_json(out / "run.json", lambda run: run.update(compare=compare))
     logger.info(comp.summary(k))
     logger.info(f"wrote {', '.join(outputs)} to {out}")
     from bertscope.report import refresh_report

@@ -21,7 +21,7 @@ from bertscope.analyses.features.outputs import (
     LAYERS_FIGURE,
     SCORES_CSV,
 )
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.report import refresh_report
 
 NAME = "features"
@@ -107,7 +107,7 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
         fold(loaded, segments, spec, [acc], options, classes=SCHEME, checkpoint=lambda: acc.save(path),
              shard=(world.rank, world.size), desc=f"{data} features")
     except KeyboardInterrupt:
-        raise UserError(f"interrupted; the finished batches are saved: bertscope features --resume {run_dir}") from None
+        raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope features --resume {run_dir}`") from None
     if world.size > 1:
         acc.all_reduce()
     return acc

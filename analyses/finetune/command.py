@@ -39,7 +39,7 @@ from bertscope.analyses.finetune.outputs import (
 )
 from bertscope.analyses.finetune.plots import cosine_figures
 from bertscope.datasets.tasks import TASKS, read_task
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.report import refresh_report
 
 logger = logging.getLogger(__name__)
@@ -103,19 +103,28 @@ def csv_list(choices):
 
 
 def seed_list(text: str) -> list[int]:
-    try:
-        return sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        import argparse
+    """Comma-separated seeds, each a whole number >= 0, at least one."""
+    from bertscope.args import non_negative_int
 
-        raise argparse.ArgumentTypeError(f"seeds are comma-separated integers, not {text!r}") from None
+    try:
+        seeds = sorted({non_negative_int(t.strip()) for t in text.split(",") if t.strip()})
+    except argparse.ArgumentTypeError:
+        seeds = []
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"seeds are comma-separated whole numbers >= 0, not {text!r}")
+    return seeds
 
 
 def add_arguments(p):
-    from bertscope.args import add_common_arguments
+    from bertscope.args import (
+        add_common_arguments,
+        limit_arg,
+        non_negative_int,
+        positive_int,
+    )
     from bertscope.task_inputs import ARCT_INPUTS
 
-    p.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
+    p.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--inits", type=csv_list(INITS), default=list(INITS),
                    help="what to run: pretrained, random (fine-tuned from that init), probe (linear probe on the "
                    "frozen pre-trained model); comma-separated (default: all three)")
@@ -125,12 +134,12 @@ def add_arguments(p):
     p.add_argument("--arct-inputs", type=csv_list(ARCT_INPUTS), default=["full"],
                    help="ARCT input: full (claim+reason, warrant), RCW (reason+claim, warrant), W (warrant only), "
                    "RW (reason, warrant), CW (claim, warrant); comma-separated (default: full)")
-    p.add_argument("--epochs", type=int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=None,
                    help="training epochs; the linear decay spans them (default: " + per_task("epochs") + ")")
     p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default: " + per_task("lr") + ")")
     p.add_argument("--warmup", type=float, default=None,
                    help="linear warm-up, fraction of the steps (default: " + per_task("warmup") + ")")
-    p.add_argument("--patience", type=int, default=None, metavar="N",
+    p.add_argument("--patience", type=non_negative_int, default=None, metavar="N",
                    help="stop once the best dev epoch is N epochs old (the schedule still spans --epochs); 0: never "
                    "(default: " + per_task("patience") + ")")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
@@ -138,23 +147,19 @@ def add_arguments(p):
     p.add_argument("--precision", choices=tuple(PRECISION), default=None, help=argparse.SUPPRESS)
     p.add_argument("--save", choices=("all", "pretrained", "none"), default="all",
                    help="which fine-tuned models to keep under checkpoints/ (default: all)")
-    p.add_argument("--cosine-examples", type=int, default=1000, metavar="N",
+    p.add_argument("--cosine-examples", type=non_negative_int, default=1000, metavar="N",
                    help="dev inputs (sequences) for the attention-change cosine, seeded sample; 0 skips it "
                    "(default: 1000, as the paper)")
-    p.add_argument("--limit", type=int, default=None, metavar="N",
+    p.add_argument("--limit", type=limit_arg, default=None, metavar="N",
                    help="at most N data points per split, seeded sample (smoke tests; default: all)")
-    add_common_arguments(p, from_word=False)
-    for action in p._actions:
-        if action.dest == "seed":
-            action.help = "seed of the data splits (RTE dev, polarity 80/10/10) (default: 0)"
-        if action.dest == "batch_size":
-            action.default = None
-            action.help = ("data points per training step (ARCT: arguments, two sequences each) (default: "
-                           + per_task("batch_size") + ")")
-        if action.dest == "dtype":
-            action.choices = ("float32", "bfloat16")
-            action.help = ("bfloat16: autocast matmuls to bfloat16 (float32 weights and optimizer), ~1.6x faster on a "
-                           "CPU with AVX512-BF16 (default: float32)")
+    add_common_arguments(p, from_word=False, overrides={
+        "seed": {"help": "seed of the data splits (RTE dev, polarity 80/10/10) (default: 0)"},
+        "batch_size": {"default": None, "help": "data points per training step (ARCT: arguments, two sequences each) "
+                       "(default: " + per_task("batch_size") + ")"},
+        "dtype": {"choices": ("float32", "bfloat16"),
+                  "help": "bfloat16: autocast matmuls to bfloat16 (float32 weights and optimizer), ~1.6x faster on a "
+                  "CPU with AVX512-BF16 (default: float32)"},
+    })
 
 
 # the deprecated --precision's values -> --dtype
@@ -200,7 +205,7 @@ def main(args) -> int:
     try:
         FineTuneRun(args, ProbeRun("finetune", args, dtype="float32")).execute()
     except KeyboardInterrupt:
-        raise UserError("interrupted (finished configurations are in the run directory)") from None
+        raise Interrupted("interrupted; the finished configurations are written in the run directory") from None
     return 0
 
 

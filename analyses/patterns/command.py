@@ -38,7 +38,7 @@ from bertscope.analyses.patterns.outputs import (
     PATTERNS_FILE,
     TABLE_TEXT,
 )
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.report import refresh_report
 
 logger = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def classify(args) -> int:
                  classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path), shard=(world.rank, world.size),
                  desc=f"patterns {name}")
         except KeyboardInterrupt:
-            raise UserError(f"interrupted; the finished batches are saved: bertscope patterns --resume {run_dir}") from None
+            raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope patterns --resume {run_dir}`") from None
         counts = all_reduce_counts(world, counts)
         by_data[name] = counts
         results["data"][name] = dict(examples=counts.n_examples, overall=P.overall(counts),
@@ -399,4 +399,4 @@ def main(args) -> int:
     try:
         return {"classify": classify, "label": label, "train": train}[args.action](args)
     except KeyboardInterrupt:
-        raise UserError("interrupted") from None
+        raise Interrupted("interrupted") from None

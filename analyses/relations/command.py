@@ -35,7 +35,7 @@ from bertscope.analyses.relations.outputs import (
     SUMMARY_FILE,
     SUMMARY_TEXT,
 )
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def main(args) -> int:
                 report["wall_s"] = round(time.perf_counter() - t0, 2)
                 results[(analysis, name)] = (scores, offsets, report, segments, links)
     except KeyboardInterrupt:
-        raise UserError(f"interrupted; the finished batches are saved: bertscope relations --resume {run_dir}") from None
+        raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope relations --resume {run_dir}`") from None
     shutdown(world)
     if not world.is_main:
         return 0

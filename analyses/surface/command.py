@@ -48,7 +48,7 @@ from bertscope.distributed import (
     shutdown,
 )
 from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.figure_pool import FigureError, FigurePool, split
 from bertscope.kernels import (
     BACKEND_CHOICES,
@@ -64,8 +64,8 @@ from bertscope.rundir import (
     new_run_dir,
     read_json,
     resumed_revision,
+    update_json,
     write_csv,
-    write_json,
 )
 from bertscope.segments import (
     SegmentOptions,
@@ -307,7 +307,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
             examples.save()
         stats.save(stats_path)
     if world.is_main:
-        write_json(run_dir / "run.json", record)
+        update_json(run_dir / "run.json", lambda run: {**run, **record})
 
     options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress,
                             window_batches=settings.window_batches, total=settings.limit)
@@ -315,7 +315,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         fold(loaded, segments, spec, [acc for acc in (examples, stats) if acc is not None], options,
              checkpoint=checkpoint, shard=(world.rank, world.size))
     except KeyboardInterrupt:
-        raise UserError(f"interrupted; the finished batches are saved: bertscope run --resume {run_dir}") from None
+        raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope run --resume {run_dir}`") from None
     stats = all_reduce_stats(world, stats)
     shutdown(world)  # the sums are all in; only rank 0 has work left
     if not world.is_main:
@@ -330,10 +330,10 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     try:
         outputs = write_outputs(stats, run_dir, loaded, record, examples, figures, log)
     except KeyboardInterrupt:  # every batch is in the checkpoint: only the outputs are missing
-        raise UserError(f"interrupted while writing the outputs; bertscope run --resume {run_dir} "
-                        "writes them without running the model again") from None
+        raise Interrupted(f"interrupted while writing the outputs; `bertscope run --resume {run_dir}` "
+                          "writes them without running the model again") from None
     record.update(status="complete", outputs=outputs + [REPORT_NAME])
-    write_json(run_dir / "run.json", record)
+    update_json(run_dir / "run.json", lambda run: {**run, **record})
     write_report(run_dir)  # last: the report reads every output, run.json included
     log(f"wrote the report {run_dir / REPORT_NAME}")
     return run_dir

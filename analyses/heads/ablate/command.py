@@ -25,7 +25,7 @@ from bertscope.analyses.heads.importance.outputs import (
     importance_path,
     read_importance,
 )
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.kernels import Gate
 
 HELP = "Michel et al. (2019): task accuracy with each head masked, and with all heads of a layer but one"
@@ -71,7 +71,7 @@ def main(args) -> int:
         run_variants(args, "ablate", Gate.ZERO, variants=variant_set(args.variants, importance),
                      outputs=lambda run, rows, results: outputs(run, rows, results, importance), table=ABLATE_FILE)
     except KeyboardInterrupt:
-        raise UserError("interrupted") from None
+        raise Interrupted("interrupted") from None
     return 0
 
 

@@ -30,7 +30,7 @@ from bertscope.analyses.heads.attention_grad.stats import (
     measure,
     mlm_loss,
 )
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.report import refresh_report
 from bertscope.token_classes import KEY_CLASSES
 
@@ -93,7 +93,7 @@ def main(args) -> int:
         measure(loaded, batches, stats, backend="eager" if args.backend == "eager" else "fused",
                 progress=run.progress, total=len(data) if objective == "task" else args.limit or MLM_SEGMENTS)
     except KeyboardInterrupt:
-        raise UserError("interrupted") from None
+        raise Interrupted("interrupted") from None
     layers, heads = stats.layer_rows(), stats.head_rows()
     run.write_csv(LAYERS_FILE, layers, LAYER_COLUMNS)
     run.write_csv(HEADS_FILE, heads, HEAD_COLUMNS)

@@ -23,7 +23,7 @@ from bertscope.analyses.heads.importance.outputs import (
     importance_grid,
     read_importance,
 )
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.report import refresh_report
 
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
@@ -72,7 +72,7 @@ def main(args) -> int:
         else:
             run_importance(args)
     except KeyboardInterrupt:
-        raise UserError("interrupted") from None
+        raise Interrupted("interrupted") from None
     return 0
 
 

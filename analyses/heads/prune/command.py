@@ -35,7 +35,7 @@ from bertscope.analyses.heads.prune.outputs import (
     PRUNE_FILE,
 )
 from bertscope.args import fraction
-from bertscope.errors import UserError
+from bertscope.errors import Interrupted, UserError
 from bertscope.report import refresh_report
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
@@ -131,7 +131,7 @@ def main(args) -> int:
     try:
         run_prune(args)
     except KeyboardInterrupt:
-        raise UserError("interrupted") from None
+        raise Interrupted("interrupted") from None
     return 0
 
 
