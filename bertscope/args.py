@@ -8,25 +8,25 @@ from bertscope.errors import UserError
 from bertscope.kernels import BACKEND_CHOICES, resolve_backend
 
 
-def positive_int(text: str) -> int:
+def whole_number(text: str, minimum: int) -> int:
+    """`text` as an int >= minimum, or argparse's one-line error."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (a count, a size, a batch)."""
+    return whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """A whole number >= 0 (a seed, a patience where 0 means never, a count where 0 skips)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+    return whole_number(text, 0)
 
 
 def fraction(text: str) -> float:

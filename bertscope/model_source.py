@@ -147,13 +147,15 @@ def hub_error(error: Exception, hub_id: str, revision: str | None) -> UserError 
     )
 
     at = f" (revision {revision})" if revision else ""
+    # `org/name` may also have been meant as a relative folder (`runs/ckpt`): say that none is here
+    no_folder = f"no folder {hub_id} here, and " if "/" in hub_id else ""
     get = f"hf download {hub_id}" + (f" --revision {revision}" if revision else "")
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
     if isinstance(error, GatedRepoError):
         return UserError(f"the Hub model {hub_id} is gated: accept its conditions on huggingface.co and log in "
                          "(hf auth login, or set HF_TOKEN), or pass a local folder")
     if isinstance(error, RepositoryNotFoundError):
-        return UserError(f"no model {hub_id} on the Hugging Face Hub (or it is private: log in with hf auth "
+        return UserError(f"{no_folder}no model {hub_id} on the Hugging Face Hub (or it is private: log in with hf auth "
                          "login, or set HF_TOKEN); --model takes a local folder or a Hub id")
     if isinstance(error, RevisionNotFoundError):
         return UserError(f"the Hub model {hub_id} has no revision {revision or 'main'} (a branch, tag or commit)")
@@ -163,10 +165,10 @@ def hub_error(error: Exception, hub_id: str, revision: str | None) -> UserError 
     if isinstance(error, LocalEntryNotFoundError):
         cache = constants.HF_HUB_CACHE
         if constants.HF_HUB_OFFLINE:
-            return UserError(f"the Hub model {hub_id}{at} is not in the Hugging Face cache ({cache}) and "
+            return UserError(f"{no_folder}the Hub model {hub_id}{at} is not in the Hugging Face cache ({cache}) and "
                              f"HF_HUB_OFFLINE=1 forbids a download: run once with network access, or `{get}`, "
                              "or pass a local folder")
-        return UserError(f"the Hub model {hub_id}{at} is not in the Hugging Face cache ({cache}) and the Hub "
+        return UserError(f"{no_folder}the Hub model {hub_id}{at} is not in the Hugging Face cache ({cache}) and the Hub "
                          f"cannot be reached: check the network and run again, or `{get}`, or pass a local folder")
     if isinstance(error, HFValidationError):
         return UserError(f"--model {hub_id}{at}: {first}")
