@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,9 +119,10 @@ def hub_snapshot(hub_id: str, revision: str | None) -> ModelSource:
 
     wanted = CONFIG_FILES + TOKENIZER_FILES
     try:
-        folder = Path(snapshot_download(hub_id, revision=revision, allow_patterns=wanted + SAFETENSORS_FILES))
-        if not any(folder.glob("*.safetensors")):  # an older repository: PyTorch pickles only
-            folder = Path(snapshot_download(hub_id, revision=revision, allow_patterns=wanted + BIN_FILES))
+        with download_bars(logger.isEnabledFor(logging.INFO)):  # --quiet: no progress bars, theirs included
+            folder = Path(snapshot_download(hub_id, revision=revision, allow_patterns=wanted + SAFETENSORS_FILES))
+            if not any(folder.glob("*.safetensors")):  # an older repository: PyTorch pickles only
+                folder = Path(snapshot_download(hub_id, revision=revision, allow_patterns=wanted + BIN_FILES))
     except Exception as e:  # huggingface_hub's errors, connection errors: see hub_error
         error = hub_error(e, hub_id, revision)
         if error is None:
@@ -130,6 +132,26 @@ def hub_snapshot(hub_id: str, revision: str | None) -> ModelSource:
                          commit=folder.name if COMMIT.fullmatch(folder.name) else None)
     logger.debug("model %s, revision %s: commit %s in %s", hub_id, revision or "main", source.commit, folder)
     return source
+
+
+@contextmanager
+def download_bars(shown: bool):
+    """huggingface_hub's download bars on or off for the block, restored afterwards (they are
+    a process-wide switch of its own)."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    was_disabled = are_progress_bars_disabled()
+    if not shown:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not shown and not was_disabled:
+            enable_progress_bars()
 
 
 def hub_error(error: Exception, hub_id: str, revision: str | None) -> UserError | None:

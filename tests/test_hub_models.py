@@ -324,3 +324,30 @@ def test_a_download_fills_the_cache_with_only_what_bertscope_reads(tmp_path, min
                            env=offline, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert (outs[3] / "heads.csv").read_bytes() == (folder_run / "heads.csv").read_bytes()
+
+
+def test_quiet_silences_the_hub_download_bars_for_the_download_only():
+    """--quiet (the bertscope logger at WARNING) turns huggingface_hub's own bars off around the
+    download and back on after; with INFO they stay as the user had them."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    from bertscope.model_source import download_bars
+
+    before = are_progress_bars_disabled()
+    enable_progress_bars()
+    try:
+        with download_bars(shown=False):
+            assert are_progress_bars_disabled()
+        assert not are_progress_bars_disabled()
+        with download_bars(shown=True):
+            assert not are_progress_bars_disabled()
+        disable_progress_bars()  # the user's own choice is kept
+        with download_bars(shown=False):
+            assert are_progress_bars_disabled()
+        assert are_progress_bars_disabled()
+    finally:
+        (disable_progress_bars if before else enable_progress_bars)()
