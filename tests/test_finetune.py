@@ -347,3 +347,27 @@ def test_training_settings_default_to_the_tasks_recipe():
     # what is given wins; the rest comes from the task
     assert settings("--task", "rte", "--lr", "5e-5", "--patience", "0") == dict(RECIPES["rte"], lr=5e-5, patience=0)
     assert settings("--task", "polarity", "--batch-size", "8")["batch_size"] == 8
+
+
+def test_the_probe_reads_cls_vectors_in_fixed_batches_whatever_the_training_batch(tmp_path, tiny_checkpoint,
+                                                                                   monkeypatch):
+    """--batch-size is a training setting: the linear probe's [CLS] features are read in batches
+    of PROBE_BATCH, so its rows are the same at any --batch-size (with batches of 16 instead of
+    32, RTE's probe picked another C among tied dev accuracies and moved from 50.4 to 49.75)."""
+    import bertscope.task_model as task_model
+    from bertscope.analyses.finetune.command import PROBE_BATCH
+
+    write_rte(tmp_path / "data" / "rte")
+    seen, real = [], task_model.cls_features
+    monkeypatch.setattr(task_model, "cls_features", lambda enc, data, batch, *a, **k: (seen.append(batch),
+                                                                                      real(enc, data, batch, *a, **k))[1])
+    rows = {}
+    for batch in (2, 8):
+        out = tmp_path / f"run{batch}"
+        assert main(["finetune", "--task", "rte", "--inits", "probe", "--model", str(tiny_checkpoint), "--data-dir",
+                     str(tmp_path / "data"), "--out", str(out), "--batch-size", str(batch), "--threads", "1",
+                     "--quiet", "--no-figures"]) == 0
+        with open(out / "finetune_results.csv") as f:
+            rows[batch] = [{k: v for k, v in r.items() if k != "train_s"} for r in csv.DictReader(f)]
+    assert seen == [PROBE_BATCH] * 6  # train, dev and test, twice
+    assert rows[2] == rows[8] and len(rows[2]) == 2
