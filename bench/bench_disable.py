@@ -5,7 +5,7 @@
 
 The same examples (a seeded sample of RTE3 test), the same 79 variants (baseline, each of the
 72 heads uniform-disabled, each of the 6 layers), the same length-sorted batches of
-`--batch-size` examples, evaluated two ways by `bertscope.variants.evaluate_variants`:
+`--batch-size` examples, evaluated two ways by `bertscope.analyses.heads.variants.evaluate_variants`:
 
     one by one   max_rows=0: one forward per variant and batch, the gates (layers, H) shared
                  by the batch (what a loop over variants would do with the gates).
@@ -17,7 +17,7 @@ The same examples (a seeded sample of RTE3 test), the same 79 variants (baseline
 
 The modes take turns `--repeats` times (so each sees the same load on a shared machine);
 reported: the median seconds of each, the ratio one-by-one / shared, and whether every mode
-predicted the same labels (they must: tested bit for bit on one thread in tests/test_disable.py).
+predicted the same labels (they must: tested bit for bit on one thread in tests/analyses/heads/test_disable.py).
 A model without a classification head gets a seeded random one: the timing does not care.
 """
 from __future__ import annotations
@@ -51,12 +51,12 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from bertscope.data import seeded_sample
-    from bertscope.datasets.tasks import read_task
+    from bertscope.data.paths import seeded_sample
+    from bertscope.data.readers.tasks import read_task
     from bertscope.kernels import Gate
-    from bertscope.models import load_model
-    from bertscope.task_inputs import encode_task
-    from bertscope.variants import (
+    from bertscope.models.loading import load_model
+    from bertscope.tasks.inputs import encode_task
+    from bertscope.analyses.heads.variants import (
         baseline,
         evaluate_variants,
         single_heads,

@@ -38,8 +38,8 @@ class Engine:
         from transformers import AutoModel
 
         from bertscope.analyses.surface.command import RunSettings
-        from bertscope.attention import HeadProbe
-        from bertscope.models import load_model
+        from bertscope.engine.attention import HeadProbe
+        from bertscope.models.loading import load_model
 
         self.torch, self.folder = torch, folder
         self.loaded = load_model()
@@ -49,7 +49,7 @@ class Engine:
                                                local_files_only=True).eval()
 
     def accumulators(self, method):
-        from bertscope.accumulate import HeadStats
+        from bertscope.engine.accumulate import HeadStats
         from bertscope.analyses.surface.per_example import PerExampleWriter
 
         ld = self.loaded
@@ -59,8 +59,8 @@ class Engine:
         return accs
 
     def step(self, method, batch, accs, number):
-        from bertscope.engine import collate_batch, forward
-        from bertscope.segments import collate
+        from bertscope.engine.loop import collate_batch, forward
+        from bertscope.text.segments import collate
 
         with self.torch.inference_mode():
             if method == "floor":

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def write_corpus(path: Path, n_lines: int, fmt: str) -> None:
     """`n_lines` lines cycling the Wikipedia lead sections (newlines inside an article become spaces)."""
-    from bertscope.corpus import load_wiki
+    from bertscope.text.corpus import load_wiki
 
     texts = [" ".join(d.parts[0].split()) for d in load_wiki()]
     with path.open("w", encoding="utf-8") as f:
@@ -66,10 +66,10 @@ def padding(limits, batch_size: int, windows) -> list[str]:
     padding is a function of the segment lengths and the plan)."""
     from transformers import AutoTokenizer
 
-    from bertscope.corpus import open_corpus
-    from bertscope.engine import windowed_batches
-    from bertscope.models import load_model
-    from bertscope.segments import SegmentOptions, make_segments
+    from bertscope.text.corpus import open_corpus
+    from bertscope.engine.loop import windowed_batches
+    from bertscope.models.loading import load_model
+    from bertscope.text.segments import SegmentOptions, make_segments
 
     tokenizer = AutoTokenizer.from_pretrained(load_model(None).path)
     lines = ["| segments (wiki, --max-len 128) | " + " | ".join(f"window {w or 'all'}" for w in windows) + " |",

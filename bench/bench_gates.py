@@ -21,7 +21,7 @@ pooled output), forward + backward each:
 After one warm-up each, the two take turns `--repeats` times (so both see the same load on a
 shared machine); reported: the median seconds per pass and the ratios to the baseline, the
 issue's target being gates / baseline <= 1.3. The gates' gradient is tested against finite
-differences and sum <dL/dO_h, O_h> in tests/test_gates.py; here only that xi got a
+differences and sum <dL/dO_h, O_h> in tests/models/test_gates.py; here only that xi got a
 gradient and no weight did.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch  # noqa: E402
 def batch_inputs(tokenizer, L: int, batch_size: int, device) -> dict:
     from common import packed_segments
 
-    from bertscope.segments import collate
+    from bertscope.text.segments import collate
 
     segments = packed_segments(tokenizer, L, batch_size)
     return {k: t.to(device) for k, t in collate(segments, tokenizer.pad_token_id).items()}
@@ -51,7 +51,7 @@ def passes(device):
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
-    from bertscope.models import default_model_dir, load_model
+    from bertscope.models.loading import default_model_dir, load_model
 
     hf_logging.disable_progress_bar()
     path = default_model_dir()

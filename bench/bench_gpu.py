@@ -104,8 +104,8 @@ def build_models(name: str, dtype: str, env: Env):
     import torch
     from transformers import AutoModel, BertConfig, BertModel
 
-    from bertscope.models import DTYPES as TORCH_DTYPES
-    from bertscope.models import default_model_dir, load_model, wrap_model
+    from bertscope.models.loading import DTYPES as TORCH_DTYPES
+    from bertscope.models.loading import default_model_dir, load_model, wrap_model
 
     t = TORCH_DTYPES[dtype]
     if name == "minilm":
@@ -168,7 +168,7 @@ class Surface:
 
     def __init__(self, name, dtype, env: Env):
         from bertscope.analyses.surface.command import RunSettings
-        from bertscope.attention import HeadProbe
+        from bertscope.engine.attention import HeadProbe
 
         self.env, self.name, self.dtype = env, name, dtype
         self.floor, self.eager, self.loaded = build_models(name, dtype, env)
@@ -179,7 +179,7 @@ class Surface:
         self.class_table = self.loaded.class_table.to(env.device)
 
     def accumulator(self, method):
-        from bertscope.accumulate import HeadStats
+        from bertscope.engine.accumulate import HeadStats
 
         ld = self.loaded
         if method == "eager+maps":
@@ -189,8 +189,8 @@ class Surface:
         return None
 
     def step(self, method, batch, acc):
-        from bertscope.engine import run_batch
-        from bertscope.segments import collate
+        from bertscope.engine.loop import run_batch
+        from bertscope.text.segments import collate
 
         torch = self.env.torch
         with torch.inference_mode():
@@ -324,10 +324,10 @@ class Heavy:
 
     def __init__(self, dtype, env: Env):
         from bertscope.analyses.probes.cluster.stats import spec_for
-        from bertscope.attention import HeadProbe
-        from bertscope.engine import word_map_spec
+        from bertscope.engine.attention import HeadProbe
+        from bertscope.engine.loop import word_map_spec
         from bertscope.kernels import StatsSpec
-        from bertscope.models import load_model
+        from bertscope.models.loading import load_model
 
         self.env = env
         self.loaded = ld = load_model(device=env.device, dtype=dtype)
@@ -350,7 +350,7 @@ class Heavy:
         return []
 
     def step(self, method, batch, acc):
-        from bertscope.engine import collate_batch, forward
+        from bertscope.engine.loop import collate_batch, forward
 
         spec = self.specs[self.what]
         with self.env.torch.inference_mode():

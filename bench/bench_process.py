@@ -79,7 +79,7 @@ TARGETS = {  # module: (function, phase); any that does not exist is skipped
                       ("fold", "pass"), ("write_outputs", "outputs"), ("write_surface", "figures (wait) + index.html"),
                       ("write_json", "run.json"), ("write_report", "index.html")],
     "bertscope.analyses.surface.plots": [("plot_surface", "figures: draw in this process")],
-    "bertscope.figure_pool": [("surface_pool", "figures: start helpers"), ("FigurePool.draw", "figures: hand over"),
+    "bertscope.report.figure_pool": [("surface_pool", "figures: start helpers"), ("FigurePool.draw", "figures: hand over"),
                           ("FigurePool.wait", "figures: wait for helpers")],
 }
 
@@ -127,8 +127,8 @@ def save():
 
 sys.meta_path.insert(0, Hook)
 t = time.time()
-import bertscope.cli
-stamp("import bertscope.cli", t)
+import bertscope.cli.main
+stamp("import bertscope.cli.main", t)
 import atexit
 atexit.register(save)  # main() may end the process itself, after the exit handlers
 stamps_file, sys.argv = sys.argv[1], ["bertscope", *sys.argv[2:]]
@@ -145,7 +145,7 @@ def build_corpus(path: Path, n: int, max_len: int, tokenizer) -> None:
     Words are added greedily (half the budget to a, the rest to b); a word that would
     overshoot is skipped, so every pair fills its budget exactly.
     """
-    from bertscope.corpus import load_wiki
+    from bertscope.text.corpus import load_wiki
 
     words = (w for d in load_wiki() for w in d.parts[0].split())
     budget = max_len - 3  # [CLS] a [SEP] b [SEP]
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
 
     from transformers import AutoTokenizer
 
-    from bertscope.models import default_model_dir
+    from bertscope.models.loading import default_model_dir
 
     model_dir = default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

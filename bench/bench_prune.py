@@ -1,4 +1,4 @@
-"""Inference speed of really pruned models (`bertscope.head_removal`) against the unpruned one.
+"""Inference speed of really pruned models (`bertscope.models.head_removal`) against the unpruned one.
 
     nice -n 5 python bench/bench_prune.py                          # embedded MiniLM, 1 thread
     python bench/bench_prune.py --prune-order RUN_DIR             # heads from `bertscope heads prune`
@@ -7,7 +7,7 @@
 Models: the unpruned model and one copy per fraction (default 25%, 50%, 75%) with its heads
 really removed: the same share of every layer, chosen with a seeded generator (--seed), or,
 with --prune-order, the heads a `bertscope heads prune` run had removed at that fraction
-(its prune_order.csv). All are loaded by `bertscope.models.load_model` (bertscope's attention
+(its prune_order.csv). All are loaded by `bertscope.models.loading.load_model` (bertscope's attention
 function; outside an analysis that is torch SDPA) and run under `torch.inference_mode()`.
 
 Inputs: batch B of L random token ids (seeded), no padding, as [CLS] ... [SEP].
@@ -58,8 +58,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bertscope import head_removal
-    from bertscope.models import load_model
+    from bertscope.models import head_removal
+    from bertscope.models.loading import load_model
 
     device = torch.device(args.device)
     started = time.perf_counter()
@@ -105,7 +105,7 @@ def main() -> int:
 def chosen_heads(args, fraction: float, n_layers: int, n_heads: int) -> dict[int, list[int]]:
     """The heads to remove at `fraction`: from --prune-order, else round(fraction * H) per layer,
     a seeded choice per layer (the same seed gives the same heads)."""
-    from bertscope import head_removal
+    from bertscope.models import head_removal
 
     if args.prune_order:
         return head_removal.heads_from_prune_order(Path(args.prune_order) / "prune_order.csv", fraction)
@@ -155,7 +155,7 @@ def time_models(models: dict, inputs: dict, repeats: int, device) -> dict[str, l
 def attention_share(model, inputs, device, repeats: int = 2) -> float:
     """Fraction of a forward spent inside the attention blocks (median over `repeats`),
     timed by forward hooks on each layer's attention module."""
-    from bertscope import head_removal
+    from bertscope.models import head_removal
 
     n_layers = head_removal.n_layers_heads(model.config)[0]
     blocks = {id(attention_block(model, layer)): attention_block(model, layer) for layer in range(n_layers)}
@@ -184,7 +184,7 @@ def attention_share(model, inputs, device, repeats: int = 2) -> float:
 
 def attention_block(model, layer):
     """The module that holds a layer's whole attention (projections, attention, output)."""
-    from bertscope import head_removal
+    from bertscope.models import head_removal
 
     parts = head_removal.attention_parts(model, layer)
     if model.config.model_type in ("distilbert", "albert"):
@@ -194,7 +194,7 @@ def attention_block(model, layer):
 
 def header(args, loaded, elapsed) -> str:
     """When, what, where and how: the line under the command."""
-    from bertscope.models import model_name
+    from bertscope.models.loading import model_name
 
     device = f"cpu ({cpu_name()})" if args.device == "cpu" else f"{args.device} ({torch.cuda.get_device_name()})"
     heads = f"heads from {args.prune_order}" if args.prune_order else f"heads: an equal share per layer, seed {args.seed}"
@@ -225,8 +225,8 @@ def table(args, loaded, rows, shares, params, elapsed) -> str:
               "projection, LayerNorm), timed with forward hooks (s in the expected speed-up):", "",
               "| batch | L | attention share s |", "|---:|---:|---:|"]
     lines += [f"| {B} | {L} | {100 * s:.1f}% |" for (B, L), s in shares.items()]
-    from bertscope.paper_numbers import MICHEL_PRUNING_FRACTION as F
-    from bertscope.paper_numbers import MICHEL_PRUNING_SPEEDUP as S
+    from bertscope.report.paper_numbers import MICHEL_PRUNING_FRACTION as F
+    from bertscope.report.paper_numbers import MICHEL_PRUNING_SPEEDUP as S
 
     lines += ["", f"Reference: {S.source}: up to about {S.value:g}% faster inference with "
               f"{100 * F.value:.0f}% of the heads removed.", ""]

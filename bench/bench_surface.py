@@ -7,7 +7,7 @@ Three methods, on the same Wikipedia text, with the real all-MiniLM-L6-v2:
     floor      AutoModel with attn_implementation="sdpa": the bare forward, no statistics
     eager+maps attn_implementation="eager", output_attentions=True, then the surface
                statistics computed from the returned maps with vectorised torch
-    bertscope  bertscope.engine.run_batch with a HeadProbe (RunSettings().spec(), backend
+    bertscope  bertscope.engine.loop.run_batch with a HeadProbe (RunSettings().spec(), backend
                "chunked") accumulating into HeadStats
 
 Every segment has exactly L tokens (`[CLS] a [SEP] b [SEP]`, consecutive article text), so
@@ -99,15 +99,15 @@ class Runner:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        from bertscope.models import default_model_dir, load_model
-        from bertscope.token_classes import token_class_table
+        from bertscope.models.loading import default_model_dir, load_model
+        from bertscope.text.token_classes import token_class_table
 
         self.torch = torch
         self.models = {}
         path = default_model_dir()
         if "bertscope" in methods:
             from bertscope.analyses.surface.command import RunSettings
-            from bertscope.attention import HeadProbe
+            from bertscope.engine.attention import HeadProbe
 
             self.loaded = load_model()
             self.tokenizer, self.class_table = self.loaded.tokenizer, self.loaded.class_table
@@ -132,7 +132,7 @@ class Runner:
             spec, cfg = RunSettings().spec(), self.models["eager+maps"].config
             return MapStats(cfg.num_hidden_layers, cfg.num_attention_heads, spec.offsets, spec.n_key_classes)
         if method == "bertscope":
-            from bertscope.accumulate import HeadStats
+            from bertscope.engine.accumulate import HeadStats
 
             ld = self.loaded
             return HeadStats(ld.n_layers, ld.n_heads, self.spec, ld.class_names)
@@ -140,8 +140,8 @@ class Runner:
 
     def step(self, method, batch, acc):
         """One batch of `method`: forward pass and, but for floor, statistics into `acc`."""
-        from bertscope.engine import run_batch
-        from bertscope.segments import collate
+        from bertscope.engine.loop import run_batch
+        from bertscope.text.segments import collate
 
         with self.torch.inference_mode():
             if method == "floor":
@@ -312,7 +312,7 @@ def profile(runner, batches, repeats=3, rows=16):
     from torch.profiler import profile as tprofile
 
     import bertscope.kernels as K
-    from bertscope.accumulate import HeadStats
+    from bertscope.engine.accumulate import HeadStats
 
     timers = defaultdict(float)
 

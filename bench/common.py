@@ -14,7 +14,7 @@ def wiki_token_stream(tokenizer, n_tokens: int):
     Articles in load_wiki() order (sorted by title), each tokenized without special
     tokens, concatenated until `n_tokens` tokens; words are numbered across articles.
     """
-    from bertscope.corpus import load_wiki
+    from bertscope.text.corpus import load_wiki
 
     docs = load_wiki()
     ids, word_ids, words = [], [], []
@@ -39,7 +39,7 @@ def wiki_token_stream(tokenizer, n_tokens: int):
 
 def packed_segments(tokenizer, L: int, n: int, stream=None):
     """`n` Segments of exactly L tokens: [CLS] a [SEP] b [SEP], a and b consecutive text halves."""
-    from bertscope.segments import Segment
+    from bertscope.text.segments import Segment
 
     body = L - 3
     ids, wids, words = stream if stream is not None else wiki_token_stream(tokenizer, n * body)

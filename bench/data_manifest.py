@@ -1,8 +1,8 @@
-"""Rewrite bertscope/data_manifest.json from a data folder (a maintainer's tool, not the user's).
+"""Rewrite bertscope/data/manifest.json from a data folder (a maintainer's tool, not the user's).
 
     python bench/data_manifest.py DATA_DIR [--out FILE]
 
-Every file of each set's folder (bertscope.data_manifest.SETS) is listed with its size and
+Every file of each set's folder (bertscope.data.manifest.SETS) is listed with its size and
 sha256; a note (SOURCE) also with its text, which `bertscope data download` writes since no home
 serves it. A file that no source of its set claims is an error: the homes in
 bertscope/data_manifest.py must say where every file comes from before the manifest lists it.
@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from bertscope.data_manifest import MANIFEST_JSON, SETS
+from bertscope.data.manifest import MANIFEST_JSON, SETS
 
 log = logging.getLogger("bertscope.bench.data_manifest")
 

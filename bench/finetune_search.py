@@ -129,8 +129,8 @@ _DATA: dict = {}
 
 def task_data(cfg: Config, tokenizer):
     """The encoded train/dev/test splits of the configuration's task (cached per task/input/length)."""
-    from bertscope.datasets.tasks import read_task
-    from bertscope.task_inputs import encode_task
+    from bertscope.data.readers.tasks import read_task
+    from bertscope.tasks.inputs import encode_task
 
     key = (cfg.task, cfg.data, cfg.input, cfg.max_len)
     if key not in _DATA:
@@ -141,7 +141,7 @@ def task_data(cfg: Config, tokenizer):
 
 
 def train_config(cfg: Config):
-    from bertscope.task_model import TrainConfig
+    from bertscope.tasks.model import TrainConfig
 
     return TrainConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup,
                        weight_decay=cfg.weight_decay, precision=cfg.precision, head_lr=cfg.head_lr,
@@ -156,7 +156,7 @@ def run_one(cfg: Config, plan: str, save_dir: Path | None) -> dict:
     import numpy as np
     import torch
 
-    from bertscope.task_model import classifier_model, fine_tune, predict
+    from bertscope.tasks.model import classifier_model, fine_tune, predict
 
     t0 = time.perf_counter()
     loaded = classifier_model(None, num_labels(cfg.task), "pretrained", cfg.seed)
@@ -184,7 +184,7 @@ def run_one(cfg: Config, plan: str, save_dir: Path | None) -> dict:
 def test_one(cfg: Config, row: dict, save_dir: Path) -> dict:
     import torch
 
-    from bertscope.task_model import classifier_model, predict
+    from bertscope.tasks.model import classifier_model, predict
 
     loaded = classifier_model(None, num_labels(cfg.task), "pretrained", cfg.seed)
     loaded.model.load_state_dict(torch.load(save_dir / f"{cfg.short()}.pt"))

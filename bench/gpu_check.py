@@ -32,7 +32,7 @@ OUTPUT_TAIL = 150  # lines of a step's output kept in the report (a markdown tab
 
 
 def commands(py: str, arch: int | None, tmp: Path) -> dict[str, list[str]]:
-    cli = "import sys; from bertscope.cli import main; sys.exit(main(sys.argv[1:]))"
+    cli = "import sys; from bertscope.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return {
         "selftest": [py, "-c", cli, "selftest", "--device", "cuda"],
         "aot": [py, "-m", "bertscope.kernels.triton_aot", *(["--arch", str(arch)] if arch else [])],

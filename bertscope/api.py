@@ -21,16 +21,16 @@ from typing import Sequence, Union
 import numpy as np
 
 from bertscope.kernels import StatsSpec
-from bertscope.token_classes import TokenClasses
+from bertscope.text.token_classes import TokenClasses
 
 Text = Union[str, tuple[str, str]]
 
 
 def load(model: str | Path | None = None, device: str = "cpu", backend: str = "auto", **kwargs) -> "Scope":
     """A `Scope` over a local checkpoint folder or a Hugging Face Hub id (default: the embedded
-    all-MiniLM-L6-v2). Extra keyword arguments go to `bertscope.models.load_model`, e.g.
+    all-MiniLM-L6-v2). Extra keyword arguments go to `bertscope.models.loading.load_model`, e.g.
     `revision` (a Hub id's branch, tag or commit)."""
-    from bertscope.models import load_model
+    from bertscope.models.loading import load_model
 
     return Scope(load_model(model, device=device, **kwargs), backend)
 
@@ -39,7 +39,7 @@ def load(model: str | Path | None = None, device: str = "cpu", backend: str = "a
 class Scope:
     """A loaded model and the analyses that can be asked of it.
 
-    loaded:  `bertscope.models.LoadedModel` (model, tokenizer, layers, heads, class table)
+    loaded:  `bertscope.models.loading.LoadedModel` (model, tokenizer, layers, heads, class table)
     backend: statistics kernel ("auto": triton on CUDA, chunked on the CPU)
     """
 
@@ -56,7 +56,7 @@ class Scope:
 
     @property
     def gates(self):
-        """The model's `bertscope.gates.HeadGates`: `.xi` (layers, H) float scales each head's
+        """The model's `bertscope.models.gates.HeadGates`: `.xi` (layers, H) float scales each head's
         output, `.uniform` (layers, H) bool gives a head uniform attention (both also (B, layers, H):
         one choice per sequence); they act on every
         forward (`.requires_grad_()` for d loss / d xi, `.reset()` to undo)."""
@@ -65,8 +65,8 @@ class Scope:
     def segments(self, texts: Sequence[Text], max_len: int = 128, token_types: str = "pair") -> list:
         """`Segment`s of `texts`, in the order given (a text too long for max_len is cut at a
         sentence boundary, as the CLI does)."""
-        from bertscope.corpus import Document
-        from bertscope.segments import SegmentOptions, make_segments
+        from bertscope.text.corpus import Document
+        from bertscope.text.segments import SegmentOptions, make_segments
 
         if isinstance(texts, (str, tuple)):
             raise TypeError("texts must be a list of strings or (a, b) pairs, not a single text")
@@ -98,7 +98,7 @@ class Scope:
         import pandas as pd
 
         from bertscope.analyses.surface import stats as surface
-        from bertscope.engine import EngineOptions, run_stats
+        from bertscope.engine.loop import EngineOptions, run_stats
 
         spec = self._spec(spec, None)
         stats = run_stats(self.loaded, self.segments(texts, **segment_options), spec,
@@ -109,13 +109,13 @@ class Scope:
                     batch_size: int = 16, progress: bool = False, segments: list | None = None, **segment_options):
         """One row per (text, layer, head): the columns of examples.parquet, sorted by
         `segment` (the text's index), layer and head. `classes` is a per-segment scheme
-        (`bertscope.token_classes`) whose ids are set on `segments` (made from `texts` when
+        (`bertscope.text.token_classes`) whose ids are set on `segments` (made from `texts` when
         not given)."""
         import pandas as pd
 
         from bertscope.analyses.surface.outputs import EXAMPLES_FILE
         from bertscope.analyses.surface.per_example import PerExampleWriter
-        from bertscope.engine import EngineOptions, fold
+        from bertscope.engine.loop import EngineOptions, fold
 
         spec = self._spec(spec, classes)
         segments = segments if segments is not None else self.segments(texts, **segment_options)
@@ -132,8 +132,8 @@ class Scope:
         """(words, maps): the words of one text and its word-level attention maps
         (layers, H, W, W) float32; W counts the words and then the special tokens, rows sum to 1.
         A list of words is taken as given (gold words, e.g. a treebank sentence)."""
-        from bertscope.engine import iter_word_maps
-        from bertscope.word_segments import word_segment
+        from bertscope.engine.loop import iter_word_maps
+        from bertscope.text.word_segments import word_segment
 
         if isinstance(text, list):
             segment = word_segment(text, self.tokenizer, max_len)

@@ -78,7 +78,7 @@ def display_order(segment) -> tuple[list[int], list[int]]:
     Returns (order, each token's unit position in text order): maps in the engine's unit
     order become text order with `m[..., order, :][..., :, order]`.
     """
-    from bertscope.engine import segment_units
+    from bertscope.engine.loop import segment_units
 
     units, _ = segment_units(segment)
     first = {}
@@ -92,9 +92,9 @@ def display_order(segment) -> tuple[list[int], list[int]]:
 def attention_maps(scope, segment, from_word: str = "mean"):
     """One forward pass with the eager kernel: (HeadStats, token maps (layers, H, L, L),
     word maps (layers, H, W, W) in the engine's unit order), float64 numpy."""
-    from bertscope.accumulate import HeadStats
+    from bertscope.engine.accumulate import HeadStats
     from bertscope.analyses.surface.command import RunSettings
-    from bertscope.engine import stream_batches
+    from bertscope.engine.loop import stream_batches
     from bertscope.kernels import StatsSpec
     from bertscope.kernels.common import masked_scores
 
@@ -120,7 +120,7 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     for pattern types per input; None shows "not computed yet".
     """
     from bertscope.analyses.surface import stats as surface
-    from bertscope.models import model_name
+    from bertscope.models.loading import model_name
 
     loaded, tokenizer = scope.loaded, scope.tokenizer
     check_text(text, pair, tokenizer, max_len, loaded.max_len)

@@ -40,7 +40,7 @@ def apply_gates(out, v, key_valid, gates: LayerGates | None):
 
 def check_layer_gates(gates, batch: int, heads: int):
     """Raise a clear error for gates the backends cannot take (shapes and types only: a NaN
-    check would synchronise a GPU on every layer; `bertscope.gates.HeadGates` does it once)."""
+    check would synchronise a GPU on every layer; `bertscope.models.gates.HeadGates` does it once)."""
     if gates is None:
         return
     if not isinstance(gates, LayerGates):

@@ -3,7 +3,7 @@
 Every backend (`eager`, `chunked`, later `triton`) takes the same inputs and returns the
 same `RowStats`: statistics of each attention *row* (one query token of one head), never
 the L x L map itself. Reducing rows to per-head sums is the accumulators' job
-(`bertscope.accumulate`), so a backend stays a pure function of (q, k, v, masks).
+(`bertscope.engine.accumulate`), so a backend stays a pure function of (q, k, v, masks).
 
 Shapes used throughout:
     B batch, H heads, L padded sequence length, D head dimension,

@@ -5,7 +5,7 @@ sizes as chosen by `kernel_config`, statistics switches, input dtype, head dimen
 compiled for real targets (sm_80, sm_90) with `triton.compile`, and the PTX is assembled
 by Triton's bundled `ptxas -v` to read the registers per thread and the spill stores and
 loads; shared memory comes from the compiled metadata. A spill means the block sizes are
-too large for the target: `tests/test_triton_aot.py` fails on any.
+too large for the target: `tests/kernels/test_triton_aot.py` fails on any.
 
     python -m bertscope.kernels.triton_aot              # table for sm_80 and sm_90
     python -m bertscope.kernels.triton_aot --arch 80    # one target

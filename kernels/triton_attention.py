@@ -28,7 +28,7 @@ Head gates are applied in the epilogue: a uniform head's output is the mean of V
 valid keys (summed in the same key loop), and every head's output is scaled by its float
 gate xi (per head, or per sequence and head). The statistics, lse included, are always
 those of the head's own un-gated attention. The kernel has no backward: with a gradient
-to compute, `bertscope.attention` takes the output from SDPA instead.
+to compute, `bertscope.engine.attention` takes the output from SDPA instead.
 
 Inputs are (B, H, L, D) tensors, possibly strided views of the model's projections: the
 kernel reads them through their strides, nothing is copied. fp32, fp16 and bf16 inputs

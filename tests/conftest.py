@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def gpu_session(config) -> bool:
-    """`pytest -m gpu`: the session runs tests/test_gpu.py on real CUDA kernels."""
+    """`pytest -m gpu`: the session runs tests/kernels/test_gpu.py on real CUDA kernels."""
     return (config.getoption("markexpr", "") or "").strip() == "gpu"
 
 
@@ -47,16 +47,16 @@ ROBERTA_TRAINING_TEXT = [
 
 
 def require_data(*names: str, glove: bool = False) -> Path:
-    """The folder of the first annotated data set named (bertscope.data), after checking all
+    """The folder of the first annotated data set named (bertscope.data.paths), after checking all
     of them (and the GloVe package): a skip when one is missing, a failure in CI, where a
     missing data set is a broken checkout, not a reason to test less."""
-    from bertscope.data import dataset_dir
+    from bertscope.data.paths import dataset_dir
     from bertscope.errors import UserError
 
     try:
         folders = [dataset_dir(name) for name in names]
         if glove:
-            from bertscope.datasets.glove import glove_files
+            from bertscope.data.readers.glove import glove_files
 
             glove_files()
     except UserError as error:
@@ -80,7 +80,7 @@ def minilm_path() -> Path:
 @pytest.fixture(scope="session")
 def wiki():
     """The 10,033 Wikipedia lead sections (skips when the package is missing; fails in CI)."""
-    from bertscope.corpus import load_wiki
+    from bertscope.text.corpus import load_wiki
     from bertscope.errors import UserError
 
     try:
@@ -166,7 +166,7 @@ def tiny_model(minilm_tokenizer, roberta_tokenizer):
     import torch
     from transformers import AutoModel
 
-    import bertscope.attention  # noqa: F401  (registers the "bertscope" implementation)
+    import bertscope.engine.attention  # noqa: F401  (registers the "bertscope" implementation)
 
     def make(kind: str, attn_implementation: str = "bertscope", seed: int = 0):
         tokenizer = roberta_tokenizer if kind == "roberta" else minilm_tokenizer

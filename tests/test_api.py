@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import bertscope
-from bertscope.cli import main
+from bertscope.cli.main import main
 from bertscope.kernels import StatsSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bertscope
-from bertscope.cli import main
+from bertscope.cli.main import main
 from bertscope.view import SCALE, quantize_rows, render, view_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -185,7 +185,7 @@ def test_help_describes_the_page(capsys):
 
 def test_roberta_template_and_its_special_tokens(tiny_model):
     from bertscope.api import Scope
-    from bertscope.models import wrap_model
+    from bertscope.models.loading import wrap_model
 
     model, tokenizer = tiny_model("roberta")
     data = view_data(Scope(wrap_model(model, tokenizer)), "The cat sat.", "It purred!", max_len=40)

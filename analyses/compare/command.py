@@ -31,9 +31,9 @@ from bertscope.analyses.probes.classifier import outputs as classifier_outputs
 from bertscope.analyses.probes.coref import outputs as coref_outputs
 from bertscope.analyses.probes.syntax import outputs as syntax_outputs
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE, HEADS_FILE
-from bertscope.args import add_quiet_argument, fraction
+from bertscope.cli.args import add_quiet_argument, fraction
 from bertscope.errors import UserError
-from bertscope.rundir import (
+from bertscope.run.rundir import (
     check_run_dir,
     new_run_dir,
     read_json,
@@ -73,7 +73,7 @@ class RunDir:
     examples: Path | None = None
 
     def describe(self) -> str:
-        from bertscope.models import model_name
+        from bertscope.models.loading import model_name
 
         model = (self.record.get("model") or {}).get("path", "?")
         corpus = (self.record.get("settings") or {}).get("corpus")
@@ -389,7 +389,7 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
     update_json(out / "run.json", lambda run: run.update(compare=compare))
     logger.info(comp.summary(k))
     logger.info(f"wrote {', '.join(outputs)} to {out}")
-    from bertscope.report import refresh_report
+    from bertscope.report.writer import refresh_report
 
     refresh_report(out)
     return out

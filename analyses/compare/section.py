@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from bertscope.analyses.compare.outputs import FIGURE, read_comparison
 from bertscope.analyses.surface.outputs import HEADS_FILE
-from bertscope.report_page import RunFiles, Section, Table, num
+from bertscope.report.page import RunFiles, Section, Table, num
 
 
 def build(run: RunFiles) -> Section | None:

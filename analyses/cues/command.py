@@ -29,7 +29,7 @@ from __future__ import annotations
 from bertscope.analyses.cues.outputs import CUES_FIGURE, CUES_FILE
 from bertscope.analyses.cues.plots import cue_figure
 from bertscope.analyses.cues.stats import COLUMNS, Cue, cue_tables, rows, strongest
-from bertscope.report import refresh_report
+from bertscope.report.writer import refresh_report
 
 HELP = "dataset cues: applicability, productivity, coverage of unigrams/bigrams (Niven & Kao 2019)"
 DESCRIPTION = (
@@ -39,7 +39,7 @@ DESCRIPTION = (
     "strongest cues (productivity above 0.5, sorted by coverage x productivity).")
 
 def add_arguments(p):
-    from bertscope.args import add_quiet_argument, positive_int
+    from bertscope.cli.args import add_quiet_argument, positive_int
 
     p.add_argument("--task", choices=("arct", "rte"), default="arct",
                    help="arct: cues in the warrants (original and adversarial data); rte: cues in the hypothesis "
@@ -61,7 +61,7 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.rundir import AnalysisRun
+    from bertscope.run.rundir import AnalysisRun
 
     tables = cue_tables(args.task, args.data_dir, args.seed, args.expand_not)  # reads the data first: a missing set fails early
     run = AnalysisRun("cues", args)

@@ -1,9 +1,9 @@
 """Dataset cues in the report (Niven & Kao 2019)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.cues.outputs import CUES_FIGURE, CUES_FILE
-from bertscope.report_page import RunFiles, Section, Table, num
+from bertscope.report.page import RunFiles, Section, Table, num
 
 
 def build(run: RunFiles) -> Section | None:

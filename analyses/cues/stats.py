@@ -105,7 +105,7 @@ def strongest(cues: Iterable[Cue], top: int = 10) -> list[Cue]:
 def cue_tables(task: str, data_dir: str | None = None, seed: int = 0,
                expand_not: bool = False) -> dict[tuple[str, str], list[Cue]]:
     """(data, split) -> cues of every n-gram order, for ARCT (original, adversarial) or RTE."""
-    from bertscope.datasets.tasks import read_arct, read_rte
+    from bertscope.data.readers.tasks import read_arct, read_rte
     from bertscope.errors import UserError
 
     tables: dict[tuple[str, str], list[Cue]] = {}

@@ -22,7 +22,7 @@ from bertscope.analyses.features.outputs import (
     SCORES_CSV,
 )
 from bertscope.errors import Interrupted, UserError
-from bertscope.report import refresh_report
+from bertscope.report.writer import refresh_report
 
 NAME = "features"
 TREEBANKS = ("ewt", "gum")
@@ -36,7 +36,7 @@ CHECKPOINT_EVERY = 20  # batches between checkpoints
 
 def read_inputs(data: str, data_dir: str | None, split: str) -> list:
     """The raw inputs of one data set: treebank `Sentence`s or `(id, text_a, text_b)`."""
-    from bertscope.datasets import tasks, treebank
+    from bertscope.data.readers import tasks, treebank
 
     if data == "ewt":
         return treebank.read_ewt_dev(data_dir)
@@ -52,10 +52,10 @@ def read_inputs(data: str, data_dir: str | None, split: str) -> list:
 def make_segments(data: str, inputs: list, tokenizer, max_len: int) -> tuple[list, dict]:
     """Segments with their feature classes set, and what was dropped or cut."""
     from bertscope.analyses.features.stats import set_classes, word_tags
-    from bertscope.corpus import Document
-    from bertscope.segments import SegmentOptions
-    from bertscope.segments import make_segments as text_segments
-    from bertscope.word_segments import word_segment
+    from bertscope.text.corpus import Document
+    from bertscope.text.segments import SegmentOptions
+    from bertscope.text.segments import make_segments as text_segments
+    from bertscope.text.word_segments import word_segment
 
     segments, report = [], dict(inputs=len(inputs), too_long=0, truncated=0, empty=0)
     if data in TREEBANKS:
@@ -88,7 +88,7 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
         TASK_FEATURES,
         FeatureScores,
     )
-    from bertscope.engine import EngineOptions, fold
+    from bertscope.engine.loop import EngineOptions, fold
     from bertscope.kernels import StatsSpec
 
     features = FEATURES if data in TREEBANKS else TASK_FEATURES
@@ -114,10 +114,10 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
 
 
 def run(args) -> Path:
-    from bertscope.data import seeded_sample
-    from bertscope.distributed import broadcast, init_world, shutdown
-    from bertscope.models import load_model
-    from bertscope.rundir import ProbeRun
+    from bertscope.data.paths import seeded_sample
+    from bertscope.engine.distributed import broadcast, init_world, shutdown
+    from bertscope.models.loading import load_model
+    from bertscope.run.rundir import ProbeRun
 
     datas = DATA if args.data == "all" else (args.data,)
     raw = {d: seeded_sample(read_inputs(d, args.data_dir, args.split), args.limit, args.seed) for d in datas}
@@ -174,7 +174,7 @@ def run(args) -> Path:
 def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
     """Results of other data sets that an earlier `bertscope features` wrote into `out`
     (their checkpoints still there), so the tables and figures cover all of them."""
-    from bertscope.rundir import read_json
+    from bertscope.run.rundir import read_json
 
     path = Path(out or "") / "run.json"
     if not out or not path.is_file():
@@ -187,7 +187,7 @@ def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
 def write_outputs(run_, rows: list[dict], results: dict):
     from bertscope.analyses.features import plots
     from bertscope.analyses.features.stats import COLUMNS
-    from bertscope.models import model_name
+    from bertscope.models.loading import model_name
 
     label = model_name(run_.loaded.path)
     run_.write_csv(SCORES_CSV, rows, COLUMNS)
@@ -225,7 +225,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.args import add_common_arguments, limit_arg
+    from bertscope.cli.args import add_common_arguments, limit_arg
 
     p.add_argument("--data", choices=DATA + ("all",), default="ewt", help="data set (default: ewt)")
     p.add_argument("--limit", type=limit_arg, default=DEFAULT_LIMIT, metavar="N",
@@ -239,7 +239,7 @@ def add_arguments(p):
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR's run.json, with DIR as --out."""
-    from bertscope.rundir import recorded_run, resumed_revision
+    from bertscope.run.rundir import recorded_run, resumed_revision
 
     record = recorded_run(args.resume, NAME)
     settings = {**vars(args), **record["settings"]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope.plotting import layer_head_ticks
+from bertscope.report.plotting import layer_head_ticks
 
 LABELS = {"cls": "[CLS]", "sep": "[SEP]", "noun": "nouns", "verb": "verbs", "pron": "pronouns",
           "punct": "punctuation", "nsubj": "subjects (nsubj)", "obj": "objects (obj)", "neg": "negation"}

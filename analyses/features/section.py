@@ -1,14 +1,14 @@
 """Attention to linguistic features in the report (Kovaleva et al. section 4.4)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.features.outputs import (
     CLS_LAST_LAYER_FIGURE,
     HEATMAP_FIGURE,
     LAYERS_FIGURE,
     SCORES_CSV,
 )
-from bertscope.report_page import RunFiles, Section, Table, num, pct
+from bertscope.report.page import RunFiles, Section, Table, num, pct
 
 FEATURE_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "noun": "nouns", "verb": "verbs", "pron": "pronouns",
                  "punct": "punctuation", "nsubj": "subjects", "obj": "objects", "neg": "negation"}

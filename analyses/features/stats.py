@@ -38,9 +38,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bertscope.batch import BatchContext
-from bertscope.rundir import write_npz
-from bertscope.token_classes import TokenClasses, tag_ids, tag_scheme
+from bertscope.engine.batch import BatchContext
+from bertscope.run.rundir import write_npz
+from bertscope.text.token_classes import TokenClasses, tag_ids, tag_scheme
 
 # the paper's footnote 6, verbatim
 NEGATION = ("neither", "nor", "not", "never", "none", "don't", "won't", "didn't", "hadn't", "haven't", "can't",

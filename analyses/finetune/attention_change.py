@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bertscope.attention import HeadProbe
+from bertscope.engine.attention import HeadProbe
 from bertscope.kernels import StatsSpec
 from bertscope.kernels.common import masked_scores
 

@@ -38,13 +38,13 @@ from bertscope.analyses.finetune.outputs import (
     SUMMARY_FILE,
 )
 from bertscope.analyses.finetune.plots import cosine_figures
-from bertscope.datasets.tasks import TASKS, read_task
+from bertscope.data.readers.tasks import TASKS, read_task
 from bertscope.errors import Interrupted, UserError
-from bertscope.report import refresh_report
+from bertscope.report.writer import refresh_report
 
 logger = logging.getLogger(__name__)
 INITS = ("pretrained", "random", "probe")
-DATASET = {"rte": "rte", "polarity": "sentence_polarity", "arct": "arct"}  # bertscope.data names
+DATASET = {"rte": "rte", "polarity": "sentence_polarity", "arct": "arct"}  # bertscope.data.paths names
 ARCT_DATA = ("original", "adversarial")
 LABELS = {"rte": ("not_entailment", "entailment"), "polarity": ("negative", "positive"), "arct": ("warrant_score",)}
 RESULT_COLUMNS = ("task", "data", "input", "init", "seed", "split", "accuracy", "f1", "n", "best_epoch",
@@ -83,7 +83,7 @@ def check_labels(model, task: str, revision: str | None = None):
     """A checkpoint with a classification head must have the task's number of outputs."""
     from transformers import AutoConfig
 
-    from bertscope.models import model_dir
+    from bertscope.models.loading import model_dir
 
     path = model_dir(model, revision)
     if not (path / "config.json").is_file():
@@ -109,7 +109,7 @@ def csv_list(choices):
 
 def seed_list(text: str) -> list[int]:
     """Comma-separated seeds, each a whole number >= 0, at least one."""
-    from bertscope.args import non_negative_int
+    from bertscope.cli.args import non_negative_int
 
     try:
         seeds = sorted({non_negative_int(t.strip()) for t in text.split(",") if t.strip()})
@@ -121,13 +121,13 @@ def seed_list(text: str) -> list[int]:
 
 
 def add_arguments(p):
-    from bertscope.args import (
+    from bertscope.cli.args import (
         add_common_arguments,
         limit_arg,
         non_negative_int,
         positive_int,
     )
-    from bertscope.task_inputs import ARCT_INPUTS
+    from bertscope.tasks.inputs import ARCT_INPUTS
 
     p.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--inits", type=csv_list(INITS), default=list(INITS),
@@ -199,8 +199,8 @@ def resolve_recipe(args):
 
 
 def main(args) -> int:
-    from bertscope.data import dataset_dir
-    from bertscope.rundir import ProbeRun
+    from bertscope.data.paths import dataset_dir
+    from bertscope.run.rundir import ProbeRun
 
     check_task(args.task)
     args.precision = autocast_precision(args)  # the weights stay float32: ProbeRun loads them so
@@ -222,7 +222,7 @@ class FineTuneRun:
         self.rows = read_rows(run.dir / RESULTS_FILE)
         self.epochs = read_rows(run.dir / EPOCHS_FILE)
         self.cosine = read_rows(run.dir / COSINE_FILE)
-        from bertscope.task_model import TrainConfig
+        from bertscope.tasks.model import TrainConfig
 
         self.cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                                weight_decay=args.weight_decay, precision=args.precision, device=args.device,
@@ -240,14 +240,14 @@ class FineTuneRun:
         return list(itertools.product(self.args.arct_data, self.args.arct_inputs))
 
     def data(self, version, variant):
-        from bertscope.task_inputs import encode_task
+        from bertscope.tasks.inputs import encode_task
 
         a, tok = self.args, self.run.loaded.tokenizer
         arct = a.task == "arct"
         splits = {s: read_task(a.task, s, a.data_dir, seed=a.seed, version=version if arct else "original")
                   for s in ("train", "dev", "test")}
         if a.limit:
-            from bertscope.data import seeded_sample
+            from bertscope.data.paths import seeded_sample
 
             splits = {s: seeded_sample(ex, a.limit, a.seed) for s, ex in splits.items()}
         enc = {s: encode_task(a.task, ex, tok, a.max_len, arct_input=variant if arct else "full")
@@ -282,7 +282,7 @@ class FineTuneRun:
     # -- the three columns
 
     def probe(self, enc, version, variant):
-        from bertscope.task_model import cls_features, linear_probe, metrics
+        from bertscope.tasks.model import cls_features, linear_probe, metrics
 
         a, loaded = self.args, self.run.loaded
         t0 = time.perf_counter()
@@ -300,7 +300,7 @@ class FineTuneRun:
         self.write()
 
     def fine_tune(self, enc, version, variant, init, seed, name):
-        from bertscope.task_model import classifier_model, fine_tune, metrics, predict
+        from bertscope.tasks.model import classifier_model, fine_tune, metrics, predict
 
         a = self.args
         loaded = classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
@@ -329,9 +329,9 @@ class FineTuneRun:
 
     def attention_change(self, tuned, dev, version, variant, seed):
         from bertscope.analyses.finetune.attention_change import attention_cosine
-        from bertscope.data import seeded_sample
-        from bertscope.task_inputs import EncodedTask
-        from bertscope.task_model import eval_batches
+        from bertscope.data.paths import seeded_sample
+        from bertscope.tasks.inputs import EncodedTask
+        from bertscope.tasks.model import eval_batches
 
         a, ref = self.args, self.run.loaded
         t0 = time.perf_counter()
@@ -362,7 +362,7 @@ class FineTuneRun:
                               best_epoch=best_epoch, dev_accuracy=dev, train_s=seconds, checkpoint=checkpoint))
 
     def save(self, loaded, name, init, seed, result) -> str:
-        from bertscope.rundir import write_json
+        from bertscope.run.rundir import write_json
 
         rel = CHECKPOINT_DIR.format(name=name, init=init, seed=seed)
         path = self.run.dir / rel
@@ -379,7 +379,7 @@ class FineTuneRun:
         return rel
 
     def write(self, final: bool = False):
-        from bertscope.rundir import write_csv
+        from bertscope.run.rundir import write_csv
 
         d = self.run.dir
         write_csv(d / RESULTS_FILE, self.rows, RESULT_COLUMNS)

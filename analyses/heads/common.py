@@ -4,7 +4,7 @@ which evaluates gated variants of a fine-tuned model against its baseline.
 A command that evaluates gated variants (`heads disable`, `heads ablate`) takes
 `add_variant_arguments` and calls `run_variants` with its gate, its variant set and an
 `outputs` hook for its figures and results. Every variant runs on the same weights through the
-model's head gates, several variants per forward pass (`bertscope.variants`). Outputs: a CSV
+model's head gates, several variants per forward pass (`bertscope.analyses.heads.variants`). Outputs: a CSV
 with one row per variant (the name in the command's outputs.py), the figures of the command's
 hook, and its entry in run.json.
 """
@@ -14,8 +14,8 @@ import numpy as np
 
 from bertscope.errors import UserError
 from bertscope.kernels import Gate
-from bertscope.report import refresh_report
-from bertscope.rundir import ProbeRun
+from bertscope.report.writer import refresh_report
+from bertscope.run.rundir import ProbeRun
 
 COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
            "q", "significant")
@@ -27,7 +27,7 @@ def add_task_data_arguments(p, split_default: str, split_help: str, splits=("tra
                             limit_help: str | None = "a seeded sample of N examples of each split used (default: all)"):
     """--task, --split, --arct-version and (unless limit_help is None) --limit: the task data of
     every `heads` subcommand."""
-    from bertscope.args import limit_arg
+    from bertscope.cli.args import limit_arg
 
     p.add_argument("--task", required=task_required, default=None, choices=TASK_CHOICES, help=task_help)
     p.add_argument("--split", choices=splits, default=split_default, help=split_help)
@@ -39,7 +39,7 @@ def add_task_data_arguments(p, split_default: str, split_help: str, splits=("tra
 
 def add_variant_arguments(d):
     """The options of every command that evaluates gated variants through `run_variants`."""
-    from bertscope.args import add_common_arguments, fraction
+    from bertscope.cli.args import add_common_arguments, fraction
 
     add_task_data_arguments(d, "test", "evaluation split (default: test; RTE test is RTE3's 800 pairs)",
                             splits=("dev", "test"), limit_help="a seeded sample of N examples of the split (default: all)")
@@ -54,8 +54,8 @@ def add_variant_arguments(d):
 
 def load_split(args):
     """The examples of the task split (a seeded sample with --limit)."""
-    from bertscope.data import seeded_sample
-    from bertscope.datasets.tasks import read_task
+    from bertscope.data.paths import seeded_sample
+    from bertscope.data.readers.tasks import read_task
 
     examples = read_task(args.task, args.split, args.data_dir, seed=0, version=args.arct_version)
     if not examples:
@@ -75,8 +75,8 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
       run.json is written: it saves figures and may add to `results`. run.loaded and
       run.args give the model and the options.
     """
-    from bertscope import variants as V
-    from bertscope.task_inputs import check_head, encode_task
+    from bertscope.analyses.heads import variants as V
+    from bertscope.tasks.inputs import check_head, encode_task
 
     if args.max_rows < 0:
         raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from bertscope.analyses.patterns.stats import TYPES
-from bertscope.rundir import write_npz
+from bertscope.run.rundir import write_npz
 
 GRID = 32
 CHANNELS = (8, 8, 16, 16, 32, 32, 64, 64)

@@ -39,7 +39,7 @@ from bertscope.analyses.patterns.outputs import (
     TABLE_TEXT,
 )
 from bertscope.errors import Interrupted, UserError
-from bertscope.report import refresh_report
+from bertscope.report.writer import refresh_report
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ RESUMED = ("data", "split", "arct_version", "limit", "seed", "max_len", "batch_s
 
 
 def add_arguments(p):
-    from bertscope.args import add_common_arguments, limit_arg, positive_int
+    from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 
     p.add_argument("action", nargs="?", choices=ACTIONS, default="classify", help="what to do (default: classify)")
     add_common_arguments(p, from_word=False)
@@ -67,7 +67,7 @@ def add_arguments(p):
     p.add_argument("--data", "--corpus", dest="data", default="wiki", metavar="NAMES",
                    help=f"comma-separated data sets of {', '.join(DATA)} (default: wiki)")
     p.add_argument("--split", choices=("train", "dev", "test"), default="dev",
-                   help="split of the task data (rte, arct, polarity; bertscope.datasets.tasks) (default: dev)")
+                   help="split of the task data (rte, arct, polarity; bertscope.data.readers.tasks) (default: dev)")
     p.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
                    help="ARCT data: the original or Niven & Kao's adversarial set (default: original)")
     p.add_argument("--limit", type=limit_arg, default=1000, metavar="N",
@@ -117,8 +117,8 @@ def data_names(text: str) -> list[str]:
 
 def documents(name: str, args) -> list:
     """The data set's inputs as `Document`s of one or two parts."""
-    from bertscope.corpus import Document
-    from bertscope.datasets.tasks import read_task
+    from bertscope.text.corpus import Document
+    from bertscope.data.readers.tasks import read_task
 
     if name == "arct":
         return [Document(f"{ex.id}:w{k}", [f"{ex.claim} {ex.reason}", w])
@@ -130,9 +130,9 @@ def documents(name: str, args) -> list:
 
 def segment_stream(name: str, args, tokenizer, report):
     """Segments of one data set, made lazily, each with its PARTS class ids."""
-    from bertscope.corpus import open_corpus
-    from bertscope.segments import SegmentOptions, iter_segments
-    from bertscope.token_classes import part_ids
+    from bertscope.text.corpus import open_corpus
+    from bertscope.text.segments import SegmentOptions, iter_segments
+    from bertscope.text.token_classes import part_ids
 
     docs = open_corpus("wiki") if name == "wiki" else documents(name, args)
     options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed)
@@ -142,7 +142,7 @@ def segment_stream(name: str, args, tokenizer, report):
 
 
 def first_segments(name: str, args, tokenizer, n: int) -> list:
-    from bertscope.segments import SegmentReport
+    from bertscope.text.segments import SegmentReport
 
     out = []
     for segment in segment_stream(name, args, tokenizer, SegmentReport()):
@@ -158,7 +158,7 @@ def first_segments(name: str, args, tokenizer, n: int) -> list:
 def iter_maps(loaded, segments, t: P.Thresholds, batch_size: int = 8, progress: bool = False, desc: str = "maps"):
     """(segment, maps (layers, H, L, L) float32, types (layers, H), features) for each segment:
     the batch's own statistics classify, the maps come from the kept q and k."""
-    from bertscope.engine import stream_batches
+    from bertscope.engine.loop import stream_batches
     from bertscope.kernels import StatsSpec
     from bertscope.kernels.common import masked_scores
 
@@ -207,10 +207,10 @@ def pick_examples(loaded, segments, t: P.Thresholds) -> list[dict]:
 
 
 def classify(args) -> int:
-    from bertscope.distributed import broadcast, init_world, shutdown
-    from bertscope.engine import EngineOptions, fold
-    from bertscope.rundir import ProbeRun, recorded_run, resumed_revision
-    from bertscope.segments import SegmentReport
+    from bertscope.engine.distributed import broadcast, init_world, shutdown
+    from bertscope.engine.loop import EngineOptions, fold
+    from bertscope.run.rundir import ProbeRun, recorded_run, resumed_revision
+    from bertscope.text.segments import SegmentReport
 
     if args.resume:
         record = recorded_run(args.resume, NAME)
@@ -227,7 +227,7 @@ def classify(args) -> int:
         run = ProbeRun(NAME, args, device=world.device)
         loaded, log, progress, run_dir = run.loaded, run.log, run.progress, run.dir
     else:
-        from bertscope.models import load_model
+        from bertscope.models.loading import load_model
 
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -277,7 +277,7 @@ def all_reduce_counts(world, counts: P.PatternCounts) -> P.PatternCounts:
 
 
 def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: P.Thresholds):
-    from bertscope.models import model_name
+    from bertscope.models.loading import model_name
 
     label = model_name(run.loaded.path)
     run.write_csv(PATTERNS_FILE, [r for n in names for r in by_data[n].tidy_rows(n)], P.TIDY_COLUMNS)
@@ -316,8 +316,8 @@ def format_table(shares: dict[str, dict[str, float]], n: dict[str, int]) -> str:
 def label(args) -> int:
     """A labels file per data set: every head's map of --limit segments, resized, with its rule label."""
     from bertscope.analyses.patterns import cnn as C
-    from bertscope.models import model_name
-    from bertscope.rundir import ProbeRun
+    from bertscope.models.loading import model_name
+    from bertscope.run.rundir import ProbeRun
 
     names, t = data_names(args.data), thresholds(args)
     run = ProbeRun(NAME + "_label", args)
@@ -345,7 +345,7 @@ def label(args) -> int:
 
 def train(args) -> int:
     from bertscope.analyses.patterns import cnn as C
-    from bertscope.rundir import new_run_dir, write_json
+    from bertscope.run.rundir import new_run_dir, write_json
 
     if not args.labels:
         raise UserError("patterns train needs --labels FILE")

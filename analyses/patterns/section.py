@@ -1,14 +1,14 @@
 """Pattern types in the report (Kovaleva et al. section 4.1)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.patterns.outputs import (
     EXAMPLES_FIGURE,
     LAYERS_FIGURE,
     OVERALL_FIGURE,
     PATTERNS_FILE,
 )
-from bertscope.report_page import RunFiles, Section, Table, num
+from bertscope.report.page import RunFiles, Section, Table, num
 
 
 def build(run: RunFiles) -> Section | None:

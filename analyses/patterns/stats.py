@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from bertscope.kernels import StatsSpec
-from bertscope.rundir import write_npz
-from bertscope.token_classes import PARTS
+from bertscope.run.rundir import write_npz
+from bertscope.text.token_classes import PARTS
 
 NAME = "patterns"
 TYPES = ("Vertical", "Diagonal", "Vertical+Diagonal", "Block", "Heterogeneous")
@@ -124,7 +124,7 @@ def map_features(p: torch.Tensor, key_class: torch.Tensor, key_valid: torch.Tens
     The maps are fed to `attention_stats_eager` as scores log p (q = log p, k = identity,
     scale 1), whose softmax gives p back, so the statistics are the oracle's own.
     """
-    from bertscope.batch import _segment_sums
+    from bertscope.engine.batch import _segment_sums
     from bertscope.kernels.eager import attention_stats_eager
 
     B, H, L, _ = p.shape

@@ -56,7 +56,7 @@ RESUME_KEYS = ("resume", "quiet")  # settings a resumed run takes from its own c
 
 
 def add_arguments(p):
-    from bertscope.args import add_common_arguments, fraction, limit_arg, positive_int
+    from bertscope.cli.args import add_common_arguments, fraction, limit_arg, positive_int
 
     add_common_arguments(p)
     p.add_argument("--analysis", choices=ANALYSES + ("both",), default="both",
@@ -89,7 +89,7 @@ def add_arguments(p):
 
 def read_data(args) -> dict:
     """The data sets asked for: 'ewt' -> sentences, 'gum' -> treebank documents."""
-    from bertscope.datasets.treebank import read_ewt_dev, read_gum
+    from bertscope.data.readers.treebank import read_ewt_dev, read_gum
 
     names = DATA if args.data == "both" else (args.data,)
     return {name: read_ewt_dev(args.data_dir) if name == "ewt" else read_gum(args.data_dir) for name in names}
@@ -104,7 +104,7 @@ def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]
     with its control pairs (drawn with a generator seeded by --seed and the sentence id)."""
     import random
 
-    from bertscope.word_segments import word_segment
+    from bertscope.text.word_segments import word_segment
 
     groups = relation_groups()
     segments, links, report = [], [], dict(sentences=len(sentences), too_many_words=0, no_link=0,
@@ -132,8 +132,8 @@ def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]
 def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report): verb -> subject in every EWT sentence or GUM input, and
     pronoun -> antecedent in GUM inputs (windows of whole sentences, or sentences)."""
-    from bertscope.datasets.coref import coref_document
-    from bertscope.word_segments import split_words, word_segment
+    from bertscope.data.readers.coref import coref_document
+    from bertscope.text.word_segments import split_words, word_segment
 
     segments, links, report = [], [], dict(inputs=0, too_long=0, no_link=0, verb_subject=0, pronoun_antecedent=0)
 
@@ -198,8 +198,8 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
                 progress: bool):
     """(LinkScores, HeadStats) of one analysis on one data set, resumed from its checkpoint when
     --resume finds one (a pair that disagrees on the batches done is started again)."""
-    from bertscope.accumulate import HeadStats
-    from bertscope.engine import EngineOptions, fold
+    from bertscope.engine.accumulate import HeadStats
+    from bertscope.engine.loop import EngineOptions, fold
 
     spec = offsets_spec(loaded)
     unit = "sentence" if analysis == "relations" else "link"
@@ -225,7 +225,7 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
 
 def all_reduce(world, scores, offsets):
     """Every rank's sums into each rank's copies (torchrun)."""
-    from bertscope.distributed import all_reduce_stats
+    from bertscope.engine.distributed import all_reduce_stats
 
     if world.size > 1:
         import torch
@@ -242,7 +242,7 @@ def all_reduce(world, scores, offsets):
 
 def resumed_args(args) -> argparse.Namespace:
     """The settings recorded in DIR/run.json, with this command line's --resume and --quiet."""
-    from bertscope.rundir import recorded_run, resumed_revision
+    from bertscope.run.rundir import recorded_run, resumed_revision
 
     record = recorded_run(args.resume, NAME)
     parser = argparse.ArgumentParser()
@@ -256,7 +256,7 @@ def resumed_args(args) -> argparse.Namespace:
 
 def check_world_size(run_dir: Path, size: int):
     """Checkpoints are per rank: a run resumes only with the number of processes it began with."""
-    from bertscope.rundir import recorded_run
+    from bertscope.run.rundir import recorded_run
 
     recorded = recorded_run(run_dir, NAME).get("world_size", 1)
     if recorded != size:
@@ -264,7 +264,7 @@ def check_world_size(run_dir: Path, size: int):
 
 
 def main(args) -> int:
-    from bertscope.distributed import broadcast, init_world, shutdown
+    from bertscope.engine.distributed import broadcast, init_world, shutdown
 
     if args.resume:
         args = resumed_args(args)
@@ -275,7 +275,7 @@ def main(args) -> int:
         check_world_size(Path(args.resume), world.size)
     run, progress, log = None, False, (lambda *a, **k: None)
     if world.is_main:
-        from bertscope.rundir import ProbeRun
+        from bertscope.run.rundir import ProbeRun
 
         run = ProbeRun(NAME, args, device=world.device)
         loaded, run_dir, progress, log = run.loaded, run.dir, run.progress, run.log
@@ -284,7 +284,7 @@ def main(args) -> int:
     else:
         import torch
 
-        from bertscope.models import load_model
+        from bertscope.models.loading import load_model
 
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -321,7 +321,7 @@ def main(args) -> int:
 
 def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> tuple[list, list]:
     """A seeded sample of `limit` inputs in their original order (all with None)."""
-    from bertscope.data import seeded_sample
+    from bertscope.data.paths import seeded_sample
 
     kept = seeded_sample(list(zip(segments, links)), limit, seed)
     return [s for s, _ in kept], [lk for _, lk in kept]
@@ -329,8 +329,8 @@ def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> 
 
 def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
     from bertscope.analyses.relations import plots
-    from bertscope.models import model_name
-    from bertscope.report import refresh_report
+    from bertscope.models.loading import model_name
+    from bertscope.report.writer import refresh_report
 
     label = model_name(run.loaded.path)
     all_heads, summary, record = [], [], {"adjacent_mass": args.prev_next_mass, "percentile": rel.PERCENTILE}
@@ -373,7 +373,7 @@ def draw_example(run, loaded, analysis: str, results: dict, names: list[str], sc
     import random
 
     from bertscope.analyses.relations import plots
-    from bertscope.engine import iter_word_maps
+    from bertscope.engine.loop import iter_word_maps
 
     group = rel.ALL if analysis == "relations" else rel.VERB_SUBJECT + "_far"
     g = scores.groups.index(group)

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from bertscope.analyses.relations.stats import flag_heads
-from bertscope.plotting import layer_head_ticks
+from bertscope.report.plotting import layer_head_ticks
 
 
 def _plt():

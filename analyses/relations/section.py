@@ -1,13 +1,13 @@
 """Relation heads and token-to-token attention in the report (Kovaleva et al. 4.2 and 4.5)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.relations.outputs import (
     EXAMPLES_FIGURE,
     HEATMAP_FIGURE,
     SUMMARY_FILE,
 )
-from bertscope.report_page import RunFiles, Section, Table, num
+from bertscope.report.page import RunFiles, Section, Table, num
 
 RELATION_FIGURES = (  # (analysis, caption) of the heatmaps
     ("relations", "Mean over sentences of each head's largest word-level attention between a "

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertscope.rundir import write_npz
+from bertscope.run.rundir import write_npz
 
 CORE = ("nsubj", "nsubj:pass", "obj", "iobj", "obl")  # exact UD labels (obl:tmod etc. are not core)
 ALL = "all"

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from bertscope.accumulate import HeadStats
+from bertscope.engine.accumulate import HeadStats
 from bertscope.analyses.surface import plots as surface_plots
 from bertscope.analyses.surface import stats as surface
 from bertscope.analyses.surface.outputs import (
@@ -29,7 +29,7 @@ from bertscope.analyses.surface.outputs import (
     STATS_CHECKPOINT,
     STATS_FILE,
 )
-from bertscope.args import (
+from bertscope.cli.args import (
     add_dtype_argument,
     add_model_arguments,
     add_quiet_argument,
@@ -39,17 +39,17 @@ from bertscope.args import (
     limit_arg,
     positive_int,
 )
-from bertscope.corpus import open_corpus
-from bertscope.distributed import (
+from bertscope.text.corpus import open_corpus
+from bertscope.engine.distributed import (
     all_reduce_stats,
     broadcast,
     init_world,
     rank_device,
     shutdown,
 )
-from bertscope.engine import WINDOW_BATCHES, EngineOptions, fold
+from bertscope.engine.loop import WINDOW_BATCHES, EngineOptions, fold
 from bertscope.errors import Interrupted, UserError
-from bertscope.figure_pool import FigureError, FigurePool, split
+from bertscope.report.figure_pool import FigureError, FigurePool, split
 from bertscope.kernels import (
     BACKEND_CHOICES,
     StatsSpec,
@@ -57,9 +57,9 @@ from bertscope.kernels import (
     output_path,
     resolve_backend,
 )
-from bertscope.models import load_model, model_name
-from bertscope.report import REPORT_NAME, write_report
-from bertscope.rundir import (
+from bertscope.models.loading import load_model, model_name
+from bertscope.report.writer import REPORT_NAME, write_report
+from bertscope.run.rundir import (
     check_run_dir,
     new_run_dir,
     read_json,
@@ -67,7 +67,7 @@ from bertscope.rundir import (
     update_json,
     write_csv,
 )
-from bertscope.segments import (
+from bertscope.text.segments import (
     SegmentOptions,
     SegmentReport,
     describe_lengths,
@@ -187,7 +187,7 @@ class RunSettings:
     backend: str = "auto"
     device: str = "cpu"
     dtype: str = "float32"  # the model's weights and activations; statistics in float32 (sums float64)
-    packing: str = "clark"  # how Wikipedia text becomes segments (bertscope.segments)
+    packing: str = "clark"  # how Wikipedia text becomes segments (bertscope.text.segments)
     average: str = "tokens"  # pool all tokens, or average per segment first (HeadStats)
     per_example: bool = False  # also write examples.parquet: one row per (segment, layer, head)
     text_field: str | None = None  # the text column(s) of a JSON Lines, Parquet or datasets corpus

@@ -42,9 +42,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from bertscope.batch import BatchContext
+from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
-from bertscope.token_classes import TokenClasses
+from bertscope.text.token_classes import TokenClasses
 
 PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")
 

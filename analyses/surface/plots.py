@@ -31,7 +31,7 @@ from bertscope.analyses.surface.outputs import (
     SPECIAL_HEATMAP_FIGURE,
     TOKENS_BY_LAYER_FIGURE,
 )
-from bertscope.plotting import layer_head_ticks
+from bertscope.report.plotting import layer_head_ticks
 
 DPI = 150
 ANNOTATE_MAX = 12  # annotate heatmap cells when both layers and heads are <= this
@@ -40,7 +40,7 @@ BLUE, ORANGE, GREEN, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
 
 
 # Every figure, with its drawing time relative to the others (measured on the 6 x 12 MiniLM;
-# the annotated heatmaps cost most), so that figure helpers get equal shares (bertscope.figure_pool).
+# the annotated heatmaps cost most), so that figure helpers get equal shares (bertscope.report.figure_pool).
 FIGURES = {TOKENS_BY_LAYER_FIGURE: 3, ENTROPY_BY_LAYER_FIGURE: 2, OFFSETS_HEATMAP_FIGURE: 4,
            SPECIAL_HEATMAP_FIGURE: 5, ENTROPY_HEATMAP_FIGURE: 2}
 
@@ -62,7 +62,7 @@ def colormaps():
 
 def warm_up():
     """Import matplotlib and load the fonts by drawing a tiny figure: what a figure helper
-    does while it waits for its job (bertscope.figure_pool)."""
+    does while it waits for its job (bertscope.report.figure_pool)."""
     fig = new_figure(figsize=(1, 1))
     fig.text(0.5, 0.5, "0.12")
     fig.savefig(io.BytesIO(), format="png", dpi=10)

@@ -5,7 +5,7 @@ import zipfile
 
 import numpy as np
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.surface.outputs import (
     ENTROPY_BY_LAYER_FIGURE,
     ENTROPY_HEATMAP_FIGURE,
@@ -15,7 +15,7 @@ from bertscope.analyses.surface.outputs import (
     STATS_FILE,
     TOKENS_BY_LAYER_FIGURE,
 )
-from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
+from bertscope.report.page import RunFiles, Section, Table, heads_str, num, pct
 
 PREV_NEXT_CUT = 0.5  # "> 50% of attention on the previous / next token" (Clark 3.1)
 SEP_SEP_CUT = 0.9  # "[SEP] attends to [SEP] with > 90%" (Clark 3.2)
@@ -60,7 +60,7 @@ def _uniform_entropy(run: RunFiles) -> float | None:
     if not run.has(STATS_FILE):
         return None
     try:
-        from bertscope.accumulate import HeadStats
+        from bertscope.engine.accumulate import HeadStats
 
         return HeadStats.load(run.dir / STATS_FILE).uniform_entropy()
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # an unreadable checkpoint only costs the broad-head finding
@@ -70,7 +70,7 @@ def _uniform_entropy(run: RunFiles) -> float | None:
 @np.errstate(invalid="ignore")
 def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
     """The findings list and the per-layer table of the surface analysis. A layer whose heads
-    were all removed (bertscope.head_removal) is NaN throughout: its means are NaN, quietly."""
+    were all removed (bertscope.models.head_removal) is NaN throughout: its means are NaN, quietly."""
     import warnings
 
     with warnings.catch_warnings():

@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from bertscope.accumulate import HeadStats
+from bertscope.engine.accumulate import HeadStats
 from bertscope.kernels import StatsSpec
 
 NAME = "surface"

@@ -78,7 +78,7 @@ def main(args) -> int:
 def variant_set(which: str, importance=None):
     """(layers, H) -> the variants of `--variants`; checks the importance table against the
     model's shape first, so a file of another model fails before the evaluation, not after."""
-    from bertscope import variants as V
+    from bertscope.analyses.heads import variants as V
 
     def make(n_layers: int, n_heads: int):
         if importance is not None:

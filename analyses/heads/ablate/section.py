@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.heads.ablate.outputs import (
     ABLATE_FILE,
     BUT_ONE_FIGURE,
@@ -12,7 +12,7 @@ from bertscope.analyses.heads.ablate.outputs import (
     HISTOGRAM_FIGURE,
     IMPORTANCE_FIGURE,
 )
-from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
+from bertscope.report.page import RunFiles, Section, Table, heads_str, num, pct
 
 
 def build(run: RunFiles) -> Section | None:

@@ -31,8 +31,8 @@ from bertscope.analyses.heads.attention_grad.stats import (
     mlm_loss,
 )
 from bertscope.errors import Interrupted, UserError
-from bertscope.report import refresh_report
-from bertscope.token_classes import KEY_CLASSES
+from bertscope.report.writer import refresh_report
+from bertscope.text.token_classes import KEY_CLASSES
 
 NAME = "attention_grad"
 MLM_SEGMENTS = 1000  # corpus segments of --objective mlm without --limit, as Clark's 1,000
@@ -54,7 +54,7 @@ DESCRIPTION = (
 
 def add_arguments(p):
     from bertscope.analyses.heads.common import add_task_data_arguments
-    from bertscope.args import add_common_arguments, limit_arg
+    from bertscope.cli.args import add_common_arguments, limit_arg
 
     p.add_argument("--objective", choices=("task", "mlm"), default=None,
                    help="the loss: the fine-tuned task's or the masked-LM loss (default: mlm when the checkpoint "
@@ -71,7 +71,7 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.rundir import ProbeRun
+    from bertscope.run.rundir import ProbeRun
 
     objective = args.objective or default_objective(args.model, args.revision)
     if objective == "task" and args.task is None:
@@ -102,7 +102,7 @@ def main(args) -> int:
             plot_heads,
             plot_layers,
         )
-        from bertscope.models import model_name
+        from bertscope.models.loading import model_name
 
         source = f"{args.task} {args.split}" if objective == "task" else args.corpus
         title = f"{model_name(loaded.path)}, {objective} loss on {source} ({stats.examples} inputs)"
@@ -121,7 +121,7 @@ def main(args) -> int:
 
 def default_objective(model, revision: str | None = None) -> str:
     """mlm when the checkpoint's architectures name a masked-LM (or pre-training) head, else task."""
-    from bertscope.models import model_dir
+    from bertscope.models.loading import model_dir
 
     path = model_dir(model, revision)
     try:
@@ -138,15 +138,15 @@ def load_data(args):
         from bertscope.analyses.heads.common import load_split
 
         return load_split(args)
-    from bertscope.corpus import open_corpus
+    from bertscope.text.corpus import open_corpus
 
     return open_corpus(args.corpus)
 
 
 def task_batches(loaded, args, examples, run):
     """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
-    from bertscope.task_inputs import check_head, encode_task
-    from bertscope.variants import example_batches
+    from bertscope.tasks.inputs import check_head, encode_task
+    from bertscope.analyses.heads.variants import example_batches
 
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
@@ -156,7 +156,7 @@ def task_batches(loaded, args, examples, run):
 
 
 def _task_batches(loaded, task, batches):
-    from bertscope.task_model import point_loss
+    from bertscope.tasks.model import point_loss
 
     device = next(loaded.model.parameters()).device
     pad = loaded.tokenizer.pad_token_id or 0
@@ -171,8 +171,8 @@ def _task_batches(loaded, task, batches):
 def mlm_batches(loaded, args, corpus, run):
     """(inputs, loss_fn) per batch of corpus segments (as `bertscope run` makes them), masked as BERT."""
     from bertscope.analyses.surface.command import segment_stream
-    from bertscope.engine import windowed_batches
-    from bertscope.segments import SegmentOptions, SegmentReport
+    from bertscope.engine.loop import windowed_batches
+    from bertscope.text.segments import SegmentOptions, SegmentReport
 
     limit = args.limit or MLM_SEGMENTS
     options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
@@ -185,7 +185,7 @@ def mlm_batches(loaded, args, corpus, run):
 
 
 def _mlm_batches(loaded, batches, seed: int):
-    from bertscope.segments import collate
+    from bertscope.text.segments import collate
 
     tok = loaded.tokenizer
     device = next(loaded.model.parameters()).device

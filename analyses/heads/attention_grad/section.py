@@ -1,13 +1,13 @@
 """Attention gradients in the report (Clark et al. section 3)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.heads.attention_grad.outputs import (
     HEADS_FIGURE,
     LAYERS_FIGURE,
     LAYERS_FILE,
 )
-from bertscope.report_page import RunFiles, Section, Table, num, pct
+from bertscope.report.page import RunFiles, Section, Table, num, pct
 
 
 def build(run: RunFiles) -> Section | None:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bertscope.token_classes import KEY_CLASSES
+from bertscope.text.token_classes import KEY_CLASSES
 
 MASK_RATE, MASK_TOKEN, RANDOM_TOKEN = 0.15, 0.8, 0.1  # BERT's pre-training masking
 
@@ -70,7 +70,7 @@ def measure(loaded, batches, stats: "GradStats", backend: str = "fused", progres
     Backward runs from the loss to the token embeddings only: the weights are frozen for the
     pass (restored after) and the embeddings' output is made a leaf that requires grad, so
     every layer's q, k and v are differentiated and no weight gradient is computed."""
-    from bertscope.attention import GradProbe
+    from bertscope.engine.attention import GradProbe
 
     model = loaded.model
     probe = GradProbe(loaded.n_layers, len(KEY_CLASSES), backend)
@@ -142,7 +142,7 @@ class GradStats:
         return self
 
     def save(self, path):
-        from bertscope.rundir import write_npz
+        from bertscope.run.rundir import write_npz
 
         write_npz(path, grad=self.grad, mass=self.mass, pairs=self.pairs, rows=self.rows,
                   classes=np.array(self.classes), counts=np.array([self.examples, self.batches_done]),

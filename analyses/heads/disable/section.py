@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.heads.disable.outputs import (
     DISABLE_FILE,
     HEADS_FIGURE,
     LAYERS_FIGURE,
 )
-from bertscope.report_page import RunFiles, Section, Table, heads_str, num, pct
+from bertscope.report.page import RunFiles, Section, Table, heads_str, num, pct
 
 
 def build(run: RunFiles) -> Section | None:

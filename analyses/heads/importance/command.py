@@ -24,7 +24,7 @@ from bertscope.analyses.heads.importance.outputs import (
     read_importance,
 )
 from bertscope.errors import Interrupted, UserError
-from bertscope.report import refresh_report
+from bertscope.report.writer import refresh_report
 
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
                    "top_overlap")
@@ -54,7 +54,7 @@ def add_task_arguments(p, split_help: str, split_default: str):
 
 
 def add_arguments(p):
-    from bertscope.args import add_common_arguments
+    from bertscope.cli.args import add_common_arguments
 
     add_task_arguments(p, "the split the gradients are taken on (default: dev, held-out data)", "dev")
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None,
@@ -79,7 +79,7 @@ def main(args) -> int:
 def compute(args, run, examples, mask=None):
     """(EncodedTask, Importance) of run.loaded on `examples` of args.task, with `mask`."""
     from bertscope.analyses.heads.importance.stats import head_importance
-    from bertscope.task_inputs import check_head, encode_task
+    from bertscope.tasks.inputs import check_head, encode_task
 
     check_head(args.task, run.loaded)
     task = encode_task(args.task, examples, run.loaded.tokenizer, args.max_len)
@@ -99,7 +99,7 @@ def importance_rows(imp) -> list[dict]:
 
 def run_importance(args):
     from bertscope.analyses.heads.common import load_split
-    from bertscope.rundir import ProbeRun
+    from bertscope.run.rundir import ProbeRun
 
     examples = load_split(args)  # a missing data set fails before the model loads
     run = ProbeRun("importance", args, task="sequence-classification", command="heads importance")
@@ -110,7 +110,7 @@ def run_importance(args):
     run.write_csv(IMPORTANCE_FILE, rows, COLUMNS)
     if not args.no_figures:
         from bertscope.analyses.heads.importance.plots import plot_importance
-        from bertscope.models import model_name
+        from bertscope.models.loading import model_name
 
         title = f"{args.task} {args.split} ({task.n_examples} examples), {model_name(run.loaded.path)}, " \
                 f"{imp.convention} convention"
@@ -136,7 +136,7 @@ def run_importance(args):
 def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
     """(label, importance (layers, H), raw (layers, H)) of a run directory's importance.csv; the label
     names the task (from run.json) and the run."""
-    from bertscope.rundir import read_json
+    from bertscope.run.rundir import read_json
 
     table = read_importance(run_dir)
     n_layers, n_heads = max(k[0] for k in table), max(k[1] for k in table)
@@ -170,7 +170,7 @@ def correlation_row(a, b, run_a, run_b) -> dict:
 
 
 def compare_runs(args):
-    from bertscope.rundir import AnalysisRun
+    from bertscope.run.rundir import AnalysisRun
 
     runs = [Path(r) for r in args.compare]
     if len(runs) < 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope.plotting import layer_head_ticks
+from bertscope.report.plotting import layer_head_ticks
 
 
 def _plt():

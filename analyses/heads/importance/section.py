@@ -1,14 +1,14 @@
 """Head importance and iterative pruning in the report (Michel et al. 2019)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.heads.importance.outputs import (
     CORRELATION_FIGURE,
     CORRELATION_FILE,
     FIGURE,
     IMPORTANCE_FILE,
 )
-from bertscope.report_page import RunFiles, Section, Table, heads_str, num
+from bertscope.report.page import RunFiles, Section, Table, heads_str, num
 
 
 def build(run: RunFiles) -> Section | None:

@@ -1,6 +1,6 @@
 """Head importance (Michel et al. 2019, section 4): how much the task loss leans on each head.
 
-A layer's output is sum_h xi_h W_o^h Att_h(x), one gate xi_h per head (`bertscope.gates`).
+A layer's output is sum_h xi_h W_o^h Att_h(x), one gate xi_h per head (`bertscope.models.gates`).
 Masking head h sets xi_h = 0; the first-order Taylor estimate of the loss change that causes
 is |dL/dxi_h| at xi = 1 (Molchanov et al. 2017), so
 
@@ -48,9 +48,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bertscope.task_inputs import EncodedTask
-from bertscope.task_model import point_loss
-from bertscope.variants import example_batches
+from bertscope.tasks.inputs import EncodedTask
+from bertscope.tasks.model import point_loss
+from bertscope.analyses.heads.variants import example_batches
 
 CONVENTIONS = ("michel", "batch")
 

@@ -9,7 +9,7 @@ reaches 65 = 90.3%). A head once pruned is never picked again: its importance is
 
 The baseline beside it: the same counts pruned in a random order (one seeded permutation of
 all heads per seed, --random-seeds of them: their min-max band and mean). Pruning here is
-masking (ZERO gates, `bertscope.variants`): every step's model is evaluated in one batched pass
+masking (ZERO gates, `bertscope.analyses.heads.variants`): every step's model is evaluated in one batched pass
 over the split, with no copies of the weights. prune_order.csv lists the heads removed at each
 step, for real pruning (removing them from the weights) to read.
 
@@ -34,9 +34,9 @@ from bertscope.analyses.heads.prune.outputs import (
     ORDER_FILE,
     PRUNE_FILE,
 )
-from bertscope.args import fraction
+from bertscope.cli.args import fraction
 from bertscope.errors import Interrupted, UserError
-from bertscope.report import refresh_report
+from bertscope.report.writer import refresh_report
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
 HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, section 4)"
@@ -51,7 +51,7 @@ DESCRIPTION = (
 
 def add_arguments(p):
     from bertscope.analyses.heads.importance.command import add_task_arguments
-    from bertscope.args import add_common_arguments
+    from bertscope.cli.args import add_common_arguments
 
     add_task_arguments(p, "the evaluation split (default: test)", "test")
     p.add_argument("--importance-split", choices=("train", "dev", "test"), default="dev",
@@ -117,7 +117,7 @@ def prunable_fraction(fractions, accuracy, base: float, tolerance: float) -> flo
 
 def cumulative_variants(name: str, orders, L: int, H: int):
     """One ZERO-gated Variant per step: the heads removed up to it."""
-    from bertscope import variants as V
+    from bertscope.analyses.heads import variants as V
     from bertscope.kernels import Gate
 
     out, so_far = [], []
@@ -136,10 +136,10 @@ def main(args) -> int:
 
 
 def run_prune(args):
-    from bertscope import variants as V
+    from bertscope.analyses.heads import variants as V
     from bertscope.analyses.heads.common import load_split
-    from bertscope.rundir import ProbeRun
-    from bertscope.task_inputs import check_head, encode_task
+    from bertscope.run.rundir import ProbeRun
+    from bertscope.tasks.inputs import check_head, encode_task
 
     if args.task is None:
         raise UserError("heads prune needs --task")
@@ -186,7 +186,7 @@ def run_prune(args):
     results = summarise(rows, base, args, dev_task, test_task, steps, counts, L * H, res)
     if not args.no_figures:
         from bertscope.analyses.heads.importance.plots import plot_prune
-        from bertscope.models import model_name
+        from bertscope.models.loading import model_name
 
         title = (f"{args.task}: importance on {args.importance_split}, accuracy on {args.split} "
                  f"({test_task.n_examples}), {model_name(loaded.path)}")

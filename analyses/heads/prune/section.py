@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.heads.prune.outputs import FIGURE, PRUNE_FILE
-from bertscope.report_page import RunFiles, Section, Table, num, pct
+from bertscope.report.page import RunFiles, Section, Table, num, pct
 
 
 def build(run: RunFiles) -> Section | None:

@@ -1,6 +1,6 @@
 """`bertscope heads remove`: really remove attention heads and save the smaller model.
 
-The heads' rows of Q, K, V and columns of the output projection go (`bertscope.head_removal`);
+The heads' rows of Q, K, V and columns of the output projection go (`bertscope.models.head_removal`);
 the result is a Hugging Face checkpoint directory whose config records the pruning, so
 `--model DIR` loads it in every bertscope command. Which heads: `--heads 1-3,2-5` (layer-head,
 both from 1), or `--from-prune RUN_DIR --fraction F`: the heads `bertscope heads prune` had
@@ -27,7 +27,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subcommand's own dest
-    from bertscope.args import (
+    from bertscope.cli.args import (
         add_model_arguments,
         add_quiet_argument,
         add_threads_argument,
@@ -50,9 +50,9 @@ def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subco
 def main(args) -> int:
     import torch
 
-    from bertscope import head_removal
-    from bertscope.model_source import resolve_model
-    from bertscope.models import load_model
+    from bertscope.models import head_removal
+    from bertscope.models.source import resolve_model
+    from bertscope.models.loading import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,7 +81,7 @@ def main(args) -> int:
 
 def chosen_heads(args) -> dict[int, list[int]]:
     """layer -> heads (0-based) that --heads or --from-prune/--fraction name."""
-    from bertscope import head_removal
+    from bertscope.models import head_removal
 
     if args.remove_heads is not None:
         if args.fraction is not None:
@@ -108,7 +108,7 @@ def checkpoint_task(path) -> str | None:
     """The task head a checkpoint carries, so that pruning keeps it (None: a bare encoder)."""
     import json
 
-    from bertscope.models import model_dir
+    from bertscope.models.loading import model_dir
 
     config = model_dir(path) / "config.json"
     try:

@@ -28,13 +28,13 @@ from bertscope.analyses.probes.classifier.outputs import (
     TRAINING_FIGURE,
     WEIGHTS_FILE,
 )
-from bertscope.args import add_common_arguments
-from bertscope.data import seeded_sample
+from bertscope.cli.args import add_common_arguments
+from bertscope.data.paths import seeded_sample
 from bertscope.errors import UserError
-from bertscope.models import model_name
-from bertscope.paper_numbers import CLASSIFIER_TABLE3
-from bertscope.report import refresh_report
-from bertscope.rundir import ProbeRun
+from bertscope.models.loading import model_name
+from bertscope.report.paper_numbers import CLASSIFIER_TABLE3
+from bertscope.report.writer import refresh_report
+from bertscope.run.rundir import ProbeRun
 
 NAME = "classifier"
 HELP = "attention-based probing classifiers for dependency heads: UAS of Clark et al.'s Table 3"
@@ -56,7 +56,7 @@ COLUMNS = ("model", "uas", "uas_with_punct", "n_words", "n_words_with_punct", "p
 
 
 def add_arguments(p):
-    from bertscope.args import limit_arg, positive_int
+    from bertscope.cli.args import limit_arg, positive_int
 
     add_common_arguments(p)
     p.add_argument("--limit-train", type=limit_arg, default=DEFAULT_TRAIN, metavar="N",
@@ -167,8 +167,8 @@ def read_data(args):
     Training sentences are GUM's: all of them, or with --limit-train N a seeded sample of N
     sentences from whole documents read in seeded order until there are enough (so a small
     run does not parse all 160 documents)."""
-    from bertscope.data import dataset_dir
-    from bertscope.datasets.treebank import read_ewt_dev, read_gum_document
+    from bertscope.data.paths import dataset_dir
+    from bertscope.data.readers.treebank import read_ewt_dev, read_gum_document
 
     paths = sorted(dataset_dir("gum", args.data_dir).glob("GUM_*.conllu"))
     random.Random(args.seed).shuffle(paths)
@@ -189,7 +189,7 @@ def read_data(args):
 
 def make_segments(sentences, tokenizer, max_len):
     """`[CLS] words [SEP]` of each sentence that fits; (segments, the sentences kept, number skipped)."""
-    from bertscope.word_segments import word_segment
+    from bertscope.text.word_segments import word_segment
 
     segments, kept = [], []
     for s in sentences:
@@ -202,7 +202,7 @@ def make_segments(sentences, tokenizer, max_len):
 
 def glove_vectors(sentences):
     """A function words -> (n, 50) GloVe vectors (zeros for a word GloVe lacks), and coverage."""
-    from bertscope.datasets.glove import load_glove
+    from bertscope.data.readers.glove import load_glove
 
     words = [w for s in sentences for w in s.words]
     index, table = load_glove(words)
@@ -217,7 +217,7 @@ def glove_vectors(sentences):
 
 def collect_maps(loaded, segments, args, run, desc):
     """Every segment's word-level maps of all heads, (layers * heads, W, W) float16, in segment order."""
-    from bertscope.engine import iter_word_maps
+    from bertscope.engine.loop import iter_word_maps
 
     maps = [None] * len(segments)
     for i, m in iter_word_maps(loaded, segments, from_word=args.from_word, batch_size=args.batch_size,
@@ -232,8 +232,8 @@ def random_copy(loaded, seed: int):
     is removed."""
     from transformers import AutoModel
 
-    from bertscope.attention import ATTN_IMPLEMENTATION
-    from bertscope.models import wrap_model
+    from bertscope.engine.attention import ATTN_IMPLEMENTATION
+    from bertscope.models.loading import wrap_model
 
     torch.manual_seed(seed)
     model = AutoModel.from_config(copy.deepcopy(loaded.model.config), attn_implementation=ATTN_IMPLEMENTATION)

@@ -1,13 +1,13 @@
 """The probing classifiers in the report (Clark et al. section 5, Table 3)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.probes.classifier.outputs import (
     HEAD_WEIGHTS_FIGURE,
     TABLE_FILE,
     TRAINING_FIGURE,
 )
-from bertscope.report_page import RunFiles, Section, Table, num
+from bertscope.report.page import RunFiles, Section, Table, num
 
 
 def build(run: RunFiles) -> Section | None:

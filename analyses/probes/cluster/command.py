@@ -22,12 +22,12 @@ from bertscope.analyses.probes.cluster.outputs import (
     MDS_FIGURE,
     MDS_FILE,
 )
-from bertscope.args import add_common_arguments
+from bertscope.cli.args import add_common_arguments
 from bertscope.errors import UserError
 from bertscope.kernels.js import JS_BACKENDS
-from bertscope.models import model_name
-from bertscope.report import refresh_report
-from bertscope.rundir import ProbeRun
+from bertscope.models.loading import model_name
+from bertscope.report.writer import refresh_report
+from bertscope.run.rundir import ProbeRun
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
@@ -43,7 +43,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.args import limit_arg
+    from bertscope.cli.args import limit_arg
 
     add_common_arguments(p, from_word=False)
     p.add_argument("--corpus", default="wiki",
@@ -81,8 +81,8 @@ def check_js_backend(name: str):
 def main(args) -> int:
     from bertscope.analyses.probes.cluster import stats as cluster
     from bertscope.analyses.surface import stats as surface
-    from bertscope.corpus import load_corpus
-    from bertscope.segments import SegmentOptions, make_segments
+    from bertscope.text.corpus import load_corpus
+    from bertscope.text.segments import SegmentOptions, make_segments
 
     check_js_backend(args.js_backend)
     documents, corpus_report = load_corpus(args.corpus)  # a bad corpus should not leave a run directory

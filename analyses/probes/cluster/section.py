@@ -6,7 +6,7 @@ from bertscope.analyses.probes.cluster.outputs import (
     MDS_FIGURE,
     MDS_FILE,
 )
-from bertscope.report_page import RunFiles, Section, heads_str
+from bertscope.report.page import RunFiles, Section, heads_str
 
 
 def build(run: RunFiles) -> Section | None:

@@ -31,9 +31,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bertscope.accumulate import HeadStats
+from bertscope.engine.accumulate import HeadStats
 from bertscope.kernels import StatsSpec
-from bertscope.rundir import write_npz
+from bertscope.run.rundir import write_npz
 
 NAME = "cluster"
 
@@ -295,7 +295,7 @@ MARKER_SIZE = {"punctuation": 90}
 
 
 class JSSums:
-    """Accumulator (`bertscope.batch.Accumulator`) of the (N, N) JS sums between all heads,
+    """Accumulator (`bertscope.engine.batch.Accumulator`) of the (N, N) JS sums between all heads,
     N = layers x heads layer-major, over `n_tokens` query tokens."""
 
     def __init__(self, n_heads_total: int, js_backend: str = "chunked"):
@@ -359,7 +359,7 @@ def spec_for(loaded) -> StatsSpec:
 def js_sums(loaded, segments: Sequence, js_backend: str = "chunked", batch_size: int = 32,
             backend: str = "auto", progress: bool = True) -> ClusterSums:
     """One pass over `segments`: JS sums between all heads of all layers, and surface sums."""
-    from bertscope.engine import EngineOptions, fold
+    from bertscope.engine.loop import EngineOptions, fold
 
     spec = spec_for(loaded)
     sums = ClusterSums(JSSums(loaded.n_layers * loaded.n_heads, js_backend),

@@ -1,7 +1,7 @@
 """`bertscope probe coref`: coreference heads, Clark et al. (2019) section 4.3, Table 2.
 
 GUM: every document is cut into segments `[CLS] words [SEP]` of at most --max-len tokens,
-at sentence boundaries (`bertscope.word_segments.split_words`), from its gold words.
+at sentence boundaries (`bertscope.text.word_segments.split_words`), from its gold words.
 `--segments windows` (the default) uses every consecutive window, so the whole corpus is
 scored; `--segments first` keeps only each document's first window, as the paper kept the
 first 128 tokens of each CoNLL-2012 document. GUM has only 160 documents, so their first
@@ -31,12 +31,12 @@ from bertscope.analyses.probes.coref.outputs import (
     TABLE_FILE,
     TABLE_TEXT,
 )
-from bertscope.args import add_common_arguments
-from bertscope.data import seeded_sample
+from bertscope.cli.args import add_common_arguments
+from bertscope.data.paths import seeded_sample
 from bertscope.errors import UserError
-from bertscope.models import model_name
-from bertscope.report import refresh_report
-from bertscope.rundir import ProbeRun
+from bertscope.models.loading import model_name
+from bertscope.report.writer import refresh_report
+from bertscope.run.rundir import ProbeRun
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ DATASETS = ("gum", "gap")
 
 
 def add_arguments(p):
-    from bertscope.args import positive_int
+    from bertscope.cli.args import positive_int
 
     add_common_arguments(p)
     p.add_argument("--dataset", choices=("gum", "gap", "both"), default="both",
@@ -80,9 +80,9 @@ def add_arguments(p):
 def read_gum_documents(data_dir: str | None, limit: int | None, seed: int, mention_head: str = "ud") -> list:
     """(CorefDocument, xpos, feats) of the sampled GUM documents; xpos and feats are flat
     per-word lists in the document's word order (the coreference reader keeps neither)."""
-    from bertscope.data import dataset_dir
-    from bertscope.datasets.coref import coref_document
-    from bertscope.datasets.treebank import read_gum_document
+    from bertscope.data.paths import dataset_dir
+    from bertscope.data.readers.coref import coref_document
+    from bertscope.data.readers.treebank import read_gum_document
 
     paths = seeded_sample(sorted(dataset_dir("gum", data_dir).glob("GUM_*.conllu")), limit, seed)
     out = []
@@ -109,7 +109,7 @@ class GumSegment:
 
 def gum_segments(documents: list, tokenizer, max_len: int, mode: str):
     """Segments and their scored mentions; report counts what was used and skipped."""
-    from bertscope.word_segments import split_words, word_segment
+    from bertscope.text.word_segments import split_words, word_segment
 
     segments, scored = [], []
     report = dict(documents=len(documents), words=0, windows=0, windows_too_long=0, windows_without_anaphors=0,
@@ -156,7 +156,7 @@ class GumScores(coref.Scores):
 
 
 def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scores, dict]:
-    from bertscope.engine import EngineOptions, fold, word_map_spec
+    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
 
     t0 = time.perf_counter()
     segments, scored, report = gum_segments(documents, loaded.tokenizer, args.max_len, args.segments)
@@ -200,8 +200,8 @@ class GapScores(coref.Scores):
 
 
 def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Scores, dict]:
-    from bertscope.engine import EngineOptions, fold, word_map_spec
-    from bertscope.word_segments import word_segment
+    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
+    from bertscope.text.word_segments import word_segment
 
     t0 = time.perf_counter()
     report = dict(rows=len(examples), skipped_neither=0, skipped_too_long=0, scored=0)
@@ -229,7 +229,7 @@ def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Score
 
 
 def main(args) -> int:
-    from bertscope.datasets.gap import read_gap
+    from bertscope.data.readers.gap import read_gap
 
     datasets = DATASETS if args.dataset == "both" else (args.dataset,)
     data = {}  # read the data first: a missing data set should not leave a run directory

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from bertscope.analyses.probes.coref.stats import COLOURS, GAP_BASELINES, GUM_BASELINES
-from bertscope.plotting import layer_head_ticks
+from bertscope.report.plotting import layer_head_ticks
 
 
 def plot_bars(table_rows: list[dict], title: str):

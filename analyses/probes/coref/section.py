@@ -1,13 +1,13 @@
 """The coreference probe in the report (Clark et al. section 4.3, Table 2)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.probes.coref.outputs import (
     BARS_FIGURE,
     HEADS_FIGURE,
     TABLE_FILE,
 )
-from bertscope.report_page import RunFiles, Section, Table, num
+from bertscope.report.page import RunFiles, Section, Table, num
 
 # datasets scored as Table 2 is (antecedent selection over every mention); GAP picks one of two names
 TABLE2_DATASETS = {"gum"}

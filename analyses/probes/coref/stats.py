@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from bertscope.kernels.pooling import word_argmax as kernel_word_argmax
-from bertscope.rundir import write_npz
+from bertscope.run.rundir import write_npz
 
 TYPES = ("All", "pronoun", "proper", "nominal")
 GUM_BASELINES = ("nearest", "head_match", "sieve")
@@ -237,7 +237,7 @@ class Scores:
     """Per-type sums of right selections: every head's, and every baseline's, over the
     same scored mentions.
 
-    Additive: an engine accumulator (`bertscope.batch.Accumulator`) once a probe gives it an
+    Additive: an engine accumulator (`bertscope.engine.batch.Accumulator`) once a probe gives it an
     `add(batch)` that scores a batch's segments (`bertscope.analyses.probes.coref.command`); `add_mentions`
     adds one segment's scored mentions; `merge`, `save` and `load` serve resume and ranks.
     """

@@ -1,8 +1,8 @@
 """`bertscope probe syntax`: per-head dependency accuracy, Clark et al. (2019) Table 1.
 
 Each treebank sentence is one input `[CLS] words [SEP]`, tokenized from its gold words
-(`bertscope.word_segments.word_segment`); sentences longer than --max-len tokens are skipped and
-counted. The word-level maps of every head (`bertscope.engine.iter_word_maps`) are turned
+(`bertscope.text.word_segments.word_segment`); sentences longer than --max-len tokens are skipped and
+counted. The word-level maps of every head (`bertscope.engine.loop.iter_word_maps`) are turned
 into predicted heads and scored per relation by `bertscope.analyses.probes.syntax.stats`, where the
 metric, the two directions, the baselines and the UD/SD label mapping are explained.
 
@@ -24,12 +24,12 @@ from bertscope.analyses.probes.syntax.outputs import (
     TABLE_FILE,
     TABLE_TEXT,
 )
-from bertscope.args import add_common_arguments, limit_arg
-from bertscope.data import seeded_sample
+from bertscope.cli.args import add_common_arguments, limit_arg
+from bertscope.data.paths import seeded_sample
 from bertscope.errors import UserError
-from bertscope.models import model_name
-from bertscope.report import refresh_report
-from bertscope.rundir import ProbeRun
+from bertscope.models.loading import model_name
+from bertscope.report.writer import refresh_report
+from bertscope.run.rundir import ProbeRun
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def add_arguments(p):
 
 
 def read_sentences(treebank: str, data_dir: str | None) -> list:
-    from bertscope.datasets.treebank import read_ewt_dev, read_gum
+    from bertscope.data.readers.treebank import read_ewt_dev, read_gum
 
     if treebank == "ewt":
         return read_ewt_dev(data_dir)
@@ -81,8 +81,8 @@ def read_sentences(treebank: str, data_dir: str | None) -> list:
 
 def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank: str):
     """Segments, word maps and counts for one treebank: (SyntaxCounts, report dict)."""
-    from bertscope.engine import EngineOptions, fold, word_map_spec
-    from bertscope.word_segments import word_segment
+    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
+    from bertscope.text.word_segments import word_segment
 
     t0 = time.perf_counter()
     segments, dependents, report = [], [], dict(sentences=len(sentences), skipped_long=0,

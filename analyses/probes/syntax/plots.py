@@ -11,7 +11,7 @@ from bertscope.analyses.probes.syntax.stats import (
     HEATMAP_RELATIONS,
     SD_LABELS,
 )
-from bertscope.plotting import layer_head_ticks
+from bertscope.report.plotting import layer_head_ticks
 
 
 def plot_best_heads(table_rows: Sequence[dict], title: str, min_count: int = 100):

@@ -1,13 +1,13 @@
 """The syntax probe in the report (Clark et al. section 4.2, Table 1)."""
 from __future__ import annotations
 
-from bertscope import paper_numbers as paper
+from bertscope.report import paper_numbers as paper
 from bertscope.analyses.probes.syntax.outputs import (
     BEST_HEADS_FIGURE,
     HEATMAPS_FIGURE,
     TABLE_FILE,
 )
-from bertscope.report_page import RunFiles, Section, Table, num
+from bertscope.report.page import RunFiles, Section, Table, num
 
 BASELINE_MARGIN = 10  # points: a head this far above word position tracks the relation itself
 MIN_WORDS = 20  # fewer scored words make a percentage too noisy for a finding

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from bertscope.kernels.pooling import word_argmax
-from bertscope.rundir import write_npz
+from bertscope.run.rundir import write_npz
 
 DIRECTIONS = ("dep->head", "head->dep")
 HEAD_TO_DEP_MODES = ("column", "row")
@@ -114,7 +114,7 @@ class SyntaxCounts:
     """Correct predictions per (relation, direction, layer, head), summed over sentences.
 
     Additive, so sentences can be added in any order and counts of two runs or ranks merged.
-    An engine accumulator (`bertscope.batch.Accumulator`): `add(batch)` scores every segment
+    An engine accumulator (`bertscope.engine.batch.Accumulator`): `add(batch)` scores every segment
     of a batch from its word-level maps, with `dependents[i]` (the `sentence_dependents` of
     segment i) as the gold standard; `add_sentence` scores one sentence's predictions.
     """

