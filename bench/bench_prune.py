@@ -184,12 +184,10 @@ def attention_share(model, inputs, device, repeats: int = 2) -> float:
 
 def attention_block(model, layer):
     """The module that holds a layer's whole attention (projections, attention, output)."""
-    from bertscope.models import head_removal
+    from bertscope.models.architectures import architecture_of, attribute
 
-    parts = head_removal.attention_parts(model, layer)
-    if model.config.model_type in ("distilbert", "albert"):
-        return parts.module
-    return getattr(model, "base_model", model).encoder.layer[layer].attention
+    arch = architecture_of(model.config)
+    return attribute(arch.layer_module(model, layer), arch.modules.block)
 
 
 def header(args, loaded, elapsed) -> str:

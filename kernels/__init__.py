@@ -22,6 +22,7 @@ from .eager import attention_grad_eager, attention_stats_eager
 from .pooling import word_pooling
 from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
 from .spec import Gate, LayerGates, RowStats, StatsSpec, WordPooling
+from .spec import PLAIN, AttentionLayout  # the attention's shape: causal, window, key/value heads
 
 
 def attention_stats_triton(*args, **kwargs):
@@ -87,7 +88,7 @@ def describe_backend(name: str, device) -> dict:
 
 
 def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto",
-                    pooling: WordPooling | None = None):
+                    pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN):
     """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D).
 
     gates: the layer's `LayerGates` (head scale xi, uniform heads), or None. They change the
@@ -100,7 +101,12 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     row pass; the Triton kernel has no backward). When autograd needs the output
     (`needs_grad`), the backend computes the statistics without grad and the output comes
     from `gated_sdpa`, so d loss / d (q, k, v, xi) is exact; `output_path` names the choice.
+
+    layout: which keys each query may see and how q and k heads pair up (`AttentionLayout`).
+    Every backend computes the plain layout (bidirectional, one k and v head per query head)
+    only: any other is a ValueError, never statistics of attention the model did not do.
     """
+    check_layout(layout, q, k)
     check_layer_gates(gates, q.shape[0], q.shape[1])
     fn = BACKENDS[resolve_backend(backend, q.device)]
     if not needs_grad(q, k, v, gates):
@@ -109,6 +115,16 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     with torch.no_grad():
         _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling)
     return gated_sdpa(q, k, v, key_valid, gates, scale), stats.as_float32()
+
+
+def check_layout(layout: AttentionLayout, q, k):
+    """A ValueError unless the backends compute `layout` for q, k (B, H, L, D): the plain layout,
+    with as many key heads as query heads."""
+    missing = layout.unsupported(q.shape[1])
+    if not missing and k.shape[1] != q.shape[1]:
+        missing = [f"{k.shape[1]} key heads for {q.shape[1]} query heads"]
+    if missing:
+        raise ValueError(f"the attention-statistics backends do not compute {' and '.join(missing)} yet")
 
 
 def output_path(backend: str, grad: bool) -> str:
@@ -120,4 +136,4 @@ def output_path(backend: str, grad: bool) -> str:
 
 
 __all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend", "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
-           "apply_gates", "Gate", "LayerGates", "RowStats", "StatsSpec", "WordPooling"]
+           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "Gate", "LayerGates", "RowStats", "StatsSpec", "WordPooling"]

@@ -173,3 +173,54 @@ class RowStats:
             if t is not None and t.is_floating_point() and t.dtype != torch.float32:
                 setattr(self, name, t.float())
         return self
+
+
+# --- what the attention function is handed: the shape of the attention, beside the statistics ---
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Which keys each query of a layer call may see, and how q and k heads pair up.
+
+    causal:            query i sees keys j <= i only (a decoder's mask).
+    window:            None, or (left, right): query i sees keys i - left .. i + right only
+                       (a sliding window; a causal one is (w - 1, 0) for transformers'
+                       `sliding_window` w).
+    n_key_value_heads: None when k and v have as many heads as q; else their count, a divisor
+                       of the query heads (grouped-query attention: query head h reads key head
+                       h // (H / n_key_value_heads)).
+
+    The default is an encoder's: every query sees every real (non-padding) key, one k and v
+    head per query head. That is all the backends compute today; `attention_stats` refuses
+    any other layout (`unsupported`) rather than describe attention the model did not do.
+    """
+
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    n_key_value_heads: int | None = None
+
+    def __post_init__(self):
+        if self.window is not None and (len(self.window) != 2 or min(self.window) < 0):
+            raise ValueError(f"window must be (left, right) with both >= 0, not {self.window}")
+        if self.n_key_value_heads is not None and self.n_key_value_heads < 1:
+            raise ValueError(f"n_key_value_heads must be >= 1, not {self.n_key_value_heads}")
+
+    @property
+    def is_plain(self) -> bool:
+        """Bidirectional, unwindowed, one k and v head per query head: what the backends compute."""
+        return not self.causal and self.window is None and self.n_key_value_heads is None
+
+    def unsupported(self, n_heads: int | None = None) -> list[str]:
+        """What of this layout the backends do not compute yet, in words (empty when plain)."""
+        out = []
+        if self.causal:
+            out.append("causal attention")
+        if self.window is not None:
+            out.append(f"sliding-window attention (window {self.window[0]} left, {self.window[1]} right)")
+        if self.n_key_value_heads is not None:
+            of = f" for {n_heads} query heads" if n_heads is not None else ""
+            out.append(f"grouped-query attention ({self.n_key_value_heads} key/value heads{of})")
+        return out
+
+
+PLAIN = AttentionLayout()  # an encoder's self-attention

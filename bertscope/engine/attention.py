@@ -19,7 +19,15 @@ collects the ones a run took (for run.json).
 
 The mask function registered under the same name hands the attention function the plain
 (B, L) key-padding mask instead of an (B, 1, L, L) additive bias: the kernels only need
-to know which keys are real, and a 2-D mask costs nothing to build.
+to know which keys are real, and a 2-D mask costs nothing to build. That holds for an
+encoder's bidirectional mask only: any other mask (causal, sliding window, custom) is handed
+over in full, as transformers' boolean (B, 1, Lq, Lk) mask, so that it is seen.
+
+Every call builds the call's `kernels.AttentionLayout` from what the module, its arguments
+and the mask say (`call_layout`: `module.is_causal`, a `sliding_window` argument, fewer key
+than query heads, a 4-D mask whose query rows differ) and hands it to `attention_stats`.
+Until the kernels compute them, a causal or windowed attention or fewer key/value heads than
+query heads is refused in one line (`UserError`), on every path, never read as an encoder's.
 
 Attention gradients. Inside `GradProbe.active(...)` (and no `HeadProbe`), the plain path runs
 `kernels.attention_grad` instead of SDPA: the same output and exact gradients, and during
@@ -36,11 +44,14 @@ from typing import Callable
 
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.masking_utils import AttentionMaskInterface, bidirectional_mask_function, sdpa_mask
 
+from bertscope.errors import UserError
 from bertscope.models.gates import layer_gates
 from bertscope.models.head_removal import head_slots, spread_grad_sums, spread_heads
 from bertscope.kernels import (
+    PLAIN,
+    AttentionLayout,
     GradSums,
     RowStats,
     StatsSpec,
@@ -169,7 +180,10 @@ def _grad_attention(fwd: _GradForward, query, key, value, key_valid, gates, scal
 
 
 def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
-    """(B, L) bool, True for real keys, from whatever mask the model handed over."""
+    """(B, L) bool, True for real keys, from whatever mask the model handed over.
+
+    A 4-D (B, 1, Lq, Lk) mask must be a padding mask, the same for every query row (the first
+    is read): `call_layout` refuses one whose rows differ before this is called."""
     B, _, _, _ = query.shape
     L = query.shape[-2]
     if attention_mask is None:
@@ -182,8 +196,46 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
     raise ValueError(f"unsupported attention mask of shape {tuple(attention_mask.shape)}")
 
 
+def rows_differ(attention_mask) -> bool:
+    """Whether a 4-D mask lets different query rows see different keys (causal, windowed, custom);
+    False for any other mask (a 2-D mask is a key-padding mask)."""
+    if attention_mask is None or attention_mask.dim() != 4:
+        return False
+    return not bool((attention_mask == attention_mask[:, :, :1, :]).all())
+
+
+def call_layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
+    """The `AttentionLayout` of one attention call, from what the module, the call's arguments and
+    the mask say; a 4-D mask whose query rows differ counts as causal (it is not a padding mask)."""
+    causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", False))) or rows_differ(attention_mask)
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    if window is not None:
+        window = (window - 1, 0) if causal else (window, window)
+    kv_heads = key.shape[1] if key.shape[1] != query.shape[1] else None
+    if causal is False and window is None and kv_heads is None:
+        return PLAIN
+    return AttentionLayout(causal=causal, window=window, n_key_value_heads=kv_heads)
+
+
+def check_call(module, query, key, attention_mask, kwargs) -> AttentionLayout:
+    """The call's layout, or a one-line UserError naming the model type and what bertscope does
+    not compute yet."""
+    layout = call_layout(module, query, key, attention_mask, kwargs)
+    if layout is PLAIN:
+        return layout
+    missing = layout.unsupported(query.shape[1])
+    declared_causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", False)))
+    if rows_differ(attention_mask) and not declared_causal:  # the mask alone says it: say so
+        missing = [m for m in missing if m != "causal attention"] + [
+            "an attention mask that differs between query rows (causal, sliding-window or custom)"]
+    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    raise UserError(f"{'model type ' + repr(model_type) if model_type else type(module).__name__} has "
+                    f"{' and '.join(missing)}, which bertscope does not analyse yet (bidirectional encoders only)")
+
+
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
+    layout = check_call(module, query, key, attention_mask, kwargs)  # refuses what would be misread
     key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
     slots = head_slots(module)  # a pruned layer's original head of each head it computes, else None
     gates = layer_gates(query, slots)  # this call's LayerGates from the model's HeadGates, or None
@@ -206,7 +258,7 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     probe.output_paths.add(output_path(probe.backend, needs_grad(query, key, value, gates)))
     out, stats = attention_stats(
         query, key, value, key_valid, fwd.key_class, probe.spec,
-        gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling,
+        gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling, layout=layout,
     )
     if slots is not None:  # statistics back in the original head slots, pruned heads missing (NaN)
         stats = spread_heads(stats, slots, probe.n_heads)
@@ -216,8 +268,15 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
 
 def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                      attention_mask=None, **kwargs):
-    """The mask interface's answer for our implementation: the (B, L) padding mask as is."""
-    return attention_mask
+    """The mask interface's answer for our implementation: for an encoder's bidirectional mask,
+    the (B, L) padding mask as is; for any other (causal, sliding window, overlays) the full
+    boolean (B, 1, Lq, Lk) mask transformers means, so that the attention function sees it
+    (`call_layout`) instead of reading a padding mask."""
+    if mask_function is None or mask_function is bidirectional_mask_function:
+        return attention_mask
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                     attention_mask=attention_mask, allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
+                     **{k: v for k, v in kwargs.items() if k in ("local_size", "use_vmap", "device")})
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, bertscope_attention)

@@ -29,6 +29,9 @@ as `bertscope_pruned_heads` and `bertscope_kept_heads` ({"layer": [heads]}, 0-ba
 original indices): transformers 5's PretrainedConfig has no `pruned_heads` any more (a
 transformers-4 `pruned_heads` in a config is read as well).
 
+Where each family keeps its attention and projections, and which layers share weights, is
+`bertscope.models.architectures`' table.
+
 ALBERT shares one layer's weights across layers (`num_hidden_groups` groups for
 `num_hidden_layers` layers): a group's heads can only be pruned where every layer that
 shares it prunes the same heads; anything else is a ValueError.
@@ -40,6 +43,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from bertscope.models.architectures import architecture_of, attribute
 
 CONFIG_PRUNED = "bertscope_pruned_heads"
 CONFIG_KEPT = "bertscope_kept_heads"
@@ -63,36 +68,23 @@ class AttentionParts:
 
 def n_layers_heads(config) -> tuple[int, int]:
     """The model's layer count and original heads per layer, whatever the family calls them."""
-    if config.model_type == "distilbert":
-        return config.n_layers, config.n_heads
-    return config.num_hidden_layers, config.num_attention_heads
+    return architecture_of(config).n_layers_heads(config)
 
 
 def attention_parts(model, layer: int) -> AttentionParts:
-    """The attention of `layer` (0-based) in `model` (a bare encoder or one with a task head)."""
-    base = getattr(model, "base_model", model)
-    kind = model.config.model_type
-    if kind == "distilbert":
-        att = base.transformer.layer[layer].attention
-        return AttentionParts(att, (att, "q_lin"), (att, "k_lin"), (att, "v_lin"), (att, "out_lin"),
-                              ("n_heads",), "dim")
-    if kind == "albert":
-        att = base.encoder.albert_layer_groups[albert_group(model.config, layer)].albert_layers[0].attention
-        return AttentionParts(att, (att, "query"), (att, "key"), (att, "value"), (att, "dense"),
-                              ("num_attention_heads",), "all_head_size")
-    if kind in ("bert", "roberta", "xlm-roberta", "camembert", "electra"):
-        att = base.encoder.layer[layer].attention
-        return AttentionParts(att.self, (att.self, "query"), (att.self, "key"), (att.self, "value"),
-                              (att.output, "dense"), ("num_attention_heads",), "all_head_size")
-    raise ValueError(f"cannot prune heads of model type {kind!r}")
+    """The attention of `layer` (0-based) in `model` (a bare encoder or one with a task head),
+    where its architecture (`bertscope.models.architectures`) says it is."""
+    arch = architecture_of(model.config)
+    where = arch.modules
+    if where is None:
+        raise ValueError(f"cannot prune heads of model type {arch.model_type!r}")
+    at = arch.layer_module(model, layer)
 
-
-def albert_group(config, layer: int) -> int:
-    """The weight group ALBERT's encoder runs for `layer` (its own formula)."""
-    if config.inner_group_num != 1:
-        raise ValueError(f"ALBERT with inner_group_num = {config.inner_group_num} runs several attention modules "
-                         "per layer; bertscope prunes only inner_group_num = 1")
-    return int(layer / (config.num_hidden_layers / config.num_hidden_groups))
+    def owner_and_name(path: str) -> tuple[nn.Module, str]:
+        owner, _, name = path.rpartition(".")
+        return (attribute(at, owner) if owner else at), name
+    return AttentionParts(attribute(at, where.module), owner_and_name(where.q), owner_and_name(where.k),
+                          owner_and_name(where.v), owner_and_name(where.out), where.count_attrs, where.size_attr)
 
 
 def head_slots(module) -> tuple[int, ...] | None:

@@ -25,6 +25,7 @@ import torch
 
 from bertscope.engine import attention  # attention registers the "bertscope" implementation
 from bertscope.models import head_removal
+from bertscope.models.architectures import SUPPORTED_MODEL_TYPES, Architecture, architecture_of, check_analysable
 from bertscope.errors import UserError
 from bertscope.models.gates import HeadGates, attach_gates
 from bertscope.models.source import (
@@ -34,9 +35,8 @@ from bertscope.models.source import (
 )
 from bertscope.text.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table
 
-# Encoder families whose self-attention goes through transformers' AttentionInterface
-# with a plain key-padding mask: what bertscope's attention function can stand in for.
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra")
+# SUPPORTED_MODEL_TYPES (imported above, re-exported): the encoder families of
+# `bertscope.models.architectures` whose self-attention bertscope's attention function can stand in for.
 # task -> the transformers auto class that builds it (None: the bare encoder)
 TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
          "masked-lm": "AutoModelForMaskedLM"}
@@ -86,11 +86,15 @@ class LoadedModel:
         return VOCAB
 
     @property
+    def architecture(self) -> Architecture:
+        """What differs between model families (`bertscope.models.architectures`)."""
+        return architecture_of(self.model_type)
+
+    @property
     def max_len(self) -> int:
         """Longest input the position embeddings allow (RoBERTa-style models offset
-        positions by padding_idx + 1, which costs two places)."""
-        n = self.model.config.max_position_embeddings
-        return n - 2 if self.model_type in ("roberta", "xlm-roberta", "camembert") else n
+        positions by padding_idx + 1, which costs two places: `Architecture.position_offset`)."""
+        return self.architecture.max_len(self.model.config)
 
     @property
     def dtype(self) -> str:
@@ -152,7 +156,7 @@ def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu"
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, OSError) as e:
         raise UserError(f"cannot read the model config in {path}: {e}") from None
-    check_supported(config.model_type)
+    check_supported(config)
     if task not in TASKS:
         raise UserError(f"unknown task {task!r}; choose one of {', '.join(str(t) for t in TASKS)}")
     head_kwargs = task_kwargs(config, path, task, num_labels)
@@ -207,17 +211,15 @@ def first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def check_supported(model_type: str):
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UserError(
-            f"model type {model_type!r} is not supported; bertscope supports encoders of type "
-            + ", ".join(SUPPORTED_MODEL_TYPES)
-        )
+def check_supported(config) -> Architecture:
+    """The config's architecture; a one-line UserError for a type bertscope does not know or an
+    attention it does not analyse yet (causal, sliding window, grouped-query)."""
+    return check_analysable(config)
 
 
 def wrap_model(model, tokenizer, path=Path(".")) -> LoadedModel:
     """Describe an already-built model (tests build tiny random ones this way)."""
-    check_supported(model.config.model_type)
+    check_supported(model.config)
     if model.config._attn_implementation != attention.ATTN_IMPLEMENTATION:
         model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads

@@ -37,11 +37,12 @@ from tokenizers import Encoding
 
 from bertscope.text.corpus import Document
 from bertscope.errors import UserError
+from bertscope.models.architectures import MAX_SPECIAL
 from bertscope.text.sentences import sentence_spans
 
 TOKEN_TYPES = ("pair", "zeros")
 PACKINGS = ("clark", "balanced")
-MIN_MAX_LEN = 8  # room for the specials of any template plus a few tokens of each part
+MIN_MAX_LEN = MAX_SPECIAL + 4  # room for the specials of any template (architectures) plus a few tokens of each part
 
 
 @dataclass

@@ -24,11 +24,13 @@ from typing import Sequence
 
 import torch
 
+from bertscope.models.architectures import PUNCT_TOKENS
+
 KEY_CLASSES = ("cls", "sep", "punct", "other")
 
-# Spellings of the punctuation class across vocabularies: WordPiece ".", byte-level BPE
-# with a leading-space marker "Ġ.", SentencePiece "▁.".
-PUNCT_TOKENS = (".", ",", "Ġ.", "Ġ,", "▁.", "▁,")
+# PUNCT_TOKENS (imported above): the spellings of the punctuation class across the vocabularies of
+# every family in `bertscope.models.architectures` (WordPiece ".", byte-level BPE with a
+# leading-space marker "Ġ.", SentencePiece "▁."); a vocabulary is looked up for all of them.
 
 PART_CLASSES = ("cls", "sep", "part_a", "part_b")
 
