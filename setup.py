@@ -17,7 +17,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["bertscope", "bertscope.kernels", "bertscope.data.readers", *ANALYSES],
+    packages=["bertscope", *[f"bertscope.{p}" for p in find_packages("bertscope")], "bertscope.kernels", *ANALYSES],
     package_dir={
         "bertscope": "bertscope",
         "bertscope.kernels": "kernels",
