@@ -35,8 +35,8 @@ setup(
     # `is_torch_available()` disables torch below 2.6 (transformers/utils/import_utils.py), and
     # bertscope needs transformers 5 (AttentionInterface, no head_mask). bertscope's own torch calls
     # need less: SDPA's `scale=` (2.1), forward hooks `with_kwargs=` / `always_call=` (2.0).
-    # bench/install_check.sh installs bertscope beside torch 2.12.0 and 2.6.0 and runs the selftest
-    # (bench/results_install.md). The Makefile pins torch==2.13.0 (CPU) for `make run` / `make test`.
+    # tools/install_check.sh installs bertscope beside torch 2.12.0 and 2.6.0 and runs the selftest
+    # (tools/results_install.md). The Makefile pins torch==2.13.0 (CPU) for `make run` / `make test`.
     install_requires=[
         "torch>=2.6",
         "transformers>=5.0,<6",
@@ -61,7 +61,7 @@ setup(
         # never imports, so they go in with --no-deps: `bertscope data install-defaults`, which reads
         # its pins from bertscope/data/requirements-defaults.txt (the Makefile uses the same command).
         # gpu: nothing to add. torch's CUDA wheels bring their own Triton (torch 2.10 and later:
-        # Triton 3.6 or newer, the oldest the kernels are checked against: bench/aot_oldest_triton.sh).
+        # Triton 3.6 or newer, the oldest the kernels are checked against: tools/aot_oldest_triton.sh).
         "gpu": [],
         "corpora": ["datasets"],  # --corpus DIR saved by datasets' save_to_disk (bertscope.text.corpus)
         # the Triton kernels run in the interpreter; datasets for the save_to_disk corpus tests;

@@ -6,13 +6,15 @@ Every analysis family lives in its own folder with the same role files:
     stats.py     accumulator and maths: arrays in, arrays out; no command line, no files
     plots.py     its figures
     section.py   its part of the report: build(run: RunFiles) -> Section | None
+    paper.py     the papers' numbers and statements its section quotes, each with its source
+                 (the types, `Number` and `Source`, are the report's: bertscope.report.quotes)
     outputs.py   the names of the files it writes (and the one reader of each), shared by
                  the command that writes them and the section that reads them
 
-This module is the registry: `COMMANDS` feeds the command line (`bertscope.cli.main`) and
-`SECTIONS` the report (`bertscope.report.writer`). Both name modules as strings, so building the
-parser or the report imports each analysis only when it is needed, and nothing registers
-itself by being imported. A new analysis adds its lines here, and nowhere else.
+This module is the registry: `COMMANDS` feeds the command line (`bertscope.cli.main`), and
+`SECTIONS` and `PAPER_SOURCES` the report (`bertscope.report.writer`). All three name modules as
+strings, so building the parser or the report imports each analysis only when it is needed, and
+nothing registers itself by being imported. A new analysis adds its lines here, and nowhere else.
 """
 from __future__ import annotations
 
@@ -97,4 +99,26 @@ SECTIONS: tuple[Section, ...] = (
     Section("importance", _ + "heads.importance.section:build"),
     Section("prune", _ + "heads.prune.section:build"),
     Section("ablate", _ + "heads.ablate.section:build"),
+)
+
+# the sources of the papers' numbers the sections quote, each a "module:NAME" of a family's
+# paper.py, in the order the report's footer lists them
+PAPER_SOURCES: tuple[str, ...] = (
+    _ + "surface.paper:SURFACE",
+    _ + "probes.syntax.paper:TABLE1",
+    _ + "probes.coref.paper:TABLE2",
+    _ + "probes.classifier.paper:TABLE3",
+    _ + "cues.paper:CUES",
+    _ + "finetune.paper:NIVEN_KAO_ARCT",
+    _ + "patterns.paper:PATTERNS_SOURCE",
+    _ + "features.paper:FEATURES",
+    _ + "relations.paper:KOVALEVA_42",
+    _ + "relations.paper:KOVALEVA_45",
+    _ + "finetune.paper:KOVALEVA_TABLE1",
+    _ + "heads.disable.paper:DISABLE",
+    _ + "heads.attention_grad.paper:CLARK_GRADIENT",
+    _ + "heads.importance.paper:MICHEL_IMPORTANCE",
+    _ + "heads.prune.paper:MICHEL_PRUNING",
+    _ + "heads.prune.paper:MICHEL_REAL_PRUNING",
+    _ + "heads.ablate.paper:MICHEL_ABLATION",
 )

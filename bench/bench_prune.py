@@ -223,8 +223,8 @@ def table(args, loaded, rows, shares, params, elapsed) -> str:
               "projection, LayerNorm), timed with forward hooks (s in the expected speed-up):", "",
               "| batch | L | attention share s |", "|---:|---:|---:|"]
     lines += [f"| {B} | {L} | {100 * s:.1f}% |" for (B, L), s in shares.items()]
-    from bertscope.report.paper_numbers import MICHEL_PRUNING_FRACTION as F
-    from bertscope.report.paper_numbers import MICHEL_PRUNING_SPEEDUP as S
+    from bertscope.analyses.heads.prune.paper import MICHEL_PRUNING_FRACTION as F
+    from bertscope.analyses.heads.prune.paper import MICHEL_PRUNING_SPEEDUP as S
 
     lines += ["", f"Reference: {S.source}: up to about {S.value:g}% faster inference with "
               f"{100 * F.value:.0f}% of the heads removed.", ""]

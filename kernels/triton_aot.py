@@ -10,7 +10,7 @@ too large for the target: `tests/kernels/test_triton_aot.py` fails on any.
     python -m bertscope.kernels.triton_aot              # table for sm_80 and sm_90
     python -m bertscope.kernels.triton_aot --arch 80    # one target
     python -m bertscope.kernels.triton_aot --classes 32 --dtype bf16   # a part of the matrix
-    bench/aot_oldest_triton.sh                          # the same report with the oldest supported Triton
+    tools/aot_oldest_triton.sh                          # the same report with the oldest supported Triton
 
 The kernel module must be imported without TRITON_INTERPRET=1 (under the interpreter
 @triton.jit returns an interpreted function, which cannot be compiled); the command line

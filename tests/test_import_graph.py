@@ -4,7 +4,7 @@ Imports are read from the source with `ast`, at the top of a module and inside f
 alike: a cycle dodged by a function-level import is still a cycle (the module that seems to
 import lazily is tied to the one it imports, and each can break the other when loaded first).
 The registry's module names count as imports of the two modules that read them: the command
-line (`COMMANDS`) and the report writer (`SECTIONS`).
+line (`COMMANDS`) and the report writer (`SECTIONS`, `PAPER_SOURCES`).
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def import_graph() -> dict[str, set[str]]:
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     graph["bertscope.cli.main"] |= set(analyses.COMMANDS.values())
     graph["bertscope.report.writer"] |= {s.builder.split(":")[0] for s in analyses.SECTIONS}
+    graph["bertscope.report.writer"] |= {s.split(":")[0] for s in analyses.PAPER_SOURCES}
     return graph
 
 

@@ -1,7 +1,7 @@
 """Dataset cues in the report (Niven & Kao 2019)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.cues import paper
 from bertscope.analyses.cues.outputs import CUES_FIGURE, CUES_FILE
 from bertscope.report.page import RunFiles, Section, Table, num
 

@@ -1,7 +1,7 @@
 """Attention to linguistic features in the report (Kovaleva et al. section 4.4)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.features import paper
 from bertscope.analyses.features.outputs import (
     CLS_LAST_LAYER_FIGURE,
     HEATMAP_FIGURE,

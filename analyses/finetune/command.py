@@ -56,7 +56,7 @@ COSINE_COLUMNS = ("task", "data", "input", "seed", "layer", "head", "cosine", "n
 KEY = ("task", "data", "input", "init", "seed")
 # The training recipe of each task: what --epochs, --lr, --batch-size, --warmup and --patience default to
 # (None on the command line = this). RTE's and ARCT's come from the dev search of issue 23
-# (bench/finetune_search.py, docs/finetune_search.csv, docs/finetune.md "Recipe search"): 5 epochs at 3e-5,
+# (tools/finetune_search.py, docs/finetune_search.csv, docs/finetune.md "Recipe search"): 5 epochs at 3e-5,
 # batch 16 beat the papers' 3 epochs at 5e-5, batch 32 on dev for every seed; polarity was not searched.
 PAPERS_RECIPE = {"epochs": 3, "lr": 5e-5, "batch_size": 32, "warmup": 0.1, "patience": 0}
 SEARCHED_RECIPE = dict(PAPERS_RECIPE, epochs=5, lr=3e-5, batch_size=16)

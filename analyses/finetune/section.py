@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.finetune import paper
 from bertscope.analyses.finetune.outputs import COSINE_FIGURE, COSINE_FILE, SUMMARY_FILE
 from bertscope.report.page import RunFiles, Section, Table, num
 

@@ -1,7 +1,7 @@
 """Pattern types in the report (Kovaleva et al. section 4.1)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.patterns import paper
 from bertscope.analyses.patterns.outputs import (
     EXAMPLES_FIGURE,
     LAYERS_FIGURE,

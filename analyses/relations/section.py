@@ -1,7 +1,7 @@
 """Relation heads and token-to-token attention in the report (Kovaleva et al. 4.2 and 4.5)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.relations import paper
 from bertscope.analyses.relations.outputs import (
     EXAMPLES_FIGURE,
     HEATMAP_FIGURE,

@@ -5,7 +5,7 @@ import zipfile
 
 import numpy as np
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.surface import paper
 from bertscope.analyses.surface.outputs import (
     ENTROPY_BY_LAYER_FIGURE,
     ENTROPY_HEATMAP_FIGURE,

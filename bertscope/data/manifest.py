@@ -3,7 +3,7 @@
 Two halves. This module holds what a person checked by hand: each set's public home (a GitHub
 repository at a pinned commit, or an archive in one), how the home's paths map to the files of
 the set's folder, and the licence. `manifest.json` beside it holds what a script computed:
-every file's path in the folder, size and sha256 (`python bench/data_manifest.py DATA_DIR`
+every file's path in the folder, size and sha256 (`python tools/data_manifest.py DATA_DIR`
 rewrites it from a data folder, e.g. ../shared/data). `bertscope data download` reads both: it
 fetches each file from its home and refuses any whose bytes differ from the manifest's.
 

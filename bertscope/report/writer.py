@@ -9,7 +9,8 @@ Each analysis contributes a section (`bertscope.report.page` is the contract): a
 listed in the registry `bertscope.analyses.SECTIONS`, that looks for its files in the run
 directory and returns a `Section` (intro, findings, tables, figures with captions), or None
 when its files are absent. The report adds its own two: the provenance first, and last the
-figures no section claimed, in "Other figures".
+figures no section claimed, in "Other figures". Its footer lists the sources of the papers'
+numbers the sections quote, as the registry's `PAPER_SOURCES` names them.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import os
 from pathlib import Path
 
 from bertscope import analyses
-from bertscope.report import paper_numbers
 from bertscope.errors import UserError
 from bertscope.report.page import Figure, RunFiles, Section, Table
 from bertscope.text.segments import describe_lengths
@@ -45,6 +45,16 @@ def build_sections(run_dir: Path) -> list[tuple[str, Section]]:
     s = other_figures(files)  # last: it sees what every other section claimed
     if s is not None:
         out.append(("other_figures", s))
+    return out
+
+
+def paper_sources() -> list:
+    """The sources of the papers' numbers the sections quote (`bertscope.report.quotes.Source`),
+    in the registry's order (`bertscope.analyses.PAPER_SOURCES`): the page's footer."""
+    out = []
+    for entry in analyses.PAPER_SOURCES:
+        module, name = entry.split(":")
+        out.append(getattr(importlib.import_module(module), name))
     return out
 
 
@@ -131,7 +141,7 @@ ul.findings li { margin: 0.2em 0; }
 def render(run_dir: Path, sections: list[tuple[str, Section]]) -> str:
     nav = "".join(f'<a href="#{html.escape(n)}">{html.escape(s.title)}</a>' for n, s in sections)
     body = "".join(_section_html(run_dir, n, s) for n, s in sections)
-    sources = "".join(f"<li>{html.escape(str(src))}</li>" for src in paper_numbers.all_sources())
+    sources = "".join(f"<li>{html.escape(str(src))}</li>" for src in paper_sources())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>bertscope report: {html.escape(run_dir.name)}</title>
 <style>{CSS}</style></head><body>

@@ -150,7 +150,7 @@ def test_manifest_covers_every_data_set_with_pinned_homes():
 
 
 def test_manifest_matches_the_shared_data(shared):
-    """What bench/data_manifest.py would write from ../shared/data is what the JSON holds."""
+    """What tools/data_manifest.py would write from ../shared/data is what the JSON holds."""
     for name, entries in load_files().items():
         on_disk = sorted(p.relative_to(shared / name).as_posix() for p in (shared / name).rglob("*") if p.is_file())
         assert [e.path for e in entries] == on_disk, name

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.heads.ablate import paper
 from bertscope.analyses.heads.ablate.outputs import (
     ABLATE_FILE,
     BUT_ONE_FIGURE,

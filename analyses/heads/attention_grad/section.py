@@ -1,7 +1,7 @@
 """Attention gradients in the report (Clark et al. section 3)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.heads.attention_grad import paper
 from bertscope.analyses.heads.attention_grad.outputs import (
     HEADS_FIGURE,
     LAYERS_FIGURE,

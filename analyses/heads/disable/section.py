@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.heads.disable import paper
 from bertscope.analyses.heads.disable.outputs import (
     DISABLE_FILE,
     HEADS_FIGURE,

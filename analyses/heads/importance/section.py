@@ -1,7 +1,7 @@
 """Head importance and iterative pruning in the report (Michel et al. 2019)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.heads.importance import paper
 from bertscope.analyses.heads.importance.outputs import (
     CORRELATION_FIGURE,
     CORRELATION_FILE,

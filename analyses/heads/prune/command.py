@@ -24,7 +24,6 @@ each step, layer and head from 1), fig_prune.png, run.json['probes']['prune'].
 from __future__ import annotations
 
 import argparse
-import itertools
 
 import numpy as np
 
@@ -33,6 +32,14 @@ from bertscope.analyses.heads.prune.outputs import (
     ORDER_COLUMNS,
     ORDER_FILE,
     PRUNE_FILE,
+)
+from bertscope.analyses.heads.prune.plots import plot_prune
+from bertscope.analyses.heads.prune.stats import (
+    cumulative_variants,
+    importance_order,
+    prunable_fraction,
+    prune_counts,
+    random_order,
 )
 from bertscope.cli.args import fraction
 from bertscope.errors import Interrupted, UserError
@@ -67,64 +74,6 @@ def add_arguments(p):
     p.add_argument("--max-rows", type=int, default=512, metavar="N",
                    help="model rows per forward pass when evaluating the pruned variants (default: 512)")
     add_common_arguments(p, from_word=False)
-
-
-def prune_counts(n_heads: int, step: float, max_fraction: float) -> list[int]:
-    """Heads pruned in all after steps 1, 2, ...: round half up of s x step x n_heads, up to max_fraction."""
-    steps = int(max_fraction / step + 1e-9)
-    return [int(np.floor(s * step * n_heads + 0.5)) for s in range(1, steps + 1)]
-
-
-def importance_order(loaded, task, counts: list[int], batch_size=32, convention="michel", normalise=True,
-                     progress=True, log=lambda *a: None):
-    """The heads Michel's iterative pruning removes at each step, (layer, head) 0-based lists, and
-    each step's Importance (computed with the heads pruned before it masked)."""
-    from bertscope.analyses.heads.importance.stats import (
-        head_importance,
-        least_important,
-    )
-
-    live = np.ones((loaded.n_layers, loaded.n_heads), bool)
-    removed, scores, done = [], [], 0
-    for s, n in enumerate(counts, 1):
-        imp = head_importance(loaded, task, batch_size, convention, normalise, live.astype(np.int8), progress)
-        heads = least_important(imp.scores, live, n - done)
-        for lay, h in heads:
-            live[lay, h] = False
-        removed.append(heads)
-        scores.append(imp)
-        done = n
-        log(f"step {s}: {n} heads pruned ({n / live.size:.0%}), dev loss before this step {imp.loss:.4f}; removed "
-            + ", ".join(f"{lay + 1}-{h + 1}" for lay, h in heads))
-    return removed, scores
-
-
-def random_order(n_layers: int, n_heads: int, counts: list[int], seed: int) -> list[list[tuple[int, int]]]:
-    """The heads a seeded random order removes at each step (one permutation of all heads)."""
-    perm = np.random.default_rng(seed).permutation(n_layers * n_heads)
-    return [[(int(i // n_heads), int(i % n_heads)) for i in perm[a:b]] for a, b in itertools.pairwise([0] + counts)]
-
-
-def prunable_fraction(fractions, accuracy, base: float, tolerance: float) -> float:
-    """The largest fraction pruned such that every step up to it keeps accuracy >= base - tolerance."""
-    best = 0.0
-    for f, a in zip(fractions, accuracy):
-        if a < base - tolerance - 1e-12:
-            break
-        best = f
-    return best
-
-
-def cumulative_variants(name: str, orders, L: int, H: int):
-    """One ZERO-gated Variant per step: the heads removed up to it."""
-    from bertscope.analyses.heads import variants as V
-    from bertscope.kernels import Gate
-
-    out, so_far = [], []
-    for s, heads in enumerate(orders, 1):
-        so_far = so_far + list(heads)
-        out.append(V.gated(f"{name} step {s}", L, H, so_far, Gate.ZERO))
-    return out
 
 
 def main(args) -> int:
@@ -185,7 +134,6 @@ def run_prune(args):
     run.write_csv(ORDER_FILE, order_rows, ORDER_COLUMNS)
     results = summarise(rows, base, args, dev_task, test_task, steps, counts, L * H, res)
     if not args.no_figures:
-        from bertscope.analyses.heads.importance.plots import plot_prune
         from bertscope.models.loading import model_name
 
         title = (f"{args.task}: importance on {args.importance_split}, accuracy on {args.split} "

@@ -32,7 +32,7 @@ from bertscope.cli.args import add_common_arguments
 from bertscope.data.paths import seeded_sample
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name
-from bertscope.report.paper_numbers import CLASSIFIER_TABLE3
+from bertscope.analyses.probes.classifier.paper import CLASSIFIER_TABLE3
 from bertscope.report.writer import refresh_report
 from bertscope.run.rundir import ProbeRun
 

@@ -1,7 +1,7 @@
 """The probing classifiers in the report (Clark et al. section 5, Table 3)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.probes.classifier import paper
 from bertscope.analyses.probes.classifier.outputs import (
     HEAD_WEIGHTS_FIGURE,
     TABLE_FILE,

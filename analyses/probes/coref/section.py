@@ -1,7 +1,7 @@
 """The coreference probe in the report (Clark et al. section 4.3, Table 2)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.probes.coref import paper
 from bertscope.analyses.probes.coref.outputs import (
     BARS_FIGURE,
     HEADS_FIGURE,

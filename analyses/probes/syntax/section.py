@@ -1,7 +1,7 @@
 """The syntax probe in the report (Clark et al. section 4.2, Table 1)."""
 from __future__ import annotations
 
-from bertscope.report import paper_numbers as paper
+from bertscope.analyses.probes.syntax import paper
 from bertscope.analyses.probes.syntax.outputs import (
     BEST_HEADS_FIGURE,
     HEATMAPS_FIGURE,

@@ -12,7 +12,7 @@ from conftest import TINY_HEADS, TINY_LAYERS, require_data
 from test_disable import classifier, toy_task
 
 from bertscope.analyses.heads.importance.stats import head_importance
-from bertscope.analyses.heads.prune.command import (
+from bertscope.analyses.heads.prune.stats import (
     importance_order,
     prunable_fraction,
     prune_counts,

@@ -2,8 +2,8 @@
 # Install bertscope beside a torch the user already has, as a user with a GPU would, and check
 # that it leaves that torch in place and works with it:
 #
-#   bench/install_check.sh            # torch 2.12.0 (not the Makefile's 2.13.0)
-#   bench/install_check.sh 2.6.0      # the oldest torch bertscope supports (transformers 5's floor)
+#   tools/install_check.sh            # torch 2.12.0 (not the Makefile's 2.13.0)
+#   tools/install_check.sh 2.6.0      # the oldest torch bertscope supports (transformers 5's floor)
 #
 # 1. a fresh venv in /tmp; torch==<version> from PyPI with --no-deps (PyPI's Linux wheels are
 #    CUDA builds; without the nvidia-* packages they run on the CPU, which is all this needs),
@@ -26,7 +26,7 @@ export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 step() { echo; echo "\$ $*"; "$@"; }
 
-echo "# bench/install_check.sh $TORCH_VERSION, $(date -u +%Y-%m-%d), $("$PYTHON" --version), $(uname -m)"
+echo "# tools/install_check.sh $TORCH_VERSION, $(date -u +%Y-%m-%d), $("$PYTHON" --version), $(uname -m)"
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 BIN=$VENV/bin

@@ -2,7 +2,7 @@
 --json), per target, dtype and code path, at each key-class count.
 
     python -m bertscope.kernels.triton_aot --json --arch 80 > before_80.json   # and --arch 90, on each tree
-    python bench/aot_compare.py before_80.json before_90.json -- after_80.json after_90.json
+    python tools/aot_compare.py before_80.json before_90.json -- after_80.json after_90.json
 
 A cell is the largest registers per thread over the path's specialisations (D 32 and 64,
 entropy / argmax on or off) before -> after, then the largest shared memory in KiB; spills

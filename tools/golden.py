@@ -1,8 +1,8 @@
 """Golden outputs of the bertscope command line: record them, normalise them, compare two records.
 
-    python bench/golden.py record OUT [--data-dir DIR] [--jobs N] [--only NAME ...]
-    python bench/golden.py normalise OUT          # (re)write OUT/golden from OUT/runs and OUT/commands
-    python bench/golden.py diff A B               # A, B: two OUT/golden folders; exit 1 on any difference
+    python tools/golden.py record OUT [--data-dir DIR] [--jobs N] [--only NAME ...]
+    python tools/golden.py normalise OUT          # (re)write OUT/golden from OUT/runs and OUT/commands
+    python tools/golden.py diff A B               # A, B: two OUT/golden folders; exit 1 on any difference
 
 `record` runs every bertscope command on a small slice of the real data, each as
 `sys.executable -m bertscope.cli ...` in a fresh process whose working directory is OUT.
@@ -51,7 +51,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_DATA = Path(os.environ.get("BERTSCOPE_DATA", "/work/shared/data"))
+# the annotated data: $BERTSCOPE_DATA, else the `shared/data` folder beside the checkout (../shared/data)
+DEFAULT_DATA = Path(os.environ.get("BERTSCOPE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 TEXT = "The cat sat on the mat, unbelievably."
 PAIR = "It purred."
 

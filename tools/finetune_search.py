@@ -1,7 +1,7 @@
 """A seeded recipe search for `bertscope finetune` on the dev splits (issue 23).
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python bench/finetune_search.py --plan rte1 [--plan ...]
-    python bench/finetune_search.py --list                    # the plans and what is done
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python tools/finetune_search.py --plan rte1 [--plan ...]
+    python tools/finetune_search.py --list                    # the plans and what is done
 
 Every (configuration, training seed) of the chosen plans runs through the library, exactly as
 `bertscope finetune --inits pretrained` runs it (`task_model.classifier_model` + `fine_tune` on

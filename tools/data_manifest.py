@@ -1,11 +1,11 @@
 """Rewrite bertscope/data/manifest.json from a data folder (a maintainer's tool, not the user's).
 
-    python bench/data_manifest.py DATA_DIR [--out FILE]
+    python tools/data_manifest.py DATA_DIR [--out FILE]
 
 Every file of each set's folder (bertscope.data.manifest.SETS) is listed with its size and
 sha256; a note (SOURCE) also with its text, which `bertscope data download` writes since no home
 serves it. A file that no source of its set claims is an error: the homes in
-bertscope/data_manifest.py must say where every file comes from before the manifest lists it.
+bertscope/data/manifest.py must say where every file comes from before the manifest lists it.
 Run it when a data set is updated in ../shared/data, after pinning the new commit there.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bertscope.data.manifest import MANIFEST_JSON, SETS
 
-log = logging.getLogger("bertscope.bench.data_manifest")
+log = logging.getLogger("bertscope.tools.data_manifest")
 
 
 def describe(folder: Path, name: str) -> dict:
@@ -49,8 +49,8 @@ def main(argv=None) -> int:
             return 1
         sets[name] = describe(folder, name)
         log.info("%-18s %4d files, %6.1f MB", name, len(sets[name]), sum(f["size"] for f in sets[name].values()) / 1e6)
-    manifest = {"about": "written by bench/data_manifest.py from a data folder: each set's files, "
-                         "sizes and sha256; the homes are in bertscope/data_manifest.py",
+    manifest = {"about": "written by tools/data_manifest.py from a data folder: each set's files, "
+                         "sizes and sha256; the homes are in bertscope/data/manifest.py",
                 "sets": sets}
     args.out.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("wrote %s", args.out)

@@ -3,12 +3,12 @@
 # bertscope supports, 3.6.0 (the GPU image's), beside the pinned one that `make test` checks:
 # the shipped block sizes must spill on neither. No GPU needed.
 #
-#   bench/aot_oldest_triton.sh                        # sm_80 and sm_90, every shipped kernel
-#   bench/aot_oldest_triton.sh --arch 90 --json       # any triton_aot option
-#   TRITON_VERSION=3.5.0 bench/aot_oldest_triton.sh   # another version
+#   tools/aot_oldest_triton.sh                        # sm_80 and sm_90, every shipped kernel
+#   tools/aot_oldest_triton.sh --arch 90 --json       # any triton_aot option
+#   TRITON_VERSION=3.5.0 tools/aot_oldest_triton.sh   # another version
 #
 # Triton alone (+ numpy) goes into a venv of its own, made once from PyPI ($VENV, default
-# bench/.venv-triton<version>); the report runs in the project's python ($PYTHON, default
+# tools/.venv-triton<version>); the report runs in the project's python ($PYTHON, default
 # .venv/bin/python: its torch and bertscope) with only that triton put first on the path.
 # About 5 minutes on 2 cores the first time, seconds once Triton's cache holds the kernels.
 # Not in CI (it downloads Triton); run it when a kernel, a block size or the pinned Triton changes.
@@ -16,7 +16,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TRITON_VERSION=${TRITON_VERSION:-3.6.0}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
-VENV=${VENV:-$ROOT/bench/.venv-triton$TRITON_VERSION}
+VENV=${VENV:-$ROOT/tools/.venv-triton$TRITON_VERSION}
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"  # the same python version: triton's extension is built for it
     "$VENV/bin/pip" install --quiet "triton==$TRITON_VERSION" numpy
