@@ -23,7 +23,8 @@ from bertscope.kernels.chunked import DEFAULT_CHUNK_BYTES, attention_stats_chunk
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import StatsSpec
 
-SPEC = StatsSpec()  # the default: offsets -2..2, 4 key classes, entropy and argmax
+# offsets -2..2, 4 key classes, entropy, class masses and argmax (what `bertscope run --argmax` asks for)
+SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, class_mass=True, argmax=True)
 D = 32  # MiniLM / BERT-base head size is 32 / 64
 SHAPES = [(8, 12, 128), (4, 12, 512), (1, 12, 2048)]  # (B, H, L)
 ROUNDS = {128: 30, 512: 15, 2048: 7}
