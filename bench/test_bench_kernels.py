@@ -158,7 +158,8 @@ def linear_bytes_bound(B, H, L):
 
 def test_bytes_per_head_and_chunked_working_set():
     MiB = 1024 * 1024
-    print(f"\nfp32, D={D}, default StatsSpec, chunk_bytes={DEFAULT_CHUNK_BYTES / MiB:g} MiB. On paper, per "
+    print(f"\nfp32, D={D}, the StatsSpec of `bertscope run --argmax`, "
+          f"chunk_bytes={DEFAULT_CHUNK_BYTES / MiB:g} MiB. On paper, per "
           "(batch, head) map: bytes over the memory bus; measured: peak live tensor bytes of one call")
     print(f"{'B x H x L':>10} | {'eager/head':>10} | {'chunked/head':>12} | {'ratio':>6} | "
           f"{'eager map set':>13} | {'chunk (n maps)':>15} | {'peak: eager':>11} | {'chunked':>9}")
