@@ -334,7 +334,7 @@ class Heavy:
         self.specs = {
             "word maps (probe syntax)": word_map_spec(ld),
             "column mass (features)": StatsSpec(offsets=(), n_key_classes=ld.classes.n_classes, entropy=False,
-                                                argmax=False, column_mass=True),
+                                                argmax=False, column_mass=True, class_mass=True),
             "JS between heads (probe cluster)": spec_for(ld),
         }
         self.probes = {(what, b): HeadProbe(ld.n_layers, ld.n_heads, spec, backend=b, device=env.device)

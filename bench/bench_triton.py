@@ -28,7 +28,8 @@ from bertscope.kernels.spec import StatsSpec  # noqa: E402
 
 SHAPES = [(8, 12, 128), (4, 12, 512), (1, 12, 2048)]  # (B, H, L)
 D = 64  # bert-base head size (MiniLM's is 32)
-SPEC = StatsSpec()  # offsets -2..2, 4 key classes, entropy and argmax: what `bertscope run --argmax` asks for
+# offsets -2..2, 4 key classes, entropy and argmax: what `bertscope run --argmax` asks for
+SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, class_mass=True, argmax=True)
 # peak DRAM bandwidth (bytes/s) and dense throughput (flop/s: fp32 FMA units, fp16 tensor cores)
 GPUS = {"A100 (sm_80)": (1.555e12, 19.5e12, 312e12), "H100 SXM (sm_90)": (3.35e12, 67e12, 989e12)}
 

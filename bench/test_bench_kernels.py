@@ -23,7 +23,8 @@ from bertscope.kernels.chunked import DEFAULT_CHUNK_BYTES, attention_stats_chunk
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import StatsSpec
 
-SPEC = StatsSpec()  # the default: offsets -2..2, 4 key classes, entropy and argmax
+# offsets -2..2, 4 key classes, entropy, class masses and argmax (what `bertscope run --argmax` asks for)
+SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, class_mass=True, argmax=True)
 D = 32  # MiniLM / BERT-base head size is 32 / 64
 SHAPES = [(8, 12, 128), (4, 12, 512), (1, 12, 2048)]  # (B, H, L)
 ROUNDS = {128: 30, 512: 15, 2048: 7}
@@ -157,7 +158,8 @@ def linear_bytes_bound(B, H, L):
 
 def test_bytes_per_head_and_chunked_working_set():
     MiB = 1024 * 1024
-    print(f"\nfp32, D={D}, default StatsSpec, chunk_bytes={DEFAULT_CHUNK_BYTES / MiB:g} MiB. On paper, per "
+    print(f"\nfp32, D={D}, the StatsSpec of `bertscope run --argmax`, "
+          f"chunk_bytes={DEFAULT_CHUNK_BYTES / MiB:g} MiB. On paper, per "
           "(batch, head) map: bytes over the memory bus; measured: peak live tensor bytes of one call")
     print(f"{'B x H x L':>10} | {'eager/head':>10} | {'chunked/head':>12} | {'ratio':>6} | "
           f"{'eager map set':>13} | {'chunk (n maps)':>15} | {'peak: eager':>11} | {'chunked':>9}")

@@ -30,13 +30,15 @@ bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from . import cpu_rows
-from .common import keep_qk, require_pooling, zero_padding_rows
+from .common import finish_stats, keep_qk, require_pooling
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
-from .spec import RowStats, StatsSpec, WordPooling
+from .spec import STAT, RowStats, StatsSpec, WordPooling
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 # from this many key classes on, the compiled path takes the class masses from one matmul
@@ -126,12 +128,12 @@ def attention_stats_chunked(
     stats = RowStats(
         entropy=None if entropy is None else entropy.view(B, H, L),
         offset_mass=(offset_mass.view(N, L, O) * inside).view(B, H, L, O) if O else None,
-        class_mass=out_ext[..., D:].reshape(B, H, L, C),
+        class_mass=out_ext[..., D:].reshape(B, H, L, C) if spec.class_mass else None,
         argmax=None if argmax is None else argmax.view(B, H, L),
     )
     maps.finish(stats)
     keep_qk(stats, q, k, scale, spec)
-    return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
+    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
 
 
 def offset_positions(L, offsets, device):
@@ -157,11 +159,12 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
     target makes torch's bmm twice as slow, more than the model's later copy costs.
     """
     B, H, L, D = q.shape
-    C, O = spec.n_key_classes, len(spec.offsets)
+    C, O = (spec.n_key_classes if spec.class_mass else 0), len(spec.offsets)  # C = 0: the row pass skips them
     scale = D**-0.5 if scale is None else scale
     dev = q.device
 
-    onehot = torch.nn.functional.one_hot(key_class, C).to(torch.float32)  # (B, L, C)
+    onehot = (torch.nn.functional.one_hot(key_class, C) if C else key_class.new_zeros(*key_class.shape, 0)
+              ).to(torch.float32)  # (B, L, C)
     by_matmul = C >= CLASS_MATMUL_MIN
     # the row pass's class masks: (B, C, L) 0/1 rows, or none when a matmul computes the masses
     class_mask = onehot[:, :, :0] if by_matmul else onehot
@@ -201,17 +204,26 @@ def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, sca
     stats = RowStats(
         entropy=entropy,
         offset_mass=offset_mass if O else None,
-        class_mass=class_mass,
+        class_mass=class_mass if spec.class_mass else None,
         argmax=argmax,
     )
     maps.finish(stats)
     keep_qk(stats, q, k, scale, spec)
-    return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
+    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
+
+
+# Row statistics of the table read off each chunk's probabilities, for a statistic not fused
+# into the row passes: name -> f(p (n, L, L)) -> (n, L, ...) in p's dtype. Both row passes hand
+# `MapStats` every chunk's probabilities while they are in cache, so one entry here serves both
+# (one more read of the chunk; fuse it into cpu_rows.c when that shows in bench_kernels).
+# Empty today: every statistic of the table is fused or is a whole-map one.
+FROM_PROBS: dict[str, Callable] = {}
 
 
 class MapStats:
     """The statistics read off a whole map rather than its rows (column mass, word maps),
-    taken from each chunk's probabilities while they are in cache: one small matmul each."""
+    and those of `FROM_PROBS`, taken from each chunk's probabilities while they are in cache:
+    one small matmul (or reduction) each."""
 
     def __init__(self, spec: StatsSpec, key_valid, pooling, heads: tuple[int, int], dtype):
         B, H = heads
@@ -225,7 +237,11 @@ class MapStats:
         if spec.word_maps:
             W = pooling.n_units
             self.word_map = torch.empty(B * H, W, W, dtype=dtype, device=dev)
-        self.active = spec.column_mass or spec.word_maps
+        dims = {"L": L, "O": len(spec.offsets), "C": spec.n_key_classes}
+        self.from_probs = {name: (fn, torch.empty(B * H, *(dims[d] for d in STAT[name].shape[2:]), dtype=dtype,
+                                                  device=dev))
+                           for name, fn in FROM_PROBS.items() if STAT[name].asked(spec)}  # (B*H, L, ...) each
+        self.active = spec.column_mass or spec.word_maps or bool(self.from_probs)
 
     def add(self, p, first_map: int):
         """p (n, L, L): the probabilities of the maps first_map.. first_map+n-1 (flat b*H + h)."""
@@ -237,6 +253,8 @@ class MapStats:
             self.column_mass[maps] = torch.matmul(self.query_valid[batch_index], p)  # (n, 1, L)
         if self.word_map is not None:
             self.word_map[maps] = pool_map(p, self.pooling, batch_index)  # (n, W, W)
+        for fn, out in self.from_probs.values():
+            out[maps] = fn(p)  # (n, L, ...)
 
     def finish(self, stats: RowStats):
         if self.column_mass is not None:
@@ -245,6 +263,8 @@ class MapStats:
             W = self.word_map.shape[-1]
             stats.word_map = self.word_map.view(-1, self.H, W, W)  # (B, H, W, W)
             stats.word_argmax = word_argmax(stats.word_map, self.pooling.candidate)
+        for name, (_, out) in self.from_probs.items():
+            setattr(stats, name, out.view(-1, self.H, *out.shape[1:]))  # (B, H, L, ...)
 
 
 def _rows(t, *index):

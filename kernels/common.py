@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .spec import RowStats, StatsSpec
+from . import spec as _spec
+from .spec import RowStats, StatsSpec, missing_stats
 
 
 def masked_scores(q, k, key_valid, scale):
@@ -29,17 +30,25 @@ def keep_qk(stats: RowStats, q, k, scale, spec: StatsSpec):
         stats.queries, stats.keys, stats.scale = q, k, scale
 
 
+def finish_stats(stats: RowStats, spec: StatsSpec, query_valid, backend: str) -> RowStats:
+    """Every backend's last step: fail loudly when a statistic of the table that `spec` asks
+    for was not computed (a backend someone forgot), then set padding rows."""
+    missing = missing_stats(stats, spec)
+    if missing:
+        raise NotImplementedError(f"the {backend} backend does not compute {', '.join(missing)} "
+                                  "(see docs/contributing.md); use another --backend")
+    return zero_padding_rows(stats, query_valid)
+
+
 def zero_padding_rows(stats: RowStats, query_valid):
-    """Zero every statistic of padding queries so that no consumer can trip on them."""
+    """Set every per-row statistic of padding queries to the table's `padding` value (0), so
+    that no consumer can trip on them."""
     if bool(query_valid.all()):
         return stats
     keep = query_valid[:, None, :]  # (B, 1, L)
-    for name in ("entropy", "argmax"):
-        t = getattr(stats, name)
-        if t is not None:
-            setattr(stats, name, torch.where(keep, t, torch.zeros_like(t)))
-    for name in ("offset_mass", "class_mass"):
-        t = getattr(stats, name)
-        if t is not None:
-            setattr(stats, name, torch.where(keep[..., None], t, torch.zeros_like(t)))
+    for stat in _spec.ROW_STATS:
+        t = getattr(stats, stat.name, None)
+        if t is not None and stat.padding is not None:
+            mask = keep.view(*keep.shape, *(1,) * (t.dim() - 3))  # (B, 1, L, 1...)
+            setattr(stats, stat.name, torch.where(mask, t, torch.full_like(t, stat.padding)))
     return stats

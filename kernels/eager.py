@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import keep_qk, masked_scores, require_pooling, zero_padding_rows
+from .common import finish_stats, keep_qk, masked_scores, require_pooling
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
 from .spec import RowStats, StatsSpec, WordPooling
@@ -42,8 +42,9 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
             picked = p[..., i, j.clamp(0, L - 1)]  # (B, H, L): p[b, h, i, i + o]
             cols.append(torch.where(inside, picked, torch.zeros_like(picked)))
         stats.offset_mass = torch.stack(cols, dim=-1)  # (B, H, L, O)
-    one_hot = torch.nn.functional.one_hot(key_class, spec.n_key_classes).to(p.dtype)  # (B, L, C)
-    stats.class_mass = torch.matmul(p, one_hot[:, None])  # (B, H, L, C)
+    if spec.class_mass:
+        one_hot = torch.nn.functional.one_hot(key_class, spec.n_key_classes).to(p.dtype)  # (B, L, C)
+        stats.class_mass = torch.matmul(p, one_hot[:, None])  # (B, H, L, C)
     if spec.argmax:
         stats.argmax = p.argmax(dim=-1)  # (B, H, L), first maximum on ties
     if spec.column_mass:
@@ -52,7 +53,7 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
         stats.word_map = pool_map(p, require_pooling(pooling))  # (B, H, W, W)
         stats.word_argmax = word_argmax(stats.word_map, pooling.candidate)  # (B, H, W)
     keep_qk(stats, q, k, scale, spec)
-    return out.transpose(1, 2), zero_padding_rows(stats, key_valid)
+    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "eager")
 
 
 def attention_grad_eager(q, k, v, key_valid, key_class, n_classes: int, sink, scale=None):

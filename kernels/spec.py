@@ -1,9 +1,14 @@
 """What the attention-statistics kernels compute: one spec, several backends.
 
-Every backend (`eager`, `chunked`, later `triton`) takes the same inputs and returns the
+Every backend (`eager`, `chunked`, `triton`) takes the same inputs and returns the
 same `RowStats`: statistics of each attention *row* (one query token of one head), never
-the L x L map itself. Reducing rows to per-head sums is the accumulators' job
-(`bertscope.engine.accumulate`), so a backend stays a pure function of (q, k, v, masks).
+the L x L map itself. Each statistic is declared once, in the table `ROW_STATS` below (name,
+shape, dtype, the `StatsSpec` switch that asks for it, the value of a padding row and of a
+removed head, its segment sums); `StatsSpec`, `RowStats` and the plumbing around the
+backends (float32 cast, padding, head slots, segment sums, `HeadStats`, the selftest) are
+built from it; docs/contributing.md walks through adding one. Reducing rows to per-head
+sums is the accumulators' job (`bertscope.engine.accumulate`), so a backend stays a pure
+function of (q, k, v, masks).
 
 Shapes used throughout:
     B batch, H heads, L padded sequence length, D head dimension,
@@ -11,8 +16,9 @@ Shapes used throughout:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from enum import IntEnum
+from typing import Callable
 
 import torch
 
@@ -62,33 +68,112 @@ class LayerGates:
         return self.xi is None and self.uniform is None
 
 
-@dataclass(frozen=True)
-class StatsSpec:
-    """Which row statistics to compute.
+# --- the statistics: one table ------------------------------------------------------------
 
-    offsets: relative key positions j - i whose attention mass is reported (-1 is the
-        previous token, 0 the token itself, +1 the next one).
-    n_key_classes: C, the number of key classes; a key's class id is in [0, C). The
-        mass a row puts on each class is reported (e.g. [CLS], [SEP], punctuation, other).
-    entropy / argmax: whether to compute them (they are cheap but not free).
-    column_mass: the attention mass each key *receives*, summed over the valid query rows
-        (Kovaleva et al.'s "vertical" pattern, per-token stripe scores).
-    word_maps: the word-level map of every head and its row argmax, for the probes that
-        read attention between words (syntax, coreference, probing classifiers); needs a
-        `WordPooling` for the batch.
-    keep_qk: hand the layer's queries and keys on with the statistics (as views, no copy),
-        for analyses that compare heads across layers (Jensen-Shannon clustering) by
-        recomputing attention tiles instead of keeping every map.
+
+def _argmax_rows(am, key_class, spec):
+    """Rows whose argmax key is at each offset (then "elsewhere"), and of each key class:
+    0/1 per row, NaN on a removed head's rows (argmax -1)."""
+    missing = (am < 0)[..., None]  # (B, H, L, 1) a removed head's rows (bertscope.models.head_removal)
+    am = am.clamp_min(0)  # (B, H, L)
+    rel = am - torch.arange(am.shape[-1], device=am.device)  # (B, H, L) offset of the argmax key
+    at = rel[..., None] == torch.tensor(spec.offsets, device=am.device)  # (B, H, L, O)
+    at = torch.cat([at, ~at.any(-1, keepdim=True)], dim=-1).double()  # (B, H, L, O+1)
+    cls = key_class[:, None, :].expand_as(am).gather(-1, am)  # (B, H, L) class of the argmax key
+    one_hot = torch.nn.functional.one_hot(cls, spec.n_key_classes).double()  # (B, H, L, C)
+    return {"argmax_offset": at.masked_fill(missing, float("nan")),
+            "argmax_class": one_hot.masked_fill(missing, float("nan"))}
+
+
+@dataclass(frozen=True)
+class SegmentSum:
+    """One per-segment sum a row statistic feeds (`BatchContext.segment_sums`) and the
+    `HeadStats` array that adds it up over a corpus, (layers, H, G, *width)."""
+
+    name: str  # the segment_sums key
+    array: str  # the HeadStats attribute
+    width: tuple[str, ...] = ()  # symbolic trailing shape: () one number per row; ("O",), ("O+1",), ("C",)
+
+
+@dataclass(frozen=True)
+class RowStat:
+    """One statistic every backend computes when `StatsSpec` asks for it.
+
+    name:    the `RowStats` attribute (and the name analyses read)
+    shape:   symbolic shape; B batch, H heads, L positions, O offsets, C key classes, W word units
+    switch:  the `StatsSpec` field that asks for it (any true value: True, a non-empty tuple)
+    dtype:   "float" (the input's dtype; widened to float32 by `RowStats.as_float32` before
+             any accumulator sees it) or "int64"
+    removed: the value a removed head's slot holds (`head_removal.spread_heads`): NaN for a
+             float, -1 for an index
+    padding: the value rows of padding queries are set to (`common.zero_padding_rows`), or
+             None when the statistic is not per query row (column mass is per key, word maps
+             per unit: padding is already 0 / -1 there)
+    rows:    per-row values of its segment sums, f(t, key_class, spec) -> {name: (B, H, L, F)};
+             None: the value itself, (B, H, L) -> (B, H, L, 1), (B, H, L, F) as it is
+    sums:    the `SegmentSum`s it feeds (none: not summed per segment, read by its analyses)
+    doc:     one line for `RowStats`' docstring
     """
 
-    offsets: tuple[int, ...] = (-2, -1, 0, 1, 2)
-    n_key_classes: int = 4
-    entropy: bool = True
-    argmax: bool = True
-    column_mass: bool = False
-    word_maps: bool = False
-    keep_qk: bool = False
+    name: str
+    shape: tuple[str, ...]
+    switch: str
+    dtype: str = "float"
+    removed: float = float("nan")
+    padding: float | None = 0.0
+    rows: Callable | None = None
+    sums: tuple[SegmentSum, ...] = ()
+    doc: str = ""
 
+    def asked(self, spec: "StatsSpec") -> bool:
+        return bool(getattr(spec, self.switch))
+
+    def segment_rows(self, t: torch.Tensor, key_class: torch.Tensor, spec: "StatsSpec") -> dict:
+        """{sum name: (B, H, L, F)} per-row values of each of its segment sums."""
+        if self.rows is not None:
+            return self.rows(t, key_class, spec)
+        return {self.sums[0].name: t[..., None] if t.dim() == 3 else t}
+
+
+ROW_STATS: tuple[RowStat, ...] = (
+    RowStat("entropy", ("B", "H", "L"), "entropy",
+            sums=(SegmentSum("entropy", "entropy_sum"),),
+            doc="-sum_j p_ij ln p_ij, nats"),
+    RowStat("offset_mass", ("B", "H", "L", "O"), "offsets",
+            sums=(SegmentSum("offset_mass", "offset_mass_sum", ("O",)),),
+            doc="p_{i, i+o} for each o in spec.offsets (0 when i+o is outside the sequence or a padding key)"),
+    RowStat("class_mass", ("B", "H", "L", "C"), "class_mass",
+            sums=(SegmentSum("class_mass", "class_mass_sum", ("C",)),),
+            doc="sum of p_ij over keys j of each class"),
+    RowStat("argmax", ("B", "H", "L"), "argmax", dtype="int64", removed=-1, rows=_argmax_rows,
+            sums=(SegmentSum("argmax_offset", "argmax_offset_count", ("O+1",)),
+                  SegmentSum("argmax_class", "argmax_class_count", ("C",))),
+            doc="index of the most-attended key (ties: lowest index)"),
+    RowStat("column_mass", ("B", "H", "L"), "column_mass", padding=None,
+            doc="sum over valid query rows i of p_ij: mass key j receives"),
+    RowStat("word_map", ("B", "H", "W", "W"), "word_maps", padding=None,
+            doc="word-level map (see `WordPooling`); rows of real units sum to 1"),
+    RowStat("word_argmax", ("B", "H", "W"), "word_maps", dtype="int64", removed=-1, padding=None,
+            doc="most-attended *other* candidate unit of each unit (ties: lowest index), -1 when there is none"),
+)
+STAT = {s.name: s for s in ROW_STATS}
+SEGMENT_SUMS: tuple[SegmentSum, ...] = tuple(m for s in ROW_STATS for m in s.sums)
+
+
+def asked_stats(spec: "StatsSpec") -> tuple[RowStat, ...]:
+    """The table's statistics that `spec` asks for, in table order."""
+    return tuple(s for s in ROW_STATS if s.asked(spec))
+
+
+def missing_stats(stats: "RowStats", spec: "StatsSpec") -> list[str]:
+    """Statistics `spec` asks for that `stats` lacks: a backend that forgot one."""
+    return [s.name for s in ROW_STATS if s.asked(spec) and getattr(stats, s.name, None) is None]
+
+
+# --- what to compute --------------------------------------------------------------------------
+
+
+class _StatsSpecChecks:
     def __post_init__(self):
         if len(set(self.offsets)) != len(self.offsets):
             raise ValueError(f"offsets must be distinct, got {self.offsets}")
@@ -99,15 +184,43 @@ class StatsSpec:
         """The smallest spec that serves both: what the engine computes for several analyses."""
         if self.n_key_classes != other.n_key_classes:
             raise ValueError("analyses disagree on the number of key classes")
-        return StatsSpec(
-            offsets=tuple(sorted(set(self.offsets) | set(other.offsets))),
-            n_key_classes=self.n_key_classes,
-            entropy=self.entropy or other.entropy,
-            argmax=self.argmax or other.argmax,
-            column_mass=self.column_mass or other.column_mass,
-            word_maps=self.word_maps or other.word_maps,
-            keep_qk=self.keep_qk or other.keep_qk,
-        )
+        values = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "n_key_classes":
+                values[f.name] = a
+            elif isinstance(a, tuple):
+                values[f.name] = tuple(sorted(set(a) | set(b)))
+            else:
+                values[f.name] = a or b
+        return type(self)(**values)
+
+
+# the switches of the table, in its order (offsets is a tuple, every other one a bool), then keep_qk
+_SWITCHES = tuple(dict.fromkeys(s.switch for s in ROW_STATS))
+StatsSpec = make_dataclass(
+    "StatsSpec",
+    [("offsets", tuple, ()), ("n_key_classes", int, 1)]
+    + [(name, bool, False) for name in _SWITCHES if name != "offsets"]
+    + [("keep_qk", bool, False)],
+    bases=(_StatsSpecChecks,), frozen=True, namespace={"__module__": __name__},
+)
+StatsSpec.__doc__ = """Which row statistics to compute; every field defaults to off (an analysis
+says what it needs, in its family's `stats.py`).
+
+offsets: relative key positions j - i whose attention mass is reported (-1 is the
+    previous token, 0 the token itself, +1 the next one); () for none.
+n_key_classes: C, the number of key classes; a key's class id is in [0, C) (e.g. [CLS],
+    [SEP], punctuation, other). The argmax's class counts and `class_mass` use them.
+One bool per statistic of `ROW_STATS` that is switched by a flag: entropy, class_mass (the
+    mass a row puts on each key class), argmax (cheap but not free), column_mass (the
+    attention mass each key *receives*, summed over the valid query rows: Kovaleva et al.'s
+    "vertical" pattern), word_maps (the word-level map of every head and its row argmax,
+    for the probes that read attention between words; needs a `WordPooling` for the batch).
+keep_qk: hand the layer's queries and keys on with the statistics (as views, no copy),
+    for analyses that compare heads across layers (Jensen-Shannon clustering) by
+    recomputing attention tiles instead of keeping every map.
+"""
 
 
 @dataclass
@@ -136,43 +249,28 @@ class WordPooling:
         return self.to_word.shape[-1]
 
 
-@dataclass
-class RowStats:
-    """Per-row attention statistics of one layer call. Rows of padding queries hold
-    unspecified (but finite) values: consumers weight rows by the query mask.
-
-    entropy:      (B, H, L)     -sum_j p_ij ln p_ij, nats
-    offset_mass:  (B, H, L, O)  p_{i, i+o} for each o in spec.offsets (0 when i+o is outside
-                                the sequence or a padding key)
-    class_mass:   (B, H, L, C)  sum of p_ij over keys j of each class
-    argmax:       (B, H, L)     index of the most-attended key (ties: lowest index), int64
-    column_mass:  (B, H, L)     sum over valid query rows i of p_ij: mass key j receives
-    word_map:     (B, H, W, W)  word-level map (see `WordPooling`); rows of real units sum to 1
-    word_argmax:  (B, H, W)     most-attended *other* candidate unit of each unit (ties:
-                                lowest index), -1 when there is none; int64
-    queries, keys:(B, H, L, D)  the layer's q and k (spec.keep_qk), with `scale`
-    """
-
-    entropy: torch.Tensor | None = None
-    offset_mass: torch.Tensor | None = None
-    class_mass: torch.Tensor | None = None
-    argmax: torch.Tensor | None = None
-    column_mass: torch.Tensor | None = None
-    word_map: torch.Tensor | None = None
-    word_argmax: torch.Tensor | None = None
-    queries: torch.Tensor | None = None
-    keys: torch.Tensor | None = None
-    scale: float | None = None
-    extras: dict = field(default_factory=dict)
-
+class _RowStatsMethods:
     def as_float32(self) -> "RowStats":
         """The statistics in float32, in place: a model in float16 or bfloat16 gives its kernels
         half-precision q, k, v, and its statistics are summed from float32 (then float64)."""
-        for name in ("entropy", "offset_mass", "class_mass", "column_mass", "word_map"):
-            t = getattr(self, name)
-            if t is not None and t.is_floating_point() and t.dtype != torch.float32:
-                setattr(self, name, t.float())
+        for s in ROW_STATS:
+            t = getattr(self, s.name)
+            if s.dtype == "float" and t is not None and t.is_floating_point() and t.dtype != torch.float32:
+                setattr(self, s.name, t.float())
         return self
+
+
+RowStats = make_dataclass(
+    "RowStats",
+    [(s.name, torch.Tensor | None, None) for s in ROW_STATS]
+    + [("queries", torch.Tensor | None, None), ("keys", torch.Tensor | None, None), ("scale", float | None, None),
+       ("extras", dict, field(default_factory=dict))],
+    bases=(_RowStatsMethods,), namespace={"__module__": __name__},
+)
+RowStats.__doc__ = "Per-row attention statistics of one layer call, one attribute per entry of `ROW_STATS`\n" \
+    "(None when the spec did not ask for it). Rows of padding queries hold the table's `padding`.\n\n" + "\n".join(
+        f"    {s.name + ':':<14}({', '.join(s.shape)})  {s.doc}" + ("; int64" if s.dtype == "int64" else "")
+        for s in ROW_STATS) + "\n    queries, keys: (B, H, L, D)  the layer's q and k (spec.keep_qk), with `scale`\n"
 
 
 # --- what the attention function is handed: the shape of the attention, beside the statistics ---

@@ -190,10 +190,16 @@ def _ast_source(spec: Specialisation):
     t = spec.dtype
     sig = {
         "Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
-        "GateUniform": "*i8",
-        "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "Entropy": f"*{t}", "OffsetMass": f"*{t}",
-        "ClassMass": f"*{t}", "Argmax": "*i64" if spec.argmax else "*fp32", "sm_scale": "fp32",
+        "GateUniform": "*i8", "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "sm_scale": "fp32",
     }
+    # the statistics' outputs, from the kernels' table as the launcher passes them: a switched-off
+    # statistic gets the fp32 lse as a placeholder; a switch this class has no field for is on
+    flags = {}
+    for stat, arg, flag in ta.kernel_outputs():
+        on = getattr(spec, stat.name, True)
+        if flag is not None:
+            flags[flag] = on
+        sig[arg] = "*fp32" if flag is not None and not on else ("*i64" if stat.dtype == "int64" else f"*{t}")
     unit = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml", "stride_cl"}
     for name in fn.arg_names:
         if name.startswith("stride_") and name not in unit:
@@ -202,7 +208,7 @@ def _ast_source(spec: Specialisation):
     constexprs = {name: 1 for name in unit}
     constexprs.update(
         C_PAD=ta.c_pad(spec.n_classes, spec.class_dot), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-        BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"], ENTROPY=spec.entropy, ARGMAX=spec.argmax,
+        BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"], **flags,
         IS_FP32=spec.dtype == "fp32", CLASS_DOT=spec.class_dot,
     )
     for name in constexprs:

@@ -39,14 +39,14 @@ interpreter when TRITON_INTERPRET=1 is set before this module is imported.
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import keep_qk, require_pooling, zero_padding_rows
-from .spec import RowStats, StatsSpec, WordPooling
+from .common import finish_stats, keep_qk, require_pooling
+from .spec import ROW_STATS, RowStats, StatsSpec, WordPooling
 from .triton_tiles import DTYPES, FMIN, key_block_scores, map_base
 
 # rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
@@ -276,9 +276,10 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     single_tile: force the single-tile (True) or online (False) path; None picks by L
     stats_dtype: dtype of entropy / offset_mass / class_mass (default: the input dtype)
     class_dot:  class masses by one one-hot dot per key block (True), or C masked passes
-    Returns (out (B, L, H, D) contiguous in the input dtype, dict of statistics tensors
-    "entropy" (B, H, L), "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C),
-    "argmax" (B, H, L) int64 (absent when not asked for), lse (B, H, L) fp32).
+    Returns (out (B, L, H, D) contiguous in the input dtype, dict of the statistics the
+    kernel writes (`kernel_outputs`) that the spec asks for: "entropy" (B, H, L),
+    "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C), "argmax" (B, H, L) int64, lse
+    (B, H, L) fp32). The class masses are computed whether asked for or not (no switch).
     Statistics of padding-query rows are left as computed (finite); out of a gated head
     is gated, statistics never are.
     """
@@ -302,32 +303,50 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
 
     out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # written as (B, H, L, D) through strides
     lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
-    entropy = torch.empty(B, H, L, dtype=stats_dtype, device=dev) if spec.entropy else lse
-    offset_mass = torch.empty(B, H, L, O, dtype=stats_dtype, device=dev)
-    class_mass = torch.empty(B, H, L, C, dtype=stats_dtype, device=dev)
-    argmax = torch.empty(B, H, L, dtype=torch.int64, device=dev) if spec.argmax else lse
+    # -- one output per statistic of the table the kernel writes (`kernel_outputs`)
+    dims = {"B": B, "H": H, "L": L, "O": O, "C": C}
+    outputs, flags = {}, {}
+    for stat, arg, flag in kernel_outputs():
+        on = stat.asked(spec)
+        if flag is not None:
+            flags[flag] = on
+        if flag is not None and not on:
+            outputs[arg] = lse  # a placeholder pointer the kernel never writes
+        else:
+            outputs[arg] = torch.empty([dims[d] for d in stat.shape], device=dev,
+                                       dtype=torch.int64 if stat.dtype == "int64" else stats_dtype)
 
     grid = (triton.cdiv(L, cfg["BLOCK_M"]), B * H)
+    strides = dict(zip(("stride_qb", "stride_qh", "stride_ql", "stride_qd", "stride_kb", "stride_kh", "stride_kl",
+                        "stride_kd", "stride_vb", "stride_vh", "stride_vl", "stride_vd", "stride_ob", "stride_oh",
+                        "stride_ol", "stride_od", "stride_mb", "stride_ml", "stride_cb", "stride_cl"),
+                       (*q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(2), out.stride(1),
+                        out.stride(3), valid.stride(0), valid.stride(1), classes.stride(0), classes.stride(1))))
     _attn_stats_fwd[grid](
-        q, k, v, valid, classes, xi, uniform, offsets,  #
-        out, lse, entropy, offset_mass, class_mass, argmax,  #
-        scale,  #
-        *q.stride(), *k.stride(), *v.stride(),  #
-        out.stride(0), out.stride(2), out.stride(1), out.stride(3),  #
-        valid.stride(0), valid.stride(1), classes.stride(0), classes.stride(1),  #
-        H, L, D, O, C,  #
+        q, k, v, valid, classes, xi, uniform, offsets, out, lse,  #
+        **outputs, sm_scale=scale, **strides, H=H, L=L, D=D, n_offsets=O, n_classes=C,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C, class_dot),  #
-        SINGLE_TILE=cfg["SINGLE_TILE"], ENTROPY=spec.entropy, ARGMAX=spec.argmax,  #
+        SINGLE_TILE=cfg["SINGLE_TILE"], **flags,  #
         IS_FP32=q.dtype == torch.float32, CLASS_DOT=class_dot, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    stats = {"class_mass": class_mass}
-    if spec.entropy:
-        stats["entropy"] = entropy
-    if O:
-        stats["offset_mass"] = offset_mass
-    if spec.argmax:
-        stats["argmax"] = argmax
+    stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
     return out, stats, lse
+
+
+@functools.cache
+def kernel_outputs() -> tuple:
+    """(RowStat, pointer argument, constexpr switch or None) for each statistic of the table
+    the fused kernel writes itself: those with a pointer argument named after them in
+    CamelCase (entropy -> Entropy, offset_mass -> OffsetMass); the switch, when the kernel
+    has one, is the name in capitals (ENTROPY). The launcher and `triton_aot` read this, so
+    a statistic added to the kernel needs no plumbing elsewhere."""
+    params = _attn_stats_fwd.arg_names
+    found = []
+    for stat in ROW_STATS:
+        arg = "".join(w.capitalize() for w in stat.name.split("_"))
+        if arg in params:
+            found.append((stat, arg, stat.name.upper() if stat.name.upper() in params else None))
+    return tuple(found)
 
 
 def gate_operands(gates, B, H, dev):
@@ -356,12 +375,7 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
                                      single_tile=single_tile)
     stats = RowStats(**rows)
     _extras(spec, stats, q, k, key_valid, lse, scale, pooling)
-    return out, zero_padding_rows(stats, key_valid)
-
-
-# StatsSpec fields the fused kernel serves itself, and those `_extras` serves
-_KERNEL_FIELDS = {"offsets", "n_key_classes", "entropy", "argmax"}
-_EXTRA_FIELDS = {"column_mass", "word_maps", "keep_qk"}
+    return out, finish_stats(stats, spec, key_valid, "triton")
 
 
 def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling):
@@ -369,17 +383,11 @@ def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooli
 
     column_mass and word_maps are separate Triton passes (kernels/triton_maps.py) that
     re-derive p_ij = exp(s_ij - lse_i) tile by tile; keep_qk hands q and k on as views.
-    A StatsSpec field this backend does not know fails loudly here rather than coming back
-    as a silently missing statistic.
+    A statistic of the table that neither the kernel nor this hook computes fails loudly
+    in `finish_stats` rather than coming back as a silently missing statistic.
     """
-    unknown = [f.name for f in dataclasses.fields(spec)
-               if f.name not in _KERNEL_FIELDS | _EXTRA_FIELDS and _asks(getattr(spec, f.name))]
-    if unknown:
-        raise NotImplementedError(
-            f"the triton backend does not compute {', '.join(unknown)} "
-            "(add it in kernels/triton_attention.py:_extras); use --backend chunked or eager")
     stats_dtype = q.dtype
-    if getattr(spec, "column_mass", False) or getattr(spec, "word_maps", False):
+    if spec.column_mass or spec.word_maps:
         from . import triton_maps
 
         if spec.column_mass:
@@ -387,15 +395,7 @@ def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooli
         if spec.word_maps:
             stats.word_map, stats.word_argmax = triton_maps.word_maps_triton(
                 q, k, key_valid, lse, require_pooling(pooling), scale, out_dtype=stats_dtype)
-    if getattr(spec, "keep_qk", False):
-        keep_qk(stats, q, k, scale, spec)
-
-
-def _asks(value) -> bool:
-    """Whether a spec field's value asks for a statistic (False, None, 0 and empty do not)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() > 0
-    return bool(value)
+    keep_qk(stats, q, k, scale, spec)
 
 
 __all__ = ["attention_stats_triton", "fused_attention", "kernel_config", "INTERPRETED", "SINGLE_TILE_MAX_L", "DTYPES"]

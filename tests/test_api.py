@@ -39,6 +39,7 @@ def test_bad_input_is_a_clear_exception(tiny_checkpoint):
     with pytest.raises(ValueError, match="text 1 must be a non-empty string"):
         scope.stats(["fine", "  "])
     with pytest.raises(ValueError, match="the class scheme has 4 classes"):
-        scope.stats(["fine"], spec=StatsSpec(n_key_classes=5))
+        scope.stats(["fine"], spec=StatsSpec(n_key_classes=5, offsets=(-2, -1, 0, 1, 2), class_mass=True,
+                                             entropy=True, argmax=True))
     with pytest.raises(ValueError, match="do not fit"):
         scope.word_maps(["word"] * 200, max_len=32)

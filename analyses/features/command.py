@@ -84,12 +84,12 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
     """Fold one data set's segments into a `FeatureScores`, resuming from its checkpoint."""
     from bertscope.analyses.features.stats import (
         FEATURES,
+        NEEDS,
         SCHEME,
         TASK_FEATURES,
         FeatureScores,
     )
     from bertscope.engine.loop import EngineOptions, fold
-    from bertscope.kernels import StatsSpec
 
     features = FEATURES if data in TREEBANKS else TASK_FEATURES
     path = checkpoint_path(run_dir, data, world)
@@ -100,7 +100,7 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
             raise UserError(f"cannot resume: {e}") from None
     else:
         acc = FeatureScores(loaded.n_layers, loaded.n_heads, SCHEME, features)
-    spec = StatsSpec(offsets=(), n_key_classes=SCHEME.n_classes, entropy=False, argmax=False, column_mass=True)
+    spec = NEEDS
     options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress,
                             checkpoint_every=CHECKPOINT_EVERY)
     try:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from bertscope.engine.batch import BatchContext
+from bertscope.kernels import StatsSpec
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses, tag_ids, tag_scheme
 
@@ -70,6 +71,9 @@ def feature_scheme() -> TokenClasses:
 
 
 SCHEME = feature_scheme()
+# the statistics the kernels compute for this family: each key's column mass (the score) and the
+# class masses of the [CLS] rows (cls_mass)
+NEEDS = StatsSpec(n_key_classes=SCHEME.n_classes, column_mass=True, class_mass=True)
 
 
 def feature_classes(scheme: TokenClasses = SCHEME) -> dict[str, list[int]]:

@@ -159,11 +159,9 @@ def iter_maps(loaded, segments, t: P.Thresholds, batch_size: int = 8, progress: 
     """(segment, maps (layers, H, L, L) float32, types (layers, H), features) for each segment:
     the batch's own statistics classify, the maps come from the kept q and k."""
     from bertscope.engine.loop import stream_batches
-    from bertscope.kernels import StatsSpec
     from bertscope.kernels.common import masked_scores
 
-    spec = P.SPEC.union(StatsSpec(offsets=(), n_key_classes=P.SPEC.n_key_classes, entropy=False, argmax=False,
-                                  keep_qk=True))
+    spec = P.MAP_SPEC
     for batch in stream_batches(loaded, segments, spec, batch_size=batch_size, classes=P.CLASSES,
                                 progress=progress, desc=desc):
         kinds, feats, maps = [], [], []

@@ -54,7 +54,10 @@ NAME = "patterns"
 TYPES = ("Vertical", "Diagonal", "Vertical+Diagonal", "Block", "Heterogeneous")
 FEATURES = ("special", "diagonal", "own", "spread", "entropy")
 CLASSES = PARTS  # [CLS], [SEP], part A, part B; row groups all, part_a, part_b
-SPEC = StatsSpec(offsets=(-1, 1), n_key_classes=CLASSES.n_classes, entropy=True, argmax=False)
+# the statistics the kernels compute for this family: offsets -1/+1, class masses and entropy
+# (the features), and, for the maps of `iter_maps`, the layers' queries and keys
+SPEC = StatsSpec(offsets=(-1, 1), n_key_classes=CLASSES.n_classes, entropy=True, class_mass=True)
+MAP_SPEC = SPEC.union(StatsSpec(n_key_classes=CLASSES.n_classes, keep_qk=True))
 COLORS = {"Vertical": "#4c72b0", "Diagonal": "#dd8452", "Vertical+Diagonal": "#8172b3", "Block": "#55a868",
           "Heterogeneous": "#c44e52"}
 

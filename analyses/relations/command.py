@@ -182,11 +182,8 @@ def groups_of(analysis: str) -> list[str]:
 
 
 def offsets_spec(loaded):
-    """Word maps for the link scores, token offsets -1/+1 for the previous/next-token test."""
-    from bertscope.kernels import StatsSpec
-
-    return StatsSpec(offsets=(-1, 1), n_key_classes=loaded.classes.n_classes, entropy=False, argmax=False,
-                     word_maps=True)
+    """What `rel.needs` asks of the kernels, with the model's key classes."""
+    return rel.needs(loaded.classes.n_classes)
 
 
 def state_paths(run_dir: Path, analysis: str, name: str, suffix: str) -> tuple[Path, Path]:

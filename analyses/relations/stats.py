@@ -34,7 +34,15 @@ from typing import Sequence
 
 import numpy as np
 
+from bertscope.kernels import StatsSpec
 from bertscope.run.rundir import write_npz
+
+
+def needs(n_key_classes: int) -> StatsSpec:
+    """The statistics the kernels compute for this family: word maps for the link scores, token
+    offsets -1/+1 for the previous/next-token test."""
+    return StatsSpec(offsets=(-1, 1), n_key_classes=n_key_classes, word_maps=True)
+
 
 CORE = ("nsubj", "nsubj:pass", "obj", "iobj", "obl")  # exact UD labels (obl:tmod etc. are not core)
 ALL = "all"

@@ -202,7 +202,7 @@ class RunSettings:
 
     def spec(self) -> StatsSpec:
         own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4,
-                        argmax=self.argmax)
+                        entropy=True, class_mass=True, argmax=self.argmax)
         return own.union(surface.NEEDS)
 
 

@@ -61,7 +61,8 @@ def stat_columns(spec: StatsSpec, classes: TokenClasses) -> list[str]:
         if g != "all":
             cols.append(f"n_{g}")
         cols += [pre + offset_name(o) for o in spec.offsets]
-        cols += [pre + c for c in classes.names]
+        if spec.class_mass:
+            cols += [pre + c for c in classes.names]
         if spec.entropy:
             cols.append(pre + "entropy")
         if spec.argmax:
@@ -78,7 +79,7 @@ def example_rows(batch: BatchContext) -> np.ndarray:
     out = []
     for layer, stats in enumerate(batch.layers):
         sums = batch.segment_sums(layer)  # name -> (B, H, G, F)
-        B, H = stats.class_mass.shape[:2]
+        B, H = batch.size, next(iter(sums.values())).shape[1]
         n = rows[:, None, :, None].expand(B, H, -1, 1)  # (B, H, G, 1)
         parts = [sums[name] for name in ("offset_mass", "class_mass", "entropy", "argmax_offset", "argmax_class")
                  if name in sums]

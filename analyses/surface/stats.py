@@ -30,7 +30,7 @@ from bertscope.engine.accumulate import HeadStats
 from bertscope.kernels import StatsSpec
 
 NAME = "surface"
-NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=False)
+NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, class_mass=True)
 
 COLUMNS = (
     "layer", "head", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "rest_sep",

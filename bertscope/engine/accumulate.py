@@ -25,14 +25,13 @@ import torch
 
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import SEGMENT_SUMS
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 
 AVERAGES = ("tokens", "segments")
-# BatchContext.segment_sums name -> the HeadStats array that sums it
-_SUMS = (("entropy", "entropy_sum"), ("offset_mass", "offset_mass_sum"), ("class_mass", "class_mass_sum"),
-         ("argmax_offset", "argmax_offset_count"), ("argmax_class", "argmax_class_count"))
-ARRAYS = ("n_rows", "n_tokens", "uniform_entropy_sum", "entropy_sum", "offset_mass_sum", "class_mass_sum", "argmax_offset_count", "argmax_class_count")
+# one array per segment sum of the kernels' table (BatchContext.segment_sums name -> HeadStats array)
+ARRAYS = ("n_rows", "n_tokens", "uniform_entropy_sum", *(m.array for m in SEGMENT_SUMS))
 
 
 class HeadStats:
@@ -43,6 +42,7 @@ class HeadStats:
     n_tokens            (G,)                 query rows seen per group, never weighted
     uniform_entropy_sum (G,)                 sum over rows of ln(valid keys): the entropy a
                                              uniform head would have (Clark's Fig. 4 baseline)
+    and one array per segment sum of the kernels' table (`bertscope.kernels.spec.ROW_STATS`):
     entropy_sum         (layers, H, G)       sum of row entropies (nats)
     offset_mass_sum     (layers, H, G, O)    sum of p_{i,i+o}
     class_mass_sum      (layers, H, G, C)    sum of mass on each key class
@@ -66,11 +66,9 @@ class HeadStats:
         self.n_rows = np.zeros((Ly, G))
         self.n_tokens = np.zeros(G)
         self.uniform_entropy_sum = np.zeros(G)
-        self.entropy_sum = np.zeros((Ly, H, G))
-        self.offset_mass_sum = np.zeros((Ly, H, G, O))
-        self.class_mass_sum = np.zeros((Ly, H, G, C))
-        self.argmax_offset_count = np.zeros((Ly, H, G, O + 1))
-        self.argmax_class_count = np.zeros((Ly, H, G, C))
+        width = {"O": O, "O+1": O + 1, "C": C}  # the table's symbolic widths
+        for m in SEGMENT_SUMS:  # entropy_sum (layers, H, G), offset_mass_sum (layers, H, G, O), ...
+            setattr(self, m.array, np.zeros((Ly, H, G, *(width[d] for d in m.width))))
         self.n_segments = 0
         # batches of the engine's plan these sums cover: saved in the same file as the sums,
         # so a checkpoint is one atomic write and a resumed run can never count a batch twice
@@ -95,10 +93,11 @@ class HeadStats:
         w = weight[:, None, :, None]  # (B, 1, G, 1)
         for layer in range(len(batch.layers)):
             self.n_rows[layer] += counted
-            for name, total in _SUMS:
-                s = batch.segment_sums(layer).get(name)  # (B, H, G, F)
+            for m in SEGMENT_SUMS:
+                s = batch.segment_sums(layer).get(m.name)  # (B, H, G, F)
                 if s is not None:
-                    getattr(self, total)[layer] += (s * w).sum(0).reshape(getattr(self, total)[layer].shape).cpu().numpy()
+                    total = getattr(self, m.array)[layer]
+                    total += (s * w).sum(0).reshape(total.shape).cpu().numpy()
 
     # -- combining and storing
 
@@ -134,7 +133,7 @@ class HeadStats:
         with np.load(path) as f:
             meta = json.loads(str(f["meta"]))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
-                             entropy=meta["entropy"], argmax=meta["argmax"])
+                             entropy=meta["entropy"], class_mass=True, argmax=meta["argmax"])
             names = tuple(meta["class_names"])
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
                 else TokenClasses.of(names)

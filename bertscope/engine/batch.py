@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from bertscope.kernels import RowStats, StatsSpec, WordPooling
+from bertscope.kernels.spec import ROW_STATS
 from bertscope.text.token_classes import TokenClasses
 
 
@@ -83,9 +84,11 @@ class BatchContext:
         """Sums over each segment's rows of every row statistic of `layer`, per group:
         name -> (B, H, G, F) float64, F the statistic's width. Computed once per layer.
 
-        entropy (F=1), offset_mass (O), class_mass (C); with spec.argmax, argmax_offset
-        (O+1: one column per offset, then "elsewhere") and argmax_class (C) count rows. A pruned
-        head's (argmax -1, every other statistic NaN: `bertscope.models.head_removal.spread_heads`) sums are NaN.
+        One entry per `SegmentSum` of the kernels' table (`bertscope.kernels.spec.ROW_STATS`)
+        whose statistic the spec asked for: entropy (F=1), offset_mass (O), class_mass (C); with
+        spec.argmax, argmax_offset (O+1: one column per offset, then "elsewhere") and
+        argmax_class (C) count rows. A pruned head's (argmax -1, every other statistic NaN:
+        `bertscope.models.head_removal.spread_heads`) sums are NaN.
         """
         if layer not in self._sums:
             self._sums[layer] = _segment_sums(self.layers[layer], self.row_groups, self.key_class, self.spec)
@@ -94,22 +97,10 @@ class BatchContext:
 
 def _segment_sums(stats: RowStats, groups: torch.Tensor, key_class: torch.Tensor, spec: StatsSpec):
     parts = []  # (name, (B, H, L, F)) in one tensor, so one reduction serves all
-    if stats.entropy is not None:
-        parts.append(("entropy", stats.entropy[..., None]))
-    if stats.offset_mass is not None:
-        parts.append(("offset_mass", stats.offset_mass))
-    if stats.class_mass is not None:
-        parts.append(("class_mass", stats.class_mass))
-    if stats.argmax is not None:
-        missing = (stats.argmax < 0)[..., None]  # (B, H, L, 1) a pruned head's rows (bertscope.models.head_removal)
-        am = stats.argmax.clamp_min(0)  # (B, H, L)
-        rel = am - torch.arange(am.shape[-1], device=am.device)  # (B, H, L) offset of the argmax key
-        at = rel[..., None] == torch.tensor(spec.offsets, device=am.device)  # (B, H, L, O)
-        at = torch.cat([at, ~at.any(-1, keepdim=True)], dim=-1).double()  # (B, H, L, O+1)
-        parts.append(("argmax_offset", at.masked_fill(missing, float("nan"))))
-        cls = key_class[:, None, :].expand_as(am).gather(-1, am)  # (B, H, L) class of the argmax key
-        one_hot = torch.nn.functional.one_hot(cls, spec.n_key_classes).double()  # (B, H, L, C)
-        parts.append(("argmax_class", one_hot.masked_fill(missing, float("nan"))))
+    for stat in ROW_STATS:  # every statistic of the table with segment sums, in the table's order
+        t = getattr(stats, stat.name)
+        if stat.sums and t is not None:
+            parts += stat.segment_rows(t, key_class, spec).items()
     if not parts:
         return {}
     x = torch.cat([t.double() for _, t in parts], dim=-1)  # (B, H, L, F)

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bertscope.kernels.spec import STAT
 from bertscope.models.architectures import architecture_of, attribute
 
 CONFIG_PRUNED = "bertscope_pruned_heads"
@@ -259,12 +260,15 @@ def is_pruned(config) -> bool:
 
 def spread_heads(stats, slots: tuple[int, ...], n_heads: int):
     """`RowStats` of a pruned layer's physical heads -> RowStats with the layer's original
-    `n_heads`, each kept head in its original slot. A pruned head's float statistics are NaN
-    and its int ones (argmax, word_argmax) -1: it has no attention to describe. The
+    `n_heads`, each kept head in its original slot. A pruned head's statistics hold the
+    kernels' table's `removed` value (NaN, or -1 for argmax and word_argmax): it has no
+    attention to describe. The
     placeholder head of an empty layer is dropped."""
     import dataclasses
 
-    changes = {f.name: _spread(getattr(stats, f.name), slots, n_heads, dim=1) for f in dataclasses.fields(stats)
+    changes = {f.name: _spread(getattr(stats, f.name), slots, n_heads, dim=1,
+                               fill=STAT[f.name].removed if f.name in STAT else None)
+               for f in dataclasses.fields(stats)
                if isinstance(getattr(stats, f.name), torch.Tensor)}  # every per-head statistic has heads on dim 1
     return replace(stats, **changes)
 
@@ -275,13 +279,16 @@ def spread_grad_sums(sums, slots: tuple[int, ...], n_heads: int):
     return replace(sums, grad=_spread(sums.grad, slots, n_heads, dim=0), mass=_spread(sums.mass, slots, n_heads, dim=0))
 
 
-def _spread(t: torch.Tensor, slots: tuple[int, ...], n_heads: int, dim: int) -> torch.Tensor:
-    """t with its `dim` (the physical heads) spread to `n_heads` original slots; the rest NaN
-    (float) or -1 (int)."""
+def _spread(t: torch.Tensor, slots: tuple[int, ...], n_heads: int, dim: int, fill=None) -> torch.Tensor:
+    """t with its `dim` (the physical heads) spread to `n_heads` original slots; the rest
+    `fill` (the statistic's `removed` value in the kernels' table), by default NaN (float)
+    or -1 (int)."""
     src = [i for i, s in enumerate(slots) if s != PLACEHOLDER]
     dst = [slots[i] for i in src]
     shape = (*t.shape[:dim], n_heads, *t.shape[dim + 1:])
-    full = torch.full(shape, float("nan") if t.is_floating_point() else -1, dtype=t.dtype, device=t.device)
+    if fill is None:
+        fill = float("nan") if t.is_floating_point() else -1
+    full = torch.full(shape, fill, dtype=t.dtype, device=t.device)
     full.index_copy_(dim, torch.tensor(dst, dtype=torch.long, device=t.device),
                      t.index_select(dim, torch.tensor(src, dtype=torch.long, device=t.device)))
     return full

@@ -17,7 +17,7 @@ from bertscope.kernels import RowStats, StatsSpec
 from bertscope.text.token_classes import TokenClasses
 
 CLASSES = ("cls", "sep", "punct", "other")
-SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=False)
+SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=False, class_mass=True)
 # [CLS] a . [SEP] b [SEP]   and   [CLS] c [SEP] (padded)
 KEY_CLASS = [[0, 3, 2, 1, 3, 1], [0, 3, 1, 3, 3, 3]]
 LENGTHS = [6, 3]

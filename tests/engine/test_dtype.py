@@ -44,7 +44,7 @@ def inputs(dtype, B=3, H=4, L=37, D=16, C=4, seed=0):
     return q, k, v, key_valid, key_class
 
 
-SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, argmax=True)
+SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, argmax=True, class_mass=True, entropy=True)
 
 
 def valid_rows(stats, key_valid):

@@ -36,7 +36,7 @@ TINY_KINDS = ("bert", "roberta", "distilbert")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, argmax=True)
+SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, argmax=True, class_mass=True)
 BACKENDS = ("eager", "chunked")
 
 DOCUMENTS = [
@@ -344,8 +344,8 @@ def test_save_load_round_trip(tiny_model, tmp_path):
 @pytest.mark.parametrize("other", [
     dict(n_layers=3),
     dict(n_heads=2),
-    dict(spec=StatsSpec(offsets=(-1, 0, 1), n_key_classes=4)),
-    dict(spec=StatsSpec(offsets=SPEC.offsets, n_key_classes=4, argmax=False)),
+    dict(spec=StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, class_mass=True, entropy=True, argmax=True)),
+    dict(spec=StatsSpec(offsets=SPEC.offsets, n_key_classes=4, argmax=False, class_mass=True, entropy=True)),
     dict(classes=("a", "b", "c", "d")),
 ])
 def test_merge_of_mismatched_statistics_raises(other):

@@ -94,7 +94,7 @@ def check_forward(L, dtype, C, seed):
     from bertscope.kernels.triton_attention import attention_stats_triton
 
     inputs, gates, _ = make_case(L, dtype, C, seed)
-    spec = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=C)
+    spec = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=C, class_mass=True, entropy=True, argmax=True)
     out_ref, ref = attention_stats_eager(*double(inputs), spec, gates=gates)
     out, got = attention_stats_triton(*inputs, spec, gates=gates)
     sync()
@@ -115,7 +115,8 @@ def check_maps(L, dtype, seed):
     from bertscope.kernels.triton_attention import attention_stats_triton
 
     inputs, gates, pooling = make_case(L, dtype, 4, seed)
-    spec = StatsSpec(offsets=(), n_key_classes=4, entropy=False, argmax=False, column_mass=True, word_maps=True)
+    spec = StatsSpec(offsets=(), n_key_classes=4, entropy=False, argmax=False, column_mass=True,
+                     word_maps=True, class_mass=True)
     _, ref = attention_stats_eager(*double(inputs), spec, gates=gates, pooling=pooling)
     _, got = attention_stats_triton(*inputs, spec, gates=gates, pooling=pooling)
     sync()

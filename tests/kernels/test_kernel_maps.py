@@ -11,7 +11,8 @@ from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.pooling import word_argmax
 
-MAP_SPEC = StatsSpec(offsets=(0,), n_key_classes=2, entropy=False, argmax=False, column_mass=True, word_maps=True)
+MAP_SPEC = StatsSpec(offsets=(0,), n_key_classes=2, entropy=False, argmax=False, column_mass=True,
+                     word_maps=True, class_mass=True)
 ROW_PASSES = ["compiled", "torch"]
 
 
@@ -67,7 +68,7 @@ def test_chunked_maps_match_eager(row_pass, B, H, L, data, from_word, chunk_maps
 
 def test_column_mass_from_first_principles():
     inputs, _, _ = make_inputs(2, 2, 7, 4, [7, 4], seed=3)
-    spec = StatsSpec(offsets=(0,), n_key_classes=2, column_mass=True)
+    spec = StatsSpec(offsets=(0,), n_key_classes=2, column_mass=True, class_mass=True, entropy=True, argmax=True)
     _, stats = attention_stats_eager(*inputs, spec)
     q, k, _, key_valid, _ = inputs
     for b, n in enumerate([7, 4]):

@@ -15,7 +15,7 @@ from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats, cpu_
 from bertscope.kernels.chunked import CLASS_MATMUL_MIN, attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 
-SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4)
+SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4, class_mass=True, entropy=True, argmax=True)
 
 # The chunked backend has two row passes (compiled C and pure torch); every test of it runs
 # both. The compiled one must build here: without a C compiler these tests fail, not skip.
@@ -81,7 +81,7 @@ def test_reference_statistics_from_first_principles():
     v = torch.tensor([[[[1.0], [2.0], [3.0]]]])
     key_valid = torch.ones(1, 3, dtype=torch.bool)
     key_class = torch.tensor([[0, 1, 1]])
-    spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2)
+    spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2, class_mass=True, entropy=True, argmax=True)
     for fn in (attention_stats_eager, *map(chunked, ROW_PASSES)):
         out, s = fn(q, k, v, key_valid, key_class, spec, scale=1.0)
         assert out[0, 0, 0, 0].item() == pytest.approx(0.25 * 1 + 0.5 * 2 + 0.25 * 3)
@@ -209,7 +209,7 @@ def test_compiled_class_masses_by_row_passes_and_by_matmul(C):
 
 
 def test_compiled_spec_without_entropy_offsets_or_argmax():
-    spec = StatsSpec(offsets=(), n_key_classes=3, entropy=False, argmax=False)
+    spec = StatsSpec(offsets=(), n_key_classes=3, entropy=False, argmax=False, class_mass=True)
     inputs = make_inputs(2, 2, 19, 8, [19, 7], seed=9, C=3)
     ref, fast = attention_stats_eager(*inputs, spec), chunked("compiled")(*inputs, spec)
     torch.testing.assert_close(ref[0], fast[0], atol=2e-5, rtol=1e-5)
@@ -229,7 +229,8 @@ def test_compiled_exp_is_accurate_over_the_whole_range():
     q[..., 0], k[..., 0] = 1.0, scores
     v = torch.eye(L).view(1, 1, L, L)
     key_valid, key_class = torch.ones(1, L, dtype=torch.bool), torch.zeros(1, L, dtype=torch.long)
-    out, stats = chunked("compiled")(q, k, v, key_valid, key_class, StatsSpec(offsets=(), n_key_classes=1), scale=1.0)
+    spec = StatsSpec(offsets=(), n_key_classes=1, entropy=True, class_mass=True, argmax=True)
+    out, stats = chunked("compiled")(q, k, v, key_valid, key_class, spec, scale=1.0)
     ref = torch.softmax(scores.double(), 0)
     torch.testing.assert_close(out[0, 0, 0].double(), ref, atol=1e-30, rtol=5e-6)
     entropy = -torch.special.xlogy(ref, ref).sum()
@@ -243,7 +244,7 @@ def test_without_a_compiler_auto_falls_back_to_torch(tmp_path):
         "from bertscope.kernels.chunked import attention_stats_chunked as f; "
         "q = torch.randn(1, 2, 5, 4); kv = torch.ones(1, 5, dtype=torch.bool); kc = torch.zeros(1, 5, dtype=torch.long); "
         "from bertscope.kernels.eager import attention_stats_eager as ref; "
-        "spec = StatsSpec(n_key_classes=1); out, s = f(q, q, q, kv, kc, spec); r = ref(q, q, q, kv, kc, spec)[1]; "
+        "spec = StatsSpec(n_key_classes=1, entropy=True); out, s = f(q, q, q, kv, kc, spec); r = ref(q, q, q, kv, kc, spec)[1]; "
         "print(cpu_rows.load() is None, cpu_rows.unavailable_reason(), bool(torch.allclose(s.entropy, r.entropy, atol=1e-5)))"
     )
     env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "BERTSCOPE_CACHE": str(tmp_path)}

@@ -216,7 +216,8 @@ def test_through_the_triton_backend_with_the_fused_lse():
     unit[2, :5] = torch.tensor([0, 1, 1, 2, 3])
     candidate[2, :4] = True
     pooling = word_pooling(unit, candidate, "mean")
-    spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2, column_mass=True, word_maps=True)
+    spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2, column_mass=True, word_maps=True, class_mass=True,
+                     entropy=True, argmax=True)
     _, ref = attention_stats(*inputs, spec, backend="eager", pooling=pooling)
     _, got = attention_stats(*inputs, spec, backend="triton", pooling=pooling)
     torch.testing.assert_close(got.column_mass, ref.column_mass, atol=1e-5, rtol=1e-5)

@@ -45,7 +45,7 @@ def test_word_maps_equal_pooled_attention_maps(tiny_model, kind, from_word, back
 def test_stream_batches_yields_every_layer_and_keeps_qk(tiny_model):
     loaded, _ = eager_twin(tiny_model, "bert")
     segments = hand_segments(loaded.tokenizer)
-    spec = StatsSpec(offsets=(), n_key_classes=4, entropy=False, argmax=False, keep_qk=True)
+    spec = StatsSpec(offsets=(), n_key_classes=4, entropy=False, argmax=False, keep_qk=True, class_mass=True)
     seen = []
     for ctx in stream_batches(loaded, segments, spec, batch_size=4, progress=False):
         batch, layers = ctx.indices, ctx.layers
@@ -56,4 +56,4 @@ def test_stream_batches_yields_every_layer_and_keeps_qk(tiny_model):
         seen += batch
     assert sorted(seen) == list(range(len(segments)))
     with pytest.raises(ValueError, match="from_word"):
-        next(stream_batches(loaded, segments, StatsSpec(word_maps=True), progress=False))
+        next(stream_batches(loaded, segments, StatsSpec(n_key_classes=4, word_maps=True), progress=False))

@@ -25,7 +25,7 @@ from bertscope.models.loading import wrap_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=True, column_mass=True)
+SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=True, column_mass=True, class_mass=True)
 KINDS = ("bert", "roberta", "distilbert", "albert", "electra")
 
 

@@ -31,7 +31,7 @@ from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_mod
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=True, column_mass=True)
+SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=True, column_mass=True, class_mass=True)
 ROBERTA_LIKE = {"xlm-roberta": XLMRobertaConfig, "camembert": CamembertConfig}
 ATOL = 1e-5
 

@@ -14,7 +14,7 @@ from bertscope.models.loading import HEAD_SEED, load_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4)
+SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, class_mass=True, entropy=True, argmax=True)
 
 
 def encode(loaded, texts=("The cat sat on the mat.", "Hello, world, again and again.")):

@@ -33,7 +33,8 @@ def interpreter(monkeypatch):
 
 
 def spec_for(C, **kw):
-    return StatsSpec(offsets=OFFSETS, n_key_classes=C, **kw)
+    return StatsSpec(**{"offsets": OFFSETS, "n_key_classes": C, "entropy": True, "class_mass": True,
+                        "argmax": True, **kw})
 
 
 def make_inputs(B, H, L, D, lengths, C, seed=0, dtype=torch.float32):
@@ -124,7 +125,7 @@ def test_triton_fp16_class_mass(C):
 @pytest.mark.parametrize("C", [4, 16])
 def test_triton_spec_without_other_statistics(C):
     """Class masses alone (no entropy, offsets or argmax), as a tag-class analysis may ask."""
-    spec = StatsSpec(offsets=(), n_key_classes=C, entropy=False, argmax=False)
+    spec = StatsSpec(offsets=(), n_key_classes=C, entropy=False, argmax=False, class_mass=True)
     inputs = make_inputs(2, 3, 19, 8, [19, 7], C, seed=9)
     ref, got = attention_stats_eager(*inputs, spec), ta.attention_stats_triton(*inputs, spec)
     torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5)

@@ -76,11 +76,12 @@ def test_misaligned_classes_are_refused(tiny_model, ids, message):
     with pytest.raises(ValueError, match=message):
         check_ids(s, ids, PARTS)
     s.token_class = ids
-    spec = StatsSpec(offsets=(), n_key_classes=4)
+    spec = StatsSpec(offsets=(), n_key_classes=4, class_mass=True, entropy=True, argmax=True)
     with pytest.raises(ValueError, match=message):
         collate_batch(loaded, [s], [0], spec, PARTS)
     with pytest.raises(ValueError, match="counts 5 key classes"):
-        collate_batch(loaded, [s], [0], StatsSpec(offsets=(), n_key_classes=5), PARTS)
+        collate_batch(loaded, [s], [0], StatsSpec(offsets=(), n_key_classes=5, class_mass=True, entropy=True,
+                                                  argmax=True), PARTS)
 
 
 def scheme_of_16() -> TokenClasses:
@@ -100,7 +101,7 @@ def test_class_mass_per_row_group_equals_the_maps(tiny_model, backend, scheme):
     for s in segments:
         s.token_class = (part_ids(s, loaded.tokenizer) if scheme == "parts"
                          else rng.integers(0, 16, s.n_tokens).tolist())
-    spec = StatsSpec(offsets=(), n_key_classes=classes.n_classes, entropy=True, argmax=False)
+    spec = StatsSpec(offsets=(), n_key_classes=classes.n_classes, entropy=True, argmax=False, class_mass=True)
     stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, classes)
     fold(loaded, segments, spec, [stats], EngineOptions(batch_size=2, backend=backend, progress=False), classes=classes)
 
@@ -127,7 +128,7 @@ def test_class_mass_per_row_group_equals_the_maps(tiny_model, backend, scheme):
 
 def test_scheme_round_trips_through_a_checkpoint(tmp_path):
     classes = scheme_of_16()
-    spec = StatsSpec(offsets=(0,), n_key_classes=16)
+    spec = StatsSpec(offsets=(0,), n_key_classes=16, class_mass=True, entropy=True, argmax=True)
     HeadStats(2, 3, spec, classes).save(tmp_path / "s.npz")
     back = HeadStats.load(tmp_path / "s.npz")
     assert back.classes == classes and back.group_names == ("all", "c3", "c7", "c15")

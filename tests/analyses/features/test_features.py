@@ -28,7 +28,8 @@ from bertscope.text.word_segments import word_segment
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPEC = StatsSpec(offsets=(), n_key_classes=SCHEME.n_classes, entropy=False, argmax=False, column_mass=True)
+SPEC = StatsSpec(offsets=(), n_key_classes=SCHEME.n_classes, entropy=False, argmax=False, column_mass=True,
+                 class_mass=True)
 CLS, SEP = 0, 1
 NOUN = SCHEME.names.index("noun|-|-")
 NOUN_SUBJ = SCHEME.names.index("noun|nsubj|-")

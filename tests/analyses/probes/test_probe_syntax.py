@@ -170,7 +170,8 @@ def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_availa
 
     loaded = load_model(str(tiny_checkpoint))
     segments = [word_segment(s.words, loaded.tokenizer, 128) for s in read_ewt_dev()[:6]]
-    spec = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, word_maps=True)
+    spec = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False,
+                     word_maps=True, class_mass=True)
     checked = 0
     for ctx in stream_batches(loaded, segments, spec, "mean", batch_size=4, progress=False):
         batch, layers = ctx.indices, ctx.layers

@@ -27,7 +27,8 @@ from bertscope.kernels import StatsSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-MAP_SPEC = StatsSpec(offsets=SPEC.offsets, n_key_classes=4, entropy=True, argmax=True, column_mass=True)
+MAP_SPEC = StatsSpec(offsets=SPEC.offsets, n_key_classes=4, entropy=True, argmax=True, column_mass=True,
+                     class_mass=True)
 
 
 def fold_both(loaded, segments, spec, directory, batch_size=3, backend="chunked"):
@@ -81,10 +82,10 @@ def test_token_weighted_means_give_back_the_corpus_table(tiny_model, tmp_path):
 def test_columns_follow_the_spec_and_the_class_scheme():
     from bertscope.text.token_classes import PARTS, VOCAB
 
-    cols = stat_columns(StatsSpec(offsets=(-1, 1), n_key_classes=4, entropy=True, argmax=False), VOCAB)
+    cols = stat_columns(StatsSpec(offsets=(-1, 1), n_key_classes=4, entropy=True, argmax=False, class_mass=True), VOCAB)
     assert cols[:7] == ["prev", "next", "cls", "sep", "punct", "other", "entropy"]
     assert "sep_sep" in cols and "cls_entropy" in cols and "n_punct" in cols
-    parts = stat_columns(StatsSpec(offsets=(), n_key_classes=4, entropy=False, argmax=False), PARTS)
+    parts = stat_columns(StatsSpec(offsets=(), n_key_classes=4, entropy=False, argmax=False, class_mass=True), PARTS)
     assert parts == ["cls", "sep", "part_a", "part_b", "n_part_a", "part_a_cls", "part_a_sep", "part_a_part_a",
                      "part_a_part_b", "n_part_b", "part_b_cls", "part_b_sep", "part_b_part_a", "part_b_part_b"]
 
