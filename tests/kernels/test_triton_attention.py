@@ -122,8 +122,9 @@ def test_single_tile_and_online_paths_agree(L, dtype):
     _, s_single, lse_single = ta.fused_attention(*inputs, SPEC, single_tile=True)
     _, s_online, lse_online = ta.fused_attention(*inputs, SPEC, single_tile=False)
     torch.testing.assert_close(lse_single, lse_online, atol=1e-5, rtol=1e-6)
-    if dtype == torch.float32:
-        assert_same(single, online, inputs[3], atol=1e-6, rtol=1e-6)
+    if dtype == torch.float32:  # the online path rescales per key block: a few ulps, more where the CPU's
+        # BLAS sums the interpreter's tile products in another order (2e-6 seen on one x86-64 CPU)
+        assert_same(single, online, inputs[3], atol=1e-5, rtol=1e-5)
     elif dtype == torch.float16:
         assert_same(single, online, inputs[3], atol=2e-3, rtol=2e-3)
     ref = attention_stats_eager(*map(fp32, inputs), SPEC)
@@ -183,6 +184,7 @@ def test_sequence_without_any_valid_key_is_uniform_like_eager(single_tile):
 def test_argmax_takes_the_lowest_index_on_ties(L, single_tile):
     """Ties inside one key block and across blocks (online blocks are 32 keys for fp32)."""
     q, k, v, key_valid, key_class = make_inputs(1, 1, L, 4, [L])
+    q = q.round()  # integer queries: a planted tie is exact whatever order a BLAS sums the dot products in
     q[..., 0, :] = 0.0  # row 0: uniform -> 0
     k[..., L // 2, :] = k[..., L - 1, :] = 100.0  # two identical dominant keys
     q[..., 1, :] = 1.0  # row 1: ties between L//2 and L-1 -> L//2
@@ -195,7 +197,7 @@ def test_argmax_takes_the_lowest_index_on_ties(L, single_tile):
 def test_planted_ties_agree_with_eager():
     q, k, v, key_valid, key_class = make_inputs(1, 2, 40, 8, [40])
     k[..., 7, :] = k[..., 30, :] = 5.0
-    q = q.abs()
+    q = q.abs().round()  # integer queries: q . k_7 == q . k_30 exactly, whatever order a BLAS sums in
     eager = attention_stats_eager(q, k, v, key_valid, key_class, SPEC)[1].argmax
     for single_tile in (True, False):
         got = triton(q, k, v, key_valid, key_class, single_tile=single_tile)[1].argmax
