@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 
 from bertscope.errors import UserError
-from bertscope.kernels import BACKEND_CHOICES, resolve_backend
+
+# bertscope.kernels (hence torch) is imported inside the functions that need it, not here:
+# `bertscope --help` and `--version` import this module and must start without torch
 
 
 def whole_number(text: str, minimum: int) -> int:
@@ -48,6 +50,8 @@ def limit_arg(text: str) -> int | None:
 def check_device(device: str, backend: str):
     """A `UserError` unless `device` exists here and `backend` can run on it."""
     import torch
+
+    from bertscope.kernels import resolve_backend
 
     try:
         dev = torch.device(device)
@@ -115,6 +119,8 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, ove
     """The options every model-running command shares. `overrides` maps an option's dest to the
     keyword arguments of `add_argument` that this command declares differently (its help, default,
     choices, ...), e.g. {"seed": {"help": ...}, "dtype": {"choices": (...)}}."""
+    from bertscope.kernels import BACKEND_CHOICES
+
     overrides = dict(overrides or {})
 
     def add(*names, **kwargs):
