@@ -17,6 +17,7 @@ from bertscope import analyses
 from bertscope.cli.args import (
     add_model_arguments,
     add_quiet_argument,
+    apply_default_threads,
     check_device,
     positive_int,
 )
@@ -270,6 +271,7 @@ def exit_now(code: int):
 
 def run_command(args) -> int:
     configure_logging(quiet=args.quiet)
+    apply_default_threads(args)
     try:
         module = command_module(args)
         if module is not None:
