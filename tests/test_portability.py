@@ -53,9 +53,11 @@ def test_the_pattern_finds_what_it_must():
 
 
 def test_install_check_takes_packages_from_pips_configured_index():
-    """bench/install_check.sh names no index address: pip's configuration (pip.conf,
+    """install_check.sh names no index address: pip's configuration (pip.conf,
     PIP_INDEX_URL) decides, and TORCH_INDEX, when set, is the only --index-url it passes."""
-    script = (ROOT / "bench" / "install_check.sh").read_text(encoding="utf-8")
+    found = [p for p in (ROOT / "tools" / "install_check.sh", ROOT / "bench" / "install_check.sh") if p.is_file()]
+    assert found, "install_check.sh is in neither tools/ nor bench/"
+    script = found[0].read_text(encoding="utf-8")
     assert "://" not in script
     commands = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
     assert commands.count("--index-url") == 1 and '--index-url "$TORCH_INDEX"' in commands
