@@ -1,7 +1,7 @@
 """What sharing batches between gated variants saves: `bertscope heads disable`'s evaluation.
 
     python bench/bench_disable.py --threads 1                    # embedded MiniLM, 64 RTE test pairs
-    python bench/bench_disable.py --model /work/ckpt/rte --examples 96 --max-rows 256 512 1024
+    python bench/bench_disable.py --model runs/ft-rte/checkpoints/rte-pretrained-seed0 --examples 96 --max-rows 256 512 1024
 
 The same examples (a seeded sample of RTE3 test), the same 79 variants (baseline, each of the
 72 heads uniform-disabled, each of the 6 layers), the same length-sorted batches of
@@ -92,7 +92,7 @@ def main() -> int:
         f"`{' '.join(sys.argv)}`",
         "",
         f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), {platform.processor() or platform.machine()}, "
-        f"model {loaded.path} ({L} layers x {H} heads), {task.n_examples} RTE3-test pairs ({tokens} tokens without "
+        f"model {'/'.join(Path(str(loaded.path)).parts[-2:])} ({L} layers x {H} heads), {task.n_examples} RTE3-test pairs ({tokens} tokens without "
         f"padding), batches of {args.batch_size} examples, {len(variants)} variants (baseline, {L * H} heads, {L} "
         f"layers, uniform gate), median of {args.repeats} alternating repeats.",
         "",

@@ -21,7 +21,8 @@ and per layer of a 6-layer model (79 variants with the baseline) this is 279/474
 layer work of running them one by one, in batches no bigger than `max_rows`. Families whose
 layers are not one module each (ALBERT's shared groups) replicate the batch from the inputs on
 instead (`share_prefix=False` does that everywhere). Each row's arithmetic is its own, so a
-variant's predictions are those of evaluating it alone (tested bit for bit on one thread).
+variant's predictions are those of evaluating it alone (its logits to the BLAS's rounding, which
+may differ per batch shape: tested to 1e-5).
 
 `evaluate_variants` returns the predictions of every variant on every example, (V, N): the
 per-example correctness that paired tests need (`bertscope.analyses.heads.paired`).

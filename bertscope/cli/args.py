@@ -3,9 +3,15 @@ mistake here becomes argparse's usage error or a `UserError`, never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 
 from bertscope.errors import UserError
-from bertscope.kernels import BACKEND_CHOICES, resolve_backend
+
+logger = logging.getLogger(__name__)
+
+# bertscope.kernels (hence torch) is imported inside the functions that need it, not here:
+# `bertscope --help` and `--version` import this module and must start without torch
 
 
 def whole_number(text: str, minimum: int) -> int:
@@ -48,6 +54,8 @@ def limit_arg(text: str) -> int | None:
 def check_device(device: str, backend: str):
     """A `UserError` unless `device` exists here and `backend` can run on it."""
     import torch
+
+    from bertscope.kernels import resolve_backend
 
     try:
         dev = torch.device(device)
@@ -95,8 +103,47 @@ def add_quiet_argument(p: argparse.ArgumentParser):
 
 def add_threads_argument(p: argparse.ArgumentParser):
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="torch intra-op threads (default: torch's choice, one per core); on a busy shared "
-                   "machine 1 can be several times faster, as idle-spinning worker threads fight for the cores")
+                   help="torch intra-op threads (default: the cores that other work leaves idle at the start, "
+                   "from the load average: torch's choice, one per core, on an idle machine, down to 1 on a busy "
+                   "one, where spinning worker threads would fight for the cores; OMP_NUM_THREADS, when set, "
+                   "decides instead)")
+
+
+def idle_cores(cores: int, load: float) -> int:
+    """Of `cores`, how many other work leaves idle: `load` (the 1-minute load average: processes
+    running or waiting to run) rounded, taken off; at least 1."""
+    return max(1, cores - round(load))
+
+
+def default_threads() -> int | None:
+    """torch's intra-op threads when --threads is not given: its own choice (one per physical
+    core) capped at the cores other work leaves idle. Threads beyond those do not add speed on
+    a busy machine, they take it: OpenMP's workers spin at every barrier while the cores they
+    wait for are busy elsewhere (a 64-segment run on 2 cores at a load of 8 took 84 s with 2
+    threads and 58 s with 1). None (torch decides) where OMP_NUM_THREADS is set or the load
+    cannot be read."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    try:
+        cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Linux/Unix: no affinity mask or load average
+        return None
+    import torch
+
+    threads = min(torch.get_num_threads(), idle_cores(cores, load))
+    logger.debug("torch threads: %d (%d cores, load average %.1f)", threads, cores, load)
+    return threads
+
+
+def apply_default_threads(args: argparse.Namespace):
+    """Set torch's threads for a command whose --threads was not given (the commands set the
+    ones given); args.threads stays None, as run.json records it."""
+    if "threads" in vars(args) and args.threads is None:
+        threads = default_threads()
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
 
 
 def add_model_arguments(p: argparse.ArgumentParser, add=None):
@@ -115,6 +162,8 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, ove
     """The options every model-running command shares. `overrides` maps an option's dest to the
     keyword arguments of `add_argument` that this command declares differently (its help, default,
     choices, ...), e.g. {"seed": {"help": ...}, "dtype": {"choices": (...)}}."""
+    from bertscope.kernels import BACKEND_CHOICES
+
     overrides = dict(overrides or {})
 
     def add(*names, **kwargs):

@@ -6,14 +6,18 @@ The analyses' commands come from the registry (`bertscope.analyses.COMMANDS`); `
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 from bertscope import analyses
 from bertscope.cli.args import (
     add_model_arguments,
     add_quiet_argument,
+    apply_default_threads,
     check_device,
     positive_int,
 )
@@ -47,8 +51,19 @@ def version_line() -> str:
     return f"bertscope {__version__} (torch {of('torch')}, transformers {of('transformers')})"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command: the analyses' from the registry, then the core's own."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command: the analyses' from the registry, then the core's own.
+
+    With `argv` (what `main` is about to parse), only the command that `argv` names is built in
+    full; every other command gets its name and its one-line help alone (`command_help`, read
+    without importing its module). A command's module imports torch and transformers, so this
+    keeps `bertscope --help` and `bertscope --version` from importing them (under 1 s instead
+    of 4-6 s), with the same help text. Without `argv`, every command is built in full."""
+    named = named_command(argv) if argv is not None else None
+
+    def wanted(name: str) -> bool:
+        return argv is None or name == named
+
     parser = argparse.ArgumentParser(
         prog="bertscope",
         description="What every attention head of a BERT-family encoder does, over a whole corpus.",
@@ -58,26 +73,70 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups = {}
     for name, module_name in analyses.COMMANDS.items():
-        module = importlib.import_module(module_name)
         group, _, subname = name.rpartition(" ")
         if group and group not in groups:
             g = analyses.GROUPS[group]
             groups[group] = sub.add_parser(group, help=g.help, description=g.description).add_subparsers(
                 dest=group, metavar=g.metavar, required=True)
-        module.add_arguments((groups[group] if group else sub).add_parser(
-            subname, help=module.HELP, description=module.DESCRIPTION))
-    add_data_parser(sub)
+        where = groups[group] if group else sub
+        if wanted(name):
+            module = importlib.import_module(module_name)
+            module.add_arguments(where.add_parser(subname, help=module.HELP, description=module.DESCRIPTION))
+        else:
+            where.add_parser(subname, help=command_help(module_name))
+    for name, (help, add_parser) in CORE_COMMANDS.items():
+        if wanted(name):
+            add_parser(sub)
+        else:
+            sub.add_parser(name, help=help)
+    return parser
+
+
+def named_command(argv: list[str]) -> str | None:
+    """The command `argv` names, as the registry spells it (`run`, `heads disable`, `data`), or
+    the group alone (`heads`) when no subcommand follows it; None when it names none (`--help`,
+    `--version`). bertscope's own options take no value, so the first word that is not an option
+    is the command, and for a group the next such word its subcommand."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words:
+        return None
+    if words[0] in analyses.GROUPS and len(words) > 1:
+        return f"{words[0]} {words[1]}"
+    return words[0]
+
+
+def command_help(module_name: str) -> str:
+    """A registered command's one-line HELP, read from its module's source without importing it
+    (the module imports torch and transformers); imported where HELP is not a plain string."""
+    spec = importlib.util.find_spec(module_name)
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        for node in ast.parse(Path(spec.origin).read_text(encoding="utf-8")).body:
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "HELP" for t in node.targets)
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                return node.value.value
+    return importlib.import_module(module_name).HELP
+
+
+DATA_HELP = "list the annotated data sets (found or missing) and download them"
+REPORT_HELP = "(re)write RUN_DIR/index.html, one self-contained page of every analysis in the run"
+VIEW_HELP = "every head's attention map for one input, as one offline HTML page"
+SELFTEST_HELP = "check every statistics backend against the eager reference on this machine (GPU users: run first)"
+
+
+def add_report_parser(sub):
     rp = sub.add_parser(
-        "report", help="(re)write RUN_DIR/index.html, one self-contained page of every analysis in the run",
+        "report", help=REPORT_HELP,
         description="Write index.html into RUN_DIR: settings and provenance from run.json, every figure (embedded) "
         "with a caption, the tables with Clark et al.'s numbers beside the run's, and findings generated from the "
         "numbers, for every analysis found there (surface, probes, comparison). One file, no network needed.")
     rp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (one with run.json)")
     add_quiet_argument(rp)
-    add_view_parser(sub)
+
+
+def add_selftest_parser(sub):
     t = sub.add_parser(
         "selftest",
-        help="check every statistics backend against the eager reference on this machine (GPU users: run first)",
+        help=SELFTEST_HELP,
         description="Run the parity checks of the kernels against the eager reference on --device: random "
         "shapes with padding, single-key rows and zero, uniform and float head gates; fp16 too on a GPU. Exit code 1 on "
         "any mismatch. On a CPU the triton backend runs only with TRITON_INTERPRET=1 (small shapes).",
@@ -86,7 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch device (default: cuda when torch sees a GPU, else cpu)")
     t.add_argument("--quick", action="store_true", help="small shapes only")
     add_quiet_argument(t)
-    return parser
 
 
 def add_data_parser(sub):
@@ -99,7 +157,7 @@ def add_data_parser(sub):
     where = ("Looked up in --data-dir, then $BERTSCOPE_DATA, then the user data folder (where `bertscope data "
              "download` writes), then ../shared/data beside a checkout.")
     d = sub.add_parser(
-        "data", help="list the annotated data sets (found or missing) and download them",
+        "data", help=DATA_HELP,
         description="The annotated data sets (UD-EWT, GUM, GAP, RTE, sentence polarity, ARCT) that the probes "
         "and task analyses read. Without a subcommand: list each set as found or missing. " + where)
 
@@ -149,7 +207,7 @@ def add_view_parser(sub):
 
     v = sub.add_parser(
         "view",
-        help="every head's attention map for one input, as one offline HTML page",
+        help=VIEW_HELP,
         description="Write an HTML page (one file, plain JavaScript, works offline) with a layer x head grid of "
         "the input's attention maps and each head's statistics; click a head for its full map with token "
         "labels, hover a token to see what it attends to and what attends to it, switch between word and "
@@ -168,6 +226,11 @@ def add_view_parser(sub):
     add_quiet_argument(v)
 
 
+# the core's own commands, after the analyses in `bertscope --help`: name -> (help, parser builder)
+CORE_COMMANDS = {"data": (DATA_HELP, add_data_parser), "report": (REPORT_HELP, add_report_parser),
+                 "view": (VIEW_HELP, add_view_parser), "selftest": (SELFTEST_HELP, add_selftest_parser)}
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -177,7 +240,8 @@ def _has_cuda() -> bool:
 def main(argv=None) -> int:
     """The command line. Called without `argv` (the `bertscope` command itself), the process
     ends as soon as the command is done: see `exit_now`."""
-    code = run_command(build_parser().parse_args(argv))
+    words = sys.argv[1:] if argv is None else list(argv)
+    code = run_command(build_parser(words).parse_args(words))
     if argv is None:
         exit_now(code)
     return code
@@ -207,6 +271,7 @@ def exit_now(code: int):
 
 def run_command(args) -> int:
     configure_logging(quiet=args.quiet)
+    apply_default_threads(args)
     try:
         module = command_module(args)
         if module is not None:

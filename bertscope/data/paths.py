@@ -2,7 +2,8 @@
 
 Looked up in this order: `--data-dir`, the BERTSCOPE_DATA environment variable, the user data
 folder (platformdirs' user data dir for "bertscope", where `bertscope data download` writes),
-then `../shared/data` beside the repository (the layout of development machines and CI). A
+then `../shared/data` beside the repository where bertscope runs from a checkout (the layout
+of development machines and CI; an installed bertscope has no such folder to look in). A
 folder the user names (the first two) is the only place looked in: a typo is an error, not a
 silent fall back. Of the two defaults, each data set is taken from the first that holds it, so
 a user who downloaded one set still finds the others beside a checkout. The data is never
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from bertscope.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # a checkout's root, or site-packages once installed
 
 # data set -> (folder, what must be inside, where it comes from)
 DATASETS = {
@@ -36,9 +37,20 @@ def user_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("bertscope", appauthor=False))
 
 
-def shared_data_dir() -> Path:
-    """../shared/data beside a checkout."""
+def shared_data_dir() -> Path | None:
+    """../shared/data beside a checkout; None where bertscope is installed, not run from a
+    checkout (`REPO_ROOT` is then site-packages, and `<venv>/lib/python3.11/shared/data` would
+    mean nothing to a user)."""
+    if not (REPO_ROOT / "setup.py").is_file():
+        return None
     return REPO_ROOT.parent / "shared" / "data"
+
+
+def default_data_dirs() -> list[Path]:
+    """The folders looked in when the user names none: the user data folder, then
+    ../shared/data where there is a checkout."""
+    shared = shared_data_dir()
+    return [user_data_dir()] + ([shared] if shared is not None else [])
 
 
 def given_data_dir(data_dir: str | None = None) -> tuple[Path, str] | None:
@@ -58,12 +70,12 @@ def data_roots(data_dir: str | None = None) -> list[Path]:
         if not path.is_dir():
             raise UserError(f"{how} points to {path}, which is not a directory")
         return [path]
-    return [path for path in (user_data_dir(), shared_data_dir()) if path.is_dir()]
+    return [path for path in default_data_dirs() if path.is_dir()]
 
 
 def not_found_message() -> str:
     return (f"annotated data not found: run `bertscope data download`, pass --data-dir DIR or set "
-            f"BERTSCOPE_DATA (looked in {user_data_dir()} and {shared_data_dir()})")
+            f"BERTSCOPE_DATA (looked in {' and '.join(str(p) for p in default_data_dirs())})")
 
 
 def data_root(data_dir: str | None = None) -> Path:

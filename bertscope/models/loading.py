@@ -18,10 +18,12 @@ head is initialised with a fixed seed and `LoadedModel.head_initialised` says so
 from __future__ import annotations
 
 import inspect
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from bertscope.engine import attention  # attention registers the "bertscope" implementation
 from bertscope.models import head_removal
@@ -174,9 +176,13 @@ def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu"
                 model, info = auto_class.from_pretrained(path, attn_implementation=attention.ATTN_IMPLEMENTATION,
                                                          local_files_only=True, output_loading_info=True,
                                                          **head_kwargs)
+    except SafetensorError as e:  # a .safetensors file cut short or damaged
+        raise damaged_weights(path, e) from None
     except (ValueError, OSError) as e:
         raise UserError(f"cannot load the model in {path}: {first_line(e)}") from None
     except RuntimeError as e:  # a head of the wrong size (transformers refuses mismatched weights)
+        if "PytorchStreamReader" in str(e):  # a pytorch_model.bin cut short or damaged
+            raise damaged_weights(path, e) from None
         if "mismatch" not in str(e):
             raise
         raise UserError(f"the {task} head in {path} does not fit: {first_line(e)}") from None
@@ -205,6 +211,27 @@ def task_kwargs(config, path, task, num_labels) -> dict:
         raise UserError(f"the classification head in {path} has {config.num_labels} labels, not {num_labels} "
                         "(leave num_labels out to use the checkpoint's)")
     return {"num_labels": num_labels}
+
+
+def damaged_weights(path: Path, error: Exception) -> UserError:
+    """A weights file that cannot be read: one line that names it (the first one that fails a
+    cheap check: a safetensors header that does not cover the file, a .bin that is not a whole
+    zip archive), or the folder where none does."""
+    def unreadable(file: Path) -> bool:
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(file, framework="pt"):
+                    return False
+            with zipfile.ZipFile(file):
+                return False
+        except Exception:  # noqa: BLE001 (any failure to open it is the answer)
+            return True
+
+    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+    bad = next((f for f in files if unreadable(f)), None)
+    where = f"the weights in {bad}" if bad is not None else f"the weights in {path}"
+    return UserError(f"cannot read {where}: {first_line(error)}; the file is damaged or incomplete "
+                     "(a download or copy cut short?): download or save it again")
 
 
 def first_line(error: Exception) -> str:

@@ -12,7 +12,11 @@ folder that the loading code reads like any local checkpoint:
   bertscope never sets that variable itself: whether to reach the network is the user's choice
   (the Makefile and the tests set it). Only the files bertscope reads are fetched: the config,
   the tokenizer's files and the weights (safetensors; pytorch_model.bin where a repository has
-  none), not a repository's ONNX, TensorFlow or Flax copies.
+  none), not a repository's ONNX, TensorFlow or Flax copies. Every request waits at most
+  HF_HUB_ETAG_TIMEOUT or HF_HUB_DOWNLOAD_TIMEOUT seconds (huggingface_hub's variables, 10 s by
+  default; the larger) for a connection or for the next bytes: huggingface_hub's own client
+  waits for ever where a call passes no timeout (`repo_info`), so a Hub that accepts the
+  connection and never answers would hang the command.
 
 Every failure is a one-line `UserError` that names what was asked for and says how to get it.
 """
@@ -119,7 +123,7 @@ def hub_snapshot(hub_id: str, revision: str | None) -> ModelSource:
 
     wanted = CONFIG_FILES + TOKENIZER_FILES
     try:
-        with download_bars(logger.isEnabledFor(logging.INFO)):  # --quiet: no progress bars, theirs included
+        with download_bars(logger.isEnabledFor(logging.INFO)), bounded_wait():  # --quiet: no bars, theirs included
             folder = Path(snapshot_download(hub_id, revision=revision, allow_patterns=wanted + SAFETENSORS_FILES))
             if not any(folder.glob("*.safetensors")):  # an older repository: PyTorch pickles only
                 folder = Path(snapshot_download(hub_id, revision=revision, allow_patterns=wanted + BIN_FILES))
@@ -132,6 +136,35 @@ def hub_snapshot(hub_id: str, revision: str | None) -> ModelSource:
                          commit=folder.name if COMMIT.fullmatch(folder.name) else None)
     logger.debug("model %s, revision %s: commit %s in %s", hub_id, revision or "main", source.commit, folder)
     return source
+
+
+def hub_wait() -> float:
+    """Seconds a Hub request may wait for a connection or for its next bytes."""
+    from huggingface_hub import constants
+
+    return float(max(constants.HF_HUB_ETAG_TIMEOUT, constants.HF_HUB_DOWNLOAD_TIMEOUT))
+
+
+@contextmanager
+def bounded_wait():
+    """For the block, every request of huggingface_hub's shared HTTP client waits at most
+    `hub_wait()` seconds where it would wait for ever: `snapshot_download`'s `repo_info` call
+    passes `timeout=None`, which overrides any client default, so a request hook fills in the
+    request's missing timeouts (connect, read, write, pool) just before it is sent."""
+    from huggingface_hub import get_session
+
+    wait = hub_wait()
+
+    def bound(request):
+        timeouts = request.extensions.get("timeout") or dict.fromkeys(("connect", "read", "write", "pool"))
+        request.extensions["timeout"] = {k: wait if v is None else v for k, v in timeouts.items()}
+
+    hooks = get_session().event_hooks["request"]
+    hooks.append(bound)
+    try:
+        yield
+    finally:
+        hooks.remove(bound)
 
 
 @contextmanager
@@ -154,6 +187,17 @@ def download_bars(shown: bool):
             enable_progress_bars()
 
 
+def timed_out(error: BaseException | None) -> bool:
+    """Whether a timeout of the HTTP client is `error` or its cause (snapshot_download turns one
+    into LocalEntryNotFoundError when the cache lacks the files)."""
+    seen = 0
+    while error is not None and seen < 10:
+        if any(c.__name__ in ("TimeoutException", "TimeoutError") for c in type(error).__mro__):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def hub_error(error: Exception, hub_id: str, revision: str | None) -> UserError | None:
     """A one-line UserError for what went wrong resolving `hub_id`; None for an error that is
     not the user's (a bug: it keeps its traceback)."""
@@ -173,6 +217,10 @@ def hub_error(error: Exception, hub_id: str, revision: str | None) -> UserError 
     no_folder = f"no folder {hub_id} here, and " if "/" in hub_id else ""
     get = f"hf download {hub_id}" + (f" --revision {revision}" if revision else "")
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if timed_out(error):  # the Hub (or a proxy) took the connection and did not answer in time
+        return UserError(f"the Hugging Face Hub did not answer within {hub_wait():g} s for {hub_id}{at} "
+                         "(HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT set the wait): check the network "
+                         f"and run again, or `{get}`, or pass a local folder")
     if isinstance(error, GatedRepoError):
         return UserError(f"the Hub model {hub_id} is gated: accept its conditions on huggingface.co and log in "
                          "(hf auth login, or set HF_TOKEN), or pass a local folder")

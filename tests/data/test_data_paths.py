@@ -37,6 +37,15 @@ def user_folder(tmp_path, monkeypatch) -> Path:
     return path
 
 
+def fake_checkout(monkeypatch, root: Path) -> Path:
+    """bertscope run from a checkout at `root` (its setup.py marks it): ../shared/data beside it
+    is a default."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "setup.py").write_text("")
+    monkeypatch.setattr(data, "REPO_ROOT", root)
+    return root
+
+
 def fake_root(root: Path, names=tuple(DATASETS)) -> Path:
     for name in names:
         folder = root / DATASETS[name][0]
@@ -63,14 +72,14 @@ def test_data_dir_wins_over_the_environment(tmp_path, monkeypatch):
 
 def test_environment_wins_over_the_default(tmp_path, monkeypatch):
     monkeypatch.setenv("BERTSCOPE_DATA", str(tmp_path))
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")  # a default that would exist
+    fake_checkout(monkeypatch, tmp_path / "repo")  # a default that would exist
     fake_root(tmp_path / "shared" / "data")
     assert data_root() == tmp_path
 
 
 def test_empty_environment_variable_is_ignored(tmp_path, monkeypatch):
     monkeypatch.setenv("BERTSCOPE_DATA", "")
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    fake_checkout(monkeypatch, tmp_path / "repo")
     (tmp_path / "shared" / "data").mkdir(parents=True)
     assert data_root() == tmp_path / "shared" / "data"
 
@@ -111,14 +120,14 @@ def test_a_given_folder_must_exist(tmp_path, monkeypatch, how, what):
 def test_a_given_folder_does_not_fall_back_to_the_default(tmp_path, monkeypatch):
     """A typo in --data-dir is an error, even when ../shared/data would have worked."""
     fake_root(tmp_path / "shared" / "data")
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    fake_checkout(monkeypatch, tmp_path / "repo")
     monkeypatch.delenv("BERTSCOPE_DATA", raising=False)
     with pytest.raises(UserError, match="--data-dir points to"):
         data_root(str(tmp_path / "typo"))
 
 
 def test_nothing_found_says_where_it_looked(tmp_path, monkeypatch, no_env, user_folder):
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    fake_checkout(monkeypatch, tmp_path / "repo")
     with pytest.raises(UserError) as info:
         data_root()
     message = str(info.value)
@@ -127,7 +136,7 @@ def test_nothing_found_says_where_it_looked(tmp_path, monkeypatch, no_env, user_
 
 
 def test_the_user_folder_comes_before_shared_data(tmp_path, monkeypatch, no_env, user_folder):
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    fake_checkout(monkeypatch, tmp_path / "repo")
     fake_root(tmp_path / "shared" / "data")
     assert data_root() == tmp_path / "shared" / "data"
     fake_root(user_folder, names=["gap"])
@@ -192,3 +201,24 @@ def test_shared_data_holds_every_dataset(name, no_env):
     path = dataset_dir(name)
     assert path == SHARED / DATASETS[name][0]
     assert any(path.glob(DATASETS[name][1]))
+
+
+def test_an_installed_bertscope_looks_in_no_shared_folder(tmp_path, monkeypatch, no_env, user_folder, capsys):
+    """After a non-editable install REPO_ROOT is site-packages: `<venv>/lib/python3.11/shared/data`
+    is neither listed nor read, even where such a folder happens to exist."""
+    from bertscope.cli.main import main
+
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "bertscope").mkdir(parents=True)
+    monkeypatch.setattr(data, "REPO_ROOT", site)
+    fake_root(site.parent / "shared" / "data")
+    assert data.shared_data_dir() is None
+    with pytest.raises(UserError) as info:
+        data_root()
+    assert "shared" not in str(info.value) and str(user_folder) in str(info.value)
+    assert main(["data"]) == 1
+    out = capsys.readouterr().out
+    assert "shared" not in out and str(user_folder) in out and "MISSING" in out
+    # the same layout as a checkout: ../shared/data is a default again
+    fake_checkout(monkeypatch, site)
+    assert data_root() == site.parent / "shared" / "data"

@@ -18,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -351,3 +353,30 @@ def test_quiet_silences_the_hub_download_bars_for_the_download_only():
         assert are_progress_bars_disabled()
     finally:
         (disable_progress_bars if before else enable_progress_bars)()
+
+
+# --- a Hub that accepts the connection and never answers ---------------------------------------
+
+
+def test_a_hub_that_never_answers_is_one_line_after_a_bounded_wait(tmp_path, corpus):
+    """A listening socket that never reads nor writes: the kernel accepts the connection, and
+    huggingface_hub's repo_info (no timeout of its own) would wait for ever. The wait is bounded by
+    HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT (1 s here) and the error says so in one line."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections complete in the kernel's backlog; nothing is ever read or written
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    env = subprocess_env(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=url, HF_HUB_ETAG_TIMEOUT="1",
+                         HF_HUB_DOWNLOAD_TIMEOUT="1")
+    start = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(corpus, tmp_path / "out", "--model",
+                                                                                "some-org/some-model")],
+                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        silent.close()
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("bertscope: error: the Hugging Face Hub did not answer within 1 s")
+    assert "some-org/some-model" in done.stderr and "HF_HUB_ETAG_TIMEOUT" in done.stderr
+    assert time.monotonic() - start < 60  # the process's start-up and a 1 s wait, not for ever
+    assert not (tmp_path / "out").exists()

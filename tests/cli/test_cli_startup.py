@@ -1,0 +1,74 @@
+"""`bertscope --help` and `--version` start without torch and transformers (they took 4-6.5 s
+when every command's module was imported to build the parser), and the help they print is the
+fully built parser's, byte for byte."""
+import contextlib
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertscope import analyses
+from bertscope.cli.main import build_parser, command_help, main, named_command
+
+HEAVY = {"torch", "transformers", "numpy", "huggingface_hub", "scipy", "tokenizers"}
+
+
+def imported_by(*argv: str) -> set[str]:
+    """The top-level packages `python -m bertscope.cli ARGV` imports, from `-X importtime`."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "100"}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "bertscope.cli", *argv], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip()  # it did print the help or the version
+    names = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert len(names) > 20  # -X importtime did report
+    return {n.split(".")[0] for n in names}
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["heads", "--help"]])
+def test_help_and_version_import_neither_torch_nor_transformers(argv):
+    assert not imported_by(*argv) & HEAVY
+
+
+def test_a_commands_help_imports_its_module(tmp_path):
+    """The check above can fail: a command's own --help builds its parser, which imports torch."""
+    assert {"torch", "transformers"} <= imported_by("run", "--help")
+
+
+def printed(argv) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 0
+    return out.getvalue()
+
+
+def test_the_help_is_the_fully_built_parsers(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    full = build_parser()
+    assert printed(["--help"]) == full.format_help()
+    sub = next(a for a in full._actions if a.dest == "command")  # argparse keeps subparsers here
+    for group in analyses.GROUPS:
+        assert printed([group, "--help"]) == sub.choices[group].format_help(), group
+    assert printed(["run", "--help"]) == sub.choices["run"].format_help()
+
+
+def test_every_commands_help_is_read_without_importing_it():
+    for name, module_name in analyses.COMMANDS.items():
+        assert command_help(module_name) == __import__(module_name, fromlist=["HELP"]).HELP, name
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--help"], None), (["--version"], None), ([], None), (["run", "--limit", "5"], "run"),
+    (["heads", "disable", "--help"], "heads disable"), (["heads", "--help"], "heads"),
+    (["--quiet", "data", "list"], "data"), (["nonsense"], "nonsense")])
+def test_the_named_command(argv, named):
+    assert named_command(argv) == named
+
+
+def test_an_unknown_command_is_still_argparses_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["nonsense"])
+    assert e.value.code == 2 and "invalid choice: 'nonsense'" in capsys.readouterr().err
