@@ -36,7 +36,7 @@ from bertscope.errors import UserError
 from bertscope.run.rundir import (
     check_run_dir,
     new_run_dir,
-    read_json,
+    read_run,
     update_json,
     write_csv,
 )
@@ -85,7 +85,7 @@ def load_run(path: str | Path) -> RunDir:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path} is not a directory: give two bertscope run directories")
-    record = read_json(path / "run.json")
+    record = read_run(path / "run.json")
     if record.get("status", "complete") != "complete":
         raise UserError(f"{path} is not complete (status {record['status']!r}): finish it with "
                         f"bertscope run --resume {path}")
@@ -105,7 +105,7 @@ def load_run(path: str | Path) -> RunDir:
 
 def _shape(record: dict, path: Path) -> tuple[int, int]:
     """layers x heads from run.json: the run's model, else a probe's."""
-    models = [record.get("model")] + [p.get("model") for p in (record.get("probes") or {}).values()]
+    models = [record.get("model")] + [p.get("model") for p in record["analyses"].values()]
     for m in models:
         if isinstance(m, dict) and isinstance(m.get("layers"), int) and isinstance(m.get("heads"), int):
             return m["layers"], m["heads"]

@@ -38,9 +38,11 @@ from bertscope.analyses.finetune.outputs import (
     SUMMARY_FILE,
 )
 from bertscope.analyses.finetune.plots import cosine_figures
+from bertscope.data.paths import dataset_dir
 from bertscope.data.readers.tasks import TASKS, read_task
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.errors import UserError
+from bertscope.run.analysis_run import ModelRun
+from bertscope.run.rundir import write_csv, write_json
 
 logger = logging.getLogger(__name__)
 INITS = ("pretrained", "random", "probe")
@@ -199,18 +201,14 @@ def resolve_recipe(args):
 
 
 def main(args) -> int:
-    from bertscope.data.paths import dataset_dir
-    from bertscope.run.rundir import ProbeRun
-
     check_task(args.task)
-    args.precision = autocast_precision(args)  # the weights stay float32: ProbeRun loads them so
+    args.precision = autocast_precision(args)  # the weights stay float32: ModelRun loads them so
     resolve_recipe(args)
     dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
     check_labels(args.model, args.task, args.revision)
-    try:
-        FineTuneRun(args, ProbeRun("finetune", args, dtype="float32")).execute()
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; the finished configurations are written in the run directory") from None
+    with ModelRun("finetune", args, dtype="float32") as run:
+        run.interrupted_message = "interrupted; the finished configurations are written in the run directory"
+        FineTuneRun(args, run).execute()
     return 0
 
 
@@ -362,8 +360,6 @@ class FineTuneRun:
                               best_epoch=best_epoch, dev_accuracy=dev, train_s=seconds, checkpoint=checkpoint))
 
     def save(self, loaded, name, init, seed, result) -> str:
-        from bertscope.run.rundir import write_json
-
         rel = CHECKPOINT_DIR.format(name=name, init=init, seed=seed)
         path = self.run.dir / rel
         model = loaded.model
@@ -379,8 +375,6 @@ class FineTuneRun:
         return rel
 
     def write(self, final: bool = False):
-        from bertscope.run.rundir import write_csv
-
         d = self.run.dir
         write_csv(d / RESULTS_FILE, self.rows, RESULT_COLUMNS)
         summary = summarise(self.rows)
@@ -396,16 +390,15 @@ class FineTuneRun:
                    "train": vars(self.cfg), "timing": self.timing}
         if not final:
             self.run.record["results"] = results
-            self.run._save_record()
+            self.run.save_record()
             return
         if not self.args.no_figures and self.cosine:
             for fig, filename in cosine_figures(self.cosine):
                 self.run.save_figure(fig, filename)
         self.run.finish(results)
-        refresh_report(self.run.dir)
         if self.timing.get("interrupted"):
             self.run.record["status"] = "interrupted"
-            self.run._save_record()
+            self.run.save_record()
 
 
 def same(row: dict, key: dict) -> bool:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertscope.analyses.heads import variants as V
 from bertscope.errors import UserError
 from bertscope.kernels import Gate
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
+from bertscope.tasks.inputs import check_head, encode_task
 
 COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
            "q", "significant")
@@ -75,13 +76,15 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
       run.json is written: it saves figures and may add to `results`. run.loaded and
       run.args give the model and the options.
     """
-    from bertscope.analyses.heads import variants as V
-    from bertscope.tasks.inputs import check_head, encode_task
-
     if args.max_rows < 0:
         raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")
     examples = load_split(args)  # a missing data set fails before the model loads
-    run = ProbeRun(name, args, task="sequence-classification", command=f"heads {args.heads}")
+    with ModelRun(name, args, task="sequence-classification", command=f"heads {args.heads}") as run:
+        return evaluate(run, args, name, gate, outputs, variants, table, examples)
+
+
+def evaluate(run: ModelRun, args, name: str, gate: Gate, outputs, variants, table: str | None, examples) -> list[dict]:
+    """`run_variants` once the model has loaded."""
     loaded = run.loaded
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
@@ -101,7 +104,6 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
         run.log(line)
     outputs(run, rows, results)
     run.finish(results)
-    refresh_report(run.dir)
     return rows
 
 

@@ -19,13 +19,14 @@ from bertscope.analyses.heads.ablate.outputs import (
     HISTOGRAM_FIGURE,
     IMPORTANCE_FIGURE,
 )
+from bertscope.analyses.heads.common import run_variants
 from bertscope.analyses.heads.importance.outputs import (
     IMPORTANCE_FILE,
     importance_grid,
     importance_path,
     read_importance,
 )
-from bertscope.errors import Interrupted, UserError
+from bertscope.errors import UserError
 from bertscope.kernels import Gate
 
 HELP = "Michel et al. (2019): task accuracy with each head masked, and with all heads of a layer but one"
@@ -55,8 +56,6 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.analyses.heads.common import run_variants
-
     importance, source = None, args.importance
     if source is None and args.out and (Path(args.out) / IMPORTANCE_FILE).is_file():
         source = args.out  # the run directory already holds `heads importance`'s output
@@ -67,11 +66,8 @@ def main(args) -> int:
                                 "single or both")
         else:
             importance = (source, read_importance(source))  # a bad file fails before the model loads
-    try:
-        run_variants(args, "ablate", Gate.ZERO, variants=variant_set(args.variants, importance),
-                     outputs=lambda run, rows, results: outputs(run, rows, results, importance), table=ABLATE_FILE)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    run_variants(args, "ablate", Gate.ZERO, variants=variant_set(args.variants, importance),
+                 outputs=lambda run, rows, results: outputs(run, rows, results, importance), table=ABLATE_FILE)
     return 0
 
 

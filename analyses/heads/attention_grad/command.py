@@ -30,8 +30,8 @@ from bertscope.analyses.heads.attention_grad.stats import (
     measure,
     mlm_loss,
 )
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.errors import UserError
+from bertscope.run.analysis_run import ModelRun
 from bertscope.text.token_classes import KEY_CLASSES
 
 NAME = "attention_grad"
@@ -71,8 +71,6 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.run.rundir import ProbeRun
-
     objective = args.objective or default_objective(args.model, args.revision)
     if objective == "task" and args.task is None:
         raise UserError("--objective task needs --task (the task the checkpoint was fine-tuned on); the embedded "
@@ -81,19 +79,21 @@ def main(args) -> int:
         raise UserError("--objective mlm reads --corpus, not --task (leave --task out, or use --objective task)")
     args.objective = objective
     data = load_data(args)  # a missing data set fails before the model loads
-    run = ProbeRun(NAME, args, task="sequence-classification" if objective == "task" else "masked-lm",
-                   command="heads attention-grad")
+    with ModelRun(NAME, args, task="sequence-classification" if objective == "task" else "masked-lm",
+                  command="heads attention-grad") as run:
+        measure_run(run, args, objective, data)
+    return 0
+
+
+def measure_run(run: ModelRun, args, objective: str, data):
     loaded = run.loaded
     if objective == "mlm" and loaded.head_initialised:
         raise UserError(f"{loaded.path} has no masked-LM head (a fresh one would give a meaningless loss): use "
                         "--objective task with a fine-tuned checkpoint")
     batches = task_batches(loaded, args, data, run) if objective == "task" else mlm_batches(loaded, args, data, run)
     stats = GradStats(loaded.n_layers, loaded.n_heads)
-    try:
-        measure(loaded, batches, stats, backend="eager" if args.backend == "eager" else "fused",
-                progress=run.progress, total=len(data) if objective == "task" else args.limit or MLM_SEGMENTS)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    measure(loaded, batches, stats, backend="eager" if args.backend == "eager" else "fused",
+            progress=run.progress, total=len(data) if objective == "task" else args.limit or MLM_SEGMENTS)
     layers, heads = stats.layer_rows(), stats.head_rows()
     run.write_csv(LAYERS_FILE, layers, LAYER_COLUMNS)
     run.write_csv(HEADS_FILE, heads, HEAD_COLUMNS)
@@ -112,8 +112,6 @@ def main(args) -> int:
     for line in summary_lines(layers):
         run.log(line)
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 
 
 # --- the loss and its data ---------------------------------------------------------------
@@ -145,8 +143,8 @@ def load_data(args):
 
 def task_batches(loaded, args, examples, run):
     """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
-    from bertscope.tasks.inputs import check_head, encode_task
     from bertscope.analyses.heads.variants import example_batches
+    from bertscope.tasks.inputs import check_head, encode_task
 
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertscope.analyses.heads.common import load_split
 from bertscope.analyses.heads.importance.outputs import (
     COLUMNS,
     CORRELATION_FIGURE,
@@ -23,8 +24,9 @@ from bertscope.analyses.heads.importance.outputs import (
     importance_grid,
     read_importance,
 )
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.errors import UserError
+from bertscope.run.analysis_run import AnalysisRun, ModelRun
+from bertscope.run.rundir import read_run as read_run_json
 
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
                    "top_overlap")
@@ -64,15 +66,12 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    try:
-        if args.compare:
-            compare_runs(args)
-        elif args.task is None:
-            raise UserError("heads importance needs --task (or --compare RUN RUN ...)")
-        else:
-            run_importance(args)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    if args.compare:
+        compare_runs(args)
+    elif args.task is None:
+        raise UserError("heads importance needs --task (or --compare RUN RUN ...)")
+    else:
+        run_importance(args)
     return 0
 
 
@@ -98,11 +97,13 @@ def importance_rows(imp) -> list[dict]:
 
 
 def run_importance(args):
-    from bertscope.analyses.heads.common import load_split
-    from bertscope.run.rundir import ProbeRun
-
     examples = load_split(args)  # a missing data set fails before the model loads
-    run = ProbeRun("importance", args, task="sequence-classification", command="heads importance")
+    with ModelRun("importance", args, task="sequence-classification", command="heads importance") as run:
+        return importance(run, args, examples)
+
+
+def importance(run: ModelRun, args, examples: list):
+    """`run_importance` once the model has loaded."""
     task, imp = compute(args, run, examples)
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
             f"tokens), mean loss {imp.loss:.4f}, convention {imp.convention}")
@@ -127,7 +128,6 @@ def run_importance(args):
     run.log(f"most important heads: {', '.join(results['top_heads'])}; mean raw I_h per layer: "
             + ", ".join(f"{x:.4f}" for x in per_layer))
     run.finish(results)
-    refresh_report(run.dir)
     return imp
 
 
@@ -136,14 +136,12 @@ def run_importance(args):
 def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
     """(label, importance (layers, H), raw (layers, H)) of a run directory's importance.csv; the label
     names the task (from run.json) and the run."""
-    from bertscope.run.rundir import read_json
-
     table = read_importance(run_dir)
     n_layers, n_heads = max(k[0] for k in table), max(k[1] for k in table)
     label = Path(run_dir).name
     record = Path(run_dir) / "run.json"
     if record.is_file():
-        results = (read_json(record).get("probes", {}).get("importance") or {}).get("results") or {}
+        results = (read_run_json(record)["analyses"].get("importance") or {}).get("results") or {}
         if results.get("task"):
             label = f"{results['task']} ({label})"
     return (label, importance_grid(table, n_layers, n_heads, "importance"),
@@ -170,13 +168,15 @@ def correlation_row(a, b, run_a, run_b) -> dict:
 
 
 def compare_runs(args):
-    from bertscope.run.rundir import AnalysisRun
-
     runs = [Path(r) for r in args.compare]
     if len(runs) < 2:
         raise UserError("--compare needs at least two run directories")
     data = [read_run(r) for r in runs]
-    run = AnalysisRun("importance_compare", args)
+    with AnalysisRun("importance_compare", args) as run:
+        write_correlations(run, args, runs, data)
+
+
+def write_correlations(run: AnalysisRun, args, runs: list[Path], data: list):
     rows = [correlation_row(data[i], data[j], runs[i], runs[j]) for i, j in itertools.combinations(range(len(runs)), 2)]
     run.write_csv(CORRELATION_FILE, rows, COMPARE_COLUMNS)
     labels = [d[0] for d in data]
@@ -193,4 +193,3 @@ def compare_runs(args):
     run.finish({"runs": [str(r) for r in runs], "labels": labels,
                 "pairs": {f"{r['label_a']} | {r['label_b']}": {k: r[k] for k in ("spearman", "p", "spearman_raw",
                                                                                   "top_overlap")} for r in rows}})
-    refresh_report(run.dir)

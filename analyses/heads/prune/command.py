@@ -28,6 +28,8 @@ import itertools
 
 import numpy as np
 
+from bertscope.analyses.heads import variants as V
+from bertscope.analyses.heads.common import load_split
 from bertscope.analyses.heads.prune.outputs import (
     FIGURE,
     ORDER_COLUMNS,
@@ -35,8 +37,9 @@ from bertscope.analyses.heads.prune.outputs import (
     PRUNE_FILE,
 )
 from bertscope.cli.args import fraction
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.errors import UserError
+from bertscope.run.analysis_run import ModelRun
+from bertscope.tasks.inputs import check_head, encode_task
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
 HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, section 4)"
@@ -128,19 +131,11 @@ def cumulative_variants(name: str, orders, L: int, H: int):
 
 
 def main(args) -> int:
-    try:
-        run_prune(args)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    run_prune(args)
     return 0
 
 
 def run_prune(args):
-    from bertscope.analyses.heads import variants as V
-    from bertscope.analyses.heads.common import load_split
-    from bertscope.run.rundir import ProbeRun
-    from bertscope.tasks.inputs import check_head, encode_task
-
     if args.task is None:
         raise UserError("heads prune needs --task")
     if args.max_fraction < args.step:
@@ -152,7 +147,12 @@ def run_prune(args):
                         "data other than the split the pruned model is scored on")
     held_out = load_split(argparse.Namespace(**{**vars(args), "split": args.importance_split}))
     evaluation = load_split(args)  # missing data fails before the model loads
-    run = ProbeRun("prune", args, task="sequence-classification", command="heads prune")
+    with ModelRun("prune", args, task="sequence-classification", command="heads prune") as run:
+        return prune(run, args, held_out, evaluation)
+
+
+def prune(run: ModelRun, args, held_out: list, evaluation: list) -> list[dict]:
+    """`run_prune` once the model has loaded."""
     loaded = run.loaded
     L, H = loaded.n_layers, loaded.n_heads
     counts = prune_counts(L * H, args.step, args.max_fraction)
@@ -194,7 +194,6 @@ def run_prune(args):
     for line in results["summary"]:
         run.log(line)
     run.finish(results)
-    refresh_report(run.dir)
     return rows
 
 

@@ -51,8 +51,8 @@ def main(args) -> int:
     import torch
 
     from bertscope.models import head_removal
-    from bertscope.models.source import resolve_model
     from bertscope.models.loading import load_model
+    from bertscope.models.source import resolve_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

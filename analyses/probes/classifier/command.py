@@ -33,8 +33,7 @@ from bertscope.data.paths import seeded_sample
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name
 from bertscope.report.paper_numbers import CLASSIFIER_TABLE3
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
 
 NAME = "classifier"
 HELP = "attention-based probing classifiers for dependency heads: UAS of Clark et al.'s Table 3"
@@ -80,7 +79,12 @@ def main(args) -> int:
         raise UserError(f"--heldout must be between 0 and 1, not {args.heldout}")
     if args.lr is not None and args.lr <= 0:
         raise UserError(f"--lr must be positive, not {args.lr}")
-    run = ProbeRun(NAME, args)
+    with ModelRun(NAME, args) as run:
+        probe(run, args)
+    return 0
+
+
+def probe(run: ModelRun, args):
     log, timings = run.log, {}
     t0 = time.perf_counter()
 
@@ -155,8 +159,6 @@ def main(args) -> int:
         "top_heads": top_heads(weights),
         "timings_s": timings,
     })
-    refresh_report(run.dir)
-    return 0
 
 # --- data ----------------------------------------------------------------------------------------
 

@@ -33,10 +33,10 @@ from bertscope.analyses.probes.coref.outputs import (
 )
 from bertscope.cli.args import add_common_arguments
 from bertscope.data.paths import seeded_sample
+from bertscope.data.readers.gap import read_gap
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +229,6 @@ def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Score
 
 
 def main(args) -> int:
-    from bertscope.data.readers.gap import read_gap
-
     datasets = DATASETS if args.dataset == "both" else (args.dataset,)
     data = {}  # read the data first: a missing data set should not leave a run directory
     if "gum" in datasets:
@@ -238,7 +236,12 @@ def main(args) -> int:
     if "gap" in datasets:
         data["gap"] = seeded_sample(read_gap(args.gap_split, args.data_dir), args.limit_gap, args.seed)
 
-    run = ProbeRun(NAME, args)
+    with ModelRun(NAME, args) as run:
+        probe(run, args, datasets, data)
+    return 0
+
+
+def probe(run: ModelRun, args, datasets: tuple[str, ...], data: dict):
     label = model_name(run.loaded.path)
     head_rows, table_rows, results = [], [], {"from_word": args.from_word}
     notes = []
@@ -275,6 +278,4 @@ def main(args) -> int:
         run.save_figure(plots.plot_heatmaps(head_rows, f"{label}: accuracy of every head"),
                         HEADS_FIGURE)
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 

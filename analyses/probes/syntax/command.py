@@ -28,8 +28,7 @@ from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.data.paths import seeded_sample
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +145,12 @@ def main(args) -> int:
         else:
             limit = None if args.limit == ALL_SENTENCES else args.limit
         data[tb] = seeded_sample(read_sentences(tb, args.data_dir), limit, args.seed)
+    with ModelRun(NAME, args) as run:
+        probe(run, args, treebanks, data)
+    return 0
 
-    run = ProbeRun(NAME, args)
+
+def probe(run: ModelRun, args, treebanks: tuple[str, ...], data: dict):
     label = model_name(run.loaded.path)
     all_heads, all_table, texts, results = [], [], [], {"head_to_dep": args.head_to_dep, "poss_clitic": not args.plain_poss,
                                              "from_word": args.from_word}
@@ -174,6 +177,4 @@ def main(args) -> int:
                   ("treebank", "relation", "sd_label", "direction", "best_head", "accuracy",
                    "baseline_offset", "baseline_accuracy", "n"))
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 
