@@ -2,8 +2,8 @@
 
     run.json     model, data, settings, versions, status and the list of outputs; each
                  analysis adds its record under run.json["analyses"][name]
-                 (`bertscope.run.analysis_run.AnalysisRun`; runs written before 0.2 filed
-                 them under "probes", which `read_run` still reads)
+                 (`bertscope.run.analysis_run.AnalysisRun`; runs written before that key was
+                 named filed them under "probes", which `read_run` still reads)
     stats.npz    the raw per-head sums (`HeadStats`), rewritten at every checkpoint
     heads.csv    the tidy per-head table of the surface analysis
     fig_*.png    figures
@@ -166,7 +166,7 @@ def checked_run(run, path: Path) -> dict:
     if not isinstance(run, dict):
         raise UserError(f"{path} is not a bertscope run.json: a JSON object was expected, not {type(run).__name__}")
     entries = run.get("analyses")
-    if not isinstance(entries, dict):  # absent, or a run written before 0.2 (a list of names, or null)
+    if not isinstance(entries, dict):  # absent, or a run written before the key was named (a list of names, or null)
         if entries is not None and not isinstance(entries, list):
             raise UserError(f"{path}: \"analyses\" must be an object of analysis records")
         entries = run.pop("probes", None) or {}

@@ -40,7 +40,7 @@ DESCRIPTION = (
     "CSV (--importance, or importance.csv in the run directory, from `bertscope heads importance`): "
     "Spearman's rank correlation between importance and the accuracy lost when the head is masked. Writes "
     "ablate.csv, ablate_but_one.csv, fig_ablate_heads.png, fig_ablate_hist.png, fig_ablate_but_one.png, "
-    "fig_ablate_importance.png and run.json['probes']['ablate'].")
+    "fig_ablate_importance.png and run.json['analyses']['ablate'].")
 VARIANT_SETS = ("single", "but-one", "both")
 
 

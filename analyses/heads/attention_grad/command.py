@@ -49,7 +49,7 @@ DESCRIPTION = (
     "--backend eager computes them from autograd on materialised maps (the oracle); any other value uses the "
     "fused function. Writes attention_grad_layers.csv, attention_grad_heads.csv, fig_attention_grad.png, "
     "fig_attention_grad_heads.png and "
-    "run.json['probes']['attention_grad'].")
+    "run.json['analyses']['attention_grad'].")
 
 
 def add_arguments(p):

@@ -27,7 +27,7 @@ DESCRIPTION = (
     "accuracy, its change against the baseline with an exact interval (McNemar's test inverted), McNemar's "
     "exact test, and "
     "Benjamini-Hochberg-adjusted q over all variants. Writes disable.csv, fig_disable_heads.png, "
-    "fig_disable_layers.png and run.json['probes']['disable'].")
+    "fig_disable_layers.png and run.json['analyses']['disable'].")
 
 
 

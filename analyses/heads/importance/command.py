@@ -37,7 +37,7 @@ DESCRIPTION = (
     "first-order estimate of the task loss change when the head is masked (xi_h is the gate on the head's "
     "output). One forward and one backward per batch give every head's score. On the task's held-out split "
     "(default dev) of a fine-tuned model (--model). Writes importance.csv (layer, head, importance, "
-    "importance_raw, rank), fig_importance.png and run.json['probes']['importance']. With --compare RUN RUN ...: "
+    "importance_raw, rank), fig_importance.png and run.json['analyses']['importance']. With --compare RUN RUN ...: "
     "the Spearman correlation of the importance.csv of those run directories, pair by pair "
     "(importance_correlation.csv, fig_importance_correlation.png).")
 

@@ -19,7 +19,7 @@ read here as the largest fraction pruned such that every step up to it stays wit
 
 Outputs: prune.csv (step, fraction_pruned, heads_pruned, order, seed, accuracy, delta),
 prune_order.csv (step, fraction_pruned, layer, head: the heads the importance order removes at
-each step, layer and head from 1), fig_prune.png, run.json['probes']['prune'].
+each step, layer and head from 1), fig_prune.png, run.json['analyses']['prune'].
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ DESCRIPTION = (
     "Michel et al. (2019): repeatedly compute the head importance E|dL/dxi_h| on held-out data (default dev) "
     "with the heads pruned so far masked, prune the lowest-scoring 10% of the original heads, and evaluate on "
     "the test split; up to 90% pruned. Beside it, random pruning orders (seeded). Writes prune.csv, "
-    "prune_order.csv, fig_prune.png and run.json['probes']['prune'].")
+    "prune_order.csv, fig_prune.png and run.json['analyses']['prune'].")
 
 
 
