@@ -29,6 +29,7 @@ from __future__ import annotations
 from bertscope.analyses.cues.outputs import CUES_FIGURE, CUES_FILE
 from bertscope.analyses.cues.plots import cue_figure
 from bertscope.analyses.cues.stats import COLUMNS, Cue, cue_tables, rows, strongest
+from bertscope.cli.args import add_quiet_argument, positive_int
 from bertscope.run.analysis_run import AnalysisRun
 
 HELP = "dataset cues: applicability, productivity, coverage of unigrams/bigrams (Niven & Kao 2019)"
@@ -39,8 +40,6 @@ DESCRIPTION = (
     "strongest cues (productivity above 0.5, sorted by coverage x productivity).")
 
 def add_arguments(p):
-    from bertscope.cli.args import add_quiet_argument, positive_int
-
     p.add_argument("--task", choices=("arct", "rte"), default="arct",
                    help="arct: cues in the warrants (original and adversarial data); rte: cues in the hypothesis "
                    "(default: arct)")

@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
+from transformers import AutoConfig
 
+from bertscope.analyses.finetune.attention_change import attention_cosine
 from bertscope.analyses.finetune.outputs import (
     CHECKPOINT_DIR,
     CHECKPOINT_RECORD,
@@ -38,11 +41,24 @@ from bertscope.analyses.finetune.outputs import (
     SUMMARY_FILE,
 )
 from bertscope.analyses.finetune.plots import cosine_figures
-from bertscope.data.paths import dataset_dir
+from bertscope.cli.args import add_common_arguments, limit_arg, non_negative_int, positive_int
+from bertscope.data.paths import dataset_dir, seeded_sample
 from bertscope.data.readers.tasks import TASKS, read_task
 from bertscope.errors import UserError
+from bertscope.models.loading import model_dir
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import write_csv, write_json
+from bertscope.tasks.inputs import ARCT_INPUTS, EncodedTask, encode_task
+from bertscope.tasks.model import (
+    TrainConfig,
+    classifier_model,
+    cls_features,
+    eval_batches,
+    fine_tune,
+    linear_probe,
+    metrics,
+    predict,
+)
 
 logger = logging.getLogger(__name__)
 INITS = ("pretrained", "random", "probe")
@@ -83,9 +99,6 @@ def check_task(task: str):
 
 def check_labels(model, task: str, revision: str | None = None):
     """A checkpoint with a classification head must have the task's number of outputs."""
-    from transformers import AutoConfig
-
-    from bertscope.models.loading import model_dir
 
     path = model_dir(model, revision)
     if not (path / "config.json").is_file():
@@ -102,8 +115,6 @@ def csv_list(choices):
         items = [t.strip() for t in text.split(",") if t.strip()]
         bad = [t for t in items if t not in choices]
         if bad or not items:
-            import argparse
-
             raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), not {text!r}")
         return items
     return parse
@@ -111,8 +122,6 @@ def csv_list(choices):
 
 def seed_list(text: str) -> list[int]:
     """Comma-separated seeds, each a whole number >= 0, at least one."""
-    from bertscope.cli.args import non_negative_int
-
     try:
         seeds = sorted({non_negative_int(t.strip()) for t in text.split(",") if t.strip()})
     except argparse.ArgumentTypeError:
@@ -123,13 +132,6 @@ def seed_list(text: str) -> list[int]:
 
 
 def add_arguments(p):
-    from bertscope.cli.args import (
-        add_common_arguments,
-        limit_arg,
-        non_negative_int,
-        positive_int,
-    )
-    from bertscope.tasks.inputs import ARCT_INPUTS
 
     p.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--inits", type=csv_list(INITS), default=list(INITS),
@@ -220,7 +222,6 @@ class FineTuneRun:
         self.rows = read_rows(run.dir / RESULTS_FILE)
         self.epochs = read_rows(run.dir / EPOCHS_FILE)
         self.cosine = read_rows(run.dir / COSINE_FILE)
-        from bertscope.tasks.model import TrainConfig
 
         self.cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                                weight_decay=args.weight_decay, precision=args.precision, device=args.device,
@@ -228,8 +229,6 @@ class FineTuneRun:
         self.timing: dict[str, float] = {}
 
     def bar(self, desc):
-        from tqdm import tqdm
-
         return lambda items, d=desc: tqdm(items, desc=d, unit="batch", leave=False, disable=not self.run.progress)
 
     def configurations(self):
@@ -238,15 +237,11 @@ class FineTuneRun:
         return list(itertools.product(self.args.arct_data, self.args.arct_inputs))
 
     def data(self, version, variant):
-        from bertscope.tasks.inputs import encode_task
-
         a, tok = self.args, self.run.loaded.tokenizer
         arct = a.task == "arct"
         splits = {s: read_task(a.task, s, a.data_dir, seed=a.seed, version=version if arct else "original")
                   for s in ("train", "dev", "test")}
         if a.limit:
-            from bertscope.data.paths import seeded_sample
-
             splits = {s: seeded_sample(ex, a.limit, a.seed) for s, ex in splits.items()}
         enc = {s: encode_task(a.task, ex, tok, a.max_len, arct_input=variant if arct else "full")
                for s, ex in splits.items()}
@@ -280,8 +275,6 @@ class FineTuneRun:
     # -- the three columns
 
     def probe(self, enc, version, variant):
-        from bertscope.tasks.model import cls_features, linear_probe, metrics
-
         a, loaded = self.args, self.run.loaded
         t0 = time.perf_counter()
         pad, types = loaded.tokenizer.pad_token_id, loaded.takes_token_types
@@ -298,8 +291,6 @@ class FineTuneRun:
         self.write()
 
     def fine_tune(self, enc, version, variant, init, seed, name):
-        from bertscope.tasks.model import classifier_model, fine_tune, metrics, predict
-
         a = self.args
         loaded = classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
         model, pad, types = loaded.model, loaded.tokenizer.pad_token_id, loaded.takes_token_types
@@ -326,10 +317,6 @@ class FineTuneRun:
         self.write()
 
     def attention_change(self, tuned, dev, version, variant, seed):
-        from bertscope.analyses.finetune.attention_change import attention_cosine
-        from bertscope.data.paths import seeded_sample
-        from bertscope.tasks.inputs import EncodedTask
-        from bertscope.tasks.model import eval_batches
 
         a, ref = self.args, self.run.loaded
         t0 = time.perf_counter()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bertscope.analyses.heads import variants as V
+from bertscope.analyses.heads.ablate import stats as A
 from bertscope.analyses.heads.ablate.outputs import (
     ABLATE_FILE,
     BUT_ONE_FIGURE,
@@ -19,7 +21,9 @@ from bertscope.analyses.heads.ablate.outputs import (
     HISTOGRAM_FIGURE,
     IMPORTANCE_FIGURE,
 )
-from bertscope.analyses.heads.common import run_variants
+from bertscope.analyses.heads.ablate.plots import plot_but_one, plot_histogram, plot_importance
+from bertscope.analyses.heads.common import add_variant_arguments, figure_title, run_variants
+from bertscope.analyses.heads.disable.plots import plot_heads
 from bertscope.analyses.heads.importance.outputs import (
     IMPORTANCE_FILE,
     importance_grid,
@@ -45,8 +49,6 @@ VARIANT_SETS = ("single", "but-one", "both")
 
 
 def add_arguments(p):
-    from bertscope.analyses.heads.common import add_variant_arguments
-
     p.add_argument("--variants", choices=VARIANT_SETS, default="both",
                    help="single heads masked, all heads of a layer but one, or both (default: both)")
     p.add_argument("--importance", metavar="PATH", default=None,
@@ -74,8 +76,6 @@ def main(args) -> int:
 def variant_set(which: str, importance=None):
     """(layers, H) -> the variants of `--variants`; checks the importance table against the
     model's shape first, so a file of another model fails before the evaluation, not after."""
-    from bertscope.analyses.heads import variants as V
-
     def make(n_layers: int, n_heads: int):
         if importance is not None:
             importance_grid(importance[1], n_layers, n_heads)
@@ -86,8 +86,6 @@ def variant_set(which: str, importance=None):
 
 def outputs(run, rows: list[dict], results: dict, importance=None):
     """ablate's figures, but-one table and importance correlation, added to `results`."""
-    from bertscope.analyses.heads.ablate import stats as A
-    from bertscope.analyses.heads.common import figure_title
 
     args, L, H = run.args, run.loaded.n_layers, run.loaded.n_heads
     title, figures = figure_title(run), not args.no_figures
@@ -99,8 +97,6 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         results["heads_within_half_point"] = within
         run.log(f"single heads within 0.5 points of the baseline: {within} of {len(singles)}")
         if figures:
-            from bertscope.analyses.heads.ablate.plots import plot_histogram
-            from bertscope.analyses.heads.disable.plots import plot_heads
 
             run.save_figure(plot_heads(rows, L, H, title, "zero"), HEADS_FIGURE)
             run.save_figure(plot_histogram(deltas.ravel(), results["examples"], title), HISTOGRAM_FIGURE)
@@ -116,8 +112,6 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         run.log(f"one head suffices (best kept head not significantly worse) in {len(enough)} of {len(table)} "
                 f"layers: {', '.join(map(str, enough)) or 'none'}")
         if figures:
-            from bertscope.analyses.heads.ablate.plots import plot_but_one
-
             run.save_figure(plot_but_one(rows, table, title), BUT_ONE_FIGURE)
     if importance is not None and singles:
         source, values = importance
@@ -130,7 +124,5 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
             run.log(f"Spearman rho between {column} and the accuracy lost when the head is masked: {rho}, "
                     f"{c['heads']} heads")
         if figures:
-            from bertscope.analyses.heads.ablate.plots import plot_importance
-
             run.save_figure(plot_importance(importance_grid(values, L, H), delta, corr["importance"], title),
                             IMPORTANCE_FIGURE)

@@ -21,6 +21,7 @@ from bertscope.analyses.heads.attention_grad.outputs import (
     LAYERS_FIGURE,
     LAYERS_FILE,
 )
+from bertscope.analyses.heads.attention_grad.plots import plot_heads, plot_layers
 from bertscope.analyses.heads.attention_grad.stats import (
     MASK_RATE,
     MASK_TOKEN,
@@ -30,8 +31,18 @@ from bertscope.analyses.heads.attention_grad.stats import (
     measure,
     mlm_loss,
 )
+from bertscope.analyses.heads.common import add_task_data_arguments, load_split
+from bertscope.analyses.heads.variants import example_batches
+from bertscope.analyses.surface.command import segment_stream
+from bertscope.cli.args import add_common_arguments, limit_arg
+from bertscope.engine.loop import windowed_batches
 from bertscope.errors import UserError
+from bertscope.models.loading import model_dir, model_name
 from bertscope.run.analysis_run import ModelRun
+from bertscope.tasks.inputs import check_head, encode_task
+from bertscope.tasks.model import point_loss
+from bertscope.text.corpus import open_corpus
+from bertscope.text.segments import SegmentOptions, SegmentReport, collate
 from bertscope.text.token_classes import KEY_CLASSES
 
 NAME = "attention_grad"
@@ -53,8 +64,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.analyses.heads.common import add_task_data_arguments
-    from bertscope.cli.args import add_common_arguments, limit_arg
 
     p.add_argument("--objective", choices=("task", "mlm"), default=None,
                    help="the loss: the fine-tuned task's or the masked-LM loss (default: mlm when the checkpoint "
@@ -98,11 +107,6 @@ def measure_run(run: ModelRun, args, objective: str, data):
     run.write_csv(LAYERS_FILE, layers, LAYER_COLUMNS)
     run.write_csv(HEADS_FILE, heads, HEAD_COLUMNS)
     if not args.no_figures:
-        from bertscope.analyses.heads.attention_grad.plots import (
-            plot_heads,
-            plot_layers,
-        )
-        from bertscope.models.loading import model_name
 
         source = f"{args.task} {args.split}" if objective == "task" else args.corpus
         title = f"{model_name(loaded.path)}, {objective} loss on {source} ({stats.examples} inputs)"
@@ -119,8 +123,6 @@ def measure_run(run: ModelRun, args, objective: str, data):
 
 def default_objective(model, revision: str | None = None) -> str:
     """mlm when the checkpoint's architectures name a masked-LM (or pre-training) head, else task."""
-    from bertscope.models.loading import model_dir
-
     path = model_dir(model, revision)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -133,18 +135,13 @@ def default_objective(model, revision: str | None = None) -> str:
 def load_data(args):
     """The task examples (objective task) or the opened corpus (mlm)."""
     if args.objective == "task":
-        from bertscope.analyses.heads.common import load_split
-
         return load_split(args)
-    from bertscope.text.corpus import open_corpus
 
     return open_corpus(args.corpus)
 
 
 def task_batches(loaded, args, examples, run):
     """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
-    from bertscope.analyses.heads.variants import example_batches
-    from bertscope.tasks.inputs import check_head, encode_task
 
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
@@ -154,8 +151,6 @@ def task_batches(loaded, args, examples, run):
 
 
 def _task_batches(loaded, task, batches):
-    from bertscope.tasks.model import point_loss
-
     device = next(loaded.model.parameters()).device
     pad = loaded.tokenizer.pad_token_id or 0
     for batch in batches:
@@ -168,9 +163,6 @@ def _task_batches(loaded, task, batches):
 
 def mlm_batches(loaded, args, corpus, run):
     """(inputs, loss_fn) per batch of corpus segments (as `bertscope run` makes them), masked as BERT."""
-    from bertscope.analyses.surface.command import segment_stream
-    from bertscope.engine.loop import windowed_batches
-    from bertscope.text.segments import SegmentOptions, SegmentReport
 
     limit = args.limit or MLM_SEGMENTS
     options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
@@ -183,8 +175,6 @@ def mlm_batches(loaded, args, corpus, run):
 
 
 def _mlm_batches(loaded, batches, seed: int):
-    from bertscope.text.segments import collate
-
     tok = loaded.tokenizer
     device = next(loaded.model.parameters()).device
     for indices, segments in batches:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertscope.analyses.heads.common import load_split
+from bertscope.analyses.heads.common import add_task_data_arguments, load_split
 from bertscope.analyses.heads.importance.outputs import (
     COLUMNS,
     CORRELATION_FIGURE,
@@ -24,9 +24,14 @@ from bertscope.analyses.heads.importance.outputs import (
     importance_grid,
     read_importance,
 )
+from bertscope.analyses.heads.importance.plots import plot_correlation, plot_importance
+from bertscope.analyses.heads.importance.stats import CONVENTIONS, head_importance
+from bertscope.cli.args import add_common_arguments
 from bertscope.errors import UserError
+from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import AnalysisRun, ModelRun
 from bertscope.run.rundir import read_run as read_run_json
+from bertscope.tasks.inputs import check_head, encode_task
 
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
                    "top_overlap")
@@ -44,8 +49,6 @@ DESCRIPTION = (
 
 def add_task_arguments(p, split_help: str, split_default: str):
     """Options shared by `heads importance` and `heads prune`."""
-    from bertscope.analyses.heads.common import add_task_data_arguments
-    from bertscope.analyses.heads.importance.stats import CONVENTIONS
 
     add_task_data_arguments(p, split_default, split_help, task_required=False)
     p.add_argument("--convention", choices=CONVENTIONS, default="michel",
@@ -56,8 +59,6 @@ def add_task_arguments(p, split_help: str, split_default: str):
 
 
 def add_arguments(p):
-    from bertscope.cli.args import add_common_arguments
-
     add_task_arguments(p, "the split the gradients are taken on (default: dev, held-out data)", "dev")
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None,
                    help="instead: the rank correlation of importance between these run directories (each with an "
@@ -77,8 +78,6 @@ def main(args) -> int:
 
 def compute(args, run, examples, mask=None):
     """(EncodedTask, Importance) of run.loaded on `examples` of args.task, with `mask`."""
-    from bertscope.analyses.heads.importance.stats import head_importance
-    from bertscope.tasks.inputs import check_head, encode_task
 
     check_head(args.task, run.loaded)
     task = encode_task(args.task, examples, run.loaded.tokenizer, args.max_len)
@@ -110,8 +109,6 @@ def importance(run: ModelRun, args, examples: list):
     rows = importance_rows(imp)
     run.write_csv(IMPORTANCE_FILE, rows, COLUMNS)
     if not args.no_figures:
-        from bertscope.analyses.heads.importance.plots import plot_importance
-        from bertscope.models.loading import model_name
 
         title = f"{args.task} {args.split} ({task.n_examples} examples), {model_name(run.loaded.path)}, " \
                 f"{imp.convention} convention"
@@ -151,7 +148,7 @@ def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
 def correlation_row(a, b, run_a, run_b) -> dict:
     """Spearman's rho of two runs' importance (and raw scores) over the heads scored in both, and the
     share of the top TOP_SHARE heads they have in common."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # here: scipy's start-up, and `bertscope --help` imports this module
 
     (label_a, imp_a, raw_a), (label_b, imp_b, raw_b) = a, b
     if imp_a.shape != imp_b.shape:
@@ -186,8 +183,6 @@ def write_correlations(run: AnalysisRun, args, runs: list[Path], data: list):
         run.log(f"{r['label_a']} vs {r['label_b']}: Spearman {r['spearman']:+.3f} (p = {r['p']:.2g}; raw scores "
                 f"{r['spearman_raw']:+.3f}), top {TOP_SHARE:.0%} overlap {r['top_overlap']:.2f}")
     if not args.no_figures:
-        from bertscope.analyses.heads.importance.plots import plot_correlation
-
         run.save_figure(plot_correlation(rho, labels, f"Spearman rho of head importance over {rows[0]['n_heads']} "
                                          "heads"), CORRELATION_FIGURE)
     run.finish({"runs": [str(r) for r in runs], "labels": labels,

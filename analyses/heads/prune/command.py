@@ -30,14 +30,19 @@ import numpy as np
 
 from bertscope.analyses.heads import variants as V
 from bertscope.analyses.heads.common import load_split
+from bertscope.analyses.heads.importance.command import add_task_arguments
+from bertscope.analyses.heads.importance.plots import plot_prune
+from bertscope.analyses.heads.importance.stats import head_importance, least_important
 from bertscope.analyses.heads.prune.outputs import (
     FIGURE,
     ORDER_COLUMNS,
     ORDER_FILE,
     PRUNE_FILE,
 )
-from bertscope.cli.args import fraction
+from bertscope.cli.args import add_common_arguments, fraction
 from bertscope.errors import UserError
+from bertscope.kernels import Gate
+from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.tasks.inputs import check_head, encode_task
 
@@ -53,8 +58,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.analyses.heads.importance.command import add_task_arguments
-    from bertscope.cli.args import add_common_arguments
 
     add_task_arguments(p, "the evaluation split (default: test)", "test")
     p.add_argument("--importance-split", choices=("train", "dev", "test"), default="dev",
@@ -82,11 +85,6 @@ def importance_order(loaded, task, counts: list[int], batch_size=32, convention=
                      progress=True, log=lambda *a: None):
     """The heads Michel's iterative pruning removes at each step, (layer, head) 0-based lists, and
     each step's Importance (computed with the heads pruned before it masked)."""
-    from bertscope.analyses.heads.importance.stats import (
-        head_importance,
-        least_important,
-    )
-
     live = np.ones((loaded.n_layers, loaded.n_heads), bool)
     removed, scores, done = [], [], 0
     for s, n in enumerate(counts, 1):
@@ -120,8 +118,6 @@ def prunable_fraction(fractions, accuracy, base: float, tolerance: float) -> flo
 
 def cumulative_variants(name: str, orders, L: int, H: int):
     """One ZERO-gated Variant per step: the heads removed up to it."""
-    from bertscope.analyses.heads import variants as V
-    from bertscope.kernels import Gate
 
     out, so_far = [], []
     for s, heads in enumerate(orders, 1):
@@ -185,8 +181,6 @@ def prune(run: ModelRun, args, held_out: list, evaluation: list) -> list[dict]:
     run.write_csv(ORDER_FILE, order_rows, ORDER_COLUMNS)
     results = summarise(rows, base, args, dev_task, test_task, steps, counts, L * H, res)
     if not args.no_figures:
-        from bertscope.analyses.heads.importance.plots import plot_prune
-        from bertscope.models.loading import model_name
 
         title = (f"{args.task}: importance on {args.importance_split}, accuracy on {args.split} "
                  f"({test_task.n_examples}), {model_name(loaded.path)}")

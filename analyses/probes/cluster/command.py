@@ -24,7 +24,7 @@ from bertscope.analyses.probes.cluster.outputs import (
     MDS_FILE,
 )
 from bertscope.analyses.surface import stats as surface
-from bertscope.cli.args import add_common_arguments
+from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.errors import UserError
 from bertscope.kernels.js import JS_BACKENDS
 from bertscope.models.loading import model_name
@@ -46,8 +46,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.cli.args import limit_arg
-
     add_common_arguments(p, from_word=False)
     p.add_argument("--corpus", default="wiki",
                    help="'wiki' (Wikipedia lead sections) or a UTF-8 text file with one segment per line; "

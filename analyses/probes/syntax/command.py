@@ -26,9 +26,12 @@ from bertscope.analyses.probes.syntax.outputs import (
 )
 from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.data.paths import seeded_sample
+from bertscope.data.readers.treebank import read_ewt_dev, read_gum
+from bertscope.engine.loop import EngineOptions, fold, word_map_spec
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
+from bertscope.text.word_segments import word_segment
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +74,6 @@ def add_arguments(p):
 
 
 def read_sentences(treebank: str, data_dir: str | None) -> list:
-    from bertscope.data.readers.treebank import read_ewt_dev, read_gum
-
     if treebank == "ewt":
         return read_ewt_dev(data_dir)
     return [s for document in read_gum(data_dir) for s in document.sentences]
@@ -80,8 +81,6 @@ def read_sentences(treebank: str, data_dir: str | None) -> list:
 
 def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank: str):
     """Segments, word maps and counts for one treebank: (SyntaxCounts, report dict)."""
-    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
-    from bertscope.text.word_segments import word_segment
 
     t0 = time.perf_counter()
     segments, dependents, report = [], [], dict(sentences=len(sentences), skipped_long=0,
