@@ -70,7 +70,6 @@ def read_inputs(data: str, data_dir: str | None, split: str) -> list:
 
 def make_segments(data: str, inputs: list, tokenizer, max_len: int) -> tuple[list, dict]:
     """Segments with their feature classes set, and what was dropped or cut."""
-
     segments, report = [], dict(inputs=len(inputs), too_long=0, truncated=0, empty=0)
     if data in TREEBANKS:
         for s in inputs:
@@ -96,7 +95,6 @@ def checkpoint_path(run_dir: Path, data: str, world) -> Path:
 
 def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, progress: bool):
     """Fold one data set's segments into a `FeatureScores`, resuming from its checkpoint."""
-
     features = FEATURES if data in TREEBANKS else TASK_FEATURES
     path = checkpoint_path(run_dir, data, world)
     if path.exists():
@@ -166,7 +164,6 @@ def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
 
 
 def write_outputs(run_, rows: list[dict], results: dict):
-
     label = model_name(run_.loaded.path)
     run_.write_csv(SCORES_CSV, rows, COLUMNS)
     last = max(r["layer"] for r in rows)

@@ -48,17 +48,8 @@ from bertscope.errors import UserError
 from bertscope.models.loading import model_dir
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import write_csv, write_json
+from bertscope.tasks import model as task_model  # called through the module, so tests can replace one
 from bertscope.tasks.inputs import ARCT_INPUTS, EncodedTask, encode_task
-from bertscope.tasks.model import (
-    TrainConfig,
-    classifier_model,
-    cls_features,
-    eval_batches,
-    fine_tune,
-    linear_probe,
-    metrics,
-    predict,
-)
 
 logger = logging.getLogger(__name__)
 INITS = ("pretrained", "random", "probe")
@@ -99,7 +90,6 @@ def check_task(task: str):
 
 def check_labels(model, task: str, revision: str | None = None):
     """A checkpoint with a classification head must have the task's number of outputs."""
-
     path = model_dir(model, revision)
     if not (path / "config.json").is_file():
         return  # load_model says what is wrong
@@ -132,7 +122,6 @@ def seed_list(text: str) -> list[int]:
 
 
 def add_arguments(p):
-
     p.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--inits", type=csv_list(INITS), default=list(INITS),
                    help="what to run: pretrained, random (fine-tuned from that init), probe (linear probe on the "
@@ -223,7 +212,7 @@ class FineTuneRun:
         self.epochs = read_rows(run.dir / EPOCHS_FILE)
         self.cosine = read_rows(run.dir / COSINE_FILE)
 
-        self.cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+        self.cfg = task_model.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                                weight_decay=args.weight_decay, precision=args.precision, device=args.device,
                                patience=args.patience or None)
         self.timing: dict[str, float] = {}
@@ -278,13 +267,13 @@ class FineTuneRun:
         a, loaded = self.args, self.run.loaded
         t0 = time.perf_counter()
         pad, types = loaded.tokenizer.pad_token_id, loaded.takes_token_types
-        feats = {s: cls_features(loaded.model, e, PROBE_BATCH, pad, types, a.device, self.bar(f"[CLS] {s}"))
+        feats = {s: task_model.cls_features(loaded.model, e, PROBE_BATCH, pad, types, a.device, self.bar(f"[CLS] {s}"))
                  for s, e in enc.items()}
-        predict, C, dev_acc = linear_probe(feats["train"], enc["train"].labels, feats["dev"], enc["dev"].labels,
+        predict, C, dev_acc = task_model.linear_probe(feats["train"], enc["train"].labels, feats["dev"], enc["dev"].labels,
                                            enc["train"].pairwise)
         seconds = round(time.perf_counter() - t0, 1)
         for split in ("dev", "test"):
-            m = metrics(predict(feats[split]), enc[split].labels, f1=a.task != "arct")
+            m = task_model.metrics(predict(feats[split]), enc[split].labels, f1=a.task != "arct")
             self.add_row(version, variant, "probe", "-", split, m, best_epoch=f"C={C}", dev=dev_acc, seconds=seconds)
         self.run.log(f"  probe (logistic regression on frozen [CLS], C={C}): dev {dev_acc:.4f}, "
                      f"test {self.rows[-1]['accuracy']:.4f} ({seconds} s)")
@@ -292,18 +281,18 @@ class FineTuneRun:
 
     def fine_tune(self, enc, version, variant, init, seed, name):
         a = self.args
-        loaded = classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
+        loaded = task_model.classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
         model, pad, types = loaded.model, loaded.tokenizer.pad_token_id, loaded.takes_token_types
         desc = f"{name} {init} seed {seed}"
         self.run.log(f"  fine-tuning {desc}")
-        result = fine_tune(model, enc["train"], enc["dev"], self.cfg, seed, pad, types,
+        result = task_model.fine_tune(model, enc["train"], enc["dev"], self.cfg, seed, pad, types,
                            progress=lambda items, d: self.bar(d)(items), log=self.run.log, desc=desc)
         checkpoint = ""
         if a.save == "all" or (a.save == "pretrained" and init == "pretrained"):
             checkpoint = self.save(loaded, name, init, seed, result)
         for split in ("dev", "test"):
-            pred = predict(model, enc[split], a.batch_size, pad, types, a.precision, a.device)
-            m = metrics(pred, enc[split].labels, f1=a.task != "arct")
+            pred = task_model.predict(model, enc[split], a.batch_size, pad, types, a.precision, a.device)
+            m = task_model.metrics(pred, enc[split].labels, f1=a.task != "arct")
             self.add_row(version, variant, init, seed, split, m, best_epoch=result.best_epoch, dev=result.best_dev,
                          seconds=result.seconds, checkpoint=checkpoint)
         for h in result.history:
@@ -317,7 +306,6 @@ class FineTuneRun:
         self.write()
 
     def attention_change(self, tuned, dev, version, variant, seed):
-
         a, ref = self.args, self.run.loaded
         t0 = time.perf_counter()
         keep = seeded_sample(list(range(len(dev.rows))), a.cosine_examples, a.seed)  # sequences, not data points
@@ -325,7 +313,7 @@ class FineTuneRun:
                            types=None if dev.types is None else [dev.types[i] for i in keep],
                            labels=np.zeros(len(keep), dtype=np.int64), per_example=1, kind="classify")
         batches = [flat.batch(idx, ref.tokenizer.pad_token_id, a.device, with_types=ref.takes_token_types)
-                   for idx in eval_batches(flat, a.batch_size)]
+                   for idx in task_model.eval_batches(flat, a.batch_size)]
         sums = attention_cosine(ref, tuned, batches, progress=self.bar("attention cosine"))
         key = {"task": a.task, "data": version, "input": variant, "seed": seed}
         self.cosine = [r for r in self.cosine if not same(r, key)]

@@ -55,7 +55,6 @@ def add_variant_arguments(d):
 
 def load_split(args):
     """The examples of the task split (a seeded sample with --limit)."""
-
     examples = read_task(args.task, args.split, args.data_dir, seed=0, version=args.arct_version)
     if not examples:
         raise UserError(f"the {args.task} {args.split} split has no examples")

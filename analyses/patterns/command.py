@@ -128,7 +128,6 @@ def data_names(text: str) -> list[str]:
 
 def documents(name: str, args) -> list:
     """The data set's inputs as `Document`s of one or two parts."""
-
     if name == "arct":
         return [Document(f"{ex.id}:w{k}", [f"{ex.claim} {ex.reason}", w])
                 for ex in read_task("arct", args.split, args.data_dir, args.seed, args.arct_version)
@@ -139,7 +138,6 @@ def documents(name: str, args) -> list:
 
 def segment_stream(name: str, args, tokenizer, report):
     """Segments of one data set, made lazily, each with its PARTS class ids."""
-
     docs = open_corpus("wiki") if name == "wiki" else documents(name, args)
     options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed)
     for segment in iter_segments(docs, tokenizer, options, report):
@@ -162,7 +160,6 @@ def first_segments(name: str, args, tokenizer, n: int) -> list:
 def iter_maps(loaded, segments, t: P.Thresholds, batch_size: int = 8, progress: bool = False, desc: str = "maps"):
     """(segment, maps (layers, H, L, L) float32, types (layers, H), features) for each segment:
     the batch's own statistics classify, the maps come from the kept q and k."""
-
     spec = P.SPEC.union(StatsSpec(offsets=(), n_key_classes=P.SPEC.n_key_classes, entropy=False, argmax=False,
                                   keep_qk=True))
     for batch in stream_batches(loaded, segments, spec, batch_size=batch_size, classes=P.CLASSES,
@@ -324,7 +321,6 @@ def write_labels(run: ModelRun, args, names: list[str], t: P.Thresholds):
 
 
 def train(args) -> int:
-
     if not args.labels:
         raise UserError("patterns train needs --labels FILE")
     if not 0 < args.held_out < 1:

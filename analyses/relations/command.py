@@ -113,7 +113,6 @@ def sentences_of(name: str, data) -> list:
 def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report) of the sentences with a qualifying core-argument link, each
     with its control pairs (drawn with a generator seeded by --seed and the sentence id)."""
-
     groups = relation_groups()
     segments, links, report = [], [], dict(sentences=len(sentences), too_many_words=0, no_link=0,
                                            too_long=0, inputs=0, links=0)
@@ -140,7 +139,6 @@ def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]
 def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report): verb -> subject in every EWT sentence or GUM input, and
     pronoun -> antecedent in GUM inputs (windows of whole sentences, or sentences)."""
-
     segments, links, report = [], [], dict(inputs=0, too_long=0, no_link=0, verb_subject=0, pronoun_antecedent=0)
 
     def add(words, pairs, doc_id):
@@ -202,7 +200,6 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
                 progress: bool):
     """(LinkScores, HeadStats) of one analysis on one data set, resumed from its checkpoint when
     --resume finds one (a pair that disagrees on the batches done is started again)."""
-
     spec = offsets_spec(loaded)
     unit = "sentence" if analysis == "relations" else "link"
     scores_path, offsets_path = state_paths(run_dir, analysis, name, world.suffix())
@@ -228,7 +225,6 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
 def all_reduce(world, scores, offsets):
     """Every rank's sums into each rank's copies (torchrun)."""
     if world.size > 1:
-
         for array in (scores.sums, scores.n):
             t = torch.from_numpy(array)
             dist.all_reduce(t, op=dist.ReduceOp.SUM)  # in place on the numpy buffer
@@ -281,7 +277,6 @@ def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> 
 
 
 def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
-    
     label = model_name(run.loaded.path)
     all_heads, summary, record = [], [], {"adjacent_mass": args.prev_next_mass, "percentile": rel.PERCENTILE}
     by_table = rel.tables(results, analyses, names)
@@ -319,7 +314,6 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
 def draw_example(run, loaded, analysis: str, results: dict, names: list[str], scores, args, label: str):
     """One seeded random input's word maps for the top heads: the flagged ones of the first
     group, then the next best, `EXAMPLE_HEADS` in all; the gold links boxed."""
-
     group = rel.ALL if analysis == "relations" else rel.VERB_SUBJECT + "_far"
     g = scores.groups.index(group)
     heads = rel.top_heads(scores.means()[g], EXAMPLE_HEADS)

@@ -86,7 +86,6 @@ def variant_set(which: str, importance=None):
 
 def outputs(run, rows: list[dict], results: dict, importance=None):
     """ablate's figures, but-one table and importance correlation, added to `results`."""
-
     args, L, H = run.args, run.loaded.n_layers, run.loaded.n_heads
     title, figures = figure_title(run), not args.no_figures
     results["variant_set"] = args.variants
@@ -97,7 +96,6 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         results["heads_within_half_point"] = within
         run.log(f"single heads within 0.5 points of the baseline: {within} of {len(singles)}")
         if figures:
-
             run.save_figure(plot_heads(rows, L, H, title, "zero"), HEADS_FIGURE)
             run.save_figure(plot_histogram(deltas.ravel(), results["examples"], title), HISTOGRAM_FIGURE)
     table = A.but_one_table(rows, args.alpha)

@@ -64,7 +64,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-
     p.add_argument("--objective", choices=("task", "mlm"), default=None,
                    help="the loss: the fine-tuned task's or the masked-LM loss (default: mlm when the checkpoint "
                    "has an MLM head, else task)")
@@ -107,7 +106,6 @@ def measure_run(run: ModelRun, args, objective: str, data):
     run.write_csv(LAYERS_FILE, layers, LAYER_COLUMNS)
     run.write_csv(HEADS_FILE, heads, HEAD_COLUMNS)
     if not args.no_figures:
-
         source = f"{args.task} {args.split}" if objective == "task" else args.corpus
         title = f"{model_name(loaded.path)}, {objective} loss on {source} ({stats.examples} inputs)"
         run.save_figure(plot_layers(layers, title), LAYERS_FIGURE)
@@ -142,7 +140,6 @@ def load_data(args):
 
 def task_batches(loaded, args, examples, run):
     """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
-
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
@@ -163,7 +160,6 @@ def _task_batches(loaded, task, batches):
 
 def mlm_batches(loaded, args, corpus, run):
     """(inputs, loss_fn) per batch of corpus segments (as `bertscope run` makes them), masked as BERT."""
-
     limit = args.limit or MLM_SEGMENTS
     options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
     stream = segment_stream(corpus, loaded.tokenizer, options, SegmentReport(), window_batches=64)

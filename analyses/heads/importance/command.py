@@ -49,7 +49,6 @@ DESCRIPTION = (
 
 def add_task_arguments(p, split_help: str, split_default: str):
     """Options shared by `heads importance` and `heads prune`."""
-
     add_task_data_arguments(p, split_default, split_help, task_required=False)
     p.add_argument("--convention", choices=CONVENTIONS, default="michel",
                    help="michel: |dL/dxi| per example, then the mean; batch: the gradient summed over a batch "
@@ -78,7 +77,6 @@ def main(args) -> int:
 
 def compute(args, run, examples, mask=None):
     """(EncodedTask, Importance) of run.loaded on `examples` of args.task, with `mask`."""
-
     check_head(args.task, run.loaded)
     task = encode_task(args.task, examples, run.loaded.tokenizer, args.max_len)
     return task, head_importance(run.loaded, task, args.batch_size, args.convention, not args.no_normalise, mask,
@@ -109,7 +107,6 @@ def importance(run: ModelRun, args, examples: list):
     rows = importance_rows(imp)
     run.write_csv(IMPORTANCE_FILE, rows, COLUMNS)
     if not args.no_figures:
-
         title = f"{args.task} {args.split} ({task.n_examples} examples), {model_name(run.loaded.path)}, " \
                 f"{imp.convention} convention"
         run.save_figure(plot_importance(imp.scores, imp.ranks(), title, imp.normalised), FIGURE)

@@ -58,7 +58,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-
     add_task_arguments(p, "the evaluation split (default: test)", "test")
     p.add_argument("--importance-split", choices=("train", "dev", "test"), default="dev",
                    help="the held-out split importance is computed on (default: dev)")
@@ -118,7 +117,6 @@ def prunable_fraction(fractions, accuracy, base: float, tolerance: float) -> flo
 
 def cumulative_variants(name: str, orders, L: int, H: int):
     """One ZERO-gated Variant per step: the heads removed up to it."""
-
     out, so_far = [], []
     for s, heads in enumerate(orders, 1):
         so_far = so_far + list(heads)
@@ -181,7 +179,6 @@ def prune(run: ModelRun, args, held_out: list, evaluation: list) -> list[dict]:
     run.write_csv(ORDER_FILE, order_rows, ORDER_COLUMNS)
     results = summarise(rows, base, args, dev_task, test_task, steps, counts, L * H, res)
     if not args.no_figures:
-
         title = (f"{args.task}: importance on {args.importance_split}, accuracy on {args.split} "
                  f"({test_task.n_examples}), {model_name(loaded.path)}")
         run.save_figure(plot_prune(rows, title, args.tolerance), FIGURE)

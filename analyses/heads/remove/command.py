@@ -50,7 +50,6 @@ def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subco
 
 
 def main(args) -> int:
-
     if args.threads:
         torch.set_num_threads(args.threads)
     heads = chosen_heads(args)
@@ -101,7 +100,6 @@ def chosen_heads(args) -> dict[int, list[int]]:
 
 def checkpoint_task(path) -> str | None:
     """The task head a checkpoint carries, so that pruning keeps it (None: a bare encoder)."""
-
     config = model_dir(path) / "config.json"
     try:
         archs = json.loads(config.read_text()).get("architectures") or []

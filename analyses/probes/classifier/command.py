@@ -173,7 +173,6 @@ def read_data(args):
     Training sentences are GUM's: all of them, or with --limit-train N a seeded sample of N
     sentences from whole documents read in seeded order until there are enough (so a small
     run does not parse all 160 documents)."""
-
     paths = sorted(dataset_dir("gum", args.data_dir).glob("GUM_*.conllu"))
     random.Random(args.seed).shuffle(paths)
     gum, documents = [], 0
@@ -228,7 +227,6 @@ def random_copy(loaded, seed: int):
     """The model's architecture with fresh random weights (seeded), keeping the pre-trained
     embeddings (bertscope's choice; the paper does not say), so only what the layers learned
     is removed."""
-
     torch.manual_seed(seed)
     model = AutoModel.from_config(copy.deepcopy(loaded.model.config), attn_implementation=ATTN_IMPLEMENTATION)
     if hasattr(model, "embeddings") and hasattr(loaded.model, "embeddings"):

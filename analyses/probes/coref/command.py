@@ -82,7 +82,6 @@ def add_arguments(p):
 def read_gum_documents(data_dir: str | None, limit: int | None, seed: int, mention_head: str = "ud") -> list:
     """(CorefDocument, xpos, feats) of the sampled GUM documents; xpos and feats are flat
     per-word lists in the document's word order (the coreference reader keeps neither)."""
-
     paths = seeded_sample(sorted(dataset_dir("gum", data_dir).glob("GUM_*.conllu")), limit, seed)
     out = []
     for path in paths:
@@ -195,7 +194,6 @@ class GapScores(coref.Scores):
 
 
 def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Scores, dict]:
-
     t0 = time.perf_counter()
     report = dict(rows=len(examples), skipped_neither=0, skipped_too_long=0, scored=0)
     segments, kept = [], []
