@@ -33,10 +33,12 @@ from bertscope.analyses.probes.syntax import outputs as syntax_outputs
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE, HEADS_FILE
 from bertscope.cli.args import add_quiet_argument, fraction
 from bertscope.errors import UserError
+from bertscope.models.loading import model_name
+from bertscope.report.writer import refresh_report
 from bertscope.run.rundir import (
     check_run_dir,
     new_run_dir,
-    read_json,
+    read_run,
     update_json,
     write_csv,
 )
@@ -73,8 +75,6 @@ class RunDir:
     examples: Path | None = None
 
     def describe(self) -> str:
-        from bertscope.models.loading import model_name
-
         model = (self.record.get("model") or {}).get("path", "?")
         corpus = (self.record.get("settings") or {}).get("corpus")
         return f"{self.path} ({model_name(model)}" + (f", corpus {corpus})" if corpus else ")")
@@ -85,7 +85,7 @@ def load_run(path: str | Path) -> RunDir:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path} is not a directory: give two bertscope run directories")
-    record = read_json(path / "run.json")
+    record = read_run(path / "run.json")
     if record.get("status", "complete") != "complete":
         raise UserError(f"{path} is not complete (status {record['status']!r}): finish it with "
                         f"bertscope run --resume {path}")
@@ -105,7 +105,7 @@ def load_run(path: str | Path) -> RunDir:
 
 def _shape(record: dict, path: Path) -> tuple[int, int]:
     """layers x heads from run.json: the run's model, else a probe's."""
-    models = [record.get("model")] + [p.get("model") for p in (record.get("probes") or {}).values()]
+    models = [record.get("model")] + [p.get("model") for p in record["analyses"].values()]
     for m in models:
         if isinstance(m, dict) and isinstance(m.get("layers"), int) and isinstance(m.get("heads"), int):
             return m["layers"], m["heads"]
@@ -154,6 +154,7 @@ class Segments:
 
 
 def _parquet(path: Path):
+    # pyarrow here: it takes a second to import, and `bertscope --help` imports this module
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -357,6 +358,7 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
     write_csv(out / CSV_NAME, comp.rows(), COLUMNS)
     outputs = [CSV_NAME]
     if figures:
+        # here: compare's plots import matplotlib at their top, and `bertscope --help` imports this module
         from bertscope.analyses.compare.plots import plot_diff
 
         for key, d in comp.diff.items():
@@ -389,7 +391,6 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
     update_json(out / "run.json", lambda run: run.update(compare=compare))
     logger.info(comp.summary(k))
     logger.info(f"wrote {', '.join(outputs)} to {out}")
-    from bertscope.report.writer import refresh_report
 
     refresh_report(out)
     return out

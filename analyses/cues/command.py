@@ -29,7 +29,8 @@ from __future__ import annotations
 from bertscope.analyses.cues.outputs import CUES_FIGURE, CUES_FILE
 from bertscope.analyses.cues.plots import cue_figure
 from bertscope.analyses.cues.stats import COLUMNS, Cue, cue_tables, rows, strongest
-from bertscope.report.writer import refresh_report
+from bertscope.cli.args import add_quiet_argument, positive_int
+from bertscope.run.analysis_run import AnalysisRun
 
 HELP = "dataset cues: applicability, productivity, coverage of unigrams/bigrams (Niven & Kao 2019)"
 DESCRIPTION = (
@@ -39,8 +40,6 @@ DESCRIPTION = (
     "strongest cues (productivity above 0.5, sorted by coverage x productivity).")
 
 def add_arguments(p):
-    from bertscope.cli.args import add_quiet_argument, positive_int
-
     p.add_argument("--task", choices=("arct", "rte"), default="arct",
                    help="arct: cues in the warrants (original and adversarial data); rte: cues in the hypothesis "
                    "(default: arct)")
@@ -61,10 +60,13 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.run.rundir import AnalysisRun
-
     tables = cue_tables(args.task, args.data_dir, args.seed, args.expand_not)  # reads the data first: a missing set fails early
-    run = AnalysisRun("cues", args)
+    with AnalysisRun("cues", args) as run:
+        write_cues(run, args, tables)
+    return 0
+
+
+def write_cues(run: AnalysisRun, args, tables: dict):
     run.write_csv(CUES_FILE, rows(args.task, tables, args.min_n), COLUMNS)
     results = {}
     for (data, split), cues in tables.items():
@@ -77,8 +79,6 @@ def main(args) -> int:
     if not args.no_figures:
         run.save_figure(cue_figure(args.task, tables, args.top), CUES_FIGURE)
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 
 
 def _table(title: str, cues: list[Cue], top: int) -> str:

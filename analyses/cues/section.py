@@ -25,7 +25,7 @@ def build(run: RunFiles) -> Section | None:
     not_all = next((r for r in rows if r["cue"] == "not" and r["data"] == "original" and r["split"] == "all"), None)
     if task == "arct" and not_all:
         ref = paper.NOT_CUE
-        settings = run.record.get("probes", {}).get("cues", {}).get("settings", {})
+        settings = run.record["analyses"].get("cues", {}).get("settings", {})
         expand = " (negated contractions read as 'not': --expand-not)" if settings.get("expand_not") else \
             " (\"don't\" and other contractions are tokens of their own here)"
         findings.append(f"\"not\" over all splits: productivity {num(not_all['productivity']):.2f}, coverage "

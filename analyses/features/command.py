@@ -10,9 +10,9 @@ interrupted run, and under torchrun every rank takes its share of the batches.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from bertscope.analyses.features import plots
 from bertscope.analyses.features.outputs import (
     CHECKPOINT,
     CLS_LAST_LAYER_FIGURE,
@@ -21,8 +21,29 @@ from bertscope.analyses.features.outputs import (
     LAYERS_FIGURE,
     SCORES_CSV,
 )
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.analyses.features.stats import (
+    COLUMNS,
+    FEATURES,
+    NEEDS,
+    SCHEME,
+    TASK_FEATURES,
+    FeatureScores,
+    set_classes,
+    summary,
+    word_tags,
+)
+from bertscope.cli.args import add_common_arguments, limit_arg
+from bertscope.data.paths import seeded_sample
+from bertscope.data.readers import tasks, treebank
+from bertscope.engine.loop import EngineOptions, fold
+from bertscope.errors import UserError
+from bertscope.models.loading import model_name
+from bertscope.run.analysis_run import ModelRun
+from bertscope.run.rundir import read_run
+from bertscope.text.corpus import Document
+from bertscope.text.segments import SegmentOptions
+from bertscope.text.segments import make_segments as text_segments
+from bertscope.text.word_segments import word_segment
 
 NAME = "features"
 TREEBANKS = ("ewt", "gum")
@@ -36,8 +57,6 @@ CHECKPOINT_EVERY = 20  # batches between checkpoints
 
 def read_inputs(data: str, data_dir: str | None, split: str) -> list:
     """The raw inputs of one data set: treebank `Sentence`s or `(id, text_a, text_b)`."""
-    from bertscope.data.readers import tasks, treebank
-
     if data == "ewt":
         return treebank.read_ewt_dev(data_dir)
     if data == "gum":
@@ -51,12 +70,6 @@ def read_inputs(data: str, data_dir: str | None, split: str) -> list:
 
 def make_segments(data: str, inputs: list, tokenizer, max_len: int) -> tuple[list, dict]:
     """Segments with their feature classes set, and what was dropped or cut."""
-    from bertscope.analyses.features.stats import set_classes, word_tags
-    from bertscope.text.corpus import Document
-    from bertscope.text.segments import SegmentOptions
-    from bertscope.text.segments import make_segments as text_segments
-    from bertscope.text.word_segments import word_segment
-
     segments, report = [], dict(inputs=len(inputs), too_long=0, truncated=0, empty=0)
     if data in TREEBANKS:
         for s in inputs:
@@ -82,15 +95,6 @@ def checkpoint_path(run_dir: Path, data: str, world) -> Path:
 
 def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, progress: bool):
     """Fold one data set's segments into a `FeatureScores`, resuming from its checkpoint."""
-    from bertscope.analyses.features.stats import (
-        FEATURES,
-        NEEDS,
-        SCHEME,
-        TASK_FEATURES,
-        FeatureScores,
-    )
-    from bertscope.engine.loop import EngineOptions, fold
-
     features = FEATURES if data in TREEBANKS else TASK_FEATURES
     path = checkpoint_path(run_dir, data, world)
     if path.exists():
@@ -103,43 +107,24 @@ def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, pr
     spec = NEEDS
     options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress,
                             checkpoint_every=CHECKPOINT_EVERY)
-    try:
-        fold(loaded, segments, spec, [acc], options, classes=SCHEME, checkpoint=lambda: acc.save(path),
-             shard=(world.rank, world.size), desc=f"{data} features")
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope features --resume {run_dir}`") from None
+    fold(loaded, segments, spec, [acc], options, classes=SCHEME, checkpoint=lambda: acc.save(path),
+         shard=(world.rank, world.size), desc=f"{data} features")
     if world.size > 1:
         acc.all_reduce()
     return acc
 
 
 def run(args) -> Path:
-    from bertscope.data.paths import seeded_sample
-    from bertscope.engine.distributed import broadcast, init_world, shutdown
-    from bertscope.models.loading import load_model
-    from bertscope.run.rundir import ProbeRun
-
     datas = DATA if args.data == "all" else (args.data,)
     raw = {d: seeded_sample(read_inputs(d, args.data_dir, args.split), args.limit, args.seed) for d in datas}
-    world = init_world(args.device)
-    if args.resume and args.world_size != world.size:
-        raise UserError(f"{args.resume} was started with {args.world_size} processes; resume it with the same "
-                        f"number (now {world.size})")
-    run_, earlier = None, {}
-    if world.is_main:
-        earlier = earlier_results(args.out, datas)
-        run_ = ProbeRun(NAME, args, device=world.device)
-        run_.record["world_size"] = world.size  # per-rank checkpoints: a resume needs as many
-        run_._save_record()
-        loaded, run_dir, progress, log = run_.loaded, run_.dir, run_.progress, run_.log
-    else:
-        import torch
+    earlier = earlier_results(args.out, datas)
+    with ModelRun(NAME, args, distributed=True, resumable=True) as run_:
+        return score(run_, args, datas, raw, earlier)
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        loaded, run_dir, progress, log = load_model(args.model, device=world.device, dtype=args.dtype, revision=args.revision), None, False, lambda *a, **k: None
-    run_dir = Path(broadcast(world, None if run_dir is None else str(run_dir)))
 
+def score(run_: ModelRun, args, datas: tuple[str, ...], raw: dict, earlier: dict) -> Path:
+    """`run` once the model has loaded (on every rank): each data set's scores, then the outputs."""
+    loaded, run_dir, progress, log, world = run_.loaded, run_.dir, run_.progress, run_.log, run_.world
     results, rows = {}, []
     for data in datas:
         segments, report = make_segments(data, raw[data], loaded.tokenizer, args.max_len)
@@ -150,19 +135,15 @@ def run(args) -> Path:
             + (f", {report['truncated']} cut to {args.max_len} tokens" if report["truncated"] else ""))
         acc = score_data(loaded, data, segments, args, run_dir, world, progress)
         if world.is_main:
-            from bertscope.analyses.features.stats import summary
-
             rows += acc.rows(data)
             results[data] = {**report, **summary(acc)}
             if world.size > 1:
                 acc.save(run_dir / CHECKPOINT.format(data=data, suffix=""))
             run_.outputs.append(CHECKPOINT.format(data=data, suffix=""))
-    shutdown(world)
+    run_.shutdown()
     if not world.is_main:
         return run_dir
     for data, result in earlier.items():  # data sets an earlier command wrote into this directory
-        from bertscope.analyses.features.stats import FeatureScores
-
         rows += FeatureScores.load(run_dir / CHECKPOINT.format(data=data, suffix="")).rows(data)
         results[data] = result
         run_.outputs.append(CHECKPOINT.format(data=data, suffix=""))
@@ -174,21 +155,15 @@ def run(args) -> Path:
 def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
     """Results of other data sets that an earlier `bertscope features` wrote into `out`
     (their checkpoints still there), so the tables and figures cover all of them."""
-    from bertscope.run.rundir import read_json
-
     path = Path(out or "") / "run.json"
     if not out or not path.is_file():
         return {}
-    record = read_json(path).get("probes", {}).get(NAME) or {}
+    record = read_run(path)["analyses"].get(NAME) or {}
     return {data: result for data, result in (record.get("results") or {}).items()
             if data not in datas and (path.parent / CHECKPOINT.format(data=data, suffix="")).is_file()}
 
 
 def write_outputs(run_, rows: list[dict], results: dict):
-    from bertscope.analyses.features import plots
-    from bertscope.analyses.features.stats import COLUMNS
-    from bertscope.models.loading import model_name
-
     label = model_name(run_.loaded.path)
     run_.write_csv(SCORES_CSV, rows, COLUMNS)
     last = max(r["layer"] for r in rows)
@@ -209,7 +184,6 @@ def write_outputs(run_, rows: list[dict], results: dict):
                  + ", ".join(f"{f} {v['best_head']} {v['best']:.3f}" for f, v in ranked)
                  + f"; heads whose top feature is [CLS]/[SEP]: {r['heads_won_by_special']} of {r['heads']}")
     run_.finish(results)
-    refresh_report(run_.dir)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -225,8 +199,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.cli.args import add_common_arguments, limit_arg
-
     p.add_argument("--data", choices=DATA + ("all",), default="ewt", help="data set (default: ewt)")
     p.add_argument("--limit", type=limit_arg, default=DEFAULT_LIMIT, metavar="N",
                    help=f"inputs per data set, a seeded sample, or 'all' (default: {DEFAULT_LIMIT})")
@@ -237,19 +209,8 @@ def add_arguments(p):
     add_common_arguments(p, from_word=False)
 
 
-def resumed_args(args) -> argparse.Namespace:
-    """The settings recorded in DIR's run.json, with DIR as --out."""
-    from bertscope.run.rundir import recorded_run, resumed_revision
-
-    record = recorded_run(args.resume, NAME)
-    settings = {**vars(args), **record["settings"]}
-    settings.update(out=args.resume, resume=args.resume, quiet=args.quiet, world_size=record.get("world_size", 1),
-                    revision=resumed_revision(record, record["settings"].get("revision")))
-    return argparse.Namespace(**settings)
-
-
 def main(args) -> int:
     if args.resume:
-        args = resumed_args(args)
+        args = ModelRun.resumed_args(NAME, args, add_arguments, command="features")
     run(args)
     return 0

@@ -54,7 +54,7 @@ def build(run: RunFiles) -> Section | None:
     rows = run.csv(SCORES_CSV)
     if not rows:
         return None
-    results = ((run.record.get("probes") or {}).get("features") or {}).get("results") or {}
+    results = (run.record["analyses"].get("features") or {}).get("results") or {}
     uniform = {d: r["uniform_score"] for d, r in results.items() if "uniform_score" in r}
     findings, table_rows = feature_findings(rows, uniform)
     last = max(int(r["layer"]) for r in rows)

@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
+from transformers import AutoConfig
 
+from bertscope.analyses.finetune.attention_change import attention_cosine
 from bertscope.analyses.finetune.outputs import (
     CHECKPOINT_DIR,
     CHECKPOINT_RECORD,
@@ -38,9 +41,15 @@ from bertscope.analyses.finetune.outputs import (
     SUMMARY_FILE,
 )
 from bertscope.analyses.finetune.plots import cosine_figures
+from bertscope.cli.args import add_common_arguments, limit_arg, non_negative_int, positive_int
+from bertscope.data.paths import dataset_dir, seeded_sample
 from bertscope.data.readers.tasks import TASKS, read_task
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.errors import UserError
+from bertscope.models.loading import model_dir
+from bertscope.run.analysis_run import ModelRun
+from bertscope.run.rundir import write_csv, write_json
+from bertscope.tasks import model as task_model  # called through the module, so tests can replace one
+from bertscope.tasks.inputs import ARCT_INPUTS, EncodedTask, encode_task
 
 logger = logging.getLogger(__name__)
 INITS = ("pretrained", "random", "probe")
@@ -81,10 +90,6 @@ def check_task(task: str):
 
 def check_labels(model, task: str, revision: str | None = None):
     """A checkpoint with a classification head must have the task's number of outputs."""
-    from transformers import AutoConfig
-
-    from bertscope.models.loading import model_dir
-
     path = model_dir(model, revision)
     if not (path / "config.json").is_file():
         return  # load_model says what is wrong
@@ -100,8 +105,6 @@ def csv_list(choices):
         items = [t.strip() for t in text.split(",") if t.strip()]
         bad = [t for t in items if t not in choices]
         if bad or not items:
-            import argparse
-
             raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated), not {text!r}")
         return items
     return parse
@@ -109,8 +112,6 @@ def csv_list(choices):
 
 def seed_list(text: str) -> list[int]:
     """Comma-separated seeds, each a whole number >= 0, at least one."""
-    from bertscope.cli.args import non_negative_int
-
     try:
         seeds = sorted({non_negative_int(t.strip()) for t in text.split(",") if t.strip()})
     except argparse.ArgumentTypeError:
@@ -121,14 +122,6 @@ def seed_list(text: str) -> list[int]:
 
 
 def add_arguments(p):
-    from bertscope.cli.args import (
-        add_common_arguments,
-        limit_arg,
-        non_negative_int,
-        positive_int,
-    )
-    from bertscope.tasks.inputs import ARCT_INPUTS
-
     p.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
     p.add_argument("--inits", type=csv_list(INITS), default=list(INITS),
                    help="what to run: pretrained, random (fine-tuned from that init), probe (linear probe on the "
@@ -199,18 +192,14 @@ def resolve_recipe(args):
 
 
 def main(args) -> int:
-    from bertscope.data.paths import dataset_dir
-    from bertscope.run.rundir import ProbeRun
-
     check_task(args.task)
-    args.precision = autocast_precision(args)  # the weights stay float32: ProbeRun loads them so
+    args.precision = autocast_precision(args)  # the weights stay float32: ModelRun loads them so
     resolve_recipe(args)
     dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
     check_labels(args.model, args.task, args.revision)
-    try:
-        FineTuneRun(args, ProbeRun("finetune", args, dtype="float32")).execute()
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; the finished configurations are written in the run directory") from None
+    with ModelRun("finetune", args, dtype="float32") as run:
+        run.interrupted_message = "interrupted; the finished configurations are written in the run directory"
+        FineTuneRun(args, run).execute()
     return 0
 
 
@@ -222,16 +211,13 @@ class FineTuneRun:
         self.rows = read_rows(run.dir / RESULTS_FILE)
         self.epochs = read_rows(run.dir / EPOCHS_FILE)
         self.cosine = read_rows(run.dir / COSINE_FILE)
-        from bertscope.tasks.model import TrainConfig
 
-        self.cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+        self.cfg = task_model.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                                weight_decay=args.weight_decay, precision=args.precision, device=args.device,
                                patience=args.patience or None)
         self.timing: dict[str, float] = {}
 
     def bar(self, desc):
-        from tqdm import tqdm
-
         return lambda items, d=desc: tqdm(items, desc=d, unit="batch", leave=False, disable=not self.run.progress)
 
     def configurations(self):
@@ -240,15 +226,11 @@ class FineTuneRun:
         return list(itertools.product(self.args.arct_data, self.args.arct_inputs))
 
     def data(self, version, variant):
-        from bertscope.tasks.inputs import encode_task
-
         a, tok = self.args, self.run.loaded.tokenizer
         arct = a.task == "arct"
         splits = {s: read_task(a.task, s, a.data_dir, seed=a.seed, version=version if arct else "original")
                   for s in ("train", "dev", "test")}
         if a.limit:
-            from bertscope.data.paths import seeded_sample
-
             splits = {s: seeded_sample(ex, a.limit, a.seed) for s, ex in splits.items()}
         enc = {s: encode_task(a.task, ex, tok, a.max_len, arct_input=variant if arct else "full")
                for s, ex in splits.items()}
@@ -282,39 +264,35 @@ class FineTuneRun:
     # -- the three columns
 
     def probe(self, enc, version, variant):
-        from bertscope.tasks.model import cls_features, linear_probe, metrics
-
         a, loaded = self.args, self.run.loaded
         t0 = time.perf_counter()
         pad, types = loaded.tokenizer.pad_token_id, loaded.takes_token_types
-        feats = {s: cls_features(loaded.model, e, PROBE_BATCH, pad, types, a.device, self.bar(f"[CLS] {s}"))
+        feats = {s: task_model.cls_features(loaded.model, e, PROBE_BATCH, pad, types, a.device, self.bar(f"[CLS] {s}"))
                  for s, e in enc.items()}
-        predict, C, dev_acc = linear_probe(feats["train"], enc["train"].labels, feats["dev"], enc["dev"].labels,
+        predict, C, dev_acc = task_model.linear_probe(feats["train"], enc["train"].labels, feats["dev"], enc["dev"].labels,
                                            enc["train"].pairwise)
         seconds = round(time.perf_counter() - t0, 1)
         for split in ("dev", "test"):
-            m = metrics(predict(feats[split]), enc[split].labels, f1=a.task != "arct")
+            m = task_model.metrics(predict(feats[split]), enc[split].labels, f1=a.task != "arct")
             self.add_row(version, variant, "probe", "-", split, m, best_epoch=f"C={C}", dev=dev_acc, seconds=seconds)
         self.run.log(f"  probe (logistic regression on frozen [CLS], C={C}): dev {dev_acc:.4f}, "
                      f"test {self.rows[-1]['accuracy']:.4f} ({seconds} s)")
         self.write()
 
     def fine_tune(self, enc, version, variant, init, seed, name):
-        from bertscope.tasks.model import classifier_model, fine_tune, metrics, predict
-
         a = self.args
-        loaded = classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
+        loaded = task_model.classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
         model, pad, types = loaded.model, loaded.tokenizer.pad_token_id, loaded.takes_token_types
         desc = f"{name} {init} seed {seed}"
         self.run.log(f"  fine-tuning {desc}")
-        result = fine_tune(model, enc["train"], enc["dev"], self.cfg, seed, pad, types,
+        result = task_model.fine_tune(model, enc["train"], enc["dev"], self.cfg, seed, pad, types,
                            progress=lambda items, d: self.bar(d)(items), log=self.run.log, desc=desc)
         checkpoint = ""
         if a.save == "all" or (a.save == "pretrained" and init == "pretrained"):
             checkpoint = self.save(loaded, name, init, seed, result)
         for split in ("dev", "test"):
-            pred = predict(model, enc[split], a.batch_size, pad, types, a.precision, a.device)
-            m = metrics(pred, enc[split].labels, f1=a.task != "arct")
+            pred = task_model.predict(model, enc[split], a.batch_size, pad, types, a.precision, a.device)
+            m = task_model.metrics(pred, enc[split].labels, f1=a.task != "arct")
             self.add_row(version, variant, init, seed, split, m, best_epoch=result.best_epoch, dev=result.best_dev,
                          seconds=result.seconds, checkpoint=checkpoint)
         for h in result.history:
@@ -328,11 +306,6 @@ class FineTuneRun:
         self.write()
 
     def attention_change(self, tuned, dev, version, variant, seed):
-        from bertscope.analyses.finetune.attention_change import attention_cosine
-        from bertscope.data.paths import seeded_sample
-        from bertscope.tasks.inputs import EncodedTask
-        from bertscope.tasks.model import eval_batches
-
         a, ref = self.args, self.run.loaded
         t0 = time.perf_counter()
         keep = seeded_sample(list(range(len(dev.rows))), a.cosine_examples, a.seed)  # sequences, not data points
@@ -340,7 +313,7 @@ class FineTuneRun:
                            types=None if dev.types is None else [dev.types[i] for i in keep],
                            labels=np.zeros(len(keep), dtype=np.int64), per_example=1, kind="classify")
         batches = [flat.batch(idx, ref.tokenizer.pad_token_id, a.device, with_types=ref.takes_token_types)
-                   for idx in eval_batches(flat, a.batch_size)]
+                   for idx in task_model.eval_batches(flat, a.batch_size)]
         sums = attention_cosine(ref, tuned, batches, progress=self.bar("attention cosine"))
         key = {"task": a.task, "data": version, "input": variant, "seed": seed}
         self.cosine = [r for r in self.cosine if not same(r, key)]
@@ -362,8 +335,6 @@ class FineTuneRun:
                               best_epoch=best_epoch, dev_accuracy=dev, train_s=seconds, checkpoint=checkpoint))
 
     def save(self, loaded, name, init, seed, result) -> str:
-        from bertscope.run.rundir import write_json
-
         rel = CHECKPOINT_DIR.format(name=name, init=init, seed=seed)
         path = self.run.dir / rel
         model = loaded.model
@@ -379,8 +350,6 @@ class FineTuneRun:
         return rel
 
     def write(self, final: bool = False):
-        from bertscope.run.rundir import write_csv
-
         d = self.run.dir
         write_csv(d / RESULTS_FILE, self.rows, RESULT_COLUMNS)
         summary = summarise(self.rows)
@@ -396,16 +365,15 @@ class FineTuneRun:
                    "train": vars(self.cfg), "timing": self.timing}
         if not final:
             self.run.record["results"] = results
-            self.run._save_record()
+            self.run.save_record()
             return
         if not self.args.no_figures and self.cosine:
             for fig, filename in cosine_figures(self.cosine):
                 self.run.save_figure(fig, filename)
         self.run.finish(results)
-        refresh_report(self.run.dir)
         if self.timing.get("interrupted"):
             self.run.record["status"] = "interrupted"
-            self.run._save_record()
+            self.run.save_record()
 
 
 def same(row: dict, key: dict) -> bool:

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertscope.analyses.heads import variants as V
+from bertscope.analyses.heads.paired import bh_adjust, disagreements, mcnemar_exact, mcnemar_interval
+from bertscope.cli.args import add_common_arguments, fraction, limit_arg
+from bertscope.data.paths import seeded_sample
+from bertscope.data.readers.tasks import read_task
 from bertscope.errors import UserError
 from bertscope.kernels import Gate
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
+from bertscope.tasks.inputs import check_head, encode_task
 
 COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
            "q", "significant")
@@ -27,8 +32,6 @@ def add_task_data_arguments(p, split_default: str, split_help: str, splits=("tra
                             limit_help: str | None = "a seeded sample of N examples of each split used (default: all)"):
     """--task, --split, --arct-version and (unless limit_help is None) --limit: the task data of
     every `heads` subcommand."""
-    from bertscope.cli.args import limit_arg
-
     p.add_argument("--task", required=task_required, default=None, choices=TASK_CHOICES, help=task_help)
     p.add_argument("--split", choices=splits, default=split_default, help=split_help)
     p.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
@@ -39,8 +42,6 @@ def add_task_data_arguments(p, split_default: str, split_help: str, splits=("tra
 
 def add_variant_arguments(d):
     """The options of every command that evaluates gated variants through `run_variants`."""
-    from bertscope.cli.args import add_common_arguments, fraction
-
     add_task_data_arguments(d, "test", "evaluation split (default: test; RTE test is RTE3's 800 pairs)",
                             splits=("dev", "test"), limit_help="a seeded sample of N examples of the split (default: all)")
     d.add_argument("--alpha", type=fraction, default=0.05,
@@ -54,9 +55,6 @@ def add_variant_arguments(d):
 
 def load_split(args):
     """The examples of the task split (a seeded sample with --limit)."""
-    from bertscope.data.paths import seeded_sample
-    from bertscope.data.readers.tasks import read_task
-
     examples = read_task(args.task, args.split, args.data_dir, seed=0, version=args.arct_version)
     if not examples:
         raise UserError(f"the {args.task} {args.split} split has no examples")
@@ -75,13 +73,15 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
       run.json is written: it saves figures and may add to `results`. run.loaded and
       run.args give the model and the options.
     """
-    from bertscope.analyses.heads import variants as V
-    from bertscope.tasks.inputs import check_head, encode_task
-
     if args.max_rows < 0:
         raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")
     examples = load_split(args)  # a missing data set fails before the model loads
-    run = ProbeRun(name, args, task="sequence-classification", command=f"heads {args.heads}")
+    with ModelRun(name, args, task="sequence-classification", command=f"heads {args.heads}") as run:
+        return evaluate(run, args, name, gate, outputs, variants, table, examples)
+
+
+def evaluate(run: ModelRun, args, name: str, gate: Gate, outputs, variants, table: str | None, examples) -> list[dict]:
+    """`run_variants` once the model has loaded."""
     loaded = run.loaded
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
@@ -101,7 +101,6 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
         run.log(line)
     outputs(run, rows, results)
     run.finish(results)
-    refresh_report(run.dir)
     return rows
 
 
@@ -115,13 +114,6 @@ def variant_rows(res, alpha: float) -> list[dict]:
     """One CSV row per variant: accuracy, delta vs the baseline (variant 0), its exact interval at
     level 1 - alpha (McNemar's test inverted: it excludes 0 iff p < alpha), McNemar's (b, c, p) and
     the BH q over the non-baseline variants."""
-    from bertscope.analyses.heads.paired import (
-        bh_adjust,
-        disagreements,
-        mcnemar_exact,
-        mcnemar_interval,
-    )
-
     correct, acc = res.correct, res.accuracy  # (V, N), (V,)
     base = correct[0]
     b, c = disagreements(correct, base)

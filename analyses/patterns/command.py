@@ -23,9 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from bertscope.analyses.patterns import cnn as C
 from bertscope.analyses.patterns import plots
 from bertscope.analyses.patterns import stats as P
+from bertscope.analyses.patterns.cnn import split_indices
 from bertscope.analyses.patterns.outputs import (
     CNN_FILE,
     CNN_SCORES_FILE,
@@ -38,8 +41,17 @@ from bertscope.analyses.patterns.outputs import (
     PATTERNS_FILE,
     TABLE_TEXT,
 )
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
+from bertscope.data.readers.tasks import read_task
+from bertscope.engine.loop import EngineOptions, fold, stream_batches
+from bertscope.errors import UserError
+from bertscope.kernels.common import masked_scores
+from bertscope.models.loading import model_name
+from bertscope.run.analysis_run import ModelRun
+from bertscope.run.rundir import new_run_dir, write_json
+from bertscope.text.corpus import Document, open_corpus
+from bertscope.text.segments import SegmentOptions, SegmentReport, iter_segments
+from bertscope.text.token_classes import part_ids
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +71,6 @@ RESUMED = ("data", "split", "arct_version", "limit", "seed", "max_len", "batch_s
 
 
 def add_arguments(p):
-    from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
-
     p.add_argument("action", nargs="?", choices=ACTIONS, default="classify", help="what to do (default: classify)")
     add_common_arguments(p, from_word=False)
     p.set_defaults(batch_size=16)
@@ -117,9 +127,6 @@ def data_names(text: str) -> list[str]:
 
 def documents(name: str, args) -> list:
     """The data set's inputs as `Document`s of one or two parts."""
-    from bertscope.text.corpus import Document
-    from bertscope.data.readers.tasks import read_task
-
     if name == "arct":
         return [Document(f"{ex.id}:w{k}", [f"{ex.claim} {ex.reason}", w])
                 for ex in read_task("arct", args.split, args.data_dir, args.seed, args.arct_version)
@@ -130,10 +137,6 @@ def documents(name: str, args) -> list:
 
 def segment_stream(name: str, args, tokenizer, report):
     """Segments of one data set, made lazily, each with its PARTS class ids."""
-    from bertscope.text.corpus import open_corpus
-    from bertscope.text.segments import SegmentOptions, iter_segments
-    from bertscope.text.token_classes import part_ids
-
     docs = open_corpus("wiki") if name == "wiki" else documents(name, args)
     options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed)
     for segment in iter_segments(docs, tokenizer, options, report):
@@ -142,8 +145,6 @@ def segment_stream(name: str, args, tokenizer, report):
 
 
 def first_segments(name: str, args, tokenizer, n: int) -> list:
-    from bertscope.text.segments import SegmentReport
-
     out = []
     for segment in segment_stream(name, args, tokenizer, SegmentReport()):
         if len(out) >= n:
@@ -158,9 +159,6 @@ def first_segments(name: str, args, tokenizer, n: int) -> list:
 def iter_maps(loaded, segments, t: P.Thresholds, batch_size: int = 8, progress: bool = False, desc: str = "maps"):
     """(segment, maps (layers, H, L, L) float32, types (layers, H), features) for each segment:
     the batch's own statistics classify, the maps come from the kept q and k."""
-    from bertscope.engine.loop import stream_batches
-    from bertscope.kernels.common import masked_scores
-
     spec = P.MAP_SPEC
     for batch in stream_batches(loaded, segments, spec, batch_size=batch_size, classes=P.CLASSES,
                                 progress=progress, desc=desc):
@@ -205,32 +203,19 @@ def pick_examples(loaded, segments, t: P.Thresholds) -> list[dict]:
 
 
 def classify(args) -> int:
-    from bertscope.engine.distributed import broadcast, init_world, shutdown
-    from bertscope.engine.loop import EngineOptions, fold
-    from bertscope.run.rundir import ProbeRun, recorded_run, resumed_revision
-    from bertscope.text.segments import SegmentReport
-
     if args.resume:
-        record = recorded_run(args.resume, NAME)
-        for key in RESUMED:
-            setattr(args, key, record["settings"].get(key, getattr(args, key)))
-        args.revision = resumed_revision(record, args.revision)
-        args.out = args.resume
+        args = ModelRun.resumed_args(NAME, args, add_arguments, keys=RESUMED, command="patterns")
     names, t = data_names(args.data), thresholds(args)
     for name in names:  # missing data fails before a run directory exists
         if name != "wiki":
             documents(name, args)
-    world = init_world(args.device)
-    if world.is_main:
-        run = ProbeRun(NAME, args, device=world.device)
-        loaded, log, progress, run_dir = run.loaded, run.log, run.progress, run.dir
-    else:
-        from bertscope.models.loading import load_model
+    with ModelRun(NAME, args, distributed=True, resumable=True) as run:
+        return count(run, args, names, t)
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        run, loaded, log, progress, run_dir = None, load_model(args.model, device=world.device, dtype=args.dtype, revision=args.revision), (lambda *a: None), False, None
-    run_dir = Path(broadcast(world, str(run_dir) if run_dir else None))
+
+def count(run: ModelRun, args, names: list[str], t: P.Thresholds) -> int:
+    """`classify` once the model has loaded (on every rank): each data set's counts, then the outputs."""
+    loaded, log, progress, run_dir, world = run.loaded, run.log, run.progress, run.dir, run.world
     results, by_data = {"thresholds": t.as_dict(), "types": list(P.TYPES), "data": {}}, {}
     for name in names:
         t0 = time.perf_counter()
@@ -244,17 +229,14 @@ def classify(args) -> int:
         report = SegmentReport()
         options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress, total=args.limit,
                                 checkpoint_every=CHECKPOINT_EVERY)
-        try:
-            fold(loaded, segment_stream(name, args, loaded.tokenizer, report), P.SPEC, [counts], options,
-                 classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path), shard=(world.rank, world.size),
-                 desc=f"patterns {name}")
-        except KeyboardInterrupt:
-            raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope patterns --resume {run_dir}`") from None
+        fold(loaded, segment_stream(name, args, loaded.tokenizer, report), P.SPEC, [counts], options,
+             classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path), shard=(world.rank, world.size),
+             desc=f"patterns {name}")
         counts = all_reduce_counts(world, counts)
         by_data[name] = counts
         results["data"][name] = dict(examples=counts.n_examples, overall=P.overall(counts),
                                      segments=report.as_dict(), wall_s=round(time.perf_counter() - t0, 2))
-    shutdown(world)
+    run.shutdown()
     if not world.is_main:
         return 0
     write_outputs(run, by_data, results, names, args, t)
@@ -264,7 +246,6 @@ def classify(args) -> int:
 def all_reduce_counts(world, counts: P.PatternCounts) -> P.PatternCounts:
     if world.size == 1:
         return counts
-    import torch.distributed as dist
 
     for name in ("counts", "feature_sums"):
         dist.all_reduce(torch.from_numpy(getattr(counts, name)))  # in place on the numpy buffer
@@ -275,8 +256,6 @@ def all_reduce_counts(world, counts: P.PatternCounts) -> P.PatternCounts:
 
 
 def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: P.Thresholds):
-    from bertscope.models.loading import model_name
-
     label = model_name(run.loaded.path)
     run.write_csv(PATTERNS_FILE, [r for n in names for r in by_data[n].tidy_rows(n)], P.TIDY_COLUMNS)
     run.write_csv(HEADS_FILE, [r for n in names for r in by_data[n].head_rows(n)], P.HEAD_COLUMNS)
@@ -299,7 +278,6 @@ def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: 
                 run.save_figure(plots.plot_examples(picked, f"{label}, {name}: one map per type (first {args.examples} "
                                                 "segments)"), EXAMPLES_FIGURE.format(data=name))
     run.finish(results)
-    refresh_report(run.dir)
 
 
 def format_table(shares: dict[str, dict[str, float]], n: dict[str, int]) -> str:
@@ -313,12 +291,13 @@ def format_table(shares: dict[str, dict[str, float]], n: dict[str, int]) -> str:
 
 def label(args) -> int:
     """A labels file per data set: every head's map of --limit segments, resized, with its rule label."""
-    from bertscope.analyses.patterns import cnn as C
-    from bertscope.models.loading import model_name
-    from bertscope.run.rundir import ProbeRun
-
     names, t = data_names(args.data), thresholds(args)
-    run = ProbeRun(NAME + "_label", args)
+    with ModelRun(NAME + "_label", args) as run:
+        write_labels(run, args, names, t)
+    return 0
+
+
+def write_labels(run: ModelRun, args, names: list[str], t: P.Thresholds):
     results = {}
     for name in names:
         maps, labels, source = [], [], []
@@ -337,14 +316,9 @@ def label(args) -> int:
         results[name] = dict(maps=len(labels), counts=dict(zip(P.TYPES, map(int, np.bincount(labels, minlength=5)))))
         run.log(f"{name}: {len(labels)} maps -> {path}")
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 
 
 def train(args) -> int:
-    from bertscope.analyses.patterns import cnn as C
-    from bertscope.run.rundir import new_run_dir, write_json
-
     if not args.labels:
         raise UserError("patterns train needs --labels FILE")
     if not 0 < args.held_out < 1:
@@ -383,8 +357,6 @@ def train(args) -> int:
 def held_out_split(segment: np.ndarray, held_out: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices of training and held-out maps, split by segment: all heads of a segment fall on
     one side, so the held-out maps are maps of other inputs (generated maps: split by map)."""
-    from bertscope.analyses.patterns.cnn import split_indices
-
     if (segment < 0).all():
         return split_indices(len(segment), held_out, seed)
     units = np.unique(segment)
@@ -394,7 +366,4 @@ def held_out_split(segment: np.ndarray, held_out: float, seed: int) -> tuple[np.
 
 
 def main(args) -> int:
-    try:
-        return {"classify": classify, "label": label, "train": train}[args.action](args)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    return {"classify": classify, "label": label, "train": train}[args.action](args)

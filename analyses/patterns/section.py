@@ -28,7 +28,7 @@ def build(run: RunFiles) -> Section | None:
                   [[d] + [100 * (v.get(t) or 0.0) for t in TYPES]
                    + [f"{ref['heterogeneous_min'].value:.0f}-{ref['heterogeneous_max'].value:.0f}%"]
                    for d, v in overall.items()], digits=1)
-    results = run.record.get("probes", {}).get("patterns", {}).get("results", {})
+    results = run.record["analyses"].get("patterns", {}).get("results", {})
     thresholds = results.get("thresholds", {})
     findings = [f"{d}: Heterogeneous {100 * v.get('Heterogeneous', 0):.1f}%, the first three types together "
                 f"{100 * sum(v.get(t, 0) for t in TYPES[:3]):.1f}%, Block {100 * v.get('Block', 0):.1f}%."

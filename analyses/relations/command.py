@@ -22,9 +22,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+from bertscope.analyses.relations import plots
 from bertscope.analyses.relations import stats as rel
 from bertscope.analyses.relations.outputs import (
     EXAMPLES_FIGURE,
@@ -35,7 +40,17 @@ from bertscope.analyses.relations.outputs import (
     SUMMARY_FILE,
     SUMMARY_TEXT,
 )
-from bertscope.errors import Interrupted, UserError
+from bertscope.cli.args import add_common_arguments, fraction, limit_arg, positive_int
+from bertscope.data.paths import seeded_sample
+from bertscope.data.readers.coref import coref_document
+from bertscope.data.readers.treebank import read_ewt_dev, read_gum
+from bertscope.engine.accumulate import HeadStats
+from bertscope.engine.distributed import all_reduce_stats
+from bertscope.engine.loop import EngineOptions, fold, iter_word_maps
+from bertscope.errors import UserError
+from bertscope.models.loading import model_name
+from bertscope.run.analysis_run import ModelRun
+from bertscope.text.word_segments import split_words, word_segment
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +67,9 @@ ANALYSES = ("relations", "tokens")
 DATA = ("ewt", "gum")
 STATE = "relations_state"
 TOP_K = 10
-RESUME_KEYS = ("resume", "quiet")  # settings a resumed run takes from its own command line
 
 
 def add_arguments(p):
-    from bertscope.cli.args import add_common_arguments, fraction, limit_arg, positive_int
-
     add_common_arguments(p)
     p.add_argument("--analysis", choices=ANALYSES + ("both",), default="both",
                    help="relation heads (4.2), token-to-token attention (4.5), or both (default: both)")
@@ -89,8 +101,6 @@ def add_arguments(p):
 
 def read_data(args) -> dict:
     """The data sets asked for: 'ewt' -> sentences, 'gum' -> treebank documents."""
-    from bertscope.data.readers.treebank import read_ewt_dev, read_gum
-
     names = DATA if args.data == "both" else (args.data,)
     return {name: read_ewt_dev(args.data_dir) if name == "ewt" else read_gum(args.data_dir) for name in names}
 
@@ -102,10 +112,6 @@ def sentences_of(name: str, data) -> list:
 def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report) of the sentences with a qualifying core-argument link, each
     with its control pairs (drawn with a generator seeded by --seed and the sentence id)."""
-    import random
-
-    from bertscope.text.word_segments import word_segment
-
     groups = relation_groups()
     segments, links, report = [], [], dict(sentences=len(sentences), too_many_words=0, no_link=0,
                                            too_long=0, inputs=0, links=0)
@@ -132,9 +138,6 @@ def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]
 def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report): verb -> subject in every EWT sentence or GUM input, and
     pronoun -> antecedent in GUM inputs (windows of whole sentences, or sentences)."""
-    from bertscope.data.readers.coref import coref_document
-    from bertscope.text.word_segments import split_words, word_segment
-
     segments, links, report = [], [], dict(inputs=0, too_long=0, no_link=0, verb_subject=0, pronoun_antecedent=0)
 
     def add(words, pairs, doc_id):
@@ -195,9 +198,6 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
                 progress: bool):
     """(LinkScores, HeadStats) of one analysis on one data set, resumed from its checkpoint when
     --resume finds one (a pair that disagrees on the batches done is started again)."""
-    from bertscope.engine.accumulate import HeadStats
-    from bertscope.engine.loop import EngineOptions, fold
-
     spec = offsets_spec(loaded)
     unit = "sentence" if analysis == "relations" else "link"
     scores_path, offsets_path = state_paths(run_dir, analysis, name, world.suffix())
@@ -222,12 +222,7 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
 
 def all_reduce(world, scores, offsets):
     """Every rank's sums into each rank's copies (torchrun)."""
-    from bertscope.engine.distributed import all_reduce_stats
-
     if world.size > 1:
-        import torch
-        import torch.distributed as dist
-
         for array in (scores.sums, scores.n):
             t = torch.from_numpy(array)
             dist.all_reduce(t, op=dist.ReduceOp.SUM)  # in place on the numpy buffer
@@ -237,98 +232,49 @@ def all_reduce(world, scores, offsets):
 # --- the command -----------------------------------------------------------------------
 
 
-def resumed_args(args) -> argparse.Namespace:
-    """The settings recorded in DIR/run.json, with this command line's --resume and --quiet."""
-    from bertscope.run.rundir import recorded_run, resumed_revision
-
-    record = recorded_run(args.resume, NAME)
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    settings = {**vars(parser.parse_args([])), "command": NAME}  # defaults of options newer than the record
-    settings.update(record["settings"])
-    settings.update({k: getattr(args, k) for k in RESUME_KEYS}, out=args.resume,
-                    revision=resumed_revision(record, settings.get("revision")))
-    return argparse.Namespace(**settings)
-
-
-def check_world_size(run_dir: Path, size: int):
-    """Checkpoints are per rank: a run resumes only with the number of processes it began with."""
-    from bertscope.run.rundir import recorded_run
-
-    recorded = recorded_run(run_dir, NAME).get("world_size", 1)
-    if recorded != size:
-        raise UserError(f"{run_dir} was started with {recorded} processes; resume it with the same number (now {size})")
-
-
 def main(args) -> int:
-    from bertscope.engine.distributed import broadcast, init_world, shutdown
-
     if args.resume:
-        args = resumed_args(args)
+        args = ModelRun.resumed_args(NAME, args, add_arguments, command="relations")
     analyses = ANALYSES if args.analysis == "both" else (args.analysis,)
     data = read_data(args)  # a missing data set should not leave a run directory
-    world = init_world(args.device)
-    if args.resume:
-        check_world_size(Path(args.resume), world.size)
-    run, progress, log = None, False, (lambda *a, **k: None)
-    if world.is_main:
-        from bertscope.run.rundir import ProbeRun
-
-        run = ProbeRun(NAME, args, device=world.device)
-        loaded, run_dir, progress, log = run.loaded, run.dir, run.progress, run.log
-        run.record["world_size"] = world.size
-        run._save_record()  # now, so that an interrupted run knows how many ranks to resume with
-    else:
-        import torch
-
-        from bertscope.models.loading import load_model
-
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        loaded = load_model(args.model, device=world.device, dtype=args.dtype, revision=args.revision)
-    run_dir = Path(broadcast(world, str(run_dir) if world.is_main else None))
-
-    results = {}
-    try:
-        for analysis in analyses:
-            for name, dataset in data.items():
-                t0 = time.perf_counter()
-                if analysis == "relations":
-                    segments, links, report = relation_inputs(sentences_of(name, dataset), loaded.tokenizer, args)
-                else:
-                    segments, links, report = token_inputs(name, dataset, loaded.tokenizer, args)
-                segments, links = sample_inputs(segments, links, args.limit, args.seed)
-                report["inputs"] = len(segments)
-                if not segments:
-                    raise UserError(f"{analysis}, {name}: no input qualifies")
-                log(f"{analysis}, {name}: {len(segments)} inputs ({report})")
-                scores, offsets = fold_inputs(loaded, analysis, name, segments, links, args, run_dir, world, progress)
-                scores, offsets = all_reduce(world, scores, offsets)
-                report["wall_s"] = round(time.perf_counter() - t0, 2)
-                results[(analysis, name)] = (scores, offsets, report, segments, links)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope relations --resume {run_dir}`") from None
-    shutdown(world)
-    if not world.is_main:
-        return 0
-
-    write_outputs(run, results, analyses, list(data), args, loaded)
+    with ModelRun(NAME, args, distributed=True, resumable=True) as run:
+        measure(run, args, analyses, data)
     return 0
+
+
+def measure(run: ModelRun, args, analyses: tuple[str, ...], data: dict):
+    """`main` once the model has loaded (on every rank): each analysis on each data set, then the outputs."""
+    loaded, run_dir, progress, log, world = run.loaded, run.dir, run.progress, run.log, run.world
+    results = {}
+    for analysis in analyses:
+        for name, dataset in data.items():
+            t0 = time.perf_counter()
+            if analysis == "relations":
+                segments, links, report = relation_inputs(sentences_of(name, dataset), loaded.tokenizer, args)
+            else:
+                segments, links, report = token_inputs(name, dataset, loaded.tokenizer, args)
+            segments, links = sample_inputs(segments, links, args.limit, args.seed)
+            report["inputs"] = len(segments)
+            if not segments:
+                raise UserError(f"{analysis}, {name}: no input qualifies")
+            log(f"{analysis}, {name}: {len(segments)} inputs ({report})")
+            scores, offsets = fold_inputs(loaded, analysis, name, segments, links, args, run_dir, world, progress)
+            scores, offsets = all_reduce(world, scores, offsets)
+            report["wall_s"] = round(time.perf_counter() - t0, 2)
+            results[(analysis, name)] = (scores, offsets, report, segments, links)
+    run.shutdown()
+    if not world.is_main:
+        return
+    write_outputs(run, results, analyses, list(data), args, loaded)
 
 
 def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> tuple[list, list]:
     """A seeded sample of `limit` inputs in their original order (all with None)."""
-    from bertscope.data.paths import seeded_sample
-
     kept = seeded_sample(list(zip(segments, links)), limit, seed)
     return [s for s, _ in kept], [lk for _, lk in kept]
 
 
 def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
-    from bertscope.analyses.relations import plots
-    from bertscope.models.loading import model_name
-    from bertscope.report.writer import refresh_report
-
     label = model_name(run.loaded.path)
     all_heads, summary, record = [], [], {"adjacent_mass": args.prev_next_mass, "percentile": rel.PERCENTILE}
     by_table = rel.tables(results, analyses, names)
@@ -361,17 +307,11 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
             key = [k for k in by_table if k[0] == analysis][-1]  # the pooled table when there is one
             draw_example(run, loaded, analysis, results, names, by_table[key][0], args, label)
     run.finish(record)
-    refresh_report(run.dir)
 
 
 def draw_example(run, loaded, analysis: str, results: dict, names: list[str], scores, args, label: str):
     """One seeded random input's word maps for the top heads: the flagged ones of the first
     group, then the next best, `EXAMPLE_HEADS` in all; the gold links boxed."""
-    import random
-
-    from bertscope.analyses.relations import plots
-    from bertscope.engine.loop import iter_word_maps
-
     group = rel.ALL if analysis == "relations" else rel.VERB_SUBJECT + "_far"
     g = scores.groups.index(group)
     heads = rel.top_heads(scores.means()[g], EXAMPLE_HEADS)

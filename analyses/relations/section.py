@@ -25,7 +25,7 @@ def build(run: RunFiles) -> Section | None:
     rows = run.csv(SUMMARY_FILE)
     if rows is None:
         return None
-    record = ((run.record.get("probes") or {}).get("relations") or {}).get("results") or {}
+    record = (run.record["analyses"].get("relations") or {}).get("results") or {}
     pooled = max((r["data"] for r in rows), key=len)  # "ewt+gum" when both data sets ran
     table = Table("Per group: inputs (sentences for relations, links for tokens), the 99th percentile of the heads' "
                   "means, the heads above it, the top heads, and how many of the top heads are previous/next-token "

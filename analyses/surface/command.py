@@ -13,6 +13,7 @@ import logging
 import platform
 import sys
 import time
+from argparse import Namespace
 from dataclasses import asdict, dataclass, fields, replace
 from itertools import chain
 from pathlib import Path
@@ -20,7 +21,6 @@ from pathlib import Path
 import torch
 import transformers
 
-from bertscope.engine.accumulate import HeadStats
 from bertscope.analyses.surface import plots as surface_plots
 from bertscope.analyses.surface import stats as surface
 from bertscope.analyses.surface.outputs import (
@@ -34,22 +34,13 @@ from bertscope.cli.args import (
     add_model_arguments,
     add_quiet_argument,
     add_threads_argument,
-    check_device,
-    check_dtype,
     limit_arg,
     positive_int,
 )
-from bertscope.text.corpus import open_corpus
-from bertscope.engine.distributed import (
-    all_reduce_stats,
-    broadcast,
-    init_world,
-    rank_device,
-    shutdown,
-)
+from bertscope.engine.accumulate import HeadStats
+from bertscope.engine.distributed import all_reduce_stats, env_world
 from bertscope.engine.loop import WINDOW_BATCHES, EngineOptions, fold
 from bertscope.errors import Interrupted, UserError
-from bertscope.report.figure_pool import FigureError, FigurePool, split
 from bertscope.kernels import (
     BACKEND_CHOICES,
     StatsSpec,
@@ -57,16 +48,19 @@ from bertscope.kernels import (
     output_path,
     resolve_backend,
 )
-from bertscope.models.loading import load_model, model_name
+from bertscope.models.loading import model_name
+from bertscope.report.figure_pool import FigureError, FigurePool, split
 from bertscope.report.writer import REPORT_NAME, write_report
+from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import (
     check_run_dir,
-    new_run_dir,
-    read_json,
+    check_settings,
+    read_run,
     resumed_revision,
-    update_json,
+    settings_parser,
     write_csv,
 )
+from bertscope.text.corpus import open_corpus
 from bertscope.text.segments import (
     SegmentOptions,
     SegmentReport,
@@ -152,11 +146,7 @@ def start_run(args, figures) -> int:
         per_example=args.per_example, text_field=args.text_field,
         **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
     )
-    check_device(settings.device, settings.backend)
-    check_dtype(settings.dtype, settings.device)
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     run(settings, out=args.out, resume=args.resume, figures=figures, progress=not args.quiet)
     return 0
@@ -226,45 +216,45 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
 def _run(settings: RunSettings, out: str | None, resume: str | None, figures: FigurePool | None,
          progress: bool, log) -> Path:
     t0 = time.perf_counter()
-    world = init_world(settings.device)
-    if not world.is_main:
-        log, progress = (lambda *a, **k: None), False
-    run_dir = None
-    revision = settings.revision
+    record = None
     if resume:
-        run_dir = Path(resume)
-        record = read_json(run_dir / "run.json")
-        settings = RunSettings.from_dict(record["settings"])
-        revision = resumed_revision(record, settings.revision)
-        if record.get("world_size", 1) != world.size:
-            raise UserError(f"{run_dir} was started with {record.get('world_size', 1)} processes; "
-                            f"resume it with the same number (now {world.size})")
-        if record.get("status") == "complete":
-            log(f"{run_dir} is already complete; writing its outputs again")
-    elif world.is_main:
+        record = read_run(Path(resume) / "run.json")
+        if not isinstance(record.get("settings"), dict):
+            raise UserError(f"cannot resume: {resume} holds no `bertscope run` (was it made by another command?)")
+        settings = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"], settings_parser(settings_options)))
+    elif env_world().is_main:
         check_run_dir(out)  # a used --out fails before any work
+    args = Namespace(**asdict(settings), out=resume or out, quiet=not progress, threads=None, resume=resume)
+    if record is not None:  # a Hub model loads at the recorded commit; run.json keeps the revision asked for
+        args.revision = resumed_revision(record, settings.revision)
+    # every rank loads the model (under torchrun on cuda:LOCAL_RANK); the directory waits for good input
+    run = ModelRun(surface.NAME, args, command="run", distributed=True, resumable=True, top_level=True, open=False)
+    with run:
+        return _run_in(run, settings, record, out, t0, figures, log if run.is_main else run.log, progress and run.is_main)
 
-    # under torchrun cuda:LOCAL_RANK; settings.device is the recorded one when resuming
-    device = rank_device(settings.device, world.local_rank) if world.size > 1 else settings.device
-    loaded = load_model(settings.model, device=device, dtype=settings.dtype, revision=revision)  # torchrun: cuda:LOCAL_RANK
+
+def settings_options(p):
+    """`bertscope run`'s options, to check the settings a resumed run recorded."""
+    add_arguments(p)
+    p.add_argument("--window-batches", dest="window_batches", type=positive_int)  # recorded under this name
+
+
+def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str | None, t0: float,
+            figures: FigurePool | None, log, progress: bool) -> Path:
+    world, loaded, resume = run.world, run.loaded, settings if resumed else None
+    if resumed is not None:
+        if resumed.get("world_size", 1) != world.size:
+            raise UserError(f"{run.args.resume} was started with {resumed.get('world_size', 1)} processes; "
+                            f"resume it with the same number (now {world.size})")
+        if resumed.get("status") == "complete":
+            log(f"{run.args.resume} is already complete; writing its outputs again")
     if loaded.source is not None and loaded.source.hub_id is not None:  # run.json keeps the revision asked for
         loaded.source = replace(loaded.source, revision=settings.revision)
-    if settings.max_len > loaded.max_len:
-        raise UserError(f"--max-len {settings.max_len} is longer than the model allows ({loaded.max_len})")
     corpus = open_corpus(settings.corpus, settings.text_field)
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
                                  token_types=settings.token_types, packing=settings.packing)
     seg_report = SegmentReport()
     segments = segment_stream(corpus, loaded.tokenizer, seg_options, seg_report, settings.window_batches)
-    if run_dir is None:  # the input is good: only now is anything written
-        run_dir = Path(on_main(world, lambda: str(new_run_dir(out))))
-    log(f"bertscope {__version__}: run directory {run_dir}")
-    removed = sum(map(len, loaded.pruned_heads.values()))
-    log(f"model {loaded.origin} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads"
-        + (f", {removed} of them removed: NaN in the statistics" if removed else "") + "); "
-        f"segments from {settings.corpus}" + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
-        + (f", at most {settings.limit}" if settings.limit else ", all of them"))
-
     record = {
         "bertscope_version": __version__,
         "command": " ".join(sys.argv),
@@ -275,12 +265,21 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         "segments": seg_report.as_dict(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
-        "analyses": [surface.NAME],
+        "analyses": {},  # other commands' entries, added in this directory later
         "kernel": describe_backend(settings.backend, next(loaded.model.parameters()).device),
         # a run needs no gradient: every layer's output comes from the backend's fused pass
         "output": output_path(resolve_backend(settings.backend, next(loaded.model.parameters()).device), grad=False),
         "world_size": world.size,
     }
+    run.open(run.args.resume or out, record)  # the input is good: only now is anything written
+    run_dir = run.dir
+    log(f"bertscope {__version__}: run directory {run_dir}")
+    removed = sum(map(len, loaded.pruned_heads.values()))
+    log(f"model {loaded.origin} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads"
+        + (f", {removed} of them removed: NaN in the statistics" if removed else "") + "); "
+        f"segments from {settings.corpus}" + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
+        + (f", at most {settings.limit}" if settings.limit else ", all of them"))
+
     # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
     # rank under torchrun; it records how many batches its sums cover
     stats_path = run_dir / STATS_CHECKPOINT.format(suffix=world.suffix())
@@ -306,18 +305,13 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         if examples is not None:
             examples.save()
         stats.save(stats_path)
-    if world.is_main:
-        update_json(run_dir / "run.json", lambda run: {**run, **record})
 
     options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress,
                             window_batches=settings.window_batches, total=settings.limit)
-    try:
-        fold(loaded, segments, spec, [acc for acc in (examples, stats) if acc is not None], options,
-             checkpoint=checkpoint, shard=(world.rank, world.size))
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; the finished batches are saved: resume with `bertscope run --resume {run_dir}`") from None
+    fold(loaded, segments, spec, [acc for acc in (examples, stats) if acc is not None], options,
+         checkpoint=checkpoint, shard=(world.rank, world.size))
     stats = all_reduce_stats(world, stats)
-    shutdown(world)  # the sums are all in; only rank 0 has work left
+    run.shutdown()  # the sums are all in; only rank 0 has work left
     if not world.is_main:
         return run_dir
     if world.size > 1:
@@ -333,7 +327,7 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         raise Interrupted(f"interrupted while writing the outputs; `bertscope run --resume {run_dir}` "
                           "writes them without running the model again") from None
     record.update(status="complete", outputs=outputs + [REPORT_NAME])
-    update_json(run_dir / "run.json", lambda run: {**run, **record})
+    run.save_record()
     write_report(run_dir)  # last: the report reads every output, run.json included
     log(f"wrote the report {run_dir / REPORT_NAME}")
     return run_dir
@@ -356,20 +350,6 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
     if window_batches is None:
         return sorted(stream, key=lambda s: s.document)
     return stream
-
-
-def on_main(world, make):
-    """`make()` on rank 0, its result (or its UserError) on every rank."""
-    result = None
-    if world.is_main:
-        try:
-            result = ("ok", make())
-        except UserError as e:
-            result = ("error", str(e))
-    status, value = broadcast(world, result)
-    if status == "error":
-        raise UserError(value)
-    return value
 
 
 def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, examples, figures: FigurePool | None,

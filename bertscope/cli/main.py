@@ -291,15 +291,24 @@ def run_command(args) -> int:
             check_device(args.device, "auto")
             return 0 if run_selftest(args.device, args.quick) else 1
     except Interrupted as e:  # Ctrl-C in a command that saved its work: how to resume
-        print(f"bertscope: {e}", file=sys.stderr)
+        say(f"bertscope: {e}")
         return INTERRUPTED
     except KeyboardInterrupt:
-        print("bertscope: interrupted", file=sys.stderr)
+        say("bertscope: interrupted")
         return INTERRUPTED
     except UserError as e:
-        print(f"bertscope: error: {e}", file=sys.stderr)
+        say(f"bertscope: error: {e}")
         return 2
     return 0
+
+
+def say(line: str):
+    """One line on stderr, if anyone still reads it (after Ctrl-C, `| tee log` has died too):
+    the exit code tells the rest."""
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 def cmd_view(args) -> int:

@@ -246,14 +246,28 @@ def stream_batches(loaded: LoadedModel, segments: Iterable[Segment], spec: Stats
     rank, world_size = shard
     total = len(segments) if isinstance(segments, Sequence) else total
     number = 0
-    with torch.inference_mode(), tqdm(total=total, unit="seg", disable=not progress, desc=desc) as bar:
-        for k, (indices, batch_segments) in enumerate(windowed_batches(segments, batch_size, window_batches)):
-            if k % world_size == rank:
-                number += 1
-                if number > skip:
-                    yield forward(loaded, probe, _collate(loaded, batch_segments, indices, spec, classes, from_word,
-                                                          device, number))
-            bar.update(len(indices))
+    bar = tqdm(total=total, unit="seg", disable=not progress, desc=desc)
+    try:
+        with torch.inference_mode():
+            for k, (indices, batch_segments) in enumerate(windowed_batches(segments, batch_size, window_batches)):
+                if k % world_size == rank:
+                    number += 1
+                    if number > skip:
+                        yield forward(loaded, probe, _collate(loaded, batch_segments, indices, spec, classes,
+                                                              from_word, device, number))
+                bar.update(len(indices))
+    finally:
+        close_quietly(bar)
+
+
+def close_quietly(bar):
+    """Close a progress bar whose stream may be gone: after Ctrl-C with stderr piped (`2>&1 |
+    tee log`), the reader has died with the signal too, and the bar's last write raises
+    BrokenPipeError, which would replace the KeyboardInterrupt before `fold` can save."""
+    try:
+        bar.close()
+    except (OSError, ValueError):  # a broken pipe, or a stream already closed
+        pass
 
 
 def iter_word_maps(loaded: LoadedModel, segments: Sequence[Segment], from_word: str = "mean",

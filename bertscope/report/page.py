@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertscope.run.rundir import read_json
+from bertscope.run.rundir import read_run
 
 
 @dataclass
@@ -48,7 +48,7 @@ class RunFiles:
 
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir)
-        self.record = read_json(self.dir / "run.json")
+        self.record = read_run(self.dir / "run.json")  # checked; the analyses under "analyses"
         self.claimed: set[str] = set()
 
     def has(self, name: str) -> bool:

@@ -100,8 +100,7 @@ def provenance(run: RunFiles) -> Section:
         for k, v in (r.get(group) or {}).items():
             rows.append((f"{group}: {k}", describe_lengths(v) if k == "lengths" and v else v))
     rows.append(("outputs", ", ".join(r.get("outputs") or [])))
-    probes = r.get("probes") or {}
-    for name, p in probes.items():
+    for name, p in r["analyses"].items():
         rows.append((f"probe {name}", f"{p.get('status')}, command: {p.get('command', '?')}"))
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td style=\"text-align:left\">{html.escape(str(v))}</td></tr>"
                     for k, v in rows if v not in (None, "", {}))

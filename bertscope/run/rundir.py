@@ -1,7 +1,9 @@
 """The run directory: everything an analysis leaves behind, written so that a crash loses little.
 
     run.json     model, data, settings, versions, status and the list of outputs; each
-                 analysis adds its record under run.json["probes"][name] (`AnalysisRun`)
+                 analysis adds its record under run.json["analyses"][name]
+                 (`bertscope.run.analysis_run.AnalysisRun`; runs written before that key was
+                 named filed them under "probes", which `read_run` still reads)
     stats.npz    the raw per-head sums (`HeadStats`), rewritten at every checkpoint
     heads.csv    the tidy per-head table of the surface analysis
     fig_*.png    figures
@@ -19,25 +21,59 @@ import csv
 import json
 import logging
 import os
-import platform
-import sys
 import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
+from filelock import FileLock
+
 from bertscope.errors import UserError
-from bertscope.version import __version__
+
+logger = logging.getLogger(__name__)
+
+RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"  # run.json "status"
 
 
 def check_run_dir(out: str | None):
-    """Refuse a used `--out` early, before any work, without creating anything."""
+    """Refuse a used `--out` early, before any work, without creating anything. A folder that
+    holds only a failed run's run.json (`AnalysisRun` marks a run that failed before its first
+    result "failed") is taken: it is cleared, with a log line."""
     if out is None:
         return
     path = Path(out)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if path.is_dir() and only_failed(path):
+            logger.info(f"{path} holds only a failed run: starting afresh there")
+            clear_run_dir(path)
+            return
         raise UserError(f"{path} already exists and is not empty: choose another --out, or --resume {path}")
+
+
+RUN_FILES = ("run.json", "run.json.lock")  # what a run that failed before its first result leaves
+
+
+def only_failed(path: Path) -> bool:
+    """True when `path` holds nothing but the run.json of runs that all failed before a result."""
+    if {p.name for p in path.iterdir()} - set(RUN_FILES) or not (path / "run.json").is_file():
+        return False
+    try:
+        run = read_run(path / "run.json")
+    except UserError:
+        return False
+    statuses = [run.get("status")] if "settings" in run else []
+    statuses += [entry.get("status") for entry in run["analyses"].values()]
+    return bool(statuses) and all(status == FAILED for status in statuses)
+
+
+def clear_run_dir(path: Path):
+    """Remove a run directory that holds nothing but run.json (and its lock)."""
+    for name in RUN_FILES:
+        (path / name).unlink(missing_ok=True)
+    try:
+        path.rmdir()
+    except OSError:  # something appeared meanwhile: leave it
+        pass
 
 
 def new_run_dir(out: str | None) -> Path:
@@ -68,8 +104,6 @@ def update_json(path: Path, update: Callable[[dict], dict | None]) -> dict:
     """Read-modify-write of a JSON file (run.json) under the lock `path`.lock: `update` gets the
     file's contents ({} when there is none yet) and changes them in place or returns new ones,
     which are written atomically. Returns what was written."""
-    from filelock import FileLock
-
     path = Path(path)
     with FileLock(str(path) + ".lock"):
         data = read_json(path) if path.exists() else {}
@@ -82,7 +116,7 @@ def update_json(path: Path, update: Callable[[dict], dict | None]) -> dict:
 def write_npz(path, compressed: bool = False, **arrays):
     """Write arrays to an .npz atomically: a crash mid-write leaves the old file, as a checkpoint
     must (the temporary name keeps numpy's .npz suffix, so numpy adds none)."""
-    import numpy as np
+    import numpy as np  # here: `bertscope --help` imports this module, numpy costs its start-up
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp.npz")
@@ -90,13 +124,16 @@ def write_npz(path, compressed: bool = False, **arrays):
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path):
+    """A JSON file; a one-line `UserError` naming it when it is missing or not JSON."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path} not found: is this a bertscope run directory?") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
 
 
 def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...]):
@@ -110,15 +147,51 @@ def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...]):
     os.replace(tmp, path)
 
 
-def recorded_run(run_dir, name: str) -> dict:
+# the fields of run.json (and of each analysis's entry) and the JSON types they may have
+RUN_FIELDS = {"settings": dict, "model": (dict, type(None)), "status": str, "command": str, "results": (dict, list),
+              "outputs": list, "world_size": int, "corpus": dict, "segments": dict, "versions": dict}
+
+
+def read_run(path: Path) -> dict:
+    """run.json, checked: the one reader of every run.json. A `UserError` that names the file
+    when it is not a JSON object or a field has the wrong type (`RUN_FIELDS`). The analyses'
+    entries are under "analyses" in the result, also for runs written before that key was
+    named ("probes"; their surface run listed its analyses under "analyses" as a list)."""
+    path = Path(path)
+    return checked_run(read_json(path), path)
+
+
+def checked_run(run, path: Path) -> dict:
+    """`read_run`'s checks and its one name for the analyses' entries, on run.json's contents `run`."""
+    if not isinstance(run, dict):
+        raise UserError(f"{path} is not a bertscope run.json: a JSON object was expected, not {type(run).__name__}")
+    entries = run.get("analyses")
+    if not isinstance(entries, dict):  # absent, or a run written before the key was named (a list of names, or null)
+        if entries is not None and not isinstance(entries, list):
+            raise UserError(f"{path}: \"analyses\" must be an object of analysis records")
+        entries = run.pop("probes", None) or {}
+        run.pop("analyses", None)
+    if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+        raise UserError(f"{path}: \"analyses\" must be an object of analysis records")
+    run["analyses"] = entries
+    for where, record in [("", run)] + [(f"analyses.{k}.", v) for k, v in entries.items()]:
+        for key, kind in RUN_FIELDS.items():
+            if key in record and not isinstance(record[key], kind) or key == "world_size" and \
+                    isinstance(record.get(key), bool):
+                raise UserError(f"{path}: {where}{key} has the wrong type ({type(record[key]).__name__})")
+    return run
+
+
+def recorded_run(run_dir, name: str, command: str | None = None) -> dict:
     """The run.json record of analysis `name` in `run_dir` (its settings, world size, ...), which
     `--resume DIR` continues; a UserError when DIR holds none."""
     path = Path(run_dir) / "run.json"
     if not path.is_file():
         raise UserError(f"cannot resume: {path} not found")
-    record = read_json(path).get("probes", {}).get(name)
-    if not record:
-        raise UserError(f"cannot resume: {run_dir} holds no '{name}' run")
+    record = read_run(path)["analyses"].get(name)
+    if not record or not isinstance(record.get("settings"), dict):
+        raise UserError(f"cannot resume: {run_dir} holds no '{name}' run"
+                        + (f" (was it made by another command than `bertscope {command}`?)" if command else ""))
     return record
 
 
@@ -129,109 +202,54 @@ def resumed_revision(record: dict, revision: str | None) -> str | None:
     return (record.get("model") or {}).get("commit") or revision
 
 
-class AnalysisRun:
-    """One analysis's run: the run directory and the record it adds to run.json under
-    `probes[name]`. Analyses without a model (e.g. `bertscope cues`) use it as is; `ProbeRun`
-    adds the model."""
+class SettingsParser(argparse.ArgumentParser):
+    """A command's parser that raises `SettingRefused` instead of exiting: `check_settings` reads
+    recorded settings through it."""
 
-    def __init__(self, name: str, args: argparse.Namespace, model: dict | None = None):
-        self.name, self.args, self.t0 = name, args, time.perf_counter()
-        self.log = logging.getLogger(f"bertscope.analyses.{name}").info  # what the analysis reports
-        self.progress = not getattr(args, "quiet", False)
-        self.dir = self._run_dir(getattr(args, "out", None))
-        self.outputs: list[str] = []
-        self.record = {
-            "command": " ".join(sys.argv),
-            "status": "running",
-            "settings": {k: v for k, v in vars(args).items() if k not in ("command", "probe", "func")},
-            "model": model,
-        }
-        self._save_record()
-
-    def _run_dir(self, out: str | None) -> Path:
-        if out and (Path(out) / "run.json").is_file():
-            return Path(out)
-        path = new_run_dir(out)
-        new = {
-            "bertscope_version": __version__,
-            "model": None,
-            "versions": {"python": platform.python_version(), "torch": _version("torch"),
-                         "transformers": _version("transformers")},
-            "probes": {},
-        }
-        update_json(path / "run.json", lambda run: {**new, **run})  # one written meanwhile is kept
-        return path
-
-    def _save_record(self):
-        update_json(self.dir / "run.json", lambda run: run.setdefault("probes", {}).update({self.name: self.record}))
-
-    # -- outputs
-
-    def write_csv(self, filename: str, rows: list[dict], columns: tuple[str, ...]) -> Path:
-        path = self.dir / filename
-        write_csv(path, rows, columns)
-        self.outputs.append(filename)
-        return path
-
-    def write_text(self, filename: str, text: str) -> Path:
-        path = self.dir / filename
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-        self.outputs.append(filename)
-        return path
-
-    def save_figure(self, fig, filename: str) -> Path | None:
-        """Save a matplotlib figure (unless --no-figures) and close it."""
-        import matplotlib.pyplot as plt
-
-        path = None
-        if not getattr(self.args, "no_figures", False):
-            path = self.dir / filename
-            fig.savefig(path, dpi=130, bbox_inches="tight")
-            self.outputs.append(filename)
-        plt.close(fig)
-        return path
-
-    def finish(self, results: dict):
-        """Record the analysis's headline results and outputs in run.json. The command then
-        refreshes the report (`bertscope.report.writer.refresh_report`): the run directory knows
-        nothing of the report, which reads every analysis's section."""
-        self.record.update(status="complete", results=results, outputs=self.outputs,
-                           elapsed_s=round(time.perf_counter() - self.t0, 2))
-        self._save_record()
-        self.log(f"wrote {', '.join(self.outputs)} to {self.dir}")
+    def error(self, message):
+        raise SettingRefused(message)
 
 
-class ProbeRun(AnalysisRun):
-    """One probe's run: the loaded model, the run directory and the record it adds to run.json."""
-
-    def __init__(self, name: str, args: argparse.Namespace, task: str | None = None,
-                 command: str | None = None, device: str | None = None, dtype: str | None = None):
-        import torch
-
-        from bertscope.cli.args import check_device, check_dtype
-        from bertscope.models.loading import load_model
-
-        check_device(args.device, args.backend)
-        # dtype: the model's (default: --dtype; finetune keeps float32 weights and autocasts)
-        dtype = dtype or getattr(args, "dtype", "float32")
-        check_dtype(dtype, args.device)
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        # device: this rank's under torchrun (`distributed.init_world`); args.device is recorded
-        self.loaded = load_model(args.model, device=device or args.device, task=task, dtype=dtype,
-                                 revision=getattr(args, "revision", None))  # task: models.TASKS
-        if args.max_len > self.loaded.max_len:
-            raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
-        super().__init__(name, args, model=self.loaded.record())
-        torch.manual_seed(args.seed)
-        self.log(f"bertscope {command or 'probe ' + name}: model {self.loaded.origin} ({self.loaded.n_layers} layers x "
-                 f"{self.loaded.n_heads} heads), run directory {self.dir}")
+class SettingRefused(Exception):
+    pass
 
 
-def _version(package: str) -> str:
-    """The installed version of a library, as its own module reports it (imported only here)."""
-    import importlib
+def settings_parser(add_arguments) -> SettingsParser:
+    """The parser of a command's options (`add_arguments(parser)`), for `check_settings`."""
+    parser = SettingsParser(add_help=False)
+    add_arguments(parser)
+    return parser
 
-    return importlib.import_module(package).__version__
+
+def check_settings(path: Path, settings: dict, parser: SettingsParser) -> dict:
+    """Recorded settings checked against the command's options (`settings_parser`): each value of
+    an option is one the command line could have given (its JSON type is its default's, and the
+    option's type and choices take it), else a one-line `UserError` that names the file.
+    Returns `settings`."""
+    for key, value in settings.items():
+        default = parser.get_default(key)
+        if value is None or value == default:
+            continue
+        refused = None
+        if default is not None and not _same_kind(value, default) or isinstance(value, dict):
+            refused = f"{type(value).__name__} given"
+        elif not isinstance(value, bool):
+            argv = [f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+            try:
+                parsed, _ = parser.parse_known_args(argv)
+                if key in vars(parsed) and getattr(parsed, key) not in (value, default):
+                    refused = "not a value the option takes"
+            except SettingRefused as e:
+                if not str(e).startswith("the following arguments are required"):  # read the option, missed another
+                    refused = str(e)
+        if refused:
+            raise UserError(f"{path}: the recorded setting {key} = {value!r} is not valid ({refused})")
+    return settings
+
+
+def _same_kind(value, default) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))

@@ -390,7 +390,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     monkeypatch.setattr(bertscope.engine.loop, "forward", crash_on_third)
     check_interrupted(capsys, main([*args, "--out", str(broken)]), f"resume with `bertscope run --resume {broken}`")
     assert len(calls) == 3
-    assert json.loads((broken / "run.json").read_text())["status"] == "running"
+    assert json.loads((broken / "run.json").read_text())["status"] == "interrupted"  # run.json says how the run ended
     saved = HeadStats.load(broken / "stats.npz")
     assert (saved.batches_done, saved.n_segments) == (2, 8)
     assert not (broken / "heads.csv").exists()

@@ -195,7 +195,7 @@ def test_sigint_to_the_command_exits_130_and_resumes(tmp_path, resume_corpus, ti
     assert cut_run.stderr == (f"bertscope: interrupted; the finished batches are saved: resume with "
                               f"`bertscope run --resume {cut}`\n")
     assert HeadStats.load(cut / "stats.npz").batches_done in (2, 3)  # the signal lands in the third batch
-    assert json.loads((cut / "run.json").read_text())["status"] == "running"
+    assert json.loads((cut / "run.json").read_text())["status"] == "interrupted"
     assert main(["run", "--resume", str(cut), "--quiet", "--no-figures"]) == 0
     assert (cut / "heads.csv").read_text() == (whole / "heads.csv").read_text()
 
@@ -211,14 +211,14 @@ def test_two_processes_updating_run_json_lose_nothing(tmp_path):
         from bertscope.run.rundir import update_json
         name, path = sys.argv[1], sys.argv[2]
         for i in range(50):
-            update_json(path, lambda run: run.setdefault("probes", {}).update({f"{name}-{i}": {"n": i}}))
+            update_json(path, lambda run: run.setdefault("analyses", {}).update({f"{name}-{i}": {"n": i}}))
     """)
     env = child_env()
     procs = [subprocess.Popen([sys.executable, "-c", script, name, str(path)], env=env, cwd=tmp_path,
                               stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
     for p in procs:
         assert p.wait(timeout=120) == 0, p.stderr.read()
-    probes = json.loads(path.read_text())["probes"]
+    probes = json.loads(path.read_text())["analyses"]
     assert set(probes) == {f"{name}-{i}" for name in "ab" for i in range(50)}
     assert not list(tmp_path.glob("*.tmp"))  # every temporary file was renamed into place
 
@@ -231,23 +231,23 @@ def test_threads_updating_run_json_lose_nothing(tmp_path):
     path = tmp_path / "run.json"
 
     def add(k):
-        update_json(path, lambda run: run.setdefault("probes", {}).update({str(k): k}))
+        update_json(path, lambda run: run.setdefault("analyses", {}).update({str(k): k}))
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(add, range(40)))
-    assert json.loads(path.read_text())["probes"] == {str(k): k for k in range(40)}
+    assert json.loads(path.read_text())["analyses"] == {str(k): k for k in range(40)}
 
 
 def test_analyses_in_one_directory_keep_each_others_records(tmp_path):
     import argparse
 
-    from bertscope.run.rundir import AnalysisRun
+    from bertscope.run.analysis_run import AnalysisRun
 
     out = tmp_path / "run"
     a = AnalysisRun("first", argparse.Namespace(out=str(out), quiet=True))
     b = AnalysisRun("second", argparse.Namespace(out=str(out), quiet=True))
     a.finish({"x": 1})
     b.finish({"y": 2})
-    probes = json.loads((out / "run.json").read_text())["probes"]
+    probes = json.loads((out / "run.json").read_text())["analyses"]
     assert probes["first"]["results"] == {"x": 1} and probes["second"]["results"] == {"y": 2}
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bertscope.analyses.heads import variants as V
+from bertscope.analyses.heads.ablate import stats as A
 from bertscope.analyses.heads.ablate.outputs import (
     ABLATE_FILE,
     BUT_ONE_FIGURE,
@@ -19,13 +21,16 @@ from bertscope.analyses.heads.ablate.outputs import (
     HISTOGRAM_FIGURE,
     IMPORTANCE_FIGURE,
 )
+from bertscope.analyses.heads.ablate.plots import plot_but_one, plot_histogram, plot_importance
+from bertscope.analyses.heads.common import add_variant_arguments, figure_title, run_variants
+from bertscope.analyses.heads.disable.plots import plot_heads
 from bertscope.analyses.heads.importance.outputs import (
     IMPORTANCE_FILE,
     importance_grid,
     importance_path,
     read_importance,
 )
-from bertscope.errors import Interrupted, UserError
+from bertscope.errors import UserError
 from bertscope.kernels import Gate
 
 HELP = "Michel et al. (2019): task accuracy with each head masked, and with all heads of a layer but one"
@@ -39,13 +44,11 @@ DESCRIPTION = (
     "CSV (--importance, or importance.csv in the run directory, from `bertscope heads importance`): "
     "Spearman's rank correlation between importance and the accuracy lost when the head is masked. Writes "
     "ablate.csv, ablate_but_one.csv, fig_ablate_heads.png, fig_ablate_hist.png, fig_ablate_but_one.png, "
-    "fig_ablate_importance.png and run.json['probes']['ablate'].")
+    "fig_ablate_importance.png and run.json['analyses']['ablate'].")
 VARIANT_SETS = ("single", "but-one", "both")
 
 
 def add_arguments(p):
-    from bertscope.analyses.heads.common import add_variant_arguments
-
     p.add_argument("--variants", choices=VARIANT_SETS, default="both",
                    help="single heads masked, all heads of a layer but one, or both (default: both)")
     p.add_argument("--importance", metavar="PATH", default=None,
@@ -55,8 +58,6 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.analyses.heads.common import run_variants
-
     importance, source = None, args.importance
     if source is None and args.out and (Path(args.out) / IMPORTANCE_FILE).is_file():
         source = args.out  # the run directory already holds `heads importance`'s output
@@ -67,19 +68,14 @@ def main(args) -> int:
                                 "single or both")
         else:
             importance = (source, read_importance(source))  # a bad file fails before the model loads
-    try:
-        run_variants(args, "ablate", Gate.ZERO, variants=variant_set(args.variants, importance),
-                     outputs=lambda run, rows, results: outputs(run, rows, results, importance), table=ABLATE_FILE)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    run_variants(args, "ablate", Gate.ZERO, variants=variant_set(args.variants, importance),
+                 outputs=lambda run, rows, results: outputs(run, rows, results, importance), table=ABLATE_FILE)
     return 0
 
 
 def variant_set(which: str, importance=None):
     """(layers, H) -> the variants of `--variants`; checks the importance table against the
     model's shape first, so a file of another model fails before the evaluation, not after."""
-    from bertscope.analyses.heads import variants as V
-
     def make(n_layers: int, n_heads: int):
         if importance is not None:
             importance_grid(importance[1], n_layers, n_heads)
@@ -90,9 +86,6 @@ def variant_set(which: str, importance=None):
 
 def outputs(run, rows: list[dict], results: dict, importance=None):
     """ablate's figures, but-one table and importance correlation, added to `results`."""
-    from bertscope.analyses.heads.ablate import stats as A
-    from bertscope.analyses.heads.common import figure_title
-
     args, L, H = run.args, run.loaded.n_layers, run.loaded.n_heads
     title, figures = figure_title(run), not args.no_figures
     results["variant_set"] = args.variants
@@ -103,9 +96,6 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         results["heads_within_half_point"] = within
         run.log(f"single heads within 0.5 points of the baseline: {within} of {len(singles)}")
         if figures:
-            from bertscope.analyses.heads.ablate.plots import plot_histogram
-            from bertscope.analyses.heads.disable.plots import plot_heads
-
             run.save_figure(plot_heads(rows, L, H, title, "zero"), HEADS_FIGURE)
             run.save_figure(plot_histogram(deltas.ravel(), results["examples"], title), HISTOGRAM_FIGURE)
     table = A.but_one_table(rows, args.alpha)
@@ -120,8 +110,6 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         run.log(f"one head suffices (best kept head not significantly worse) in {len(enough)} of {len(table)} "
                 f"layers: {', '.join(map(str, enough)) or 'none'}")
         if figures:
-            from bertscope.analyses.heads.ablate.plots import plot_but_one
-
             run.save_figure(plot_but_one(rows, table, title), BUT_ONE_FIGURE)
     if importance is not None and singles:
         source, values = importance
@@ -134,7 +122,5 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
             run.log(f"Spearman rho between {column} and the accuracy lost when the head is masked: {rho}, "
                     f"{c['heads']} heads")
         if figures:
-            from bertscope.analyses.heads.ablate.plots import plot_importance
-
             run.save_figure(plot_importance(importance_grid(values, L, H), delta, corr["importance"], title),
                             IMPORTANCE_FIGURE)

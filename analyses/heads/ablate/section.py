@@ -21,7 +21,7 @@ def build(run: RunFiles) -> Section | None:
     rows = run.csv(ABLATE_FILE)
     if not rows:
         return None
-    entry = ((run.record.get("probes") or {}).get("ablate") or {}).get("results") or {}
+    entry = (run.record["analyses"].get("ablate") or {}).get("results") or {}
     pts = lambda x: f"{100 * x:+.1f}"  # noqa: E731
     heads = [r for r in rows if r["kind"] == "head"]
     findings = [f"{entry.get('task', '?')} {entry.get('split', '')}, {entry.get('examples', '?')} examples: baseline "

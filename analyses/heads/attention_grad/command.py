@@ -21,6 +21,7 @@ from bertscope.analyses.heads.attention_grad.outputs import (
     LAYERS_FIGURE,
     LAYERS_FILE,
 )
+from bertscope.analyses.heads.attention_grad.plots import plot_heads, plot_layers
 from bertscope.analyses.heads.attention_grad.stats import (
     MASK_RATE,
     MASK_TOKEN,
@@ -30,8 +31,18 @@ from bertscope.analyses.heads.attention_grad.stats import (
     measure,
     mlm_loss,
 )
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.analyses.heads.common import add_task_data_arguments, load_split
+from bertscope.analyses.heads.variants import example_batches
+from bertscope.analyses.surface.command import segment_stream
+from bertscope.cli.args import add_common_arguments, limit_arg
+from bertscope.engine.loop import windowed_batches
+from bertscope.errors import UserError
+from bertscope.models.loading import model_dir, model_name
+from bertscope.run.analysis_run import ModelRun
+from bertscope.tasks.inputs import check_head, encode_task
+from bertscope.tasks.model import point_loss
+from bertscope.text.corpus import open_corpus
+from bertscope.text.segments import SegmentOptions, SegmentReport, collate
 from bertscope.text.token_classes import KEY_CLASSES
 
 NAME = "attention_grad"
@@ -49,13 +60,10 @@ DESCRIPTION = (
     "--backend eager computes them from autograd on materialised maps (the oracle); any other value uses the "
     "fused function. Writes attention_grad_layers.csv, attention_grad_heads.csv, fig_attention_grad.png, "
     "fig_attention_grad_heads.png and "
-    "run.json['probes']['attention_grad'].")
+    "run.json['analyses']['attention_grad'].")
 
 
 def add_arguments(p):
-    from bertscope.analyses.heads.common import add_task_data_arguments
-    from bertscope.cli.args import add_common_arguments, limit_arg
-
     p.add_argument("--objective", choices=("task", "mlm"), default=None,
                    help="the loss: the fine-tuned task's or the masked-LM loss (default: mlm when the checkpoint "
                    "has an MLM head, else task)")
@@ -71,8 +79,6 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.run.rundir import ProbeRun
-
     objective = args.objective or default_objective(args.model, args.revision)
     if objective == "task" and args.task is None:
         raise UserError("--objective task needs --task (the task the checkpoint was fine-tuned on); the embedded "
@@ -81,29 +87,25 @@ def main(args) -> int:
         raise UserError("--objective mlm reads --corpus, not --task (leave --task out, or use --objective task)")
     args.objective = objective
     data = load_data(args)  # a missing data set fails before the model loads
-    run = ProbeRun(NAME, args, task="sequence-classification" if objective == "task" else "masked-lm",
-                   command="heads attention-grad")
+    with ModelRun(NAME, args, task="sequence-classification" if objective == "task" else "masked-lm",
+                  command="heads attention-grad") as run:
+        measure_run(run, args, objective, data)
+    return 0
+
+
+def measure_run(run: ModelRun, args, objective: str, data):
     loaded = run.loaded
     if objective == "mlm" and loaded.head_initialised:
         raise UserError(f"{loaded.path} has no masked-LM head (a fresh one would give a meaningless loss): use "
                         "--objective task with a fine-tuned checkpoint")
     batches = task_batches(loaded, args, data, run) if objective == "task" else mlm_batches(loaded, args, data, run)
     stats = GradStats(loaded.n_layers, loaded.n_heads)
-    try:
-        measure(loaded, batches, stats, backend="eager" if args.backend == "eager" else "fused",
-                progress=run.progress, total=len(data) if objective == "task" else args.limit or MLM_SEGMENTS)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    measure(loaded, batches, stats, backend="eager" if args.backend == "eager" else "fused",
+            progress=run.progress, total=len(data) if objective == "task" else args.limit or MLM_SEGMENTS)
     layers, heads = stats.layer_rows(), stats.head_rows()
     run.write_csv(LAYERS_FILE, layers, LAYER_COLUMNS)
     run.write_csv(HEADS_FILE, heads, HEAD_COLUMNS)
     if not args.no_figures:
-        from bertscope.analyses.heads.attention_grad.plots import (
-            plot_heads,
-            plot_layers,
-        )
-        from bertscope.models.loading import model_name
-
         source = f"{args.task} {args.split}" if objective == "task" else args.corpus
         title = f"{model_name(loaded.path)}, {objective} loss on {source} ({stats.examples} inputs)"
         run.save_figure(plot_layers(layers, title), LAYERS_FIGURE)
@@ -112,8 +114,6 @@ def main(args) -> int:
     for line in summary_lines(layers):
         run.log(line)
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 
 
 # --- the loss and its data ---------------------------------------------------------------
@@ -121,8 +121,6 @@ def main(args) -> int:
 
 def default_objective(model, revision: str | None = None) -> str:
     """mlm when the checkpoint's architectures name a masked-LM (or pre-training) head, else task."""
-    from bertscope.models.loading import model_dir
-
     path = model_dir(model, revision)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -135,19 +133,13 @@ def default_objective(model, revision: str | None = None) -> str:
 def load_data(args):
     """The task examples (objective task) or the opened corpus (mlm)."""
     if args.objective == "task":
-        from bertscope.analyses.heads.common import load_split
-
         return load_split(args)
-    from bertscope.text.corpus import open_corpus
 
     return open_corpus(args.corpus)
 
 
 def task_batches(loaded, args, examples, run):
     """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
-    from bertscope.tasks.inputs import check_head, encode_task
-    from bertscope.analyses.heads.variants import example_batches
-
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
@@ -156,8 +148,6 @@ def task_batches(loaded, args, examples, run):
 
 
 def _task_batches(loaded, task, batches):
-    from bertscope.tasks.model import point_loss
-
     device = next(loaded.model.parameters()).device
     pad = loaded.tokenizer.pad_token_id or 0
     for batch in batches:
@@ -170,10 +160,6 @@ def _task_batches(loaded, task, batches):
 
 def mlm_batches(loaded, args, corpus, run):
     """(inputs, loss_fn) per batch of corpus segments (as `bertscope run` makes them), masked as BERT."""
-    from bertscope.analyses.surface.command import segment_stream
-    from bertscope.engine.loop import windowed_batches
-    from bertscope.text.segments import SegmentOptions, SegmentReport
-
     limit = args.limit or MLM_SEGMENTS
     options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
     stream = segment_stream(corpus, loaded.tokenizer, options, SegmentReport(), window_batches=64)
@@ -185,8 +171,6 @@ def mlm_batches(loaded, args, corpus, run):
 
 
 def _mlm_batches(loaded, batches, seed: int):
-    from bertscope.text.segments import collate
-
     tok = loaded.tokenizer
     device = next(loaded.model.parameters()).device
     for indices, segments in batches:

@@ -16,7 +16,7 @@ def build(run: RunFiles) -> Section | None:
     rows = run.csv(LAYERS_FILE)
     if not rows:
         return None
-    entry = ((run.record.get("probes") or {}).get("attention_grad") or {}).get("results") or {}
+    entry = (run.record["analyses"].get("attention_grad") or {}).get("results") or {}
     classes = ("cls", "sep", "punct", "other")
     labels = {"cls": "[CLS]", "sep": "[SEP]", "punct": ". or ,", "other": "other"}
     by = {(int(r["layer"]), r["key_class"]): r for r in rows}

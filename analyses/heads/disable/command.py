@@ -16,6 +16,7 @@ from bertscope.analyses.heads.disable.outputs import (
     HEADS_FIGURE,
     LAYERS_FIGURE,
 )
+from bertscope.analyses.heads.disable.plots import plot_heads, plot_layers
 from bertscope.kernels import Gate
 
 HELP = "task accuracy with each head and each layer disabled (uniform attention), against the baseline"
@@ -27,7 +28,7 @@ DESCRIPTION = (
     "accuracy, its change against the baseline with an exact interval (McNemar's test inverted), McNemar's "
     "exact test, and "
     "Benjamini-Hochberg-adjusted q over all variants. Writes disable.csv, fig_disable_heads.png, "
-    "fig_disable_layers.png and run.json['probes']['disable'].")
+    "fig_disable_layers.png and run.json['analyses']['disable'].")
 
 
 
@@ -45,7 +46,6 @@ def disable_figures(run, rows: list[dict], results: dict):
     """`heads disable`'s outputs: the layer x head and the per-layer figures."""
     if run.args.no_figures:
         return
-    from bertscope.analyses.heads.disable.plots import plot_heads, plot_layers
 
     L, H, gate, title = run.loaded.n_layers, run.loaded.n_heads, results["gate"], figure_title(run)
     run.save_figure(plot_heads(rows, L, H, title, gate), HEADS_FIGURE)

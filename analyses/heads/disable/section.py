@@ -15,7 +15,7 @@ from bertscope.report.page import RunFiles, Section, Table, heads_str, num, pct
 def build(run: RunFiles) -> Section | None:
     """Kovaleva et al. 4.6: each head and each layer disabled (bertscope heads disable)."""
     rows = run.csv(DISABLE_FILE)
-    entry = ((run.record.get("probes") or {}).get("disable") or {}).get("results") or {}
+    entry = (run.record["analyses"].get("disable") or {}).get("results") or {}
     if rows is None or not rows:
         return None
     base = num(rows[0]["accuracy"])

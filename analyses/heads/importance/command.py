@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertscope.analyses.heads.common import add_task_data_arguments, load_split
 from bertscope.analyses.heads.importance.outputs import (
     COLUMNS,
     CORRELATION_FIGURE,
@@ -23,8 +24,14 @@ from bertscope.analyses.heads.importance.outputs import (
     importance_grid,
     read_importance,
 )
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.analyses.heads.importance.plots import plot_correlation, plot_importance
+from bertscope.analyses.heads.importance.stats import CONVENTIONS, head_importance
+from bertscope.cli.args import add_common_arguments
+from bertscope.errors import UserError
+from bertscope.models.loading import model_name
+from bertscope.run.analysis_run import AnalysisRun, ModelRun
+from bertscope.run.rundir import read_run as read_run_json
+from bertscope.tasks.inputs import check_head, encode_task
 
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
                    "top_overlap")
@@ -35,16 +42,13 @@ DESCRIPTION = (
     "first-order estimate of the task loss change when the head is masked (xi_h is the gate on the head's "
     "output). One forward and one backward per batch give every head's score. On the task's held-out split "
     "(default dev) of a fine-tuned model (--model). Writes importance.csv (layer, head, importance, "
-    "importance_raw, rank), fig_importance.png and run.json['probes']['importance']. With --compare RUN RUN ...: "
+    "importance_raw, rank), fig_importance.png and run.json['analyses']['importance']. With --compare RUN RUN ...: "
     "the Spearman correlation of the importance.csv of those run directories, pair by pair "
     "(importance_correlation.csv, fig_importance_correlation.png).")
 
 
 def add_task_arguments(p, split_help: str, split_default: str):
     """Options shared by `heads importance` and `heads prune`."""
-    from bertscope.analyses.heads.common import add_task_data_arguments
-    from bertscope.analyses.heads.importance.stats import CONVENTIONS
-
     add_task_data_arguments(p, split_default, split_help, task_required=False)
     p.add_argument("--convention", choices=CONVENTIONS, default="michel",
                    help="michel: |dL/dxi| per example, then the mean; batch: the gradient summed over a batch "
@@ -54,8 +58,6 @@ def add_task_arguments(p, split_help: str, split_default: str):
 
 
 def add_arguments(p):
-    from bertscope.cli.args import add_common_arguments
-
     add_task_arguments(p, "the split the gradients are taken on (default: dev, held-out data)", "dev")
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None,
                    help="instead: the rank correlation of importance between these run directories (each with an "
@@ -64,23 +66,17 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    try:
-        if args.compare:
-            compare_runs(args)
-        elif args.task is None:
-            raise UserError("heads importance needs --task (or --compare RUN RUN ...)")
-        else:
-            run_importance(args)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    if args.compare:
+        compare_runs(args)
+    elif args.task is None:
+        raise UserError("heads importance needs --task (or --compare RUN RUN ...)")
+    else:
+        run_importance(args)
     return 0
 
 
 def compute(args, run, examples, mask=None):
     """(EncodedTask, Importance) of run.loaded on `examples` of args.task, with `mask`."""
-    from bertscope.analyses.heads.importance.stats import head_importance
-    from bertscope.tasks.inputs import check_head, encode_task
-
     check_head(args.task, run.loaded)
     task = encode_task(args.task, examples, run.loaded.tokenizer, args.max_len)
     return task, head_importance(run.loaded, task, args.batch_size, args.convention, not args.no_normalise, mask,
@@ -98,20 +94,19 @@ def importance_rows(imp) -> list[dict]:
 
 
 def run_importance(args):
-    from bertscope.analyses.heads.common import load_split
-    from bertscope.run.rundir import ProbeRun
-
     examples = load_split(args)  # a missing data set fails before the model loads
-    run = ProbeRun("importance", args, task="sequence-classification", command="heads importance")
+    with ModelRun("importance", args, task="sequence-classification", command="heads importance") as run:
+        return importance(run, args, examples)
+
+
+def importance(run: ModelRun, args, examples: list):
+    """`run_importance` once the model has loaded."""
     task, imp = compute(args, run, examples)
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
             f"tokens), mean loss {imp.loss:.4f}, convention {imp.convention}")
     rows = importance_rows(imp)
     run.write_csv(IMPORTANCE_FILE, rows, COLUMNS)
     if not args.no_figures:
-        from bertscope.analyses.heads.importance.plots import plot_importance
-        from bertscope.models.loading import model_name
-
         title = f"{args.task} {args.split} ({task.n_examples} examples), {model_name(run.loaded.path)}, " \
                 f"{imp.convention} convention"
         run.save_figure(plot_importance(imp.scores, imp.ranks(), title, imp.normalised), FIGURE)
@@ -127,7 +122,6 @@ def run_importance(args):
     run.log(f"most important heads: {', '.join(results['top_heads'])}; mean raw I_h per layer: "
             + ", ".join(f"{x:.4f}" for x in per_layer))
     run.finish(results)
-    refresh_report(run.dir)
     return imp
 
 
@@ -136,14 +130,12 @@ def run_importance(args):
 def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
     """(label, importance (layers, H), raw (layers, H)) of a run directory's importance.csv; the label
     names the task (from run.json) and the run."""
-    from bertscope.run.rundir import read_json
-
     table = read_importance(run_dir)
     n_layers, n_heads = max(k[0] for k in table), max(k[1] for k in table)
     label = Path(run_dir).name
     record = Path(run_dir) / "run.json"
     if record.is_file():
-        results = (read_json(record).get("probes", {}).get("importance") or {}).get("results") or {}
+        results = (read_run_json(record)["analyses"].get("importance") or {}).get("results") or {}
         if results.get("task"):
             label = f"{results['task']} ({label})"
     return (label, importance_grid(table, n_layers, n_heads, "importance"),
@@ -153,7 +145,7 @@ def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
 def correlation_row(a, b, run_a, run_b) -> dict:
     """Spearman's rho of two runs' importance (and raw scores) over the heads scored in both, and the
     share of the top TOP_SHARE heads they have in common."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # here: scipy's start-up, and `bertscope --help` imports this module
 
     (label_a, imp_a, raw_a), (label_b, imp_b, raw_b) = a, b
     if imp_a.shape != imp_b.shape:
@@ -170,13 +162,15 @@ def correlation_row(a, b, run_a, run_b) -> dict:
 
 
 def compare_runs(args):
-    from bertscope.run.rundir import AnalysisRun
-
     runs = [Path(r) for r in args.compare]
     if len(runs) < 2:
         raise UserError("--compare needs at least two run directories")
     data = [read_run(r) for r in runs]
-    run = AnalysisRun("importance_compare", args)
+    with AnalysisRun("importance_compare", args) as run:
+        write_correlations(run, args, runs, data)
+
+
+def write_correlations(run: AnalysisRun, args, runs: list[Path], data: list):
     rows = [correlation_row(data[i], data[j], runs[i], runs[j]) for i, j in itertools.combinations(range(len(runs)), 2)]
     run.write_csv(CORRELATION_FILE, rows, COMPARE_COLUMNS)
     labels = [d[0] for d in data]
@@ -186,11 +180,8 @@ def compare_runs(args):
         run.log(f"{r['label_a']} vs {r['label_b']}: Spearman {r['spearman']:+.3f} (p = {r['p']:.2g}; raw scores "
                 f"{r['spearman_raw']:+.3f}), top {TOP_SHARE:.0%} overlap {r['top_overlap']:.2f}")
     if not args.no_figures:
-        from bertscope.analyses.heads.importance.plots import plot_correlation
-
         run.save_figure(plot_correlation(rho, labels, f"Spearman rho of head importance over {rows[0]['n_heads']} "
                                          "heads"), CORRELATION_FIGURE)
     run.finish({"runs": [str(r) for r in runs], "labels": labels,
                 "pairs": {f"{r['label_a']} | {r['label_b']}": {k: r[k] for k in ("spearman", "p", "spearman_raw",
                                                                                   "top_overlap")} for r in rows}})
-    refresh_report(run.dir)

@@ -13,7 +13,7 @@ from bertscope.report.page import RunFiles, Section, Table, heads_str, num
 
 def build(run: RunFiles) -> Section | None:
     """Michel et al. section 4: head importance (bertscope heads importance, --compare)."""
-    probes = run.record.get("probes") or {}
+    probes = run.record["analyses"]
     imp, pairs = run.csv(IMPORTANCE_FILE), run.csv(CORRELATION_FILE)
     if not (imp or pairs):
         return None

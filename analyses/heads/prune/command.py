@@ -19,7 +19,7 @@ read here as the largest fraction pruned such that every step up to it stays wit
 
 Outputs: prune.csv (step, fraction_pruned, heads_pruned, order, seed, accuracy, delta),
 prune_order.csv (step, fraction_pruned, layer, head: the heads the importance order removes at
-each step, layer and head from 1), fig_prune.png, run.json['probes']['prune'].
+each step, layer and head from 1), fig_prune.png, run.json['analyses']['prune'].
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ import argparse
 
 import numpy as np
 
+from bertscope.analyses.heads import variants as V
+from bertscope.analyses.heads.common import load_split
+from bertscope.analyses.heads.importance.command import add_task_arguments
 from bertscope.analyses.heads.prune.outputs import (
     FIGURE,
     ORDER_COLUMNS,
@@ -41,9 +44,11 @@ from bertscope.analyses.heads.prune.stats import (
     prune_counts,
     random_order,
 )
-from bertscope.cli.args import fraction
-from bertscope.errors import Interrupted, UserError
-from bertscope.report.writer import refresh_report
+from bertscope.cli.args import add_common_arguments, fraction
+from bertscope.errors import UserError
+from bertscope.models.loading import model_name
+from bertscope.run.analysis_run import ModelRun
+from bertscope.tasks.inputs import check_head, encode_task
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
 HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, section 4)"
@@ -51,15 +56,12 @@ DESCRIPTION = (
     "Michel et al. (2019): repeatedly compute the head importance E|dL/dxi_h| on held-out data (default dev) "
     "with the heads pruned so far masked, prune the lowest-scoring 10% of the original heads, and evaluate on "
     "the test split; up to 90% pruned. Beside it, random pruning orders (seeded). Writes prune.csv, "
-    "prune_order.csv, fig_prune.png and run.json['probes']['prune'].")
+    "prune_order.csv, fig_prune.png and run.json['analyses']['prune'].")
 
 
 
 
 def add_arguments(p):
-    from bertscope.analyses.heads.importance.command import add_task_arguments
-    from bertscope.cli.args import add_common_arguments
-
     add_task_arguments(p, "the evaluation split (default: test)", "test")
     p.add_argument("--importance-split", choices=("train", "dev", "test"), default="dev",
                    help="the held-out split importance is computed on (default: dev)")
@@ -77,19 +79,11 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    try:
-        run_prune(args)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted") from None
+    run_prune(args)
     return 0
 
 
 def run_prune(args):
-    from bertscope.analyses.heads import variants as V
-    from bertscope.analyses.heads.common import load_split
-    from bertscope.run.rundir import ProbeRun
-    from bertscope.tasks.inputs import check_head, encode_task
-
     if args.task is None:
         raise UserError("heads prune needs --task")
     if args.max_fraction < args.step:
@@ -101,7 +95,12 @@ def run_prune(args):
                         "data other than the split the pruned model is scored on")
     held_out = load_split(argparse.Namespace(**{**vars(args), "split": args.importance_split}))
     evaluation = load_split(args)  # missing data fails before the model loads
-    run = ProbeRun("prune", args, task="sequence-classification", command="heads prune")
+    with ModelRun("prune", args, task="sequence-classification", command="heads prune") as run:
+        return prune(run, args, held_out, evaluation)
+
+
+def prune(run: ModelRun, args, held_out: list, evaluation: list) -> list[dict]:
+    """`run_prune` once the model has loaded."""
     loaded = run.loaded
     L, H = loaded.n_layers, loaded.n_heads
     counts = prune_counts(L * H, args.step, args.max_fraction)
@@ -134,15 +133,12 @@ def run_prune(args):
     run.write_csv(ORDER_FILE, order_rows, ORDER_COLUMNS)
     results = summarise(rows, base, args, dev_task, test_task, steps, counts, L * H, res)
     if not args.no_figures:
-        from bertscope.models.loading import model_name
-
         title = (f"{args.task}: importance on {args.importance_split}, accuracy on {args.split} "
                  f"({test_task.n_examples}), {model_name(loaded.path)}")
         run.save_figure(plot_prune(rows, title, args.tolerance), FIGURE)
     for line in results["summary"]:
         run.log(line)
     run.finish(results)
-    refresh_report(run.dir)
     return rows
 
 

@@ -14,7 +14,7 @@ def build(run: RunFiles) -> Section | None:
     prune = run.csv(PRUNE_FILE)
     if not prune:
         return None
-    probes = run.record.get("probes") or {}
+    probes = run.record["analyses"]
     findings, tables, figures = [], [], []
     res = (probes.get("prune") or {}).get("results") or {}
     tol = num(res.get("tolerance")) or 0.01

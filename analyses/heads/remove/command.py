@@ -8,11 +8,18 @@ removed once a fraction F of them was gone (its prune_order.csv).
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
+import torch
+
 from bertscope.analyses.heads.prune.outputs import ORDER_FILE, heads_from_prune_order
+from bertscope.cli.args import add_model_arguments, add_quiet_argument, add_threads_argument
 from bertscope.errors import UserError
+from bertscope.models import head_removal
+from bertscope.models.loading import load_model, model_dir
+from bertscope.models.source import resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +34,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subcommand's own dest
-    from bertscope.cli.args import (
-        add_model_arguments,
-        add_quiet_argument,
-        add_threads_argument,
-    )
 
     add_model_arguments(p)
     p.add_argument("--out", metavar="DIR", required=True, help="where to save the pruned model (a new or empty folder)")
@@ -48,12 +50,6 @@ def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subco
 
 
 def main(args) -> int:
-    import torch
-
-    from bertscope.models import head_removal
-    from bertscope.models.source import resolve_model
-    from bertscope.models.loading import load_model
-
     if args.threads:
         torch.set_num_threads(args.threads)
     heads = chosen_heads(args)
@@ -81,8 +77,6 @@ def main(args) -> int:
 
 def chosen_heads(args) -> dict[int, list[int]]:
     """layer -> heads (0-based) that --heads or --from-prune/--fraction name."""
-    from bertscope.models import head_removal
-
     if args.remove_heads is not None:
         if args.fraction is not None:
             raise UserError("--fraction goes with --from-prune, not --heads")
@@ -106,10 +100,6 @@ def chosen_heads(args) -> dict[int, list[int]]:
 
 def checkpoint_task(path) -> str | None:
     """The task head a checkpoint carries, so that pruning keeps it (None: a bare encoder)."""
-    import json
-
-    from bertscope.models.loading import model_dir
-
     config = model_dir(path) / "config.json"
     try:
         archs = json.loads(config.read_text()).get("architectures") or []

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModel
 
 from bertscope.analyses.probes.classifier import plots
 from bertscope.analyses.probes.classifier import stats as clf
@@ -28,13 +29,17 @@ from bertscope.analyses.probes.classifier.outputs import (
     TRAINING_FIGURE,
     WEIGHTS_FILE,
 )
-from bertscope.cli.args import add_common_arguments
-from bertscope.data.paths import seeded_sample
+from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
+from bertscope.data.paths import dataset_dir, seeded_sample
+from bertscope.data.readers.glove import load_glove
+from bertscope.data.readers.treebank import read_ewt_dev, read_gum_document
+from bertscope.engine.attention import ATTN_IMPLEMENTATION
+from bertscope.engine.loop import iter_word_maps
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
+from bertscope.models.loading import model_name, wrap_model
 from bertscope.analyses.probes.classifier.paper import CLASSIFIER_TABLE3
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
+from bertscope.text.word_segments import word_segment
 
 NAME = "classifier"
 HELP = "attention-based probing classifiers for dependency heads: UAS of Clark et al.'s Table 3"
@@ -56,8 +61,6 @@ COLUMNS = ("model", "uas", "uas_with_punct", "n_words", "n_words_with_punct", "p
 
 
 def add_arguments(p):
-    from bertscope.cli.args import limit_arg, positive_int
-
     add_common_arguments(p)
     p.add_argument("--limit-train", type=limit_arg, default=DEFAULT_TRAIN, metavar="N",
                    help="GUM sentences to use, held-out part included, sampled with --seed from whole "
@@ -80,7 +83,12 @@ def main(args) -> int:
         raise UserError(f"--heldout must be between 0 and 1, not {args.heldout}")
     if args.lr is not None and args.lr <= 0:
         raise UserError(f"--lr must be positive, not {args.lr}")
-    run = ProbeRun(NAME, args)
+    with ModelRun(NAME, args) as run:
+        probe(run, args)
+    return 0
+
+
+def probe(run: ModelRun, args):
     log, timings = run.log, {}
     t0 = time.perf_counter()
 
@@ -155,8 +163,6 @@ def main(args) -> int:
         "top_heads": top_heads(weights),
         "timings_s": timings,
     })
-    refresh_report(run.dir)
-    return 0
 
 # --- data ----------------------------------------------------------------------------------------
 
@@ -167,9 +173,6 @@ def read_data(args):
     Training sentences are GUM's: all of them, or with --limit-train N a seeded sample of N
     sentences from whole documents read in seeded order until there are enough (so a small
     run does not parse all 160 documents)."""
-    from bertscope.data.paths import dataset_dir
-    from bertscope.data.readers.treebank import read_ewt_dev, read_gum_document
-
     paths = sorted(dataset_dir("gum", args.data_dir).glob("GUM_*.conllu"))
     random.Random(args.seed).shuffle(paths)
     gum, documents = [], 0
@@ -189,8 +192,6 @@ def read_data(args):
 
 def make_segments(sentences, tokenizer, max_len):
     """`[CLS] words [SEP]` of each sentence that fits; (segments, the sentences kept, number skipped)."""
-    from bertscope.text.word_segments import word_segment
-
     segments, kept = [], []
     for s in sentences:
         segment = word_segment(s.words, tokenizer, max_len, doc_id=s.sent_id)
@@ -202,8 +203,6 @@ def make_segments(sentences, tokenizer, max_len):
 
 def glove_vectors(sentences):
     """A function words -> (n, 50) GloVe vectors (zeros for a word GloVe lacks), and coverage."""
-    from bertscope.data.readers.glove import load_glove
-
     words = [w for s in sentences for w in s.words]
     index, table = load_glove(words)
     zero = np.zeros(table.shape[1], dtype=np.float32)
@@ -217,8 +216,6 @@ def glove_vectors(sentences):
 
 def collect_maps(loaded, segments, args, run, desc):
     """Every segment's word-level maps of all heads, (layers * heads, W, W) float16, in segment order."""
-    from bertscope.engine.loop import iter_word_maps
-
     maps = [None] * len(segments)
     for i, m in iter_word_maps(loaded, segments, from_word=args.from_word, batch_size=args.batch_size,
                                backend=args.backend, progress=run.progress, desc=desc):
@@ -230,11 +227,6 @@ def random_copy(loaded, seed: int):
     """The model's architecture with fresh random weights (seeded), keeping the pre-trained
     embeddings (bertscope's choice; the paper does not say), so only what the layers learned
     is removed."""
-    from transformers import AutoModel
-
-    from bertscope.engine.attention import ATTN_IMPLEMENTATION
-    from bertscope.models.loading import wrap_model
-
     torch.manual_seed(seed)
     model = AutoModel.from_config(copy.deepcopy(loaded.model.config), attn_implementation=ATTN_IMPLEMENTATION)
     if hasattr(model, "embeddings") and hasattr(loaded.model, "embeddings"):

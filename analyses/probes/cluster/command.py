@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from bertscope.analyses.probes.cluster import plots
+from bertscope.analyses.probes.cluster import stats as cluster
 from bertscope.analyses.probes.cluster.outputs import (
     JS_FILE,
     LAYERS_FIGURE,
@@ -22,12 +23,14 @@ from bertscope.analyses.probes.cluster.outputs import (
     MDS_FIGURE,
     MDS_FILE,
 )
-from bertscope.cli.args import add_common_arguments
+from bertscope.analyses.surface import stats as surface
+from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.errors import UserError
 from bertscope.kernels.js import JS_BACKENDS
 from bertscope.models.loading import model_name
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
+from bertscope.text.corpus import load_corpus
+from bertscope.text.segments import SegmentOptions, make_segments
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
@@ -43,8 +46,6 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    from bertscope.cli.args import limit_arg
-
     add_common_arguments(p, from_word=False)
     p.add_argument("--corpus", default="wiki",
                    help="'wiki' (Wikipedia lead sections) or a UTF-8 text file with one segment per line; "
@@ -79,14 +80,14 @@ def check_js_backend(name: str):
 
 
 def main(args) -> int:
-    from bertscope.analyses.probes.cluster import stats as cluster
-    from bertscope.analyses.surface import stats as surface
-    from bertscope.text.corpus import load_corpus
-    from bertscope.text.segments import SegmentOptions, make_segments
-
     check_js_backend(args.js_backend)
     documents, corpus_report = load_corpus(args.corpus)  # a bad corpus should not leave a run directory
-    probe = ProbeRun(NAME, args)
+    with ModelRun(NAME, args) as probe:
+        cluster_heads(probe, args, documents, corpus_report)
+    return 0
+
+
+def cluster_heads(probe: ModelRun, args, documents, corpus_report):
     loaded = probe.loaded
     options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed, token_types=args.token_types,
                              packing=args.packing)
@@ -138,6 +139,4 @@ def main(args) -> int:
         "thresholds": {**vars(thresholds), **({"broad_cut_nats": round(thresholds.broad_cut(uniform), 4)}
                                               if args.labels == "clark" else {})},
     })
-    refresh_report(probe.dir)
-    return 0
 

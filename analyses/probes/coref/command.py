@@ -31,12 +31,16 @@ from bertscope.analyses.probes.coref.outputs import (
     TABLE_FILE,
     TABLE_TEXT,
 )
-from bertscope.cli.args import add_common_arguments
-from bertscope.data.paths import seeded_sample
+from bertscope.cli.args import add_common_arguments, positive_int
+from bertscope.data.paths import dataset_dir, seeded_sample
+from bertscope.data.readers.coref import coref_document
+from bertscope.data.readers.gap import read_gap
+from bertscope.data.readers.treebank import read_gum_document
+from bertscope.engine.loop import EngineOptions, fold, word_map_spec
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
+from bertscope.text.word_segments import split_words, word_segment
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +55,6 @@ DATASETS = ("gum", "gap")
 
 
 def add_arguments(p):
-    from bertscope.cli.args import positive_int
-
     add_common_arguments(p)
     p.add_argument("--dataset", choices=("gum", "gap", "both"), default="both",
                    help="GUM antecedent selection, GAP pronoun-name pairs, or both (default: both)")
@@ -80,10 +82,6 @@ def add_arguments(p):
 def read_gum_documents(data_dir: str | None, limit: int | None, seed: int, mention_head: str = "ud") -> list:
     """(CorefDocument, xpos, feats) of the sampled GUM documents; xpos and feats are flat
     per-word lists in the document's word order (the coreference reader keeps neither)."""
-    from bertscope.data.paths import dataset_dir
-    from bertscope.data.readers.coref import coref_document
-    from bertscope.data.readers.treebank import read_gum_document
-
     paths = seeded_sample(sorted(dataset_dir("gum", data_dir).glob("GUM_*.conllu")), limit, seed)
     out = []
     for path in paths:
@@ -109,8 +107,6 @@ class GumSegment:
 
 def gum_segments(documents: list, tokenizer, max_len: int, mode: str):
     """Segments and their scored mentions; report counts what was used and skipped."""
-    from bertscope.text.word_segments import split_words, word_segment
-
     segments, scored = [], []
     report = dict(documents=len(documents), words=0, windows=0, windows_too_long=0, windows_without_anaphors=0,
                   segments=0, mentions=0, anaphoric_mentions=0, scored_mentions=0)
@@ -156,8 +152,6 @@ class GumScores(coref.Scores):
 
 
 def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scores, dict]:
-    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
-
     t0 = time.perf_counter()
     segments, scored, report = gum_segments(documents, loaded.tokenizer, args.max_len, args.segments)
     if not segments:
@@ -200,9 +194,6 @@ class GapScores(coref.Scores):
 
 
 def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Scores, dict]:
-    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
-    from bertscope.text.word_segments import word_segment
-
     t0 = time.perf_counter()
     report = dict(rows=len(examples), skipped_neither=0, skipped_too_long=0, scored=0)
     segments, kept = [], []
@@ -229,8 +220,6 @@ def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Score
 
 
 def main(args) -> int:
-    from bertscope.data.readers.gap import read_gap
-
     datasets = DATASETS if args.dataset == "both" else (args.dataset,)
     data = {}  # read the data first: a missing data set should not leave a run directory
     if "gum" in datasets:
@@ -238,7 +227,12 @@ def main(args) -> int:
     if "gap" in datasets:
         data["gap"] = seeded_sample(read_gap(args.gap_split, args.data_dir), args.limit_gap, args.seed)
 
-    run = ProbeRun(NAME, args)
+    with ModelRun(NAME, args) as run:
+        probe(run, args, datasets, data)
+    return 0
+
+
+def probe(run: ModelRun, args, datasets: tuple[str, ...], data: dict):
     label = model_name(run.loaded.path)
     head_rows, table_rows, results = [], [], {"from_word": args.from_word}
     notes = []
@@ -275,6 +269,4 @@ def main(args) -> int:
         run.save_figure(plots.plot_heatmaps(head_rows, f"{label}: accuracy of every head"),
                         HEADS_FIGURE)
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 

@@ -26,10 +26,12 @@ from bertscope.analyses.probes.syntax.outputs import (
 )
 from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.data.paths import seeded_sample
+from bertscope.data.readers.treebank import read_ewt_dev, read_gum
+from bertscope.engine.loop import EngineOptions, fold, word_map_spec
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name
-from bertscope.report.writer import refresh_report
-from bertscope.run.rundir import ProbeRun
+from bertscope.run.analysis_run import ModelRun
+from bertscope.text.word_segments import word_segment
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +74,6 @@ def add_arguments(p):
 
 
 def read_sentences(treebank: str, data_dir: str | None) -> list:
-    from bertscope.data.readers.treebank import read_ewt_dev, read_gum
-
     if treebank == "ewt":
         return read_ewt_dev(data_dir)
     return [s for document in read_gum(data_dir) for s in document.sentences]
@@ -81,9 +81,6 @@ def read_sentences(treebank: str, data_dir: str | None) -> list:
 
 def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank: str):
     """Segments, word maps and counts for one treebank: (SyntaxCounts, report dict)."""
-    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
-    from bertscope.text.word_segments import word_segment
-
     t0 = time.perf_counter()
     segments, dependents, report = [], [], dict(sentences=len(sentences), skipped_long=0,
                                                 no_dependents=0, used=0, words=0, dependents=0)
@@ -146,8 +143,12 @@ def main(args) -> int:
         else:
             limit = None if args.limit == ALL_SENTENCES else args.limit
         data[tb] = seeded_sample(read_sentences(tb, args.data_dir), limit, args.seed)
+    with ModelRun(NAME, args) as run:
+        probe(run, args, treebanks, data)
+    return 0
 
-    run = ProbeRun(NAME, args)
+
+def probe(run: ModelRun, args, treebanks: tuple[str, ...], data: dict):
     label = model_name(run.loaded.path)
     all_heads, all_table, texts, results = [], [], [], {"head_to_dep": args.head_to_dep, "poss_clitic": not args.plain_poss,
                                              "from_word": args.from_word}
@@ -174,6 +175,4 @@ def main(args) -> int:
                   ("treebank", "relation", "sd_label", "direction", "best_head", "accuracy",
                    "baseline_offset", "baseline_accuracy", "n"))
     run.finish(results)
-    refresh_report(run.dir)
-    return 0
 

@@ -80,8 +80,8 @@ def test_cues_command_on_arct(tmp_path, capsys):
     # the adversarial dev and test sets take every cue's signal away
     assert {r["productivity"] for r in rows if r["data"] == "adversarial" and r["split"] == "test"} == {"0.5"}
     run = json.loads((out / "run.json").read_text())
-    assert run["probes"]["cues"]["status"] == "complete"
-    assert run["probes"]["cues"]["results"]["original/all"]["top"][0]["cue"] == "not"
+    assert run["analyses"]["cues"]["status"] == "complete"
+    assert run["analyses"]["cues"]["results"]["original/all"]["top"][0]["cue"] == "not"
     page = (out / "index.html").read_text()
     assert "Dataset cues (Niven &amp; Kao 2019), ARCT" in page and "report 0.61 and 0.64" in page
     assert "every cue&#x27;s productivity lies in [0.50, 0.50]" in page

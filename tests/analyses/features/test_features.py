@@ -258,7 +258,7 @@ def test_command_end_to_end(tiny_checkpoint, tmp_path):
     assert {int(r["n_inputs"]) for r in rows if r["feature"] in ("cls", "sep")} == {6}
     assert len(rows) % (2 * 4) == 0  # tiny model: 2 layers x 4 heads per feature
     assert {int(r["layer"]) for r in read_csv(out / "features_cls_last_layer.csv")} == {2}
-    record = json.loads((out / "run.json").read_text())["probes"]["features"]
+    record = json.loads((out / "run.json").read_text())["analyses"]["features"]
     assert record["status"] == "complete" and record["results"]["rte"]["inputs"] == 6
     assert record["results"]["ewt"]["used"] == 6
     assert {"fig_features_ewt.png", "fig_features_rte.png", "fig_features_cls_last_layer.png",
@@ -305,7 +305,7 @@ def test_command_resumes_an_interrupted_run_to_the_same_numbers(tiny_checkpoint,
     # per-rank checkpoints: a run resumes only with the number of processes it started with
     run_json = tmp_path / "b" / "run.json"
     record = json.loads(run_json.read_text())
-    record["probes"]["features"]["world_size"] = 2
+    record["analyses"]["features"]["world_size"] = 2
     run_json.write_text(json.dumps(record))
     assert main(["features", "--resume", str(tmp_path / "b"), "--quiet"]) == 2
     assert "started with 2 processes" in capsys.readouterr().err

@@ -257,7 +257,7 @@ def test_command_writes_results_checkpoints_and_cosine(tmp_path, tiny_checkpoint
                                                        for s in ("dev", "test")}
     test = {r["init"]: r for r in rows if r["split"] == "test"}
     assert all(int(r["n"]) == 16 and 0 <= float(r["accuracy"]) <= 1 and r["f1"] != "" for r in test.values())
-    record = json.loads((out / "run.json").read_text())["probes"]["finetune"]
+    record = json.loads((out / "run.json").read_text())["analyses"]["finetune"]
     assert record["status"] == "complete" and len(record["results"]["test"]) == 3
     # the checkpoint loads back as a 2-label classifier that gives the recorded test accuracy
     ckpt = out / test["pretrained"]["checkpoint"]
@@ -323,7 +323,7 @@ def test_ctrl_c_keeps_what_finished(tmp_path, tiny_checkpoint, capsys, monkeypat
     with open(out / "finetune_results.csv") as f:
         rows = list(csv.DictReader(f))
     assert {(r["seed"], r["split"]) for r in rows} == {("0", "dev"), ("0", "test")}  # seed 0 finished, 1 did not
-    record = json.loads((out / "run.json").read_text())["probes"]["finetune"]
+    record = json.loads((out / "run.json").read_text())["analyses"]["finetune"]
     assert record["status"] == "interrupted" and record["results"]["timing"]["interrupted"]
     assert (out / "fig_finetune_cosine_rte.png").is_file()
 

@@ -217,7 +217,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classif
     from conftest import require_data
 
     from bertscope.cli.main import main
-    from bertscope.run.rundir import AnalysisRun
+    from bertscope.run.analysis_run import AnalysisRun
 
     require_data("rte")
     out = tmp_path / "run"
@@ -239,7 +239,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classif
     for t in table:
         layer_rows = [r for r in rows if r["kind"] == "but-one" and r["layer"] == t["layer"]]
         assert float(t["delta"]) == pytest.approx(max(float(r["delta"]) for r in layer_rows))
-    entry = json.loads((out / "run.json").read_text())["probes"]["ablate"]
+    entry = json.loads((out / "run.json").read_text())["analyses"]["ablate"]
     results = entry["results"]
     assert entry["status"] == "complete" and results["gate"] == "zero" and results["variant_set"] == "both"
     assert [r["layer"] for r in results["but_one"]["per_layer"]] == list(range(1, L_ + 1))
@@ -264,7 +264,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoin
                  "--no-figures"]) == 0
     rows = read_csv(out / "ablate.csv")
     assert len(rows) == 1 + L_ * H_ and not (out / "ablate_but_one.csv").exists()
-    results = json.loads((out / "run.json").read_text())["probes"]["ablate"]["results"]
+    results = json.loads((out / "run.json").read_text())["analyses"]["ablate"]["results"]
     assert "but_one" not in results and results["importance"]["importance_raw"]["heads"] == L_ * H_
     # but-one alone: the importance file in the run directory is not used (no single heads to compare)
     (out / "importance.csv").write_text((tmp_path / "imp.csv").read_text())
@@ -272,7 +272,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoin
                  "--variants", "but-one", "--out", str(out), "--quiet", "--no-figures"]) == 0
     rows = read_csv(out / "ablate.csv")
     assert [r["kind"] for r in rows] == ["baseline"] + ["but-one"] * L_ * H_
-    results = json.loads((out / "run.json").read_text())["probes"]["ablate"]["results"]
+    results = json.loads((out / "run.json").read_text())["analyses"]["ablate"]["results"]
     assert "importance" not in results and "heads_within_half_point" not in results
     assert len(results["but_one"]["per_layer"]) == L_
 

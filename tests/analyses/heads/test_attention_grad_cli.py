@@ -59,7 +59,7 @@ def test_mlm_objective_by_default_and_fused_equals_the_oracle(mlm_checkpoint, co
     common = ["--model", str(mlm_checkpoint), "--corpus", str(corpus), "--limit", "5", "--batch-size", "2"]
     fused, record = run_cli(common, tmp_path / "fused")
     eager, _ = run_cli(common + ["--backend", "eager", "--no-figures"], tmp_path / "eager")
-    entry = record["probes"]["attention_grad"]
+    entry = record["analyses"]["attention_grad"]
     assert entry["status"] == "complete"
     res = entry["results"]
     assert res["objective"] == "mlm" and res["inputs"] == 5 and res["mean_loss"] > 0
@@ -142,7 +142,7 @@ def test_task_objective_on_rte(tmp_path, minilm_tokenizer):
     config = tiny_config("bert", minilm_tokenizer)
     ckpt = save(AutoModelForSequenceClassification.from_config(config), minilm_tokenizer, tmp_path / "cls")
     rows, record = run_cli(["--model", str(ckpt), "--task", "rte", "--limit", "8", "--no-figures"], tmp_path / "run")
-    res = record["probes"]["attention_grad"]["results"]
+    res = record["analyses"]["attention_grad"]["results"]
     assert res["objective"] == "task" and res["task"] == "rte" and res["split"] == "dev" and res["inputs"] == 8
     sep = [r for r in rows if r["key_class"] == "sep"]
     assert len(sep) == TINY_LAYERS and all(int(r["pairs"]) > 0 and float(r["mean_abs_grad"]) > 0 for r in sep)

@@ -306,7 +306,7 @@ def test_disable_command_on_rte(tiny_classifier_checkpoint, tmp_path):
         assert abs(float(r["accuracy"]) - base - float(r["delta"])) < 1e-5
         # delta is (c - b) / N exactly
         assert abs(float(r["delta"]) - (int(r["c"]) - int(r["b"])) / 30) < 1e-5
-    entry = json.loads((out / "run.json").read_text())["probes"]["disable"]
+    entry = json.loads((out / "run.json").read_text())["analyses"]["disable"]
     assert entry["status"] == "complete" and entry["results"]["examples"] == 30
     assert {"fig_disable_heads.png", "fig_disable_layers.png", "disable.csv"} <= set(entry["outputs"])
     assert "Disabling heads and layers (Kovaleva et al. 2019, section 4.6)" in (out / "index.html").read_text()
@@ -350,5 +350,5 @@ def test_disable_command_on_arct_scores_warrant_pairs(tmp_path, minilm_tokenizer
     rows = list(csv.DictReader(open(out / "disable.csv")))
     assert len(rows) == 1 + L_ * H_ + L_
     assert all(abs(float(r["accuracy"]) * 12 - round(float(r["accuracy"]) * 12)) < 1e-4 for r in rows)
-    entry = json.loads((out / "run.json").read_text())["probes"]["disable"]["results"]
+    entry = json.loads((out / "run.json").read_text())["analyses"]["disable"]["results"]
     assert entry["examples"] == 12 and entry["task"] == "arct" and entry["arct_version"] == "original"

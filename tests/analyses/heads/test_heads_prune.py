@@ -101,7 +101,7 @@ def test_importance_command_and_compare(rte_checkpoint, tmp_path):
     np.testing.assert_allclose(imp, raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-4)
     best = max(rows, key=lambda r: float(r["importance"]))
     assert best["rank"] == "1"
-    entry = json.loads((one / "run.json").read_text())["probes"]["importance"]
+    entry = json.loads((one / "run.json").read_text())["analyses"]["importance"]
     assert entry["status"] == "complete" and entry["results"]["examples"] == 10
     assert entry["results"]["split"] == "dev" and {"importance.csv", "fig_importance.png"} <= set(entry["outputs"])
     assert "Head importance (Michel et al. 2019)" in (one / "index.html").read_text()
@@ -154,7 +154,7 @@ def test_prune_command_matches_the_gated_model_by_hand(rte_checkpoint, tmp_path)
         with torch.no_grad():
             acc = (task.predict(loaded.model(**inputs).logits).numpy() == task.labels).mean()
         assert float(rows[step]["accuracy"]) == pytest.approx(acc, abs=1e-6), step
-    results = json.loads((out / "run.json").read_text())["probes"]["prune"]["results"]
+    results = json.loads((out / "run.json").read_text())["analyses"]["prune"]["results"]
     assert results["heads_pruned"] == [2, 4, 6] and results["importance_split"] == "dev" and results["split"] == "test"
     assert (out / "fig_prune.png").is_file()
     page = (out / "index.html").read_text()
@@ -201,7 +201,7 @@ def test_importance_command_on_arct_scores_warrant_pairs(tmp_path, minilm_tokeni
     assert main(["heads", "importance", "--model", str(ckpt), "--task", "arct", "--limit", "6", "--no-normalise",
                  "--out", str(out), "--quiet", "--no-figures"]) == 0
     rows = read(out / "importance.csv")
-    results = json.loads((out / "run.json").read_text())["probes"]["importance"]["results"]
+    results = json.loads((out / "run.json").read_text())["analyses"]["importance"]["results"]
     assert results["examples"] == 6 and results["arct_version"] == "original"
     # the same numbers from the library on the same six arguments
     loaded = load_model(ckpt, task="sequence-classification")

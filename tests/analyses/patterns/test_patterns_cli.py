@@ -35,7 +35,7 @@ def test_patterns_writes_proportions_and_figures(tmp_path, run_args):
     assert sum(overall) == pytest.approx(1.0) and len(overall) == 5
     counts = counts_of(out)
     assert counts.n_examples == 6 and (counts.counts.sum(-1) == 6).all()
-    record = json.loads((out / "run.json").read_text())["probes"]["patterns"]
+    record = json.loads((out / "run.json").read_text())["analyses"]["patterns"]
     assert record["status"] == "complete" and record["results"]["data"]["wiki"]["examples"] == 6
     for name in ("fig_patterns.png", "fig_patterns_layers.png", "fig_patterns_examples_wiki.png", "index.html"):
         assert (out / name).is_file(), name

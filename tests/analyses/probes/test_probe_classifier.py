@@ -223,7 +223,7 @@ def test_cli_end_to_end(tiny_checkpoint, tmp_path, capsys):
     assert rows[0].startswith("model,uas,uas_with_punct,n_words")
     models = [r.split(",")[0] for r in rows[1:]]
     assert models == ["Right-branching", "Distances + GloVe", "Random Init Attn + GloVe", "Attn", "Attn + GloVe"]
-    record = json.loads((out / "run.json").read_text())["probes"]["classifier"]
+    record = json.loads((out / "run.json").read_text())["analyses"]["classifier"]
     assert record["status"] == "complete"
     results = record["results"]
     assert results["sentences"]["eval"] == 12 and results["sentences"]["train"] + results["sentences"]["heldout"] == 30

@@ -244,7 +244,7 @@ def test_cli_end_to_end(tmp_path, tiny_checkpoint, capsys):
     N = TINY_LAYERS * TINY_HEADS
     pairs = read_csv(out / "cluster_js.csv")
     assert len(pairs) == N * (N - 1) // 2 and tuple(pairs[0]) == cluster.JS_COLUMNS
-    record = json.loads((out / "run.json").read_text())["probes"]["cluster"]
+    record = json.loads((out / "run.json").read_text())["analyses"]["cluster"]
     assert record["status"] == "complete" and record["results"]["n_segments"] == 4
     n_tokens = record["results"]["n_tokens"]
     for r in pairs:

@@ -295,7 +295,7 @@ def test_cli_end_to_end_on_gum_and_gap(tiny_checkpoint, tmp_path, capsys):
     assert max(float(r["accuracy"]) for r in heads if r["dataset"] == "gum" and r["mention_type"] == "All") == \
         pytest.approx(float(best["accuracy"]))
 
-    run = json.loads((out / "run.json").read_text())["probes"]["coref"]
+    run = json.loads((out / "run.json").read_text())["analyses"]["coref"]
     assert run["status"] == "complete"
     gum, gap = run["results"]["gum"], run["results"]["gap"]
     assert gum["documents"] == 2 and gum["scored_mentions"] == n["gum", "All"]

@@ -204,7 +204,7 @@ def test_cli_end_to_end(tiny_checkpoint, ewt_available, tmp_path):
     sample = seeded_sample(read_ewt_dev(), 40, 0)
     scored = [s for s in sample if any(h != 0 for h in s.heads)]
     long = sum(word_segment(s.words, tokenizer, 24) is None for s in scored)
-    result = json.loads((out / "run.json").read_text())["probes"]["syntax"]
+    result = json.loads((out / "run.json").read_text())["analyses"]["syntax"]
     assert result["status"] == "complete"
     ewt = result["results"]["ewt"]
     assert ewt["sentences"] == 40 and long > 0

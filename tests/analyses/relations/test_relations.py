@@ -293,7 +293,7 @@ def test_cli_end_to_end(tiny_checkpoint, data_available, tmp_path):
     assert {"run.json", "relations_heads.csv", "relations_summary.csv", "relations_summary.txt",
             "relations_heatmap_ewt_gum.png", "tokens_heatmap_gum.png", "relations_examples.png",
             "tokens_examples.png", "index.html"} <= files
-    record = json.loads((out / "run.json").read_text())["probes"]["relations"]
+    record = json.loads((out / "run.json").read_text())["analyses"]["relations"]
     assert record["status"] == "complete"
     results = record["results"]
     for analysis in ("relations", "tokens"):
@@ -333,8 +333,8 @@ def test_interrupted_run_resumes_to_the_same_result(tiny_checkpoint, data_availa
     assert rel.LinkScores.load(cut / "relations_state" / "relations-ewt.scores.npz").batches_done == 3
     # checkpoints are per rank: a run started by two ranks is not resumed by one
     record = json.loads((cut / "run.json").read_text())
-    assert record["probes"]["relations"]["world_size"] == 1
-    record["probes"]["relations"]["world_size"] = 2
+    assert record["analyses"]["relations"]["world_size"] == 1
+    record["analyses"]["relations"]["world_size"] = 2
     (cut / "run.json").write_text(json.dumps(record))
     assert main(["relations", "--resume", str(cut), "--quiet"]) == 2
 
