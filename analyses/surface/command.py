@@ -40,7 +40,7 @@ from bertscope.cli.args import (
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.distributed import all_reduce_stats, env_world
 from bertscope.engine.loop import WINDOW_BATCHES, EngineOptions, fold
-from bertscope.errors import Interrupted, UserError
+from bertscope.errors import UserError
 from bertscope.kernels import (
     BACKEND_CHOICES,
     StatsSpec,
@@ -321,11 +321,10 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
     log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
     record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
-    try:
-        outputs = write_outputs(stats, run_dir, loaded, record, examples, figures, log)
-    except KeyboardInterrupt:  # every batch is in the checkpoint: only the outputs are missing
-        raise Interrupted(f"interrupted while writing the outputs; `bertscope run --resume {run_dir}` "
-                          "writes them without running the model again") from None
+    # every batch is in the checkpoint from here on: only the outputs are missing
+    run.interrupted_message = (f"interrupted while writing the outputs; `bertscope run --resume {run_dir}` "
+                               "writes them without running the model again")
+    outputs = write_outputs(stats, run_dir, loaded, record, examples, figures, log)
     record.update(status="complete", outputs=outputs + [REPORT_NAME])
     run.save_record()
     write_report(run_dir)  # last: the report reads every output, run.json included
