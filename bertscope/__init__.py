@@ -10,6 +10,6 @@ __all__ = ["__version__", "load"]
 
 def load(*args, **kwargs):
     """`bertscope.api.load`: imported on first use, so `import bertscope` stays light."""
-    from bertscope.api import load as _load
+    from bertscope.api import load as _load  # it imports torch and transformers: see the docstring
 
     return _load(*args, **kwargs)

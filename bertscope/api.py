@@ -20,9 +20,19 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from bertscope.analyses.surface import stats as surface
+from bertscope.analyses.surface.command import RunSettings
+from bertscope.analyses.surface.outputs import EXAMPLES_FILE
+from bertscope.engine.loop import EngineOptions, fold, iter_word_maps, run_stats
 from bertscope.kernels import StatsSpec
+from bertscope.models.loading import load_model
+from bertscope.text.corpus import Document
+from bertscope.text.segments import SegmentOptions, make_segments
 from bertscope.text.token_classes import TokenClasses
+from bertscope.text.word_segments import word_segment
 
+# pandas and pyarrow (per_example's Parquet) are imported inside the methods that return tables:
+# `bertscope view` and `scope.word_maps` never pay their start-up.
 Text = Union[str, tuple[str, str]]
 
 
@@ -30,8 +40,6 @@ def load(model: str | Path | None = None, device: str = "cpu", backend: str = "a
     """A `Scope` over a local checkpoint folder or a Hugging Face Hub id (default: the embedded
     all-MiniLM-L6-v2). Extra keyword arguments go to `bertscope.models.loading.load_model`, e.g.
     `revision` (a Hub id's branch, tag or commit)."""
-    from bertscope.models.loading import load_model
-
     return Scope(load_model(model, device=device, **kwargs), backend)
 
 
@@ -65,9 +73,6 @@ class Scope:
     def segments(self, texts: Sequence[Text], max_len: int = 128, token_types: str = "pair") -> list:
         """`Segment`s of `texts`, in the order given (a text too long for max_len is cut at a
         sentence boundary, as the CLI does)."""
-        from bertscope.text.corpus import Document
-        from bertscope.text.segments import SegmentOptions, make_segments
-
         if isinstance(texts, (str, tuple)):
             raise TypeError("texts must be a list of strings or (a, b) pairs, not a single text")
         docs = []
@@ -83,8 +88,6 @@ class Scope:
         return sorted(segments, key=lambda s: int(s.doc_id))
 
     def _spec(self, spec: StatsSpec | None, classes: TokenClasses | None) -> StatsSpec:
-        from bertscope.analyses.surface.command import RunSettings
-
         if spec is None:
             spec = RunSettings().spec()
         n = (classes or self.loaded.classes).n_classes
@@ -95,10 +98,7 @@ class Scope:
     def stats(self, texts: Sequence[Text], spec: StatsSpec | None = None, batch_size: int = 16,
               progress: bool = False, **segment_options):
         """Per-head surface table (the columns of heads.csv) over `texts`, a pandas DataFrame."""
-        import pandas as pd
-
-        from bertscope.analyses.surface import stats as surface
-        from bertscope.engine.loop import EngineOptions, run_stats
+        import pandas as pd  # see the note above Text
 
         spec = self._spec(spec, None)
         stats = run_stats(self.loaded, self.segments(texts, **segment_options), spec,
@@ -111,11 +111,9 @@ class Scope:
         `segment` (the text's index), layer and head. `classes` is a per-segment scheme
         (`bertscope.text.token_classes`) whose ids are set on `segments` (made from `texts` when
         not given)."""
-        import pandas as pd
+        import pandas as pd  # see the note above Text
 
-        from bertscope.analyses.surface.outputs import EXAMPLES_FILE
         from bertscope.analyses.surface.per_example import PerExampleWriter
-        from bertscope.engine.loop import EngineOptions, fold
 
         spec = self._spec(spec, classes)
         segments = segments if segments is not None else self.segments(texts, **segment_options)
@@ -132,9 +130,6 @@ class Scope:
         """(words, maps): the words of one text and its word-level attention maps
         (layers, H, W, W) float32; W counts the words and then the special tokens, rows sum to 1.
         A list of words is taken as given (gold words, e.g. a treebank sentence)."""
-        from bertscope.engine.loop import iter_word_maps
-        from bertscope.text.word_segments import word_segment
-
         if isinstance(text, list):
             segment = word_segment(text, self.tokenizer, max_len)
             if segment is None:

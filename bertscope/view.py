@@ -23,7 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertscope.analyses.surface import stats as surface
+from bertscope.analyses.surface.command import RunSettings
+from bertscope.engine.accumulate import HeadStats
+from bertscope.engine.loop import segment_units, stream_batches
 from bertscope.errors import UserError
+from bertscope.kernels import StatsSpec
+from bertscope.kernels.common import masked_scores
+from bertscope.models.loading import model_name
 
 TEMPLATE = Path(__file__).with_name("view_template.html")
 SCALE = 1000  # maps are embedded in thousandths
@@ -78,8 +85,6 @@ def display_order(segment) -> tuple[list[int], list[int]]:
     Returns (order, each token's unit position in text order): maps in the engine's unit
     order become text order with `m[..., order, :][..., :, order]`.
     """
-    from bertscope.engine.loop import segment_units
-
     units, _ = segment_units(segment)
     first = {}
     for t, u in enumerate(units):
@@ -92,12 +97,6 @@ def display_order(segment) -> tuple[list[int], list[int]]:
 def attention_maps(scope, segment, from_word: str = "mean"):
     """One forward pass with the eager kernel: (HeadStats, token maps (layers, H, L, L),
     word maps (layers, H, W, W) in the engine's unit order), float64 numpy."""
-    from bertscope.engine.accumulate import HeadStats
-    from bertscope.analyses.surface.command import RunSettings
-    from bertscope.engine.loop import stream_batches
-    from bertscope.kernels import StatsSpec
-    from bertscope.kernels.common import masked_scores
-
     loaded = scope.loaded
     spec = RunSettings().spec().union(StatsSpec(offsets=(), n_key_classes=loaded.classes.n_classes,
                                                 entropy=False, argmax=False, word_maps=True, keep_qk=True))
@@ -119,9 +118,6 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     patterns: optional (layers, H) array of pattern-type names (Kovaleva et al.), the hook
     for pattern types per input; None shows "not computed yet".
     """
-    from bertscope.analyses.surface import stats as surface
-    from bertscope.models.loading import model_name
-
     loaded, tokenizer = scope.loaded, scope.tokenizer
     check_text(text, pair, tokenizer, max_len, loaded.max_len)
     (segment,) = scope.segments([text if pair is None else (text, pair)], max_len=max_len)

@@ -28,7 +28,7 @@ from .spec import PLAIN, AttentionLayout  # the attention's shape: causal, windo
 def attention_stats_triton(*args, **kwargs):
     """The triton backend, imported on first use: @triton.jit decides between compiled and
     interpreted kernels when the module runs, so TRITON_INTERPRET must be set before."""
-    from .triton_attention import attention_stats_triton as fn
+    from .triton_attention import attention_stats_triton as fn  # optional triton; see the docstring
 
     return fn(*args, **kwargs)
 
@@ -78,7 +78,7 @@ def describe_backend(name: str, device) -> dict:
         reason = cpu_rows.unavailable_reason()
         info["row_pass"] = "compiled (cpu_rows.c)" if reason is None else f"torch ({reason})"
     if backend == "triton":
-        import triton
+        import triton  # as in attention_stats_triton: optional, and imported after TRITON_INTERPRET is set
 
         from . import triton_attention
 

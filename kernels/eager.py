@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .attention_grad import GradSums
 from .common import finish_stats, keep_qk, masked_scores, require_pooling
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
@@ -63,8 +64,6 @@ def attention_grad_eager(q, k, v, key_valid, key_class, n_classes: int, sink, sc
     Sums by their definition: over valid query rows i and valid keys j of class c,
     |dL/dP_ij| and P_ij; pairs counts them. Returns the output (B, H, L, D).
     """
-    from .attention_grad import GradSums
-
     B, H, L, D = q.shape
     scale = D**-0.5 if scale is None else scale
     p = torch.softmax(masked_scores(q, k, key_valid, scale), dim=-1)  # (B, H, L, L)

@@ -31,7 +31,7 @@ def pairwise_js(q, k, key_valid, scale, backend: str = "chunked", pair_bytes: in
     if backend == "chunked":
         return pairwise_js_chunked(q, k, key_valid, scale, pair_bytes)
     if backend == "triton":
-        from .triton_js import pairwise_js_triton
+        from .triton_js import pairwise_js_triton  # triton is optional (and TRITON_INTERPRET is read on import)
 
         return pairwise_js_triton(q, k, key_valid, scale)
     raise ValueError(f"unknown JS backend {backend!r}; choose one of {JS_BACKENDS}")

@@ -19,6 +19,7 @@ entry removes the variable before importing it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -28,6 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+# triton and the kernel modules are imported inside the functions, never here: `main` must remove
+# TRITON_INTERPRET before they run @triton.jit (triton's own library functions too), see above.
 ARCHS = (80, 90)
 # key class counts: the vocabulary's [CLS], [SEP], punctuation, other (4), 16 for classes from
 # tags (UPOS has 17 tags) and 32 (the features scheme's); the class count is a runtime argument,
@@ -52,9 +57,7 @@ class Specialisation:
     class_dot: bool = True  # class masses by a one-hot dot (shipped), or the masked loop
 
     def config(self) -> dict:
-        import torch
-
-        from .triton_attention import kernel_config
+        from .triton_attention import kernel_config  # see the note above ARCHS
 
         return kernel_config(self.L, self.D, torch_dtype(self.dtype))
 
@@ -79,7 +82,7 @@ class AotSpec:
     W: int = 0  # units (word maps only)
 
     def config(self) -> dict:
-        from .triton_js import js_config
+        from .triton_js import js_config  # see the note above ARCHS
         from .triton_maps import column_mass_config, word_map_config
 
         if self.kernel == "_word_map_kernel":
@@ -97,7 +100,7 @@ class AotSpec:
         """(ASTSource, config with num_warps and num_stages) as a typical launch specialises
         it: unit strides of the innermost dimensions are constants, pointers and the q/k
         strides 16-divisible."""
-        import triton
+        import triton  # see the note above ARCHS
         from triton.compiler import ASTSource
 
         from . import triton_js, triton_maps
@@ -125,8 +128,6 @@ class AotSpec:
 
 
 def torch_dtype(name: str):
-    import torch
-
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
@@ -178,7 +179,7 @@ def _ast_source(spec: Specialisation):
     """
     if isinstance(spec, AotSpec):  # a whole-map kernel builds its own (source, config)
         return spec.ast_source()
-    from triton.compiler import ASTSource
+    from triton.compiler import ASTSource  # see the note above ARCHS
 
     from . import triton_attention as ta
 
@@ -222,7 +223,7 @@ def _ast_source(spec: Specialisation):
 
 
 def ptxas_path() -> Path:
-    import triton
+    import triton  # see the note above ARCHS
 
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
@@ -251,7 +252,7 @@ def ptxas_usage(ptx: str, arch: int) -> dict:
 
 def compile_one(spec: Specialisation, arch: int) -> dict:
     """Compile one specialisation for sm_<arch>; its resource usage as a table row."""
-    import triton
+    import triton  # see the note above ARCHS
     from triton.backends.compiler import GPUTarget
 
     src, c = _ast_source(spec)
@@ -292,14 +293,12 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before the kernel module runs @triton.jit
-    import triton
+    import triton  # see the note above ARCHS
 
     specs = shipped_specialisations(tuple(args.classes or CLASS_COUNTS), tuple(args.dtype or DTYPES),
                                     maps=not args.forward_only, class_dot=not args.class_loop)
     rows = compile_all(tuple(args.arch or ARCHS), specs)
     if args.json:
-        import json
-
         print(json.dumps(rows))
     else:
         print(f"Triton {triton.__version__} ({Path(triton.__file__).parent})")

@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
 from .spec import ROW_STATS, RowStats, StatsSpec, WordPooling
 from .triton_tiles import DTYPES, FMIN, key_block_scores, map_base
@@ -388,8 +389,6 @@ def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooli
     """
     stats_dtype = q.dtype
     if spec.column_mass or spec.word_maps:
-        from . import triton_maps
-
         if spec.column_mass:
             stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=stats_dtype)
         if spec.word_maps:

@@ -50,7 +50,7 @@ def paired_test(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns (p, n): (K,) p-values and the pairs used. A column whose differences are all
     zero has p = 1 (nothing changed); one without pairs has p = NaN.
     """
-    from scipy.stats import wilcoxon
+    from scipy.stats import wilcoxon  # here: `bertscope compare --help` must not wait for scipy.stats (~0.5 s)
 
     d = b - a  # (N, K)
     n = (~np.isnan(d)).sum(0)
@@ -70,7 +70,7 @@ def unpaired_test(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     """Two-sided Mann-Whitney U test of a (Na, K) against b (Nb, K), column by column;
     NaN values are left out. Returns (p, n_a, n_b), each (K,). A column whose values are
     all equal has p = 1; one with an empty sample has p = NaN."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # as in paired_test
 
     n_a, n_b = (~np.isnan(a)).sum(0), (~np.isnan(b)).sum(0)
     both = np.concatenate([a, b])  # (Na + Nb, K)

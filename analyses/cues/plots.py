@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from bertscope.analyses.cues.stats import Cue, strongest
 
+# matplotlib is imported inside the drawing functions: `bertscope cues` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def cue_figure(task: str, tables: dict[tuple[str, str], list[Cue]], top: int):
     """Productivity against coverage of the unigram cues over all splits, strongest ones named."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

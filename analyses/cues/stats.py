@@ -7,6 +7,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from bertscope.data.readers.tasks import read_arct, read_rte
+from bertscope.errors import UserError
+
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*")
 COLUMNS = ("task", "data", "split", "ngram", "cue", "n", "applicability", "productivity", "coverage",
            "label", "base_rate", "strength")
@@ -105,9 +108,6 @@ def strongest(cues: Iterable[Cue], top: int = 10) -> list[Cue]:
 def cue_tables(task: str, data_dir: str | None = None, seed: int = 0,
                expand_not: bool = False) -> dict[tuple[str, str], list[Cue]]:
     """(data, split) -> cues of every n-gram order, for ARCT (original, adversarial) or RTE."""
-    from bertscope.data.readers.tasks import read_arct, read_rte
-    from bertscope.errors import UserError
-
     tables: dict[tuple[str, str], list[Cue]] = {}
     if task == "arct":
         for version in ("original", "adversarial"):

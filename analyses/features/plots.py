@@ -6,12 +6,15 @@ import numpy as np
 
 from bertscope.report.plotting import layer_head_ticks
 
+# matplotlib is imported inside the drawing functions: `bertscope features` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 LABELS = {"cls": "[CLS]", "sep": "[SEP]", "noun": "nouns", "verb": "verbs", "pron": "pronouns",
           "punct": "punctuation", "nsubj": "subjects (nsubj)", "obj": "objects (obj)", "neg": "negation"}
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

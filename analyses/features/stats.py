@@ -37,6 +37,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
@@ -255,8 +256,6 @@ class FeatureScores:
 
     def all_reduce(self):
         """Sum every torchrun rank's state into each rank's copy."""
-        import torch.distributed as dist
-
         for name in self.ARRAYS:
             t = torch.from_numpy(getattr(self, name))
             dist.all_reduce(t)  # in place on the numpy buffer

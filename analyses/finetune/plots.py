@@ -5,11 +5,14 @@ import numpy as np
 
 from bertscope.analyses.finetune.outputs import COSINE_FIGURE
 
+# matplotlib is imported inside the drawing functions: `bertscope finetune` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def cosine_figures(rows: list[dict]):
     """(figure, filename) per (task, data, input): layer x head heatmap of the mean cosine over the
     seeds (Kovaleva et al. Figure 5; darker = changed more)."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -42,7 +42,7 @@ def disagreements(correct: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np
 
 def mcnemar_exact(b, c) -> np.ndarray:
     """Exact two-sided McNemar p-value for each pair of disagreement counts (1 when n = 0)."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # here: the heads commands' --help must not wait for scipy.stats (~0.5 s)
 
     b, c = np.atleast_1d(b), np.atleast_1d(c)
     return np.array([1.0 if x + y == 0 else binomtest(int(x), int(x + y), 0.5).pvalue for x, y in zip(b, c)])
@@ -66,7 +66,7 @@ def mcnemar_interval(b, c, n: int, level: float = 0.95) -> tuple[np.ndarray, np.
     disagreements; it is [0, 0] when there are none). That is the price of agreeing with the
     test; where m is small against n, the direction of the disagreements is what is uncertain.
     """
-    from scipy.stats import beta
+    from scipy.stats import beta  # as in mcnemar_exact
 
     b, c = np.atleast_1d(np.asarray(b, dtype=np.int64)), np.atleast_1d(np.asarray(c, dtype=np.int64))
     if n <= 0:

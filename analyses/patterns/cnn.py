@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from bertscope.analyses.patterns.stats import TYPES
 from bertscope.run.rundir import write_npz
@@ -142,8 +143,6 @@ def train_cnn(maps: np.ndarray, labels: np.ndarray, epochs: int = 8, batch_size:
     inverse of its frequency (labels are unbalanced: Heterogeneous dominates rule labels on
     MiniLM, Vertical the paper's hand labels), which trades majority-type accuracy for
     minority-type recall."""
-    from tqdm.auto import tqdm
-
     torch.manual_seed(seed)
     model = PatternCNN()
     x = torch.from_numpy(np.asarray(maps, dtype=np.float32))[:, None]  # (N, 1, G, G)
@@ -177,6 +176,7 @@ def predict(model: PatternCNN, maps: np.ndarray, batch_size: int = 512) -> np.nd
 
 def scores(truth: np.ndarray, pred: np.ndarray) -> dict:
     """Accuracy, macro and weighted F1, Cohen's kappa (sklearn), per-type F1 and the confusion matrix."""
+    # scikit-learn here: `bertscope patterns --help` imports this module and must not wait for it (~1 s)
     from sklearn.metrics import cohen_kappa_score, confusion_matrix, f1_score
 
     labels = list(range(len(TYPES)))

@@ -5,10 +5,13 @@ import numpy as np
 
 from bertscope.analyses.patterns.stats import COLORS, TYPES, PatternCounts
 
+# matplotlib is imported inside the drawing functions: `bertscope patterns` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def plot_overall(shares: dict[str, dict[str, float]], title: str):
     """Stacked bars, one per data set, as the paper's Figure 2 (Heterogeneous on top)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # see the module note
 
     names = list(shares)
     fig, ax = plt.subplots(figsize=(1.4 * len(names) + 2.6, 4.2))
@@ -30,7 +33,7 @@ def plot_overall(shares: dict[str, dict[str, float]], title: str):
 
 def plot_layers(by_data: dict[str, PatternCounts], title: str):
     """Per-layer stacked bars, one panel per data set."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # see the module note
 
     names = list(by_data)
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names) + 1.5, 3.4), sharey=True, squeeze=False)
@@ -56,7 +59,7 @@ def plot_layers(by_data: dict[str, PatternCounts], title: str):
 
 def plot_examples(examples: list[dict], title: str):
     """One real map per type, as the paper's Figure 1. Each example: type, map (L, L), tokens, layer, head, features."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # see the module note
 
     fig, axes = plt.subplots(1, len(examples), figsize=(3.1 * len(examples), 3.6), squeeze=False)
     for ax, ex in zip(axes[0], examples):

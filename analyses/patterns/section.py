@@ -8,6 +8,7 @@ from bertscope.analyses.patterns.outputs import (
     OVERALL_FIGURE,
     PATTERNS_FILE,
 )
+from bertscope.analyses.patterns.stats import TYPES
 from bertscope.report.page import RunFiles, Section, Table, num
 
 
@@ -16,7 +17,6 @@ def build(run: RunFiles) -> Section | None:
     rows = run.csv(PATTERNS_FILE)
     if rows is None:
         return None
-    from bertscope.analyses.patterns.stats import TYPES
 
     overall: dict[str, dict[str, float]] = {}
     for r in rows:

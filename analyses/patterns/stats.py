@@ -46,7 +46,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertscope.engine.batch import _segment_sums
 from bertscope.kernels import StatsSpec
+from bertscope.kernels.eager import attention_stats_eager
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import PARTS
 
@@ -127,9 +129,6 @@ def map_features(p: torch.Tensor, key_class: torch.Tensor, key_valid: torch.Tens
     The maps are fed to `attention_stats_eager` as scores log p (q = log p, k = identity,
     scale 1), whose softmax gives p back, so the statistics are the oracle's own.
     """
-    from bertscope.engine.batch import _segment_sums
-    from bertscope.kernels.eager import attention_stats_eager
-
     B, H, L, _ = p.shape
     key_valid = torch.ones(B, L, dtype=torch.bool) if key_valid is None else key_valid
     q = torch.log(p.double().clamp_min(1e-30))  # (B, H, L, L): scores whose softmax is p

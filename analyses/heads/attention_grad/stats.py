@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertscope.engine.attention import GradProbe
+from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import KEY_CLASSES
 
 MASK_RATE, MASK_TOKEN, RANDOM_TOKEN = 0.15, 0.8, 0.1  # BERT's pre-training masking
@@ -70,8 +72,6 @@ def measure(loaded, batches, stats: "GradStats", backend: str = "fused", progres
     Backward runs from the loss to the token embeddings only: the weights are frozen for the
     pass (restored after) and the embeddings' output is made a leaf that requires grad, so
     every layer's q, k and v are differentiated and no weight gradient is computed."""
-    from bertscope.engine.attention import GradProbe
-
     model = loaded.model
     probe = GradProbe(loaded.n_layers, len(KEY_CLASSES), backend)
     table = loaded.class_table.to(next(model.parameters()).device)
@@ -142,8 +142,6 @@ class GradStats:
         return self
 
     def save(self, path):
-        from bertscope.run.rundir import write_npz
-
         write_npz(path, grad=self.grad, mass=self.mass, pairs=self.pairs, rows=self.rows,
                   classes=np.array(self.classes), counts=np.array([self.examples, self.batches_done]),
                   loss_sum=np.array(self.loss_sum))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# matplotlib is imported inside the drawing functions: `heads disable` and `heads ablate` import this module, and
+# their --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 BASELINE_COLOR = "tab:orange"  # the paper's orange baseline line
 
 
@@ -16,7 +19,7 @@ def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str, gate: 
     """Layer x head heatmap of the accuracy with that head gated; the colour scale is centred on
     the baseline (marked on the colour bar), each cell is labelled with its change in points,
     and significant cells are framed."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -52,7 +55,7 @@ def plot_heads(rows: list[dict], n_layers: int, n_heads: int, title: str, gate: 
 def plot_layers(rows: list[dict], title: str, gate: str = "uniform"):
     """Accuracy with each whole layer gated (points, with the exact interval of the change around
     them: level 1 - alpha, McNemar inverted), against the baseline line; significant layers starred."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -7,9 +7,12 @@ import numpy as np
 
 from bertscope.report.plotting import layer_head_ticks
 
+# matplotlib is imported inside the drawing functions: `bertscope heads importance` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def _plt():
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
+# matplotlib is imported inside the drawing functions: `bertscope probes classifier` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def plot_training(curves: dict[str, list[dict]], title: str):
     """Held-out UAS by epoch of every probe trained (`TrainResult.history`, by probe label).
     Returns the matplotlib figure."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -29,7 +32,7 @@ def plot_training(curves: dict[str, list[dict]], title: str):
 def plot_head_weights(weights: dict[str, np.ndarray], title: str):
     """The attention-only probe's per-head weights w and u, each (layers, heads), side by side
     on one symmetric colour scale. Returns the matplotlib figure."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -11,11 +11,14 @@ from bertscope.analyses.probes.cluster.stats import (
     head_layers,
 )
 
+# matplotlib is imported inside the drawing functions: `bertscope probes cluster` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def plot_mds(xy: np.ndarray, labels: np.ndarray, n_layers: int, n_heads: int, title: str):
     """Clark Fig. 6: heads in the MDS plane, colour = layer, marker = behaviour.
     Heads are named `layer-head` beside their point when there are at most 160 of them."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -54,7 +57,7 @@ def plot_mds(xy: np.ndarray, labels: np.ndarray, n_layers: int, n_heads: int, ti
 def plot_layer_js(layer_js: np.ndarray, title: str):
     """Layer x layer heatmap of the mean JS per token between their heads (diagonal:
     pairs of different heads within the layer)."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

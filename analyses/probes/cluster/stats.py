@@ -31,8 +31,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from bertscope.analyses.surface import stats as surface
 from bertscope.engine.accumulate import HeadStats
+from bertscope.engine.loop import EngineOptions, fold
 from bertscope.kernels import StatsSpec
+from bertscope.kernels.js import pairwise_js
 from bertscope.run.rundir import write_npz
 
 NAME = "cluster"
@@ -237,7 +240,7 @@ def embed(distance: np.ndarray, seed: int = 0) -> np.ndarray:
     and needs no restarts; older versions get 4 seeded random starts. The layout is defined
     up to rotation and reflection only: read distances, not axes.
     """
-    from sklearn.manifold import MDS
+    from sklearn.manifold import MDS  # here: `bertscope probes cluster --help` must not wait for scikit-learn (~1 s)
 
     d = np.asarray(distance, dtype=np.float64)
     if d.ndim != 2 or d.shape[0] != d.shape[1]:
@@ -305,8 +308,6 @@ class JSSums:
         self.batches_done = 0
 
     def add(self, batch):
-        from bertscope.kernels.js import pairwise_js
-
         layers = batch.layers
         # scale folded into q per layer, so layers with different scales could share one call
         q = torch.cat([s.queries * s.scale for s in layers], dim=1)  # (B, layers*H, L, D)
@@ -350,8 +351,6 @@ class ClusterSums:
 
 
 def spec_for(loaded) -> StatsSpec:
-    from bertscope.analyses.surface import stats as surface
-
     own = StatsSpec(offsets=(), n_key_classes=len(loaded.class_names), entropy=False, argmax=False, keep_qk=True)
     return own.union(surface.NEEDS)
 
@@ -359,8 +358,6 @@ def spec_for(loaded) -> StatsSpec:
 def js_sums(loaded, segments: Sequence, js_backend: str = "chunked", batch_size: int = 32,
             backend: str = "auto", progress: bool = True) -> ClusterSums:
     """One pass over `segments`: JS sums between all heads of all layers, and surface sums."""
-    from bertscope.engine.loop import EngineOptions, fold
-
     spec = spec_for(loaded)
     sums = ClusterSums(JSSums(loaded.n_layers * loaded.n_heads, js_backend),
                        HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes))

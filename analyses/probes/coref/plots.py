@@ -6,10 +6,13 @@ import numpy as np
 from bertscope.analyses.probes.coref.stats import COLOURS, GAP_BASELINES, GUM_BASELINES
 from bertscope.report.plotting import layer_head_ticks
 
+# matplotlib is imported inside the drawing functions: `bertscope probes coref` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def plot_bars(table_rows: list[dict], title: str):
     """One panel per dataset: per type, the best head, the All-best head and the baselines."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -44,7 +47,7 @@ def plot_bars(table_rows: list[dict], title: str):
 def plot_heatmaps(head_rows: list[dict], title: str):
     """Layer x head accuracy, one panel per GUM mention type and one for GAP (all rows; its
     masculine/feminine split is in the CSV), cells annotated in percent."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

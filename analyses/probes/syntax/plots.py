@@ -13,11 +13,14 @@ from bertscope.analyses.probes.syntax.stats import (
 )
 from bertscope.report.plotting import layer_head_ticks
 
+# matplotlib is imported inside the drawing functions: `bertscope probes syntax` imports this module, and
+# its --help and a run with --no-figures must not pay matplotlib's start-up (half a second or more).
+
 
 def plot_best_heads(table_rows: Sequence[dict], title: str, min_count: int = 100):
     """Bars per relation: best head's accuracy in each direction next to the fixed-offset
     baseline. Returns the matplotlib figure."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -54,7 +57,7 @@ def plot_best_heads(table_rows: Sequence[dict], title: str, min_count: int = 100
 def plot_relation_heatmaps(head_rows: Sequence[dict], title: str, relations=HEATMAP_RELATIONS,
                            direction: str = "dep->head"):
     """Layer x head accuracy grids for a few key relations (one panel each)."""
-    import matplotlib
+    import matplotlib  # see the module note
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -41,7 +41,7 @@ def glove_files() -> tuple[Path, Path]:
 def glove_vocabulary() -> tuple[str, ...]:
     """The 400,000 words, row order of the vectors."""
     _, vocab_path = glove_files()
-    try:
+    try:  # pyarrow here: `bertscope probes classifier --help` imports this module and must not wait for it
         import pyarrow.parquet as pq
     except ImportError:
         raise UserError("reading the GloVe vocabulary needs pyarrow (pip install pyarrow)") from None
