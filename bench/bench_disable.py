@@ -32,8 +32,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def main() -> int:
@@ -51,17 +51,17 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from bertscope.data.paths import seeded_sample
-    from bertscope.data.readers.tasks import read_task
-    from bertscope.kernels import Gate
-    from bertscope.models.loading import load_model
-    from bertscope.tasks.inputs import encode_task
     from bertscope.analyses.heads.variants import (
         baseline,
         evaluate_variants,
         single_heads,
         whole_layers,
     )
+    from bertscope.data.paths import seeded_sample
+    from bertscope.data.readers.tasks import read_task
+    from bertscope.kernels import Gate
+    from bertscope.models.loading import load_model
+    from bertscope.tasks.inputs import encode_task
 
     loaded = load_model(args.model, task="sequence-classification", num_labels=None if args.model else 2)
     examples = seeded_sample(read_task("rte", "test"), args.examples, 0)

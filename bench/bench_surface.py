@@ -41,7 +41,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import make_batches, wiki_token_stream  # noqa: E402
+from common import make_batches, wiki_token_stream
 
 METHODS = ("floor", "eager+maps", "bertscope")
 METHOD_HELP = {

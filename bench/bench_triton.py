@@ -22,9 +22,9 @@ import time
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels, never the interpreter's
 
-import torch  # noqa: E402
+import torch
 
-from bertscope.kernels.spec import StatsSpec  # noqa: E402
+from bertscope.kernels.spec import StatsSpec
 
 SHAPES = [(8, 12, 128), (4, 12, 512), (1, 12, 2048)]  # (B, H, L)
 D = 64  # bert-base head size (MiniLM's is 32)

@@ -92,8 +92,8 @@ def display_order(segment) -> tuple[list[int], list[int]]:
 def attention_maps(scope, segment, from_word: str = "mean"):
     """One forward pass with the eager kernel: (HeadStats, token maps (layers, H, L, L),
     word maps (layers, H, W, W) in the engine's unit order), float64 numpy."""
-    from bertscope.engine.accumulate import HeadStats
     from bertscope.analyses.surface.command import RunSettings
+    from bertscope.engine.accumulate import HeadStats
     from bertscope.engine.loop import stream_batches
     from bertscope.kernels import StatsSpec
     from bertscope.kernels.common import masked_scores

@@ -19,10 +19,11 @@ from . import cpu_rows
 from .attention_grad import GradSink, GradSums, attention_grad
 from .chunked import attention_stats_chunked
 from .eager import attention_grad_eager, attention_stats_eager
-from .pooling import word_pooling
 from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
-from .spec import Gate, LayerGates, RowStats, StatsSpec, WordPooling
-from .spec import PLAIN, AttentionLayout  # the attention's shape: causal, window, key/value heads
+from .pooling import word_pooling
+
+# PLAIN and AttentionLayout: the attention's shape (causal, window, key/value heads)
+from .spec import PLAIN, AttentionLayout, Gate, LayerGates, RowStats, StatsSpec, WordPooling
 
 
 def attention_stats_triton(*args, **kwargs):

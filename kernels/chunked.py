@@ -30,7 +30,7 @@ bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats 
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

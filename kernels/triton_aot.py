@@ -52,8 +52,6 @@ class Specialisation:
     class_dot: bool = True  # class masses by a one-hot dot (shipped), or the masked loop
 
     def config(self) -> dict:
-        import torch
-
         from .triton_attention import kernel_config
 
         return kernel_config(self.L, self.D, torch_dtype(self.dtype))

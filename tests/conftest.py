@@ -80,8 +80,8 @@ def minilm_path() -> Path:
 @pytest.fixture(scope="session")
 def wiki():
     """The 10,033 Wikipedia lead sections (skips when the package is missing; fails in CI)."""
-    from bertscope.text.corpus import load_wiki
     from bertscope.errors import UserError
+    from bertscope.text.corpus import load_wiki
 
     try:
         return load_wiki()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*")
 COLUMNS = ("task", "data", "split", "ngram", "cue", "n", "applicability", "productivity", "coverage",

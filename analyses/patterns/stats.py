@@ -166,7 +166,7 @@ class PatternCounts:
             self.feature_sums[layer] += torch.stack([feat[f].nan_to_num(0.0).sum(0) for f in FEATURES], -1).cpu().numpy()
         self.n_examples += batch.size
 
-    def merge(self, other: "PatternCounts") -> "PatternCounts":
+    def merge(self, other: PatternCounts) -> PatternCounts:
         if (other.n_layers, other.n_heads, other.thresholds) != (self.n_layers, self.n_heads, self.thresholds):
             raise ValueError("cannot merge pattern counts of different models or thresholds")
         self.counts += other.counts
@@ -180,7 +180,7 @@ class PatternCounts:
                   n_examples=self.n_examples, batches_done=self.batches_done)
 
     @classmethod
-    def load(cls, path: Path) -> "PatternCounts":
+    def load(cls, path: Path) -> PatternCounts:
         with np.load(path) as f:
             meta = json.loads(str(f["meta"]))
             if tuple(meta["types"]) != TYPES:

@@ -184,7 +184,7 @@ class RunSettings:
     window_batches: int | None = WINDOW_BATCHES  # batches sorted by length together (engine)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunSettings":
+    def from_dict(cls, d: dict) -> RunSettings:
         # runs recorded before --packing existed used the balanced split, and before windowed
         # batches sorted every segment at once
         d = {"packing": "balanced", "window_batches": None, **d}

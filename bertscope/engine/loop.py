@@ -10,9 +10,9 @@ shardable (rank r of w runs batches r, r + w, ...: disjoint shares of one plan).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch

@@ -5,7 +5,7 @@ probes and analyses.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Sequence
+from collections.abc import Sequence
 
 from tokenizers import Encoding
 

@@ -19,12 +19,12 @@ import torch
 
 import bertscope.analyses.surface.command
 import bertscope.engine.loop
-from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli.main import main
-from bertscope.text.corpus import load_text_file
+from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.engine.loop import EngineOptions, run_stats
 from bertscope.models.loading import load_model
+from bertscope.text.corpus import load_text_file
 from bertscope.text.segments import SegmentOptions, make_segments
 
 # the shape of conftest's tiny models (checked where they are used)

@@ -20,8 +20,8 @@ from test_cli import check_interrupted, resume_corpus  # noqa: F401 (a fixture)
 import bertscope
 import bertscope.analyses.surface.command
 import bertscope.engine.loop
-from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.cli.main import build_parser, main
+from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.engine.loop import EngineOptions
 
 ROOT = Path(__file__).resolve().parents[2]

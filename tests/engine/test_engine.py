@@ -12,11 +12,10 @@ import pytest
 import torch
 from transformers import AttentionInterface, GPT2Config, GPT2Model
 
+from bertscope.analyses.surface.stats import head_table
 from bertscope.engine import attention
 from bertscope.engine.accumulate import ARRAYS, HeadStats
-from bertscope.analyses.surface.stats import head_table
 from bertscope.engine.attention import HeadProbe
-from bertscope.text.corpus import Document
 from bertscope.engine.loop import (
     EngineOptions,
     plan_batches,
@@ -28,6 +27,7 @@ from bertscope.engine.loop import (
 from bertscope.errors import UserError
 from bertscope.kernels import Gate, StatsSpec
 from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_model
+from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, collate, make_segments
 
 # the shape of conftest's tiny models (checked where they are used)

@@ -8,18 +8,18 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from test_kernel_maps import MAP_SPEC, make_inputs  # noqa: E402
-from triton_interpreter import emulate_bf16_dots  # noqa: E402
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_kernel_maps import MAP_SPEC, make_inputs
+from triton_interpreter import emulate_bf16_dots
 
-from bertscope.kernels import StatsSpec, word_pooling  # noqa: E402
-from bertscope.kernels.common import masked_scores  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
-from bertscope.kernels.spec import WordPooling  # noqa: E402
-from bertscope.kernels.triton_maps import (  # noqa: E402
+from bertscope.kernels import StatsSpec, word_pooling
+from bertscope.kernels.common import masked_scores
+from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import WordPooling
+from bertscope.kernels.triton_maps import (
     INTERPRETED,
     column_mass_triton,
     word_maps_triton,

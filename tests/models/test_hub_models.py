@@ -31,8 +31,8 @@ import pytest
 
 from bertscope.cli.main import main
 from bertscope.errors import UserError
-from bertscope.models.source import looks_like_path, resolve_model
 from bertscope.models.loading import load_model, model_name
+from bertscope.models.source import looks_like_path, resolve_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,9 +1,9 @@
 """Corpus loading (Wikipedia package, user text files) and the sentence splitter."""
 import pytest
 
+from bertscope.errors import UserError
 from bertscope.text import corpus
 from bertscope.text.corpus import Document, load_corpus, load_text_file
-from bertscope.errors import UserError
 from bertscope.text.sentences import sentence_spans, split_sentences
 
 # --- sentences -------------------------------------------------------------------------

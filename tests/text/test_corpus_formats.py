@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertscope.text.corpus import Document, open_corpus
 from bertscope.errors import UserError
+from bertscope.text.corpus import Document, open_corpus
 
 RECORDS = [
     {"text": "The cat sat on the mat.", "label": 1},

@@ -96,7 +96,7 @@ class CorefDocument:
             seen.add(m.entity)
         return found
 
-    def window(self, start: int, end: int) -> "CorefDocument":
+    def window(self, start: int, end: int) -> CorefDocument:
         """Words start .. end-1 as a document of their own (indices shifted to 0).
 
         Keeps the mentions lying wholly inside; heads pointing outside the window become -1;

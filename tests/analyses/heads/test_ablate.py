@@ -23,9 +23,6 @@ from bertscope.analyses.heads.ablate.stats import (
 from bertscope.analyses.heads.common import variant_rows
 from bertscope.analyses.heads.importance.outputs import COLUMNS as IMPORTANCE_COLUMNS
 from bertscope.analyses.heads.importance.outputs import importance_grid, read_importance
-from bertscope.errors import UserError
-from bertscope.kernels import Gate
-from bertscope.models.loading import wrap_model
 from bertscope.analyses.heads.variants import (
     all_but_one,
     baseline,
@@ -33,6 +30,9 @@ from bertscope.analyses.heads.variants import (
     forward_variants,
     single_heads,
 )
+from bertscope.errors import UserError
+from bertscope.kernels import Gate
+from bertscope.models.loading import wrap_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS

@@ -18,9 +18,6 @@ from bertscope.analyses.heads.paired import (
     mcnemar_exact,
     mcnemar_interval,
 )
-from bertscope.kernels import Gate
-from bertscope.models.loading import wrap_model
-from bertscope.tasks.inputs import EncodedTask, encode_task
 from bertscope.analyses.heads.variants import (
     baseline,
     evaluate_variants,
@@ -31,6 +28,9 @@ from bertscope.analyses.heads.variants import (
     variant_gates,
     whole_layers,
 )
+from bertscope.kernels import Gate
+from bertscope.models.loading import wrap_model
+from bertscope.tasks.inputs import EncodedTask, encode_task
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS

@@ -18,10 +18,10 @@ from test_engine import (
 
 import bertscope.analyses.surface.command
 import bertscope.engine.loop
-from bertscope.engine.accumulate import HeadStats
 from bertscope.analyses.surface.per_example import PerExampleWriter, stat_columns
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli.main import main
+from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import EngineOptions, fold
 from bertscope.kernels import StatsSpec
 
