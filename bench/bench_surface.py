@@ -213,7 +213,7 @@ def run_memory_probes(args) -> dict:
         for method in METHODS:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory-probe", method, str(L),
                    "--batch-size", str(args.batch_size), "--batches", str(args.batches)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stderr)
                 raise RuntimeError(f"memory probe {method} L={L} failed")

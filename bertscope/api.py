@@ -17,14 +17,13 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 
 from bertscope.kernels import StatsSpec
 from bertscope.text.token_classes import TokenClasses
 
-Text = Union[str, tuple[str, str]]
+Text = str | tuple[str, str]
 
 
 def load(model: str | Path | None = None, device: str = "cpu", backend: str = "auto", **kwargs) -> Scope:

@@ -301,7 +301,7 @@ def write_labels(run: ModelRun, args, names: list[str], t: P.Thresholds):
     results = {}
     for name in names:
         maps, labels, source = [], [], []
-        for index, segment, m, kinds, feat in iter_maps(run.loaded, first_segments(name, args, run.loaded.tokenizer,
+        for index, _segment, m, kinds, _feat in iter_maps(run.loaded, first_segments(name, args, run.loaded.tokenizer,
                                                                                       args.limit or 10**9),
                                                          t, progress=run.progress, desc=f"label {name}"):
             for layer, head in np.ndindex(*kinds.shape):

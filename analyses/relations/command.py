@@ -291,8 +291,7 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
                 f"above the 99th percentile of the {scores.n_layers * scores.n_heads} heads; white dots: previous/"
                 f"next-token heads (mean offset -1 or +1 mass > {args.prev_next_mass})")
         title = (f"{label} on {data.upper()}: "
-                 + ("predicate <-> core argument attention (UD, <= %d words, >= %d apart)" % (args.max_words,
-                                                                                           args.min_distance)
+                 + (f"predicate <-> core argument attention (UD, <= {args.max_words} words, >= {args.min_distance} apart)"
                     if analysis == "relations" else "token-to-token attention (verb -> subject, pronoun -> antecedent)"))
         run.save_figure(plots.plot_heatmaps(scores.means(), scores.groups, scores.n, title, note, adjacent),
                         HEATMAP_FIGURE.format(analysis=analysis, data=data.replace("+", "_")))

@@ -122,7 +122,7 @@ def _gold_word_tokens(words: Sequence[str], tokenizer) -> tuple[list[int], list[
     encoding = tokenizer([text], add_special_tokens=False, padding=False, truncation=False,
                          split_special_tokens=True, verbose=False).encodings[0]
     per_word: list[list[int]] = [[] for _ in words]
-    for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+    for token_id, (start, _end) in zip(encoding.ids, encoding.offsets):
         # a token belongs to the word holding its first non-space character; a token of
         # spaces only (a lone byte-level "Ġ") belongs to the word after it
         while start < len(text) and text[start] == " ":

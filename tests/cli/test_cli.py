@@ -173,7 +173,7 @@ def test_console_script(tmp_path, minilm_path, wiki_available):
     env.pop("TRITON_INTERPRET", None)  # the triton backend must be unavailable here (no GPU, no interpreter)
     out = tmp_path / "run"
     done = subprocess.run([script, "run", "--corpus", "wiki", "--limit", "4", "--out", str(out), "--quiet",
-                           "--no-figures"], env=env, capture_output=True, text=True, timeout=300)
+                           "--no-figures"], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     check_heads(out / "heads.csv", 6, 12)
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
@@ -181,7 +181,7 @@ def test_console_script(tmp_path, minilm_path, wiki_available):
     if torch.cuda.is_available():
         return  # with a GPU the triton backend is available: no user error to check
     failed = subprocess.run([script, "run", "--backend", "triton", "--out", str(tmp_path / "x")], env=env,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, check=False)
     assert failed.returncode == 2
     assert failed.stderr.startswith("bertscope: error: ") and failed.stderr.count("\n") == 1, failed.stderr
 

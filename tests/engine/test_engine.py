@@ -142,7 +142,7 @@ def test_outputs_equal_transformers_eager(tiny_model, kind, monkeypatch):
         for backend in BACKENDS:
             probe = HeadProbe(TINY_LAYERS, TINY_HEADS, SPEC, backend=backend)
             sunk = []
-            with probe.active(key_class, lambda layer, stats, key_valid: sunk.append(layer)):
+            with probe.active(key_class, lambda layer, stats, key_valid: sunk.append(layer)):  # noqa: B023  (the sink only lives inside this `with`)
                 probed = loaded.model(**inputs).last_hidden_state * real
             assert sunk == list(range(TINY_LAYERS))
             torch.testing.assert_close(probed, want, atol=1e-5, rtol=1e-5, msg=backend)
@@ -157,7 +157,7 @@ def test_plain_path_after_a_failed_probe(tiny_model):
     sunk = []
     with pytest.raises(ZeroDivisionError):
         with probe.active(loaded.class_table[inputs["input_ids"]], lambda *a: sunk.append(a)):
-            1 / 0
+            1 / 0  # noqa: B018  (the exception inside `active`)
     with torch.no_grad():
         loaded.model(**inputs)
     assert sunk == []

@@ -248,7 +248,7 @@ def test_without_a_compiler_auto_falls_back_to_torch(tmp_path):
         "print(cpu_rows.load() is None, cpu_rows.unavailable_reason(), bool(torch.allclose(s.entropy, r.entropy, atol=1e-5)))"
     )
     env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "BERTSCOPE_CACHE": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("True ") and done.stdout.strip().endswith("True"), done.stdout
     assert "no-such-cc" in done.stdout

@@ -92,7 +92,7 @@ def measure(loaded, batches, stats: GradStats, backend: str = "fused", progress:
                 seen = set()
 
                 def sink(layer, sums):
-                    seen.add(layer)
+                    seen.add(layer)  # noqa: B023  (the sink only lives through this batch's backward)
                     stats.add_sums(layer, sums)
 
                 leaves.clear()

@@ -209,15 +209,15 @@ def baseline_choices(doc, items: list[Anaphor], xpos: list[str], feats: list[str
         i, cands = a.index, a.candidates
         head = words[a.head]
         nearest = cands[-1]
-        same_text = most_recent(cands, lambda j: text[j] == text[i])
-        same_head = most_recent(cands, lambda j: words[mentions[j].head] == head)
+        same_text = most_recent(cands, lambda j: text[j] == text[i])  # noqa: B023  (most_recent calls it at once)
+        same_head = most_recent(cands, lambda j: words[mentions[j].head] == head)  # noqa: B023  (most_recent calls it at once)
         out["nearest"][row] = mentions[nearest].head
         out["head_match"][row] = -1 if same_head is None else mentions[same_head].head
         chosen = same_text  # the sieve: the first rule that finds a candidate decides
         if chosen is None:
             chosen = same_head
         if chosen is None:
-            chosen = most_recent(cands, lambda j: attrs(i).agrees(attrs(j)))
+            chosen = most_recent(cands, lambda j: attrs(i).agrees(attrs(j)))  # noqa: B023  (most_recent calls it at once)
         if chosen is None:
             chosen = nearest
         out["sieve"][row] = mentions[chosen].head

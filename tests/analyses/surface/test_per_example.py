@@ -72,7 +72,7 @@ def test_token_weighted_means_give_back_the_corpus_table(tiny_model, tmp_path):
                         ("sep_sep", "n_sep"), ("cls_entropy", "n_cls")):
         rows = df[df[weight] > 0]
         got = rows.groupby(["layer", "head"]).apply(
-            lambda g: np.average(g[col], weights=g[weight]), include_groups=False).to_numpy()
+            lambda g: np.average(g[col], weights=g[weight]), include_groups=False).to_numpy()  # noqa: B023  (apply calls it at once)
         np.testing.assert_allclose(got, table[col].ravel(), rtol=1e-12, atol=1e-15, err_msg=col)
     # every segment has [SEP] rows; "." / "," rows are missing from some: NaN there, never 0
     assert df["sep_sep"].notna().all() and df["punct_punct"].isna().any()
