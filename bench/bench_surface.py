@@ -418,9 +418,9 @@ def report(args, seconds, memory, info_lines, check_lines) -> str:
         "by batch, in rotated order. seg/s (median) and the ratio to floor use the median time over "
         "repeats; seg/s (best) and the best ratio the fastest repeat of each method; the paired ratio "
         "is the median over repeats of floor time / method time within the same repeat. The PASS/FAIL "
-        "verdict uses the ratio of medians; when the three estimators disagree it says so. Peak forward MiB: peak RSS during the measurement minus RSS after "
-        "loading and one warm-up forward (fresh process per cell); process peak MiB: the whole "
-        "process's RSS at that peak (baseline + peak forward; about 0.5 GiB of every process is "
+        "verdict uses the ratio of medians; when the three estimators disagree it says so. Peak forward MiB: peak RSS "
+        "during the measurement minus RSS after loading and one warm-up forward (fresh process per cell); process peak "
+        "MiB: the whole process's RSS at that peak (baseline + peak forward; about 0.5 GiB of every process is "
         "torch and transformers themselves).", "",
         *rows, "", "Targets:", *verdicts, "", "Agreement (last measured config):",
         *[f"- {line}" for line in check_lines], "", "Seconds per measurement, by repeat:", *raw, "",

@@ -73,8 +73,8 @@ def paper_table() -> str:
                 fused_us = max(t["fused"] / bw, flops_per_head(L, D) / peak) * 1e6
                 cells.append(f"{eager_us:.2f} / {fused_us:.2f} ({eager_us / fused_us:.1f}x)")
             lines.append(f"| {B}x{H}x{L} | {dtype} | {t['eager'] / 2**20:.2f} MiB | {t['fused'] / 2**10:.1f} KiB | "
-                         f"{t['eager'] / t['fused']:.0f}x | {t['column'] / 2**10:.1f} KiB | {t['js_pair'] / 2**10:.1f} KiB | "
-                         + " | ".join(cells) + " |")
+                         f"{t['eager'] / t['fused']:.0f}x | {t['column'] / 2**10:.1f} KiB | "
+                         f"{t['js_pair'] / 2**10:.1f} KiB | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -111,8 +111,9 @@ def gpu_table() -> str:
             for backend in ("eager", "chunked", "triton"):
                 ms[backend] = triton.testing.do_bench(
                     lambda: attention_stats(q, k, v, key_valid, key_class, SPEC, backend=backend))  # noqa: B023  (do_bench calls it at once)
-            lines.append(f"| {B}x{H}x{L} | {str(dtype)[6:]} | {ms['sdpa']:.3f} | {ms['eager']:.3f} | {ms['chunked']:.3f} | "
-                         f"{ms['triton']:.3f} | {ms['eager'] / ms['triton']:.1f}x | {ms['sdpa'] / ms['triton']:.2f}x |")
+            lines.append(f"| {B}x{H}x{L} | {str(dtype)[6:]} | {ms['sdpa']:.3f} | {ms['eager']:.3f} | "
+                         f"{ms['chunked']:.3f} | {ms['triton']:.3f} | {ms['eager'] / ms['triton']:.1f}x | "
+                         f"{ms['sdpa'] / ms['triton']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -155,7 +156,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     parts = [
         "# bertscope Triton kernels: resources, traffic and timings",
-        f"\n```\n$ python bench/bench_triton.py{' ' + ' '.join(argv or sys.argv[1:]) if (argv or sys.argv[1:]) else ''}\n"
+        "\n```\n$ python bench/bench_triton.py"
+        f"{' ' + ' '.join(argv or sys.argv[1:]) if (argv or sys.argv[1:]) else ''}\n"
         f"torch {torch.__version__}, triton {triton_version()}, python {platform.python_version()}, "
         f"GPU: {gpu or 'none'}\n```",
         f"\n## Memory traffic per (batch, head) on paper (D={D}, offsets -2..2, 4 key classes, entropy, argmax)\n",

@@ -136,5 +136,8 @@ def output_path(backend: str, grad: bool) -> str:
     return f"{backend} (output fused with the statistics)"
 
 
-__all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend", "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
-           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "Gate", "LayerGates", "RowStats", "StatsSpec", "WordPooling"]
+__all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend",
+           "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling",
+           "BACKENDS", "BACKEND_CHOICES",
+           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "Gate", "LayerGates", "RowStats", "StatsSpec",
+           "WordPooling"]

@@ -271,7 +271,8 @@ def compile_all(archs=ARCHS, specs=None) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'kernel':<16} {'spec':<42} {'arch':<6} {'regs':>5} {'spills (st/ld B)':>16} {'shared B':>9} {'compile s':>9}"
+    head = (f"{'kernel':<16} {'spec':<42} {'arch':<6} {'regs':>5} {'spills (st/ld B)':>16} {'shared B':>9} "
+            f"{'compile s':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['kernel']:<16} {r['spec']:<42} {r['arch']:<6} {r['registers']:>5} "

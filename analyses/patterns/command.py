@@ -230,7 +230,8 @@ def count(run: ModelRun, args, names: list[str], t: P.Thresholds) -> int:
         options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress, total=args.limit,
                                 checkpoint_every=CHECKPOINT_EVERY)
         fold(loaded, segment_stream(name, args, loaded.tokenizer, report), P.SPEC, [counts], options,
-             classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path), shard=(world.rank, world.size),
+             classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path),
+             shard=(world.rank, world.size),
              desc=f"patterns {name}")
         counts = all_reduce_counts(world, counts)
         by_data[name] = counts

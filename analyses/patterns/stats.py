@@ -163,7 +163,8 @@ class PatternCounts:
             kind, feat = batch_types(batch, layer, self.thresholds)  # (B, H)
             one_hot = torch.nn.functional.one_hot(kind, len(TYPES)).sum(0)  # (H, 5)
             self.counts[layer] += one_hot.cpu().numpy()
-            self.feature_sums[layer] += torch.stack([feat[f].nan_to_num(0.0).sum(0) for f in FEATURES], -1).cpu().numpy()
+            sums = torch.stack([feat[f].nan_to_num(0.0).sum(0) for f in FEATURES], -1)
+            self.feature_sums[layer] += sums.cpu().numpy()
         self.n_examples += batch.size
 
     def merge(self, other: PatternCounts) -> PatternCounts:

@@ -65,7 +65,8 @@ class FigurePool:
         for _ in range(default_helpers() if n is None else n):
             log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty helper never blocks
             try:
-                helper = subprocess.Popen([sys.executable, "-m", "bertscope.report.figure_pool", *([warm_up] if warm_up else [])],
+                helper = subprocess.Popen([sys.executable, "-m", "bertscope.report.figure_pool",
+                                           *([warm_up] if warm_up else [])],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
             except OSError:  # no process to spare: draw in this process instead
                 log.close()

@@ -133,7 +133,8 @@ def _gold_word_tokens(words: Sequence[str], tokenizer) -> tuple[list[int], list[
     for w, word_tokens in enumerate(per_word):
         if not word_tokens:
             if unk is None:
-                raise ValueError(f"{type(tokenizer).__name__} gives no token for the word {words[w]!r} and has no unknown token")
+                raise ValueError(f"{type(tokenizer).__name__} gives no token for the word {words[w]!r} and has no "
+                                 "unknown token")
             word_tokens = [unk]
         ids += word_tokens
         token_words += [w] * len(word_tokens)

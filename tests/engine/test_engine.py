@@ -562,8 +562,9 @@ def test_shards_and_skips_split_one_plan(tiny_model, window):
     plan = plan_batches(segments, 3, window)
 
     def seen(shard, skip=0):
-        return [(b.number, b.indices) for b in stream_batches(loaded, iter(segments), SPEC, batch_size=3, progress=False,
-                                                              shard=shard, skip=skip, window_batches=window)]
+        return [(b.number, b.indices) for b in stream_batches(loaded, iter(segments), SPEC, batch_size=3,
+                                                              progress=False, shard=shard, skip=skip,
+                                                              window_batches=window)]
     ranks = [seen((r, 3)) for r in range(3)]
     for r, batches in enumerate(ranks):
         assert batches == [(k + 1, plan[i]) for k, i in enumerate(range(r, len(plan), 3))]

@@ -23,5 +23,6 @@ def test_gpu_session_collects_only_the_gpu_file():
 
 def test_plain_session_collects_the_gpu_tests_beside_the_others():
     items = collect("tests/kernels/test_gpu.py", "tests/kernels/test_gpu_marker.py")
-    assert any(i.startswith("tests/kernels/test_gpu.py::test_fused_forward_on_cuda[2048-torch.bfloat16-32]") for i in items)
+    assert any(i.startswith("tests/kernels/test_gpu.py::test_fused_forward_on_cuda[2048-torch.bfloat16-32]")
+               for i in items)
     assert any(i.startswith("tests/kernels/test_gpu_marker.py::") for i in items)

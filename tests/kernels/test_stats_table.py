@@ -172,7 +172,8 @@ def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
     assert list(sums) == [m.name for m in SEGMENT_SUMS]
     valid = args[3].double()  # (B, L): group 0 is every valid row
     torch.testing.assert_close(sums["entropy"][:, :, 0, 0], (stats.entropy.double() * valid[:, None]).sum(-1))
-    torch.testing.assert_close(sums["class_mass"][:, :, 0], (stats.class_mass.double() * valid[:, None, :, None]).sum(2))
+    torch.testing.assert_close(sums["class_mass"][:, :, 0],
+                               (stats.class_mass.double() * valid[:, None, :, None]).sum(2))
     assert torch.equal(sums["argmax_offset"][:, :, 0].sum(-1), valid.sum(-1)[:, None].expand(B, H))
     acc = HeadStats(1, H, spec, classes)
     acc.add(batch)

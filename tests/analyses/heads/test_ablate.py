@@ -292,8 +292,8 @@ def test_ablate_command_user_errors(tiny_classifier_checkpoint, tmp_path, capsys
              (["--importance", str(tmp_path / "ok.csv"), "--variants", "but-one"], "use --variants single or both"),
              (["--max-rows", "-1"], "--max-rows must be >= 0"))
     for extra, match in cases:
-        code = main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "5", "--out",
-                     str(tmp_path / "o"), "--quiet", *extra])
+        code = main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "5",
+                     "--out", str(tmp_path / "o"), "--quiet", *extra])
         err = capsys.readouterr().err
         assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, (extra, err)
     assert not (tmp_path / "o" / "ablate.csv").exists()  # every error came before the evaluation

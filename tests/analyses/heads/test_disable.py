@@ -50,7 +50,8 @@ def random_inputs(tokenizer, lengths=(9, 5, 7, 3, 11), seed=0):
     ids = torch.full((len(lengths), L), tokenizer.pad_token_id)
     for b, n in enumerate(lengths):
         words = torch.randint(1000, 5000, (n,), generator=g)
-        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words, torch.tensor([tokenizer.sep_token_id])])
+        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words,
+                                     torch.tensor([tokenizer.sep_token_id])])
     mask = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None] + 2).long()  # (B, L)
     return dict(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=mask)
 
