@@ -1,6 +1,6 @@
 # Two entry points, both self-contained on a machine with python3 and pip:
 #   make run   set up .venv and run the surface analysis on Wikipedia (embedded defaults)
-#   make test  set up .venv and run the test suite
+#   make test  set up .venv, lint with ruff (ruff.toml), then run the test suite
 # and one for a GPU machine, which installs nothing:
 #   make gpu-check   selftest, AOT report, kernel and end-to-end benchmarks, pytest -m gpu
 #                    -> bench/results_gpu.md (python from PATH; PYTHON=... to choose another)
@@ -10,13 +10,16 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bertscope-installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test bench gpu-check clean
+.PHONY: run test lint bench gpu-check clean
 
 run: $(STAMP)
 	$(BIN)/bertscope run --corpus wiki
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_surface.py
@@ -40,4 +43,4 @@ $(STAMP): setup.py bertscope/data/requirements-defaults.txt
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .ruff_cache

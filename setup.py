@@ -68,8 +68,9 @@ setup(
         # the Triton kernels run in the interpreter; datasets for the save_to_disk corpus tests;
         # playwright drives the system chromium in the browser tests (never `playwright install`:
         # .ci/run installs Debian's chromium)
-        # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0)
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright"],
+        # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0);
+        # ruff: `make test` lints first (ruff.toml)
+        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["bertscope=bertscope.cli.main:main"]},
 )
