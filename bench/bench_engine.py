@@ -27,7 +27,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import make_batches, wiki_token_stream  # noqa: E402
+from common import make_batches, wiki_token_stream
 
 METHODS = ("floor", "surface", "per-example")
 
@@ -49,8 +49,8 @@ class Engine:
                                                local_files_only=True).eval()
 
     def accumulators(self, method):
-        from bertscope.engine.accumulate import HeadStats
         from bertscope.analyses.surface.per_example import PerExampleWriter
+        from bertscope.engine.accumulate import HeadStats
 
         ld = self.loaded
         accs = [HeadStats(ld.n_layers, ld.n_heads, self.spec, ld.classes)]

@@ -66,9 +66,9 @@ def padding(limits, batch_size: int, windows) -> list[str]:
     padding is a function of the segment lengths and the plan)."""
     from transformers import AutoTokenizer
 
-    from bertscope.text.corpus import open_corpus
     from bertscope.engine.loop import windowed_batches
     from bertscope.models.loading import load_model
+    from bertscope.text.corpus import open_corpus
     from bertscope.text.segments import SegmentOptions, make_segments
 
     tokenizer = AutoTokenizer.from_pretrained(load_model(None).path)

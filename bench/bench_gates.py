@@ -34,7 +34,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 
 def batch_inputs(tokenizer, L: int, batch_size: int, device) -> dict:

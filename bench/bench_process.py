@@ -75,12 +75,13 @@ PROFILE = r"""
 import importlib.util, json, sys, time
 stamps = []
 TARGETS = {  # module: (function, phase); any that does not exist is skipped
-    "bertscope.analyses.surface.command": [("load_model", "model load"), ("load_corpus", "corpus"), ("make_segments", "segments"),
-                      ("fold", "pass"), ("write_outputs", "outputs"), ("write_surface", "figures (wait) + index.html"),
+    "bertscope.analyses.surface.command": [("load_model", "model load"), ("load_corpus", "corpus"),
+                      ("make_segments", "segments"), ("fold", "pass"), ("write_outputs", "outputs"),
+                      ("write_surface", "figures (wait) + index.html"),
                       ("write_json", "run.json"), ("write_report", "index.html")],
     "bertscope.analyses.surface.plots": [("plot_surface", "figures: draw in this process")],
-    "bertscope.report.figure_pool": [("surface_pool", "figures: start helpers"), ("FigurePool.draw", "figures: hand over"),
-                          ("FigurePool.wait", "figures: wait for helpers")],
+    "bertscope.report.figure_pool": [("surface_pool", "figures: start helpers"),
+                          ("FigurePool.draw", "figures: hand over"), ("FigurePool.wait", "figures: wait for helpers")],
 }
 
 def stamp(name, t0):
@@ -195,7 +196,7 @@ def timed_run(command: list[str], env=None) -> tuple[float, float]:
     every process it waited for (the figure helpers)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env or ENV)
+    done = subprocess.run(command, capture_output=True, text=True, env=env or ENV, check=False)
     seconds = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -220,7 +221,8 @@ def check_run(run_dir: Path, n: int, max_len: int) -> dict:
 
 def import_summary(command: list[str], top: int = 8) -> tuple[float, list[tuple[str, float]]]:
     """Total import seconds and the packages that took most (self time, summed per top-level name)."""
-    done = subprocess.run([command[0], "-X", "importtime", *command[1:]], capture_output=True, text=True, env=ENV)
+    done = subprocess.run([command[0], "-X", "importtime", *command[1:]], capture_output=True, text=True, env=ENV,
+                          check=False)
     per_package: dict[str, float] = {}
     for line in done.stderr.splitlines():
         if not line.startswith("import time:") or "self [us]" in line:
@@ -238,7 +240,7 @@ def import_summary(command: list[str], top: int = 8) -> tuple[float, list[tuple[
 def profile(command: list[str], stamps_file: Path) -> list[tuple[str, float, float]]:
     """Run `command` (which writes its stamps to `stamps_file`); stamps in seconds since launch."""
     launch = time.time()
-    done = subprocess.run(command, capture_output=True, text=True, env=ENV)
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, check=False)
     end = time.time()
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])

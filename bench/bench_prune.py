@@ -35,8 +35,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def main() -> int:
@@ -195,7 +195,8 @@ def header(args, loaded, elapsed) -> str:
     from bertscope.models.loading import model_name
 
     device = f"cpu ({cpu_name()})" if args.device == "cpu" else f"{args.device} ({torch.cuda.get_device_name()})"
-    heads = f"heads from {args.prune_order}" if args.prune_order else f"heads: an equal share per layer, seed {args.seed}"
+    heads = (f"heads from {args.prune_order}" if args.prune_order
+             else f"heads: an equal share per layer, seed {args.seed}")
     return (f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {elapsed / 60:.1f} min in all; model "
             f"{model_name(loaded.path)} ({loaded.n_layers} layers x {loaded.n_heads} heads, hidden "
             f"{loaded.model.config.hidden_size}); device {device}; torch {torch.__version__}, "

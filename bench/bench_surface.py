@@ -41,7 +41,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import make_batches, wiki_token_stream  # noqa: E402
+from common import make_batches, wiki_token_stream
 
 METHODS = ("floor", "eager+maps", "bertscope")
 METHOD_HELP = {
@@ -213,7 +213,7 @@ def run_memory_probes(args) -> dict:
         for method in METHODS:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory-probe", method, str(L),
                    "--batch-size", str(args.batch_size), "--batches", str(args.batches)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stderr)
                 raise RuntimeError(f"memory probe {method} L={L} failed")
@@ -418,9 +418,9 @@ def report(args, seconds, memory, info_lines, check_lines) -> str:
         "by batch, in rotated order. seg/s (median) and the ratio to floor use the median time over "
         "repeats; seg/s (best) and the best ratio the fastest repeat of each method; the paired ratio "
         "is the median over repeats of floor time / method time within the same repeat. The PASS/FAIL "
-        "verdict uses the ratio of medians; when the three estimators disagree it says so. Peak forward MiB: peak RSS during the measurement minus RSS after "
-        "loading and one warm-up forward (fresh process per cell); process peak MiB: the whole "
-        "process's RSS at that peak (baseline + peak forward; about 0.5 GiB of every process is "
+        "verdict uses the ratio of medians; when the three estimators disagree it says so. Peak forward MiB: peak RSS "
+        "during the measurement minus RSS after loading and one warm-up forward (fresh process per cell); process peak "
+        "MiB: the whole process's RSS at that peak (baseline + peak forward; about 0.5 GiB of every process is "
         "torch and transformers themselves).", "",
         *rows, "", "Targets:", *verdicts, "", "Agreement (last measured config):",
         *[f"- {line}" for line in check_lines], "", "Seconds per measurement, by repeat:", *raw, "",

@@ -63,13 +63,13 @@ print(json.dumps(info))
     import json
 
     try:
-        out = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        out = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
         info = json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError, OSError) as e:
         info = {"device": f"unknown ({py} could not report: {e})"}
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=30, check=False)
         info["driver"] = smi.stdout.strip().splitlines()[0].split(",")[-1].strip() if smi.returncode == 0 else "-"
     except (OSError, subprocess.SubprocessError, IndexError):
         info["driver"] = "- (no nvidia-smi)"
@@ -82,7 +82,7 @@ print(json.dumps(info))
 def run_step(name: str, cmd: list[str], limit: float) -> dict:
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT, check=False)
         code, output = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         code = "timeout"

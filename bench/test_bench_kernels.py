@@ -173,7 +173,8 @@ def test_bytes_per_head_and_chunked_working_set():
         print(f"{shape_id((B, H, L)):>10} | {e / MiB:6.2f} MiB | {linear / 1024:8.1f} KiB | {e / linear:5.0f}x | "
               f"{B * H * L * L * F32 / MiB:9.1f} MiB | {chunk / MiB:6.2f} MiB ({n:2d}) | "
               f"{peak_eager / MiB:7.1f} MiB | {peak_chunked / MiB:5.1f} MiB"
-              + ("  * one map > chunk_bytes: the chunk is 1 map, beyond L2" if L * L * F32 > DEFAULT_CHUNK_BYTES else ""))
+              + ("  * one map > chunk_bytes: the chunk is 1 map, beyond L2"
+                 if L * L * F32 > DEFAULT_CHUNK_BYTES else ""))
 
         # the bound: whatever the chunk size, chunked holds O(B*H*L*D) operands plus a few chunks
         for n_maps in (1, 4, n):

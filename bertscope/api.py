@@ -14,9 +14,9 @@ are the CLI's CSV/Parquet columns as pandas DataFrames.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Union
 
 import numpy as np
 
@@ -33,10 +33,10 @@ from bertscope.text.word_segments import word_segment
 
 # pandas and pyarrow (per_example's Parquet) are imported inside the methods that return tables:
 # `bertscope view` and `scope.word_maps` never pay their start-up.
-Text = Union[str, tuple[str, str]]
+Text = str | tuple[str, str]
 
 
-def load(model: str | Path | None = None, device: str = "cpu", backend: str = "auto", **kwargs) -> "Scope":
+def load(model: str | Path | None = None, device: str = "cpu", backend: str = "auto", **kwargs) -> Scope:
     """A `Scope` over a local checkpoint folder or a Hugging Face Hub id (default: the embedded
     all-MiniLM-L6-v2). Extra keyword arguments go to `bertscope.models.loading.load_model`, e.g.
     `revision` (a Hub id's branch, tag or commit)."""

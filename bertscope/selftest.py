@@ -52,7 +52,8 @@ QUICK = [Case(2, 3, 1, 16), Case(2, 3, 37, 16), Case(1, 3, 130, 16, C=16)]
 
 
 def inputs(case: Case, seed=0):
-    """Random CPU q, k, v with padding, a single-key sequence and uniform, zero and float gates (per sequence); words of two tokens."""
+    """Random CPU q, k, v with padding, a single-key sequence and uniform, zero and float gates
+    (per sequence); words of two tokens."""
     g = torch.Generator().manual_seed(seed)
     B, H, L, D = case.B, case.H, case.L, case.D
     q, k, v = (torch.randn(B, H, L, D, generator=g) * 1.5 for _ in range(3))

@@ -19,10 +19,11 @@ from . import cpu_rows
 from .attention_grad import GradSink, GradSums, attention_grad
 from .chunked import attention_stats_chunked
 from .eager import attention_grad_eager, attention_stats_eager
-from .pooling import word_pooling
 from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
-from .spec import Gate, LayerGates, RowStats, StatsSpec, WordPooling
-from .spec import PLAIN, AttentionLayout  # the attention's shape: causal, window, key/value heads
+from .pooling import word_pooling
+
+# PLAIN and AttentionLayout: the attention's shape (causal, window, key/value heads)
+from .spec import PLAIN, AttentionLayout, Gate, LayerGates, RowStats, StatsSpec, WordPooling
 
 
 def attention_stats_triton(*args, **kwargs):
@@ -135,5 +136,8 @@ def output_path(backend: str, grad: bool) -> str:
     return f"{backend} (output fused with the statistics)"
 
 
-__all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend", "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling", "BACKENDS", "BACKEND_CHOICES",
-           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "Gate", "LayerGates", "RowStats", "StatsSpec", "WordPooling"]
+__all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend",
+           "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling",
+           "BACKENDS", "BACKEND_CHOICES",
+           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "Gate", "LayerGates", "RowStats", "StatsSpec",
+           "WordPooling"]

@@ -21,8 +21,8 @@ The oracle is `kernels.eager.attention_grad_eager`: autograd's dL/dP on the mate
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch.autograd.function import once_differentiable

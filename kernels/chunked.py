@@ -18,8 +18,8 @@ That torch row pass still reads each map six times (softmax's three passes, two 
 dot product). For float32 on the CPU the compiled row pass in `cpu_rows.c` replaces it:
 the matmuls stay torch's, and everything between them is done in one visit per row while
 the row sits in L1 (from `CLASS_MATMUL_MIN` key classes on, the class masses are a third
-matmul P @ onehot instead of C passes over each row). `row_pass="torch"` forces the pure-torch version (the compiled one is
-used when a C compiler is available; see `cpu_rows.py`).
+matmul P @ onehot instead of C passes over each row). `row_pass="torch"` forces the
+pure-torch version (the compiled one is used when a C compiler is available; see `cpu_rows.py`).
 
 float16 and bfloat16 on the CPU: q, k and v are widened to float32 on entry and the
 compiled row pass runs on them (the output is narrowed back). The widening reads B*H*L*D
@@ -30,7 +30,7 @@ bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats 
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

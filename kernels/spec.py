@@ -16,9 +16,9 @@ Shapes used throughout:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, make_dataclass
 from enum import IntEnum
-from typing import Callable
 
 import torch
 
@@ -58,7 +58,7 @@ class LayerGates:
     uniform: torch.Tensor | None = None
 
     @classmethod
-    def from_codes(cls, codes) -> "LayerGates":
+    def from_codes(cls, codes) -> LayerGates:
         """Gates from one `Gate` per head."""
         codes = torch.as_tensor([int(c) for c in codes])  # (H,)
         return cls(xi=(codes != Gate.ZERO).float(), uniform=codes == Gate.UNIFORM)
@@ -125,10 +125,10 @@ class RowStat:
     sums: tuple[SegmentSum, ...] = ()
     doc: str = ""
 
-    def asked(self, spec: "StatsSpec") -> bool:
+    def asked(self, spec: StatsSpec) -> bool:
         return bool(getattr(spec, self.switch))
 
-    def segment_rows(self, t: torch.Tensor, key_class: torch.Tensor, spec: "StatsSpec") -> dict:
+    def segment_rows(self, t: torch.Tensor, key_class: torch.Tensor, spec: StatsSpec) -> dict:
         """{sum name: (B, H, L, F)} per-row values of each of its segment sums."""
         if self.rows is not None:
             return self.rows(t, key_class, spec)
@@ -160,12 +160,12 @@ STAT = {s.name: s for s in ROW_STATS}
 SEGMENT_SUMS: tuple[SegmentSum, ...] = tuple(m for s in ROW_STATS for m in s.sums)
 
 
-def asked_stats(spec: "StatsSpec") -> tuple[RowStat, ...]:
+def asked_stats(spec: StatsSpec) -> tuple[RowStat, ...]:
     """The table's statistics that `spec` asks for, in table order."""
     return tuple(s for s in ROW_STATS if s.asked(spec))
 
 
-def missing_stats(stats: "RowStats", spec: "StatsSpec") -> list[str]:
+def missing_stats(stats: RowStats, spec: StatsSpec) -> list[str]:
     """Statistics `spec` asks for that `stats` lacks: a backend that forgot one."""
     return [s.name for s in ROW_STATS if s.asked(spec) and getattr(stats, s.name, None) is None]
 
@@ -180,7 +180,7 @@ class _StatsSpecChecks:
         if self.n_key_classes < 1:
             raise ValueError("n_key_classes must be >= 1")
 
-    def union(self, other: "StatsSpec") -> "StatsSpec":
+    def union(self, other: StatsSpec) -> StatsSpec:
         """The smallest spec that serves both: what the engine computes for several analyses."""
         if self.n_key_classes != other.n_key_classes:
             raise ValueError("analyses disagree on the number of key classes")
@@ -250,7 +250,7 @@ class WordPooling:
 
 
 class _RowStatsMethods:
-    def as_float32(self) -> "RowStats":
+    def as_float32(self) -> RowStats:
         """The statistics in float32, in place: a model in float16 or bfloat16 gives its kernels
         half-precision q, k, v, and its statistics are summed from float32 (then float64)."""
         for s in ROW_STATS:

@@ -297,7 +297,8 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     stats_dtype = q.dtype if stats_dtype is None else stats_dtype
     cfg = kernel_config(L, D, q.dtype, single_tile)
 
-    valid = key_valid.to(device=dev).view(torch.int8) if key_valid.dtype == torch.bool else key_valid.to(dev, torch.int8)
+    valid = (key_valid.to(device=dev).view(torch.int8) if key_valid.dtype == torch.bool
+             else key_valid.to(dev, torch.int8))
     classes = key_class.to(device=dev, dtype=torch.int32)  # (B, L), a small copy
     xi, uniform = gate_operands(gates, B, H, dev)
     offsets = torch.tensor(spec.offsets if O else [0], dtype=torch.int32, device=dev)

@@ -80,8 +80,8 @@ def minilm_path() -> Path:
 @pytest.fixture(scope="session")
 def wiki():
     """The 10,033 Wikipedia lead sections (skips when the package is missing; fails in CI)."""
-    from bertscope.text.corpus import load_wiki
     from bertscope.errors import UserError
+    from bertscope.text.corpus import load_wiki
 
     try:
         return load_wiki()
@@ -223,11 +223,11 @@ def run_one_and_two_ranks(cli_args: list[str], tmp_path, port: int) -> tuple[Pat
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": os.environ.get("CI", "")}
     one, two = tmp_path / "one", tmp_path / "two"
     single = subprocess.run([sys.executable, "-m", "bertscope.cli", *cli_args, "--out", str(one)],
-                            env=env, capture_output=True, text=True, timeout=300)
+                            env=env, capture_output=True, text=True, timeout=300, check=False)
     assert single.returncode == 0, single.stderr
     multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                             str(port), "-m", "bertscope.cli", *cli_args, "--out", str(two)],
-                           env=env, capture_output=True, text=True, timeout=300)
+                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert multi.returncode == 0, multi.stderr
     return one, two
 

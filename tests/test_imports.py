@@ -32,7 +32,8 @@ print("\n".join(failed))
 
 def test_every_module_imports_first():
     env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     count, *failed = done.stdout.strip().split("\n")
     assert int(count) >= 40, done.stdout  # every module was found, not an empty walk
@@ -74,6 +75,7 @@ def test_a_run_imports_no_plotting_or_table_library():
     code = ("import sys, bertscope.cli.main, bertscope.analyses.surface.command; bertscope.cli.main.build_parser(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'pyarrow', 'pandas', 'sklearn'}))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]"

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = {"bertscope": ROOT / "bertscope", "bertscope/kernels": ROOT / "kernels", "bertscope/analyses": ROOT / "analyses"}
+SOURCES = {"bertscope": ROOT / "bertscope", "bertscope/kernels": ROOT / "kernels",
+           "bertscope/analyses": ROOT / "analyses"}
 DATA_FILES = ["bertscope/view_template.html", "bertscope/data/manifest.json",
               "bertscope/data/requirements-defaults.txt", "bertscope/kernels/cpu_rows.c"]
 

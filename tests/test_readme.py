@@ -23,7 +23,7 @@ def python_blocks(path: Path) -> list[str]:
 def run_blocks(path: Path) -> None:
     namespace = {}
     for block in python_blocks(path):
-        exec(compile(block, str(path), "exec"), namespace)  # noqa: S102 (the documentation's own code)
+        exec(compile(block, str(path), "exec"), namespace)  # the documentation's own code
 
 
 def test_readme_python_blocks_run(minilm_path, single_thread, capsys):

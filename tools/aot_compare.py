@@ -39,7 +39,8 @@ def group(rows):
 def table(before, after) -> str:
     b, a = group(before), group(after)
     classes = sorted({C for v in a.values() for C in v})
-    lines = ["| arch | dtype | path (blocks before -> after) | " + " | ".join(f"C = {C}: registers, shared KiB" for C in classes) + " |",
+    lines = ["| arch | dtype | path (blocks before -> after) | "
+             + " | ".join(f"C = {C}: registers, shared KiB" for C in classes) + " |",
              "|---|---|---|" + "---:|" * len(classes)]
     for key in sorted(a, key=lambda k: (k[0], ["fp32", "fp16", "bf16"].index(k[1]), k[2] != "single")):
         arch, dtype, path = key
@@ -51,7 +52,8 @@ def table(before, after) -> str:
             rb, sb, xb, _ = b.get(key, {}).get(C, (None, None, 0, None))
             ra, sa, xa, _ = a[key][C]
             spill = "" if not (xb or xa) else f" (spills {xb} -> {xa})"
-            cells.append(f"{rb} -> {ra}, {sb / 1024:.0f} -> {sa / 1024:.0f}{spill}" if rb is not None else f"{ra}, {sa / 1024:.0f}")
+            cells.append(f"{rb} -> {ra}, {sb / 1024:.0f} -> {sa / 1024:.0f}{spill}" if rb is not None
+                         else f"{ra}, {sa / 1024:.0f}")
         lines.append(f"| {arch} | {dtype} | {label} | " + " | ".join(cells) + " |")
     n_b = sum(1 for r in before if r["spill_stores"] or r["spill_loads"])
     n_a = sum(1 for r in after if r["spill_stores"] or r["spill_loads"])

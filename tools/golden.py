@@ -158,8 +158,8 @@ def child_env(data_dir: Path) -> dict:
     """This process's environment (PATH, PYTHONPATH) with everything that could change results fixed:
     one thread, offline, the CPU only, the data folder, no inherited bertscope or Triton switches."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BERTSCOPE_", "TRITON_"))}
-    env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
-               TOKENIZERS_PARALLELISM="false", BERTSCOPE_DATA=str(data_dir), MPLBACKEND="Agg",
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false", BERTSCOPE_DATA=str(data_dir), MPLBACKEND="Agg",
                PYTHONDONTWRITEBYTECODE="1", COLUMNS="100")
     return env
 

@@ -48,7 +48,8 @@ def add_arguments(p):
                    "folder, then ../shared/data; `bertscope data download` fills the user data folder)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="run directory; an existing run's directory gains the outputs (default: runs/<timestamp>)")
-    p.add_argument("--top", type=positive_int, default=10, metavar="K", help="strongest cues shown per table (default: 10)")
+    p.add_argument("--top", type=positive_int, default=10, metavar="K",
+                   help="strongest cues shown per table (default: 10)")
     p.add_argument("--min-n", type=positive_int, default=1, metavar="N",
                    help="cues.csv keeps cues applicable to at least N data points (default: 1, all)")
     p.add_argument("--expand-not", action="store_true",
@@ -60,7 +61,8 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    tables = cue_tables(args.task, args.data_dir, args.seed, args.expand_not)  # reads the data first: a missing set fails early
+    # reads the data first: a missing set fails early
+    tables = cue_tables(args.task, args.data_dir, args.seed, args.expand_not)
     with AnalysisRun("cues", args) as run:
         write_cues(run, args, tables)
     return 0

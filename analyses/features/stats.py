@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import itertools
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -224,7 +224,7 @@ class FeatureScores:
 
     # -- the accumulator protocol
 
-    def merge(self, other: "FeatureScores") -> "FeatureScores":
+    def merge(self, other: FeatureScores) -> FeatureScores:
         if other.features != self.features or other.shape != self.shape or other.scheme != self.scheme:
             raise ValueError("cannot merge feature scores of different features, schemes or model shapes")
         for name in self.ARRAYS:
@@ -241,7 +241,7 @@ class FeatureScores:
                   scheme=np.array(list(self.scheme.names)), scheme_source=np.array(self.scheme.source))
 
     @classmethod
-    def load(cls, path: Path) -> "FeatureScores":
+    def load(cls, path: Path) -> FeatureScores:
         try:
             with np.load(Path(path)) as z:
                 scheme = TokenClasses(tuple(str(s) for s in z["scheme"]), ("cls",), str(z["scheme_source"]))

@@ -212,9 +212,10 @@ class FineTuneRun:
         self.epochs = read_rows(run.dir / EPOCHS_FILE)
         self.cosine = read_rows(run.dir / COSINE_FILE)
 
-        self.cfg = task_model.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                               weight_decay=args.weight_decay, precision=args.precision, device=args.device,
-                               patience=args.patience or None)
+        self.cfg = task_model.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                          warmup=args.warmup, weight_decay=args.weight_decay,
+                                          precision=args.precision, device=args.device,
+                                          patience=args.patience or None)
         self.timing: dict[str, float] = {}
 
     def bar(self, desc):
@@ -235,7 +236,8 @@ class FineTuneRun:
         enc = {s: encode_task(a.task, ex, tok, a.max_len, arct_input=variant if arct else "full")
                for s, ex in splits.items()}
         self.run.record.setdefault("data", {})[f"{version}/{variant}"] = {
-            s: {"n": e.n_examples, "truncated": e.truncated, "labels": {str(k): int(v) for k, v in zip(*np.unique(e.labels, return_counts=True))}}
+            s: {"n": e.n_examples, "truncated": e.truncated,
+                "labels": {str(k): int(v) for k, v in zip(*np.unique(e.labels, return_counts=True))}}
             for s, e in enc.items()}
         return enc
 
@@ -269,8 +271,8 @@ class FineTuneRun:
         pad, types = loaded.tokenizer.pad_token_id, loaded.takes_token_types
         feats = {s: task_model.cls_features(loaded.model, e, PROBE_BATCH, pad, types, a.device, self.bar(f"[CLS] {s}"))
                  for s, e in enc.items()}
-        predict, C, dev_acc = task_model.linear_probe(feats["train"], enc["train"].labels, feats["dev"], enc["dev"].labels,
-                                           enc["train"].pairwise)
+        predict, C, dev_acc = task_model.linear_probe(feats["train"], enc["train"].labels, feats["dev"],
+                                                      enc["dev"].labels, enc["train"].pairwise)
         seconds = round(time.perf_counter() - t0, 1)
         for split in ("dev", "test"):
             m = task_model.metrics(predict(feats[split]), enc[split].labels, f1=a.task != "arct")

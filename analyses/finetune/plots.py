@@ -40,7 +40,7 @@ def cosine_figures(rows: list[dict]):
         ax.set_yticks(range(layers), [str(l + 1) for l in range(layers)])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_title(f"{name}: cosine(pre-trained, fine-tuned attention)\nmean over dev inputs, seeds {','.join(seeds)}",
-                     fontsize=9)
+        ax.set_title(f"{name}: cosine(pre-trained, fine-tuned attention)\n"
+                     f"mean over dev inputs, seeds {','.join(seeds)}", fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
         yield fig, COSINE_FIGURE.format(name=name)

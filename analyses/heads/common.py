@@ -43,7 +43,8 @@ def add_task_data_arguments(p, split_default: str, split_help: str, splits=("tra
 def add_variant_arguments(d):
     """The options of every command that evaluates gated variants through `run_variants`."""
     add_task_data_arguments(d, "test", "evaluation split (default: test; RTE test is RTE3's 800 pairs)",
-                            splits=("dev", "test"), limit_help="a seeded sample of N examples of the split (default: all)")
+                            splits=("dev", "test"),
+                            limit_help="a seeded sample of N examples of the split (default: all)")
     d.add_argument("--alpha", type=fraction, default=0.05,
                    help="false discovery rate: variants with BH-adjusted q below it are significant; each "
                    "variant's interval is at level 1 - alpha (default: 0.05)")

@@ -4,7 +4,8 @@ al. 2019, section 4.1), trained on attention maps resized to a fixed grid.
 The paper gives only "8 convolutional layers and ReLU activation functions". bertscope's
 concrete choice: 3x3 convolutions with padding 1, channels 8, 8, 16, 16, 32, 32, 64, 64,
 batch normalisation and a ReLU after each (without it, training an 8-layer plain stack
-from scratch on a few hundred maps diverged or stalled for some learning rates) and a 2x2 max-pool after every second one (a 32 x 32 map becomes 2 x 2),
+from scratch on a few hundred maps diverged or stalled for some learning rates) and a 2x2
+max-pool after every second one (a 32 x 32 map becomes 2 x 2),
 then one linear layer on the flattened 64 x 2 x 2 features (where a stripe lies is
 what tells Vertical from Diagonal, so the position is kept) to the five types.
 

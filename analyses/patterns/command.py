@@ -230,7 +230,8 @@ def count(run: ModelRun, args, names: list[str], t: P.Thresholds) -> int:
         options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=progress, total=args.limit,
                                 checkpoint_every=CHECKPOINT_EVERY)
         fold(loaded, segment_stream(name, args, loaded.tokenizer, report), P.SPEC, [counts], options,
-             classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path), shard=(world.rank, world.size),
+             classes=P.CLASSES, checkpoint=lambda counts=counts, path=path: counts.save(path),
+             shard=(world.rank, world.size),
              desc=f"patterns {name}")
         counts = all_reduce_counts(world, counts)
         by_data[name] = counts
@@ -301,7 +302,7 @@ def write_labels(run: ModelRun, args, names: list[str], t: P.Thresholds):
     results = {}
     for name in names:
         maps, labels, source = [], [], []
-        for index, segment, m, kinds, feat in iter_maps(run.loaded, first_segments(name, args, run.loaded.tokenizer,
+        for index, _segment, m, kinds, _feat in iter_maps(run.loaded, first_segments(name, args, run.loaded.tokenizer,
                                                                                       args.limit or 10**9),
                                                          t, progress=run.progress, desc=f"label {name}"):
             for layer, head in np.ndindex(*kinds.shape):

@@ -68,8 +68,8 @@ def plot_examples(examples: list[dict], title: str):
         ax.set_xticks(ticks, [ex["tokens"][i] for i in ticks], rotation=90, fontsize=6)
         ax.set_yticks(ticks, [ex["tokens"][i] for i in ticks], fontsize=6)
         f = ex["features"]
-        ax.set_title(f"{ex['type']}\nhead {ex['layer']}-{ex['head']}  spec {f['special']:.2f} diag {f['diagonal']:.2f}\n"
-                     f"own {f['own']:.2f} spread {f['spread']:.2f}", fontsize=7)
+        ax.set_title(f"{ex['type']}\nhead {ex['layer']}-{ex['head']}  spec {f['special']:.2f} diag "
+                     f"{f['diagonal']:.2f}\nown {f['own']:.2f} spread {f['spread']:.2f}", fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -35,8 +35,8 @@ def build(run: RunFiles) -> Section | None:
                 for d, v in overall.items()]
     findings.append(paper.PATTERNS_TEXT)
     rules = ", ".join(f"{k} {v}" for k, v in thresholds.items())
-    findings.append(f"Not the paper's method: bertscope labels maps by rules on streamed statistics (thresholds: {rules}), "
-                    "not by a CNN trained on hand labels; model and data differ too.")
+    findings.append("Not the paper's method: bertscope labels maps by rules on streamed statistics "
+                    f"(thresholds: {rules}), not by a CNN trained on hand labels; model and data differ too.")
     figures = [run.figure(OVERALL_FIGURE, "Share of each pattern type among all (example, head) maps, one bar "
                           "per data set, stacked as the paper's Figure 2."),
                run.figure(LAYERS_FIGURE, "The same shares per layer: which layers hold which types.")]

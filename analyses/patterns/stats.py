@@ -162,10 +162,11 @@ class PatternCounts:
             kind, feat = batch_types(batch, layer, self.thresholds)  # (B, H)
             one_hot = torch.nn.functional.one_hot(kind, len(TYPES)).sum(0)  # (H, 5)
             self.counts[layer] += one_hot.cpu().numpy()
-            self.feature_sums[layer] += torch.stack([feat[f].nan_to_num(0.0).sum(0) for f in FEATURES], -1).cpu().numpy()
+            sums = torch.stack([feat[f].nan_to_num(0.0).sum(0) for f in FEATURES], -1)
+            self.feature_sums[layer] += sums.cpu().numpy()
         self.n_examples += batch.size
 
-    def merge(self, other: "PatternCounts") -> "PatternCounts":
+    def merge(self, other: PatternCounts) -> PatternCounts:
         if (other.n_layers, other.n_heads, other.thresholds) != (self.n_layers, self.n_heads, self.thresholds):
             raise ValueError("cannot merge pattern counts of different models or thresholds")
         self.counts += other.counts
@@ -179,7 +180,7 @@ class PatternCounts:
                   n_examples=self.n_examples, batches_done=self.batches_done)
 
     @classmethod
-    def load(cls, path: Path) -> "PatternCounts":
+    def load(cls, path: Path) -> PatternCounts:
         with np.load(path) as f:
             meta = json.loads(str(f["meta"]))
             if tuple(meta["types"]) != TYPES:

@@ -291,9 +291,10 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
                 f"above the 99th percentile of the {scores.n_layers * scores.n_heads} heads; white dots: previous/"
                 f"next-token heads (mean offset -1 or +1 mass > {args.prev_next_mass})")
         title = (f"{label} on {data.upper()}: "
-                 + ("predicate <-> core argument attention (UD, <= %d words, >= %d apart)" % (args.max_words,
-                                                                                           args.min_distance)
-                    if analysis == "relations" else "token-to-token attention (verb -> subject, pronoun -> antecedent)"))
+                 + ("predicate <-> core argument attention "
+                    f"(UD, <= {args.max_words} words, >= {args.min_distance} apart)"
+                    if analysis == "relations"
+                    else "token-to-token attention (verb -> subject, pronoun -> antecedent)"))
         run.save_figure(plots.plot_heatmaps(scores.means(), scores.groups, scores.n, title, note, adjacent),
                         HEATMAP_FIGURE.format(analysis=analysis, data=data.replace("+", "_")))
     text = (f"bertscope relations: {label}, word-level maps (attention from a word = mean of its tokens' rows, "
@@ -323,8 +324,9 @@ def draw_example(run, loaded, analysis: str, results: dict, names: list[str], sc
     _, maps = next(iter_word_maps(loaded, [segment], args.from_word, progress=False, backend=args.backend))
     pairs = sorted({(int(a), int(b)) for a, b, k in zip(links.src, links.dst, links.group) if k == g})
     values = scores.means()[g]
+    cells = "predicate-argument links, both directions" if analysis == "relations" else "verb -> subject cells"
     title = (f"{label}: word-level maps of the top heads for '{group}' on a random input "
-             f"(red: gold {'predicate-argument links, both directions' if analysis == 'relations' else 'verb -> subject cells'})"
+             f"(red: gold {cells})"
              f"\nmean score: " + ", ".join(f"{rel.head_label(*h)} {values[h]:.3f}" for h in heads))
     run.save_figure(plots.plot_example_maps(maps, segment.words, heads, pairs, title, both=analysis == "relations"),
                     EXAMPLES_FIGURE.format(analysis=analysis))

@@ -1,7 +1,7 @@
 """Figures of `bertscope relations`: layer x head heatmaps per group, and example word maps."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -40,10 +40,11 @@ def build(run: RunFiles) -> Section | None:
                 f"Paper ({paper.KOVALEVA_45}): {paper.TOKEN_TO_TOKEN_TEXT}."]
     for r in rows:
         if r["data"] == pooled and r["group"] in ("all", "verb_subject", "verb_subject_far", "pronoun_antecedent"):
-            findings.append(f"{r['analysis']} / {r['group']} on {pooled} (n = {r['n']}): flagged {r['flagged'] or 'none'}; "
-                            f"{r['top_prev_next']} of the top {r['top_k']} heads are previous/next-token heads "
-                            f"({r['prev_next_heads']} such heads in the model on these inputs); Spearman rho between "
-                            f"the heads' scores and their previous/next mass {r.get('rho_prev_next', '?')}.")
+            findings.append(f"{r['analysis']} / {r['group']} on {pooled} (n = {r['n']}): flagged "
+                            f"{r['flagged'] or 'none'}; {r['top_prev_next']} of the top {r['top_k']} heads are "
+                            f"previous/next-token heads ({r['prev_next_heads']} such heads in the model on these "
+                            "inputs); Spearman rho between the heads' scores and their previous/next mass "
+                            f"{r.get('rho_prev_next', '?')}.")
     if record.get("adjacent_mass") is not None:
         findings.append(f"A previous/next-token head puts more than {record['adjacent_mass']} of its attention, on "
                         "average over every token of the same inputs, on offset -1 or on +1.")
@@ -51,9 +52,11 @@ def build(run: RunFiles) -> Section | None:
     figures = [run.figure(HEATMAP_FIGURE.format(analysis=analysis, data=data.replace("+", "_")),
                           caption + ("" if data == pooled else f" ({data} only.)"))
                for analysis, caption in RELATION_FIGURES for data in labels]
-    figures += [run.figure(EXAMPLES_FIGURE.format(analysis="relations"), "Word-level maps of the top relation heads on one random short "
+    figures += [run.figure(EXAMPLES_FIGURE.format(analysis="relations"),
+                           "Word-level maps of the top relation heads on one random short "
                            "sentence; red boxes are its gold predicate-argument cells (both directions)."),
-                run.figure(EXAMPLES_FIGURE.format(analysis="tokens"), "Word-level maps of the top verb -> subject heads (links 2+ words "
+                run.figure(EXAMPLES_FIGURE.format(analysis="tokens"),
+                           "Word-level maps of the top verb -> subject heads (links 2+ words "
                            "apart) on one random input; red boxes are the verb -> subject cells.")]
     return Section("Relation heads and token-to-token attention (Kovaleva et al. 2019, sections 4.2 and 4.5)",
                    intro="bertscope relations: word-level attention between gold-linked words, averaged per head; "

@@ -30,8 +30,8 @@ whatever the values: the rank, not the threshold, carries the information.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -130,7 +130,7 @@ class Links:
     dst: np.ndarray
 
     @classmethod
-    def of(cls, triples: Sequence[tuple[int, int, int]]) -> "Links":
+    def of(cls, triples: Sequence[tuple[int, int, int]]) -> Links:
         arr = np.array(triples, dtype=np.int64).reshape(-1, 3)  # (m, 3)
         return cls(arr[:, 0], arr[:, 1], arr[:, 2])
 
@@ -219,7 +219,7 @@ class LinkScores:
         n = self.n[:, None, None].astype(np.float64)
         return np.divide(self.sums, n, out=np.full_like(self.sums, np.nan), where=n > 0)
 
-    def merge(self, other: "LinkScores") -> "LinkScores":
+    def merge(self, other: LinkScores) -> LinkScores:
         if (other.groups, other.n_layers, other.n_heads, other.unit) != (self.groups, self.n_layers, self.n_heads,
                                                                           self.unit):
             raise ValueError("cannot merge link scores of different groups, models or units")
@@ -232,7 +232,7 @@ class LinkScores:
                   sums=self.sums, n=self.n, batches_done=self.batches_done)
 
     @classmethod
-    def load(cls, path, links: Sequence | None = None) -> "LinkScores":
+    def load(cls, path, links: Sequence | None = None) -> LinkScores:
         with np.load(path) as f:
             acc = cls([str(g) for g in f["groups"]], *map(int, f["shape"]), unit=str(f["unit"]), links=links)
             acc.sums[...], acc.n[...] = f["sums"], f["n"]

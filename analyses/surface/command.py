@@ -115,7 +115,8 @@ def add_arguments(p):
                    help="batches whose segments are sorted by length together (default: 64); memory holds one "
                    "window of segments, padding shrinks as it grows; results do not depend on it")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, chunked on the CPU")
+                   help="attention-statistics kernel; auto (the default) picks triton on a CUDA device, "
+                        "chunked on the CPU")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_dtype_argument(p)
     add_threads_argument(p)
@@ -140,7 +141,8 @@ def start_run(args, figures) -> int:
     if args.max_offset < 1:
         raise UserError("--max-offset must be >= 1 (the surface analysis needs offsets -1, 0, +1)")
     settings = RunSettings(
-        corpus=args.corpus, model=args.model, revision=args.revision, limit=args.limit, max_len=args.max_len, seed=args.seed,
+        corpus=args.corpus, model=args.model, revision=args.revision, limit=args.limit, max_len=args.max_len,
+        seed=args.seed,
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
         backend=args.backend, device=args.device, dtype=args.dtype, packing=args.packing, average=args.average,
         per_example=args.per_example, text_field=args.text_field,
@@ -184,7 +186,7 @@ class RunSettings:
     window_batches: int | None = WINDOW_BATCHES  # batches sorted by length together (engine)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunSettings":
+    def from_dict(cls, d: dict) -> RunSettings:
         # runs recorded before --packing existed used the balanced split, and before windowed
         # batches sorted every segment at once
         d = {"packing": "balanced", "window_batches": None, **d}
@@ -221,7 +223,8 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         record = read_run(Path(resume) / "run.json")
         if not isinstance(record.get("settings"), dict):
             raise UserError(f"cannot resume: {resume} holds no `bertscope run` (was it made by another command?)")
-        settings = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"], settings_parser(settings_options)))
+        settings = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"],
+                                                        settings_parser(settings_options)))
     elif env_world().is_main:
         check_run_dir(out)  # a used --out fails before any work
     args = Namespace(**asdict(settings), out=resume or out, quiet=not progress, threads=None, resume=resume)
@@ -230,7 +233,8 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
     # every rank loads the model (under torchrun on cuda:LOCAL_RANK); the directory waits for good input
     run = ModelRun(surface.NAME, args, command="run", distributed=True, resumable=True, top_level=True, open=False)
     with run:
-        return _run_in(run, settings, record, out, t0, figures, log if run.is_main else run.log, progress and run.is_main)
+        return _run_in(run, settings, record, out, t0, figures, log if run.is_main else run.log,
+                       progress and run.is_main)
 
 
 def settings_options(p):

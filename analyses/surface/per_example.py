@@ -165,7 +165,7 @@ class PerExampleWriter:
             path.unlink()
         self.batches_done = self._flushed = min(self.batches_done, batches_done)
 
-    def merge(self, other: "PerExampleWriter") -> "PerExampleWriter":
+    def merge(self, other: PerExampleWriter) -> PerExampleWriter:
         """Parts of several ranks live in one directory: merging is `finish` reading them all."""
         if other.columns != self.columns:
             raise ValueError("cannot merge per-example rows of different specs")

@@ -1,4 +1,5 @@
-"""The surface analysis in the report (Clark et al. section 3), and the per-example output of `bertscope run --per-example`."""
+"""The surface analysis in the report (Clark et al. section 3), and the per-example output of
+`bertscope run --per-example`."""
 from __future__ import annotations
 
 import warnings
@@ -64,7 +65,8 @@ def _uniform_entropy(run: RunFiles) -> float | None:
         return None
     try:
         return HeadStats.load(run.dir / STATS_FILE).uniform_entropy()
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # an unreadable checkpoint only costs the broad-head finding
+    # an unreadable checkpoint only costs the broad-head finding
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return None
 
 

@@ -93,7 +93,8 @@ def check_dtype(dtype: str, device: str):
         torch.nn.functional.linear(a, a)
         torch.bmm(a[None], a[None])
     except (RuntimeError, NotImplementedError) as e:
-        raise UserError(f"--dtype {dtype} is not supported on {device} by this torch: {str(e).splitlines()[0]}") from None
+        raise UserError(f"--dtype {dtype} is not supported on {device} by this torch: "
+                        f"{str(e).splitlines()[0]}") from None
 
 
 def add_quiet_argument(p: argparse.ArgumentParser):

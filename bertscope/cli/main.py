@@ -144,8 +144,8 @@ def add_selftest_parser(sub):
         "selftest",
         help=SELFTEST_HELP,
         description="Run the parity checks of the kernels against the eager reference on --device: random "
-        "shapes with padding, single-key rows and zero, uniform and float head gates; fp16 too on a GPU. Exit code 1 on "
-        "any mismatch. On a CPU the triton backend runs only with TRITON_INTERPRET=1 (small shapes).",
+        "shapes with padding, single-key rows and zero, uniform and float head gates; fp16 too on a GPU. Exit code 1 "
+        "on any mismatch. On a CPU the triton backend runs only with TRITON_INTERPRET=1 (small shapes).",
     )
     t.add_argument("--device", default="cuda" if _has_cuda() else "cpu",
                    help="torch device (default: cuda when torch sees a GPU, else cpu)")
@@ -316,7 +316,8 @@ def cmd_view(args) -> int:
     from bertscope.view import check_request, write_view
 
     check_request(args.text, args.pair, args.out)  # before the model loads
-    out = write_view(load(args.model, revision=args.revision), args.text, args.out, args.pair, args.max_len, args.from_word)
+    out = write_view(load(args.model, revision=args.revision), args.text, args.out, args.pair, args.max_len,
+                     args.from_word)
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB): open it in a browser")
     return 0
 

@@ -31,4 +31,4 @@ def install_defaults(quiet: bool = False) -> int:
     """Run the install command; pip's exit code."""
     cmd = install_command() + (["--quiet"] if quiet else [])
     logger.info("installing the embedded defaults: %s", " ".join(cmd))
-    return subprocess.run(cmd).returncode
+    return subprocess.run(cmd, check=False).returncode

@@ -34,8 +34,8 @@ from pathlib import Path, PurePosixPath
 from tqdm import tqdm
 
 from bertscope.data import paths as data
-from bertscope.data.paths import DATASETS, given_data_dir
 from bertscope.data.manifest import SETS, FileEntry, Source, load_files
+from bertscope.data.paths import DATASETS, given_data_dir
 from bertscope.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -101,7 +101,7 @@ class HeadStats:
 
     # -- combining and storing
 
-    def merge(self, other: "HeadStats") -> "HeadStats":
+    def merge(self, other: HeadStats) -> HeadStats:
         """Add another accumulator's sums into this one (another batch, run or process)."""
         if self.meta() != other.meta():
             raise ValueError("cannot merge statistics of different models or specs")
@@ -129,7 +129,7 @@ class HeadStats:
                   **{name: getattr(self, name) for name in ARRAYS})
 
     @classmethod
-    def load(cls, path: Path) -> "HeadStats":
+    def load(cls, path: Path) -> HeadStats:
         with np.load(path) as f:
             meta = json.loads(str(f["meta"]))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),

@@ -38,17 +38,15 @@ carries xi as on the plain path.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, bidirectional_mask_function, sdpa_mask
 
 from bertscope.errors import UserError
-from bertscope.models.gates import layer_gates
-from bertscope.models.head_removal import head_slots, spread_grad_sums, spread_heads
 from bertscope.kernels import (
     PLAIN,
     AttentionLayout,
@@ -65,6 +63,8 @@ from bertscope.kernels import (
     output_path,
     resolve_backend,
 )
+from bertscope.models.gates import layer_gates
+from bertscope.models.head_removal import head_slots, spread_grad_sums, spread_heads
 
 ATTN_IMPLEMENTATION = "bertscope"
 
@@ -76,7 +76,7 @@ Sink = Callable[[int, RowStats, torch.Tensor], None]
 class _Forward:
     """What the attention function needs to know during one forward pass."""
 
-    probe: "HeadProbe"
+    probe: HeadProbe
     key_class: torch.Tensor  # (B, L) int64
     sink: Sink
     pooling: WordPooling | None = None
@@ -119,7 +119,7 @@ GRAD_BACKENDS = {"fused": attention_grad, "eager": attention_grad_eager}
 
 @dataclass
 class _GradForward:
-    probe: "GradProbe"
+    probe: GradProbe
     key_class: torch.Tensor  # (B, L) int64
     sink: LayerGradSink
     layer: int = 0

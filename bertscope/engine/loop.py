@@ -13,9 +13,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -283,7 +283,8 @@ def iter_word_maps(loaded: LoadedModel, segments: Sequence[Segment], from_word: 
     """
     spec = word_map_spec(loaded)
     for batch in stream_batches(loaded, segments, spec, from_word, batch_size, backend, progress, desc):
-        maps = torch.stack([stats.word_map for stats in batch.layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
+        # (B, layers, H, W, W)
+        maps = torch.stack([stats.word_map for stats in batch.layers], dim=1).float().cpu().numpy()
         for row, (i, segment) in enumerate(zip(batch.indices, batch.segments)):
             W = max(segment_units(segment)[0]) + 1
             yield i, maps[row, :, :, :W, :W]

@@ -23,9 +23,9 @@ the decoder issue implements those layouts. Adding a family: docs/architecture.m
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
-from typing import Callable
 
 from bertscope.errors import UserError
 from bertscope.kernels.spec import AttentionLayout

@@ -28,7 +28,7 @@ import torch
 
 from bertscope.kernels import Gate, LayerGates
 
-_CURRENT: contextvars.ContextVar["_GateForward | None"] = contextvars.ContextVar("bertscope_gates", default=None)
+_CURRENT: contextvars.ContextVar[_GateForward | None] = contextvars.ContextVar("bertscope_gates", default=None)
 
 
 class HeadGates:

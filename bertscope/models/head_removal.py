@@ -130,8 +130,8 @@ def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
         bad = [h for h in hs if not isinstance(h, int) or not 0 <= h < n_heads]
         if bad:
             raise ValueError(f"layer {layer + 1}: {'heads' if len(bad) > 1 else 'head'} "
-                             f"{', '.join(str(_from_one(h)) for h in bad)} {'do' if len(bad) > 1 else 'does'} not exist: "
-                             f"the model has heads 1..{n_heads}")
+                             f"{', '.join(str(_from_one(h)) for h in bad)} {'do' if len(bad) > 1 else 'does'} not "
+                             f"exist: the model has heads 1..{n_heads}")
         want[layer] |= set(hs)
     by_module = {}  # id(attention module) -> (parts, layers sharing it)
     for layer in range(n_layers):

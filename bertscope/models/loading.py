@@ -29,9 +29,14 @@ from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from bertscope.engine import attention  # attention registers the "bertscope" implementation
-from bertscope.models import head_removal
-from bertscope.models.architectures import SUPPORTED_MODEL_TYPES, Architecture, architecture_of, check_analysable
 from bertscope.errors import UserError
+from bertscope.models import head_removal
+from bertscope.models.architectures import (
+    SUPPORTED_MODEL_TYPES,  # noqa: F401  (re-exported: see below)
+    Architecture,
+    architecture_of,
+    check_analysable,
+)
 from bertscope.models.gates import HeadGates, attach_gates
 from bertscope.models.source import (
     ModelSource,
@@ -223,7 +228,7 @@ def damaged_weights(path: Path, error: Exception) -> UserError:
                     return False
             with zipfile.ZipFile(file):
                 return False
-        except Exception:  # noqa: BLE001 (any failure to open it is the answer)
+        except Exception:  # any failure to open it is the answer
             return True
 
     files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))

@@ -32,8 +32,8 @@ from pathlib import Path
 from huggingface_hub import constants, get_session, snapshot_download
 from huggingface_hub.errors import (
     GatedRepoError,
-    HFValidationError,
     HfHubHTTPError,
+    HFValidationError,
     IncompleteSnapshotError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
@@ -229,8 +229,8 @@ def hub_error(error: Exception, hub_id: str, revision: str | None) -> UserError 
             return UserError(f"{no_folder}the Hub model {hub_id}{at} is not in the Hugging Face cache ({cache}) and "
                              f"HF_HUB_OFFLINE=1 forbids a download: run once with network access, or `{get}`, "
                              "or pass a local folder")
-        return UserError(f"{no_folder}the Hub model {hub_id}{at} is not in the Hugging Face cache ({cache}) and the Hub "
-                         f"cannot be reached: check the network and run again, or `{get}`, or pass a local folder")
+        return UserError(f"{no_folder}the Hub model {hub_id}{at} is not in the Hugging Face cache ({cache}) and the "
+                         f"Hub cannot be reached: check the network and run again, or `{get}`, or pass a local folder")
     if isinstance(error, HFValidationError):
         return UserError(f"--model {hub_id}{at}: {first}")
     if isinstance(error, HfHubHTTPError):

@@ -59,13 +59,14 @@ class FigurePool:
         self.local: list[tuple[str, dict]] = []  # jobs drawn in this process (no helpers)
 
     @classmethod
-    def start(cls, warm_up: str | None = None, n: int | None = None) -> "FigurePool":
+    def start(cls, warm_up: str | None = None, n: int | None = None) -> FigurePool:
         """Launch n helpers (default: default_helpers()), each calling `warm_up` ("module:name") now."""
         helpers = []
         for _ in range(default_helpers() if n is None else n):
             log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty helper never blocks
             try:
-                helper = subprocess.Popen([sys.executable, "-m", "bertscope.report.figure_pool", *([warm_up] if warm_up else [])],
+                helper = subprocess.Popen([sys.executable, "-m", "bertscope.report.figure_pool",
+                                           *([warm_up] if warm_up else [])],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
             except OSError:  # no process to spare: draw in this process instead
                 log.close()
@@ -99,7 +100,7 @@ class FigurePool:
         for function, kwargs in self.local:
             try:
                 paths += call(function, kwargs)
-            except Exception as error:  # noqa: BLE001 - as a helper would report it
+            except Exception as error:  # as a helper would report it
                 errors.append(f"{type(error).__name__}: {error}")
         self.local = []
         for helper in self.busy:
@@ -164,7 +165,7 @@ def helper_main(warm_up: list[str]) -> int:
     for function in warm_up:
         try:
             call(function, {})
-        except Exception:  # noqa: BLE001 - a failed warm-up is only slower: the job will say what is wrong
+        except Exception:  # a failed warm-up is only slower: the job will say what is wrong
             pass
     data = sys.stdin.buffer.read()
     if not data:
@@ -172,7 +173,7 @@ def helper_main(warm_up: list[str]) -> int:
     try:
         paths = [str(p) for function, kwargs in pickle.loads(data) for p in call(function, kwargs)]
         result = {"paths": paths}
-    except Exception as error:  # noqa: BLE001 - every failure goes back to the run, in words
+    except Exception as error:  # every failure goes back to the run, in words
         result = {"error": f"{type(error).__name__}: {error}"}
     answer.write(json.dumps(result) + "\n")
     answer.flush()

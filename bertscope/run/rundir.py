@@ -22,9 +22,9 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 from filelock import FileLock
 

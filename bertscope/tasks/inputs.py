@@ -13,7 +13,8 @@ Two kinds of task (Kovaleva et al. 2019; Niven & Kao 2019):
 
 ARCT's first segment can be chosen (`ARCT_INPUTS`): claim and reason (`full`, as Niven & Kao's
 text says), reason and claim (`RCW`, the order of their Figure 3's caption), none (`W`, the
-warrant alone), the reason (`RW`) or the claim (`CW`), which probe for cues in the warrants. Inputs are the tokenizer's own `[CLS] a [SEP] b [SEP]` template
+warrant alone), the reason (`RW`) or the claim (`CW`), which probe for cues in the warrants.
+Inputs are the tokenizer's own `[CLS] a [SEP] b [SEP]` template
 (RoBERTa's `<s> a </s></s> b </s>`), cut to `max_len` tokens by the tokenizer's longest-first
 truncation. This is the one task encoder: `bertscope finetune` trains on it and the `heads`
 commands evaluate on it.

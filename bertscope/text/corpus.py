@@ -319,7 +319,8 @@ class _ColumnCorpus:
             raise UserError(f"corpus has no rows: {path}")
 
     def _document(self, row: int, values: list) -> Document:
-        return Document(id=f"{self.path.name}:{row}", parts=record_parts(values, self.fields, f"{self.path}, row {row}"))
+        return Document(id=f"{self.path.name}:{row}",
+                        parts=record_parts(values, self.fields, f"{self.path}, row {row}"))
 
     def _batches(self):
         """Lists of values per field, ROWS_PER_READ rows at a time, in row order."""

@@ -28,16 +28,16 @@ import random
 from array import array
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import accumulate
-from typing import Mapping, Sequence
 
 import torch
 from tokenizers import Encoding
 
-from bertscope.text.corpus import Document
 from bertscope.errors import UserError
 from bertscope.models.architectures import MAX_SPECIAL
+from bertscope.text.corpus import Document
 from bertscope.text.sentences import sentence_spans
 
 TOKEN_TYPES = ("pair", "zeros")
@@ -105,7 +105,7 @@ class SegmentReport:
     too_short: int = 0  # documents skipped: one sentence where a sentence pair was wanted
     length_counts: Counter = field(default_factory=Counter, repr=False)  # segments per token count
 
-    def count(self, segment: "Segment"):
+    def count(self, segment: Segment):
         self.segments += 1
         self.truncated += segment.truncated
         self.length_counts[segment.n_tokens] += 1

@@ -19,8 +19,8 @@ tokens read the same columns whatever the scheme.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -85,11 +85,11 @@ class TokenClasses:
         return {"names": list(self.names), "row_groups": list(self.row_groups), "source": self.source}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TokenClasses":
+    def from_dict(cls, d: dict) -> TokenClasses:
         return cls(tuple(d["names"]), tuple(d["row_groups"]), d.get("source", "vocab"))
 
     @classmethod
-    def of(cls, classes) -> "TokenClasses":
+    def of(cls, classes) -> TokenClasses:
         """A scheme from a scheme or from bare class names (vocab-style: every class but the
         last catch-all is a row group, and so are the rows that are not [SEP])."""
         if isinstance(classes, TokenClasses):

@@ -5,7 +5,7 @@ probes and analyses.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Sequence
+from collections.abc import Sequence
 
 from tokenizers import Encoding
 
@@ -122,7 +122,7 @@ def _gold_word_tokens(words: Sequence[str], tokenizer) -> tuple[list[int], list[
     encoding = tokenizer([text], add_special_tokens=False, padding=False, truncation=False,
                          split_special_tokens=True, verbose=False).encodings[0]
     per_word: list[list[int]] = [[] for _ in words]
-    for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+    for token_id, (start, _end) in zip(encoding.ids, encoding.offsets):
         # a token belongs to the word holding its first non-space character; a token of
         # spaces only (a lone byte-level "Ġ") belongs to the word after it
         while start < len(text) and text[start] == " ":
@@ -133,7 +133,8 @@ def _gold_word_tokens(words: Sequence[str], tokenizer) -> tuple[list[int], list[
     for w, word_tokens in enumerate(per_word):
         if not word_tokens:
             if unk is None:
-                raise ValueError(f"{type(tokenizer).__name__} gives no token for the word {words[w]!r} and has no unknown token")
+                raise ValueError(f"{type(tokenizer).__name__} gives no token for the word {words[w]!r} and has no "
+                                 "unknown token")
             word_tokens = [unk]
         ids += word_tokens
         token_words += [w] * len(word_tokens)

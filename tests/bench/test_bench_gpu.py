@@ -15,7 +15,8 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present"
 
 
 def run(*args, timeout=300):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          check=False)
 
 
 @no_gpu

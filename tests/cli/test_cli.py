@@ -19,12 +19,12 @@ import torch
 
 import bertscope.analyses.surface.command
 import bertscope.engine.loop
-from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli.main import main
-from bertscope.text.corpus import load_text_file
+from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.engine.loop import EngineOptions, run_stats
 from bertscope.models.loading import load_model
+from bertscope.text.corpus import load_text_file
 from bertscope.text.segments import SegmentOptions, make_segments
 
 # the shape of conftest's tiny models (checked where they are used)
@@ -173,7 +173,7 @@ def test_console_script(tmp_path, minilm_path, wiki_available):
     env.pop("TRITON_INTERPRET", None)  # the triton backend must be unavailable here (no GPU, no interpreter)
     out = tmp_path / "run"
     done = subprocess.run([script, "run", "--corpus", "wiki", "--limit", "4", "--out", str(out), "--quiet",
-                           "--no-figures"], env=env, capture_output=True, text=True, timeout=300)
+                           "--no-figures"], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     check_heads(out / "heads.csv", 6, 12)
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
@@ -181,7 +181,7 @@ def test_console_script(tmp_path, minilm_path, wiki_available):
     if torch.cuda.is_available():
         return  # with a GPU the triton backend is available: no user error to check
     failed = subprocess.run([script, "run", "--backend", "triton", "--out", str(tmp_path / "x")], env=env,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, check=False)
     assert failed.returncode == 2
     assert failed.stderr.startswith("bertscope: error: ") and failed.stderr.count("\n") == 1, failed.stderr
 
@@ -196,8 +196,8 @@ def test_text_corpus_with_a_local_checkpoint(tmp_path, corpus_file, tiny_checkpo
     assert code == 0, capsys.readouterr().err
     rows = check_heads(out / "heads.csv", TINY_LAYERS, TINY_HEADS)
     record = json.loads((out / "run.json").read_text())
-    assert record["corpus"] == {"source": str(corpus_file), "documents": 6, "pairs": 3, "empty_lines": 2, "format": "text",
-                                "fields": None}
+    assert record["corpus"] == {"source": str(corpus_file), "documents": 6, "pairs": 3, "empty_lines": 2,
+                                "format": "text", "fields": None}
     assert record["segments"]["segments"] == 6 and record["model"]["type"] == "bert"
 
     # every line became one segment: [CLS] a [SEP] (b [SEP]) with the tokenizer's own template
@@ -370,7 +370,8 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
     # checkpoint after every batch (the default is every 20)
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+                        functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.loop.forward
     calls = []
 
@@ -428,7 +429,8 @@ def test_resume_across_windows_equals_an_uninterrupted_run(tmp_path, tiny_checkp
     corpus.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--text-field", "text,text_b",
             "--limit", "30", "--batch-size", "3", "--window", "2", "--per-example", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+                        functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.loop.forward
     calls = []
 
@@ -481,7 +483,8 @@ def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_t
     mid-write leaves the previous checkpoint, and resuming from it redoes the lost batch once."""
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+                        functools.partial(EngineOptions, checkpoint_every=1))
     whole = tmp_path / "whole"
     assert main([*args, "--out", str(whole)]) == 0
 

@@ -20,8 +20,8 @@ from test_cli import check_interrupted, resume_corpus  # noqa: F401 (a fixture)
 import bertscope
 import bertscope.analyses.surface.command
 import bertscope.engine.loop
-from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.cli.main import build_parser, main
+from bertscope.engine.accumulate import ARRAYS, HeadStats
 from bertscope.engine.loop import EngineOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_version_option_prints_and_exits_zero(capsys):
 
 def test_version_of_the_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bertscope.cli", "--version"], capture_output=True, text=True,
-                          env=child_env(), cwd=tmp_path, timeout=120)
+                          env=child_env(), cwd=tmp_path, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"bertscope {bertscope.__version__} (torch ")
 
@@ -190,7 +190,7 @@ def test_sigint_to_the_command_exits_130_and_resumes(tmp_path, resume_corpus, ti
     env = child_env()
     assert main([*args, "--out", str(whole)]) == 0
     cut_run = subprocess.run([sys.executable, "-c", script, *args, "--out", str(cut)], env=env,
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert cut_run.returncode == 130, cut_run.stderr
     assert cut_run.stderr == (f"bertscope: interrupted; the finished batches are saved: resume with "
                               f"`bertscope run --resume {cut}`\n")

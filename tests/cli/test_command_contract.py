@@ -22,7 +22,8 @@ FORWARD_COMMAND = ("--dtype", "--device", "--backend", "--batch-size", "--max-le
 SET_UP = {"KeyboardInterrupt": "Ctrl-C", "Interrupted": "Ctrl-C", "refresh_report": "the report",
           "init_distributed": "torchrun", "ProbeRun": "the old run class"}
 # the exceptions, each with its reason
-OWN = {("finetune", "KeyboardInterrupt"): "it notes the interruption in its timing table, then re-raises to the run class",
+OWN = {("finetune", "KeyboardInterrupt"):
+       "it notes the interruption in its timing table, then re-raises to the run class",
        ("compare", "refresh_report"): "it writes no analysis of a model: it adds a comparison to an existing run"}
 
 
@@ -70,6 +71,7 @@ def test_no_command_sets_up_its_run_by_hand(command):
 
 
 def test_the_check_finds_a_command_that_catches_ctrl_c():
-    source = "def main(args):\n    try:\n        go(args)\n    except KeyboardInterrupt:\n        raise Interrupted('x')\n"
+    source = ("def main(args):\n    try:\n        go(args)\n"
+              "    except KeyboardInterrupt:\n        raise Interrupted('x')\n")
     names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
     assert {"KeyboardInterrupt", "Interrupted"} <= names

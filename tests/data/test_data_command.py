@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bertscope.data import paths as data
 from bertscope.cli.main import main
+from bertscope.data import paths as data
 from bertscope.data.paths import DATASETS
 
 

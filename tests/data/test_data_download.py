@@ -23,12 +23,12 @@ from typing import ClassVar
 
 import pytest
 
-from bertscope.data import paths as data
-from bertscope.data import manifest as data_manifest
 from bertscope.cli.main import main
-from bertscope.data.paths import DATASETS
+from bertscope.data import manifest as data_manifest
+from bertscope.data import paths as data
 from bertscope.data.download import MIRROR_ENV, check_member, download, open_archive
 from bertscope.data.manifest import NOTES, SETS, FileEntry, load_files
+from bertscope.data.paths import DATASETS
 from bertscope.errors import UserError
 
 

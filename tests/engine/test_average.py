@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.engine.accumulate import HeadStats
 from bertscope.analyses.surface.stats import head_table
+from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import RowStats, StatsSpec
 from bertscope.text.token_classes import TokenClasses

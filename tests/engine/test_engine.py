@@ -12,11 +12,10 @@ import pytest
 import torch
 from transformers import AttentionInterface, GPT2Config, GPT2Model
 
+from bertscope.analyses.surface.stats import head_table
 from bertscope.engine import attention
 from bertscope.engine.accumulate import ARRAYS, HeadStats
-from bertscope.analyses.surface.stats import head_table
 from bertscope.engine.attention import HeadProbe
-from bertscope.text.corpus import Document
 from bertscope.engine.loop import (
     EngineOptions,
     plan_batches,
@@ -28,6 +27,7 @@ from bertscope.engine.loop import (
 from bertscope.errors import UserError
 from bertscope.kernels import Gate, StatsSpec
 from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_model
+from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, collate, make_segments
 
 # the shape of conftest's tiny models (checked where they are used)
@@ -142,7 +142,7 @@ def test_outputs_equal_transformers_eager(tiny_model, kind, monkeypatch):
         for backend in BACKENDS:
             probe = HeadProbe(TINY_LAYERS, TINY_HEADS, SPEC, backend=backend)
             sunk = []
-            with probe.active(key_class, lambda layer, stats, key_valid: sunk.append(layer)):
+            with probe.active(key_class, lambda layer, stats, key_valid: sunk.append(layer)):  # noqa: B023  (the sink only lives inside this `with`)
                 probed = loaded.model(**inputs).last_hidden_state * real
             assert sunk == list(range(TINY_LAYERS))
             torch.testing.assert_close(probed, want, atol=1e-5, rtol=1e-5, msg=backend)
@@ -157,7 +157,7 @@ def test_plain_path_after_a_failed_probe(tiny_model):
     sunk = []
     with pytest.raises(ZeroDivisionError):
         with probe.active(loaded.class_table[inputs["input_ids"]], lambda *a: sunk.append(a)):
-            1 / 0
+            1 / 0  # noqa: B018  (the exception inside `active`)
     with torch.no_grad():
         loaded.model(**inputs)
     assert sunk == []
@@ -562,8 +562,9 @@ def test_shards_and_skips_split_one_plan(tiny_model, window):
     plan = plan_batches(segments, 3, window)
 
     def seen(shard, skip=0):
-        return [(b.number, b.indices) for b in stream_batches(loaded, iter(segments), SPEC, batch_size=3, progress=False,
-                                                              shard=shard, skip=skip, window_batches=window)]
+        return [(b.number, b.indices) for b in stream_batches(loaded, iter(segments), SPEC, batch_size=3,
+                                                              progress=False, shard=shard, skip=skip,
+                                                              window_batches=window)]
     ranks = [seen((r, 3)) for r in range(3)]
     for r, batches in enumerate(ranks):
         assert batches == [(k + 1, plan[i]) for k, i in enumerate(range(r, len(plan), 3))]

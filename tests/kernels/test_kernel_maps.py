@@ -62,7 +62,8 @@ def test_chunked_maps_match_eager(row_pass, B, H, L, data, from_word, chunk_maps
     torch.testing.assert_close(fast.word_map, ref.word_map, atol=2e-5, rtol=1e-5)
     # argmax of nearly tied word scores may differ by rounding; where the scores differ clearly it may not
     top2 = ref.word_map.sort(-1, descending=True).values
-    ties = (top2[..., 0] - top2[..., 1] < 1e-5) if top2.shape[-1] > 1 else torch.zeros(top2.shape[:-1], dtype=torch.bool)
+    ties = ((top2[..., 0] - top2[..., 1] < 1e-5) if top2.shape[-1] > 1
+            else torch.zeros(top2.shape[:-1], dtype=torch.bool))
     assert torch.equal(fast.word_argmax[~ties], ref.word_argmax[~ties])
 
 
@@ -141,7 +142,8 @@ def test_js_from_first_principles():
     k = torch.tensor([[[[100.0], [-100.0]], [[1.0], [1.0]]]])  # head 0 puts all mass on key 0
     key_valid = torch.tensor([[True, True]])
     # count only row 0: row 1 of head 0 has q = 0 (uniform, like head 1), so its JS is 0
-    expected = -(0.75 * torch.log(torch.tensor(0.75)) + 0.25 * torch.log(torch.tensor(0.25))) - torch.log(torch.tensor(2.0)) / 2
+    expected = (-(0.75 * torch.log(torch.tensor(0.75)) + 0.25 * torch.log(torch.tensor(0.25)))
+                - torch.log(torch.tensor(2.0)) / 2)
     for fn in (pairwise_js_eager, pairwise_js_chunked):
         js = fn(q, k, key_valid, 1.0)
         torch.testing.assert_close(js[0, 1].float(), expected, atol=1e-6, rtol=0)

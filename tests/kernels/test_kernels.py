@@ -242,13 +242,14 @@ def test_without_a_compiler_auto_falls_back_to_torch(tmp_path):
     code = (
         "import torch; from bertscope.kernels import cpu_rows, StatsSpec; "
         "from bertscope.kernels.chunked import attention_stats_chunked as f; "
-        "q = torch.randn(1, 2, 5, 4); kv = torch.ones(1, 5, dtype=torch.bool); kc = torch.zeros(1, 5, dtype=torch.long); "
-        "from bertscope.kernels.eager import attention_stats_eager as ref; "
-        "spec = StatsSpec(n_key_classes=1, entropy=True); out, s = f(q, q, q, kv, kc, spec); r = ref(q, q, q, kv, kc, spec)[1]; "
-        "print(cpu_rows.load() is None, cpu_rows.unavailable_reason(), bool(torch.allclose(s.entropy, r.entropy, atol=1e-5)))"
+        "q = torch.randn(1, 2, 5, 4); kv = torch.ones(1, 5, dtype=torch.bool); kc = torch.zeros(1, 5, "
+        "dtype=torch.long); from bertscope.kernels.eager import attention_stats_eager as ref; "
+        "spec = StatsSpec(n_key_classes=1, entropy=True); out, s = f(q, q, q, kv, kc, spec); r = ref(q, q, q, kv, kc, "
+        "spec)[1]; print(cpu_rows.load() is None, cpu_rows.unavailable_reason(), bool(torch.allclose(s.entropy, "
+        "r.entropy, atol=1e-5)))"
     )
     env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "BERTSCOPE_CACHE": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("True ") and done.stdout.strip().endswith("True"), done.stdout
     assert "no-such-cc" in done.stdout

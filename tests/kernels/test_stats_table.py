@@ -12,19 +12,19 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (tests/conftest.py sets it too)
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import pytest
+import torch
 
-import bertscope.kernels.spec as spec_module  # noqa: E402
-from bertscope.engine.accumulate import ARRAYS, HeadStats  # noqa: E402
-from bertscope.engine.batch import BatchContext  # noqa: E402
-from bertscope.kernels import BACKENDS, StatsSpec, word_pooling  # noqa: E402
-from bertscope.kernels.chunked import attention_stats_chunked  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
-from bertscope.kernels.spec import ROW_STATS, SEGMENT_SUMS, RowStat, RowStats, asked_stats  # noqa: E402
-from bertscope.models import head_removal  # noqa: E402
-from bertscope.text.token_classes import TokenClasses  # noqa: E402
+import bertscope.kernels.spec as spec_module
+from bertscope.engine.accumulate import ARRAYS, HeadStats
+from bertscope.engine.batch import BatchContext
+from bertscope.kernels import BACKENDS, StatsSpec, word_pooling
+from bertscope.kernels.chunked import attention_stats_chunked
+from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import ROW_STATS, SEGMENT_SUMS, RowStat, RowStats, asked_stats
+from bertscope.models import head_removal
+from bertscope.text.token_classes import TokenClasses
 
 B, H, L, D, C = 2, 3, 11, 8, 3
 LENGTHS = [11, 6]
@@ -172,7 +172,8 @@ def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
     assert list(sums) == [m.name for m in SEGMENT_SUMS]
     valid = args[3].double()  # (B, L): group 0 is every valid row
     torch.testing.assert_close(sums["entropy"][:, :, 0, 0], (stats.entropy.double() * valid[:, None]).sum(-1))
-    torch.testing.assert_close(sums["class_mass"][:, :, 0], (stats.class_mass.double() * valid[:, None, :, None]).sum(2))
+    torch.testing.assert_close(sums["class_mass"][:, :, 0],
+                               (stats.class_mass.double() * valid[:, None, :, None]).sum(2))
     assert torch.equal(sums["argmax_offset"][:, :, 0].sum(-1), valid.sum(-1)[:, None].expand(B, H))
     acc = HeadStats(1, H, spec, classes)
     acc.add(batch)

@@ -12,14 +12,14 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from triton_interpreter import emulate_bf16_dots  # noqa: E402
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from triton_interpreter import emulate_bf16_dots
 
-import bertscope.kernels.triton_attention as ta  # noqa: E402
-from bertscope.kernels import (  # noqa: E402
+import bertscope.kernels.triton_attention as ta
+from bertscope.kernels import (
     Gate,
     LayerGates,
     StatsSpec,
@@ -27,8 +27,8 @@ from bertscope.kernels import (  # noqa: E402
     describe_backend,
     resolve_backend,
 )
-from bertscope.kernels.common import masked_scores  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
+from bertscope.kernels.common import masked_scores
+from bertscope.kernels.eager import attention_stats_eager
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
@@ -253,7 +253,8 @@ def test_class_masses_by_the_one_hot_dot_and_by_the_loop(C, dtype):
             assert got.shape == ref.shape
             torch.testing.assert_close(got, ref, **tol, msg=f"single_tile={single_tile} class_dot={class_dot}")
             total = rows[..., 0].expand_as(got[..., 0]).float()  # every valid row gives away 1
-            torch.testing.assert_close(got.sum(-1), total, atol=1e-5 if dtype == torch.float32 else 2**-6 + 1e-3, rtol=0)
+            torch.testing.assert_close(got.sum(-1), total, atol=1e-5 if dtype == torch.float32 else 2**-6 + 1e-3,
+                                       rtol=0)
 
 
 def triton_next_pow2(n):

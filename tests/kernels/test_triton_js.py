@@ -9,16 +9,16 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from triton_interpreter import emulate_bf16_dots  # noqa: E402
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from triton_interpreter import emulate_bf16_dots
 
-from bertscope.kernels.common import masked_scores  # noqa: E402
-from bertscope.kernels.js import pairwise_js, pairwise_js_eager  # noqa: E402
-from bertscope.kernels.triton_js import pairwise_js_triton, row_lse_triton  # noqa: E402
-from bertscope.kernels.triton_maps import INTERPRETED  # noqa: E402
+from bertscope.kernels.common import masked_scores
+from bertscope.kernels.js import pairwise_js, pairwise_js_eager
+from bertscope.kernels.triton_js import pairwise_js_triton, row_lse_triton
+from bertscope.kernels.triton_maps import INTERPRETED
 
 if not INTERPRETED:
     pytest.fail("bertscope.kernels.triton_maps was imported before TRITON_INTERPRET=1 was set", pytrace=False)

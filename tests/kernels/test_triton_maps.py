@@ -8,18 +8,18 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from test_kernel_maps import MAP_SPEC, make_inputs  # noqa: E402
-from triton_interpreter import emulate_bf16_dots  # noqa: E402
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_kernel_maps import MAP_SPEC, make_inputs
+from triton_interpreter import emulate_bf16_dots
 
-from bertscope.kernels import StatsSpec, word_pooling  # noqa: E402
-from bertscope.kernels.common import masked_scores  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
-from bertscope.kernels.spec import WordPooling  # noqa: E402
-from bertscope.kernels.triton_maps import (  # noqa: E402
+from bertscope.kernels import StatsSpec, word_pooling
+from bertscope.kernels.common import masked_scores
+from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import WordPooling
+from bertscope.kernels.triton_maps import (
     INTERPRETED,
     column_mass_triton,
     word_maps_triton,
@@ -194,7 +194,8 @@ def test_bad_arguments():
 
 @settings(max_examples=6, deadline=None)
 @given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 40), D=st.sampled_from([4, 16, 24]), data=st.data(),
-       from_word=st.sampled_from(["mean", "first"]), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+       from_word=st.sampled_from(["mean", "first"]),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
 def test_maps_match_eager_on_random_shapes(B, H, L, D, data, from_word, dtype):
     lengths = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
     lengths[0] = max(1, lengths[0])  # at least one unit in the batch (key-less sequences allowed after it)

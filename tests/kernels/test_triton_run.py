@@ -20,7 +20,7 @@ def test_triton_run_equals_eager_run(tmp_path, tiny_checkpoint, max_len):
             [sys.executable, "-m", "bertscope.cli", "run", "--model", str(tiny_checkpoint), "--corpus", str(corpus),
              "--limit", "all", "--max-len", str(max_len), "--argmax", "--max-offset", "3", "--batch-size", "4",
              "--backend", backend, "--out", str(out), "--quiet", "--no-figures"],
-            env=env, capture_output=True, text=True, timeout=600)
+            env=env, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr
         tables[backend] = read_heads(out / "heads.csv")
     (cols_e, rows_e), (cols_t, rows_t) = tables["eager"], tables["triton"]

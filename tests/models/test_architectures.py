@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
+from conftest import TINY_HEADS, TINY_LAYERS
 from test_cli import check_error
 from torch import nn
 from transformers import AutoConfig, AutoModel, BertConfig, CamembertConfig, LlamaConfig, LlamaModel, XLMRobertaConfig

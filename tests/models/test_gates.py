@@ -11,17 +11,17 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from conftest import TINY_HEADS, TINY_LAYERS, tiny_config  # noqa: E402
-from transformers import AutoModel  # noqa: E402
+import pytest
+import torch
+from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
+from transformers import AutoModel
 
-from bertscope.engine.attention import HeadProbe  # noqa: E402
-from bertscope.models.gates import HeadGates  # noqa: E402
-from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats  # noqa: E402
-from bertscope.kernels.chunked import attention_stats_chunked  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
-from bertscope.models.loading import wrap_model  # noqa: E402
+from bertscope.engine.attention import HeadProbe
+from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats
+from bertscope.kernels.chunked import attention_stats_chunked
+from bertscope.kernels.eager import attention_stats_eager
+from bertscope.models.gates import HeadGates
+from bertscope.models.loading import wrap_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -24,9 +24,9 @@ from transformers import (
     XLMRobertaConfig,
 )
 
-from bertscope.models import head_removal
 from bertscope.engine.loop import EngineOptions, run_stats
 from bertscope.kernels import Gate, StatsSpec
+from bertscope.models import head_removal
 from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -31,8 +31,8 @@ import pytest
 
 from bertscope.cli.main import main
 from bertscope.errors import UserError
-from bertscope.models.source import looks_like_path, resolve_model
 from bertscope.models.loading import load_model, model_name
+from bertscope.models.source import looks_like_path, resolve_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -217,13 +217,13 @@ def test_the_command_honours_the_environment_alone(tmp_path, minilm_path, corpus
     out = tmp_path / "process"
     env = subprocess_env(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(corpus, out, "--model", HUB_ID)],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr
     assert (out / "heads.csv").read_bytes() == (folder_run / "heads.csv").read_bytes()
     assert json.loads((out / "run.json").read_text())["model"]["commit"] == COMMIT
     failed = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(corpus, tmp_path / "x", "--model",
                                                                               "no-org/no-model")],
-                            env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                            env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert failed.returncode == 2 and failed.stderr.count("\n") == 1, failed.stderr
     assert failed.stderr.startswith("bertscope: error: ") and "no-org/no-model" in failed.stderr
 
@@ -233,7 +233,7 @@ def test_the_library_never_sets_hf_hub_offline(tmp_path):
     code = ("import os, bertscope.models.loading, bertscope.cli.main, bertscope.api, bertscope.models.source; "
             "print(os.environ.get('HF_HUB_OFFLINE'), os.environ.get('TRANSFORMERS_OFFLINE'))")
     done = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
+                          timeout=600, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "None None"
 
@@ -304,7 +304,7 @@ def test_a_download_fills_the_cache_with_only_what_bertscope_reads(tmp_path, min
     env = subprocess_env(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=url)
     try:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                              cwd=tmp_path)
+                              cwd=tmp_path, check=False)
     finally:
         stop()
     assert done.returncode == 0, done.stderr
@@ -323,7 +323,7 @@ def test_a_download_fills_the_cache_with_only_what_bertscope_reads(tmp_path, min
     # offline now, the server gone: the cache it filled is enough
     offline = subprocess_env(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
     again = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(corpus, outs[3], "--model", HUB_ID)],
-                           env=offline, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                           env=offline, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert again.returncode == 0, again.stderr
     assert (outs[3] / "heads.csv").read_bytes() == (folder_run / "heads.csv").read_bytes()
 
@@ -372,7 +372,7 @@ def test_a_hub_that_never_answers_is_one_line_after_a_bounded_wait(tmp_path, cor
     try:
         done = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(corpus, tmp_path / "out", "--model",
                                                                                 "some-org/some-model")],
-                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
     finally:
         silent.close()
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr

@@ -172,7 +172,8 @@ def test_ctrl_c_while_the_figures_are_drawn(tmp_path, resume_corpus, tiny_checkp
         raise KeyboardInterrupt
     monkeypatch.setattr(FigurePool, "wait", interrupted)
     out = tmp_path / "run"
-    check_interrupted(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)), "interrupted while writing the outputs")
+    check_interrupted(capsys, main(run_args(tiny_checkpoint, resume_corpus, out)),
+                      "interrupted while writing the outputs")
     assert killed and all(h.poll() is not None for h in killed)  # drawing helpers are killed, not awaited
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     monkeypatch.undo()
@@ -198,10 +199,10 @@ def test_the_command_exits_at_once_with_its_output_flushed(tmp_path, resume_corp
     out = tmp_path / "run"
     args = [a for a in run_args(tiny_checkpoint, resume_corpus, out) if a != "--quiet"]  # what it says is the test
     done = subprocess.run([sys.executable, "-m", "bertscope.cli", *args],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(f"wrote the report {out / 'index.html'}") and "wrote heads.csv" in done.stdout
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     again = subprocess.run([sys.executable, "-m", "bertscope.cli", *run_args(tiny_checkpoint, resume_corpus, out)],
-                           env=env, capture_output=True, text=True, timeout=300)
+                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 2 and again.stderr.startswith("bertscope: error: "), again.stderr

@@ -55,6 +55,7 @@ def test_the_footer_lists_the_sources_in_the_registry_order(tmp_path):
     footer = page[page.index("<footer>"):]
     items = [html.unescape(li.split("</li>")[0]) for li in footer.split("<li>")[1:]]
     assert items == [str(s) for s in paper_sources()]
-    assert items[0] == "Clark et al. (2019) section 3 (text): bert-base-uncased on 1,000 Wikipedia segments of 128 tokens"
+    assert items[0] == ("Clark et al. (2019) section 3 (text): bert-base-uncased on 1,000 Wikipedia segments of "
+                        "128 tokens")
     assert items[-1] == ("Michel et al. (2019) section 3 (ablating one head; all heads but one): bert-base-uncased "
                          "on MultiNLI, fine-tuned")

@@ -16,7 +16,8 @@ from bertscope.cli.main import main
 from bertscope.report.writer import REPORT_NAME, build_sections, refresh_report, write_report
 
 # a 1x1 PNG: the report embeds bytes, it does not draw
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5E"
+                       "rkJggg==")
 SURFACE_COLS = ("layer", "head", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "rest_sep",
                 "entropy", "cls_entropy", "n_tokens")
 
@@ -121,8 +122,8 @@ def test_probe_tables_beside_the_paper(run_dir):
     write_rows(run_dir / "classifier_table.csv", [{"model": "Attn + GloVe", "uas": 63.1, "uas_with_punct": 60.0}])
     s = sections(run_dir)
     syn = s["syntax"].tables[0].rows
-    assert s["syntax"].findings[0] == ("ewt: 1 of 1 relations (those with 20+ words) have a head at least 10 points above the best "
-                                       "fixed-offset baseline: det (+40.0).")
+    assert s["syntax"].findings[0] == ("ewt: 1 of 1 relations (those with 20+ words) have a head at least 10 points "
+                                       "above the best fixed-offset baseline: det (+40.0).")
     assert syn == [["ewt", "det", "det", "dep->head", "3-1", 90.0, 50.0, 40, "8-11", 94.3, 51.7]]  # better direction
     assert s["coref"].tables[0].rows[0][3:7] == [50.0, 50.0, 20.0, 40.0] and s["coref"].tables[0].rows[0][8:12] == \
         [65, 27, 52, 69]
@@ -161,7 +162,8 @@ def test_bad_run_dir_is_one_line(tmp_path, capsys, make, message):
 def test_refresh_after_a_probe_or_comparison(run_dir, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="bertscope")
     assert refresh_report(run_dir) == run_dir / REPORT_NAME
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", f"updated the report {run_dir / REPORT_NAME}")]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", "updated the report "
+                                                                                f"{run_dir / REPORT_NAME}")]
     caplog.clear()
     assert refresh_report(tmp_path / "gone") is None  # said, not raised: the probe's outputs stand
     (record,) = caplog.records

@@ -20,9 +20,9 @@ CORPUS = ["The cat sat on the mat.\tIt purred loudly, twice.", "A dog barked at 
           "Rain fell on the quiet town all night, and the river rose."] * 4
 
 
-def open_page(browser):
+def open_page(chromium):
     """A new page and the list its console errors, page errors and network requests go to."""
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page = chromium.new_page(viewport={"width": 1200, "height": 900})
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
     page.on("pageerror", lambda e: errors.append(str(e)))

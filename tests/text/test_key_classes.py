@@ -12,15 +12,15 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-import bertscope.kernels.triton_attention as ta  # noqa: E402
-from bertscope.kernels import StatsSpec  # noqa: E402
-from bertscope.kernels.chunked import attention_stats_chunked  # noqa: E402
-from bertscope.kernels.eager import attention_stats_eager  # noqa: E402
+import bertscope.kernels.triton_attention as ta
+from bertscope.kernels import StatsSpec
+from bertscope.kernels.chunked import attention_stats_chunked
+from bertscope.kernels.eager import attention_stats_eager
 
 CLASS_COUNTS = [1, 2, 4, 16, 20]
 ROW_PASSES = ["compiled", "torch"]

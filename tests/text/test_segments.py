@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bertscope.text.corpus import Document, open_corpus
 from bertscope.errors import UserError
+from bertscope.text.corpus import Document, open_corpus
 from bertscope.text.segments import (
     Segment,
     SegmentOptions,

@@ -47,7 +47,8 @@ def test_part_ids_on_bert_and_roberta_templates(minilm_tokenizer, roberta_tokeni
 def test_tag_and_word_list_ids(minilm_tokenizer):
     s = pair(minilm_tokenizer)
     scheme = tag_scheme(("NOUN", "VERB", "PRON"), "upos")
-    assert scheme.names == ("cls", "sep", "NOUN", "VERB", "PRON", "other") and scheme.row_groups == ("NOUN", "VERB", "PRON")
+    assert scheme.names == ("cls", "sep", "NOUN", "VERB", "PRON", "other")
+    assert scheme.row_groups == ("NOUN", "VERB", "PRON")
     ids = tag_ids(s, UPOS_A + UPOS_B, scheme, minilm_tokenizer)
     #         [CLS] The cat did not sleep . [SEP] Nobody saw it . [SEP]
     assert ids == [0, 5, 2, 5, 5, 3, 5, 1, 4, 3, 4, 5, 1]

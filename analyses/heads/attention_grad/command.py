@@ -155,7 +155,8 @@ def _task_batches(loaded, task, batches):
         if not loaded.takes_token_types:
             inputs.pop("token_type_ids", None)
         labels = torch.as_tensor(task.labels[batch], device=device)
-        yield inputs, len(batch), (lambda out, labels=labels: point_loss(task.example_logits(out.logits), labels, "sum"))
+        yield inputs, len(batch), (
+            lambda out, labels=labels: point_loss(task.example_logits(out.logits), labels, "sum"))
 
 
 def mlm_batches(loaded, args, corpus, run):

@@ -34,7 +34,8 @@ def build(run: RunFiles) -> Section | None:
     src = paper.CLARK_GRADIENT
     findings.append(f"Paper: {paper.CLARK_GRADIENT_TEXT} [{src.short}]."
                     + (" Clark used the masked-LM loss; a fine-tuned task loss reads one label through [CLS], so its "
-                       "gradients say what the task needs, not what pre-training needs." if objective == "task" else ""))
+                       "gradients say what the task needs, not what pre-training needs."
+                       if objective == "task" else ""))
     sci = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731  (gradients span orders of magnitude)
     table = Table("Per layer: mean |d loss / d P_ij| over (query, key) pairs by the key's class (x other's), and "
                   "the mean attention mass a row puts on the class",

@@ -65,8 +65,8 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 # --- the pass --------------------------------------------------------------------------
 
 
-def measure(loaded, batches, stats: "GradStats", backend: str = "fused", progress: bool = True,
-            total: int | None = None) -> "GradStats":
+def measure(loaded, batches, stats: GradStats, backend: str = "fused", progress: bool = True,
+            total: int | None = None) -> GradStats:
     """One forward and backward per batch with the gradient probe on; sums into `stats`.
 
     Backward runs from the loss to the token embeddings only: the weights are frozen for the
@@ -92,7 +92,7 @@ def measure(loaded, batches, stats: "GradStats", backend: str = "fused", progres
                 seen = set()
 
                 def sink(layer, sums):
-                    seen.add(layer)
+                    seen.add(layer)  # noqa: B023  (the sink only lives through this batch's backward)
                     stats.add_sums(layer, sums)
 
                 leaves.clear()
@@ -133,7 +133,7 @@ class GradStats:
         self.pairs[layer] += sums.pairs.cpu().numpy()
         self.rows[layer] += sums.rows
 
-    def merge(self, other: "GradStats") -> "GradStats":
+    def merge(self, other: GradStats) -> GradStats:
         for name in ("grad", "mass", "pairs", "rows"):
             getattr(self, name).__iadd__(getattr(other, name))
         self.examples += other.examples
@@ -147,7 +147,7 @@ class GradStats:
                   loss_sum=np.array(self.loss_sum))
 
     @classmethod
-    def load(cls, path) -> "GradStats":
+    def load(cls, path) -> GradStats:
         with np.load(path) as z:
             new = cls(*z["grad"].shape[:2], tuple(str(c) for c in z["classes"]))
             new.grad, new.mass, new.pairs, new.rows = z["grad"], z["mass"], z["pairs"], z["rows"]

@@ -29,10 +29,10 @@ def build(run: RunFiles) -> Section | None:
     if heads:
         deltas = [num(r["delta"]) for r in heads]
         best, worst = max(heads, key=lambda r: num(r["delta"])), min(heads, key=lambda r: num(r["delta"]))
-        findings.append(f"Single heads: {sum(d > 0 for d in deltas)} of {len(deltas)} help, {sum(d < 0 for d in deltas)} "
-                        f"hurt, mean {pts(float(np.mean(deltas)))} points; best {best['variant']} "
-                        f"{pts(num(best['delta']))}, worst {worst['variant']} {pts(num(worst['delta']))}. Paper: "
-                        f"{paper.DISABLE_TEXT['heads']} [{paper.DISABLE.short}].")
+        findings.append(f"Single heads: {sum(d > 0 for d in deltas)} of {len(deltas)} help, "
+                        f"{sum(d < 0 for d in deltas)} hurt, mean {pts(float(np.mean(deltas)))} points; best "
+                        f"{best['variant']} {pts(num(best['delta']))}, worst {worst['variant']} "
+                        f"{pts(num(worst['delta']))}. Paper: {paper.DISABLE_TEXT['heads']} [{paper.DISABLE.short}].")
     if layers:
         first = layers[0]
         findings.append(f"Layer 1 disabled: {pts(num(first['delta']))} points, 95% CI [{pts(num(first['ci_low']))}, "

@@ -48,9 +48,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertscope.analyses.heads.variants import example_batches
 from bertscope.tasks.inputs import EncodedTask
 from bertscope.tasks.model import point_loss
-from bertscope.analyses.heads.variants import example_batches
 
 CONVENTIONS = ("michel", "batch")
 

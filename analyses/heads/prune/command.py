@@ -121,7 +121,7 @@ def prune(run: ModelRun, args, held_out: list, evaluation: list) -> list[dict]:
     acc = res.accuracy
     base = float(acc[0])
     rows, i = [], 1
-    for (order, seed), heads in orders.items():
+    for (order, seed), _heads in orders.items():
         rows.append(dict(step=0, fraction_pruned=0.0, heads_pruned=0, order=order, seed=seed, accuracy=base, delta=0.0))
         for s, n in enumerate(counts, 1):
             rows.append(dict(step=s, fraction_pruned=n / (L * H), heads_pruned=n, order=order, seed=seed,

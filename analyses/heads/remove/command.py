@@ -68,8 +68,9 @@ def main(args) -> int:
     after = sum(p.numel() for p in loaded.model.parameters())
     head_removal.save_pruned(loaded.model, loaded.tokenizer, out)
     info = head_removal.describe(head_removal.pruned_heads(loaded.model), loaded.n_layers, loaded.n_heads)
-    logger.info(f"removed {info['heads_removed']} of {info['heads_total']} heads ({100 * info['fraction_removed']:.1f}%); "
-          f"heads per layer: {' '.join(map(str, info['kept_per_layer'].values()))}")
+    logger.info(f"removed {info['heads_removed']} of {info['heads_total']} heads "
+                f"({100 * info['fraction_removed']:.1f}%); "
+                f"heads per layer: {' '.join(map(str, info['kept_per_layer'].values()))}")
     logger.info(f"parameters: {before:,} -> {after:,} ({100 * (after - before) / before:+.1f}%)")
     logger.info(f"saved to {out} (load it with --model {out})")
     return 0

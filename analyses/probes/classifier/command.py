@@ -29,6 +29,7 @@ from bertscope.analyses.probes.classifier.outputs import (
     TRAINING_FIGURE,
     WEIGHTS_FILE,
 )
+from bertscope.analyses.probes.classifier.paper import CLASSIFIER_TABLE3
 from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 from bertscope.data.paths import dataset_dir, seeded_sample
 from bertscope.data.readers.glove import load_glove
@@ -37,7 +38,6 @@ from bertscope.engine.attention import ATTN_IMPLEMENTATION
 from bertscope.engine.loop import iter_word_maps
 from bertscope.errors import UserError
 from bertscope.models.loading import model_name, wrap_model
-from bertscope.analyses.probes.classifier.paper import CLASSIFIER_TABLE3
 from bertscope.run.analysis_run import ModelRun
 from bertscope.text.word_segments import word_segment
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import torch

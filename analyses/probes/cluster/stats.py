@@ -25,8 +25,8 @@ different sizes comparable. MDS gets the mean: the layout is the same up to scal
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -315,7 +315,7 @@ class JSSums:
         self.js_sum += pairwise_js(q, k, batch.key_valid, 1.0, backend=self.js_backend).cpu().numpy()  # (N, N)
         self.n_tokens += int(batch.n_tokens.sum())
 
-    def merge(self, other: "JSSums") -> "JSSums":
+    def merge(self, other: JSSums) -> JSSums:
         if other.js_sum.shape != self.js_sum.shape:
             raise ValueError("cannot merge JS sums of different models")
         self.js_sum += other.js_sum
@@ -326,7 +326,7 @@ class JSSums:
         write_npz(path, js_sum=self.js_sum, n_tokens=self.n_tokens, batches_done=self.batches_done)
 
     @classmethod
-    def load(cls, path) -> "JSSums":
+    def load(cls, path) -> JSSums:
         with np.load(path) as f:
             acc = cls(f["js_sum"].shape[0])
             acc.js_sum[...] = f["js_sum"]

@@ -136,7 +136,7 @@ class Agreement:
     gender: str | None = None  # Masc / Fem / Neut
     animate: bool | None = None
 
-    def agrees(self, other: "Agreement") -> bool:
+    def agrees(self, other: Agreement) -> bool:
         pairs = ((self.person, other.person), (self.number, other.number), (self.gender, other.gender),
                  (self.animate, other.animate))
         return all(a is None or b is None or a == b for a, b in pairs)
@@ -209,15 +209,15 @@ def baseline_choices(doc, items: list[Anaphor], xpos: list[str], feats: list[str
         i, cands = a.index, a.candidates
         head = words[a.head]
         nearest = cands[-1]
-        same_text = most_recent(cands, lambda j: text[j] == text[i])
-        same_head = most_recent(cands, lambda j: words[mentions[j].head] == head)
+        same_text = most_recent(cands, lambda j: text[j] == text[i])  # noqa: B023  (most_recent calls it at once)
+        same_head = most_recent(cands, lambda j: words[mentions[j].head] == head)  # noqa: B023  (most_recent calls it at once)
         out["nearest"][row] = mentions[nearest].head
         out["head_match"][row] = -1 if same_head is None else mentions[same_head].head
         chosen = same_text  # the sieve: the first rule that finds a candidate decides
         if chosen is None:
             chosen = same_head
         if chosen is None:
-            chosen = most_recent(cands, lambda j: attrs(i).agrees(attrs(j)))
+            chosen = most_recent(cands, lambda j: attrs(i).agrees(attrs(j)))  # noqa: B023  (most_recent calls it at once)
         if chosen is None:
             chosen = nearest
         out["sieve"][row] = mentions[chosen].head
@@ -261,7 +261,7 @@ class Scores:
                 self.base[t][name] += int(baseline_hits[name][keep].sum())
             self.n[t] += int(keep.sum())
 
-    def merge(self, other: "Scores") -> "Scores":
+    def merge(self, other: Scores) -> Scores:
         if (other.types, other.baselines) != (self.types, self.baselines) or \
                 other.heads[self.types[0]].shape != self.heads[self.types[0]].shape:
             raise ValueError("cannot merge coreference scores of different types, baselines or models")
@@ -278,7 +278,7 @@ class Scores:
                   base=np.array([[self.base[t][b] for b in self.baselines] for t in self.types]))
 
     @classmethod
-    def load(cls, path) -> "Scores":
+    def load(cls, path) -> Scores:
         with np.load(path) as f:
             types, baselines = [str(t) for t in f["types"]], [str(b) for b in f["baselines"]]
             scores = cls(*f["heads"].shape[1:], types=types, baselines=baselines)

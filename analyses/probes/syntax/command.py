@@ -150,7 +150,8 @@ def main(args) -> int:
 
 def probe(run: ModelRun, args, treebanks: tuple[str, ...], data: dict):
     label = model_name(run.loaded.path)
-    all_heads, all_table, texts, results = [], [], [], {"head_to_dep": args.head_to_dep, "poss_clitic": not args.plain_poss,
+    all_heads, all_table, texts, results = [], [], [], {"head_to_dep": args.head_to_dep,
+                                                        "poss_clitic": not args.plain_poss,
                                              "from_word": args.from_word}
     for tb in treebanks:
         counts, report = probe_treebank(run.loaded, data[tb], args, run.log, run.progress, tb)

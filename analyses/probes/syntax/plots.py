@@ -1,7 +1,7 @@
 """The syntax probe's figures: best head per relation, and every head's accuracy per relation."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

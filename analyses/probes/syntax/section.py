@@ -36,7 +36,8 @@ def build(run: RunFiles) -> Section | None:
         rels = [(rel, 100 * (num(r["accuracy"]) - (num(r["baseline_accuracy"]) or 0)))
                 for (t, rel), r in best.items() if t == tb and rel != "all" and int(r["n"]) >= MIN_WORDS]
         above = sorted((x for x in rels if x[1] >= BASELINE_MARGIN), key=lambda x: -x[1])
-        findings.insert(0, f"{tb}: {len(above)} of {len(rels)} relations (those with {MIN_WORDS}+ words) have a head at least {BASELINE_MARGIN} "
+        findings.insert(0, f"{tb}: {len(above)} of {len(rels)} relations (those with {MIN_WORDS}+ words) have a head "
+                           f"at least {BASELINE_MARGIN} "
                         f"points above the best fixed-offset baseline: "
                         f"{', '.join(f'{rel} (+{d:.1f})' for rel, d in above[:6]) or 'none'}.")
     figures = [run.figure(n, "Best head per relation (bars) against the best fixed-offset baseline; a head well "

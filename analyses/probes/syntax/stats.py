@@ -39,8 +39,8 @@ counterpart; SD `prep` (verb/noun -> preposition) has none in UD.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -161,7 +161,7 @@ class SyntaxCounts:
         np.add.at(self.baseline, rel, offset_hit)
         np.add.at(self.n, rel, 1)
 
-    def merge(self, other: "SyntaxCounts") -> "SyntaxCounts":
+    def merge(self, other: SyntaxCounts) -> SyntaxCounts:
         if (other.relations, other.n_layers, other.n_heads, other.head_to_dep) != (
                 self.relations, self.n_layers, self.n_heads, self.head_to_dep):
             raise ValueError("cannot merge syntax counts of different relations, models or scorings")
@@ -176,7 +176,7 @@ class SyntaxCounts:
                   batches_done=self.batches_done)
 
     @classmethod
-    def load(cls, path, dependents: Sequence | None = None) -> "SyntaxCounts":
+    def load(cls, path, dependents: Sequence | None = None) -> SyntaxCounts:
         with np.load(path) as f:
             counts = cls([str(r) for r in f["relations"]], *map(int, f["shape"]), head_to_dep=str(f["head_to_dep"]),
                          dependents=dependents)

@@ -34,8 +34,9 @@ class Mention:
     head: the document index of the span's head word, the word whose syntactic head lies
     outside the span (several: the first; none, e.g. a span that is not a subtree: the
     last word); with `mention_head="last-flat"`, the last word of a flat/compound name
-    instead (see `head_word`); `kind` is read from the UD head in both cases. kind: from the head word's UPOS, PRON/DET -> "pronoun", PROPN -> "proper",
-    anything else -> "nominal". sentence: index of the sentence the mention starts in.
+    instead (see `head_word`); `kind` is read from the UD head in both cases. kind: from the
+    head word's UPOS, PRON/DET -> "pronoun", PROPN -> "proper", anything else -> "nominal".
+    sentence: index of the sentence the mention starts in.
     """
 
     start: int
@@ -96,7 +97,7 @@ class CorefDocument:
             seen.add(m.entity)
         return found
 
-    def window(self, start: int, end: int) -> "CorefDocument":
+    def window(self, start: int, end: int) -> CorefDocument:
         """Words start .. end-1 as a document of their own (indices shifted to 0).
 
         Keeps the mentions lying wholly inside; heads pointing outside the window become -1;

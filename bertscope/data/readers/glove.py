@@ -9,9 +9,9 @@ The vectors are memory-mapped, so asking for a few thousand words reads only the
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 

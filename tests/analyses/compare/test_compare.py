@@ -179,7 +179,8 @@ def test_streaming_in_small_batches_gives_the_same(paired_runs, tmp_path, monkey
 def test_nan_segments_are_left_out(tmp_path):
     a, b = noise(0), noise(1)
     a["rest_sep"][:5, 0, 0] = np.nan  # a group without rows in those segments
-    comp = compare_runs(make_run(tmp_path / "a", a, heads_csv={"rest_sep": np.zeros((LY, H))}), make_run(tmp_path / "b", b))
+    comp = compare_runs(make_run(tmp_path / "a", a, heads_csv={"rest_sep": np.zeros((LY, H))}),
+                        make_run(tmp_path / "b", b))
     t = comp.tests[("heads.csv", "rest_sep")]
     assert t["n_a"][0, 0] == N - 5 and t["n_a"][0, 1] == N and np.isfinite(t["p"]).all()
 
@@ -190,9 +191,11 @@ def test_without_examples_no_test(tmp_path, paired_runs):
     comp = compare_runs(run_a, other)
     assert comp.test is None and comp.tests == {}
     assert list(comp.diff) == [("heads.csv", "prev")]
-    assert comp.only_a == [("heads.csv", "entropy"), ("heads.csv", "rest_sep")] and comp.only_b == [("heads.csv", "cls")]
+    assert comp.only_a == [("heads.csv", "entropy"), ("heads.csv", "rest_sep")]
+    assert comp.only_b == [("heads.csv", "cls")]
     rows = comp.rows()
-    assert len(rows) == LY * H and rows[0]["test"] == "" and rows[0]["diff"] == pytest.approx(1 - a["prev"].mean(0)[0, 0])
+    assert len(rows) == LY * H and rows[0]["test"] == ""
+    assert rows[0]["diff"] == pytest.approx(1 - a["prev"].mean(0)[0, 0])
     assert "no significance test" in comp.summary()
     with pytest.raises(UserError, match="needs examples.parquet"):
         compare_runs(run_a, other, test="paired")
@@ -210,7 +213,8 @@ def test_probe_tables_are_compared(paired_runs):
     assert key not in comp.tests
     lines = comp.summary().splitlines()
     section = lines[lines.index("largest changes in syntax_heads.csv:") + 1:]
-    assert [line.split() for line in section] == [["accuracy[ewt/nsubj/dep->head]", "2-1", "(+0.300)"]]  # unchanged heads not listed
+    # unchanged heads not listed
+    assert [line.split() for line in section] == [["accuracy[ewt/nsubj/dep->head]", "2-1", "(+0.300)"]]
 
 
 # --- the command -------------------------------------------------------------------------

@@ -28,7 +28,8 @@ def by_cue(cues):
 
 
 def test_tokens_keep_contractions_apart_from_not():
-    assert word_tokens("Don't stop, it's NOT over—long-term.") == ["don't", "stop", "it's", "not", "over", "long", "term"]
+    assert word_tokens("Don't stop, it's NOT over—long-term.") == ["don't", "stop", "it's", "not", "over", "long",
+                                                                   "term"]
     assert word_tokens("Don’t, can't, cannot, won't", expand_not=True) == ["do", "not", "can", "not", "can", "not",
                                                                            "will", "not"]
 

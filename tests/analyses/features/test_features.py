@@ -20,8 +20,8 @@ from bertscope.analyses.features.stats import (
     set_classes,
     word_tags,
 )
-from bertscope.engine.batch import BatchContext
 from bertscope.cli.main import main
+from bertscope.engine.batch import BatchContext
 from bertscope.kernels import RowStats, StatsSpec
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.text.word_segments import word_segment

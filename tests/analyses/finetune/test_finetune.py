@@ -126,7 +126,8 @@ def test_arct_scores_each_warrant_and_softmaxes_the_pair(minilm_tokenizer):
     loaded, _, pred, dv = run_fit(minilm_tokenizer, train, dev, arct_input="W", num_labels=1, epochs=10)
     assert metrics(pred, np.array(dv.labels), f1=False)["accuracy"] == 1.0
     swapped = [ArctExample(e.id, e.claim, e.reason, e.warrant1, e.warrant0, 1 - e.label) for e in dev]
-    pred_swapped = predict(loaded.model, encode(minilm_tokenizer, swapped, 32, "W"), 8, minilm_tokenizer.pad_token_id, True)
+    pred_swapped = predict(loaded.model, encode(minilm_tokenizer, swapped, 32, "W"), 8, minilm_tokenizer.pad_token_id,
+                           True)
     assert (pred_swapped == 1 - pred).all()
 
 
@@ -359,8 +360,8 @@ def test_the_probe_reads_cls_vectors_in_fixed_batches_whatever_the_training_batc
 
     write_rte(tmp_path / "data" / "rte")
     seen, real = [], task_model.cls_features
-    monkeypatch.setattr(task_model, "cls_features", lambda enc, data, batch, *a, **k: (seen.append(batch),
-                                                                                      real(enc, data, batch, *a, **k))[1])
+    monkeypatch.setattr(task_model, "cls_features",
+                        lambda enc, data, batch, *a, **k: (seen.append(batch), real(enc, data, batch, *a, **k))[1])
     rows = {}
     for batch in (2, 8):
         out = tmp_path / f"run{batch}"

@@ -23,9 +23,6 @@ from bertscope.analyses.heads.ablate.stats import (
 from bertscope.analyses.heads.common import variant_rows
 from bertscope.analyses.heads.importance.outputs import COLUMNS as IMPORTANCE_COLUMNS
 from bertscope.analyses.heads.importance.outputs import importance_grid, read_importance
-from bertscope.errors import UserError
-from bertscope.kernels import Gate
-from bertscope.models.loading import wrap_model
 from bertscope.analyses.heads.variants import (
     all_but_one,
     baseline,
@@ -33,6 +30,9 @@ from bertscope.analyses.heads.variants import (
     forward_variants,
     single_heads,
 )
+from bertscope.errors import UserError
+from bertscope.kernels import Gate
+from bertscope.models.loading import wrap_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS
@@ -68,7 +68,7 @@ def test_zero_gated_single_heads_equal_the_hand_zeroed_model(minilm_tokenizer):
             torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_head_with_a_zero_output_projection_has_delta_exactly_zero(minilm_tokenizer, blas):
+def test_a_head_with_a_zero_output_projection_has_delta_exactly_zero(minilm_tokenizer, blas):  # noqa: F811
     """W_o's columns of head (2, 3) set to zero: masking it leaves the logits (to the BLAS's
     rounding for another batch shape, LOGIT_TOL) and every prediction, so b, c and delta are
     exactly the baseline's; masking a live head does not."""
@@ -213,7 +213,7 @@ def read_csv(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classifier_checkpoint, tmp_path):
+def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classifier_checkpoint, tmp_path):  # noqa: F811
     from conftest import require_data
 
     from bertscope.cli.main import main
@@ -251,7 +251,7 @@ def test_ablate_command_on_rte_with_importance_in_the_run_directory(tiny_classif
     assert "Ablating heads (Michel et al. 2019)" in (out / "index.html").read_text()
 
 
-def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoint, tmp_path):
+def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoint, tmp_path):  # noqa: F811
     from conftest import require_data
 
     from bertscope.cli.main import main
@@ -277,7 +277,7 @@ def test_ablate_command_single_heads_then_but_one_only(tiny_classifier_checkpoin
     assert len(results["but_one"]["per_layer"]) == L_
 
 
-def test_ablate_command_user_errors(tiny_classifier_checkpoint, tmp_path, capsys):
+def test_ablate_command_user_errors(tiny_classifier_checkpoint, tmp_path, capsys):  # noqa: F811
     from conftest import require_data
 
     from bertscope.cli.main import main
@@ -292,8 +292,8 @@ def test_ablate_command_user_errors(tiny_classifier_checkpoint, tmp_path, capsys
              (["--importance", str(tmp_path / "ok.csv"), "--variants", "but-one"], "use --variants single or both"),
              (["--max-rows", "-1"], "--max-rows must be >= 0"))
     for extra, match in cases:
-        code = main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "5", "--out",
-                     str(tmp_path / "o"), "--quiet", *extra])
+        code = main(["heads", "ablate", "--model", str(tiny_classifier_checkpoint), "--task", "rte", "--limit", "5",
+                     "--out", str(tmp_path / "o"), "--quiet", *extra])
         err = capsys.readouterr().err
         assert code == 2 and match in err and err.count("\n") == 1 and "Traceback" not in err, (extra, err)
     assert not (tmp_path / "o" / "ablate.csv").exists()  # every error came before the evaluation

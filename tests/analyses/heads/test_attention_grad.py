@@ -124,7 +124,8 @@ def padded_inputs(tokenizer, lengths=(9, 1, 6), seed=0):
         words = torch.randint(1000, 5000, (n,), generator=g)
         words[::3] = vocab["."]
         words[1::4] = vocab[","]
-        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words, torch.tensor([tokenizer.sep_token_id])])
+        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words,
+                                     torch.tensor([tokenizer.sep_token_id])])
     mask = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None] + 2).long()
     return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}
 

@@ -67,7 +67,8 @@ def test_mlm_objective_by_default_and_fused_equals_the_oracle(mlm_checkpoint, co
             "fig_attention_grad_heads.png"} <= set(entry["outputs"])
     assert len(fused) == TINY_LAYERS * 4
     for a, b in zip(fused, eager):
-        assert (a["layer"], a["key_class"], a["pairs"], a["rows"]) == (b["layer"], b["key_class"], b["pairs"], b["rows"])
+        assert ((a["layer"], a["key_class"], a["pairs"], a["rows"])
+                == (b["layer"], b["key_class"], b["pairs"], b["rows"]))
         assert float(a["mean_abs_grad"]) == pytest.approx(float(b["mean_abs_grad"]), rel=1e-4)
         assert float(a["attention"]) == pytest.approx(float(b["attention"]), rel=1e-4, abs=1e-7)
     for lay in range(1, TINY_LAYERS + 1):
@@ -79,7 +80,8 @@ def test_mlm_objective_by_default_and_fused_equals_the_oracle(mlm_checkpoint, co
     assert len(heads) == TINY_LAYERS * TINY_HEADS * 4
     # the layer mean is the mean of the head means (every head has the same pairs)
     for r in fused:
-        mine = [float(h["mean_abs_grad"]) for h in heads if (h["layer"], h["key_class"]) == (r["layer"], r["key_class"])]
+        mine = [float(h["mean_abs_grad"]) for h in heads
+                if (h["layer"], h["key_class"]) == (r["layer"], r["key_class"])]
         assert np.mean(mine) == pytest.approx(float(r["mean_abs_grad"]), rel=1e-4)
     assert "Attention gradients" in (tmp_path / "fused" / "index.html").read_text()
 

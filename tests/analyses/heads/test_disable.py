@@ -18,9 +18,6 @@ from bertscope.analyses.heads.paired import (
     mcnemar_exact,
     mcnemar_interval,
 )
-from bertscope.kernels import Gate
-from bertscope.models.loading import wrap_model
-from bertscope.tasks.inputs import EncodedTask, encode_task
 from bertscope.analyses.heads.variants import (
     baseline,
     evaluate_variants,
@@ -31,6 +28,9 @@ from bertscope.analyses.heads.variants import (
     variant_gates,
     whole_layers,
 )
+from bertscope.kernels import Gate
+from bertscope.models.loading import wrap_model
+from bertscope.tasks.inputs import EncodedTask, encode_task
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS
@@ -50,7 +50,8 @@ def random_inputs(tokenizer, lengths=(9, 5, 7, 3, 11), seed=0):
     ids = torch.full((len(lengths), L), tokenizer.pad_token_id)
     for b, n in enumerate(lengths):
         words = torch.randint(1000, 5000, (n,), generator=g)
-        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words, torch.tensor([tokenizer.sep_token_id])])
+        ids[b, : n + 2] = torch.cat([torch.tensor([tokenizer.cls_token_id]), words,
+                                     torch.tensor([tokenizer.sep_token_id])])
     mask = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None] + 2).long()  # (B, L)
     return dict(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=mask)
 

@@ -15,10 +15,10 @@ from bertscope.analyses.heads.importance.stats import (
     layer_normalise,
     least_important,
 )
+from bertscope.analyses.heads.variants import example_batches
 from bertscope.models.loading import wrap_model
 from bertscope.tasks.inputs import encode_task
 from bertscope.tasks.model import point_loss
-from bertscope.analyses.heads.variants import example_batches
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 L_, H_ = TINY_LAYERS, TINY_HEADS

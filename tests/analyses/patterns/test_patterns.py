@@ -53,7 +53,7 @@ def local_sharp_map():
     return p
 
 
-def type_of(p, classes=PAIR, t=Thresholds()):
+def type_of(p, classes=PAIR, t=Thresholds()):  # noqa: B008  (a frozen dataclass)
     feat = map_features(p[None, None].double(), classes[None])
     return TYPES[int(classify(feat, t)[0, 0])], {k: float(v[0, 0]) for k, v in feat.items()}
 

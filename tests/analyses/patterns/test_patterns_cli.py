@@ -93,7 +93,8 @@ def test_label_then_train(tmp_path, run_args):
     assert maps.shape == (4 * 2 * 4, 32, 32) and meta["labeller"] == "rules"
     trained = tmp_path / "cnn"
     assert main(["patterns", "train", "--labels", str(out / "labels_wiki.npz"), "--eval-labels",
-                 str(out / "labels_wiki.npz"), "--epochs", "1", "--out", str(trained), "--quiet", "--threads", "1"]) == 0
+                 str(out / "labels_wiki.npz"), "--epochs", "1", "--out", str(trained), "--quiet", "--threads",
+                 "1"]) == 0
     result = json.loads((trained / "pattern_cnn.json").read_text())
     assert result["held_out_maps"] == 8 and result["train_maps"] == 24  # one of 4 segments held out, all heads
     assert result["eval"]["n"] == 32 and (trained / "pattern_cnn.pt").is_file()

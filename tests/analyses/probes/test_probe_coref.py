@@ -235,7 +235,8 @@ def test_gap_baselines():
 
 def test_format_table_marks_missing_columns():
     scores = coref.Scores(1, 1, types=("All",), baselines=coref.GAP_BASELINES)
-    scores.add_mentions(["masculine"], np.array([[[True]]]), {"nearest": np.array([False]), "first_name": np.array([True])})
+    scores.add_mentions(["masculine"], np.array([[[True]]]),
+                        {"nearest": np.array([False]), "first_name": np.array([True])})
     text = coref.format_table(scores.table_rows("gap"))
     header, row = text.splitlines()
     assert row.split() == ["gap", "All", "1-1", "100.0", "1-1", "100.0", "0.0", "-", "-", "100.0", "1"]

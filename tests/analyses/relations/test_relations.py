@@ -216,9 +216,9 @@ def word_pool(token_map: np.ndarray, word_ids: list[int]) -> np.ndarray:
 
 
 def test_accumulator_equals_direct_computation_from_output_attentions(tiny_model):
-    from bertscope.engine.accumulate import HeadStats
     from bertscope.analyses.relations.command import offsets_spec
     from bertscope.analyses.relations.stats import prev_next
+    from bertscope.engine.accumulate import HeadStats
     from bertscope.engine.loop import EngineOptions, fold
     from bertscope.models.loading import wrap_model
     from bertscope.text.segments import collate

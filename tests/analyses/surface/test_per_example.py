@@ -18,10 +18,10 @@ from test_engine import (
 
 import bertscope.analyses.surface.command
 import bertscope.engine.loop
-from bertscope.engine.accumulate import HeadStats
 from bertscope.analyses.surface.per_example import PerExampleWriter, stat_columns
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli.main import main
+from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import EngineOptions, fold
 from bertscope.kernels import StatsSpec
 
@@ -51,13 +51,15 @@ def test_each_row_equals_the_maps_of_that_segment_alone(tiny_model, tmp_path, ba
         want = reference_table(twin, loaded, [segment])
         rows = df[df["segment"] == i].sort_values(["layer", "head"])
         assert (rows["doc_id"] == segment.doc_id).all() and (rows["n_tokens"] == segment.n_tokens).all()
-        assert (rows["n_cls"] == 1).all() and (rows["n_sep"] == segment.input_ids.count(loaded.tokenizer.sep_token_id)).all()
+        assert (rows["n_cls"] == 1).all()
+        assert (rows["n_sep"] == segment.input_ids.count(loaded.tokenizer.sep_token_id)).all()
         for col in ("prev", "self", "next", "offset_-2", "offset_+2", "cls", "sep", "punct", "other", "sep_sep"):
             np.testing.assert_allclose(rows[col].to_numpy(), want[col].ravel(), atol=2e-6, rtol=0, err_msg=col)
         for col in ("entropy", "cls_entropy"):
             np.testing.assert_allclose(rows[col].to_numpy(), want[col].ravel(), atol=2e-5, rtol=0, err_msg=col)
         for col in ("argmax_prev", "argmax_cls"):
-            np.testing.assert_allclose(rows[col].to_numpy(), want[col].ravel(), atol=1.01 / segment.n_tokens, err_msg=col)
+            np.testing.assert_allclose(rows[col].to_numpy(), want[col].ravel(), atol=1.01 / segment.n_tokens,
+                                       err_msg=col)
     # column mass: the most-attended key's share of the segment's attention, in (1/L, 1]
     assert ((df["column_max"] >= 1 / df["n_tokens"] - 1e-6) & (df["column_max"] <= 1 + 1e-6)).all()
     assert ((df["column_argmax"] >= 0) & (df["column_argmax"] < df["n_tokens"])).all()
@@ -72,7 +74,7 @@ def test_token_weighted_means_give_back_the_corpus_table(tiny_model, tmp_path):
                         ("sep_sep", "n_sep"), ("cls_entropy", "n_cls")):
         rows = df[df[weight] > 0]
         got = rows.groupby(["layer", "head"]).apply(
-            lambda g: np.average(g[col], weights=g[weight]), include_groups=False).to_numpy()
+            lambda g: np.average(g[col], weights=g[weight]), include_groups=False).to_numpy()  # noqa: B023  (apply calls it at once)
         np.testing.assert_allclose(got, table[col].ravel(), rtol=1e-12, atol=1e-15, err_msg=col)
     # every segment has [SEP] rows; "." / "," rows are missing from some: NaN there, never 0
     assert df["sep_sep"].notna().all() and df["punct_punct"].isna().any()
@@ -113,7 +115,8 @@ def test_interrupted_per_example_run_resumes_to_the_same_rows(tmp_path, tiny_che
     corpus.write_text("\n".join(" ".join(words[: 3 + i]) + ("\n" if i == 4 else "") for i in range(12)) + "\n")
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--limit", "all", "--batch-size", "4",
             "--quiet", "--no-figures", "--per-example"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions", functools.partial(EngineOptions, checkpoint_every=1))
+    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+                        functools.partial(EngineOptions, checkpoint_every=1))
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
 
     real_forward, calls = bertscope.engine.loop.forward, []
