@@ -1,4 +1,4 @@
-"""Head gates (bertscope/gates.py, kernels/gates.py): exact gradients, identities, every backend.
+"""Head gates (bertscope/models/gates.py, kernels/gates.py): exact gradients, identities, every backend.
 
 xi scales each head's output, uniform replaces its attention by the uniform distribution over
 valid keys (Michel et al. 2019; Kovaleva et al. 2019). The gates live on the model, so they

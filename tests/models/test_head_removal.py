@@ -1,4 +1,4 @@
-"""Real head pruning (bertscope/head_removal.py): a pruned model is the zero-gated model, smaller.
+"""Real head pruning (bertscope/models/head_removal.py): a pruned model is the zero-gated model, smaller.
 
 For every supported family, removing heads must give the outputs of the unpruned model with
 those heads' gates xi = 0 (Michel et al.'s masking), directly and after save + load_model;
