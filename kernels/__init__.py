@@ -23,7 +23,17 @@ from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
 from .pooling import word_pooling
 
 # PLAIN and AttentionLayout: the attention's shape (causal, window, key/value heads)
-from .spec import PLAIN, AttentionLayout, Gate, LayerGates, RowStats, StatsSpec, WordPooling
+from .spec import (
+    PLAIN,
+    AttentionLayout,
+    Gate,
+    LayerGates,
+    RowStats,
+    StatsSpec,
+    WordPooling,
+    visible_counts,
+    visible_mask,
+)
 
 
 def attention_stats_triton(*args, **kwargs):
@@ -36,6 +46,9 @@ def attention_stats_triton(*args, **kwargs):
 
 BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked, "triton": attention_stats_triton}
 BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
+# the backends that compute every `AttentionLayout` (causal, windowed, grouped-query); the
+# others compute the plain (encoder) layout only, and `attention_stats` refuses the rest for them
+LAYOUT_BACKENDS = {"eager"}
 
 
 def _triton_interpret() -> bool:
@@ -103,29 +116,35 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     (`needs_grad`), the backend computes the statistics without grad and the output comes
     from `gated_sdpa`, so d loss / d (q, k, v, xi) is exact; `output_path` names the choice.
 
-    layout: which keys each query may see and how q and k heads pair up (`AttentionLayout`).
-    Every backend computes the plain layout (bidirectional, one k and v head per query head)
-    only: any other is a ValueError, never statistics of attention the model did not do.
+    layout: which keys each query may see and how q and k heads pair up (`AttentionLayout`);
+    k and v have layout.n_key_value_heads heads (H without grouped-query attention). A backend
+    not in `LAYOUT_BACKENDS` computes the plain layout only: any other is a ValueError for it,
+    never statistics of attention the model did not do.
     """
-    check_layout(layout, q, k)
+    name = resolve_backend(backend, q.device)
+    check_layout(layout, q, k, name)
     check_layer_gates(gates, q.shape[0], q.shape[1])
-    fn = BACKENDS[resolve_backend(backend, q.device)]
+    fn = BACKENDS[name]
     if not needs_grad(q, k, v, gates):
-        out, stats = fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling)
+        out, stats = fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling, layout=layout)
         return out, stats.as_float32()
     with torch.no_grad():
-        _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling)
-    return gated_sdpa(q, k, v, key_valid, gates, scale), stats.as_float32()
+        _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling,
+                      layout=layout)
+    return gated_sdpa(q, k, v, key_valid, gates, scale, layout=layout), stats.as_float32()
 
 
-def check_layout(layout: AttentionLayout, q, k):
-    """A ValueError unless the backends compute `layout` for q, k (B, H, L, D): the plain layout,
-    with as many key heads as query heads."""
-    missing = layout.unsupported(q.shape[1])
-    if not missing and k.shape[1] != q.shape[1]:
-        missing = [f"{k.shape[1]} key heads for {q.shape[1]} query heads"]
-    if missing:
-        raise ValueError(f"the attention-statistics backends do not compute {' and '.join(missing)} yet")
+def check_layout(layout: AttentionLayout, q, k, backend: str = "eager"):
+    """A ValueError unless `backend` computes `layout` for q (B, H, L, D) and k (B, H_kv, L, D):
+    k must have layout.n_key_value_heads heads (H without grouped-query attention), a divisor of H."""
+    H, H_kv = q.shape[1], k.shape[1]
+    expected = layout.n_key_value_heads or H
+    if H_kv != expected:
+        raise ValueError(f"k has {H_kv} heads; the layout says {expected} key/value heads for {H} query heads")
+    layout.group_size(H)  # a ValueError when they do not divide evenly
+    if not layout.is_plain and backend not in LAYOUT_BACKENDS:
+        raise ValueError(f"the {backend} backend does not compute {layout.describe()} attention yet; "
+                         f"use one of {', '.join(sorted(LAYOUT_BACKENDS))}")
 
 
 def output_path(backend: str, grad: bool) -> str:
@@ -139,5 +158,6 @@ def output_path(backend: str, grad: bool) -> str:
 __all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend",
            "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling",
            "BACKENDS", "BACKEND_CHOICES",
-           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "Gate", "LayerGates", "RowStats", "StatsSpec",
+           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "LAYOUT_BACKENDS", "visible_counts",
+           "visible_mask", "Gate", "LayerGates", "RowStats", "StatsSpec",
            "WordPooling"]

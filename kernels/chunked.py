@@ -38,7 +38,7 @@ from . import cpu_rows
 from .common import finish_stats, keep_qk, require_pooling
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
-from .spec import STAT, RowStats, StatsSpec, WordPooling
+from .spec import PLAIN, STAT, AttentionLayout, RowStats, StatsSpec, WordPooling
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 # from this many key classes on, the compiled path takes the class masses from one matmul
@@ -55,15 +55,18 @@ ROW_PASSES = ("auto", "compiled", "torch")
 
 def attention_stats_chunked(
     q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, pooling: WordPooling | None = None,
-    chunk_bytes=DEFAULT_CHUNK_BYTES, row_pass="auto",
+    chunk_bytes=DEFAULT_CHUNK_BYTES, row_pass="auto", layout: AttentionLayout = PLAIN,
 ):
     """Same contract as `attention_stats_eager`; never holds more than one chunk of maps.
+    Only the plain layout so far: any other is a NotImplementedError (`attention_stats` says so first).
 
     row_pass: "compiled" (cpu_rows.c; float32 on CPU, half precision widened to it), "torch",
     or "auto" (compiled when it applies and could be built, torch otherwise).
     """
     if row_pass not in ROW_PASSES:
         raise ValueError(f"row_pass must be one of {ROW_PASSES}, not {row_pass!r}")
+    if not layout.is_plain:
+        raise NotImplementedError(f"the chunked backend does not compute {layout.describe()} attention yet")
     if row_pass != "torch" and q.device.type == "cpu" and q.dtype in HALF:
         out, stats = attention_stats_chunked(q.float(), k.float(), v.float(), key_valid, key_class, spec, gates,
                                              scale, pooling, chunk_bytes, row_pass)

@@ -12,26 +12,37 @@ from .attention_grad import GradSums
 from .common import finish_stats, keep_qk, masked_scores, require_pooling
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
-from .spec import RowStats, StatsSpec, WordPooling
+from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, visible_mask
 
 
 def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
-                          pooling: WordPooling | None = None):
+                          pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN):
     """Attention output and per-row statistics from the full probability maps.
 
-    q, k, v:   (B, H, L, D)
+    q:         (B, H, L, D)
+    k, v:      (B, H_kv, L, D), H_kv = layout.n_key_value_heads or H; query head h reads
+               key/value head h // (H / H_kv)
     key_valid: (B, L) bool, False for padding
     key_class: (B, L) int64 in [0, spec.n_key_classes)
     gates:     `LayerGates` (xi, uniform) of the layer, or None for none
     pooling:   word pooling of the batch, needed when spec.word_maps
+    layout:    which keys each query sees (`AttentionLayout`: causal, window, key/value heads);
+               every statistic is over the keys a row sees (the others have p = 0)
     Returns (out (B, L, H, D), RowStats); rows of padding queries are all zero.
     """
     B, H, L, D = q.shape
     scale = D**-0.5 if scale is None else scale
-    p = torch.softmax(masked_scores(q, k, key_valid, scale), dim=-1)  # (B, H, L, L)
-    out = apply_gates(torch.matmul(p, v), v, key_valid, gates)  # (B, H, L, D)
+    group = layout.group_size(H)
+    k_h, v_h = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, L, D): head h's k, v
+    if layout.is_plain:
+        p = torch.softmax(masked_scores(q, k_h, key_valid, scale), dim=-1)  # (B, H, L, L)
+    else:
+        # rows that see no key (padding queries under causal left padding) become uniform, not NaN
+        s = torch.matmul(q, k_h.transpose(-1, -2)) * scale  # (B, H, L, L)
+        p = torch.softmax(s.masked_fill(~visible_mask(key_valid, layout), torch.finfo(s.dtype).min), dim=-1)
+    out = apply_gates(torch.matmul(p, v_h), v, key_valid, gates, layout)  # (B, H, L, D)
 
-    stats = RowStats()
+    stats = RowStats(layout=layout)
     if spec.entropy:
         stats.entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, H, L); 0 ln 0 = 0
     if spec.offsets:

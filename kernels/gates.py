@@ -5,33 +5,46 @@ from __future__ import annotations
 
 import torch
 
-from .spec import LayerGates
+from .spec import PLAIN, AttentionLayout, LayerGates, visible_counts, visible_mask
 
 
-def uniform_output(v, key_valid):
-    """The output of uniform attention over the valid keys: the mean of V over them.
+def uniform_output(v, key_valid, layout: AttentionLayout = PLAIN):
+    """The output of uniform attention over the keys each row sees: the mean of V over them.
 
-    v: (B, H, L, D), key_valid: (B, L) bool -> (B, H, 1, D). Padding keys are left out
-    (uniform attention over padding would leak it); a sequence with no valid key gets 0.
+    v: (B, H_kv, L, D), key_valid: (B, L) bool -> (B, H_kv, 1, D) for the plain layout (every
+    row sees the same keys), (B, H_kv, L, D) for any other: the mean over the row's band, from
+    a running sum over positions (O(L D), no map). Padding keys are left out (uniform attention
+    over padding would leak it); a row with no visible key gets 0.
     """
     w = key_valid.to(v.dtype)  # (B, L)
-    total = torch.einsum("bl,bhld->bhd", w, v)  # (B, H, D)
-    return (total / w.sum(-1).clamp_min(1)[:, None, None])[:, :, None, :]
+    if layout.is_plain or (not layout.causal and layout.window is None):
+        total = torch.einsum("bl,bhld->bhd", w, v)  # (B, H_kv, D)
+        return (total / w.sum(-1).clamp_min(1)[:, None, None])[:, :, None, :]
+    B, Hkv, L, D = v.shape
+    wv = torch.cat([v.new_zeros(B, Hkv, 1, D), (v * w[:, None, :, None]).cumsum(-2)], dim=-2)  # (B, H_kv, L+1, D)
+    n, _ = visible_counts(key_valid, layout)  # (B, L) real keys each row sees
+    lo, hi = layout.key_band(torch.arange(L, device=v.device), L)  # (L,), (L,)
+    total = wv[:, :, hi + 1] - wv[:, :, lo]  # (B, H_kv, L, D)
+    return total / n.clamp_min(1).to(v.dtype)[:, None, :, None]
 
 
-def apply_gates(out, v, key_valid, gates: LayerGates | None):
+def apply_gates(out, v, key_valid, gates: LayerGates | None, layout: AttentionLayout = PLAIN):
     """out_h -> xi_h * (mean of V if uniform_h else out_h), differentiable in xi, out and v.
 
-    out, v:    (B, H, L, D)
+    out:       (B, H, L, D)
+    v:         (B, H_kv, L, D); query head h reads v head h // (H / H_kv)
     key_valid: (B, L) bool
     gates:     `LayerGates`, or None (identity: out is returned as is, bit for bit)
+    layout:    which keys each row sees: a uniform head is uniform over those
     """
     if gates is None or gates.is_identity:
         return out
     if gates.uniform is not None:
         uniform = gates.uniform.to(out.device)
         uniform = uniform[None, :, None, None] if uniform.dim() == 1 else uniform[:, :, None, None]  # (1|B, H, 1, 1)
-        out = torch.where(uniform, uniform_output(v, key_valid).to(out.dtype), out)
+        mean_v = uniform_output(v, key_valid, layout).to(out.dtype)  # (B, H_kv, 1 or L, D)
+        mean_v = mean_v.repeat_interleave(out.shape[1] // v.shape[1], dim=1)  # (B, H, 1 or L, D)
+        out = torch.where(uniform, mean_v, out)
     if gates.xi is not None:
         xi = gates.xi.to(device=out.device, dtype=out.dtype)
         out = out * (xi[None, :, None, None] if xi.dim() == 1 else xi[:, :, None, None])  # (1|B, H, 1, 1)
@@ -64,10 +77,20 @@ def needs_grad(q, k, v, gates: LayerGates | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, xi))
 
 
-def gated_sdpa(q, k, v, key_valid, gates: LayerGates | None, scale=None, dropout=0.0):
-    """SDPA (with its dropout), then the head gates: (B, H, L, D) in, (B, L, H, D) out.
-    Differentiable in everything; without gates, bit for bit transformers' "sdpa" output."""
+def gated_sdpa(q, k, v, key_valid, gates: LayerGates | None, scale=None, dropout=0.0,
+               layout: AttentionLayout = PLAIN):
+    """SDPA (with its dropout), then the head gates: q (B, H, L, D), k and v (B, H_kv, L, D) in,
+    (B, L, H, D) out. Differentiable in everything; without gates, bit for bit transformers'
+    "sdpa" output for the plain layout.
+
+    Any other layout is handed to SDPA as a boolean (B, 1, L, L) visibility mask for now: an
+    L x L tensor, which the plug-in's no-grad paths never build (HOOK: a banded path)."""
+    if layout.is_plain:
+        mask = key_valid[:, None, None, :]  # (B, 1, 1, L)
+    else:
+        mask = visible_mask(key_valid, layout)  # (B, 1, L, L)
+        mask = mask | ~mask.any(-1, keepdim=True)  # a row that sees nothing (padding) attends to all: finite
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scale
+        q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )  # (B, H, L, D)
-    return apply_gates(out, v, key_valid, gates).transpose(1, 2).contiguous()
+    return apply_gates(out, v, key_valid, gates, layout).transpose(1, 2).contiguous()

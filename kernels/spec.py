@@ -249,6 +249,135 @@ class WordPooling:
         return self.to_word.shape[-1]
 
 
+# --- what the attention function is handed: the shape of the attention, beside the statistics ---
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Which keys each query of a layer call may see, and how q and k heads pair up.
+
+    causal:            query i sees keys j <= i only (a decoder's mask).
+    window:            None, or (left, right): query i sees keys i - left .. i + right only
+                       (a sliding window; a causal one is (w - 1, 0) for transformers'
+                       `sliding_window` w, a bidirectional one (ModernBERT's local layers)
+                       (w // 2, w // 2)).
+    n_key_value_heads: None when k and v have as many heads as q; else their count, a divisor
+                       of the query heads (grouped-query attention: query head h reads key head
+                       h // (H / n_key_value_heads)).
+
+    Positions are indices of the padded sequence, as transformers counts them (its sliding
+    window compares cache positions), so a left-padded batch sees the same keys as each of
+    its sequences alone: query i sees key j iff key j is real and `key_band(i)` holds it.
+    The default is an encoder's: every query sees every real key, one k and v head per query
+    head.
+    """
+
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    n_key_value_heads: int | None = None
+
+    def __post_init__(self):
+        if self.window is not None and (len(self.window) != 2 or min(self.window) < 0):
+            raise ValueError(f"window must be (left, right) with both >= 0, not {self.window}")
+        if self.n_key_value_heads is not None and self.n_key_value_heads < 1:
+            raise ValueError(f"n_key_value_heads must be >= 1, not {self.n_key_value_heads}")
+
+    @property
+    def is_plain(self) -> bool:
+        """Bidirectional, unwindowed, one k and v head per query head: an encoder's attention."""
+        return not self.causal and self.window is None and self.n_key_value_heads is None
+
+    @property
+    def reach(self) -> tuple[int | None, int | None]:
+        """(left, right): how far before and after itself a query sees, None for no limit.
+        A causal query sees nothing after itself, whatever the window says."""
+        left = None if self.window is None else self.window[0]
+        right = 0 if self.causal else (None if self.window is None else self.window[1])
+        if self.causal and self.window is not None:
+            right = min(0, self.window[1])
+        return left, right
+
+    def key_band(self, i, length: int):
+        """(lo, hi): the first and last key position query position(s) i may see (inclusive),
+        before padding; i an int or an int64 tensor of positions, length L."""
+        left, right = self.reach
+        if isinstance(i, torch.Tensor):
+            lo = (i - left).clamp_min(0) if left is not None else torch.zeros_like(i)
+            hi = (i + right).clamp_max(length - 1) if right is not None else torch.full_like(i, length - 1)
+            return lo, hi
+        lo = max(0, i - left) if left is not None else 0
+        hi = min(length - 1, i + right) if right is not None else length - 1
+        return lo, hi
+
+    def group_size(self, n_heads: int) -> int:
+        """G: how many query heads share one key/value head (1 without grouped-query attention)."""
+        if self.n_key_value_heads is None:
+            return 1
+        if n_heads % self.n_key_value_heads:
+            raise ValueError(f"{n_heads} query heads cannot share {self.n_key_value_heads} key/value heads evenly")
+        return n_heads // self.n_key_value_heads
+
+    def unsupported(self, n_heads: int | None = None) -> list[str]:
+        """What of this layout is not an encoder's, in words (empty when plain): what a caller
+        that computes plain attention only must refuse."""
+        out = []
+        if self.causal:
+            out.append("causal attention")
+        if self.window is not None:
+            out.append(f"sliding-window attention (window {self.window[0]} left, {self.window[1]} right)")
+        if self.n_key_value_heads is not None:
+            of = f" for {n_heads} query heads" if n_heads is not None else ""
+            out.append(f"grouped-query attention ({self.n_key_value_heads} key/value heads{of})")
+        return out
+
+    def describe(self) -> str:
+        """The layout in words (run.json, messages): "bidirectional", "causal, window 512, 4 q / 1 kv heads"."""
+        parts = ["causal" if self.causal else "bidirectional"]
+        if self.window is not None:
+            parts.append(f"window {self.window[0]} left, {self.window[1]} right")
+        if self.n_key_value_heads is not None:
+            parts.append(f"{self.n_key_value_heads} key/value heads")
+        return ", ".join(parts)
+
+
+PLAIN = AttentionLayout()  # an encoder's self-attention
+
+
+def visible_mask(key_valid: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+    """(B, 1, L, L) bool: query i sees key j. An L x L tensor: for the eager oracle and tests only,
+    never on a fast path (a 32k x 32k mask is 1 GiB)."""
+    L = key_valid.shape[-1]
+    i = torch.arange(L, device=key_valid.device)
+    lo, hi = layout.key_band(i, L)  # (L,), (L,)
+    band = (i[None, :] >= lo[:, None]) & (i[None, :] <= hi[:, None])  # (L, L)
+    return band[None, None] & key_valid[:, None, None, :]
+
+
+def visible_counts(key_valid: torch.Tensor, layout: AttentionLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """How many real keys each query sees, and how many real queries see each key: O(L), no map.
+
+    Why: under a causal or windowed mask rows see different numbers of keys, so the entropy of
+    a row is read against its own uniform baseline ln n_visible(i), and the mass a key receives
+    (column mass, summed over query rows) against the number of rows that could give it any.
+
+    key_valid: (B, L) bool (real tokens; queries and keys are the same tokens)
+    Returns (n_visible (B, L), n_seeing (B, L)), int64; 0 on padding positions.
+    """
+    B, L = key_valid.shape
+    valid = key_valid.long()
+    zero = valid.new_zeros(B, 1)
+    csum = torch.cat([zero, valid.cumsum(-1)], dim=-1)  # (B, L+1): csum[:, j] = real tokens before j
+    pos = torch.arange(L, device=key_valid.device)
+    lo, hi = layout.key_band(pos, L)  # keys query i sees: lo(i)..hi(i)
+    n_visible = (csum[:, hi + 1] - csum[:, lo]) * valid  # (B, L)
+    # query i sees key j iff j - right <= i <= j + left (the band read from the key's side)
+    left, right = layout.reach
+    q_lo = (pos - right).clamp_min(0) if right is not None else torch.zeros_like(pos)
+    q_hi = (pos + left).clamp_max(L - 1) if left is not None else torch.full_like(pos, L - 1)
+    n_seeing = (csum[:, q_hi + 1] - csum[:, q_lo]) * valid  # (B, L)
+    return n_visible, n_seeing
+
+
 class _RowStatsMethods:
     def as_float32(self) -> RowStats:
         """The statistics in float32, in place: a model in float16 or bfloat16 gives its kernels
@@ -264,61 +393,15 @@ RowStats = make_dataclass(
     "RowStats",
     [(s.name, torch.Tensor | None, None) for s in ROW_STATS]
     + [("queries", torch.Tensor | None, None), ("keys", torch.Tensor | None, None), ("scale", float | None, None),
+       ("layout", AttentionLayout, field(default_factory=lambda: PLAIN)),
        ("extras", dict, field(default_factory=dict))],
     bases=(_RowStatsMethods,), namespace={"__module__": __name__},
 )
 RowStats.__doc__ = "Per-row attention statistics of one layer call, one attribute per entry of `ROW_STATS`\n" \
     "(None when the spec did not ask for it). Rows of padding queries hold the table's `padding`.\n\n" + "\n".join(
         f"    {s.name + ':':<14}({', '.join(s.shape)})  {s.doc}" + ("; int64" if s.dtype == "int64" else "")
-        for s in ROW_STATS) + "\n    queries, keys: (B, H, L, D)  the layer's q and k (spec.keep_qk), with `scale`\n"
+        for s in ROW_STATS) \
+    + "\n    queries, keys: (B, H, L, D) and (B, H_kv, L, D)  the layer's q and k (spec.keep_qk), with `scale`" \
+    + "\n    layout: the call's `AttentionLayout` (which keys each row saw: `visible_counts`)\n"
 
 
-# --- what the attention function is handed: the shape of the attention, beside the statistics ---
-
-
-@dataclass(frozen=True)
-class AttentionLayout:
-    """Which keys each query of a layer call may see, and how q and k heads pair up.
-
-    causal:            query i sees keys j <= i only (a decoder's mask).
-    window:            None, or (left, right): query i sees keys i - left .. i + right only
-                       (a sliding window; a causal one is (w - 1, 0) for transformers'
-                       `sliding_window` w).
-    n_key_value_heads: None when k and v have as many heads as q; else their count, a divisor
-                       of the query heads (grouped-query attention: query head h reads key head
-                       h // (H / n_key_value_heads)).
-
-    The default is an encoder's: every query sees every real (non-padding) key, one k and v
-    head per query head. That is all the backends compute today; `attention_stats` refuses
-    any other layout (`unsupported`) rather than describe attention the model did not do.
-    """
-
-    causal: bool = False
-    window: tuple[int, int] | None = None
-    n_key_value_heads: int | None = None
-
-    def __post_init__(self):
-        if self.window is not None and (len(self.window) != 2 or min(self.window) < 0):
-            raise ValueError(f"window must be (left, right) with both >= 0, not {self.window}")
-        if self.n_key_value_heads is not None and self.n_key_value_heads < 1:
-            raise ValueError(f"n_key_value_heads must be >= 1, not {self.n_key_value_heads}")
-
-    @property
-    def is_plain(self) -> bool:
-        """Bidirectional, unwindowed, one k and v head per query head: what the backends compute."""
-        return not self.causal and self.window is None and self.n_key_value_heads is None
-
-    def unsupported(self, n_heads: int | None = None) -> list[str]:
-        """What of this layout the backends do not compute yet, in words (empty when plain)."""
-        out = []
-        if self.causal:
-            out.append("causal attention")
-        if self.window is not None:
-            out.append(f"sliding-window attention (window {self.window[0]} left, {self.window[1]} right)")
-        if self.n_key_value_heads is not None:
-            of = f" for {n_heads} query heads" if n_heads is not None else ""
-            out.append(f"grouped-query attention ({self.n_key_value_heads} key/value heads{of})")
-        return out
-
-
-PLAIN = AttentionLayout()  # an encoder's self-attention

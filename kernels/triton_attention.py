@@ -47,7 +47,7 @@ import triton.language as tl
 
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
-from .spec import ROW_STATS, RowStats, StatsSpec, WordPooling
+from .spec import PLAIN, ROW_STATS, AttentionLayout, RowStats, StatsSpec, WordPooling
 from .triton_tiles import DTYPES, FMIN, key_block_scores, map_base
 
 # rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
@@ -365,13 +365,16 @@ def gate_operands(gates, B, H, dev):
 
 
 def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
-                           pooling: WordPooling | None = None, single_tile=None):
+                           pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, single_tile=None):
     """Same contract as `attention_stats_eager`: (out (B, L, H, D), RowStats), padding-query
     rows of every row statistic zeroed. Statistics are those of the un-gated attention.
+    Only the plain layout so far: any other is a NotImplementedError (`attention_stats` says so first).
 
     The fused kernel gives the row statistics; what it does not compute (column mass, word
     maps, kept q/k) is added by `_extras` from the kernel's row lse.
     """
+    if not layout.is_plain:
+        raise NotImplementedError(f"the triton backend does not compute {layout.describe()} attention yet")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     out, rows, lse = fused_attention(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale,
                                      single_tile=single_tile)
