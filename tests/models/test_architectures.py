@@ -18,7 +18,7 @@ from bertscope.cli.main import main
 from bertscope.engine import attention
 from bertscope.engine.attention import HeadProbe, bertscope_attention, key_padding_mask, key_valid_from_mask
 from bertscope.errors import UserError
-from bertscope.kernels import PLAIN, AttentionLayout, StatsSpec, attention_stats
+from bertscope.kernels import LAYOUT_BACKENDS, PLAIN, AttentionLayout, StatsSpec, attention_stats
 from bertscope.models import head_removal
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_of
 from bertscope.models.loading import load_model, wrap_model
@@ -229,17 +229,23 @@ def test_the_mask_function_hands_other_masks_over_in_full():
 # --- the kernels' contract -------------------------------------------------------------------
 
 
-def test_attention_stats_refuses_a_layout_it_does_not_compute():
+def test_attention_stats_refuses_a_layout_a_backend_does_not_compute():
     q, k, v = qkv()
-    valid, classes = torch.ones(2, 6, dtype=torch.bool), torch.zeros(2, 6, dtype=torch.long)
-    for layout, what in ((AttentionLayout(causal=True), "causal attention"),
-                         (AttentionLayout(window=(2, 0)), "sliding-window attention"),
-                         (AttentionLayout(n_key_value_heads=2), "grouped-query attention")):
-        with pytest.raises(ValueError, match=what):
-            attention_stats(q, k, v, valid, classes, StatsSpec(n_key_classes=1), backend="eager", layout=layout)
     q2, k2, v2 = qkv(kv_heads=2)
-    with pytest.raises(ValueError, match="2 key heads for 4 query heads"):
-        attention_stats(q2, k2, v2, valid, classes, StatsSpec(n_key_classes=1), backend="eager")
+    valid, classes = torch.ones(2, 6, dtype=torch.bool), torch.zeros(2, 6, dtype=torch.long)
+    spec = StatsSpec(n_key_classes=1, entropy=True)
+    for backend in sorted({"chunked"} - LAYOUT_BACKENDS):
+        for layout, what in ((AttentionLayout(causal=True), "causal"), (AttentionLayout(window=(2, 0)), "window 2"),
+                             (AttentionLayout(n_key_value_heads=2), "2 key/value heads")):
+            qkv_ = (q2, k2, v2) if layout.n_key_value_heads else (q, k, v)
+            with pytest.raises(ValueError, match=f"the {backend} backend does not compute .*{what}"):
+                attention_stats(*qkv_, valid, classes, spec, backend=backend, layout=layout)
+    with pytest.raises(ValueError, match="k has 2 heads; the layout says 4 key/value heads for 4 query heads"):
+        attention_stats(q2, k2, v2, valid, classes, spec, backend="eager")
+    # the oracle computes every layout
+    _, stats = attention_stats(q2, k2, v2, valid, classes, spec, backend="eager",
+                               layout=AttentionLayout(causal=True, n_key_value_heads=2))
+    assert float(stats.entropy[:, :, 0].abs().max()) == 0.0  # the first query sees itself only
 
 
 def test_the_layout_checks_its_fields():
