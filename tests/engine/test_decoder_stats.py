@@ -29,7 +29,7 @@ VALID = torch.tensor([[True] * 6, [False, False, True, True, True, True]])
 RAW_CLASS = torch.tensor([[3, 3, 2, 3, 3, 2], [3, 3, 3, 2, 3, 3]])
 
 
-def batch_of(layouts, q_scale=1.0, seed=0, rows=(0, 1), H=2, D=4):
+def batch_of(layouts, q_scale=1.0, seed=0, rows=(0, 1), H=2, D=4, spec=SPEC):
     """A BatchContext whose layers come from the eager oracle, and the maps (per layer, (B, H, L, L))."""
     g = torch.Generator().manual_seed(seed)
     valid, raw = VALID[list(rows)], RAW_CLASS[list(rows)]
@@ -41,11 +41,11 @@ def batch_of(layouts, q_scale=1.0, seed=0, rows=(0, 1), H=2, D=4):
         q = torch.randn(2, H, L, D, generator=g, dtype=torch.float64)[list(rows)] * q_scale
         k = torch.randn(2, kv, L, D, generator=g, dtype=torch.float64)[list(rows)]
         v = torch.randn(2, kv, L, D, generator=g, dtype=torch.float64)[list(rows)]
-        _, stats = attention_stats(q, k, v, valid, key_class, SPEC, backend="eager", layout=layout)
+        _, stats = attention_stats(q, k, v, valid, key_class, spec, backend="eager", layout=layout)
         layers.append(stats)
         s = q @ k.repeat_interleave(H // kv, dim=1).transpose(-1, -2) * D**-0.5
         maps.append(torch.softmax(s.masked_fill(~visible_mask(valid, layout), -math.inf), -1).nan_to_num(0.0))
-    batch = BatchContext(list(rows), [None] * B, {}, valid, key_class, VOCAB, SPEC, layers=layers)
+    batch = BatchContext(list(rows), [None] * B, {}, valid, key_class, VOCAB, spec, layers=layers)
     return batch, maps
 
 
