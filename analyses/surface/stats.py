@@ -158,21 +158,24 @@ def layout_table(stats: HeadStats) -> dict[str, np.ndarray]:
     return out
 
 
-def _top(table: dict[str, np.ndarray], col: str, k: int) -> str:
+def _top(table: dict[str, np.ndarray], col: str, k: int, lowest: bool = False) -> str:
+    """The k heads with the highest (`lowest`: the lowest) values of `col`, with their values; NaN last."""
     flat = table[col].ravel()
-    top = np.argsort(-np.nan_to_num(flat, nan=-np.inf), kind="stable")[:k]
+    key = np.nan_to_num(flat, nan=np.inf) if lowest else -np.nan_to_num(flat, nan=-np.inf)
+    top = np.argsort(key, kind="stable")[:k]
     return ", ".join(f"{table['layer'].ravel()[i]}-{table['head'].ravel()[i]} ({flat[i]:.2f})" for i in top)
 
 
 def decoder_summary(table: dict[str, np.ndarray], k: int = 3) -> str:
     """The terminal lines of a causal model: previous-token, self and first-token heads, the most
-    focused heads against their layer's uniform baseline, and the first token's share by layer."""
+    focused and the broadest heads against their layer's uniform baseline (KL from uniform over the
+    visible keys: raw entropy grows with the keys a row sees), and the first token's share by layer."""
     lines = []
     for col, what in (("prev", "previous token"), ("self", "current token"), ("first", "first token"),
-                      ("punct", "'.' and ','"), ("sep", "[SEP]"),
-                      ("kl_uniform", "most focused (nats below uniform)"), ("entropy", "broadest (entropy, nats)")):
+                      ("punct", "'.' and ','"), ("sep", "[SEP]"), ("kl_uniform", "most focused (KL, nats)")):
         if col in table:
             lines.append(f"  {what:<26} {_top(table, col, k)}")
+    lines.append(f"  {'broadest (KL, nats)':<26} " + _top(table, "kl_uniform", k, lowest=True))
     for col, what in (("first", "first token mass"), ("entropy", "entropy"), ("uniform_entropy", "uniform entropy")):
         with warnings.catch_warnings():  # a layer of removed heads is NaN
             warnings.simplefilter("ignore", RuntimeWarning)
