@@ -13,6 +13,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -28,12 +29,10 @@ TEXTS = ["The cat sat on a mat .", "A dog ran far away , and then came back home
          "It was happy .", "The dog sat on the cat , and it was happy .", "Then the cat ran home ."]
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    """A folder with a 2-layer Llama (4 query heads, 2 key/value heads) and its tokenizer: lower-cased
-    words, "." and ",", a BOS added in front ("<s> $A"), no [CLS] or [SEP]."""
+def word_tokenizer():
+    """Lower-cased words, "." and ",", a BOS added in front ("<s> $A"), no [CLS] or [SEP]."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import LlamaConfig, LlamaModel, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", "<pad>", ".", ","] + WORDS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -41,21 +40,46 @@ def tiny_llama(tmp_path_factory):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1",
                                                        special_tokens=[("<s>", 1)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                        pad_token="<pad>")
-    path = tmp_path_factory.mktemp("tiny-llama")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
+CONFIG = dict(vocab_size=6 + len(WORDS), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.4,
+              bos_token_id=1, eos_token_id=2, pad_token_id=3)
+
+
+def save_tiny(path, config):
+    from transformers import AutoModel
+
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         initializer_range=0.4, bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    LlamaModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    AutoModel.from_config(config).save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
     return path
 
 
-def reference(path, segments):
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A folder with a 2-layer Llama (4 query heads, 2 key/value heads) and the word tokenizer."""
+    from transformers import LlamaConfig
+
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), LlamaConfig(**CONFIG))
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory):
+    """A 2-layer Gemma-3: a sliding-window layer (4 keys: itself and 3 before) then a global one."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(**CONFIG, head_dim=8, sliding_window=4, query_pre_attn_scalar=12,
+                              layer_types=["sliding_attention", "full_attention"])
+    return save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), config)
+
+
+def reference(path, segments, window=(None, None)):
     """Pooled over every row of every segment (each alone, no padding), from the model's eager maps:
-    first, prev, self, entropy, uniform (ln n_visible) per (layer, head)."""
+    first, prev, self, entropy, uniform (ln n_visible) per (layer, head); `window`: the keys each
+    layer's rows see at most (None: all before them)."""
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
@@ -72,7 +96,8 @@ def reference(path, segments):
         rows["prev"].append(torch.cat([torch.zeros_like(p[..., :1, 0]), p[..., i[1:], i[1:] - 1]], -1))
         rows["self"].append(p[..., i, i])
         rows["entropy"].append(-torch.special.xlogy(p, p).sum(-1))
-        rows["uniform"].append(torch.log(i + 1.0).expand_as(p[..., 0]))
+        seen = torch.stack([(i + 1).clamp_max(w or L) for w in window]).double()  # (layers, L)
+        rows["uniform"].append(torch.log(seen)[:, None, :].expand_as(p[..., 0]))
     return {k: torch.cat(v, -1).mean(-1).numpy() for k, v in rows.items()}, maps
 
 
@@ -109,8 +134,7 @@ def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys):
     assert run["status"] == "complete"
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "Surface-level attention patterns of a causal model" in page and "first-token heads" in page
-    import pandas as pd
-
+    assert "keys seen" in page
     examples = pd.read_parquet(out / "examples.parquet")
     assert "uniform_entropy" in examples and "first" in examples and "next" not in examples
     assert not [c for c in examples.columns if "sep" in c]
@@ -134,3 +158,25 @@ def test_view_of_a_decoder(tiny_llama):
     assert data["token_bands"][0] == [[0, i] for i in range(n)] and data["layouts"][0].startswith("causal")
     assert "first" in data["columns"] and "next" not in data["columns"]
     assert data["uniform_entropy"] == pytest.approx(np.mean([math.log(i + 1) for i in range(n)]), abs=1e-4)
+
+
+def test_gemma3_windowed_and_global_layers(tiny_gemma3, tmp_path):
+    """Each layer's own baseline: ln min(i + 1, 4) on the sliding layer, ln(i + 1) on the global one;
+    the viewer draws the first as a band, the second as a triangle."""
+    import bertscope
+    from bertscope.view import SCALE, view_data
+
+    scope = bertscope.load(tiny_gemma3, backend="eager")
+    segments = scope.segments(TEXTS, max_len=24)
+    want, _ = reference(tiny_gemma3, segments, window=(4, None))
+    table = scope.stats(TEXTS, max_len=24)
+    for col, key in (("first", "first"), ("prev", "prev"), ("self", "self"), ("entropy", "entropy"),
+                     ("uniform_entropy", "uniform")):
+        np.testing.assert_allclose(table[col].to_numpy(dtype=float), want[key].ravel(), atol=2e-5, err_msg=col)
+    assert table["uniform_entropy"].iloc[0] < table["uniform_entropy"].iloc[-1]  # the window sees fewer keys
+    data = view_data(scope, TEXTS[1], max_len=24)
+    n = len(data["tokens"])
+    assert data["token_bands"][0] == [[max(0, i - 3), i] for i in range(n)]
+    assert data["token_bands"][1] == [[0, i] for i in range(n)]
+    got = np.asarray(data["token_maps"]).reshape(2, 4, n, n) / SCALE
+    assert np.tril(got[0], -4).max() == 0 and np.triu(got[1], 1).max() == 0

@@ -95,6 +95,16 @@ def _uniform_entropy(run: RunFiles) -> float | None:
         return None
 
 
+def _layer_n_visible(run: RunFiles) -> np.ndarray | None:
+    """(layers,) mean keys a row sees, from a decoder's stats.npz, else None."""
+    if not run.has(STATS_FILE):
+        return None
+    try:
+        return HeadStats.load(run.dir / STATS_FILE).layer_n_visible()
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # it only costs the column
+        return None
+
+
 @np.errstate(invalid="ignore")
 def surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str], Table]:
     """The findings list and the per-layer table of the surface analysis. A layer whose heads
@@ -156,9 +166,10 @@ def _surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str
 
 
 @np.errstate(invalid="ignore")
-def decoder_findings(rows: list[dict]) -> tuple[list[str], Table]:
+def decoder_findings(rows: list[dict], n_visible: np.ndarray | None = None) -> tuple[list[str], Table]:
     """The findings and per-layer table of a decoder's heads.csv (a `first` column): Clark et al.'s
-    numbers are bert-base's and are not quoted; the entropy is read against each layer's baseline."""
+    numbers are bert-base's and are not quoted; the entropy is read against each layer's baseline.
+    `n_visible`: (layers,) the mean number of keys a row sees (from stats.npz), a column when given."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
         warnings.filterwarnings("ignore", "All-NaN slice encountered", RuntimeWarning)
@@ -188,14 +199,17 @@ def decoder_findings(rows: list[dict]) -> tuple[list[str], Table]:
                for i in np.argsort(-flat, kind="stable")[:3]]
         out.append(f"Most focused heads (largest KL divergence from uniform attention over the visible keys, "
                    f"nats): {', '.join(top)}.")
+        seen = n_visible is not None and len(n_visible) == layers
         columns = ["layer", "first token", "previous", "self"] + (["'. or ,'"] if "punct" in g else []) \
-            + ["entropy (nats)", "uniform (nats)", "KL from uniform"]
-        table = Table("Per layer: mean over heads (uniform: the mean over rows of ln n_visible(i))", columns,
+            + ["entropy (nats)", "uniform (nats)", "KL from uniform"] + (["keys seen"] if seen else [])
+        table = Table("Per layer: mean over heads (uniform: the mean over rows of ln n_visible(i); keys seen: the "
+                      "mean of n_visible(i))", columns,
                       [[i + 1, float(layer_first[i]), float(np.nanmean(g["prev"][i])), float(np.nanmean(g["self"][i]))]
                        + ([float(np.nanmean(g["punct"][i]))] if "punct" in g else [])
                        + [float(np.nanmean(g["entropy"][i])), float(baseline[i, 0]),
-                          float(np.nanmean(g["kl_uniform"][i]))] for i in range(layers)],
-                      shade=set(columns) - {"layer", "uniform (nats)"})
+                          float(np.nanmean(g["kl_uniform"][i]))]
+                       + ([round(float(n_visible[i]), 1)] if seen else []) for i in range(layers)],
+                      shade=set(columns) - {"layer", "uniform (nats)", "keys seen"})
     return out, table
 
 
@@ -218,7 +232,7 @@ def build(run: RunFiles) -> Section | None:
 
 def build_decoder(run: RunFiles, rows: list[dict]) -> Section:
     """The section of a causal model's run (heads.csv has `first`, `uniform_entropy`, `kl_uniform`)."""
-    findings, per_layer = decoder_findings(rows)
+    findings, per_layer = decoder_findings(rows, _layer_n_visible(run))
     cols = [c for c in rows[0] if c != "n_tokens"]
     table = Table("Per head (heads.csv): mean attention mass, entropy, its uniform baseline and the KL from it", cols,
                   [[int(r[c]) if c in ("layer", "head") else num(r[c]) for c in cols] for r in rows],

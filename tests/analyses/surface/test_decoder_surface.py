@@ -101,8 +101,10 @@ def test_decoder_findings_read_entropy_against_each_layer():
     # broad: above 90% of the layer's own baseline (1-2 at 1.45 of 1.5 counts, 2-1 at 1.5 of 3.0 does not)
     assert "2 broad heads" in text and "1-2, 2-2" in text
     assert "Most focused heads" in text and "2-1 (1.50)" in text
-    assert per_layer.columns[:2] == ["layer", "first token"]
+    assert per_layer.columns[:2] == ["layer", "first token"] and "keys seen" not in per_layer.columns
     assert [r[per_layer.columns.index("uniform (nats)")] for r in per_layer.rows] == [1.5, 3.0]
+    _, per_layer = decoder_findings(rows_of(decoder_table()), n_visible=np.array([3.5, 60.25]))
+    assert [r[-1] for r in per_layer.rows] == [3.5, 60.2] and per_layer.columns[-1] == "keys seen"
 
 
 def test_report_section_of_a_decoder_run(tmp_path):
