@@ -14,6 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertscope.analyses.surface.stats import head_table, summary
 from bertscope.engine.accumulate import HeadStats
@@ -144,3 +146,61 @@ def test_layouts_must_not_change():
     stats.add(batch_of([WINDOW, CAUSAL])[0])
     with pytest.raises(ValueError, match="layouts changed"):
         stats.add(batch_of([CAUSAL, CAUSAL])[0])
+
+
+@st.composite
+def layouts(draw):
+    causal = draw(st.booleans())
+    window = draw(st.none() | st.tuples(st.integers(0, 5), st.integers(0, 5)))
+    if causal and window is not None:
+        window = (window[0], 0)
+    return AttentionLayout(causal=causal, window=window, n_key_value_heads=draw(st.sampled_from([None, 1])))
+
+
+@settings(max_examples=30, deadline=None)
+@given(first=layouts(), second=layouts(), L=st.integers(1, 11), pads=st.lists(st.integers(0, 10), min_size=1,
+       max_size=3), left=st.booleans(), average=st.sampled_from(["tokens", "segments"]), seed=st.integers(0, 99))
+def test_random_layouts_and_padding_against_the_oracle(first, second, L, pads, left, average, seed):
+    """Any two layouts (a plain one included), left or right padding, rows that see one key: each
+    layer's entropy, baseline, KL and first-token mass are the pooled (or per-segment) means of the
+    eager maps' rows, by definition."""
+    B, H, D = len(pads), 2, 4
+    pos = torch.arange(L)[None, :]
+    n_pad = torch.tensor([min(p, L - 1) for p in pads])[:, None]
+    valid = pos >= n_pad if left else pos < L - n_pad  # every segment has at least one token
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(1, 4, (B, L), generator=g)
+    key_class = first_token_class(raw, valid, 4)
+    layers, maps = [], []
+    for layout in (first, second):
+        kv = layout.n_key_value_heads or H
+        q = torch.randn(B, H, L, D, generator=g, dtype=torch.float64) * 2
+        k, v = (torch.randn(B, kv, L, D, generator=g, dtype=torch.float64) for _ in range(2))
+        layers.append(attention_stats(q, k, v, valid, key_class, SPEC, backend="eager", layout=layout)[1])
+        s = q @ k.repeat_interleave(H // kv, dim=1).transpose(-1, -2) * D**-0.5
+        maps.append(torch.softmax(s.masked_fill(~visible_mask(valid, layout), -math.inf), -1))
+    stats = HeadStats(2, H, SPEC, VOCAB, average=average)
+    stats.add(BatchContext(list(range(B)), [None] * B, {}, valid, key_class, VOCAB, SPEC, layers=layers))
+    if first.is_plain and second.is_plain:
+        assert stats.layouts is None and "first" not in head_table(stats)
+        return
+    table = head_table(stats)
+    assert ("first" in table) == (first.causal or second.causal)
+    for layer, (layout, p) in enumerate(zip((first, second), maps)):
+        seen = visible_mask(valid, layout)[:, 0]  # (B, L, L)
+        for h in range(H):
+            per = {"entropy": [], "uniform": [], "first": []}
+            for b in range(B):
+                idx = valid[b].nonzero().flatten()
+                pb = p[b, h][idx]  # (n, L) every real row; no NaN (a real row sees itself or its band)
+                per["entropy"].append((-torch.special.xlogy(pb, pb).sum(-1)).numpy())
+                per["uniform"].append(torch.log(seen[b][idx].sum(-1).double()).numpy())
+                per["first"].append(pb[:, idx[0]].numpy())
+            mean = (lambda v: np.mean([x.mean() for x in v])) if average == "segments" \
+                else (lambda v: np.concatenate(v).mean())
+            assert table["entropy"][layer, h] == pytest.approx(mean(per["entropy"]), abs=2e-6)
+            assert table["uniform_entropy"][layer, h] == pytest.approx(mean(per["uniform"]), abs=1e-12)
+            assert table["kl_uniform"][layer, h] == pytest.approx(mean(per["uniform"]) - mean(per["entropy"]),
+                                                                  abs=2e-6)
+            if "first" in table:
+                assert table["first"][layer, h] == pytest.approx(mean(per["first"]), abs=2e-6)
