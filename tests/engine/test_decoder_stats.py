@@ -80,7 +80,9 @@ def test_uniform_heads_give_known_numbers(layout):
     assert list(table) == ["layer", "head", "prev", "self", "first", "punct", "other", "entropy", "uniform_entropy",
                            "kl_uniform", "n_tokens", "offset_-2", "argmax_prev", "argmax_self", "argmax_first",
                            "argmax_punct"]
-    assert "first token" in summary(table) and "[SEP]" not in summary(table)
+    text = summary(table)
+    assert "first token" in text and "[SEP]" not in text and "next" not in text
+    assert f"uniform entropy            {np.log(n).mean():.2f} (every layer)" in text
 
 
 @pytest.mark.parametrize("average", ["tokens", "segments"])
@@ -116,6 +118,7 @@ def test_random_heads_against_the_maps(average):
         assert (table["kl_uniform"][layer] >= -1e-6).all()
     # the windowed layer's baseline is lower than the global one's
     assert table["uniform_entropy"][0, 0] < table["uniform_entropy"][1, 0]
+    assert "uniform entropy by layer" in summary(table)
 
 
 def test_save_load_merge_and_encoders_unchanged(tmp_path):
