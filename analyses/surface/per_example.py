@@ -30,6 +30,7 @@ heads.csv exactly.
 A model whose attention is not plain (a decoder; any layer's `RowStats.layout`) adds
     uniform_entropy             mean over the segment's rows of ln n_visible(i), the entropy of
                                 uniform attention over the keys each row sees (that layer's)
+    kl_uniform                  uniform_entropy - entropy (with spec.entropy), as in heads.csv
 and its column_max is the largest *mean* attention a key receives from the rows that see it
 (column mass / n_seeing, `kernels.visible_counts`): under a causal mask the first token is
 seen by every row and the last by one, so a share of all rows' mass would favour early keys
@@ -149,7 +150,7 @@ class PerExampleWriter:
         causal = any(layer.layout.causal for layer in batch.layers)
         names = column_names(self.spec, self.classes, causal) + ["uniform_entropy"]
         self.keep = [k for k, name in enumerate(names) if name is not None]
-        self.columns = [names[k] for k in self.keep]
+        self.columns = [names[k] for k in self.keep] + (["kl_uniform"] if self.spec.entropy else [])
 
     def add(self, batch: BatchContext):
         values = example_rows(batch)  # (B, layers, H, K)
@@ -157,6 +158,10 @@ class PerExampleWriter:
             self._layout_columns(batch)
         if self.keep is not None:
             values = values[..., self.keep]
+            if self.spec.entropy:  # kl_uniform = uniform_entropy - entropy, as in heads.csv
+                at = self.columns.index
+                values = np.concatenate([values, values[..., at("uniform_entropy"), None]
+                                         - values[..., at("entropy"), None]], axis=-1)
         B, Ly, H, K = values.shape
         index = np.asarray(batch.indices)
         docs = np.asarray([i if s.document is None else s.document for i, s in zip(batch.indices, batch.segments)])
