@@ -131,10 +131,10 @@ def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys):
         np.testing.assert_allclose(np.asarray(df["kl_uniform"], dtype=float),
                                    (want["uniform"] - want["entropy"]).ravel(), atol=2e-5)
     run = json.loads((out / "run.json").read_text())
-    assert run["status"] == "complete"
+    assert run["status"] == "complete" and run["attention"] == ["causal, 2 key/value heads"] * 2
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "Surface-level attention patterns of a causal model" in page and "first-token heads" in page
-    assert "keys seen" in page
+    assert "keys seen" in page and "causal, 2 key/value heads (layers 1-2)" in page
     examples = pd.read_parquet(out / "examples.parquet")
     assert "uniform_entropy" in examples and "first" in examples and "next" not in examples
     assert not [c for c in examples.columns if "sep" in c]
