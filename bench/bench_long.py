@@ -178,10 +178,11 @@ def write_table(path: Path, rows, args, load_before, load_after):
     ]
     for r in rows:
         f, b, e = r["floor"], r["bertscope"], r.get("eager")
+        eager_s = f"{e['seconds']:.1f}" if e else "does not fit"
         lines.append(
             f"| {r['model']} | {r['L']} | {f['seconds']:.1f} | {b['seconds']:.1f} | {f['seconds'] / b['seconds']:.2f}x "
             f"| {gib(f['peak_rss'])} | {gib(b['peak_rss'])} | {b['peak_rss'] / f['peak_rss']:.2f}x "
-            f"| {gib(b['rss_loaded'])} | {'%.1f' % e['seconds'] if e else 'does not fit'} "
+            f"| {gib(b['rss_loaded'])} | {eager_s} "
             f"| {gib(r['eager_bytes'])} |")
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
