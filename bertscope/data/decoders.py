@@ -76,6 +76,10 @@ class Decoder:
     size: int  # bytes of the joined file
     sha256: str  # of the joined file
     model_type: str  # the converted config's
+    # a text and the token ids the original checkpoint's tokenizer gives it (its BOS or none included):
+    # transformers builds the tokenizer from the GGUF, and some releases build it wrong (5.17 split
+    # Gemma-3's text into characters, 5.18 left out its BOS), so a conversion checks it
+    probe: tuple[str, tuple[int, ...]]
 
     def requirements(self) -> list[str]:
         return [f"{dist}=={version}" for dist, version in self.packages]
@@ -92,6 +96,7 @@ DECODERS = {d.name: d for d in (
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         model_type="llama",
+        probe=("The capital of France is", (504, 3575, 282, 4649, 314)),  # no BOS: SmolLM2's template adds none
     ),
     Decoder(
         name="gemma-3-270m-q4_k_m",
@@ -104,6 +109,7 @@ DECODERS = {d.name: d for d in (
         size=253_113_024,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         model_type="gemma3_text",
+        probe=("The capital of France is", (2, 818, 5279, 529, 7001, 563)),  # <bos> The ▁capital ▁of ▁France ▁is
     ),
 )}
 
@@ -257,6 +263,19 @@ def gguf_bar(shown: bool):
         gguf_utils.tqdm = bar
 
 
+def check_tokenizer(d: Decoder, tokenizer):
+    """The tokenizer transformers built from the GGUF must give `d.probe`'s ids: a one-line UserError
+    (naming the transformers release) where it does not."""
+    import transformers  # imports torch: only when converting
+
+    text, expected = d.probe
+    got = tuple(tokenizer(text)["input_ids"])
+    if got != expected:
+        raise UserError(f"transformers {transformers.__version__} builds a wrong tokenizer from {d.gguf_file} "
+                        f"({text!r} gives ids {list(got)}, expected {list(expected)}): upgrade transformers "
+                        "(5.24 is known to be right) and run again")
+
+
 def convert_gguf(d: Decoder, gguf: Path, out: Path, progress: bool = True):
     """Load the GGUF with transformers (dequantized to float32) and save model and tokenizer in `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # imports torch: only when converting
@@ -267,6 +286,7 @@ def convert_gguf(d: Decoder, gguf: Path, out: Path, progress: bool = True):
     try:
         logger.info("%s: reading the tokenizer", d.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        check_tokenizer(d, tokenizer)
         logger.info("%s: dequantizing the weights", d.name)
         with gguf_bar(progress):
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
