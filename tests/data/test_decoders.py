@@ -203,6 +203,16 @@ def test_a_folder_of_that_name_that_is_no_conversion_is_kept(stand_in, models_en
     assert (models_env / d.name / "mine.txt").read_text() == "mine"
 
 
+def test_a_models_folder_that_cannot_be_made_is_one_line(stand_in, tmp_path):
+    d, _, _ = stand_in
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError) as error:
+        decoders.convert(d, tmp_path / "file" / "models", progress=False)
+    assert one_line(str(error.value)) and str(error.value).startswith(f"cannot convert {d.name} into {tmp_path}")
+    with pytest.raises(UserError, match="it is not a directory"):
+        decoders.convert(d, tmp_path / "file", progress=False)
+
+
 def test_missing_gguf_or_accelerate_is_one_line(monkeypatch):
     real = decoders.importlib.util.find_spec
     monkeypatch.setattr(decoders.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
