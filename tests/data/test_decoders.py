@@ -218,7 +218,7 @@ def test_missing_gguf_or_accelerate_is_one_line(monkeypatch):
     monkeypatch.setattr(decoders.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
     with pytest.raises(UserError) as error:
         decoders.check_converter()
-    assert str(error.value) == "converting a GGUF needs gguf: pip install 'bertscope[decoders]'"
+    assert str(error.value) == "converting a GGUF needs gguf (bertscope's `decoders` extra): pip install gguf"
 
 
 @pytest.mark.parametrize("ids", [[818, 5279, 529, 7001, 563],  # Gemma-3 without its BOS (transformers 5.18)
