@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-MODELS = {"smollm2": "smollm2-135m-instruct-q4", "gemma3": "gemma-3-270m-q4"}  # --model names
+MODELS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}  # --model names
 METHODS = ("floor", "bertscope", "eager")
 WARMUP_TOKENS = 256
 
