@@ -197,6 +197,8 @@ def iter_segments(documents, tokenizer, options: SegmentOptions, report: Segment
     sequentially. `documents` is a list or a lazy corpus (`corpus.open_corpus`: `len`,
     `[i]`, iteration). Each segment's `document` is its document's corpus index. The
     result depends on nothing but the arguments; `report` is filled as segments are made.
+    With `options.causal`, a decoder's segments (`_decoder_segments`): a packed segment's
+    `document` is its first article's index, its `doc_id` the articles' ids joined by " + ".
     """
     report = report if report is not None else SegmentReport()
     if options.limit is None:
