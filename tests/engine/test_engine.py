@@ -592,3 +592,30 @@ def test_malloc_trim_between_batches_changes_nothing_but_memory(tiny_model, monk
     monkeypatch.setenv("BERTSCOPE_MALLOC_TRIM", "often")
     with pytest.raises(ValueError, match="BERTSCOPE_MALLOC_TRIM"):
         engine.malloc_trim_every()
+
+
+def test_long_batches_show_each_layer_on_the_progress_bar(tiny_model, monkeypatch):
+    """A batch of LONG_BATCH padded tokens or more names each layer on the bar as it is done;
+    a shorter one leaves the bar as it was."""
+    from bertscope.engine import loop as engine
+
+    loaded, _ = eager_twin(tiny_model, "bert")
+    segments = random_segments(loaded.tokenizer, n=5)
+    shown = []
+
+    class Bar(engine.tqdm):
+        def set_postfix_str(self, s="", refresh=True):
+            shown.append(s)
+
+    monkeypatch.setattr(engine, "tqdm", Bar)
+    length = max(s.n_tokens for s in segments)
+    monkeypatch.setattr(engine, "LONG_BATCH", 5 * length + 1)
+    list(stream_batches(loaded, segments, SPEC, batch_size=5, progress=True))
+    assert shown == []
+    monkeypatch.setattr(engine, "LONG_BATCH", 5 * length)
+    (batch,) = stream_batches(loaded, segments, SPEC, batch_size=5, progress=True)
+    assert len(batch.layers) == TINY_LAYERS
+    assert shown == [f"layer {k}/{TINY_LAYERS} of 5 x {length} tokens" for k in range(1, TINY_LAYERS + 1)]
+    shown.clear()
+    list(stream_batches(loaded, segments, SPEC, batch_size=5, progress=False))
+    assert shown == []
