@@ -47,9 +47,10 @@ static inline float exp_nonpositive(float x)
     return x < -87.0f ? 0.0f : y * scale;
 }
 
-/* One row: s (Lk scores, overwritten by probabilities) of query i; bias may be NULL. */
+/* One row: s (Lk scores, overwritten by probabilities) of query i; bias may be NULL.
+ * class_mask: n_classes rows of mask_stride floats, the first Lk of each read. */
 static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *restrict bias,
-                     const float *restrict class_mask, int n_classes,
+                     const float *restrict class_mask, int64_t mask_stride, int n_classes,
                      const int64_t *restrict offsets, int n_offsets, float *restrict entropy,
                      float *restrict class_mass, float *restrict offset_mass, int64_t *restrict argmax)
 {
@@ -92,7 +93,7 @@ static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *rest
         *entropy = logf(z) - t * inv;
     /* -- statistics read off the row while it is in L1 */
     for (int c = 0; c < n_classes; c++) {
-        const float *mask = class_mask + c * Lk;
+        const float *mask = class_mask + c * mask_stride;
         float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
         for (int64_t j = 0; j < Lk; j++)
@@ -116,7 +117,47 @@ void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, co
     int64_t rows = n * L;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        row_pass(scores + r * Lk, Lk, r % L, key_bias, class_mask, n_classes, offsets, n_offsets,
+        row_pass(scores + r * Lk, Lk, r % L, key_bias, class_mask, Lk, n_classes, offsets, n_offsets,
                  entropy ? entropy + r : 0, class_mass + r * n_classes, offset_mass + r * n_offsets,
                  argmax ? argmax + r : 0);
+}
+
+/* The banded version, for causal / sliding-window layouts: one query block of n heads.
+ *
+ * scores: (n, Lq, Lk), the scores of queries q0 .. q0+Lq-1 (absolute positions) against keys
+ * k0 .. k0+Lk-1.  Query i sees keys max(0, i - left) .. min(seq_len - 1, i + right) (left or
+ * right < 0: no limit), always itself included; only that part of its row is turned into
+ * probabilities (exactly as `row_pass` does a whole row), the rest of the row is set to 0.
+ * key_bias and class_mask start at key k0 (class_mask: n_classes rows of mask_stride floats).
+ * Outputs: row i of head g at g * out_rows + (i - q0): entropy, class_mass (* n_classes),
+ * offset_mass (* n_offsets), argmax (an absolute key position); entropy, argmax may be NULL. */
+void bertscope_softmax_stats_band(float *scores, int64_t n, int64_t Lq, int64_t Lk, int64_t q0, int64_t k0,
+                                  int64_t left, int64_t right, int64_t seq_len, const float *key_bias,
+                                  const float *class_mask, int64_t mask_stride, int n_classes,
+                                  const int64_t *offsets, int n_offsets, int64_t out_rows, float *entropy,
+                                  float *class_mass, float *offset_mass, int64_t *argmax)
+{
+    int64_t rows = n * Lq;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t g = r / Lq, i = q0 + r % Lq, o = g * out_rows + r % Lq;
+        int64_t lo = left < 0 ? 0 : (i - left > 0 ? i - left : 0);
+        int64_t hi = right < 0 ? seq_len - 1 : (i + right < seq_len - 1 ? i + right : seq_len - 1);
+        int64_t a = lo - k0, b = hi - k0 + 1; /* the row's band in the block: [a, b) */
+        if (a < 0)
+            a = 0;
+        if (b > Lk)
+            b = Lk;
+        float *s = scores + r * Lk;
+        for (int64_t j = 0; j < a; j++)
+            s[j] = 0.0f;
+        for (int64_t j = b; j < Lk; j++)
+            s[j] = 0.0f;
+        int64_t am = 0;
+        row_pass(s + a, b - a, i - k0 - a, key_bias ? key_bias + a : 0, class_mask + a, mask_stride, n_classes,
+                 offsets, n_offsets, entropy ? entropy + o : 0, class_mass + o * n_classes,
+                 offset_mass + o * n_offsets, argmax ? &am : 0);
+        if (argmax)
+            argmax[o] = k0 + a + am;
+    }
 }
