@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 
 from . import cpu_rows
-from .common import finish_stats, keep_qk, require_pooling
+from .common import finish_stats, keep_qk, query_blocks, require_pooling
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
 from .spec import PLAIN, STAT, AttentionLayout, RowStats, StatsSpec, WordPooling
@@ -44,7 +44,8 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 # the scores of one query block under a causal / windowed / grouped-query layout (`_chunked_layout`):
 # larger than the plain path's chunk because a block's matmuls must stay efficient when its band
 # is long (a causal row at 32k is 128 KiB; P @ V reads the band's V once per block)
-DEFAULT_BAND_BYTES = 4 << 20
+DEFAULT_BAND_BYTES = 1 << 20
+BAND_MIN_ROWS = 64
 # from this many key classes on, the compiled path takes the class masses from one matmul
 # P @ onehot after the row pass instead of C short passes over each row inside it: per chunk
 # of 1 MiB of scores (one thread), the matmul costs 0.41-0.49 ms at C = 16-32 against the
@@ -82,8 +83,8 @@ def attention_stats_chunked(
         raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
     compiled = row_pass != "torch" and compiled_fits and cpu_rows.load() is not None
     if not layout.is_plain:
-        return _chunked_layout(q, k, v, key_valid, key_class, spec, gates, scale, pooling,
-                               DEFAULT_BAND_BYTES if chunk_bytes is None else chunk_bytes, compiled, layout)
+        blocks = (DEFAULT_BAND_BYTES, BAND_MIN_ROWS) if chunk_bytes is None else (chunk_bytes, 1)
+        return _chunked_layout(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout)
     if chunk_bytes is None:
         chunk_bytes = DEFAULT_CHUNK_BYTES
     if compiled:
@@ -287,36 +288,8 @@ def _rows(t, *index):
 # --- causal, sliding-window and grouped-query layouts: query blocks over the key band -----------
 
 
-def query_blocks(L: int, rows_per_query: int, layout: AttentionLayout, budget: int):
-    """[(i0, i1, k0, k1)]: query blocks [i0, i1) covering 0..L-1, each with the keys [k0, k1)
-    its rows may see (the union of their `key_band`s: lo(i0) .. hi(i1 - 1)), as long as
-    rows_per_query * (i1 - i0) * (k1 - k0) <= budget scores allows (at least one row).
-
-    A causal block reads the keys up to its last row, a windowed one from its first row's
-    left edge on, so the blocks' scores add up to ~L^2 / 2 (causal) or ~L (w + block) (window)
-    instead of L^2."""
-    blocks, i0 = [], 0
-    while i0 < L:
-        k0 = layout.key_band(i0, L)[0]
-
-        def fits(n):
-            return rows_per_query * n * (layout.key_band(i0 + n - 1, L)[1] + 1 - k0) <= budget
-
-        lo, hi = 1, L - i0  # the largest n that fits, by bisection (the band only grows with n)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        i1 = i0 + lo
-        blocks.append((i0, i1, k0, layout.key_band(i1 - 1, L)[1] + 1))
-        i0 = i1
-    return blocks
-
-
 def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes,
-                    compiled: bool, layout: AttentionLayout):
+                    min_rows: int, compiled: bool, layout: AttentionLayout):
     """Causal, sliding-window and grouped-query attention: query blocks, each against its key band.
 
     For each sequence and key/value head, the G query heads that read it are taken together and
@@ -364,7 +337,7 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
         from_word, to_word = pooling.from_word.to(dtype), pooling.to_word.to(dtype)  # (B, W, L), (B, L, W)
 
     budget = max(1, chunk_bytes // q.element_size())
-    blocks = query_blocks(L, G, layout, budget)
+    blocks = query_blocks(L, G, layout, budget, min_rows)
     most = max(G * (i1 - i0) * (k1 - k0) for i0, i1, k0, k1 in blocks)
     scores = torch.empty(most, dtype=dtype, device=dev)  # one block's scores, reused
     rows = max(i1 - i0 for i0, i1, _, _ in blocks) * G

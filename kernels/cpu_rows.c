@@ -122,6 +122,104 @@ void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, co
                  argmax ? argmax + r : 0);
 }
 
+/* ---- the banded row pass (causal / sliding-window layouts) --------------------------------
+ *
+ * The same arithmetic as above, compiled without trapping math: a float compare may then be
+ * turned into a select, so gcc vectorises the exponential pass (with trapping math, the
+ * default, `x < -87 ? ...` stays a branch and the pass runs one float at a time, about 10x
+ * slower).  The plain pass above keeps its code generation: its results are pinned bit for bit
+ * by the encoders' golden outputs, and vectorised sums add in another order.
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+/* exp(x) for x <= 0, branch-free so it vectorises (Cephes' expf polynomial, ~1 ulp).
+ * Below -87 the true value is under 1.7e-38 and is returned as 0, so masked keys
+ * (scores near -FLT_MAX) get exactly zero probability. */
+static inline float exp_nonpositive_band(float x)
+{
+    const float log2e = 1.44269504088896341f;
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x < -87.0f ? -87.0f : x;
+    float t = xc * log2e + round_magic;
+    float n = t - round_magic; /* round(x / ln 2) */
+    float r = xc - n * ln2_hi - n * ln2_lo;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
+    union { int32_t i; float f; } pun = {.i = bits};
+    float keep = x < -87.0f ? 0.0f : 1.0f;
+    return y * pun.f * keep;
+}
+
+/* As row_pass (see there): one row: s (Lk scores, overwritten by probabilities) of query i; bias may be NULL.
+ * class_mask: n_classes rows of mask_stride floats, the first Lk of each read. */
+static void row_pass_band(float *restrict s, int64_t Lk, int64_t i, const float *restrict bias,
+                     const float *restrict class_mask, int64_t mask_stride, int n_classes,
+                     const int64_t *restrict offsets, int n_offsets, float *restrict entropy,
+                     float *restrict class_mass, float *restrict offset_mass, int64_t *restrict argmax)
+{
+    /* -- pass 1: padding bias and row max */
+    float m = -INFINITY;
+    if (bias) {
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < Lk; j++) {
+            float x = s[j] + bias[j];
+            s[j] = x;
+            m = x > m ? x : m;
+        }
+    } else {
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < Lk; j++)
+            m = s[j] > m ? s[j] : m;
+    }
+    if (argmax) {
+        int64_t a = 0;
+        while (a < Lk - 1 && s[a] != m)
+            a++;
+        *argmax = a;
+    }
+    /* -- pass 2: exponentials, their sum z and sum e (s - m) */
+    float z = 0.0f, t = 0.0f;
+#pragma omp simd reduction(+ : z, t)
+    for (int64_t j = 0; j < Lk; j++) {
+        float x = s[j] - m;
+        float e = exp_nonpositive_band(x);
+        s[j] = e;
+        z += e;
+        float ex = e > 0.0f ? x : 0.0f;
+        t += e * ex; /* masked keys: 0, even if s - m overflowed */
+    }
+    /* -- pass 3: normalise in place (z >= 1: the max contributes exp(0) = 1) */
+    float inv = 1.0f / z;
+#pragma omp simd
+    for (int64_t j = 0; j < Lk; j++)
+        s[j] *= inv;
+    if (entropy)
+        *entropy = logf(z) - t * inv;
+    /* -- statistics read off the row while it is in L1 */
+    for (int c = 0; c < n_classes; c++) {
+        const float *mask = class_mask + c * mask_stride;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < Lk; j++)
+            acc += s[j] * mask[j];
+        class_mass[c] = acc;
+    }
+    for (int o = 0; o < n_offsets; o++) {
+        int64_t j = i + offsets[o];
+        offset_mass[o] = (j >= 0 && j < Lk) ? s[j] : 0.0f;
+    }
+}
+
 /* The banded version, for causal / sliding-window layouts: one query block of n heads.
  *
  * scores: (n, Lq, Lk), the scores of queries q0 .. q0+Lq-1 (absolute positions) against keys
@@ -154,10 +252,14 @@ void bertscope_softmax_stats_band(float *scores, int64_t n, int64_t Lq, int64_t 
         for (int64_t j = b; j < Lk; j++)
             s[j] = 0.0f;
         int64_t am = 0;
-        row_pass(s + a, b - a, i - k0 - a, key_bias ? key_bias + a : 0, class_mask + a, mask_stride, n_classes,
+        row_pass_band(s + a, b - a, i - k0 - a, key_bias ? key_bias + a : 0, class_mask + a, mask_stride, n_classes,
                  offsets, n_offsets, entropy ? entropy + o : 0, class_mass + o * n_classes,
                  offset_mass + o * n_offsets, argmax ? &am : 0);
         if (argmax)
             argmax[o] = k0 + a + am;
     }
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
