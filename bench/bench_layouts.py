@@ -80,10 +80,10 @@ def main(argv=None):
             inputs, layout = case_inputs(name, int(L))
             q, k, v, key_valid, key_class = inputs
 
-            def sdpa():
+            def sdpa(q=q, k=k, v=v, key_valid=key_valid, layout=layout):
                 return gated_sdpa(q, k, v, key_valid, None, layout=layout)
 
-            def chunked():
+            def chunked(inputs=inputs, layout=layout):
                 if args.chunk_bytes is None:
                     return attention_stats(*inputs, spec, backend="chunked", layout=layout)
                 return attention_stats_chunked(*inputs, spec, layout=layout, chunk_bytes=args.chunk_bytes)
