@@ -66,7 +66,8 @@ def query_blocks(L: int, rows_per_query: int, layout: AttentionLayout, budget: i
     while i0 < L:
         k0 = layout.key_band(i0, L)[0]
         # the largest n that fits, by bisection (the band only grows with n)
-        lo, hi = min(L - i0, max(1, -(-min_rows // rows_per_query))), L - i0
+        least = min(L - i0, max(1, -(-min_rows // rows_per_query)))
+        lo, hi = least, L - i0 if layout.window is None else max(least, min(L - i0, sum(layout.window) + 1))
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if rows_per_query * mid * (layout.key_band(i0 + mid - 1, L)[1] + 1 - k0) <= budget:

@@ -153,7 +153,7 @@ def softmax_stats_band_(scores, q0, k0, band, key_bias, class_mask, offsets, ent
     C, O = class_mask.shape[0], offsets.numel()
     if scores.dtype != torch.float32 or class_mask.dtype != torch.float32 or not scores.is_contiguous():
         raise TypeError("the compiled row pass takes contiguous float32 scores and class masks")
-    if C and class_mask.stride(1) != 1:
+    if C and class_mask.shape[1] > 1 and class_mask.stride(1) != 1:
         raise ValueError("the class mask's rows must be contiguous")
     for t, width in ((entropy, 1), (argmax, 1), (class_mass, C), (offset_mass, O)):
         if t is not None and t.numel() and (t.shape[:2] != (n, L) or t[0].numel() > 1 and not t[0].is_contiguous()
