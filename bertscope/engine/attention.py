@@ -41,7 +41,8 @@ Attention gradients. Inside `GradProbe.active(...)` (and no `HeadProbe`), the pl
 `kernels.attention_grad` instead of SDPA: the same output and exact gradients, and during
 backward every layer hands the sums of |dL/dP_ij| per head and key class to a sink (Clark et
 al.'s gradient test of attention to [SEP]); the gates scale its output afterwards, so autograd
-carries xi as on the plain path.
+carries xi as on the plain path. `kernels.attention_grad` computes the plain layout only: a
+causal, windowed or grouped-query call is refused there in one line.
 """
 from __future__ import annotations
 

@@ -442,3 +442,28 @@ def test_bertscope_run_on_a_tiny_llama(tmp_path, minilm_tokenizer, monkeypatch):
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["status"] == "complete" and run["model"]["type"] == "llama"
     assert (tmp_path / "out" / "heads.csv").is_file()
+
+
+def test_dxi_on_a_grouped_query_decoder_equals_a_finite_difference():
+    """The gates' gradient on the plain path (SDPA with the band, then xi) on a GQA decoder."""
+    model = build("gemma3_text").double()
+    gates = attach_gates(model, LAYERS, HEADS)
+    batch = padded_batch((7, 4), 7, left=True)
+    valid = batch["attention_mask"].bool()
+    weights = torch.randn(int(valid.sum()), HIDDEN, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def loss(xi):  # a random projection: the sum of squares after the final RMS norm is a constant
+        gates.xi = xi
+        return (model(**batch, use_cache=False).last_hidden_state[valid] * weights).sum()
+    xi = torch.ones(LAYERS, HEADS, dtype=torch.float64, requires_grad=True)
+    loss(xi).backward()
+    eps = 1e-3  # the RMS norms compute in float32 even in a float64 model: a smaller step is noise
+    for layer, head in ((0, 1), (1, 2)):
+        up, down = torch.ones(LAYERS, HEADS, dtype=torch.float64), torch.ones(LAYERS, HEADS, dtype=torch.float64)
+        up[layer, head] += eps
+        down[layer, head] -= eps
+        with torch.no_grad():
+            fd = (loss(up) - loss(down)) / (2 * eps)
+        torch.testing.assert_close(xi.grad[layer, head], fd, rtol=2e-3, atol=1e-4)
+    assert float(xi.grad.abs().min()) > 0
+    gates.reset()
