@@ -207,14 +207,15 @@ def tiny_checkpoint(tmp_path_factory, tiny_model) -> "Path":
 
 
 @pytest.fixture(scope="session")
-def gpt2_checkpoint(tmp_path_factory) -> "Path":
-    """A tiny GPT-2 checkpoint: a model type bertscope does not support."""
+def opt_checkpoint(tmp_path_factory) -> "Path":
+    """A tiny OPT checkpoint: a model type bertscope does not know."""
     import torch
-    from transformers import GPT2Config, GPT2Model
+    from transformers import OPTConfig, OPTModel
 
-    path = tmp_path_factory.mktemp("tiny-gpt2")
+    path = tmp_path_factory.mktemp("tiny-opt")
     torch.manual_seed(0)
-    GPT2Model(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(path)
+    OPTModel(OPTConfig(vocab_size=64, max_position_embeddings=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1,
+                       num_attention_heads=2, word_embed_proj_dim=16)).save_pretrained(path)
     return path
 
 

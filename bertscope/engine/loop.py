@@ -164,6 +164,8 @@ def _collate(loaded: LoadedModel, batch: list[Segment], indices: Sequence[int], 
     if not loaded.takes_token_types:
         inputs.pop("token_type_ids", None)
     key_valid = inputs["attention_mask"].bool()  # (B, L)
+    if loaded.architecture.position_ids:  # a decoder: positions from each first real token (any padding side)
+        inputs["position_ids"] = (key_valid.long().cumsum(-1) - 1).clamp_min(0)
     if classes.per_segment:
         key_class = torch.full(key_valid.shape, classes.n_classes - 1, dtype=torch.long)  # (B, L)
         for row, s in enumerate(batch):
@@ -195,7 +197,7 @@ def forward(loaded: LoadedModel, probe: HeadProbe, batch: BatchContext,
             batch.layers.append(stats)
             on_layer(len(batch.layers))
     with probe.active(batch.key_class, sink, batch.pooling):
-        batch.outputs = loaded.model(**batch.inputs)
+        batch.outputs = loaded.model(**batch.inputs, **loaded.forward_options)
     return batch
 
 

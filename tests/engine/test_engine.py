@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import AttentionInterface, GPT2Config, GPT2Model
+from transformers import AttentionInterface, OPTConfig, OPTModel
 
 from bertscope.analyses.surface.stats import head_table
 from bertscope.engine import attention
@@ -484,26 +484,27 @@ def test_wrap_model_switches_an_eager_model_to_bertscope(tiny_model):
     assert stats.n_rows[-1, 0] > 0
 
 
-def tiny_gpt2():
+def tiny_opt():
     torch.manual_seed(0)
-    return GPT2Model(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    return OPTModel(OPTConfig(vocab_size=64, max_position_embeddings=32, hidden_size=16, ffn_dim=32,
+                              num_hidden_layers=1, num_attention_heads=2, word_embed_proj_dim=16))
 
 
 def check_unsupported_message(message: str):
-    assert "'gpt2' is not supported" in message
+    assert "'opt' is not supported" in message
     for model_type in SUPPORTED_MODEL_TYPES:
         assert model_type in message
 
 
 def test_wrap_model_rejects_unsupported_types(minilm_tokenizer):
     with pytest.raises(UserError) as info:
-        wrap_model(tiny_gpt2(), minilm_tokenizer)
+        wrap_model(tiny_opt(), minilm_tokenizer)
     check_unsupported_message(str(info.value))
 
 
-def test_load_model_rejects_unsupported_types(gpt2_checkpoint):
+def test_load_model_rejects_unsupported_types(opt_checkpoint):
     with pytest.raises(UserError) as info:
-        load_model(gpt2_checkpoint)
+        load_model(opt_checkpoint)
     check_unsupported_message(str(info.value))
 
 
