@@ -1,4 +1,6 @@
-"""The CPU fast path: attention plus row statistics, a few heads' L x L at a time.
+"""The CPU fast path: attention plus row statistics, a few heads' L x L at a time (encoders),
+or query blocks against their key band (causal, sliding-window and grouped-query layouts:
+`_chunked_layout`, never an L x L tensor).
 
 The (batch, head) maps are flattened to N = B*H and processed in chunks of n maps whose
 scores fit in `chunk_bytes` (cache-sized), so memory stays O(n L^2) instead of
