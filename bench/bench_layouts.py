@@ -61,7 +61,11 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chunk-bytes", type=int, default=None, help="the chunked backend's block of scores")
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (both methods; the compiled row pass shares torch's OpenMP pool)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from bertscope.analyses.surface.command import RunSettings
     from bertscope.kernels import attention_stats

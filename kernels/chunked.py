@@ -1,4 +1,6 @@
-"""The CPU fast path: attention plus row statistics, a few heads' L x L at a time.
+"""The CPU fast path: attention plus row statistics, a few heads' L x L at a time (encoders),
+or query blocks against their key band (causal, sliding-window and grouped-query layouts:
+`_chunked_layout`, never an L x L tensor).
 
 The (batch, head) maps are flattened to N = B*H and processed in chunks of n maps whose
 scores fit in `chunk_bytes` (cache-sized), so memory stays O(n L^2) instead of
@@ -312,9 +314,10 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
     band = layout.reach  # (left, right), None for no limit
 
     onehot = torch.nn.functional.one_hot(key_class, C).to(dtype) if C else None  # (B, L, C)
-    by_matmul = C > 0 and (not compiled or C >= CLASS_MATMUL_MIN)
-    class_mask = (onehot.transpose(1, 2).contiguous() if C and not by_matmul
-                  else torch.empty(B, 0, L, dtype=dtype, device=dev))  # (B, C or 0, L): the row pass's masks
+    # class masses ride along in P @ [V | onehot]: C more columns of a matmul instead of C passes
+    # over every row (V is copied once per sequence and key head, O(L D))
+    class_mask = torch.empty(B, 0, L, dtype=dtype, device=dev)  # the row pass computes no class mass
+    rhs = torch.empty(L, D + C, dtype=dtype, device=dev)  # [V | onehot] of one sequence and key head
     offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
     padded = not bool(key_valid.all())
     key_bias = None
@@ -324,7 +327,7 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
 
     out = torch.empty(B, H, L, D, dtype=dtype, device=dev)
     class_mass = torch.empty(B, H, L, C, dtype=dtype, device=dev)
-    row_classes = class_mass if not by_matmul else class_mass[..., :0]  # what the row pass writes
+    row_classes = class_mass[..., :0]
     offset_mass = torch.empty(B, H, L, O, dtype=dtype, device=dev)
     entropy = torch.empty(B, H, L, dtype=dtype, device=dev) if spec.entropy else None
     argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
@@ -342,16 +345,19 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
     scores = torch.empty(most, dtype=dtype, device=dev)  # one block's scores, reused
     rows = max(i1 - i0 for i0, i1, _, _ in blocks) * G
     q_rows = torch.empty(rows, D, dtype=dtype, device=dev)  # the G heads' query rows of a block, stacked
-    o_rows = torch.empty(rows, D, dtype=dtype, device=dev)
+    o_rows = torch.empty(rows, D + C, dtype=dtype, device=dev)
     pos = torch.arange(L, device=dev)
     lo_all, hi_all = layout.key_band(pos, L)  # (L,), (L,)
     for b in range(B):
         for kh in range(H_kv):
             hs = slice(kh * G, (kh + 1) * G)  # the query heads that read key/value head kh
+            rhs[:, :D] = v[b, kh]
+            if C:
+                rhs[:, D:] = onehot[b]
             for i0, i1, k0, k1 in blocks:
                 bq, bk = i1 - i0, k1 - k0
                 s = scores[: G * bq * bk].view(G, bq, bk)
-                qr, o_r = q_rows[: G * bq].view(G, bq, D), o_rows[: G * bq]
+                qr, o_r = q_rows[: G * bq].view(G, bq, D), o_rows[: G * bq]  # (G, bq, D), (G * bq, D + C)
                 qr.copy_(q[b, hs, i0:i1])
                 torch.addmm(s.view(G * bq, bk), qr.view(G * bq, D), k[b, kh, k0:k1].T, beta=0, alpha=scale,
                             out=s.view(G * bq, bk))
@@ -364,10 +370,10 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
                     _torch_band_rows(s, i0, k0, lo_all[i0:i1], hi_all[i0:i1], key_valid[b, k0:k1], spec,
                                      None if entropy is None else entropy[b, hs, i0:i1], offset_mass[b, hs, i0:i1],
                                      None if argmax is None else argmax[b, hs, i0:i1])
-                if by_matmul:
-                    class_mass[b, hs, i0:i1] = torch.matmul(s, onehot[b, k0:k1])  # (G, bq, C)
-                torch.mm(s.view(G * bq, bk), v[b, kh, k0:k1], out=o_r)
-                out[b, hs, i0:i1] = o_r.view(G, bq, D)
+                torch.mm(s.view(G * bq, bk), rhs[k0:k1], out=o_r)  # (G * bq, D + C)
+                out[b, hs, i0:i1] = o_r[:, :D].view(G, bq, D)
+                if C:
+                    class_mass[b, hs, i0:i1] = o_r[:, D:].view(G, bq, C)
                 if column_mass is not None:
                     column_mass[b, hs, k0:k1] += torch.matmul(query_valid[b, i0:i1], s).to(acc_dtype)  # (G, bk)
                 if spec.word_maps:

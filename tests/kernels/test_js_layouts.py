@@ -19,8 +19,8 @@ def js_of_maps(maps, rows):
     for a in range(N):
         for b in range(N):
             m = (maps[a] + maps[b]) / 2
-            kl = lambda p: torch.special.xlogy(p, p / m.clamp_min(1e-300)).sum(-1)  # noqa: E731
-            out[a, b] = ((kl(maps[a]) + kl(maps[b])) / 2 * rows).sum()
+            kl_a, kl_b = (torch.special.xlogy(p, p / m.clamp_min(1e-300)).sum(-1) for p in (maps[a], maps[b]))
+            out[a, b] = ((kl_a + kl_b) / 2 * rows).sum()
     return out
 
 
