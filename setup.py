@@ -65,12 +65,17 @@ setup(
         # Triton 3.6 or newer, the oldest the kernels are checked against: tools/aot_oldest_triton.sh).
         "gpu": [],
         "corpora": ["datasets"],  # --corpus DIR saved by datasets' save_to_disk (bertscope.text.corpus)
+        # `bertscope data install-decoders`: transformers' GGUF loader needs gguf and accelerate (its floors:
+        # transformers.utils.import_utils GGUF_MIN_VERSION, ACCELERATE_MIN_VERSION); the weights' own packages
+        # go in with --no-deps through that command (bertscope.data.decoders holds their pins)
+        "decoders": ["gguf>=0.10", "accelerate>=1.1"],
         # the Triton kernels run in the interpreter; datasets for the save_to_disk corpus tests;
         # playwright drives the system chromium in the browser tests (never `playwright install`:
         # .ci/run installs Debian's chromium)
         # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0);
-        # ruff: `make test` lints first (ruff.toml)
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright", "ruff>=0.5"],
+        # ruff: `make test` lints first (ruff.toml); gguf and accelerate: the SmolLM2 conversion tests
+        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright", "ruff>=0.5",
+                 "gguf>=0.10", "accelerate>=1.1"],
     },
     entry_points={"console_scripts": ["bertscope=bertscope.cli.main:main"]},
 )

@@ -81,8 +81,8 @@ class Scope:
             if len(parts) not in (1, 2) or not all(isinstance(p, str) and p.strip() for p in parts):
                 raise ValueError(f"text {i} must be a non-empty string or a pair of them, got {t!r}")
             docs.append(Document(str(i), parts))
-        segments, report = make_segments(docs, self.tokenizer, SegmentOptions(max_len=max_len, limit=None,
-                                                                              token_types=token_types))
+        segments, report = make_segments(docs, self.tokenizer, SegmentOptions(
+            max_len=max_len, limit=None, token_types=token_types, causal=self.loaded.architecture.causal))
         if len(segments) != len(docs):
             raise ValueError(f"{len(docs) - len(segments)} texts gave no tokens: {report.as_dict()}")
         return sorted(segments, key=lambda s: int(s.doc_id))

@@ -1,4 +1,6 @@
-"""The CPU fast path: attention plus row statistics, a few heads' L x L at a time.
+"""The CPU fast path: attention plus row statistics, a few heads' L x L at a time (encoders),
+or query blocks against their key band (causal, sliding-window and grouped-query layouts:
+`_chunked_layout`, never an L x L tensor).
 
 The (batch, head) maps are flattened to N = B*H and processed in chunks of n maps whose
 scores fit in `chunk_bytes` (cache-sized), so memory stays O(n L^2) instead of
@@ -35,12 +37,17 @@ from collections.abc import Callable
 import torch
 
 from . import cpu_rows
-from .common import finish_stats, keep_qk, require_pooling
+from .common import finish_stats, keep_qk, query_blocks, require_pooling
 from .gates import apply_gates
 from .pooling import pool_map, word_argmax
 from .spec import PLAIN, STAT, AttentionLayout, RowStats, StatsSpec, WordPooling
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+# the scores of one query block under a causal / windowed / grouped-query layout (`_chunked_layout`):
+# larger than the plain path's chunk because a block's matmuls must stay efficient when its band
+# is long (a causal row at 32k is 128 KiB; P @ V reads the band's V once per block)
+DEFAULT_BAND_BYTES = 1 << 20
+BAND_MIN_ROWS = 64
 # from this many key classes on, the compiled path takes the class masses from one matmul
 # P @ onehot after the row pass instead of C short passes over each row inside it: per chunk
 # of 1 MiB of scores (one thread), the matmul costs 0.41-0.49 ms at C = 16-32 against the
@@ -55,28 +62,34 @@ ROW_PASSES = ("auto", "compiled", "torch")
 
 def attention_stats_chunked(
     q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, pooling: WordPooling | None = None,
-    chunk_bytes=DEFAULT_CHUNK_BYTES, row_pass="auto", layout: AttentionLayout = PLAIN,
+    chunk_bytes=None, row_pass="auto", layout: AttentionLayout = PLAIN,
 ):
-    """Same contract as `attention_stats_eager`; never holds more than one chunk of maps.
-    Only the plain layout so far: any other is a NotImplementedError (`attention_stats` says so first).
+    """Same contract as `attention_stats_eager`; never holds more than one chunk of scores.
 
+    chunk_bytes: the scores held at once; default `DEFAULT_CHUNK_BYTES` (whole maps of a few
+    heads) for the plain layout, `DEFAULT_BAND_BYTES` (query blocks, see `_chunked_layout`)
+    for any other.
     row_pass: "compiled" (cpu_rows.c; float32 on CPU, half precision widened to it), "torch",
     or "auto" (compiled when it applies and could be built, torch otherwise).
     """
     if row_pass not in ROW_PASSES:
         raise ValueError(f"row_pass must be one of {ROW_PASSES}, not {row_pass!r}")
-    if not layout.is_plain:
-        raise NotImplementedError(f"the chunked backend does not compute {layout.describe()} attention yet")
     if row_pass != "torch" and q.device.type == "cpu" and q.dtype in HALF:
         out, stats = attention_stats_chunked(q.float(), k.float(), v.float(), key_valid, key_class, spec, gates,
-                                             scale, pooling, chunk_bytes, row_pass)
+                                             scale, pooling, chunk_bytes, row_pass, layout=layout)
         return out.to(v.dtype), stats
     compiled_fits = q.dtype == torch.float32 and q.device.type == "cpu"
     if row_pass == "compiled" and not compiled_fits:
         raise ValueError("the compiled row pass takes float32, float16 or bfloat16 CPU tensors")
     if row_pass == "compiled" and cpu_rows.load() is None:
         raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
-    if row_pass != "torch" and compiled_fits and cpu_rows.load() is not None:
+    compiled = row_pass != "torch" and compiled_fits and cpu_rows.load() is not None
+    if not layout.is_plain:
+        blocks = (DEFAULT_BAND_BYTES, BAND_MIN_ROWS) if chunk_bytes is None else (chunk_bytes, 1)
+        return _chunked_layout(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout)
+    if chunk_bytes is None:
+        chunk_bytes = DEFAULT_CHUNK_BYTES
+    if compiled:
         return _chunked_compiled(q, k, v, key_valid, key_class, spec, gates, scale, pooling, chunk_bytes)
     B, H, L, D = q.shape
     N, C, O = B * H, spec.n_key_classes, len(spec.offsets)
@@ -272,3 +285,129 @@ class MapStats:
 
 def _rows(t, *index):
     return None if t is None else t[index]
+
+
+# --- causal, sliding-window and grouped-query layouts: query blocks over the key band -----------
+
+
+def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes,
+                    min_rows: int, compiled: bool, layout: AttentionLayout):
+    """Causal, sliding-window and grouped-query attention: query blocks, each against its key band.
+
+    For each sequence and key/value head, the G query heads that read it are taken together and
+    the sequence is cut into query blocks (`query_blocks`): a block's scores are one matmul of
+    the G heads' stacked query rows (G * bq, D) against the band's keys (D, bk), so each K and
+    V tile is read once for the G heads, and nothing outside the band is computed. Within the
+    block, keys outside a row's own band are masked: by the compiled banded row pass
+    (`cpu_rows.softmax_stats_band_`, which only visits the row's band and zeroes the rest), or
+    by a (bq, bk) mask in the torch row pass. Memory: one block of scores (`chunk_bytes`), the
+    per-row statistics, and the accumulators of column mass and word maps, which each block adds
+    its share to (column mass: valid query rows @ P; word maps: from_word[:, block] @ P @ to_word[band]).
+    """
+    B, H, L, D = q.shape
+    H_kv = k.shape[1]
+    G = H // H_kv
+    C, O = (spec.n_key_classes if spec.class_mass else 0), len(spec.offsets)
+    scale = D**-0.5 if scale is None else scale
+    dev, dtype = q.device, q.dtype
+    acc_dtype = torch.float32 if dtype in HALF else dtype  # column mass and word maps add up blocks
+    band = layout.reach  # (left, right), None for no limit
+
+    onehot = torch.nn.functional.one_hot(key_class, C).to(dtype) if C else None  # (B, L, C)
+    # class masses ride along in P @ [V | onehot]: C more columns of a matmul instead of C passes
+    # over every row (V is copied once per sequence and key head, O(L D))
+    class_mask = torch.empty(B, 0, L, dtype=dtype, device=dev)  # the row pass computes no class mass
+    rhs = torch.empty(L, D + C, dtype=dtype, device=dev)  # [V | onehot] of one sequence and key head
+    offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
+    padded = not bool(key_valid.all())
+    key_bias = None
+    if compiled and padded:
+        key_bias = torch.zeros(B, L, dtype=dtype, device=dev)  # (B, L): 0, or finfo.min on padding keys
+        key_bias.masked_fill_(~key_valid, torch.finfo(dtype).min)
+
+    out = torch.empty(B, H, L, D, dtype=dtype, device=dev)
+    class_mass = torch.empty(B, H, L, C, dtype=dtype, device=dev)
+    row_classes = class_mass[..., :0]
+    offset_mass = torch.empty(B, H, L, O, dtype=dtype, device=dev)
+    entropy = torch.empty(B, H, L, dtype=dtype, device=dev) if spec.entropy else None
+    argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
+    column_mass = torch.zeros(B, H, L, dtype=acc_dtype, device=dev) if spec.column_mass else None
+    query_valid = key_valid.to(dtype)  # (B, L)
+    if spec.word_maps:
+        pooling = require_pooling(pooling)
+        W = pooling.n_units
+        word_map = torch.zeros(B, H, W, W, dtype=acc_dtype, device=dev)
+        from_word, to_word = pooling.from_word.to(dtype), pooling.to_word.to(dtype)  # (B, W, L), (B, L, W)
+
+    budget = max(1, chunk_bytes // q.element_size())
+    blocks = query_blocks(L, G, layout, budget, min_rows)
+    most = max(G * (i1 - i0) * (k1 - k0) for i0, i1, k0, k1 in blocks)
+    scores = torch.empty(most, dtype=dtype, device=dev)  # one block's scores, reused
+    rows = max(i1 - i0 for i0, i1, _, _ in blocks) * G
+    q_rows = torch.empty(rows, D, dtype=dtype, device=dev)  # the G heads' query rows of a block, stacked
+    o_rows = torch.empty(rows, D + C, dtype=dtype, device=dev)
+    pos = torch.arange(L, device=dev)
+    lo_all, hi_all = layout.key_band(pos, L)  # (L,), (L,)
+    for b in range(B):
+        for kh in range(H_kv):
+            hs = slice(kh * G, (kh + 1) * G)  # the query heads that read key/value head kh
+            rhs[:, :D] = v[b, kh]
+            if C:
+                rhs[:, D:] = onehot[b]
+            for i0, i1, k0, k1 in blocks:
+                bq, bk = i1 - i0, k1 - k0
+                s = scores[: G * bq * bk].view(G, bq, bk)
+                qr, o_r = q_rows[: G * bq].view(G, bq, D), o_rows[: G * bq]  # (G, bq, D), (G * bq, D + C)
+                qr.copy_(q[b, hs, i0:i1])
+                torch.addmm(s.view(G * bq, bk), qr.view(G * bq, D), k[b, kh, k0:k1].T, beta=0, alpha=scale,
+                            out=s.view(G * bq, bk))
+                if compiled:
+                    cpu_rows.softmax_stats_band_(
+                        s, i0, k0, band, None if key_bias is None else key_bias[b, k0:k1],
+                        class_mask[b, :, k0:k1], offsets, _rows(entropy, b, hs), row_classes[b, hs],
+                        offset_mass[b, hs], _rows(argmax, b, hs))
+                else:
+                    _torch_band_rows(s, i0, k0, lo_all[i0:i1], hi_all[i0:i1], key_valid[b, k0:k1], spec,
+                                     None if entropy is None else entropy[b, hs, i0:i1], offset_mass[b, hs, i0:i1],
+                                     None if argmax is None else argmax[b, hs, i0:i1])
+                torch.mm(s.view(G * bq, bk), rhs[k0:k1], out=o_r)  # (G * bq, D + C)
+                out[b, hs, i0:i1] = o_r[:, :D].view(G, bq, D)
+                if C:
+                    class_mass[b, hs, i0:i1] = o_r[:, D:].view(G, bq, C)
+                if column_mass is not None:
+                    column_mass[b, hs, k0:k1] += torch.matmul(query_valid[b, i0:i1], s).to(acc_dtype)  # (G, bk)
+                if spec.word_maps:
+                    to_units = torch.matmul(s, to_word[b, k0:k1])  # (G, bq, W)
+                    word_map[b, hs] += torch.matmul(from_word[b, :, i0:i1], to_units).to(acc_dtype)  # (G, W, W)
+
+    out = apply_gates(out, v, key_valid, gates, layout)  # (B, H, L, D)
+    stats = RowStats(entropy=entropy, offset_mass=offset_mass if O else None,
+                     class_mass=class_mass if spec.class_mass else None, argmax=argmax, column_mass=column_mass,
+                     layout=layout)
+    if spec.word_maps:
+        stats.word_map = word_map
+        stats.word_argmax = word_argmax(word_map, pooling.candidate)
+    keep_qk(stats, q, k, scale, spec)
+    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
+
+
+def _torch_band_rows(s, i0, k0, lo, hi, key_valid, spec, entropy, offset_mass, argmax):
+    """The torch row pass of one query block, in place: s (G, bq, bk) scores of queries i0.. against
+    keys k0..; lo, hi (bq,) each row's band; key_valid (bk,). Keys outside a row's band or padding
+    get probability 0 (a row that sees none, a padding query's, becomes uniform: finite)."""
+    bq, bk = s.shape[1:]
+    keys = torch.arange(k0, k0 + bk, device=s.device)  # (bk,) absolute positions
+    visible = (keys >= lo[:, None]) & (keys <= hi[:, None]) & key_valid  # (bq, bk)
+    s.masked_fill_(~visible, torch.finfo(s.dtype).min)
+    top = s.amax(-1)  # (G, bq)
+    p = torch.softmax(s, dim=-1)  # (G, bq, bk)
+    if entropy is not None:  # H = lse - sum_j p_j s_j, lse = max s - ln max p (as the plain torch pass)
+        entropy.copy_(top - torch.log(p.amax(-1)) - torch.linalg.vecdot(p, s))
+    if spec.offsets:
+        j = torch.arange(i0, i0 + bq, device=s.device)[:, None] + torch.tensor(spec.offsets, device=s.device)  # (bq, O)
+        inside = (j >= lo[:, None]) & (j <= hi[:, None])
+        picked = p.gather(-1, (j - k0).clamp(0, bk - 1).expand(s.shape[0], -1, -1))  # (G, bq, O)
+        offset_mass.copy_(picked * inside)
+    if argmax is not None:
+        argmax.copy_(p.argmax(-1) + k0)
+    s.copy_(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import spec as _spec
-from .spec import RowStats, StatsSpec, missing_stats
+from .spec import AttentionLayout, RowStats, StatsSpec, missing_stats
 
 
 def masked_scores(q, k, key_valid, scale):
@@ -52,3 +52,29 @@ def zero_padding_rows(stats: RowStats, query_valid):
             mask = keep.view(*keep.shape, *(1,) * (t.dim() - 3))  # (B, 1, L, 1...)
             setattr(stats, stat.name, torch.where(mask, t, torch.full_like(t, stat.padding)))
     return stats
+
+
+def query_blocks(L: int, rows_per_query: int, layout: AttentionLayout, budget: int, min_rows: int = 1):
+    """[(i0, i1, k0, k1)]: query blocks [i0, i1) covering 0..L-1, each with the keys [k0, k1)
+    its rows may see (the union of their `key_band`s: lo(i0) .. hi(i1 - 1)), as long as
+    rows_per_query * (i1 - i0) * (k1 - k0) <= budget scores allows (at least one row).
+
+    A causal block reads the keys up to its last row, a windowed one from its first row's
+    left edge on, so the blocks' scores add up to ~L^2 / 2 (causal) or ~L (w + block) (window)
+    instead of L^2."""
+    blocks, i0 = [], 0
+    while i0 < L:
+        k0 = layout.key_band(i0, L)[0]
+        # the largest n that fits, by bisection (the band only grows with n)
+        least = min(L - i0, max(1, -(-min_rows // rows_per_query)))
+        lo, hi = least, L - i0 if layout.window is None else max(least, min(L - i0, sum(layout.window) + 1))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if rows_per_query * mid * (layout.key_band(i0 + mid - 1, L)[1] + 1 - k0) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        i1 = i0 + lo
+        blocks.append((i0, i1, k0, layout.key_band(i1 - 1, L)[1] + 1))
+        i0 = i1
+    return blocks

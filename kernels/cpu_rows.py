@@ -91,6 +91,10 @@ def load():
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     f.argtypes = [ptr, i64, i64, i64, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int, ptr, ptr, ptr, ptr]
     f.restype = None
+    f = lib.bertscope_softmax_stats_band
+    f.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_int, ptr, ctypes.c_int, i64,
+                  ptr, ptr, ptr, ptr]
+    f.restype = None
     _lib = lib
     return _lib
 
@@ -126,4 +130,42 @@ def softmax_stats_(scores, key_bias, class_mask, offsets, entropy, class_mass, o
     _lib.bertscope_softmax_stats(
         _ptr(scores), n, L, Lk, _ptr(key_bias), _ptr(class_mask), class_mask.shape[0], _ptr(offsets),
         offsets.numel(), _ptr(entropy), _ptr(class_mass), _ptr(offset_mass), _ptr(argmax),
+    )
+
+
+def softmax_stats_band_(scores, q0, k0, band, key_bias, class_mask, offsets, entropy, class_mass, offset_mass,
+                        argmax):
+    """The banded row pass of one query block (causal / sliding-window layouts), in place.
+
+    scores:      (n, Lq, Lk) float32 contiguous: n heads' scores of queries q0 .. q0+Lq-1
+                 against keys k0 .. k0+Lk-1 (absolute positions in a sequence of L)
+    band:        (left, right) of `AttentionLayout.reach`, None for no limit: query i sees keys
+                 max(0, i - left) .. min(L - 1, i + right); the rest of its row becomes 0
+    key_bias:    (Lk,) float32 (finfo.min on padding) or None
+    class_mask:  (C, Lk) 0/1 float32 with contiguous rows (a view from key k0 on)
+    entropy, argmax: (n, L) or None; class_mass: (n, L, C); offset_mass: (n, L, O): the n heads'
+                 statistics of the whole sequence, each head's rows contiguous (a slice of
+                 a contiguous (B, H, L, ...) tensor); rows q0 .. q0+Lq-1 are written, argmax as
+                 absolute key positions.
+    """
+    n, Lq, Lk = scores.shape
+    L = offset_mass.shape[1]
+    C, O = class_mask.shape[0], offsets.numel()
+    if scores.dtype != torch.float32 or class_mask.dtype != torch.float32 or not scores.is_contiguous():
+        raise TypeError("the compiled row pass takes contiguous float32 scores and class masks")
+    if C and class_mask.shape[1] > 1 and class_mask.stride(1) != 1:
+        raise ValueError("the class mask's rows must be contiguous")
+    for t, width in ((entropy, 1), (argmax, 1), (class_mass, C), (offset_mass, O)):
+        if t is not None and t.numel() and (t.shape[:2] != (n, L) or t[0].numel() > 1 and not t[0].is_contiguous()
+                                            or n > 1 and t.stride(0) != L * width):
+            raise ValueError("the banded row pass needs (n, L, ...) statistics with contiguous heads")
+
+    def at(t, width):  # the address of row q0 of the first head
+        return None if t is None else t.data_ptr() + q0 * width * t.element_size()
+
+    left, right = band
+    _lib.bertscope_softmax_stats_band(
+        _ptr(scores), n, Lq, Lk, q0, k0, -1 if left is None else left, -1 if right is None else right, L,
+        _ptr(key_bias), _ptr(class_mask), class_mask.stride(0) if C else 0, C, _ptr(offsets), O, L,
+        at(entropy, 1), at(class_mass, C), at(offset_mass, O), at(argmax, 1),
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .spec import PLAIN, AttentionLayout, LayerGates, visible_counts, visible_mask
+from .common import query_blocks
+from .spec import PLAIN, AttentionLayout, LayerGates
 
 
 def uniform_output(v, key_valid, layout: AttentionLayout = PLAIN):
@@ -21,11 +22,15 @@ def uniform_output(v, key_valid, layout: AttentionLayout = PLAIN):
         total = torch.einsum("bl,bhld->bhd", w, v)  # (B, H_kv, D)
         return (total / w.sum(-1).clamp_min(1)[:, None, None])[:, :, None, :]
     B, Hkv, L, D = v.shape
-    wv = torch.cat([v.new_zeros(B, Hkv, 1, D), (v * w[:, None, :, None]).cumsum(-2)], dim=-2)  # (B, H_kv, L+1, D)
-    n, _ = visible_counts(key_valid, layout)  # (B, L) real keys each row sees
+    # running sums in float64: a difference of two sums over 32k positions keeps float32's precision
+    wide = torch.float64
+    wv = torch.cat([v.new_zeros(B, Hkv, 1, D, dtype=wide),
+                    (v.to(wide) * w.to(wide)[:, None, :, None]).cumsum(-2)], dim=-2)  # (B, H_kv, L+1, D)
+    wc = torch.cat([w.new_zeros(B, 1, dtype=wide), w.to(wide).cumsum(-1)], dim=-1)  # (B, L+1) real keys before
     lo, hi = layout.key_band(torch.arange(L, device=v.device), L)  # (L,), (L,)
+    n = wc[:, hi + 1] - wc[:, lo]  # (B, L) real keys each row sees (padding rows too: they are zeroed later)
     total = wv[:, :, hi + 1] - wv[:, :, lo]  # (B, H_kv, L, D)
-    return total / n.clamp_min(1).to(v.dtype)[:, None, :, None]
+    return (total / n.clamp_min(1)[:, None, :, None]).to(v.dtype)
 
 
 def apply_gates(out, v, key_valid, gates: LayerGates | None, layout: AttentionLayout = PLAIN):
@@ -77,20 +82,41 @@ def needs_grad(q, k, v, gates: LayerGates | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, xi))
 
 
+# the scores (or mask entries) of one query block of `gated_sdpa` under a banded layout
+SDPA_BLOCK_ELEMENTS = 1 << 22
+
+
 def gated_sdpa(q, k, v, key_valid, gates: LayerGates | None, scale=None, dropout=0.0,
                layout: AttentionLayout = PLAIN):
     """SDPA (with its dropout), then the head gates: q (B, H, L, D), k and v (B, H_kv, L, D) in,
     (B, L, H, D) out. Differentiable in everything; without gates, bit for bit transformers'
     "sdpa" output for the plain layout.
 
-    Any other layout is handed to SDPA as a boolean (B, 1, L, L) visibility mask for now: an
-    L x L tensor, which the plug-in's no-grad paths never build (HOOK: a banded path)."""
+    Other layouts never build an L x L tensor: causal attention without padding is SDPA's own
+    `is_causal`; grouped-query attention alone takes the plain (B, 1, 1, L) padding mask; any
+    other (a window, or causal with padding) runs SDPA over query blocks (`query_blocks`),
+    each against its key band with a (B, 1, block, band) mask. A row that sees no key (a
+    padding query under causal left padding) attends to its whole band instead: finite, and
+    zeroed or ignored downstream."""
+    gqa = k.shape[1] != q.shape[1]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     if layout.is_plain:
         mask = key_valid[:, None, None, :]  # (B, 1, 1, L)
+        out = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa)  # (B, H, L, D)
+    elif not layout.causal and layout.window is None:  # grouped-query attention only
+        out = sdpa(q, k, v, attn_mask=key_valid[:, None, None, :], dropout_p=dropout, scale=scale, enable_gqa=gqa)
+    elif layout.window is None and bool(key_valid.all()):
+        out = sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
-        mask = visible_mask(key_valid, layout)  # (B, 1, L, L)
-        mask = mask | ~mask.any(-1, keepdim=True)  # a row that sees nothing (padding) attends to all: finite
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
-    )  # (B, H, L, D)
+        B, H, L, _ = q.shape
+        parts = []
+        for i0, i1, k0, k1 in query_blocks(L, B * H, layout, SDPA_BLOCK_ELEMENTS):
+            lo, hi = layout.key_band(torch.arange(i0, i1, device=q.device), L)  # (bq,), (bq,)
+            keys = torch.arange(k0, k1, device=q.device)  # (bk,)
+            band = (keys >= lo[:, None]) & (keys <= hi[:, None])  # (bq, bk)
+            mask = band[None] & key_valid[:, None, k0:k1]  # (B, bq, bk)
+            mask = mask | ~mask.any(-1, keepdim=True)  # a row that sees nothing attends to its band: finite
+            parts.append(sdpa(q[:, :, i0:i1], k[:, :, k0:k1], v[:, :, k0:k1], attn_mask=mask[:, None],
+                              dropout_p=dropout, scale=scale, enable_gqa=gqa))  # (B, H, bq, D)
+        out = torch.cat(parts, dim=2)  # (B, H, L, D)
     return apply_gates(out, v, key_valid, gates, layout).transpose(1, 2).contiguous()

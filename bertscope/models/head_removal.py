@@ -32,6 +32,12 @@ transformers-4 `pruned_heads` in a config is read as well).
 Where each family keeps its attention and projections, and which layers share weights, is
 `bertscope.models.architectures`' table.
 
+Grouped-query attention (Llama, Mistral, Qwen, Gemma-3: G query heads read one key/value head):
+heads are query heads. A query head can only be removed together with the other G - 1 of its
+key/value group, and then the group's key and value rows go too (`kv_group`); removing part of
+a group is a ValueError that names the group, since the kept heads still read its keys and
+values (the pruned model would not be the zero-gated one any cheaper).
+
 ALBERT shares one layer's weights across layers (`num_hidden_groups` groups for
 `num_hidden_layers` layers): a group's heads can only be pruned where every layer that
 shares it prunes the same heads; anything else is a ValueError.
@@ -70,6 +76,29 @@ class AttentionParts:
     size_attr: str | None  # attribute of `module` that holds heads * head_dim, if any
 
 
+def kv_group(config) -> int:
+    """G: how many query heads share one key/value head (1 without grouped-query attention)."""
+    arch = architecture_of(config)
+    _, n_heads = arch.n_layers_heads(config)
+    kv_heads = getattr(config, arch.kv_heads_attr, None) if arch.kv_heads_attr else None
+    return n_heads // kv_heads if kv_heads else 1
+
+
+def check_groups(want: dict[int, set], n_heads: int, group: int):
+    """A one-line ValueError when a layer would keep part of a key/value group (heads from 1)."""
+    for layer, hs in sorted(want.items()):
+        for g in range(n_heads // group):
+            members = set(range(g * group, (g + 1) * group))
+            gone = members & hs
+            if gone and gone != members:
+                def name(heads, layer=layer):
+                    return ", ".join(f"{layer + 1}-{h + 1}" for h in sorted(heads))
+                raise ValueError(
+                    f"layer {layer + 1}: {name(gone)} share{'s' if len(gone) == 1 else ''} key/value head {g + 1} "
+                    f"with kept {name(members - gone)}: remove all {group} query heads of a key/value group "
+                    f"({name(members)}) or none")
+
+
 def n_layers_heads(config) -> tuple[int, int]:
     """The model's layer count and original heads per layer, whatever the family calls them."""
     return architecture_of(config).n_layers_heads(config)
@@ -81,7 +110,8 @@ def attention_parts(model, layer: int) -> AttentionParts:
     arch = architecture_of(model.config)
     where = arch.modules
     if where is None:
-        raise ValueError(f"cannot prune heads of model type {arch.model_type!r}")
+        why = f": {arch.no_removal}" if arch.no_removal else ""
+        raise ValueError(f"cannot remove heads of model type {arch.model_type!r}{why}")
     at = arch.layer_module(model, layer)
 
     def owner_and_name(path: str) -> tuple[nn.Module, str]:
@@ -133,6 +163,8 @@ def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
                              f"{', '.join(str(_from_one(h)) for h in bad)} {'do' if len(bad) > 1 else 'does'} not "
                              f"exist: the model has heads 1..{n_heads}")
         want[layer] |= set(hs)
+    group = kv_group(model.config)
+    check_groups(want, n_heads, group)
     by_module = {}  # id(attention module) -> (parts, layers sharing it)
     for layer in range(n_layers):
         parts = attention_parts(model, layer)
@@ -144,13 +176,15 @@ def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
                                                           or "none") for layer in layers)
             raise ValueError(f"layers {', '.join(str(layer + 1) for layer in layers)} share one attention module "
                              f"(ALBERT weight sharing): they can only be pruned alike, not as {asked}")
-        _prune_module(parts, sorted(want[layers[0]]), n_heads)
+        _prune_module(parts, sorted(want[layers[0]]), n_heads, group)
     record_pruning(model.config, pruned_heads(model), n_heads)
     return kept_heads(model)
 
 
-def _prune_module(parts: AttentionParts, remove: list[int], n_heads: int):
-    """Give one attention module the heads of range(n_heads) not in `remove`."""
+def _prune_module(parts: AttentionParts, remove: list[int], n_heads: int, group: int = 1):
+    """Give one attention module the heads of range(n_heads) not in `remove`; with grouped-query
+    attention (`group` query heads per key/value head; whole groups removed, `check_groups`) the
+    key and value projections keep the groups of the kept heads."""
     module = parts.module
     slots = head_slots(module) or tuple(range(n_heads))
     keep = [s for s in slots if s != PLACEHOLDER and s not in remove]
@@ -160,9 +194,16 @@ def _prune_module(parts: AttentionParts, remove: list[int], n_heads: int):
     D = getattr(owner, name).out_features // len(slots)  # head_dim
     rows = torch.cat([torch.arange(i * D, (i + 1) * D) for i, s in enumerate(slots) if s in keep]
                      ) if keep else None  # (len(keep) * D,) rows of the current projections to keep
-    for owner, name in (parts.q, parts.k, parts.v):
+    owner, name = parts.q
+    setattr(owner, name, select_rows(getattr(owner, name), rows) if keep else zero_rows(getattr(owner, name), D))
+    # key/value rows: the groups of the current heads, in order; those of the kept heads stay
+    groups = list(dict.fromkeys(s // group for s in slots if s != PLACEHOLDER)) or [PLACEHOLDER]
+    kept_groups = set(s // group for s in keep)
+    kv_rows = torch.cat([torch.arange(i * D, (i + 1) * D) for i, g in enumerate(groups) if g in kept_groups]
+                        ) if keep else None
+    for owner, name in (parts.k, parts.v):
         linear = getattr(owner, name)
-        setattr(owner, name, select_rows(linear, rows) if keep else zero_rows(linear, D))
+        setattr(owner, name, select_rows(linear, kv_rows) if keep else zero_rows(linear, D))
     owner, name = parts.out
     linear = getattr(owner, name)
     setattr(owner, name, select_columns(linear, rows) if keep else zero_columns(linear, D))

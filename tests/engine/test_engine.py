@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import AttentionInterface, GPT2Config, GPT2Model
+from transformers import AttentionInterface, OPTConfig, OPTModel
 
 from bertscope.analyses.surface.stats import head_table
 from bertscope.engine import attention
@@ -484,26 +484,27 @@ def test_wrap_model_switches_an_eager_model_to_bertscope(tiny_model):
     assert stats.n_rows[-1, 0] > 0
 
 
-def tiny_gpt2():
+def tiny_opt():
     torch.manual_seed(0)
-    return GPT2Model(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    return OPTModel(OPTConfig(vocab_size=64, max_position_embeddings=32, hidden_size=16, ffn_dim=32,
+                              num_hidden_layers=1, num_attention_heads=2, word_embed_proj_dim=16))
 
 
 def check_unsupported_message(message: str):
-    assert "'gpt2' is not supported" in message
+    assert "'opt' is not supported" in message
     for model_type in SUPPORTED_MODEL_TYPES:
         assert model_type in message
 
 
 def test_wrap_model_rejects_unsupported_types(minilm_tokenizer):
     with pytest.raises(UserError) as info:
-        wrap_model(tiny_gpt2(), minilm_tokenizer)
+        wrap_model(tiny_opt(), minilm_tokenizer)
     check_unsupported_message(str(info.value))
 
 
-def test_load_model_rejects_unsupported_types(gpt2_checkpoint):
+def test_load_model_rejects_unsupported_types(opt_checkpoint):
     with pytest.raises(UserError) as info:
-        load_model(gpt2_checkpoint)
+        load_model(opt_checkpoint)
     check_unsupported_message(str(info.value))
 
 
@@ -592,3 +593,30 @@ def test_malloc_trim_between_batches_changes_nothing_but_memory(tiny_model, monk
     monkeypatch.setenv("BERTSCOPE_MALLOC_TRIM", "often")
     with pytest.raises(ValueError, match="BERTSCOPE_MALLOC_TRIM"):
         engine.malloc_trim_every()
+
+
+def test_long_batches_show_each_layer_on_the_progress_bar(tiny_model, monkeypatch):
+    """A batch of LONG_BATCH padded tokens or more names each layer on the bar as it is done;
+    a shorter one leaves the bar as it was."""
+    from bertscope.engine import loop as engine
+
+    loaded, _ = eager_twin(tiny_model, "bert")
+    segments = random_segments(loaded.tokenizer, n=5)
+    shown = []
+
+    class Bar(engine.tqdm):
+        def set_postfix_str(self, s="", refresh=True):
+            shown.append(s)
+
+    monkeypatch.setattr(engine, "tqdm", Bar)
+    length = max(s.n_tokens for s in segments)
+    monkeypatch.setattr(engine, "LONG_BATCH", 5 * length + 1)
+    list(stream_batches(loaded, segments, SPEC, batch_size=5, progress=True))
+    assert shown == []
+    monkeypatch.setattr(engine, "LONG_BATCH", 5 * length)
+    (batch,) = stream_batches(loaded, segments, SPEC, batch_size=5, progress=True)
+    assert len(batch.layers) == TINY_LAYERS
+    assert shown == [f"layer {k}/{TINY_LAYERS} of 5 x {length} tokens" for k in range(1, TINY_LAYERS + 1)]
+    shown.clear()
+    list(stream_batches(loaded, segments, SPEC, batch_size=5, progress=False))
+    assert shown == []

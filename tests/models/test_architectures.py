@@ -1,27 +1,32 @@
 """The architecture table (`bertscope.models.architectures`) and the attention contract's layout:
-every supported encoder loads as before, and what bertscope does not compute yet (causal,
-sliding-window and grouped-query attention) is refused in one line, at load time and in the
-attention plug-in, never read as an encoder's attention."""
+every supported encoder loads as before; the plug-in reads causal, sliding-window and
+grouped-query attention off the model's own mask, and refuses in one line what it cannot read
+(a custom mask, a prepared 4-D mask that differs between rows, a soft-cap, an attention sink,
+a family with a position bias). The decoders' parity with eager: tests/models/test_decoders.py."""
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
 from conftest import TINY_HEADS, TINY_LAYERS
-from test_cli import check_error
 from torch import nn
-from transformers import AutoConfig, AutoModel, BertConfig, CamembertConfig, LlamaConfig, LlamaModel, XLMRobertaConfig
-from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
+from transformers import AutoConfig, BertConfig, CamembertConfig, XLMRobertaConfig
+from transformers.masking_utils import (
+    and_masks,
+    bidirectional_mask_function,
+    causal_mask_function,
+    chunked_causal_mask_function,
+    or_masks,
+    padding_mask_function,
+    sliding_window_bidirectional_mask_function,
+    sliding_window_causal_mask_function,
+)
 
-from bertscope.cli.main import main
-from bertscope.engine import attention
-from bertscope.engine.attention import HeadProbe, bertscope_attention, key_padding_mask, key_valid_from_mask
+from bertscope.engine.attention import KeyBand, bertscope_attention, key_padding_mask, key_valid_from_mask
 from bertscope.errors import UserError
 from bertscope.kernels import LAYOUT_BACKENDS, PLAIN, AttentionLayout, StatsSpec, attention_stats
 from bertscope.models import head_removal
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_of
-from bertscope.models.loading import load_model, wrap_model
+from bertscope.models.loading import load_model
 from bertscope.text.segments import MIN_MAX_LEN
 from bertscope.text.token_classes import PUNCT_TOKENS
 
@@ -31,13 +36,44 @@ KINDS = ("bert", "roberta", "distilbert", "albert", "electra")  # the tiny model
 # --- the table ----------------------------------------------------------------------------
 
 
-def test_the_supported_types_are_todays_encoders_and_each_has_an_entry():
-    assert SUPPORTED_MODEL_TYPES == ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra")
-    for model_type in SUPPORTED_MODEL_TYPES:
+ENCODERS = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra")
+
+
+def test_the_supported_types_are_the_encoders_and_decoders_and_each_has_an_entry():
+    assert SUPPORTED_MODEL_TYPES == (*ENCODERS, "modernbert", "llama", "mistral", "qwen2", "qwen3", "gemma3_text",
+                                     "gpt2")
+    for model_type in ENCODERS:
         arch = ARCHITECTURES[model_type]
         assert arch.model_type == model_type
         assert arch.modules is not None and arch.n_special is not None
         assert arch.layout(AutoConfig.for_model(model_type)) == PLAIN  # an encoder's attention
+    for model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gpt2"):
+        arch = ARCHITECTURES[model_type]
+        assert arch.layout(AutoConfig.for_model(model_type)).causal and arch.n_special is None
+
+
+def test_the_table_gives_each_layer_its_layout():
+    from transformers import Gemma3TextConfig, MistralConfig, ModernBertConfig
+    gemma = Gemma3TextConfig(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, sliding_window=512,
+                             layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    window = AttentionLayout(causal=True, window=(511, 0), n_key_value_heads=1)
+    assert architecture_of(gemma).layouts(gemma) == [window, window, AttentionLayout(causal=True, n_key_value_heads=1)]
+    mistral = MistralConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, sliding_window=8)
+    assert architecture_of(mistral).layouts(mistral) == [AttentionLayout(causal=True, window=(7, 0))] * 2
+    modernbert = ModernBertConfig(num_hidden_layers=3, local_attention=8, global_attn_every_n_layers=3)
+    assert architecture_of(modernbert).layouts(modernbert) == [PLAIN, AttentionLayout(window=(4, 4)),
+                                                               AttentionLayout(window=(4, 4))]
+
+
+@pytest.mark.parametrize("model_type, bias", [("bloom", "ALiBi"), ("mpt", "ALiBi"), ("t5", "relative position buckets"),
+                                              ("deberta", "disentangled"), ("deberta-v2", "disentangled")])
+def test_families_with_a_position_bias_are_refused_by_name(model_type, bias):
+    from bertscope.models.architectures import check_analysable
+    with pytest.raises(UserError) as info:
+        check_analysable(AutoConfig.for_model(model_type))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"model type {model_type!r} adds a position bias")
+    assert bias in message
 
 
 def test_the_facts_moved_here_are_the_old_constants():
@@ -53,9 +89,9 @@ def test_the_facts_moved_here_are_the_old_constants():
 
 def test_an_unknown_type_is_one_line_naming_the_supported_ones():
     with pytest.raises(UserError) as info:
-        architecture_of("gpt2")
+        architecture_of("opt")
     message = str(info.value)
-    assert "\n" not in message and "'gpt2' is not supported" in message
+    assert "\n" not in message and "'opt' is not supported" in message
     assert all(t in message for t in SUPPORTED_MODEL_TYPES)
 
 
@@ -96,71 +132,10 @@ def test_albert_layers_share_their_group(tiny_model):
     assert len(modules) == 1
 
 
-def test_a_bert_made_a_decoder_is_refused_at_load(tiny_model, tmp_path):
-    model, tokenizer = tiny_model("bert")
+def test_a_bert_made_a_decoder_is_causal(tiny_model):
+    model, _ = tiny_model("bert")
     model.config.is_decoder = True
-    model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(UserError, match="model type 'bert' has causal attention"):
-        load_model(tmp_path)
-
-
-# --- a tiny random Llama: refused, not misread -------------------------------------------------
-
-
-def llama_config(kv_heads: int = 2) -> LlamaConfig:
-    return LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64)
-
-
-@pytest.fixture
-def llama_checkpoint(tmp_path, minilm_tokenizer):
-    path = tmp_path / "tiny-llama"
-    torch.manual_seed(0)
-    LlamaModel(llama_config()).save_pretrained(path)
-    minilm_tokenizer.save_pretrained(path)  # a tokenizer, so that only the architecture can be refused
-    return path
-
-
-def test_load_model_refuses_a_llama_in_one_line(llama_checkpoint):
-    with pytest.raises(UserError) as info:
-        load_model(llama_checkpoint)
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith("model type 'llama' has causal attention and grouped-query attention "
-                              "(2 key/value heads for 4 query heads), which bertscope does not analyse yet")
-
-
-def test_the_cli_refuses_a_llama_exit_2_one_line(llama_checkpoint, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("The cat sat on the mat. It was warm.\nA dog ran. It barked.\n", encoding="utf-8")
-    code = main(["run", "--model", str(llama_checkpoint), "--corpus", str(corpus), "--out", str(tmp_path / "out"),
-                 "--quiet", "--no-figures"])
-    check_error(capsys, code, "model type 'llama' has causal attention and grouped-query attention")
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
-
-
-def test_wrap_model_refuses_a_llama(minilm_tokenizer):
-    with pytest.raises(UserError, match="'llama' has causal attention"):
-        wrap_model(LlamaModel(llama_config()), minilm_tokenizer)
-
-
-@pytest.mark.parametrize("kv_heads, what", [(2, "causal attention and grouped-query attention (2 key/value heads "
-                                                 "for 4 query heads)"),
-                                            (4, "causal attention,")])
-def test_the_plug_in_refuses_a_llama_built_past_the_loader(kv_heads, what, single_thread):
-    """Built with the bertscope attention directly (no load-time check): the forward pass is
-    refused at its first attention call, inside an analysis and outside one."""
-    torch.manual_seed(0)
-    model = AutoModel.from_config(llama_config(kv_heads), attn_implementation=attention.ATTN_IMPLEMENTATION).eval()
-    ids, mask = torch.tensor([[1, 5, 7, 9, 2], [1, 4, 2, 0, 0]]), torch.tensor([[1] * 5, [1, 1, 1, 0, 0]])
-    with pytest.raises(UserError, match=re.escape(f"model type 'llama' has {what}")):
-        model(input_ids=ids, attention_mask=mask)
-    probe = HeadProbe(2, 4, StatsSpec())
-    with pytest.raises(UserError, match=re.escape(f"model type 'llama' has {what}")):
-        with probe.active(torch.zeros(2, 5, dtype=torch.long), lambda *a: None):
-            model(input_ids=ids, attention_mask=mask)
+    assert architecture_of(model.config).layout(model.config) == AttentionLayout(causal=True)
 
 
 # --- the attention plug-in, call by call ---------------------------------------------------
@@ -174,32 +149,74 @@ def qkv(B=2, H=4, L=6, D=8, kv_heads=None, seed=0):
     return q, k, v
 
 
-def test_the_plug_in_refuses_a_causal_4d_mask():
+def one_line(info, *parts):
+    message = str(info.value)
+    assert "\n" not in message, message
+    for part in parts:
+        assert part in message, message
+
+
+def test_the_plug_in_refuses_a_prepared_causal_4d_mask():
     q, k, v = qkv()
     causal = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6)  # (B, 1, L, L)
     with pytest.raises(UserError) as info:
         bertscope_attention(nn.Module(), q, k, v, causal)
-    assert "an attention mask that differs between query rows" in str(info.value)
-    assert "\n" not in str(info.value)
+    one_line(info, "a prepared 4-D mask that differs between query rows", "pass a 2-D attention_mask")
     additive = torch.zeros(2, 1, 6, 6).masked_fill(~causal, torch.finfo(torch.float32).min)
     with pytest.raises(UserError, match="differs between query rows"):
         bertscope_attention(nn.Module(), q, k, v, additive)
 
 
-def test_the_plug_in_refuses_grouped_query_shapes():
+def test_grouped_query_shapes_are_read_from_the_call():
     q, k, v = qkv(kv_heads=2)
-    with pytest.raises(UserError, match=r"grouped-query attention \(2 key/value heads for 4 query heads\)"):
-        bertscope_attention(nn.Module(), q, k, v, None)
+    out, _ = bertscope_attention(nn.Module(), q, k, v, None)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(out, want)
 
 
-def test_the_plug_in_refuses_a_declared_causal_module_and_a_window():
+def test_a_declared_causal_module_without_a_mask_is_causal():
+    """As transformers' sdpa: with no mask, the module's is_causal decides."""
     q, k, v = qkv()
     module = nn.Module()
     module.is_causal = True
-    with pytest.raises(UserError, match="has causal attention"):
-        bertscope_attention(module, q, k, v, None)
-    with pytest.raises(UserError, match=r"sliding-window attention \(window 3 left, 3 right\)"):
-        bertscope_attention(nn.Module(), q, k, v, None, sliding_window=3)
+    out, _ = bertscope_attention(module, q, k, v, None)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    (dict(softcap=50.0), "a logit soft-cap (softcap=50.0)"),
+    (dict(s_aux=torch.zeros(4)), "an attention-sink logit (s_aux)"),
+    (dict(alibi_slopes=torch.zeros(4)), "an attention argument 'alibi_slopes' it does not know"),
+    (dict(sliding_window=3), "says sliding_window=3 without a sliding-window mask"),
+])
+def test_the_plug_in_refuses_what_it_does_not_compute(kwargs, what):
+    q, k, v = qkv()
+    with pytest.raises(UserError) as info:
+        bertscope_attention(nn.Module(), q, k, v, None, **kwargs)
+    one_line(info, what)
+
+
+def test_arguments_that_change_nothing_pass():
+    q, k, v = qkv()
+    want, _ = bertscope_attention(nn.Module(), q, k, v, None)
+    got, _ = bertscope_attention(nn.Module(), q, k, v, None, softcap=None, s_aux=None, use_cache=True,
+                                 position_ids=torch.arange(6)[None], deterministic=True)
+    assert torch.equal(got, want)
+
+
+def test_a_band_must_agree_with_what_the_call_says():
+    q, k, v = qkv()
+    module = nn.Module()
+    module.is_causal = True
+    band = KeyBand(None, AttentionLayout(causal=True, window=(2, 0)))
+    bertscope_attention(module, q, k, v, band, sliding_window=3)  # the flash count: left extent + 1
+    for kwargs in (dict(sliding_window=4), dict(sliding_window=None), dict()):
+        with pytest.raises(UserError) as info:
+            bertscope_attention(module, q, k, v, band, **kwargs)
+        one_line(info, "cannot tell which it computes")
+    with pytest.raises(UserError, match="says is_causal=False"):
+        bertscope_attention(nn.Module(), q, k, v, band, sliding_window=3)
 
 
 def test_a_padding_only_4d_mask_reads_as_the_2d_mask():
@@ -217,13 +234,71 @@ def test_a_padding_only_4d_mask_reads_as_the_2d_mask():
     assert not torch.allclose(unmasked[1], want[1])
 
 
-def test_the_mask_function_hands_other_masks_over_in_full():
+# --- the mask function: facts, never an L x L tensor -------------------------------------------
+
+
+def test_the_mask_function_hands_an_encoder_its_padding_mask_as_it_is():
     padding = torch.tensor([[True] * 4, [True, True, True, False]])
     assert key_padding_mask(2, 4, 4, mask_function=bidirectional_mask_function, attention_mask=padding) is padding
-    full = key_padding_mask(2, 4, 4, mask_function=causal_mask_function, attention_mask=padding)
-    assert full.shape == (2, 1, 4, 4)
-    assert torch.equal(full[0, 0], torch.ones(4, 4, dtype=torch.bool).tril())
-    assert torch.equal(full[1, 0, 3], torch.tensor([True, True, True, False]))
+
+
+@pytest.mark.parametrize("mask_function, layout", [
+    (causal_mask_function, AttentionLayout(causal=True)),
+    (sliding_window_causal_mask_function(3), AttentionLayout(causal=True, window=(2, 0))),
+    (and_masks(causal_mask_function, sliding_window_causal_mask_function(5)), AttentionLayout(causal=True,
+                                                                                                window=(4, 0))),
+    (sliding_window_bidirectional_mask_function(2), AttentionLayout(window=(2, 2))),
+])
+def test_the_mask_function_hands_over_padding_and_the_band(mask_function, layout):
+    padding = torch.tensor([[False, False, True, True, True, True, True], [True] * 7])  # left padding
+    band = key_padding_mask(2, 7, 7, mask_function=mask_function, attention_mask=padding)
+    assert isinstance(band, KeyBand) and band.layout == layout
+    assert torch.equal(band.key_valid, padding)
+    assert key_padding_mask(2, 7, 7, mask_function=mask_function, attention_mask=None).key_valid is None
+    # what transformers would have built, row by row, is the band and the padding
+    from transformers.masking_utils import sdpa_mask
+
+    from bertscope.kernels import visible_mask
+    full = sdpa_mask(2, 7, 7, mask_function=mask_function, attention_mask=padding, allow_is_causal_skip=False)
+    assert torch.equal(full, visible_mask(padding, layout))
+
+
+@pytest.mark.parametrize("mask_function, what", [
+    (chunked_causal_mask_function(3, torch.zeros(2, dtype=torch.long)), "chunked_overlay"),
+    (or_masks(causal_mask_function, lambda b, h, q, kv: q >= 0), "or_masks"),
+    (lambda b, h, q, kv: kv <= q, "<lambda>"),
+    (and_masks(causal_mask_function, padding_mask_function(torch.ones(2, 6, dtype=torch.bool))),
+     "padding_mask_function"),
+])
+def test_the_mask_function_refuses_what_it_cannot_read(mask_function, what):
+    config = AutoConfig.for_model("llama")
+    with pytest.raises(UserError) as info:
+        key_padding_mask(2, 6, 6, mask_function=mask_function, attention_mask=None, config=config)
+    one_line(info, "model type 'llama' masks its attention with a mask made of", what,
+             "which bertscope does not read")
+
+
+def test_the_mask_function_refuses_a_cache_offset():
+    with pytest.raises(UserError) as info:
+        key_padding_mask(2, 1, 6, q_offset=5, mask_function=causal_mask_function, attention_mask=None)
+    one_line(info, "not with a cache (generation)")
+
+
+def test_a_mask_part_that_changed_meaning_is_caught_by_the_probe(monkeypatch):
+    """The band is read off the parts' names and checked on a few rows: an overlay whose meaning
+    changed (here: off by one) is refused, not misread."""
+    from transformers import masking_utils
+
+    def sliding_window_overlay(sliding_window):
+        def inner_mask(batch_idx, head_idx, q_idx, kv_idx):
+            return kv_idx >= q_idx - sliding_window  # one more key than transformers' overlay
+        return inner_mask
+    inner = sliding_window_overlay(3)
+    inner.__module__ = masking_utils.__name__
+    inner.__qualname__ = "sliding_window_overlay.<locals>.inner_mask"
+    with pytest.raises(UserError) as info:
+        key_padding_mask(1, 9, 9, mask_function=and_masks(inner, causal_mask_function), attention_mask=None)
+    one_line(info, "does not keep to the band bertscope read from it (causal, window 2 left, 0 right)")
 
 
 # --- the kernels' contract -------------------------------------------------------------------

@@ -1,4 +1,6 @@
 """Documents -> `[CLS] a [SEP] b [SEP]` segments: templates, truncation, sampling, collation."""
+import hashlib
+import json
 import random
 from collections import Counter
 from dataclasses import replace
@@ -442,3 +444,35 @@ def test_length_summary_of_counts_equals_that_of_lengths():
     for n in (1, 2, 5, 99, 1000):
         lengths = [rng.randint(3, 128) for _ in range(n)]
         assert length_summary(Counter(lengths)) == length_summary(lengths)
+
+
+# --- encoder segments, pinned --------------------------------------------------------------
+
+
+def segments_digest(segments) -> str:
+    """The first 16 hex digits of the SHA-256 of every field of every segment."""
+    rows = [[s.input_ids, s.token_type_ids, s.word_ids, s.words, s.doc_id, s.truncated, s.document] for s in segments]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("options, digest, truncated", [
+    (dict(limit=40), "1c14be6e57b1e664", 5),
+    (dict(limit=40, packing="balanced", max_len=64, token_types="zeros", seed=3), "089dffea40e5cfca", 14),
+    (dict(limit=40, allow_single=True, max_len=200, seed=7), "04d829fe992ae004", 0),
+])
+def test_encoder_wiki_segments_are_pinned(wiki, minilm_tokenizer, options, digest, truncated):
+    """MiniLM's Wikipedia segments, byte for byte as before decoders came (issue 29): a change
+    here moves every encoder result."""
+    segments, report = make_segments(wiki, minilm_tokenizer, SegmentOptions(**options))
+    assert len(segments) == 40 and report.truncated == truncated
+    assert segments_digest(segments) == digest
+
+
+def test_encoder_line_segments_are_pinned(tmp_path, minilm_tokenizer):
+    lines = ["One short line.", "A pair's first part.\tIts second part.", "",
+             " ".join(f"Sentence number {i} is here." for i in range(12)), "An " + "supercalifragilistic" * 4 + "."]
+    path = tmp_path / "lines.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    segments, _ = make_segments(open_corpus(str(path)), minilm_tokenizer, SegmentOptions(limit=None, max_len=24))
+    assert [s.n_tokens for s in segments] == [6, 14, 20, 3] and [s.truncated for s in segments] == [0, 0, 1, 1]
+    assert segments_digest(segments) == "9210d18f840e3592"

@@ -29,13 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from bertscope.analyses.surface import stats as surface
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import EngineOptions, fold
 from bertscope.kernels import StatsSpec
-from bertscope.kernels.js import pairwise_js
+from bertscope.kernels.js import pairwise_js, stack_layers
 from bertscope.run.rundir import write_npz
 
 NAME = "cluster"
@@ -308,11 +307,11 @@ class JSSums:
         self.batches_done = 0
 
     def add(self, batch):
-        layers = batch.layers
-        # scale folded into q per layer, so layers with different scales could share one call
-        q = torch.cat([s.queries * s.scale for s in layers], dim=1)  # (B, layers*H, L, D)
-        k = torch.cat([s.keys for s in layers], dim=1)  # (B, layers*H, L, D)
-        self.js_sum += pairwise_js(q, k, batch.key_valid, 1.0, backend=self.js_backend).cpu().numpy()  # (N, N)
+        # scale folded into q per layer, so layers with different scales share one call; each
+        # layer's layout (causal, window, key/value heads) travels with it (None for encoders)
+        q, k, layouts = stack_layers(batch.layers)  # (B, layers*H, L, D), (B, layers*H_kv, L, D)
+        self.js_sum += pairwise_js(q, k, batch.key_valid, 1.0, backend=self.js_backend,
+                                   layouts=layouts).cpu().numpy()  # (N, N)
         self.n_tokens += int(batch.n_tokens.sum())
 
     def merge(self, other: JSSums) -> JSSums:
