@@ -17,12 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bertscope.models.architectures import SUPPORTED_MODEL_TYPES
-
-pytestmark = [pytest.mark.usefixtures("single_thread"),
-              # until the attention plug-in computes decoders (issue 29, the `plugin` branch): remove on merging it
-              pytest.mark.skipif("llama" not in SUPPORTED_MODEL_TYPES,
-                                 reason="the attention plug-in does not accept decoders yet")]
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 WORDS = "the cat sat on a mat dog ran far away and then came back home quickly it was happy".split()
 TEXTS = ["The cat sat on a mat .", "A dog ran far away , and then came back home quickly .",
@@ -101,7 +96,8 @@ def reference(path, segments, window=(None, None)):
     return {k: torch.cat(v, -1).mean(-1).numpy() for k, v in rows.items()}, maps
 
 
-def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
+def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys, backend):
     import bertscope
     from bertscope.cli.main import main
 
@@ -109,7 +105,7 @@ def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys):
     corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     out = tmp_path / "run"
     assert main(["run", "--model", str(tiny_llama), "--corpus", str(corpus), "--limit", "all", "--max-len", "24",
-                 "--backend", "eager", "--batch-size", "2", "--argmax", "--per-example", "--out", str(out)]) == 0
+                 "--backend", backend, "--batch-size", "2", "--argmax", "--per-example", "--out", str(out)]) == 0
     stdout = capsys.readouterr()
     with open(out / "heads.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -119,7 +115,7 @@ def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys):
     assert not {"next", "cls", "sep", "sep_sep", "rest_sep", "cls_entropy", "offset_+2", "argmax_next"} & set(cols)
     assert "first token" in stdout.out + stdout.err
 
-    scope = bertscope.load(tiny_llama, backend="eager")
+    scope = bertscope.load(tiny_llama, backend=backend)
     segments = scope.segments(TEXTS, max_len=24)
     assert all(s.input_ids[0] == 1 for s in segments)  # the BOS
     want, _ = reference(tiny_llama, segments)
@@ -160,13 +156,14 @@ def test_view_of_a_decoder(tiny_llama):
     assert data["uniform_entropy"] == pytest.approx(np.mean([math.log(i + 1) for i in range(n)]), abs=1e-4)
 
 
-def test_gemma3_windowed_and_global_layers(tiny_gemma3, tmp_path):
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
+def test_gemma3_windowed_and_global_layers(tiny_gemma3, tmp_path, backend):
     """Each layer's own baseline: ln min(i + 1, 4) on the sliding layer, ln(i + 1) on the global one;
     the viewer draws the first as a band, the second as a triangle."""
     import bertscope
     from bertscope.view import SCALE, view_data
 
-    scope = bertscope.load(tiny_gemma3, backend="eager")
+    scope = bertscope.load(tiny_gemma3, backend=backend)
     segments = scope.segments(TEXTS, max_len=24)
     want, _ = reference(tiny_gemma3, segments, window=(4, None))
     table = scope.stats(TEXTS, max_len=24)
