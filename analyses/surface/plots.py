@@ -112,7 +112,8 @@ def plot_surface(table: dict[str, np.ndarray], out_dir: Path, title: str,
 
 def _decoder_figures(table, title: str) -> dict:
     """The five figures of a decoder's table: the columns it has, the first token for [CLS],
-    each layer's uniform baseline and the KL divergence from it for the [CLS] row's entropy."""
+    each layer's uniform baseline and the KL divergence from it for the [CLS] row's entropy.
+    Its heatmaps have two or three panels, too narrow for a title on one line: two lines."""
     special = [(c, label) for c, label in (("first", "first token"), ("sep", "[SEP]"), ("punct", '". or ,"'),
                                            ("sep_sep", "[SEP] → [SEP] (from [SEP] rows)")) if c in table]
     offsets = [(c, label) for c, label in (("prev", "previous token"), ("self", "current token"),
@@ -121,13 +122,13 @@ def _decoder_figures(table, title: str) -> dict:
         TOKENS_BY_LAYER_FIGURE: lambda path: _tokens_by_layer(table, path, title),
         ENTROPY_BY_LAYER_FIGURE: lambda path: _decoder_entropy_by_layer(table, path, title),
         OFFSETS_HEATMAP_FIGURE: lambda path: _heatmaps(
-            table, offsets, path, f"{title}: average attention to relative positions", "average attention"),
+            table, offsets, path, f"{title}:\naverage attention to relative positions", "average attention"),
         SPECIAL_HEATMAP_FIGURE: lambda path: _heatmaps(
-            table, special, path, f"{title}: average attention to the first token and special tokens",
+            table, special, path, f"{title}:\naverage attention to the first token and special tokens",
             "average attention"),
         ENTROPY_HEATMAP_FIGURE: lambda path: _heatmaps(
             table, [("entropy", "entropy"), ("kl_uniform", "below uniform (KL)")], path,
-            f"{title}: average attention entropy per head, and its distance from uniform", "nats",
+            f"{title}:\naverage attention entropy per head, and its distance from uniform", "nats",
             vmin=0.0, vmax=None, cmap="magma"),
     }
 
