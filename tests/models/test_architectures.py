@@ -2,7 +2,7 @@
 every supported encoder loads as before; the plug-in reads causal, sliding-window and
 grouped-query attention off the model's own mask, and refuses in one line what it cannot read
 (a custom mask, a prepared 4-D mask that differs between rows, a soft-cap, an attention sink,
-a family with a position bias). The decoders' parity with eager: tests/models/test_decoders.py."""
+a family with a position bias). The decoders' parity with eager: tests/models/test_decoder_families.py."""
 from __future__ import annotations
 
 import pytest
