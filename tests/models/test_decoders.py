@@ -467,3 +467,16 @@ def test_dxi_on_a_grouped_query_decoder_equals_a_finite_difference():
         torch.testing.assert_close(xi.grad[layer, head], fd, rtol=2e-3, atol=1e-4)
     assert float(xi.grad.abs().min()) > 0
     gates.reset()
+
+
+def test_gpt2_gets_no_token_type_ids(minilm_tokenizer):
+    """GPT-2 would look token types up in its word embeddings: the engine hands it none."""
+    from test_engine import random_segments
+
+    from bertscope.engine.loop import collate_batch
+
+    loaded = loaded_decoder("gpt2", minilm_tokenizer)
+    assert not loaded.takes_token_types
+    segments = random_segments(minilm_tokenizer, n=4)
+    batch = collate_batch(loaded, segments, range(4), StatsSpec(n_key_classes=4))
+    assert set(batch.inputs) == {"input_ids", "attention_mask", "position_ids"}
