@@ -166,16 +166,23 @@ def test_right_padding_works_for_decoders_too(kind):
     check_parity(kind, lengths=(7, 3), L=7, backend="eager", left=False)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lengths=st.lists(st.integers(1, 11), min_size=1, max_size=3), extra=st.integers(0, 2),
-       left=st.booleans(), window=st.sampled_from([None, 1, 2, 5]), kv_heads=st.sampled_from([1, 2, 4]))
-def test_mistral_parity_on_random_shapes(lengths, extra, left, window, kv_heads, monkeypatch):
-    """Odd lengths, left and right padding, single-key rows, windows down to one key, 1, 2 or 4
-    key/value heads."""
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["mistral", "gemma3_text", "modernbert"]),
+       lengths=st.lists(st.integers(1, 11), min_size=1, max_size=3), extra=st.integers(0, 2),
+       left=st.booleans(), window=st.sampled_from([1, 2, 5]), kv_heads=st.sampled_from([1, 2, 4]))
+def test_parity_on_random_shapes(kind, lengths, extra, left, window, kv_heads, monkeypatch):
+    """Odd lengths, left and right padding, single-key rows, windows down to one key (Mistral and
+    Gemma-3: causal; ModernBERT: `window` keys each side), 1, 2 or 4 key/value heads."""
     def config(kind):
-        return MistralConfig(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window)
+        if kind == "mistral":
+            return MistralConfig(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window)
+        if kind == "gemma3_text":
+            return Gemma3TextConfig(**dict(DECODER, num_key_value_heads=kv_heads), head_dim=8, sliding_window=window,
+                                    query_pre_attn_scalar=8, layer_types=["full_attention", "sliding_attention"])
+        return ModernBertConfig(**COMMON, local_attention=2 * window, global_attn_every_n_layers=2, pad_token_id=0,
+                                bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
     monkeypatch.setitem(globals(), "tiny_config", config)
-    check_parity("mistral", lengths=tuple(lengths), L=max(lengths) + extra, backend="eager", left=left)
+    check_parity(kind, lengths=tuple(lengths), L=max(lengths) + extra, backend="eager", left=left)
 
 
 @pytest.mark.parametrize("kind", ("llama", "gpt2"))
