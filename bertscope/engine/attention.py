@@ -47,6 +47,7 @@ causal, windowed or grouped-query call is refused there in one line.
 from __future__ import annotations
 
 import contextvars
+import numbers
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -387,8 +388,8 @@ def _band_parts(fn) -> tuple[bool, int | None, int | None] | None:
     if module != causal_mask_function.__module__:
         return None
     maker = qualname.split(".<locals>.")[0]
-    if maker in _OVERLAYS and isinstance(_closure(fn).get("sliding_window"), int):
-        w = _closure(fn)["sliding_window"]
+    if maker in _OVERLAYS and isinstance(_closure(fn).get("sliding_window"), numbers.Integral):
+        w = int(_closure(fn)["sliding_window"])
         # sliding_window_overlay: kv > q - w; the bidirectional one: |q - kv| <= w
         return (False, w - 1, None) if _OVERLAYS[maker] == "causal" else (False, w, w)
     if maker == "and_masks":
