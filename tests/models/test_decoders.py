@@ -487,3 +487,18 @@ def test_gpt2_gets_no_token_type_ids(minilm_tokenizer):
     segments = random_segments(minilm_tokenizer, n=4)
     batch = collate_batch(loaded, segments, range(4), StatsSpec(n_key_classes=4))
     assert set(batch.inputs) == {"input_ids", "attention_mask", "position_ids"}
+
+
+def test_a_backend_without_the_layout_is_one_line():
+    from bertscope.kernels import BACKENDS
+
+    missing = sorted(set(BACKENDS) - LAYOUT_BACKENDS - {"triton"})  # triton: only under its interpreter here
+    if not missing:
+        pytest.skip("every CPU backend computes every layout")
+    probe = HeadProbe(LAYERS, HEADS, StatsSpec(entropy=True), backend=missing[0])
+    batch = padded_batch((5, 3), 5, left=True)
+    with pytest.raises(UserError) as info, torch.no_grad(), probe.active(torch.zeros(2, 5, dtype=torch.long),
+                                                                          lambda *a: None):
+        build("llama")(**batch)
+    one_line(info, f"the {missing[0]} backend does not compute the attention of model type 'llama' (causal, 2 "
+                   "key/value heads) yet: use --backend")
