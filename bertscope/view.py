@@ -10,6 +10,12 @@ with the eager reference kernel gives, per layer:
 - the layer's queries and keys (`StatsSpec.keep_qk`), from which the token-level map is
   recomputed with the eager kernel's own definition, softmax of the masked scores.
 
+A decoder's layers (any `AttentionLayout` but the plain one: causal, a sliding window,
+grouped-query) are recomputed with their own mask, and the page gets, per layer, the band of
+keys each row sees (`token_bands`, `word_bands`): cells outside it are drawn blank, not as
+zeros, so a causal map is a triangle and a windowed one a band. Its statistics are the
+decoder's heads.csv columns (`first`, `uniform_entropy`, `kl_uniform`, no `next`).
+
 Maps are embedded as integers in thousandths, rounded by largest remainder so that every
 row still sums to exactly 1000: the page stays small (a few hundred KB for a sentence) and
 a row never looks like it leaks or gains mass.
@@ -28,7 +34,7 @@ from bertscope.analyses.surface.command import RunSettings
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import segment_units, stream_batches
 from bertscope.errors import UserError
-from bertscope.kernels import StatsSpec
+from bertscope.kernels import StatsSpec, visible_mask
 from bertscope.kernels.common import masked_scores
 from bertscope.models.loading import model_name
 
@@ -105,10 +111,45 @@ def attention_maps(scope, segment, from_word: str = "mean"):
     stats.add(batch)
     token, word = [], []
     for layer in batch.layers:
-        scores = masked_scores(layer.queries, layer.keys, batch.key_valid, layer.scale)  # (1, H, L, L)
-        token.append(torch.softmax(scores.double(), dim=-1)[0])  # (H, L, L)
+        token.append(token_map(layer, batch.key_valid))  # (H, L, L)
         word.append(layer.word_map[0].double())  # (H, W, W)
     return stats, torch.stack(token).cpu().numpy(), torch.stack(word).cpu().numpy()
+
+
+def token_map(layer, key_valid: torch.Tensor) -> torch.Tensor:
+    """(H, L, L) float64 attention of one segment's layer, from its kept q and k: the eager kernel's
+    definition, under the layer's own layout (causal, window; k heads shared by query heads)."""
+    layout = layer.layout
+    if layout.is_plain:
+        scores = masked_scores(layer.queries, layer.keys, key_valid, layer.scale)  # (1, H, L, L)
+        return torch.softmax(scores.double(), dim=-1)[0]
+    keys = layer.keys.repeat_interleave(layout.group_size(layer.queries.shape[1]), dim=1)  # (1, H, L, D)
+    scores = torch.matmul(layer.queries, keys.transpose(-1, -2)).double() * layer.scale  # (1, H, L, L)
+    scores = scores.masked_fill(~visible_mask(key_valid, layout), float("-inf"))
+    return torch.softmax(scores, dim=-1)[0]  # every row of one unpadded segment sees itself: no NaN
+
+
+def bands(layouts, n_tokens: int, token_unit: list[int]) -> tuple[list, list]:
+    """(token_bands, word_bands): for each layer, [first, last] key each row sees (inclusive), or
+    None for a plain layer, at the token level and at the word level (units in text order).
+
+    A word row sees the units that hold any token one of its tokens sees: the tokens' bands are
+    contiguous and overlap, so that is a contiguous run of units too."""
+    token_bands, word_bands = [], []
+    n_units = max(token_unit) + 1
+    for layout in layouts:
+        if layout.is_plain:
+            token_bands.append(None)
+            word_bands.append(None)
+            continue
+        rows = [list(layout.key_band(i, n_tokens)) for i in range(n_tokens)]
+        units = [[n_units, -1] for _ in range(n_units)]
+        for t, (lo, hi) in enumerate(rows):
+            u = units[token_unit[t]]
+            u[0], u[1] = min(u[0], token_unit[lo]), max(u[1], token_unit[hi])
+        token_bands.append(rows)
+        word_bands.append(units)
+    return token_bands, word_bands
 
 
 def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_MAX_LEN, from_word: str = "mean",
@@ -122,6 +163,7 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     check_text(text, pair, tokenizer, max_len, loaded.max_len)
     (segment,) = scope.segments([text if pair is None else (text, pair)], max_len=max_len)
     stats, token_maps, word_maps = attention_maps(scope, segment, from_word)
+    layouts = stats.layouts  # None for an encoder's plain attention
     assert not segment.truncated  # check_text refused what does not fit
     order, token_unit = display_order(segment)
     word_maps = word_maps[..., order, :][..., :, order]  # (layers, H, W, W) in text order
@@ -133,7 +175,12 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     Ly, H = loaded.n_layers, loaded.n_heads
     if patterns is not None and np.shape(patterns) != (Ly, H):
         raise ValueError(f"patterns must have shape {(Ly, H)}, got {np.shape(patterns)}")
-    return {
+    columns, key_classes = STAT_COLUMNS, KEY_CLASSES
+    if layouts is not None:  # a decoder's columns: those its table has (`surface.layout_table`)
+        columns = tuple(c for c in ("entropy", "uniform_entropy", "kl_uniform") + STAT_COLUMNS[1:] + ("first",)
+                        if c in table)
+        key_classes = tuple(c for c in ("first",) + KEY_CLASSES if c in table)
+    data = {
         "model": model_name(loaded.path),
         "text": text,
         "pair": pair,
@@ -145,9 +192,9 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
         "token_word": token_unit,  # each token's word (unit) in text order
         "words": units,  # words and special tokens in text order
         "uniform_entropy": round(float(np.log(len(tokens))), 4),
-        "columns": list(STAT_COLUMNS),
-        "stats": [[[round(float(table[c][l, h]), 4) for c in STAT_COLUMNS] for h in range(H)] for l in range(Ly)],
-        "top_class": [[KEY_CLASSES[int(np.argmax([table[c][l, h] for c in KEY_CLASSES]))] for h in range(H)]
+        "columns": list(columns),
+        "stats": [[[round(float(table[c][l, h]), 4) for c in columns] for h in range(H)] for l in range(Ly)],
+        "top_class": [[key_classes[int(np.argmax([table[c][l, h] for c in key_classes]))] for h in range(H)]
                       for l in range(Ly)],
         "patterns": None if patterns is None else [[str(p) for p in row] for row in np.asarray(patterns)],
         "pattern_note": PATTERN_NOTE,
@@ -156,6 +203,11 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
         # when every word is one token the word maps are the token maps: embedded once
         "word_maps": None if len(units) == len(tokens) else quantize_rows(word_maps).reshape(Ly, H, -1).tolist(),
     }
+    if layouts is not None:  # a decoder's page only: an encoder's data stays as it was
+        data["layouts"] = [layout.describe() for layout in layouts]
+        data["token_bands"], data["word_bands"] = bands(layouts, len(tokens), token_unit)
+        data["uniform_entropy"] = round(stats.uniform_entropy(), 4)  # mean over layers of mean ln n_visible
+    return data
 
 
 def render(data: dict) -> str:

@@ -327,6 +327,8 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
     log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
     record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
+    if stats.layouts is not None:  # a decoder's: which keys each layer's rows saw (an encoder's record is unchanged)
+        record["attention"] = [layout.describe() for layout in stats.layouts]
     # every batch is in the checkpoint from here on: only the outputs are missing
     run.interrupted_message = (f"interrupted while writing the outputs; `bertscope run --resume {run_dir}` "
                                "writes them without running the model again")

@@ -27,6 +27,19 @@ Columns (every mass a mean over the segment's valid query rows, like heads.csv):
 Averaged over segments with weights n_tokens (n_<g> for group columns), the rows give back
 heads.csv exactly.
 
+A model whose attention is not plain (a decoder; any layer's `RowStats.layout`) adds
+    uniform_entropy             mean over the segment's rows of ln n_visible(i), the entropy of
+                                uniform attention over the keys each row sees (that layer's)
+    kl_uniform                  uniform_entropy - entropy (with spec.entropy), as in heads.csv
+and its column_max is the largest *mean* attention a key receives from the rows that see it
+(column mass / n_seeing, `kernels.visible_counts`): under a causal mask the first token is
+seen by every row and the last by one, so a share of all rows' mass would favour early keys
+by construction. Under a causal mask, as in heads.csv (`stats.layout_table`), the columns
+that are 0 by construction are left out: next and positive offsets, the first token's row
+group (it sees one key: n_cls 1, entropy 0, all its mass on itself), and, when `finish` finds
+no token of the corpus in a class (a decoder tokenizer's [SEP]), that class's columns and
+its row groups; cls is renamed first (the first real token, BOS where the tokenizer adds one).
+
 Parts are named by rank and the batches they cover, so a resumed run drops the parts
 beyond its checkpoint, torchrun ranks write side by side, and `finish` streams every part
 into one `examples.parquet` (rows in batch order; sort by `segment` when needed), named in
@@ -39,11 +52,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 import torch
 
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import StatsSpec
+from bertscope.kernels import StatsSpec, visible_counts
 from bertscope.text.token_classes import TokenClasses
 
 PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")
@@ -55,19 +69,32 @@ def offset_name(o: int) -> str:
 
 def stat_columns(spec: StatsSpec, classes: TokenClasses) -> list[str]:
     """The statistic columns, in the order `example_rows` fills them."""
+    return column_names(spec, classes)
+
+
+def column_names(spec: StatsSpec, classes: TokenClasses, causal: bool = False) -> list[str | None]:
+    """`stat_columns`, or for a causal model the same list with None for each column left out (the
+    first token's row group, positive offsets) and cls named first; one entry per column of
+    `example_rows`, which a decoder's rows follow with uniform_entropy."""
+    def cls_name(c):
+        return "first" if causal and c == "cls" else c
+
     cols = []
     for g in classes.group_names:
         pre = "" if g == "all" else f"{g}_"
+        drop = causal and g == "cls"  # the first token's rows: one visible key, nothing to read
+        group = []
         if g != "all":
-            cols.append(f"n_{g}")
-        cols += [pre + offset_name(o) for o in spec.offsets]
+            group.append(f"n_{g}")
+        group += [pre + offset_name(o) if not (causal and o > 0) else None for o in spec.offsets]
         if spec.class_mass:
-            cols += [pre + c for c in classes.names]
+            group += [pre + cls_name(c) for c in classes.names]
         if spec.entropy:
-            cols.append(pre + "entropy")
+            group.append(pre + "entropy")
         if spec.argmax:
-            cols += [pre + "argmax_" + offset_name(o) for o in spec.offsets] + [pre + "argmax_elsewhere"]
-            cols += [pre + "argmax_" + c for c in classes.names]
+            group += [pre + "argmax_" + offset_name(o) if not (causal and o > 0) else None for o in spec.offsets]
+            group += [pre + "argmax_elsewhere"] + [pre + "argmax_" + cls_name(c) for c in classes.names]
+        cols += [None] * len(group) if drop else group
     if spec.column_mass:
         cols += ["column_max", "column_argmax"]
     return cols
@@ -88,10 +115,18 @@ def example_rows(batch: BatchContext) -> np.ndarray:
                      for g in range(rows.shape[1])]  # group 0 ("all") has no row-count column
         cols = torch.cat(per_group, dim=-1)  # (B, H, K')
         if stats.column_mass is not None:
-            share = stats.column_mass.double() / batch.n_tokens[:, None, None].clamp_min(1)  # (B, H, L)
+            if stats.layout.is_plain:  # a share of all rows' mass
+                share = stats.column_mass.double() / batch.n_tokens[:, None, None].clamp_min(1)  # (B, H, L)
+            else:  # the mean over the rows that see each key
+                n_seeing = visible_counts(batch.key_valid, stats.layout)[1]  # (B, L)
+                share = stats.column_mass.double() / n_seeing[:, None, :].clamp_min(1)  # (B, H, L)
             share = share.masked_fill(~batch.key_valid[:, None, :], -1.0)
             best, where = share.max(-1)  # (B, H)
             cols = torch.cat([cols, best[..., None], where[..., None].double()], dim=-1)
+        if not all(other.layout.is_plain for other in batch.layers):  # a decoder's: its rows' uniform baseline
+            n_visible = visible_counts(batch.key_valid, stats.layout)[0].double()  # (B, L)
+            baseline = torch.log(n_visible.clamp_min(1)).sum(-1) / batch.n_tokens.clamp_min(1)  # (B,)
+            cols = torch.cat([cols, baseline[:, None, None].expand(B, H, 1).to(cols.dtype)], dim=-1)
         out.append(cols)
     return torch.stack(out, dim=1).cpu().numpy()  # (B, layers, H, K)
 
@@ -103,14 +138,30 @@ class PerExampleWriter:
     def __init__(self, directory: Path, spec: StatsSpec, classes: TokenClasses, rank: int = 0):
         self.directory, self.spec, self.classes, self.rank = Path(directory), spec, classes, rank
         self.columns = stat_columns(spec, classes)
+        self.keep = None  # a decoder's: the indices of example_rows' columns it writes (see `_layout_columns`)
         self.batches_done = 0
         self._flushed = 0  # batches already in part files
         self._pending: list[pa.RecordBatch] = []
 
     # -- filling
 
+    def _layout_columns(self, batch: BatchContext):
+        """A decoder's columns, from its first batch: those of `column_names`, then uniform_entropy."""
+        causal = any(layer.layout.causal for layer in batch.layers)
+        names = column_names(self.spec, self.classes, causal) + ["uniform_entropy"]
+        self.keep = [k for k, name in enumerate(names) if name is not None]
+        self.columns = [names[k] for k in self.keep] + (["kl_uniform"] if self.spec.entropy else [])
+
     def add(self, batch: BatchContext):
         values = example_rows(batch)  # (B, layers, H, K)
+        if self.keep is None and not all(layer.layout.is_plain for layer in batch.layers):
+            self._layout_columns(batch)
+        if self.keep is not None:
+            values = values[..., self.keep]
+            if self.spec.entropy:  # kl_uniform = uniform_entropy - entropy, as in heads.csv
+                at = self.columns.index
+                values = np.concatenate([values, values[..., at("uniform_entropy"), None]
+                                         - values[..., at("entropy"), None]], axis=-1)
         B, Ly, H, K = values.shape
         index = np.asarray(batch.indices)
         docs = np.asarray([i if s.document is None else s.document for i, s in zip(batch.indices, batch.segments)])
@@ -178,9 +229,12 @@ class PerExampleWriter:
         path, n = Path(path), 0
         tmp = path.with_name(path.name + ".tmp")
         writer = None
+        absent = absent_class_columns(parts, self.classes)
         try:
             for part in parts:
                 table = pq.read_table(part)
+                if absent:
+                    table = table.drop_columns(absent)
                 writer = writer or pq.ParquetWriter(tmp, table.schema)
                 writer.write_table(table)
                 n += table.num_rows
@@ -195,6 +249,30 @@ class PerExampleWriter:
         if not any(self.directory.iterdir()):
             self.directory.rmdir()
         return n
+
+
+def absent_class_columns(parts: list[Path], classes: TokenClasses) -> list[str]:
+    """A decoder's columns (its parts have uniform_entropy) of the row-group classes no segment has a
+    token of (a tokenizer without [SEP]): the class's mass (0 everywhere), its row group's columns
+    (NaN everywhere), and its complement group's, which is then every row again. [] for an encoder."""
+    if not parts or "uniform_entropy" not in pq.read_schema(parts[0]).names:
+        return []
+    names = pq.read_schema(parts[0]).names
+    counts = [f"n_{c}" for c in classes.row_groups if f"n_{c}" in names and not c.startswith("non_")]
+    seen = {c: False for c in counts}
+    for part in parts:
+        table = pq.read_table(part, columns=counts)
+        for c in counts:
+            seen[c] = seen[c] or bool(pa.compute.max(table[c]).as_py() or 0)
+    out = []
+    for count, was in seen.items():
+        c = count[2:]
+        if was:
+            continue
+        groups = (c, f"non_{c}")
+        out += [n for n in names if n in (f"n_{c}", f"n_non_{c}") or n.startswith(tuple(g + "_" for g in groups))
+                or n == c or n.endswith(("_" + c, "argmax_" + c))]
+    return list(dict.fromkeys(out))
 
 
 def _parse(path: Path) -> tuple[int, int, int]:

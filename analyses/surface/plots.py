@@ -12,6 +12,13 @@
                               (Clark Fig. 2 head by head, plus the ">90% [SEP]->[SEP]" claim)
     fig_entropy_heatmap.png   layer x head mean attention entropy in nats (Clark Fig. 4 head by head)
 
+A decoder's table (`stats.layout_table`: a `first` column for the first token, each layer's
+`uniform_entropy`, no `next`, no class its tokenizer lacks) gets the same five files: panels
+of columns the table lacks are left out, the first token takes [CLS]'s panels, and the
+entropy figures draw each layer's own uniform baseline (ln n_visible(i), per layer) and the
+KL divergence from it (`kl_uniform`) instead of the [CLS] row, whose entropy is 0 under a
+causal mask.
+
 Heads are labelled `<layer>-<head>` from 1, as in the paper. Colours are the Okabe-Ito
 palette for points and viridis / magma for heatmaps, all colourblind-safe. Heatmap
 cells show their value when the grid is at most 12 x 12; NaN cells are left blank.
@@ -79,25 +86,75 @@ def plot_surface(table: dict[str, np.ndarray], out_dir: Path, title: str,
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    draw = {
-        TOKENS_BY_LAYER_FIGURE: lambda path: _tokens_by_layer(table, path, title),
-        ENTROPY_BY_LAYER_FIGURE: lambda path: _entropy_by_layer(table, path, title, uniform_entropy,
-                                                                cls_uniform_entropy),
-        OFFSETS_HEATMAP_FIGURE: lambda path: _heatmaps(
-            table, [("prev", "previous token"), ("self", "current token"), ("next", "next token")], path,
-            f"{title}: average attention to relative positions", "average attention"),
-        SPECIAL_HEATMAP_FIGURE: lambda path: _heatmaps(
-            table, [("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", '". or ,"'),
-                    ("sep_sep", "[SEP] → [SEP] (from [SEP] rows)")], path,
-            f"{title}: average attention to special tokens", "average attention"),
-        ENTROPY_HEATMAP_FIGURE: lambda path: _heatmaps(
-            table, [("entropy", "")], path, f"{title}: average attention entropy per head", "entropy (nats)",
-            vmin=None, vmax=None, cmap="magma"),
-    }
+    if "first" in table:
+        draw = _decoder_figures(table, title)
+    else:
+        draw = {
+            TOKENS_BY_LAYER_FIGURE: lambda path: _tokens_by_layer(table, path, title),
+            ENTROPY_BY_LAYER_FIGURE: lambda path: _entropy_by_layer(table, path, title, uniform_entropy,
+                                                                    cls_uniform_entropy),
+            OFFSETS_HEATMAP_FIGURE: lambda path: _heatmaps(
+                table, [("prev", "previous token"), ("self", "current token"), ("next", "next token")], path,
+                f"{title}: average attention to relative positions", "average attention"),
+            SPECIAL_HEATMAP_FIGURE: lambda path: _heatmaps(
+                table, [("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", '". or ,"'),
+                        ("sep_sep", "[SEP] → [SEP] (from [SEP] rows)")], path,
+                f"{title}: average attention to special tokens", "average attention"),
+            ENTROPY_HEATMAP_FIGURE: lambda path: _heatmaps(
+                table, [("entropy", "")], path, f"{title}: average attention entropy per head", "entropy (nats)",
+                vmin=None, vmax=None, cmap="magma"),
+        }
     unknown = set(names) - set(draw)
     if unknown:
         raise ValueError(f"no surface figure named {', '.join(sorted(unknown))}")
     return [draw[name](out_dir / name) for name in names]
+
+
+def _decoder_figures(table, title: str) -> dict:
+    """The five figures of a decoder's table: the columns it has, the first token for [CLS],
+    each layer's uniform baseline and the KL divergence from it for the [CLS] row's entropy."""
+    special = [(c, label) for c, label in (("first", "first token"), ("sep", "[SEP]"), ("punct", '". or ,"'),
+                                           ("sep_sep", "[SEP] → [SEP] (from [SEP] rows)")) if c in table]
+    offsets = [(c, label) for c, label in (("prev", "previous token"), ("self", "current token"),
+                                           ("next", "next token")) if c in table]
+    return {
+        TOKENS_BY_LAYER_FIGURE: lambda path: _tokens_by_layer(table, path, title),
+        ENTROPY_BY_LAYER_FIGURE: lambda path: _decoder_entropy_by_layer(table, path, title),
+        OFFSETS_HEATMAP_FIGURE: lambda path: _heatmaps(
+            table, offsets, path, f"{title}: average attention to relative positions", "average attention"),
+        SPECIAL_HEATMAP_FIGURE: lambda path: _heatmaps(
+            table, special, path, f"{title}: average attention to the first token and special tokens",
+            "average attention"),
+        ENTROPY_HEATMAP_FIGURE: lambda path: _heatmaps(
+            table, [("entropy", "entropy"), ("kl_uniform", "below uniform (KL)")], path,
+            f"{title}: average attention entropy per head, and its distance from uniform", "nats",
+            vmin=0.0, vmax=None, cmap="magma"),
+    }
+
+
+def _decoder_entropy_by_layer(table, path: Path, title: str) -> Path:
+    """Entropy by layer against each layer's own uniform baseline (mean ln n_visible(i)), and
+    the KL divergence from that baseline (`kl_uniform`), one dot per head."""
+    rng = np.random.default_rng(0)
+    fig = new_figure(figsize=(10, 3.8))
+    axes = fig.subplots(1, 2)
+    entropy = np.asarray(table["entropy"], dtype=float)
+    baseline = np.asarray(table["uniform_entropy"], dtype=float)[:, 0]  # (layers,) the same for every head
+    _by_layer(axes[0], entropy, BLUE, rng)
+    layers = np.arange(1, len(baseline) + 1)
+    axes[0].plot(layers, baseline, ls="--", color="grey", lw=1.2, label="uniform over the visible keys")
+    top = 1.1 * max(_finite_max(entropy), _finite_max(baseline)) or 1.0
+    axes[0].set_ylim(-0.02 * top, top)
+    axes[0].set_title("attention entropy")
+    axes[0].set_ylabel("average entropy (nats)")
+    kl = np.asarray(table["kl_uniform"], dtype=float)
+    _by_layer(axes[1], kl, VERMILLION, rng)
+    top = 1.1 * _finite_max(kl) or 1.0
+    axes[1].set_ylim(-0.02 * top, top)
+    axes[1].set_title("below uniform: KL(p || uniform over visible keys)")
+    axes[1].set_ylabel("nats")
+    fig.suptitle(f"{title}: attention entropy by layer, against uniform attention over the keys each row sees")
+    return _save(fig, path, legend_axes=axes)
 
 
 # ---------------------------------------------------------------------------- by layer
@@ -126,9 +183,12 @@ def _tokens_by_layer(table, path: Path, title: str) -> Path:
     (his middle panel) the attention to [SEP] from other tokens beside [SEP] -> [SEP]."""
     rng = np.random.default_rng(0)
     panels = [("cls", "[CLS]", BLUE), ("sep", "[SEP]", ORANGE), ("punct", '". or ,"', GREEN)]
+    decoder = "first" in table  # a decoder's table: the first token for [CLS], only the classes it has
+    if decoder:
+        panels = [p for p in [("first", "the first token", BLUE)] + panels[1:] if p[0] in table]
     from_sep = [c for c in ("rest_sep", "sep_sep") if c in table]
-    fig = new_figure(figsize=(4 * (3 + bool(from_sep)), 3.8))
-    axes = fig.subplots(1, 3 + bool(from_sep), sharey=False)
+    fig = new_figure(figsize=(4 * (len(panels) + bool(from_sep)), 3.8))
+    axes = fig.subplots(1, len(panels) + bool(from_sep), sharey=False, squeeze=False)[0]
     for ax, (col, label, color) in zip(axes, panels):
         values = np.asarray(table[col], dtype=float)
         _by_layer(ax, values, color, rng)
@@ -141,7 +201,8 @@ def _tokens_by_layer(table, path: Path, title: str) -> Path:
             _by_layer(ax, np.asarray(table[col], dtype=float), color, rng, label=label, mean_color=color)
         _mass_axis(ax, np.concatenate([np.asarray(table[c], dtype=float).ravel() for c in from_sep]),
                    "attention to [SEP], by query")
-    fig.suptitle(f"{title}: average attention to special tokens by layer (Clark et al. Fig. 2)")
+    fig.suptitle(f"{title}: average attention to the first token and special tokens by layer" if decoder
+                 else f"{title}: average attention to special tokens by layer (Clark et al. Fig. 2)")
     return _save(fig, path, legend_axes=axes)
 
 

@@ -46,6 +46,31 @@ SURFACE_FIGURES = {
 }
 
 
+DECODER_FIGURES = {
+    TOKENS_BY_LAYER_FIGURE: (
+        "Average attention to the first token of the segment (BOS where the tokenizer adds one), and to '. or ,' "
+        "where the tokenizer has them, by layer. Each dot is one head, the line the layer mean. Under a causal "
+        "mask every row sees the first token, and heads that have nothing to attend to park their attention "
+        "there (an attention sink): a high layer mean says the layer's heads mostly do."),
+    ENTROPY_BY_LAYER_FIGURE: (
+        "Left: mean attention entropy in nats by layer, one dot per head; the dashed line is each layer's own "
+        "uniform baseline, the mean over rows of ln n_visible(i), the entropy of uniform attention over the keys "
+        "row i sees (i + 1 keys under a causal mask, at most the window in a windowed layer). Right: the distance "
+        "from that baseline, the mean over rows of KL(p_i || uniform over the visible keys) = baseline - entropy: "
+        "0 for a head that spreads evenly over what it sees, large for a focused one."),
+    OFFSETS_HEATMAP_FIGURE: (
+        "Layer x head attention mass on the previous and the same token (the next token is never visible "
+        "under a causal mask, so it is left out). A bright cell above 0.5 is a positional head."),
+    SPECIAL_HEATMAP_FIGURE: (
+        "Layer x head attention mass on the first token and on '. or ,' (and [SEP] where the tokenizer has one). "
+        "Bright cells on the first token are attention-sink heads."),
+    ENTROPY_HEATMAP_FIGURE: (
+        "Layer x head mean attention entropy, and its distance from uniform attention over the visible keys "
+        "(KL, nats), on one scale. Read the second: raw entropy grows with the number of keys a row sees, so "
+        "it is lower in windowed layers and early positions whatever the head does."),
+}
+
+
 def _grid(rows: list[dict], col: str, layers: int, heads: int) -> np.ndarray:
     g = np.full((layers, heads), np.nan)
     for r in rows:
@@ -67,6 +92,16 @@ def _uniform_entropy(run: RunFiles) -> float | None:
         return HeadStats.load(run.dir / STATS_FILE).uniform_entropy()
     # an unreadable checkpoint only costs the broad-head finding
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None
+
+
+def _layer_n_visible(run: RunFiles) -> np.ndarray | None:
+    """(layers,) mean keys a row sees, from a decoder's stats.npz, else None."""
+    if not run.has(STATS_FILE):
+        return None
+    try:
+        return HeadStats.load(run.dir / STATS_FILE).layer_n_visible()
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # it only costs the column
         return None
 
 
@@ -130,10 +165,60 @@ def _surface_findings(rows: list[dict], uniform: float | None) -> tuple[list[str
     return out, table
 
 
+@np.errstate(invalid="ignore")
+def decoder_findings(rows: list[dict], n_visible: np.ndarray | None = None) -> tuple[list[str], Table]:
+    """The findings and per-layer table of a decoder's heads.csv (a `first` column): Clark et al.'s
+    numbers are bert-base's and are not quoted; the entropy is read against each layer's baseline.
+    `n_visible`: (layers,) the mean number of keys a row sees (from stats.npz), a column when given."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+        warnings.filterwarnings("ignore", "All-NaN slice encountered", RuntimeWarning)
+        layers = max(int(r["layer"]) for r in rows)
+        heads = max(int(r["head"]) for r in rows)
+        cols = [c for c in ("prev", "self", "first", "punct", "sep", "entropy", "uniform_entropy", "kl_uniform")
+                if c in rows[0]]
+        g = {c: _grid(rows, c, layers, heads) for c in cols}
+        out = []
+        for col, name in (("prev", "previous-token"), ("self", "self"), ("first", "first-token")):
+            hits = _over(g[col], PREV_NEXT_CUT)
+            what = {"prev": "the previous token", "self": "themselves", "first": "the first token"}[col]
+            out.append(f"{len(hits)} {name} heads (more than {pct(PREV_NEXT_CUT)} of their attention on {what}): "
+                       f"{heads_str(hits)}.")
+        layer_first = np.nanmean(g["first"], axis=1)
+        out.append(f"Attention to the first token per layer ranges from {pct(np.nanmin(layer_first))} to "
+                   f"{pct(np.nanmax(layer_first))} (highest in layer {int(np.nanargmax(layer_first)) + 1}). Every "
+                   "row of a causal model sees the first token, so a head with nothing else to attend to can put "
+                   "its attention there.")
+        baseline = g["uniform_entropy"]  # (layers, H), the same for every head of a layer
+        broad = _over(g["entropy"] - Thresholds.broad * baseline, 0.0)
+        out.append(f"{len(broad)} broad heads (mean entropy above {Thresholds.broad:.0%} of their layer's uniform "
+                   f"baseline, the mean of ln n_visible over the rows, {np.nanmin(baseline[:, 0]):.2f} to "
+                   f"{np.nanmax(baseline[:, 0]):.2f} nats): {heads_str(broad)}.")
+        flat = np.nan_to_num(g["kl_uniform"], nan=-np.inf).ravel()
+        top = [f"{i // heads + 1}-{i % heads + 1} ({g['kl_uniform'].ravel()[i]:.2f})"
+               for i in np.argsort(-flat, kind="stable")[:3]]
+        out.append(f"Most focused heads (largest KL divergence from uniform attention over the visible keys, "
+                   f"nats): {', '.join(top)}.")
+        seen = n_visible is not None and len(n_visible) == layers
+        columns = ["layer", "first token", "previous", "self"] + (["'. or ,'"] if "punct" in g else []) \
+            + ["entropy (nats)", "uniform (nats)", "KL from uniform"] + (["keys seen"] if seen else [])
+        table = Table("Per layer: mean over heads (uniform: the mean over rows of ln n_visible(i); keys seen: the "
+                      "mean of n_visible(i))", columns,
+                      [[i + 1, float(layer_first[i]), float(np.nanmean(g["prev"][i])), float(np.nanmean(g["self"][i]))]
+                       + ([float(np.nanmean(g["punct"][i]))] if "punct" in g else [])
+                       + [float(np.nanmean(g["entropy"][i])), float(baseline[i, 0]),
+                          float(np.nanmean(g["kl_uniform"][i]))]
+                       + ([round(float(n_visible[i]), 1)] if seen else []) for i in range(layers)],
+                      shade=set(columns) - {"layer", "uniform (nats)", "keys seen"})
+    return out, table
+
+
 def build(run: RunFiles) -> Section | None:
     rows = run.csv(HEADS_FILE)
     if not rows:
         return None
+    if "first" in rows[0]:
+        return build_decoder(run, rows)
     findings, per_layer = surface_findings(rows, _uniform_entropy(run))
     cols = [c for c in rows[0] if c != "n_tokens"]
     shaded = set(cols) - {"layer", "head"}
@@ -144,6 +229,23 @@ def build(run: RunFiles) -> Section | None:
                    intro="Where each head's attention goes on average over the corpus: relative positions, "
                    "special tokens, and how broad it is.",
                    findings=findings, tables=[per_layer, table], figures=figures)
+
+def build_decoder(run: RunFiles, rows: list[dict]) -> Section:
+    """The section of a causal model's run (heads.csv has `first`, `uniform_entropy`, `kl_uniform`)."""
+    findings, per_layer = decoder_findings(rows, _layer_n_visible(run))
+    cols = [c for c in rows[0] if c != "n_tokens"]
+    table = Table("Per head (heads.csv): mean attention mass, entropy, its uniform baseline and the KL from it", cols,
+                  [[int(r[c]) if c in ("layer", "head") else num(r[c]) for c in cols] for r in rows],
+                  shade=set(cols) - {"layer", "head", "uniform_entropy"})
+    figures = [f for name, cap in DECODER_FIGURES.items() if (f := run.figure(name, cap))]
+    return Section("Surface-level attention patterns of a causal model",
+                   intro="Where each head's attention goes on average over the corpus, over the keys each row can "
+                   "see: row i of a causal model sees tokens 1..i only (a windowed layer the last few). The first "
+                   "token takes [CLS]'s place (the model has no [CLS]); the next token and any class the tokenizer "
+                   "lacks are left out, being 0 by construction; entropy is read against each layer's uniform "
+                   "baseline ln n_visible(i).",
+                   findings=findings, tables=[per_layer, table], figures=figures)
+
 
 def build_per_example(run: RunFiles) -> Section | None:
     info = run.record.get("per_example")

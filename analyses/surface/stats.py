@@ -19,6 +19,25 @@ wider offsets (`--max-offset`) come `offset_-2`, `offset_+2`, ... columns; with 
 the `argmax_*` columns give the share of tokens whose most-attended key is of that kind, a
 stricter "this head points at X" reading (off by default: an index-tracking reduction
 over every map costs several times a plain max, a few percent of the whole pass).
+
+Decoders (and any model whose attention is not an encoder's plain one: `HeadStats.layouts`)
+get a table of their own, `LAYOUT_COLUMNS`, where every number means something for rows that
+see different numbers of keys:
+    first                mass on the first real token of the segment (BOS where the tokenizer
+                         adds one): a causal model's [CLS]-like key, every row sees it
+                         (`bertscope.text.token_classes.first_token_class`); replaces cls
+    uniform_entropy      mean over the rows of ln n_visible(i), the entropy of uniform attention
+                         over the keys each row sees: the layer's baseline (Gemma-3's windowed
+                         and global layers have different ones)
+    kl_uniform           uniform_entropy - entropy: the mean over rows of KL(p_i || uniform over
+                         the keys row i sees), in nats; 0 for a head that spreads evenly, large
+                         for a focused one. A mean of per-row differences, so it stays exact
+                         where a ratio of means would weigh long rows more and a per-row ratio
+                         is undefined on rows that see one key
+Columns that are 0 by construction are left out rather than shown as 0: under a causal mask
+next and every positive offset (a row sees no later key) and cls_entropy (the first row sees
+one key: entropy 0); for any non-plain layout, a class no token of the corpus has ([SEP] for
+a decoder's tokenizer without one) and the sep_sep / rest_sep columns that read it.
 """
 from __future__ import annotations
 
@@ -41,6 +60,12 @@ ARGMAX_COLUMNS = ("argmax_prev", "argmax_self", "argmax_next", "argmax_cls", "ar
 
 def head_table(stats: HeadStats) -> dict[str, np.ndarray]:
     """Every column of heads.csv as a (layers, H) array, in column order."""
+    if stats.layouts is not None:
+        return layout_table(stats)
+    return _encoder_table(stats)
+
+
+def _encoder_table(stats: HeadStats) -> dict[str, np.ndarray]:
     offsets = list(stats.spec.offsets)
     cls_of = {name: i for i, name in enumerate(stats.class_names)}
     offset_mass = stats.mean("offset_mass_sum")  # (layers, H, O)
@@ -80,6 +105,8 @@ def table_rows(table: dict[str, np.ndarray]) -> list[dict]:
 
 def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
     """A few lines for the terminal: the heads that most clearly show each pattern."""
+    if "first" in table:
+        return decoder_summary(table, k)
     lines = []
     for col, what in (("prev", "previous token"), ("next", "next token"), ("cls", "[CLS]"),
                       ("sep", "[SEP]"), ("punct", "'.' and ','"), ("entropy", "broadest (entropy, nats)")):
@@ -92,4 +119,69 @@ def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
             warnings.simplefilter("ignore", RuntimeWarning)
             by_layer = np.nanmean(table[col], axis=1)
         lines.append(f"  {what + ' by layer':<26} " + " ".join(f"{x:.2f}" for x in by_layer))
+    return "\n".join(lines)
+
+
+def present_classes(stats: HeadStats) -> set[str]:
+    """Key classes the corpus has tokens of: a class that is a row group counts its rows (every
+    query is a key too); the others are taken as present."""
+    return {c for c in stats.class_names
+            if c not in stats.group_names or stats.n_tokens[stats.group_names.index(c)] > 0}
+
+
+def layout_table(stats: HeadStats) -> dict[str, np.ndarray]:
+    """heads.csv of a model whose attention is not plain (a decoder; see the module's docstring):
+    the encoder's columns, less those that are 0 by construction, with [CLS] read as the first
+    token under a causal mask, and each layer's uniform baseline beside the entropy."""
+    full = _encoder_table(stats)
+    causal, present = stats.causal, present_classes(stats)
+    Ly, H = stats.n_layers, stats.n_heads
+    out = {}
+    for col, values in full.items():
+        if causal and (col in ("next", "argmax_next") or col.startswith("offset_+")):
+            continue  # a row sees no later key
+        if col in ("sep", "punct", "argmax_sep", "argmax_punct") and col.removeprefix("argmax_") not in present:
+            continue
+        if col in ("sep_sep", "rest_sep") and "sep" not in present:
+            continue
+        if col == "cls_entropy" and (causal or "cls" not in present):
+            continue
+        if col == "cls" and not causal and "cls" not in present:
+            continue
+        name = {"cls": "first", "argmax_cls": "argmax_first"}.get(col, col) if causal else col
+        out[name] = values
+        if col == "entropy":
+            uniform = np.repeat(stats.layer_uniform_entropy()[:, None], H, axis=1)  # (layers, H)
+            out["uniform_entropy"] = uniform
+            out["kl_uniform"] = uniform - values
+    assert all(v.shape == (Ly, H) for v in out.values())
+    return out
+
+
+def _top(table: dict[str, np.ndarray], col: str, k: int, lowest: bool = False) -> str:
+    """The k heads with the highest (`lowest`: the lowest) values of `col`, with their values; NaN last."""
+    flat = table[col].ravel()
+    key = np.nan_to_num(flat, nan=np.inf) if lowest else -np.nan_to_num(flat, nan=-np.inf)
+    top = np.argsort(key, kind="stable")[:k]
+    return ", ".join(f"{table['layer'].ravel()[i]}-{table['head'].ravel()[i]} ({flat[i]:.2f})" for i in top)
+
+
+def decoder_summary(table: dict[str, np.ndarray], k: int = 3) -> str:
+    """The terminal lines of a causal model: previous-token, self and first-token heads, the most
+    focused and the broadest heads against their layer's uniform baseline (KL from uniform over the
+    visible keys: raw entropy grows with the keys a row sees), and the first token's share by layer."""
+    lines = []
+    for col, what in (("prev", "previous token"), ("self", "current token"), ("first", "first token"),
+                      ("punct", "'.' and ','"), ("sep", "[SEP]"), ("kl_uniform", "most focused (KL, nats)")):
+        if col in table:
+            lines.append(f"  {what:<26} {_top(table, col, k)}")
+    lines.append(f"  {'broadest (KL, nats)':<26} " + _top(table, "kl_uniform", k, lowest=True))
+    for col, what in (("first", "first token mass"), ("entropy", "entropy"), ("uniform_entropy", "uniform entropy")):
+        with warnings.catch_warnings():  # a layer of removed heads is NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            by_layer = np.nanmean(table[col], axis=1)
+        if col == "uniform_entropy" and np.ptp(by_layer) < 5e-3:  # no windowed layer: one baseline
+            lines.append(f"  {what:<26} {by_layer[0]:.2f} (every layer)")
+        else:
+            lines.append(f"  {what + ' by layer':<26} " + " ".join(f"{x:.2f}" for x in by_layer))
     return "\n".join(lines)

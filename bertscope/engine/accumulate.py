@@ -14,6 +14,14 @@ the corpus. "segments" weighs each row of group g in segment s by 1 / (rows of g
 counts a segment once in `n_rows[g]` when it has rows of g: a mean is then the mean over
 segments of the per-segment mean, as Clark et al.'s notebook computed it. Either way the
 sums stay additive, so merging and resuming work the same.
+
+Decoders (any layer whose `AttentionLayout` is not plain: causal, windowed, grouped-query) see
+different numbers of keys in different rows: row i of a causal layer sees i + 1 keys, of a
+windowed one at most the window. Their uniform baseline is then per row, ln n_visible(i), and
+per layer (Gemma-3 alternates windowed and global layers), so the accumulator also sums, per
+layer and row group, ln n_visible(i) and n_visible(i) over the rows (`visible_entropy_sum`,
+`n_visible_sum`, from `kernels.visible_counts`: O(L) per segment, no map). An encoder's
+accumulator never holds them: its sums, and the file it saves, are what they always were.
 """
 from __future__ import annotations
 
@@ -25,13 +33,15 @@ import torch
 
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
-from bertscope.kernels.spec import SEGMENT_SUMS
+from bertscope.kernels.spec import SEGMENT_SUMS, AttentionLayout, visible_counts
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 
 AVERAGES = ("tokens", "segments")
 # one array per segment sum of the kernels' table (BatchContext.segment_sums name -> HeadStats array)
 ARRAYS = ("n_rows", "n_tokens", "uniform_entropy_sum", *(m.array for m in SEGMENT_SUMS))
+# sums a decoder's accumulator holds beside them (`HeadStats.layouts` not None), (layers, G) each
+LAYOUT_ARRAYS = ("visible_entropy_sum", "n_visible_sum")
 
 
 class HeadStats:
@@ -48,6 +58,12 @@ class HeadStats:
     class_mass_sum      (layers, H, G, C)    sum of mass on each key class
     argmax_offset_count (layers, H, G, O+1)  rows whose argmax is at offset o; last: elsewhere
     argmax_class_count  (layers, H, G, C)    rows whose argmax key is of class c
+    and, once a layer's attention is not plain (a decoder: `layouts` is then one
+    `AttentionLayout` per layer, else None):
+    visible_entropy_sum (layers, G)          sum over rows of ln n_visible(i): each row's own
+                                             uniform baseline (what uniform_entropy_sum is for
+                                             an encoder, whose rows all see every token)
+    n_visible_sum       (layers, G)          sum over rows of n_visible(i), the keys each row sees
 
     `classes` is a `TokenClasses` scheme, or bare class names (every class but the last
     catch-all then gets a row group, as the vocabulary scheme does).
@@ -69,6 +85,7 @@ class HeadStats:
         width = {"O": O, "O+1": O + 1, "C": C}  # the table's symbolic widths
         for m in SEGMENT_SUMS:  # entropy_sum (layers, H, G), offset_mass_sum (layers, H, G, O), ...
             setattr(self, m.array, np.zeros((Ly, H, G, *(width[d] for d in m.width))))
+        self.layouts: list[AttentionLayout] | None = None  # set by the first batch of a decoder
         self.n_segments = 0
         # batches of the engine's plan these sums cover: saved in the same file as the sums,
         # so a checkpoint is one atomic write and a resumed run can never count a batch twice
@@ -91,6 +108,8 @@ class HeadStats:
         self.uniform_entropy_sum += (log_len[:, None] * rows * weight).sum(0).cpu().numpy()
         self.n_segments += batch.size
         w = weight[:, None, :, None]  # (B, 1, G, 1)
+        if any(not stats.layout.is_plain for stats in batch.layers):
+            self._add_visible(batch, weight)
         for layer in range(len(batch.layers)):
             self.n_rows[layer] += counted
             for m in SEGMENT_SUMS:
@@ -99,13 +118,54 @@ class HeadStats:
                     total = getattr(self, m.array)[layer]
                     total += (s * w).sum(0).reshape(total.shape).cpu().numpy()
 
+    def _add_visible(self, batch: BatchContext, weight: torch.Tensor):
+        """A decoder's per-layer sums of ln n_visible(i) and n_visible(i) over each group's rows."""
+        layouts = [stats.layout for stats in batch.layers]
+        if self.layouts is None:
+            self.init_layouts(layouts)
+        elif layouts != self.layouts:
+            raise ValueError("the layers' attention layouts changed between batches")
+        groups = batch.row_groups * weight[:, None, :]  # (B, L, G) rows of each group, weighted
+        cache = {}
+        for layer, layout in enumerate(layouts):
+            if layout not in cache:  # layers of the same layout (every global one) share the counts
+                n_visible = visible_counts(batch.key_valid, layout)[0].double()  # (B, L)
+                cache[layout] = (torch.einsum("bl,blg->g", torch.log(n_visible.clamp_min(1)), groups).cpu().numpy(),
+                                 torch.einsum("bl,blg->g", n_visible, groups).cpu().numpy())
+            log_sum, n_sum = cache[layout]
+            self.visible_entropy_sum[layer] += log_sum
+            self.n_visible_sum[layer] += n_sum
+
+    def init_layouts(self, layouts):
+        """Make this a decoder's accumulator: one `AttentionLayout` per layer, zero visible sums."""
+        if len(layouts) != self.n_layers:
+            raise ValueError(f"{len(layouts)} layouts for {self.n_layers} layers")
+        self.layouts = list(layouts)
+        for name in LAYOUT_ARRAYS:
+            setattr(self, name, np.zeros((self.n_layers, len(self.group_names))))
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The names of the sums this accumulator holds."""
+        return ARRAYS + (LAYOUT_ARRAYS if self.layouts is not None else ())
+
+    @property
+    def causal(self) -> bool:
+        """Whether any layer is causal (a decoder): its rows see no key after themselves."""
+        return self.layouts is not None and any(layout.causal for layout in self.layouts)
+
     # -- combining and storing
 
     def merge(self, other: HeadStats) -> HeadStats:
         """Add another accumulator's sums into this one (another batch, run or process)."""
+        if self.layouts is None and other.layouts is not None:  # one that has seen no batch yet
+            self.init_layouts(other.layouts)
+        elif other.layouts is None and self.layouts is not None and other.batches_done == 0:
+            other = HeadStats(other.n_layers, other.n_heads, other.spec, other.classes, other.average)
+            other.init_layouts(self.layouts)
         if self.meta() != other.meta():
             raise ValueError("cannot merge statistics of different models or specs")
-        for name in ARRAYS:
+        for name in self.arrays:
             getattr(self, name).__iadd__(getattr(other, name))
         self.n_segments += other.n_segments
         return self
@@ -121,12 +181,14 @@ class HeadStats:
             "entropy": self.spec.entropy,
             "argmax": self.spec.argmax,
             "average": self.average,
+            # a decoder's only: an encoder's meta (and file) stays what it was
+            **({"layouts": [layout_dict(layout) for layout in self.layouts]} if self.layouts is not None else {}),
         }
 
     def save(self, path: Path):
         """Write all sums to an .npz atomically (a crash mid-write leaves the old file)."""
         write_npz(path, meta=json.dumps(self.meta()), n_segments=self.n_segments, batches_done=self.batches_done,
-                  **{name: getattr(self, name) for name in ARRAYS})
+                  **{name: getattr(self, name) for name in self.arrays})
 
     @classmethod
     def load(cls, path: Path) -> HeadStats:
@@ -138,7 +200,9 @@ class HeadStats:
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
                 else TokenClasses.of(names)
             acc = cls(meta["n_layers"], meta["n_heads"], spec, classes, meta.get("average", "tokens"))
-            for name in ARRAYS:
+            if "layouts" in meta:
+                acc.init_layouts([layout_of(d) for d in meta["layouts"]])
+            for name in acc.arrays:
                 if name not in f or getattr(acc, name).shape != f[name].shape:
                     raise ValueError(f"{path} has no {name} of shape {getattr(acc, name).shape}: "
                                      "written by another bertscope version")
@@ -150,10 +214,33 @@ class HeadStats:
     # -- reading
 
     def uniform_entropy(self, group: str = "all") -> float:
-        """Mean entropy of uniform attention over the same rows: the "no preference" line."""
+        """Mean entropy of uniform attention over the same rows: the "no preference" line.
+        For a decoder, uniform over the keys each row sees, averaged over rows and layers
+        (`layer_uniform_entropy` gives it per layer)."""
         gi = self.group_names.index(group)
+        if self.layouts is not None:
+            n = self.n_rows[:, gi].sum()
+            return float(self.visible_entropy_sum[:, gi].sum() / n) if n > 0 else 0.0
         n = self.n_rows[0, gi]
         return float(self.uniform_entropy_sum[gi] / n) if n > 0 else 0.0
+
+    def layer_uniform_entropy(self, group: str = "all") -> np.ndarray:
+        """(layers,) mean over the rows of `group` of ln n_visible(i), the entropy uniform attention
+        over the keys each row sees would have: each layer's baseline (an encoder's is the same
+        for every layer, ln of the segment's tokens); 0 where no rows."""
+        gi = self.group_names.index(group)
+        total = self.visible_entropy_sum[:, gi] if self.layouts is not None \
+            else np.repeat(self.uniform_entropy_sum[gi], self.n_layers)
+        n = self.n_rows[:, gi]
+        return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
+
+    def layer_n_visible(self, group: str = "all") -> np.ndarray:
+        """(layers,) mean number of keys a row of `group` sees (a decoder's; None for an encoder)."""
+        if self.layouts is None:
+            return None
+        gi = self.group_names.index(group)
+        total, n = self.n_visible_sum[:, gi], self.n_rows[:, gi]
+        return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
     def mean(self, name: str, group: str = "all") -> np.ndarray:
         """Mean per row of a sum over the rows of `group`: shape (layers, H, ...); 0 where no rows."""
@@ -163,3 +250,15 @@ class HeadStats:
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
 
+
+
+def layout_dict(layout: AttentionLayout) -> dict:
+    """An `AttentionLayout` as JSON: {"causal": ..., "window": [left, right] or None, "n_key_value_heads": ...}."""
+    return {"causal": layout.causal, "window": None if layout.window is None else list(layout.window),
+            "n_key_value_heads": layout.n_key_value_heads}
+
+
+def layout_of(d: dict) -> AttentionLayout:
+    """The `AttentionLayout` `layout_dict` wrote."""
+    return AttentionLayout(causal=d["causal"], window=None if d["window"] is None else tuple(d["window"]),
+                           n_key_value_heads=d["n_key_value_heads"])

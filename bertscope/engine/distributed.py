@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from bertscope.engine.accumulate import ARRAYS, HeadStats
+from bertscope.engine.accumulate import HeadStats
 from bertscope.errors import UserError
 
 
@@ -96,7 +96,7 @@ def all_reduce_stats(world: World, stats: HeadStats) -> HeadStats:
     """Sum every rank's accumulator into each rank's copy."""
     if world.size == 1:
         return stats
-    for name in ARRAYS:
+    for name in stats.arrays:  # a decoder's visible sums too (every rank must have seen a batch)
         t = torch.from_numpy(getattr(stats, name))
         dist.all_reduce(t, op=dist.ReduceOp.SUM)  # in place on the shared numpy buffer
     n = torch.tensor([stats.n_segments], dtype=torch.float64)

@@ -24,10 +24,11 @@ from tqdm.auto import tqdm
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.attention import HeadProbe
 from bertscope.engine.batch import Accumulator, BatchContext
+from bertscope.errors import UserError
 from bertscope.kernels import StatsSpec, WordPooling, word_pooling
 from bertscope.models.loading import LoadedModel
 from bertscope.text.segments import Segment, collate
-from bertscope.text.token_classes import TokenClasses, check_ids
+from bertscope.text.token_classes import TokenClasses, check_ids, first_token_class
 
 WINDOW_BATCHES = 64  # batches' worth of segments sorted by length together
 LONG_BATCH = 16384  # padded tokens of a batch from which the progress bar names each layer as it runs
@@ -174,12 +175,22 @@ def _collate(loaded: LoadedModel, batch: list[Segment], indices: Sequence[int], 
         key_class = key_class.to(device)
     else:
         key_class = loaded.class_table.to(device)[inputs["input_ids"]]  # (B, L)
+    if is_causal(loaded):  # a decoder's class 0 is the first token of each segment, not [CLS]
+        key_class = first_token_class(key_class, key_valid, classes.n_classes)
     pooling = None
     if spec.word_maps:
         if from_word is None:
             raise ValueError("spec.word_maps needs from_word ('mean' or 'first')")
         pooling = _to(batch_pooling(batch, from_word), device)
     return BatchContext(list(indices), batch, inputs, key_valid, key_class, classes, spec, pooling, number=number)
+
+
+def is_causal(loaded: LoadedModel) -> bool:
+    """Whether the model is a decoder (its architecture's layout, `Architecture.layout`, is causal)."""
+    try:
+        return loaded.architecture.layout(loaded.model.config).causal
+    except (AttributeError, UserError):  # a stand-in model of a test, a type the table lacks
+        return False
 
 
 def _to(pooling: WordPooling, device) -> WordPooling:

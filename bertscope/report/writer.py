@@ -95,7 +95,7 @@ def provenance(run: RunFiles) -> Section:
                       f"{model.get('heads')} heads)" if model else None),
             ("tokens", r.get("n_tokens")), ("elapsed (s)", r.get("elapsed_s")),
             ("kernel", r.get("kernel")), ("attention output", r.get("output")),
-            ("processes", r.get("world_size"))]
+            ("processes", r.get("world_size")), ("attention", _layouts(r.get("attention")))]
     for group in ("corpus", "segments", "versions", "settings"):
         for k, v in (r.get(group) or {}).items():
             rows.append((f"{group}: {k}", describe_lengths(v) if k == "lengths" and v else v))
@@ -108,6 +108,17 @@ def provenance(run: RunFiles) -> Section:
                    raw_html=f"<table>{cells}</table>")
 
 
+
+
+def _layouts(layouts: list[str] | None) -> str | None:
+    """A decoder's per-layer attention layouts in a few words: "causal, 3 key/value heads (layers 1-30)"."""
+    if not layouts:
+        return None
+    groups: dict[str, list[int]] = {}
+    for i, layout in enumerate(layouts, 1):
+        groups.setdefault(layout, []).append(i)
+    return "; ".join(f"{layout} (layers {', '.join(map(str, ls)) if len(ls) < len(layouts) else f'1-{len(layouts)}'})"
+                     for layout, ls in groups.items())
 
 
 def other_figures(run: RunFiles) -> Section | None:

@@ -102,6 +102,21 @@ VOCAB = TokenClasses()
 PARTS = TokenClasses(PART_CLASSES, ("part_a", "part_b"), "parts")
 
 
+def first_token_class(key_class: torch.Tensor, key_valid: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """A decoder's classes: class 0 (every scheme's [CLS]) becomes the *first* real token of each
+    segment, whatever it is (BOS where the tokenizer adds one, else the first word's token); a
+    class-0 token anywhere else becomes the catch-all (the last class). A decoder has no [CLS],
+    but its first token takes [CLS]'s place in Clark et al.'s reading: every row sees it, and
+    heads park their attention on it (the "attention sink").
+
+    key_class: (B, L) int64; key_valid: (B, L) bool (left or right padding). Returns a new (B, L).
+    """
+    out = key_class.masked_fill(key_class == 0, n_classes - 1)
+    first = key_valid.long().argmax(-1, keepdim=True)  # (B, 1) first real position
+    has = key_valid.any(-1, keepdim=True)  # (B, 1) a row of padding only keeps its classes
+    return out.scatter(-1, first, torch.where(has, 0, out.gather(-1, first)))
+
+
 def token_class_table(tokenizer) -> torch.Tensor:
     """(vocab,) int64 class id of every token id, special tokens taken from the tokenizer."""
     size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)

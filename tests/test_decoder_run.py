@@ -1,0 +1,179 @@
+"""End to end on a decoder: a tiny random Llama (grouped-query, causal) with a word-level tokenizer
+that adds a BOS, through `bertscope run`, the report, the Python API and the viewer.
+
+Every number of the decoder's heads.csv (first token, previous token, self, entropy, its
+per-layer uniform baseline ln n_visible and the KL from it) is recomputed from the model's own
+eager attention (`output_attentions`) of each segment alone; the columns that are 0 by
+construction are absent; the viewer's maps are those same maps, drawn as triangles.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+WORDS = "the cat sat on a mat dog ran far away and then came back home quickly it was happy".split()
+TEXTS = ["The cat sat on a mat .", "A dog ran far away , and then came back home quickly .",
+         "It was happy .", "The dog sat on the cat , and it was happy .", "Then the cat ran home ."]
+
+
+def word_tokenizer():
+    """Lower-cased words, "." and ",", a BOS added in front ("<s> $A"), no [CLS] or [SEP]."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", "<pad>", ".", ","] + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1",
+                                                       special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
+CONFIG = dict(vocab_size=6 + len(WORDS), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.4,
+              bos_token_id=1, eos_token_id=2, pad_token_id=3)
+
+
+def save_tiny(path, config):
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A folder with a 2-layer Llama (4 query heads, 2 key/value heads) and the word tokenizer."""
+    from transformers import LlamaConfig
+
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), LlamaConfig(**CONFIG))
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory):
+    """A 2-layer Gemma-3: a sliding-window layer (4 keys: itself and 3 before) then a global one."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(**CONFIG, head_dim=8, sliding_window=4, query_pre_attn_scalar=12,
+                              layer_types=["sliding_attention", "full_attention"])
+    return save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), config)
+
+
+def reference(path, segments, window=(None, None)):
+    """Pooled over every row of every segment (each alone, no padding), from the model's eager maps:
+    first, prev, self, entropy, uniform (ln n_visible) per (layer, head); `window`: the keys each
+    layer's rows see at most (None: all before them)."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    rows = {k: [] for k in ("first", "prev", "self", "entropy", "uniform")}
+    maps = []
+    for s in segments:
+        with torch.no_grad():
+            out = model(torch.tensor([s.input_ids]), output_attentions=True)
+        p = torch.stack(out.attentions)[:, 0].double()  # (layers, H, L, L)
+        maps.append(p)
+        L = p.shape[-1]
+        i = torch.arange(L)
+        rows["first"].append(p[..., :, 0])
+        rows["prev"].append(torch.cat([torch.zeros_like(p[..., :1, 0]), p[..., i[1:], i[1:] - 1]], -1))
+        rows["self"].append(p[..., i, i])
+        rows["entropy"].append(-torch.special.xlogy(p, p).sum(-1))
+        seen = torch.stack([(i + 1).clamp_max(w or L) for w in window]).double()  # (layers, L)
+        rows["uniform"].append(torch.log(seen)[:, None, :].expand_as(p[..., 0]))
+    return {k: torch.cat(v, -1).mean(-1).numpy() for k, v in rows.items()}, maps
+
+
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
+def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys, backend):
+    import bertscope
+    from bertscope.cli.main import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["run", "--model", str(tiny_llama), "--corpus", str(corpus), "--limit", "all", "--max-len", "24",
+                 "--backend", backend, "--batch-size", "2", "--argmax", "--per-example", "--out", str(out)]) == 0
+    stdout = capsys.readouterr()
+    with open(out / "heads.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cols = list(rows[0])
+    assert cols[:11] == ["layer", "head", "prev", "self", "first", "punct", "other", "entropy", "uniform_entropy",
+                         "kl_uniform", "n_tokens"]
+    assert not {"next", "cls", "sep", "sep_sep", "rest_sep", "cls_entropy", "offset_+2", "argmax_next"} & set(cols)
+    assert "first token" in stdout.out + stdout.err
+
+    scope = bertscope.load(tiny_llama, backend=backend)
+    segments = scope.segments(TEXTS, max_len=24)
+    assert all(s.input_ids[0] == 1 for s in segments)  # the BOS
+    want, _ = reference(tiny_llama, segments)
+    table = scope.stats(TEXTS, max_len=24)
+    for df in (table, {c: np.array([float(r[c]) for r in rows]) for c in cols}):
+        for col, key in (("first", "first"), ("prev", "prev"), ("self", "self"), ("entropy", "entropy"),
+                         ("uniform_entropy", "uniform")):
+            np.testing.assert_allclose(np.asarray(df[col], dtype=float), want[key].ravel(), atol=2e-5, err_msg=col)
+        np.testing.assert_allclose(np.asarray(df["kl_uniform"], dtype=float),
+                                   (want["uniform"] - want["entropy"]).ravel(), atol=2e-5)
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "complete" and run["attention"] == ["causal, 2 key/value heads"] * 2
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "Surface-level attention patterns of a causal model" in page and "first-token heads" in page
+    assert "keys seen" in page and "causal, 2 key/value heads (layers 1-2)" in page
+    examples = pd.read_parquet(out / "examples.parquet")
+    assert "uniform_entropy" in examples and "first" in examples and "next" not in examples
+    assert not [c for c in examples.columns if "sep" in c]
+    n = examples.groupby(["layer", "head"]).apply(lambda g: np.average(g["first"], weights=g["n_tokens"]),
+                                                  include_groups=False)
+    np.testing.assert_allclose(n.to_numpy(), want["first"].ravel(), atol=2e-5)
+
+
+def test_view_of_a_decoder(tiny_llama):
+    import bertscope
+    from bertscope.view import SCALE, view_data
+
+    scope = bertscope.load(tiny_llama)
+    data = view_data(scope, TEXTS[1], max_len=24)
+    (segment,) = scope.segments([TEXTS[1]], max_len=24)
+    _, maps = reference(tiny_llama, [segment])
+    n = len(data["tokens"])
+    got = np.asarray(data["token_maps"]).reshape(2, 4, n, n) / SCALE
+    np.testing.assert_allclose(got, maps[0].numpy(), atol=1.5 / SCALE)
+    assert np.triu(got, 1).max() == 0  # nothing above the diagonal
+    assert data["token_bands"][0] == [[0, i] for i in range(n)] and data["layouts"][0].startswith("causal")
+    assert "first" in data["columns"] and "next" not in data["columns"]
+    assert data["uniform_entropy"] == pytest.approx(np.mean([math.log(i + 1) for i in range(n)]), abs=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["eager", "chunked"])
+def test_gemma3_windowed_and_global_layers(tiny_gemma3, tmp_path, backend):
+    """Each layer's own baseline: ln min(i + 1, 4) on the sliding layer, ln(i + 1) on the global one;
+    the viewer draws the first as a band, the second as a triangle."""
+    import bertscope
+    from bertscope.view import SCALE, view_data
+
+    scope = bertscope.load(tiny_gemma3, backend=backend)
+    segments = scope.segments(TEXTS, max_len=24)
+    want, _ = reference(tiny_gemma3, segments, window=(4, None))
+    table = scope.stats(TEXTS, max_len=24)
+    for col, key in (("first", "first"), ("prev", "prev"), ("self", "self"), ("entropy", "entropy"),
+                     ("uniform_entropy", "uniform")):
+        np.testing.assert_allclose(table[col].to_numpy(dtype=float), want[key].ravel(), atol=2e-5, err_msg=col)
+    assert table["uniform_entropy"].iloc[0] < table["uniform_entropy"].iloc[-1]  # the window sees fewer keys
+    data = view_data(scope, TEXTS[1], max_len=24)
+    n = len(data["tokens"])
+    assert data["token_bands"][0] == [[max(0, i - 3), i] for i in range(n)]
+    assert data["token_bands"][1] == [[0, i] for i in range(n)]
+    got = np.asarray(data["token_maps"]).reshape(2, 4, n, n) / SCALE
+    assert np.tril(got[0], -4).max() == 0 and np.triu(got[1], 1).max() == 0
