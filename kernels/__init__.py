@@ -1,7 +1,8 @@
 """Attention-statistics kernels: one contract (`spec.py`), several backends.
 
     eager    materialises every map; the oracle the others are tested against
-    chunked  the CPU fast path: a few heads' L x L at a time, statistics fused into the pass
+    chunked  the CPU fast path: a few heads' L x L at a time, statistics fused into the pass;
+             under a causal / windowed / grouped-query layout, query blocks against their key band
     triton   the fused GPU kernel (`triton_attention.py`); on a CPU only through Triton's
              interpreter (TRITON_INTERPRET=1, slow: for tests)
 

@@ -33,6 +33,7 @@ bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -317,7 +318,6 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
     # class masses ride along in P @ [V | onehot]: C more columns of a matmul instead of C passes
     # over every row (V is copied once per sequence and key head, O(L D))
     class_mask = torch.empty(B, 0, L, dtype=dtype, device=dev)  # the row pass computes no class mass
-    rhs = torch.empty(L, D + C, dtype=dtype, device=dev)  # [V | onehot] of one sequence and key head
     offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
     padded = not bool(key_valid.all())
     key_bias = None
@@ -333,6 +333,7 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
     argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
     column_mass = torch.zeros(B, H, L, dtype=acc_dtype, device=dev) if spec.column_mass else None
     query_valid = key_valid.to(dtype)  # (B, L)
+    word_map = None
     if spec.word_maps:
         pooling = require_pooling(pooling)
         W = pooling.n_units
@@ -342,43 +343,79 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
     budget = max(1, chunk_bytes // q.element_size())
     blocks = query_blocks(L, G, layout, budget, min_rows)
     most = max(G * (i1 - i0) * (k1 - k0) for i0, i1, k0, k1 in blocks)
-    scores = torch.empty(most, dtype=dtype, device=dev)  # one block's scores, reused
     rows = max(i1 - i0 for i0, i1, _, _ in blocks) * G
-    q_rows = torch.empty(rows, D, dtype=dtype, device=dev)  # the G heads' query rows of a block, stacked
-    o_rows = torch.empty(rows, D + C, dtype=dtype, device=dev)
-    pos = torch.arange(L, device=dev)
-    lo_all, hi_all = layout.key_band(pos, L)  # (L,), (L,)
-    for b in range(B):
-        for kh in range(H_kv):
+    lo_all, hi_all = layout.key_band(torch.arange(L, device=dev), L)  # (L,), (L,)
+
+    def work(items, column_mass, word_map, threads):
+        """The blocks `items` [(b, kh, block)], in order, with this worker's own buffers; column
+        mass and word maps are added to the given accumulators."""
+        scores = torch.empty(most, dtype=dtype, device=dev)  # one block's scores, reused
+        q_rows = torch.empty(rows, D, dtype=dtype, device=dev)  # the G heads' query rows of a block, stacked
+        o_rows = torch.empty(rows, D + C, dtype=dtype, device=dev)
+        rhs = torch.empty(L, D + C, dtype=dtype, device=dev)  # [V | onehot] of one sequence and key head
+        filled = None
+        for b, kh, (i0, i1, k0, k1) in items:
             hs = slice(kh * G, (kh + 1) * G)  # the query heads that read key/value head kh
-            rhs[:, :D] = v[b, kh]
-            if C:
-                rhs[:, D:] = onehot[b]
-            for i0, i1, k0, k1 in blocks:
-                bq, bk = i1 - i0, k1 - k0
-                s = scores[: G * bq * bk].view(G, bq, bk)
-                qr, o_r = q_rows[: G * bq].view(G, bq, D), o_rows[: G * bq]  # (G, bq, D), (G * bq, D + C)
-                qr.copy_(q[b, hs, i0:i1])
-                torch.addmm(s.view(G * bq, bk), qr.view(G * bq, D), k[b, kh, k0:k1].T, beta=0, alpha=scale,
-                            out=s.view(G * bq, bk))
-                if compiled:
-                    cpu_rows.softmax_stats_band_(
-                        s, i0, k0, band, None if key_bias is None else key_bias[b, k0:k1],
-                        class_mask[b, :, k0:k1], offsets, _rows(entropy, b, hs), row_classes[b, hs],
-                        offset_mass[b, hs], _rows(argmax, b, hs))
-                else:
-                    _torch_band_rows(s, i0, k0, lo_all[i0:i1], hi_all[i0:i1], key_valid[b, k0:k1], spec,
-                                     None if entropy is None else entropy[b, hs, i0:i1], offset_mass[b, hs, i0:i1],
-                                     None if argmax is None else argmax[b, hs, i0:i1])
-                torch.mm(s.view(G * bq, bk), rhs[k0:k1], out=o_r)  # (G * bq, D + C)
-                out[b, hs, i0:i1] = o_r[:, :D].view(G, bq, D)
+            if filled != (b, kh):
+                rhs[:, :D] = v[b, kh]
                 if C:
-                    class_mass[b, hs, i0:i1] = o_r[:, D:].view(G, bq, C)
-                if column_mass is not None:
-                    column_mass[b, hs, k0:k1] += torch.matmul(query_valid[b, i0:i1], s).to(acc_dtype)  # (G, bk)
-                if spec.word_maps:
-                    to_units = torch.matmul(s, to_word[b, k0:k1])  # (G, bq, W)
-                    word_map[b, hs] += torch.matmul(from_word[b, :, i0:i1], to_units).to(acc_dtype)  # (G, W, W)
+                    rhs[:, D:] = onehot[b]
+                filled = (b, kh)
+            bq, bk = i1 - i0, k1 - k0
+            s = scores[: G * bq * bk].view(G, bq, bk)
+            qr, o_r = q_rows[: G * bq].view(G, bq, D), o_rows[: G * bq]  # (G, bq, D), (G * bq, D + C)
+            qr.copy_(q[b, hs, i0:i1])
+            torch.addmm(s.view(G * bq, bk), qr.view(G * bq, D), k[b, kh, k0:k1].T, beta=0, alpha=scale,
+                        out=s.view(G * bq, bk))
+            if compiled:
+                cpu_rows.softmax_stats_band_(
+                    s, i0, k0, band, None if key_bias is None else key_bias[b, k0:k1],
+                    class_mask[b, :, k0:k1], offsets, _rows(entropy, b, hs), row_classes[b, hs],
+                    offset_mass[b, hs], _rows(argmax, b, hs), threads)
+            else:
+                _torch_band_rows(s, i0, k0, lo_all[i0:i1], hi_all[i0:i1], key_valid[b, k0:k1], spec,
+                                 None if entropy is None else entropy[b, hs, i0:i1], offset_mass[b, hs, i0:i1],
+                                 None if argmax is None else argmax[b, hs, i0:i1])
+            torch.mm(s.view(G * bq, bk), rhs[k0:k1], out=o_r)  # (G * bq, D + C)
+            out[b, hs, i0:i1] = o_r[:, :D].view(G, bq, D)
+            if C:
+                class_mass[b, hs, i0:i1] = o_r[:, D:].view(G, bq, C)
+            if column_mass is not None:
+                column_mass[b, hs, k0:k1] += torch.matmul(query_valid[b, i0:i1], s).to(acc_dtype)  # (G, bk)
+            if word_map is not None:
+                to_units = torch.matmul(s, to_word[b, k0:k1])  # (G, bq, W)
+                word_map[b, hs] += torch.matmul(from_word[b, :, i0:i1], to_units).to(acc_dtype)  # (G, W, W)
+
+    items = [(b, kh, block) for b in range(B) for kh in range(H_kv) for block in blocks]
+    n = min(len(items), torch.get_num_threads()) if dev.type == "cpu" else 1
+    if n <= 1:
+        work(items, column_mass, word_map, None)
+    else:
+        # one Python thread per core, each running single-threaded ops on every n-th block: no
+        # OpenMP barrier per block, which stalls a whole block whenever another process holds a
+        # core (bench/results_layouts.md); column mass and word maps are summed per worker
+        def partial(t):
+            return None if t is None else torch.zeros_like(t)
+
+        accumulators = [(column_mass, word_map)] + [(partial(column_mass), partial(word_map)) for _ in range(n - 1)]
+        threads = torch.get_num_threads()
+        modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()  # thread-local: handed on
+
+        def worker(w):
+            with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+                work(items[w::n], *accumulators[w], 1)
+
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(worker, range(n)))
+        finally:
+            torch.set_num_threads(threads)
+        for cm, wm in accumulators[1:]:
+            if cm is not None:
+                column_mass += cm
+            if wm is not None:
+                word_map += wm
 
     out = apply_gates(out, v, key_valid, gates, layout)  # (B, H, L, D)
     stats = RowStats(entropy=entropy, offset_mass=offset_mass if O else None,

@@ -228,15 +228,17 @@ static void row_pass_band(float *restrict s, int64_t Lk, int64_t i, const float 
  * probabilities (exactly as `row_pass` does a whole row), the rest of the row is set to 0.
  * key_bias and class_mask start at key k0 (class_mask: n_classes rows of mask_stride floats).
  * Outputs: row i of head g at g * out_rows + (i - q0): entropy, class_mass (* n_classes),
- * offset_mass (* n_offsets), argmax (an absolute key position); entropy, argmax may be NULL. */
+ * offset_mass (* n_offsets), argmax (an absolute key position); entropy, argmax may be NULL.
+ * threads: the OpenMP threads of the pass (explicit: a caller's own worker thread has its own
+ * OpenMP settings, not those torch.set_num_threads gave the main thread). */
 void bertscope_softmax_stats_band(float *scores, int64_t n, int64_t Lq, int64_t Lk, int64_t q0, int64_t k0,
                                   int64_t left, int64_t right, int64_t seq_len, const float *key_bias,
                                   const float *class_mask, int64_t mask_stride, int n_classes,
                                   const int64_t *offsets, int n_offsets, int64_t out_rows, float *entropy,
-                                  float *class_mass, float *offset_mass, int64_t *argmax)
+                                  float *class_mass, float *offset_mass, int64_t *argmax, int threads)
 {
     int64_t rows = n * Lq;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++) {
         int64_t g = r / Lq, i = q0 + r % Lq, o = g * out_rows + r % Lq;
         int64_t lo = left < 0 ? 0 : (i - left > 0 ? i - left : 0);

@@ -93,7 +93,7 @@ def load():
     f.restype = None
     f = lib.bertscope_softmax_stats_band
     f.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_int, ptr, ctypes.c_int, i64,
-                  ptr, ptr, ptr, ptr]
+                  ptr, ptr, ptr, ptr, ctypes.c_int]
     f.restype = None
     _lib = lib
     return _lib
@@ -134,7 +134,7 @@ def softmax_stats_(scores, key_bias, class_mask, offsets, entropy, class_mass, o
 
 
 def softmax_stats_band_(scores, q0, k0, band, key_bias, class_mask, offsets, entropy, class_mass, offset_mass,
-                        argmax):
+                        argmax, threads: int | None = None):
     """The banded row pass of one query block (causal / sliding-window layouts), in place.
 
     scores:      (n, Lq, Lk) float32 contiguous: n heads' scores of queries q0 .. q0+Lq-1
@@ -147,6 +147,7 @@ def softmax_stats_band_(scores, q0, k0, band, key_bias, class_mask, offsets, ent
                  statistics of the whole sequence, each head's rows contiguous (a slice of
                  a contiguous (B, H, L, ...) tensor); rows q0 .. q0+Lq-1 are written, argmax as
                  absolute key positions.
+    threads:     OpenMP threads of the pass (default torch.get_num_threads())
     """
     n, Lq, Lk = scores.shape
     L = offset_mass.shape[1]
@@ -168,4 +169,5 @@ def softmax_stats_band_(scores, q0, k0, band, key_bias, class_mask, offsets, ent
         _ptr(scores), n, Lq, Lk, q0, k0, -1 if left is None else left, -1 if right is None else right, L,
         _ptr(key_bias), _ptr(class_mask), class_mask.stride(0) if C else 0, C, _ptr(offsets), O, L,
         at(entropy, 1), at(class_mass, C), at(offset_mass, O), at(argmax, 1),
+        torch.get_num_threads() if threads is None else threads,
     )

@@ -77,8 +77,9 @@ def pairwise_js(q, k, key_valid, scale, backend: str = "chunked", pair_bytes: in
     if backend == "eager":
         return pairwise_js_eager(q, k, key_valid, scale, layouts)
     if backend == "chunked":
-        if layouts is not None:
-            return pairwise_js_banded(q, k, key_valid, scale, layouts, pair_bytes)
+        if layouts is not None or not right_padded(key_valid):  # pairwise_js_chunked reads the first n keys
+            return pairwise_js_banded(q, k, key_valid, scale, layouts or [(AttentionLayout(), q.shape[1])],
+                                      pair_bytes)
         return pairwise_js_chunked(q, k, key_valid, scale, pair_bytes)
     if backend == "triton":
         if layouts is not None:
@@ -87,6 +88,12 @@ def pairwise_js(q, k, key_valid, scale, backend: str = "chunked", pair_bytes: in
 
         return pairwise_js_triton(q, k, key_valid, scale)
     raise ValueError(f"unknown JS backend {backend!r}; choose one of {JS_BACKENDS}")
+
+
+def right_padded(key_valid) -> bool:
+    """Whether every sequence's real tokens come first (an encoder's batch), not after left padding."""
+    n = key_valid.sum(-1, keepdim=True)  # (B, 1)
+    return bool((key_valid == (torch.arange(key_valid.shape[1], device=key_valid.device) < n)).all())
 
 
 def pairwise_js_eager(q, k, key_valid, scale, layouts: Layouts | None = None):

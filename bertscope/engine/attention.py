@@ -47,6 +47,7 @@ causal, windowed or grouped-query call is refused there in one line.
 from __future__ import annotations
 
 import contextvars
+import numbers
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from transformers.masking_utils import (
 
 from bertscope.errors import UserError
 from bertscope.kernels import (
+    LAYOUT_BACKENDS,
     PLAIN,
     AttentionLayout,
     GradSums,
@@ -279,11 +281,11 @@ def call_layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
     if isinstance(attention_mask, KeyBand):
         band = attention_mask.layout
         if declared != band.causal:
-            raise UserError(f"{_model_name(module)}'s attention says is_causal={declared}, its mask is "
+            raise UserError(f"the attention of {_model_name(module)} says is_causal={declared}, its mask is "
                             f"{band.describe()}: bertscope cannot tell which it computes")
         if (window_arg is None) != (band.window is None) or (
                 window_arg is not None and window_arg != band.window[0] + 1):
-            raise UserError(f"{_model_name(module)}'s attention call says sliding_window={window_arg}, its mask is "
+            raise UserError(f"an attention call of {_model_name(module)} says sliding_window={window_arg}, its mask is "
                             f"{band.describe()}: bertscope cannot tell which it computes")
         causal, window = band.causal, band.window
     elif rows_differ(attention_mask):
@@ -291,7 +293,7 @@ def call_layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
                         "rows, which bertscope does not read (pass a 2-D attention_mask)")
     else:
         if window_arg is not None:
-            raise UserError(f"{_model_name(module)}'s attention call says sliding_window={window_arg} without a "
+            raise UserError(f"an attention call of {_model_name(module)} says sliding_window={window_arg} without a "
                             "sliding-window mask, which bertscope does not read")
         causal, window = declared and attention_mask is None, None
     if query.shape[-2] != key.shape[-2] and (causal or window is not None):
@@ -316,7 +318,7 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
         if grads is not None:  # -- plain attention, its backward measuring |dL/dP| (GradProbe)
             if not layout.is_plain:
                 raise UserError(f"attention gradients cover bidirectional attention with one key/value head per "
-                                f"query head only, not {_model_name(module)}'s ({layout.describe()})")
+                                f"query head only, not the attention of {_model_name(module)} ({layout.describe()})")
             return _grad_attention(grads, query, key, value, key_valid, gates, scaling, dropout, module), None
         # -- plain attention, for a model used outside an analysis
         if layout.is_plain:  # the encoders' path, exactly as before
@@ -330,6 +332,9 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     layer, probe = fwd.layer, fwd.probe
     if layer >= probe.n_layers:
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
+    if not layout.is_plain and probe.backend not in LAYOUT_BACKENDS:
+        raise UserError(f"the {probe.backend} backend does not compute the attention of {_model_name(module)} "
+                        f"({layout.describe()}) yet: use --backend {' or '.join(sorted(LAYOUT_BACKENDS))}")
     fwd.layer += 1
     probe.output_paths.add(output_path(probe.backend, needs_grad(query, key, value, gates)))
     out, stats = attention_stats(
@@ -387,8 +392,8 @@ def _band_parts(fn) -> tuple[bool, int | None, int | None] | None:
     if module != causal_mask_function.__module__:
         return None
     maker = qualname.split(".<locals>.")[0]
-    if maker in _OVERLAYS and isinstance(_closure(fn).get("sliding_window"), int):
-        w = _closure(fn)["sliding_window"]
+    if maker in _OVERLAYS and isinstance(_closure(fn).get("sliding_window"), numbers.Integral):
+        w = int(_closure(fn)["sliding_window"])
         # sliding_window_overlay: kv > q - w; the bidirectional one: |q - kv| <= w
         return (False, w - 1, None) if _OVERLAYS[maker] == "causal" else (False, w, w)
     if maker == "and_masks":

@@ -123,7 +123,11 @@ class LoadedModel:
 
     @property
     def takes_token_types(self) -> bool:
-        return "token_type_ids" in inspect.signature(self.model.forward).parameters
+        """Whether the model reads segment (token type) ids. GPT-2's forward takes token_type_ids
+        but looks them up in its word embeddings (there is no type_vocab_size): a pair's part B
+        would add the embedding of token 1, so a model without type embeddings gets none."""
+        return ("token_type_ids" in inspect.signature(self.model.forward).parameters
+                and bool(getattr(self.model.config, "type_vocab_size", 0)))
 
 
 def model_dir(model: str | Path | None = None, revision: str | None = None) -> Path:

@@ -104,6 +104,27 @@ def test_chunked_at_odd_lengths_with_default_blocks(layout, left, row_pass):
 
 
 @pytest.mark.parametrize("row_pass", ROW_PASSES)
+def test_worker_threads_agree_with_one(row_pass):
+    """The blocks shared out to 2 worker threads (column mass and word maps summed per worker)
+    give what one thread gives."""
+    layout = AttentionLayout(causal=True, n_key_value_heads=1)
+    spec = StatsSpec(n_key_classes=3, **FULL)
+    inputs, pool = make(layout, 2, 3, 57, 8, [57, 30], True, seed=7, C=3)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with torch.inference_mode():
+                results.append(attention_stats_chunked(*inputs, spec, pooling=pool, layout=layout, chunk_bytes=4000,
+                                                       row_pass=row_pass))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.get_num_threads() == threads
+    assert_matches(results[0], results[1], inputs[3], spec, atol=1e-6)
+
+
+@pytest.mark.parametrize("row_pass", ROW_PASSES)
 def test_single_key_rows(row_pass):
     """Window (0, 0): every row sees itself only: entropy 0, all mass on offset 0, argmax itself."""
     layout = AttentionLayout(window=(0, 0), n_key_value_heads=1)
@@ -210,8 +231,13 @@ def test_no_l_by_l_tensor(backend, layout):
     inputs, _ = make(layout, 1, 3, L, 8, [L - 5], True, seed=0, C=4)
     fn = {"chunked": attention_stats_chunked, "eager": attention_stats_eager,
           "chunked-torch": functools.partial(attention_stats_chunked, row_pass="torch")}[backend]
-    with torch.inference_mode(), LargestTensor() as probe:
-        fn(*inputs, spec, layout=layout)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one worker: a dispatch mode sees the ops of its own thread only
+    try:
+        with torch.inference_mode(), LargestTensor() as probe:
+            fn(*inputs, spec, layout=layout)
+    finally:
+        torch.set_num_threads(threads)
     if backend == "eager":
         assert probe.largest >= L * L
     else:

@@ -166,16 +166,23 @@ def test_right_padding_works_for_decoders_too(kind):
     check_parity(kind, lengths=(7, 3), L=7, backend="eager", left=False)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lengths=st.lists(st.integers(1, 11), min_size=1, max_size=3), extra=st.integers(0, 2),
-       left=st.booleans(), window=st.sampled_from([None, 1, 2, 5]), kv_heads=st.sampled_from([1, 2, 4]))
-def test_mistral_parity_on_random_shapes(lengths, extra, left, window, kv_heads, monkeypatch):
-    """Odd lengths, left and right padding, single-key rows, windows down to one key, 1, 2 or 4
-    key/value heads."""
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["mistral", "gemma3_text", "modernbert"]),
+       lengths=st.lists(st.integers(1, 11), min_size=1, max_size=3), extra=st.integers(0, 2),
+       left=st.booleans(), window=st.sampled_from([1, 2, 5]), kv_heads=st.sampled_from([1, 2, 4]))
+def test_parity_on_random_shapes(kind, lengths, extra, left, window, kv_heads, monkeypatch):
+    """Odd lengths, left and right padding, single-key rows, windows down to one key (Mistral and
+    Gemma-3: causal; ModernBERT: `window` keys each side), 1, 2 or 4 key/value heads."""
     def config(kind):
-        return MistralConfig(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window)
+        if kind == "mistral":
+            return MistralConfig(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window)
+        if kind == "gemma3_text":
+            return Gemma3TextConfig(**dict(DECODER, num_key_value_heads=kv_heads), head_dim=8, sliding_window=window,
+                                    query_pre_attn_scalar=8, layer_types=["full_attention", "sliding_attention"])
+        return ModernBertConfig(**COMMON, local_attention=2 * window, global_attn_every_n_layers=2, pad_token_id=0,
+                                bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
     monkeypatch.setitem(globals(), "tiny_config", config)
-    check_parity("mistral", lengths=tuple(lengths), L=max(lengths) + extra, backend="eager", left=left)
+    check_parity(kind, lengths=tuple(lengths), L=max(lengths) + extra, backend="eager", left=left)
 
 
 @pytest.mark.parametrize("kind", ("llama", "gpt2"))
@@ -467,3 +474,30 @@ def test_dxi_on_a_grouped_query_decoder_equals_a_finite_difference():
         torch.testing.assert_close(xi.grad[layer, head], fd, rtol=2e-3, atol=1e-4)
     assert float(xi.grad.abs().min()) > 0
     gates.reset()
+
+
+def test_gpt2_gets_no_token_type_ids(minilm_tokenizer):
+    """GPT-2 would look token types up in its word embeddings: the engine hands it none."""
+    from test_engine import random_segments
+
+    from bertscope.engine.loop import collate_batch
+
+    loaded = loaded_decoder("gpt2", minilm_tokenizer)
+    assert not loaded.takes_token_types
+    segments = random_segments(minilm_tokenizer, n=4)
+    batch = collate_batch(loaded, segments, range(4), StatsSpec(n_key_classes=4))
+    assert set(batch.inputs) == {"input_ids", "attention_mask", "position_ids"}
+
+
+def test_a_backend_without_the_layout_is_one_line(monkeypatch):
+    # every CPU backend computes every layout today: a backend that did not is made by taking chunked out
+    for module in ("bertscope.kernels", "bertscope.engine.attention"):
+        monkeypatch.setattr(f"{module}.LAYOUT_BACKENDS", {"eager"})
+    missing = ["chunked"]
+    probe = HeadProbe(LAYERS, HEADS, StatsSpec(entropy=True), backend=missing[0])
+    batch = padded_batch((5, 3), 5, left=True)
+    with pytest.raises(UserError) as info, torch.no_grad(), probe.active(torch.zeros(2, 5, dtype=torch.long),
+                                                                          lambda *a: None):
+        build("llama")(**batch)
+    one_line(info, f"the {missing[0]} backend does not compute the attention of model type 'llama' (causal, 2 "
+                   "key/value heads) yet: use --backend eager")

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, argmax=True, column_mass=True, class_mass=True)
 ROBERTA_LIKE = {"xlm-roberta": XLMRobertaConfig, "camembert": CamembertConfig}
 ATOL = 1e-5
-# the encoders whose heads can be removed (the decoders': tests/models/test_decoders.py)
+# the encoders whose heads can be removed (the decoders': tests/models/test_decoder_families.py)
 ENCODERS = tuple(t for t in SUPPORTED_MODEL_TYPES
                  if ARCHITECTURES[t].modules is not None and not ARCHITECTURES[t].causal)
 
