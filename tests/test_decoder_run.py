@@ -126,6 +126,10 @@ def test_run_report_and_api_on_a_decoder(tiny_llama, tmp_path, capsys, backend):
             np.testing.assert_allclose(np.asarray(df[col], dtype=float), want[key].ravel(), atol=2e-5, err_msg=col)
         np.testing.assert_allclose(np.asarray(df["kl_uniform"], dtype=float),
                                    (want["uniform"] - want["entropy"]).ravel(), atol=2e-5)
+    words, word_maps = scope.word_maps(TEXTS[0], max_len=24)  # words, then the BOS (a unit of its own)
+    W = len(words)
+    assert word_maps.shape == (2, 4, W + 1, W + 1) and np.allclose(word_maps.sum(-1), 1, atol=1e-5)
+    assert np.triu(word_maps[..., :W, :W], 1).max() == 0  # no word sees a later word
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "complete" and run["attention"] == ["causal, 2 key/value heads"] * 2
     page = (out / "index.html").read_text(encoding="utf-8")
