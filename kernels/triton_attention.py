@@ -288,7 +288,7 @@ def _attn_stats_band_fwd(
     stride_mb, stride_ml, stride_cb, stride_cl,  #
     H, L, D, n_offsets, n_classes, G, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
-    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, IS_FP32: tl.constexpr,
+    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, IS_FP32: tl.constexpr, UNIFORM: tl.constexpr,
 ):
     """One program: BLOCK_M stacked query rows of the G query heads that share one key/value
     head, f = i * G + g (position i, head g of the group), against that head's keys in the
@@ -305,10 +305,12 @@ def _attn_stats_band_fwd(
     offs_f = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) stacked rows
     f_in = offs_f < L * G
     pos = offs_f // G  # (BLOCK_M,) query positions
-    head = off_kv * G + (offs_f % G)  # (BLOCK_M,) int64 query heads
+    g = offs_f % G  # (BLOCK_M,) query head within the group
+    # int64 scalar bases + int32 row offsets (int64 vectors would be kept in registers through the loop)
+    bh0 = off_b * H + off_kv * G  # (b, first query head of the group) in the (B, H) flat index
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     d_in = offs_d < D
-    q = tl.load(Q + off_b * stride_qb + head[:, None] * stride_qh + pos[:, None] * stride_ql
+    q = tl.load(Q + off_b * stride_qb + (off_kv * G) * stride_qh + (g * stride_qh + pos * stride_ql)[:, None]
                 + offs_d[None, :] * stride_qd, mask=f_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
     lo_m = pos - win_left  # (BLOCK_M,) each row's band, inclusive
     hi_m = pos + win_right
@@ -341,14 +343,15 @@ def _attn_stats_band_fwd(
     # -- epilogue: normalise, row statistics
     acc = acc / l_i[:, None]
     cls_i = cls_i / l_i[:, None]
-    row = (off_b * H + head) * L + pos  # (BLOCK_M,) rows of the (B, H, L, ...) statistics
+    row = g * L + pos  # (BLOCK_M,) rows of the (B, H, L, ...) statistics, from the group's first
+    Lse += bh0 * L
     tl.store(Lse + row, m_i + tl.log(l_i), mask=f_in)
     if ENTROPY:
-        tl.store(Entropy + row, tl.log(l_i) - t_i / l_i, mask=f_in)
+        tl.store(Entropy + bh0 * L + row, tl.log(l_i) - t_i / l_i, mask=f_in)
     if ARGMAX:
-        tl.store(Argmax + row, arg_i.to(tl.int64), mask=f_in)
+        tl.store(Argmax + bh0 * L + row, arg_i.to(tl.int64), mask=f_in)
     cidx = tl.arange(0, C_PAD)  # (C_PAD,)
-    tl.store(ClassMass + row[:, None] * n_classes + cidx[None, :], cls_i,
+    tl.store(ClassMass + bh0 * L * n_classes + row[:, None] * n_classes + cidx[None, :], cls_i,
              mask=f_in[:, None] & (cidx[None, :] < n_classes))
     # -- offset mass: p_{i, i+o}, 0 outside the row's band
     qf = q.to(tl.float32)
@@ -362,33 +365,35 @@ def _attn_stats_band_fwd(
         kv_o = tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0
         s_o = tl.where(kv_o, s_o, FMIN)
         p_o = tl.where(inside, tl.exp(s_o - m_i) / l_i, 0.0)
-        tl.store(OffsetMass + row * n_offsets + o, p_o, mask=f_in)
+        tl.store(OffsetMass + bh0 * L * n_offsets + row * n_offsets + o, p_o, mask=f_in)
     # -- head gates: xi per row's head; a uniform head's rows get the mean of V over their visible keys
-    bh = off_b * H + head  # (BLOCK_M,)
-    xi = tl.load(GateXi + bh, mask=f_in, other=1.0)
-    uniform = tl.load(GateUniform + bh, mask=f_in, other=0)  # (BLOCK_M,) int8
-    O_ptrs = (Out + off_b * stride_ob + head[:, None] * stride_oh + pos[:, None] * stride_ol
+    xi = tl.load(GateXi + bh0 + g, mask=f_in, other=1.0)  # (BLOCK_M,)
+    O_ptrs = (Out + off_b * stride_ob + (off_kv * G) * stride_oh + (g * stride_oh + pos * stride_ol)[:, None]
               + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
-    tl.store(O_ptrs, (acc * xi[:, None]).to(Out.dtype.element_ty),
-             mask=f_in[:, None] & d_in[None, :] & (uniform == 0)[:, None])
-    if tl.max(uniform.to(tl.int32), 0) > 0:  # a second pass over the band, only for tiles with a uniform row
-        u = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        n_vis = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for start_n in range(start_lo, end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-            n_in = offs_n < L
-            kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-            seen = (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None]) & (kv & n_in)[None, :]
-            w = tl.where(seen, 1.0, 0.0)  # (BLOCK_M, BLOCK_N)
-            v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
-                        mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
-            if IS_FP32:
-                u = tl.dot(w, v, u, input_precision="ieee")
-            else:
-                u = tl.dot(w.to(v.dtype), v, u)  # 0 / 1 are exact in any dtype; fp32 accumulation
-            n_vis += tl.sum(w, 1)
-        u = u / tl.maximum(n_vis, 1.0)[:, None] * xi[:, None]  # a row that sees no key: 0
-        tl.store(O_ptrs, u.to(Out.dtype.element_ty), mask=f_in[:, None] & d_in[None, :] & (uniform != 0)[:, None])
+    if not UNIFORM:  # no uniform gate in this call (compiled apart: the common case carries no second pass)
+        tl.store(O_ptrs, (acc * xi[:, None]).to(Out.dtype.element_ty), mask=f_in[:, None] & d_in[None, :])
+    else:
+        uniform = tl.load(GateUniform + bh0 + g, mask=f_in, other=0)  # (BLOCK_M,) int8
+        tl.store(O_ptrs, (acc * xi[:, None]).to(Out.dtype.element_ty),
+                 mask=f_in[:, None] & d_in[None, :] & (uniform == 0)[:, None])
+        if tl.max(uniform.to(tl.int32), 0) > 0:  # a second pass over the band, only for tiles with a uniform row
+            u = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            n_vis = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for start_n in range(start_lo, end, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+                n_in = offs_n < L
+                kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+                seen = (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None]) & (kv & n_in)[None, :]
+                w = tl.where(seen, 1.0, 0.0)  # (BLOCK_M, BLOCK_N)
+                v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+                            mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+                if IS_FP32:
+                    u = tl.dot(w, v, u, input_precision="ieee")
+                else:
+                    u = tl.dot(w.to(v.dtype), v, u)  # 0 / 1 are exact in any dtype; fp32 accumulation
+                n_vis += tl.sum(w, 1)
+            u = u / tl.maximum(n_vis, 1.0)[:, None] * xi[:, None]  # a row that sees no key: 0
+            tl.store(O_ptrs, u.to(Out.dtype.element_ty), mask=f_in[:, None] & d_in[None, :] & (uniform != 0)[:, None])
 
 
 # True when this module was imported under TRITON_INTERPRET=1 (the kernel runs on CPU tensors)
@@ -537,12 +542,20 @@ def gate_operands(gates, B, H, dev):
 
 def layout_kernel_config(L: int, D: int, dtype=torch.float32) -> dict:
     """Block sizes, warps and stages of the layout kernel (`_attn_stats_band_fwd`): always the
-    online path (decoder rows are long; causal rows see different numbers of keys), with the
-    plain kernel's online blocks: fp16 / bf16 64 stacked query rows x 32 keys, fp32 32 x 32,
-    8 warps, 2 stages. `triton_aot` compiles them for D = 32, 64, 128 and 256 with no spill."""
-    fp16 = dtype in HALF_DTYPES
-    block_m = 64 if fp16 else 32
-    return dict(BLOCK_M=block_m, BLOCK_N=32, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=8, num_stages=2)
+    online path (decoder rows are long; causal rows see different numbers of keys). BLOCK_M
+    counts stacked query rows (G heads x BLOCK_M / G positions). The sizes `triton_aot`
+    compiles for sm_80 and sm_90 with no register spill (Triton 3.6 and 3.7; D = 32 to 256,
+    4 to 32 key classes), 8 warps, 2 stages:
+        fp16 / bf16  64 x 32 keys for D <= 128, 32 x 32 for D = 256 (64 rows spill there)
+        fp32         32 x 16 for D <= 64, 16 x 32 above (exact FMA dots: 32 x 32 spills at
+                     D = 64 with 32 classes on sm_80)
+    """
+    block_d = max(16, triton.next_power_of_2(D))
+    if dtype in HALF_DTYPES:
+        block_m, block_n = (64 if block_d <= 128 else 32), 32
+    else:
+        block_m, block_n = (32, 16) if block_d <= 64 else (16, 32)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8, num_stages=2)
 
 
 def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,
@@ -606,7 +619,8 @@ def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layou
         stride_cl=classes.stride(1),  #
         H=H, L=L, D=D, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C), **flags,  #
-        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        IS_FP32=q.dtype == torch.float32, UNIFORM=gates is not None and gates.uniform is not None,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
     return out, stats, lse
