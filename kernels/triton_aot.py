@@ -388,6 +388,15 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as bench/results_triton.md's markdown table."""
+    lines = ["| kernel | specialisation | D | arch | registers | spill st/ld (B) | shared (B) |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    lines += [f"| {r['kernel']} | {r['spec']} | {r['D']} | {r['arch']} | {r['registers']} | "
+              f"{r['spill_stores']}/{r['spill_loads']} | {r['shared']} |" for r in rows]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bertscope.kernels.triton_aot", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, action="append", choices=ARCHS, help="target (default: all of 80, 90)")
@@ -400,6 +409,7 @@ def main(argv=None) -> int:
     parser.add_argument("--class-loop", action="store_true",
                         help="compile the class masses' masked loop instead of the one-hot dot (for comparison)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table instead")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before the kernel module runs @triton.jit
     import triton  # see the note above ARCHS
@@ -410,6 +420,8 @@ def main(argv=None) -> int:
     rows = compile_all(tuple(args.arch or ARCHS), specs)
     if args.json:
         print(json.dumps(rows))
+    elif args.markdown:
+        print(markdown_table(rows))
     else:
         print(f"Triton {triton.__version__} ({Path(triton.__file__).parent})")
         print(format_table(rows))

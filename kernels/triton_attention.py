@@ -545,17 +545,15 @@ def layout_kernel_config(L: int, D: int, dtype=torch.float32) -> dict:
     online path (decoder rows are long; causal rows see different numbers of keys). BLOCK_M
     counts stacked query rows (G heads x BLOCK_M / G positions). The sizes `triton_aot`
     compiles for sm_80 and sm_90 with no register spill (Triton 3.6 and 3.7; D = 32 to 256,
-    4 to 32 key classes), 8 warps, 2 stages:
+    4 to 32 key classes); half precision 8 warps, 2 stages:
         fp16 / bf16  64 x 32 keys for D <= 128, 32 x 32 for D = 256 (64 rows spill there)
-        fp32         32 x 16 for D <= 64, 16 x 32 above (exact FMA dots: 32 x 32 spills at
-                     D = 64 with 32 classes on sm_80)
+        fp32         16 x 16, 4 warps, 1 stage (exact FMA dots; 32 x 16 and 16 x 32 with 8
+                     warps spill on sm_80 or sm_90 at one D or another)
     """
     block_d = max(16, triton.next_power_of_2(D))
     if dtype in HALF_DTYPES:
-        block_m, block_n = (64 if block_d <= 128 else 32), 32
-    else:
-        block_m, block_n = (32, 16) if block_d <= 64 else (16, 32)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8, num_stages=2)
+        return dict(BLOCK_M=64 if block_d <= 128 else 32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1)
 
 
 def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,

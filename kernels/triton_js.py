@@ -189,8 +189,9 @@ def _js_pair_kernel(
 
 def js_config(L: int, D: int) -> dict:
     """Block sizes of both JS passes: 32 x 32 tiles (the pair kernel holds two heads' tiles;
-    64-row blocks spill registers on sm_80 in fp32)."""
-    block = max(16, min(32, triton.next_power_of_2(L)))
+    64-row blocks spill registers on sm_80 in fp32), 16 x 16 above D = 128 (Gemma-3's 256:
+    32-row fp32 pair tiles spill)."""
+    block = max(16, min(32 if D <= 128 else 16, triton.next_power_of_2(L)))
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4, num_stages=2)
 
 

@@ -264,8 +264,9 @@ def word_map_config(L: int, D: int, W: int, fp32: bool = True) -> dict:
     """Block sizes of the word-map pass: the (W, W) map in 32 x 32 tiles. Measured with
     kernels/triton_aot.py for D = 32 and 64 on sm_80: fp32 (FMA dots) needs 8 warps to stay
     under 255 registers per thread, fp16 and bf16 (tensor-core dots) 4; the other warp counts, and
-    16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers)."""
-    block = max(16, min(32, triton.next_power_of_2(L)))
+    16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers). Above
+    D = 128 (Gemma-3's 256) 16-token blocks: 32 spill in fp32."""
+    block = max(16, min(32 if D <= 128 else 16, triton.next_power_of_2(L)))
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)),
                 BLOCK_W=32, num_warps=8 if fp32 else 4, num_stages=2)
 
