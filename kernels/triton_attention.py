@@ -30,6 +30,13 @@ gate xi (per head, or per sequence and head). The statistics, lse included, are 
 those of the head's own un-gated attention. The kernel has no backward: with a gradient
 to compute, `bertscope.engine.attention` takes the output from SDPA instead.
 
+Every other `AttentionLayout` (causal, windowed, grouped-query: decoders) runs a second
+kernel, `_attn_stats_band_fwd` (`fused_attention_layout`), so that the plain (encoder) kernel
+above keeps its code: the G query heads that share a key/value head are stacked into the rows
+of one tile (each K / V tile loaded once for all of them), key blocks outside the tile's band
+are never visited, blocks inside every row's band run without a mask and the band's edges with
+one, and the statistics are over the keys each row sees.
+
 Inputs are (B, H, L, D) tensors, possibly strided views of the model's projections: the
 kernel reads them through their strides, nothing is copied. fp32, fp16 and bf16 inputs
 are supported; everything is computed in fp32 (fp32 dots use input_precision="ieee", not
@@ -546,14 +553,16 @@ def layout_kernel_config(L: int, D: int, dtype=torch.float32) -> dict:
     counts stacked query rows (G heads x BLOCK_M / G positions). The sizes `triton_aot`
     compiles for sm_80 and sm_90 with no register spill (Triton 3.6 and 3.7; D = 32 to 256,
     4 to 32 key classes); half precision 8 warps, 2 stages:
-        fp16 / bf16  64 x 32 keys for D <= 128, 32 x 32 for D = 256 (64 rows spill there)
-        fp32         16 x 16, 4 warps, 1 stage (exact FMA dots; 32 x 16 and 16 x 32 with 8
-                     warps spill on sm_80 or sm_90 at one D or another)
+        fp16 / bf16  64 x 32 keys for D <= 64, 32 x 32 above (64 rows spill at D = 256, and
+                     at D = 128 on sm_80 with Triton 3.6)
+        fp32         16 x 16, 8 warps, 1 stage (exact FMA dots; 32 x 16, 16 x 32, and 4 warps
+                     spill on sm_80 or sm_90 at one D or another; D = 256 with 32 classes still
+                     spills 24-32 bytes: bench/results_triton_layout.md)
     """
     block_d = max(16, triton.next_power_of_2(D))
     if dtype in HALF_DTYPES:
-        return dict(BLOCK_M=64 if block_d <= 128 else 32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
-    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1)
+        return dict(BLOCK_M=64 if block_d <= 64 else 32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8, num_stages=1)
 
 
 def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,

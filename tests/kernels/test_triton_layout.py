@@ -102,7 +102,7 @@ def test_matches_eager_across_several_blocks(layout, H, left):
 
 
 def test_matches_eager_with_the_shipped_blocks():
-    """fp32's shipped blocks (32 stacked rows x 16 keys) at L = 70: a tile of 2 heads spans 16 positions."""
+    """fp32's shipped blocks (16 stacked rows x 16 keys) at L = 70: a tile of 2 heads spans 8 positions."""
     layout = AttentionLayout(causal=True, window=(20, 0), n_key_value_heads=1)
     inputs = make_inputs(2, 2, 70, 16, layout, [0, 11], True, seed=3)
     assert_same(attention_stats_eager(*inputs, SPEC, layout=layout), triton(inputs, layout), inputs[3])
