@@ -26,6 +26,19 @@ column mass (features), JS between heads (probe cluster), each with the Triton b
 with bertscope's eager backend (every map materialised; the JS reference in float64), timed
 the same way, with the largest difference between the two.
 
+Then a decoder (`--decoder-only` runs just this part, `--no-decoder` skips it): a
+Llama-3.2-1B-shaped model with random weights (LlamaConfig: 16 layers, hidden 2048, 32 query
+and 8 key/value heads of dimension 64, FFN 8192; nothing is downloaded) in bf16 at L = 4096
+(8 sequences per batch) and 32768 (1), 32k tokens per batch:
+    floor      attn_implementation="sdpa" (torch's flash kernel for a causal bf16 forward), no statistics
+    bertscope  attn_implementation="bertscope" inside HeadProbe.active (the Triton layout kernel:
+               causal, grouped-query), entropy, offsets -2..2 and 4 class masses per row, summed
+               per layer and head on the device
+with tokens/s, the ratio to the floor, peak memory and the largest difference between the two
+models' last hidden states; then the attention alone at the same shapes (one layer's q, k, v:
+`attention_stats` with the causal grouped-query layout against SDPA with is_causal and
+enable_gqa), in ms and TFLOP/s. docs/gpu.md has the prediction on paper.
+
 Without CUDA it prints one line and exits 1. `make gpu-check` runs it with --quick.
 """
 from __future__ import annotations
@@ -49,6 +62,13 @@ METHODS = ("floor", "eager+maps", "bertscope")
 TOKENS_PER_BATCH = 32768  # batch size = this / L: 256 x 128, 64 x 512
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                  max_position_embeddings=512)
+# Llama-3.2-1B's shape (its config.json), random weights; the CPU dry run takes a tiny one
+LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
+                rms_norm_eps=1e-5)
+LLAMA_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=128, vocab_size=512, max_position_embeddings=4096)
+DECODER_TOKENS = 32768
 
 
 def parse(argv):
@@ -61,6 +81,10 @@ def parse(argv):
     p.add_argument("--batches", type=int, default=None, help="batches per method and repeat (default: 6; quick 2)")
     p.add_argument("--repeats", type=int, default=None, help="repeats, median reported (default: 3; quick 2)")
     p.add_argument("--no-analyses", action="store_true", help="skip word maps, column mass and JS")
+    p.add_argument("--no-decoder", action="store_true", help="skip the Llama-3.2-1B-shaped decoder")
+    p.add_argument("--decoder-only", action="store_true", help="only the Llama-3.2-1B-shaped decoder")
+    p.add_argument("--decoder-lengths", nargs="+", type=int, default=[4096, 32768])
+    p.add_argument("--decoder-tokens", type=int, default=DECODER_TOKENS, help="tokens per decoder batch")
     p.add_argument("--out", default=None, help="also write the markdown here")
     # a CPU dry run of the code paths (chunked in place of triton), for the tests only
     p.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
@@ -80,6 +104,10 @@ class Env:
         self.device = "cpu" if dry_run else "cuda"
         self.backend = "chunked" if dry_run else "triton"
         self.js_backend = "chunked" if dry_run else "triton"
+        from bertscope.kernels import LAYOUT_BACKENDS
+
+        # the decoder's backend: causal grouped-query layouts (chunked once it computes them)
+        self.decoder_backend = "triton" if not dry_run else ("chunked" if "chunked" in LAYOUT_BACKENDS else "eager")
         self.cuda = not dry_run
 
     def sync(self):
@@ -403,6 +431,165 @@ def heavy_tables(args, env: Env, cache) -> list[str]:
     return lines
 
 
+# --- a decoder: Llama-3.2-1B-shaped, random weights ------------------------------------------
+
+
+class DeviceSums:
+    """The decoder's sink: per layer and head, float64 sums on the device of the row statistics
+    over the real query rows (entropy, offset masses, class masses) and the row count; no copy
+    to the host, as a run would keep them until a checkpoint."""
+
+    def __init__(self, n_layers, n_heads, spec, device):
+        import torch
+
+        F = 1 + len(spec.offsets) + spec.n_key_classes
+        self.sums = torch.zeros(n_layers, n_heads, F, dtype=torch.float64, device=device)
+        self.rows = torch.zeros((), dtype=torch.float64, device=device)
+        self.hidden = None  # the last hidden state of the first batch, for the agreement
+
+    def __call__(self, layer, stats, key_valid):
+        import torch
+
+        rows = key_valid[:, None, :, None].to(stats.entropy.dtype)  # (B, 1, L, 1)
+        feats = torch.cat([stats.entropy[..., None], stats.offset_mass, stats.class_mass], -1)  # (B, H, L, F)
+        self.sums[layer] += (feats * rows).sum((0, 2)).double()
+        if layer == 0:
+            self.rows += key_valid.sum()
+
+
+class Decoder:
+    """The floor (SDPA) and bertscope (the plug-in with a HeadProbe) on the same random weights."""
+
+    def __init__(self, env: Env, tiny: bool):
+        import torch
+        from transformers import LlamaConfig, LlamaModel
+
+        import bertscope.engine.attention  # noqa: F401  registers attn_implementation="bertscope"
+        from bertscope.engine.attention import HeadProbe
+        from bertscope.kernels import StatsSpec
+
+        self.env = env
+        self.config = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_1B))
+        dtype = torch.bfloat16
+        with torch.random.fork_rng(devices=[]), torch.device(env.device):
+            torch.manual_seed(0)
+            floor = LlamaModel(self.config).to(dtype).eval()
+        self.models = {"floor": floor, "bertscope": copy.deepcopy(floor)}
+        self.models["floor"].set_attn_implementation("sdpa")
+        self.models["bertscope"].set_attn_implementation("bertscope")
+        c = self.config
+        self.spec = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, class_mass=True)
+        self.probe = HeadProbe(c.num_hidden_layers, c.num_attention_heads, self.spec, backend=env.decoder_backend,
+                               device=env.device)
+
+    def batches(self, L, B, n):
+        import torch
+
+        g = torch.Generator().manual_seed(L)
+        return [(torch.randint(0, self.config.vocab_size, (B, L), generator=g).to(self.env.device),
+                 torch.randint(0, 4, (B, L), generator=g).to(self.env.device)) for _ in range(n)]
+
+    def new_acc(self, method):
+        c = self.config
+        return DeviceSums(c.num_hidden_layers, c.num_attention_heads, self.spec, self.env.device)
+
+    def step(self, method, batch, acc):
+        torch = self.env.torch
+        ids, key_class = batch
+        mask = torch.ones_like(ids)
+        with torch.inference_mode():
+            if method == "floor":
+                out = self.models["floor"](input_ids=ids, attention_mask=mask).last_hidden_state
+            else:
+                with self.probe.active(key_class, acc):
+                    out = self.models["bertscope"](input_ids=ids, attention_mask=mask).last_hidden_state
+        if acc.hidden is None:
+            acc.hidden = out[:1].float()
+
+
+def attention_only(env: Env, config, L: int, B: int, repeats: int) -> list[str]:
+    """One layer's attention at the decoder's shape: the Triton layout kernel with statistics
+    against SDPA's causal grouped-query forward (flash), median ms over `repeats`."""
+    import torch
+
+    from bertscope.kernels import AttentionLayout, StatsSpec, attention_stats
+
+    H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    g = torch.Generator(device=env.device).manual_seed(1)
+    q = torch.randn(B, H, L, D, device=env.device, dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(B, H_kv, L, D, device=env.device, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    valid = torch.ones(B, L, dtype=torch.bool, device=env.device)
+    key_class = torch.randint(0, 4, (B, L), device=env.device, generator=g)
+    layout = AttentionLayout(causal=True, n_key_value_heads=H_kv)
+    spec = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, class_mass=True)
+    fns = {
+        "sdpa (flash)": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                enable_gqa=True),
+        "bertscope": lambda: attention_stats(q, k, v, valid, key_class, spec, backend=env.decoder_backend,
+                                             layout=layout),
+    }
+    times = {name: [] for name in fns}
+    with torch.inference_mode():
+        for fn in fns.values():  # warm-up: compile
+            fn()
+        for r in range(max(3, repeats)):
+            for name, fn in (list(fns.items()) if r % 2 == 0 else list(fns.items())[::-1]):
+                env.sync()
+                t0 = time.perf_counter()
+                fn()
+                env.sync()
+                times[name].append(time.perf_counter() - t0)
+    flops = 4 * B * H * (L * (L + 1) / 2) * D  # QK^T and PV over the causal half
+    floor = statistics.median(times["sdpa (flash)"])
+    return [f"| {L} | {B} | {name} | {statistics.median(t) * 1e3:.2f} | {flops / statistics.median(t) / 1e12:.0f} | "
+            f"{floor / statistics.median(t):.2f} |" for name, t in times.items()]
+
+
+def decoder_tables(args, env: Env) -> list[str]:
+    from bertscope.errors import UserError
+
+    tiny = not env.cuda
+    dec = Decoder(env, tiny)
+    c = dec.config
+    lines = [f"Llama-3.2-1B-shaped{' (tiny: the CPU dry run)' if tiny else ''}, random weights: "
+             f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} query / "
+             f"{c.num_key_value_heads} key/value heads of {c.head_dim}, bf16; bertscope backend "
+             f"{env.decoder_backend}.\n",
+             "| L | batch | method | tokens/s | x floor | peak GiB (above resident) | "
+             "max abs diff of the last hidden state |", "|---|---|---|---|---|---|---|"]
+    kernel = ["", "The attention alone (one layer's q, k, v at the same shape, median of the repeats):", "",
+              "| L | batch | method | ms | TFLOP/s (causal) | x floor |", "|---|---|---|---|---|---|"]
+    for L in args.decoder_lengths:
+        B = max(1, args.decoder_tokens // L)
+        batches = dec.batches(L, B, args.batches)
+        try:
+            dec.step("bertscope", batches[0], dec.new_acc("bertscope"))
+        except UserError as e:  # the plug-in does not take this family yet
+            lines.append(f"| {L} | {B} | bertscope | refused by the plug-in: {e} | | | |")
+            print(lines[-1], flush=True)
+            continue
+        secs, peak, accs, failed = interleaved(env, ["floor", "bertscope"], dec.step, dec.new_acc, batches,
+                                               args.repeats)
+        diff = "-"
+        if not failed:
+            diff = f"{float((accs['bertscope'].hidden - accs['floor'].hidden).abs().max()):.2e}"
+        for m in ("floor", "bertscope"):
+            if m in failed:
+                lines.append(f"| {L} | {B} | {m} | {failed[m]} | | | |")
+                continue
+            ratio = "" if secs["floor"] is None else f"{secs['floor'] / secs[m]:.2f}"
+            lines.append(f"| {L} | {B} | {m} | {B * L * len(batches) / secs[m]:,.0f} | {ratio} | "
+                         f"{peak[m] / 2**30:.2f} | {diff if m == 'bertscope' else ''} |")
+            print(lines[-1], flush=True)
+        if env.cuda:
+            kernel += attention_only(env, c, L, B, args.repeats)
+            print(kernel[-1], flush=True)
+    del dec
+    if env.cuda:
+        env.torch.cuda.empty_cache()
+    return lines + (kernel if env.cuda else [])
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     import torch
@@ -424,10 +611,14 @@ def main(argv=None) -> int:
              f"`python bench/bench_gpu.py {' '.join(argv if argv is not None else sys.argv[1:])}`: {device}, "
              f"torch {torch.__version__}, triton {triton_version}; {args.batches} batches x {args.repeats} repeats "
              "per configuration, methods interleaved batch by batch, median over repeats.", "",
-             "## Surface statistics (`bertscope run`)", ""]
-    parts += surface_tables(args, env, cache)
-    if not args.no_analyses:
-        parts += ["", "## The heavy analyses against their eager forms", ""] + heavy_tables(args, env, cache)
+             "## Surface statistics (`bertscope run`)" if not args.decoder_only else "", ""]
+    if not args.decoder_only:
+        parts += surface_tables(args, env, cache)
+        if not args.no_analyses:
+            parts += ["", "## The heavy analyses against their eager forms", ""] + heavy_tables(args, env, cache)
+    if not args.no_decoder:
+        parts += ["", "## A decoder: Llama-3.2-1B-shaped, causal grouped-query attention", ""]
+        parts += decoder_tables(args, env)
     parts += ["", f"Text: {cache.get('source', '-')}. Total {time.perf_counter() - t0:.0f} s."]
     text = "\n".join(parts) + "\n"
     print("\n" + text)

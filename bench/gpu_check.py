@@ -4,10 +4,14 @@
 
 Steps, each in its own process with a time limit, its output captured:
     selftest      bertscope selftest (every backend against eager on the GPU, fp16/bf16 too)
-    aot           python -m bertscope.kernels.triton_aot (registers, spills, shared memory of every
-                  shipped kernel, for the device's architecture when the report knows it)
+    aot           python -m bertscope.kernels.triton_aot --layouts core (registers, spills, shared memory
+                  of every shipped kernel, the layout kernel's largest specialisations, for the device's
+                  architecture when the report knows it)
     bench_triton  python bench/bench_triton.py --no-aot (kernel timings against eager, chunked, SDPA)
-    bench_gpu     python bench/bench_gpu.py --quick (end to end: SDPA floor, eager + maps, bertscope)
+    bench_gpu     python bench/bench_gpu.py --quick --no-decoder (end to end: SDPA floor, eager + maps, bertscope)
+    bench_decoder python bench/bench_gpu.py --quick --decoder-only (a Llama-3.2-1B-shaped decoder, bf16,
+                  L = 4k and 32k: SDPA / flash floor against bertscope's statistics forward, and the
+                  attention alone)
     pytest_gpu    python -m pytest -m gpu tests (the kernel parity tests on compiled kernels)
 The report is written even when a step fails or times out (and after each step, so an
 interrupted check leaves what it had); the exit code is 1 if any step failed. It uses the
@@ -25,9 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("selftest", "aot", "bench_triton", "bench_gpu", "pytest_gpu")
-# seconds per step: the whole check is meant to stay under 8 minutes on one H100
-LIMITS = {"selftest": 60, "aot": 100, "bench_triton": 60, "bench_gpu": 180, "pytest_gpu": 100}
+STEPS = ("selftest", "aot", "bench_triton", "bench_gpu", "bench_decoder", "pytest_gpu")
+# seconds per step: the whole check is meant to stay under 10 minutes on one H100
+LIMITS = {"selftest": 60, "aot": 100, "bench_triton": 60, "bench_gpu": 180, "bench_decoder": 150, "pytest_gpu": 100}
 OUTPUT_TAIL = 150  # lines of a step's output kept in the report (a markdown table in full)
 
 
@@ -35,9 +39,12 @@ def commands(py: str, arch: int | None, tmp: Path) -> dict[str, list[str]]:
     cli = "import sys; from bertscope.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return {
         "selftest": [py, "-c", cli, "selftest", "--device", "cuda"],
-        "aot": [py, "-m", "bertscope.kernels.triton_aot", *(["--arch", str(arch)] if arch else [])],
+        "aot": [py, "-m", "bertscope.kernels.triton_aot", "--layouts", "core",
+                *(["--arch", str(arch)] if arch else [])],
         "bench_triton": [py, "bench/bench_triton.py", "--no-aot", "--out", str(tmp / "bench_triton.md")],
-        "bench_gpu": [py, "bench/bench_gpu.py", "--quick", "--out", str(tmp / "bench_gpu.md")],
+        "bench_gpu": [py, "bench/bench_gpu.py", "--quick", "--no-decoder", "--out", str(tmp / "bench_gpu.md")],
+        "bench_decoder": [py, "bench/bench_gpu.py", "--quick", "--decoder-only", "--out",
+                          str(tmp / "bench_decoder.md")],
         "pytest_gpu": [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
     }
 

@@ -49,7 +49,7 @@ BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked, 
 BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
 # the backends that compute every `AttentionLayout` (causal, windowed, grouped-query); the
 # others compute the plain (encoder) layout only, and `attention_stats` refuses the rest for them
-LAYOUT_BACKENDS = {"eager", "chunked"}
+LAYOUT_BACKENDS = {"eager", "chunked", "triton"}
 
 
 def _triton_interpret() -> bool:

@@ -42,6 +42,9 @@ CLASS_COUNTS = (4, 16, 32)
 DTYPES = ("fp32", "fp16", "bf16")
 # head dimensions of the supported models: MiniLM (32), bert-base and larger (64)
 HEAD_DIMS = (32, 64)
+# head dimensions of the layout kernel: the encoders' and SmolLM2 / Llama-3.2's (32, 64), 128, Gemma-3's 256
+LAYOUT_HEAD_DIMS = (32, 64, 128, 256)
+LAYOUT_MAP_HEAD_DIMS = (64, 256)
 # row lengths that select every shipped path / block size (kernel_config picks them by L and dtype)
 LENGTHS = (32, 128, 512)
 
@@ -70,6 +73,71 @@ class Specialisation:
 
 
 @dataclass(frozen=True)
+class LayoutSpec:
+    """One specialisation of the layout kernel (`triton_attention._attn_stats_band_fwd`: causal,
+    windowed, grouped-query). The band (win_left, win_right) and the group size G are runtime
+    integers, so one compiled kernel serves causal and windowed layouts alike; a launch with
+    G = 1 (one query head per key/value head) is specialised by Triton's launcher (an integer
+    argument equal to 1 becomes a constant), any larger G (3: SmolLM2, 4: Gemma-3 and
+    Llama-3.2) is the same generic kernel: `group` is "1" or "G"."""
+
+    D: int
+    dtype: str  # "fp32", "fp16" or "bf16"
+    entropy: bool = True
+    argmax: bool = False
+    n_classes: int = 4
+    group: str = "G"  # "1" (G specialised to 1) or "G" (runtime G >= 2)
+    uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the band)
+    L: int = 4096  # the layout kernel has one path whatever L
+
+    def config(self) -> dict:
+        from .triton_attention import layout_kernel_config  # see the note above ARCHS
+
+        return layout_kernel_config(self.L, self.D, torch_dtype(self.dtype))
+
+    def name(self) -> str:
+        c = self.config()
+        flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
+        return (f"band M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
+                f"{self.dtype} C{self.n_classes} G={self.group} {flags}" + (" uniform" if self.uniform else ""))
+
+    def ast_source(self):
+        from triton.compiler import ASTSource  # see the note above ARCHS
+
+        from . import triton_attention as ta
+
+        fn = ta._attn_stats_band_fwd
+        if not isinstance(fn, __import__("triton").runtime.jit.JITFunction):
+            raise RuntimeError("bertscope.kernels.triton_attention was imported under TRITON_INTERPRET=1; "
+                               "compile in a process without it (python -m bertscope.kernels.triton_aot)")
+        c, t = self.config(), self.dtype
+        sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
+               "GateUniform": "*i8", "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "sm_scale": "fp32"}
+        flags = {}
+        for stat, arg, flag in ta.kernel_outputs():
+            on = getattr(self, stat.name, True)
+            if flag is not None:
+                flags[flag] = on
+            sig[arg] = "*fp32" if flag is not None and not on else ("*i64" if stat.dtype == "int64" else f"*{t}")
+        unit = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml", "stride_cl"}
+        constexprs = {name: 1 for name in unit}
+        if self.group == "1":
+            constexprs["G"] = 1
+        constexprs.update(C_PAD=ta.c_pad(self.n_classes), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                          BLOCK_D=c["BLOCK_D"], **flags, IS_FP32=t == "fp32", UNIFORM=self.uniform)
+        for name in fn.arg_names:
+            sig.setdefault(name, "constexpr" if name in constexprs else "i32")
+        for name in constexprs:
+            sig[name] = "constexpr"
+        aligned = [n for n in sig if sig[n].startswith("*")] + [
+            "stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl",
+            "stride_vb", "stride_vh", "stride_vl", "stride_ob", "stride_oh", "stride_ol", "D"]
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        sig = {name: sig[name] for name in fn.arg_names}
+        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
+
+
+@dataclass(frozen=True)
 class AotSpec:
     """One GPU launch specialisation of a whole-map kernel (triton_maps.py, triton_js.py) for
     the compilation and spill check; it builds its own (ASTSource, config). Block sizes come
@@ -80,6 +148,7 @@ class AotSpec:
     D: int
     dtype: str  # "fp32", "fp16" or "bf16"
     W: int = 0  # units (word maps only)
+    banded: bool = False  # the layout variant (BANDED: band skipping, key heads shared by query heads)
 
     def config(self) -> dict:
         from .triton_js import js_config  # see the note above ARCHS
@@ -94,7 +163,8 @@ class AotSpec:
     def name(self) -> str:
         c = self.config()
         blocks = f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
-        return f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
+        return (f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
+                + (" banded" if self.banded else ""))
 
     def ast_source(self):
         """(ASTSource, config with num_warps and num_stages) as a typical launch specialises
@@ -112,12 +182,15 @@ class AotSpec:
         t = self.dtype
         pointers = {"Q": f"*{t}", "K": f"*{t}", "KeyValid": "*i8", "Lse": "*fp32", "ColMass": f"*{t}",
                     "FromWord": "*fp32", "ToWord": "*fp32", "Candidate": "*i8", "WordMap": f"*{t}",
-                    "WordArgmax": "*i64", "Entropy": "*fp32", "Pairs": "*i32", "Partial": "*fp32"}
+                    "WordArgmax": "*i64", "Entropy": "*fp32", "Pairs": "*i32", "Partial": "*fp32",
+                    "KvHead": "*i32", "Left": "*i32", "Right": "*i32"}
         unit = {"stride_qd", "stride_kd", "stride_ml", "stride_cw"}
         c = self.config()
         constexprs = {n: 1 for n in unit if n in fn.arg_names}
         constexprs.update({n: c[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_W") if n in fn.arg_names})
         constexprs["IS_FP32"] = t == "fp32"
+        if "BANDED" in fn.arg_names:
+            constexprs["BANDED"] = self.banded
         sig = {}
         for n in fn.arg_names:
             sig[n] = pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n == "sm_scale" else "i32")
@@ -131,20 +204,50 @@ def torch_dtype(name: str):
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-def aot_specialisations(dtypes=DTYPES) -> list[AotSpec]:
+def aot_specialisations(dtypes=DTYPES, layouts: str = "all") -> list[AotSpec]:
     """The shipped specialisations of the column-mass, word-map and JS kernels for rows of
     32 keys or more (shorter rows take 16-wide blocks, which hold fewer registers): head
-    dimension 64 (the larger of the shipped models'; D = 32 holds fewer registers), and
-    D = 32 too for the word maps, whose register use does not shrink monotonically."""
+    dimension 64 (the larger of the encoders'; D = 32 holds fewer registers), and
+    D = 32 too for the word maps, whose register use does not shrink monotonically.
+    layouts: their banded variants too (causal / windowed / grouped-query): "all" at D = 64
+    and 256 (Gemma-3's head dimension), "core" at D = 64 in bf16 and fp32, "none"."""
     specs = []
     for t in dtypes:
         specs += [AotSpec("_column_mass_kernel", 128, 64, t), AotSpec("_row_lse_kernel", 128, 64, t),
                   AotSpec("_js_pair_kernel", 128, 64, t)]
         specs += [AotSpec("_word_map_kernel", 128, D, t, W=128) for D in (32, 64)]
+        dims = {"all": LAYOUT_MAP_HEAD_DIMS, "core": (64,) if t != "fp16" else (), "none": ()}[layouts]
+        specs += [AotSpec(k, 128, D, t, W=128 if k == "_word_map_kernel" else 0, banded=True) for D in dims
+                  for k in ("_column_mass_kernel", "_row_lse_kernel", "_js_pair_kernel", "_word_map_kernel")]
     return specs
 
 
-def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, class_dot=True) -> list[Specialisation]:
+def layout_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "all") -> list[LayoutSpec]:
+    """The layout kernel's specialisations. "all": every dtype x head dimension (32, 64: the
+    encoders' and SmolLM2 / Llama-3.2's; 128; 256: Gemma-3's) x group (G = 1 and G >= 2) with
+    the entropy, with and without the argmax, for 4 key classes; 16 and 32 classes, the
+    statistics-free forward and the uniform-gate epilogue at D = 64 and 256. "core": the
+    largest of each block configuration (what the test suite compiles: each layout kernel
+    takes ~10 s to compile on one core, the whole matrix ~25 minutes; fp32 at D = 256 with 32
+    classes, which spills a few bytes, is in the report only)."""
+    if which == "none":
+        return []
+    if which == "core":
+        specs = [LayoutSpec(64, "bf16", True, True, 4, "G"), LayoutSpec(64, "fp16", True, True, 32, "1"),
+                 LayoutSpec(256, "bf16", True, True, 32, "G"), LayoutSpec(128, "bf16", True, True, 4, "G"),
+                 LayoutSpec(64, "fp32", True, True, 32, "G"), LayoutSpec(256, "fp32", True, True, 4, "G"),
+                 LayoutSpec(64, "bf16", True, True, 4, "G", uniform=True)]
+        return [s for s in specs if s.dtype in dtypes and s.n_classes in classes] or specs[:1]
+    specs = [LayoutSpec(D, t, True, argmax, 4, group) for t in dtypes for D in LAYOUT_HEAD_DIMS
+             for group in ("1", "G") for argmax in (False, True)]
+    specs += [LayoutSpec(D, t, True, True, C, "G") for t in dtypes for D in (64, 256) for C in classes if C != 4]
+    specs += [LayoutSpec(D, t, False, False, 4, "G") for t in dtypes for D in (64, 256)]
+    specs += [LayoutSpec(D, t, True, True, 4, "G", uniform=True) for t in dtypes for D in (64, 256)]
+    return [s for s in specs if s.n_classes in classes]
+
+
+def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, class_dot=True,
+                            layouts: str = "all") -> list[Specialisation]:
     """Every specialisation a GPU run of bertscope launches with the default statistics.
 
     The surface analysis (`bertscope run`) always asks for the entropy, and --argmax
@@ -166,8 +269,11 @@ def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, clas
         if key not in seen:
             seen.add(key)
             unique.append(s)
-    # column mass, word maps and JS (kernels/triton_maps.py, triton_js.py): their own AotSpec
-    return unique + (aot_specialisations(dtypes) if maps else [])
+    # the layout kernel (causal, windowed, grouped-query); then column mass, word maps and JS
+    # (kernels/triton_maps.py, triton_js.py): their own LayoutSpec / AotSpec
+    if class_dot:
+        unique += layout_specialisations(classes, dtypes, layouts)
+    return unique + (aot_specialisations(dtypes, layouts) if maps else [])
 
 
 def _ast_source(spec: Specialisation):
@@ -177,7 +283,7 @@ def _ast_source(spec: Specialisation):
     as Triton's launcher specialises them; pointers and the other strides get the
     16-divisibility hint the launcher derives for 16-aligned allocations and D % 16 == 0.
     """
-    if isinstance(spec, AotSpec):  # a whole-map kernel builds its own (source, config)
+    if isinstance(spec, (AotSpec, LayoutSpec)):  # they build their own (source, config)
         return spec.ast_source()
     from triton.compiler import ASTSource  # see the note above ARCHS
 
@@ -274,12 +380,21 @@ def compile_all(archs=ARCHS, specs=None) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'kernel':<16} {'spec':<42} {'arch':<6} {'regs':>5} {'spills (st/ld B)':>16} {'shared B':>9} "
+    head = (f"{'kernel':<20} {'spec':<58} {'arch':<6} {'regs':>5} {'spills (st/ld B)':>16} {'shared B':>9} "
             f"{'compile s':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['kernel']:<16} {r['spec']:<42} {r['arch']:<6} {r['registers']:>5} "
+        lines.append(f"{r['kernel']:<20} {r['spec']:<58} {r['arch']:<6} {r['registers']:>5} "
                      f"{str(r['spill_stores']) + '/' + str(r['spill_loads']):>16} {r['shared']:>9} {r['compile_s']:>9}")
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as bench/results_triton.md's markdown table."""
+    lines = ["| kernel | specialisation | D | arch | registers | spill st/ld (B) | shared (B) |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    lines += [f"| {r['kernel']} | {r['spec']} | {r['D']} | {r['arch']} | {r['registers']} | "
+              f"{r['spill_stores']}/{r['spill_loads']} | {r['shared']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -289,18 +404,25 @@ def main(argv=None) -> int:
     parser.add_argument("--classes", type=int, action="append", help=f"key class counts (default: {CLASS_COUNTS})")
     parser.add_argument("--dtype", action="append", choices=DTYPES, help="input dtypes (default: all)")
     parser.add_argument("--forward-only", action="store_true", help="the fused forward only, no whole-map kernels")
+    parser.add_argument("--layouts", choices=("all", "core", "none"), default="all",
+                        help="the layout kernel and the banded map kernels (causal / windowed / grouped-query): "
+                             "every specialisation (default), the largest of each configuration, or none")
     parser.add_argument("--class-loop", action="store_true",
                         help="compile the class masses' masked loop instead of the one-hot dot (for comparison)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table instead")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before the kernel module runs @triton.jit
     import triton  # see the note above ARCHS
 
     specs = shipped_specialisations(tuple(args.classes or CLASS_COUNTS), tuple(args.dtype or DTYPES),
-                                    maps=not args.forward_only, class_dot=not args.class_loop)
+                                    maps=not args.forward_only, class_dot=not args.class_loop,
+                                    layouts=args.layouts)
     rows = compile_all(tuple(args.arch or ARCHS), specs)
     if args.json:
         print(json.dumps(rows))
+    elif args.markdown:
+        print(markdown_table(rows))
     else:
         print(f"Triton {triton.__version__} ({Path(triton.__file__).parent})")
         print(format_table(rows))

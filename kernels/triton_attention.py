@@ -30,6 +30,13 @@ gate xi (per head, or per sequence and head). The statistics, lse included, are 
 those of the head's own un-gated attention. The kernel has no backward: with a gradient
 to compute, `bertscope.engine.attention` takes the output from SDPA instead.
 
+Every other `AttentionLayout` (causal, windowed, grouped-query: decoders) runs a second
+kernel, `_attn_stats_band_fwd` (`fused_attention_layout`), so that the plain (encoder) kernel
+above keeps its code: the G query heads that share a key/value head are stacked into the rows
+of one tile (each K / V tile loaded once for all of them), key blocks outside the tile's band
+are never visited, blocks inside every row's band run without a mask and the band's edges with
+one, and the statistics are over the keys each row sees.
+
 Inputs are (B, H, L, D) tensors, possibly strided views of the model's projections: the
 kernel reads them through their strides, nothing is copied. fp32, fp16 and bf16 inputs
 are supported; everything is computed in fp32 (fp32 dots use input_precision="ieee", not
@@ -220,6 +227,182 @@ def _attn_stats_fwd(
              mask=m_in[:, None] & d_in[None, :])
 
 
+# --- every other layout: causal, windowed, grouped-query (`spec.AttentionLayout`) ----------------
+
+
+@triton.jit
+def _band_block(
+    acc, l_i, m_i, t_i, arg_i, cls_i,  #
+    q, K_ptr, V_ptr, Valid_ptr, Class_ptr, start_n, lo_m, hi_m,  #
+    stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+    sm_scale, L, D, offs_d, FMIN,  #
+    BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, MASKED: tl.constexpr,  #
+    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, IS_FP32: tl.constexpr,
+):
+    """One key block of the online softmax for a tile of stacked query rows. MASKED: the
+    block holds keys outside some row's band [lo_m, hi_m] (they get the padding fill, as
+    eager's visibility mask gives them); unmasked blocks are inside every row's band."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    s, kv, n_in = key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, stride_ml,
+                                   sm_scale, L, D, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+    if MASKED:
+        seen = (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None])  # (BLOCK_M, BLOCK_N)
+        s = tl.where(seen | (offs_n >= L)[None, :], s, FMIN)  # past the row end stays -inf
+    m_blk = tl.max(s, 1)  # (BLOCK_M,)
+    m_new = tl.maximum(m_i, m_blk)
+    alpha = tl.exp(m_i - m_new)  # 0 on the first block (m_i = -inf)
+    e = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)
+    if ARGMAX:
+        # blocks do not come in key order (the unmasked middle first): ties go to the lowest index
+        arg_blk = tl.min(tl.where(s == m_blk[:, None], offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
+        take = (m_blk > m_i) | ((m_blk == m_i) & (arg_blk < arg_i))
+        arg_i = tl.where(take, arg_blk, arg_i)
+    if ENTROPY:
+        ds = tl.where(n_in[None, :], s - m_new[:, None], 0.0)  # (BLOCK_M, BLOCK_N); no 0 * -inf
+        # move the old t from m_i to m_new; when the old terms vanish (alpha = 0: the first block, or
+        # a row that saw only filled keys so far, m_i = FMIN) the shift would be -inf * 0
+        shift = tl.where(alpha > 0, (m_i - m_new) * l_i, 0.0)
+        t_i = alpha * (t_i + shift) + tl.sum(e * ds, 1)
+    l_i = l_i * alpha + tl.sum(e, 1)
+    m_i = m_new
+    cls = tl.load(Class_ptr + offs_n * stride_cl, mask=n_in, other=-1)  # (BLOCK_N,); -1: no class
+    v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+                mask=n_in[:, None] & (offs_d < D)[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+    cls_i = cls_i * alpha[:, None]
+    acc = acc * alpha[:, None]
+    cidx = tl.arange(0, C_PAD)  # (C_PAD,)
+    if IS_FP32:
+        onehot = tl.where(cls[:, None] == cidx[None, :], 1.0, 0.0)  # (BLOCK_N, C_PAD)
+        cls_i = tl.dot(e, onehot, cls_i, input_precision="ieee")  # (BLOCK_M, C_PAD)
+        acc = tl.dot(e, v, acc, input_precision="ieee")  # (BLOCK_M, BLOCK_D)
+    else:
+        pv = e.to(v.dtype)  # P in the input dtype, as FlashAttention's P V takes it
+        onehot = tl.where(cls[:, None] == cidx[None, :], 1.0, 0.0).to(pv.dtype)  # through fp32, see above
+        cls_i = tl.dot(pv, onehot, cls_i)
+        acc = tl.dot(pv, v, acc)
+    return acc, l_i, m_i, t_i, arg_i, cls_i
+
+
+@triton.jit
+def _attn_stats_band_fwd(
+    Q, K, V, KeyValid, KeyClass, GateXi, GateUniform, Offsets,  #
+    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax,  #
+    sm_scale,  #
+    stride_qb, stride_qh, stride_ql, stride_qd,  #
+    stride_kb, stride_kh, stride_kl, stride_kd,  #
+    stride_vb, stride_vh, stride_vl, stride_vd,  #
+    stride_ob, stride_oh, stride_ol, stride_od,  #
+    stride_mb, stride_ml, stride_cb, stride_cl,  #
+    H, L, D, n_offsets, n_classes, G, win_left, win_right,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
+    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, IS_FP32: tl.constexpr, UNIFORM: tl.constexpr,
+):
+    """One program: BLOCK_M stacked query rows of the G query heads that share one key/value
+    head, f = i * G + g (position i, head g of the group), against that head's keys in the
+    rows' band [i - win_left, i + win_right]."""
+    start_m = tl.program_id(0)
+    off_bkv = tl.program_id(1)  # b * H_kv + key/value head
+    H_kv = H // G
+    off_b = (off_bkv // H_kv).to(tl.int64)
+    off_kv = (off_bkv % H_kv).to(tl.int64)
+    K_ptr = K + off_b * stride_kb + off_kv * stride_kh
+    V_ptr = V + off_b * stride_vb + off_kv * stride_vh
+    Valid_ptr = KeyValid + off_b * stride_mb
+    Class_ptr = KeyClass + off_b * stride_cb
+    offs_f = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) stacked rows
+    f_in = offs_f < L * G
+    pos = offs_f // G  # (BLOCK_M,) query positions
+    g = offs_f % G  # (BLOCK_M,) query head within the group
+    # int64 scalar bases + int32 row offsets (int64 vectors would be kept in registers through the loop)
+    bh0 = off_b * H + off_kv * G  # (b, first query head of the group) in the (B, H) flat index
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    d_in = offs_d < D
+    q = tl.load(Q + off_b * stride_qb + (off_kv * G) * stride_qh + (g * stride_qh + pos * stride_ql)[:, None]
+                + offs_d[None, :] * stride_qd, mask=f_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+    lo_m = pos - win_left  # (BLOCK_M,) each row's band, inclusive
+    hi_m = pos + win_right
+    # -- the tile's key range, and its blocks inside every row's band (no mask needed there)
+    first = (start_m * BLOCK_M) // G
+    last = tl.minimum((start_m * BLOCK_M + BLOCK_M - 1) // G, L - 1)
+    start_lo = (tl.maximum(first - win_left, 0) // BLOCK_N) * BLOCK_N
+    end = tl.cdiv(tl.minimum(last + win_right + 1, L), BLOCK_N) * BLOCK_N
+    full_lo = tl.maximum(tl.cdiv(tl.maximum(last - win_left, 0), BLOCK_N) * BLOCK_N, start_lo)
+    full_hi = tl.maximum(tl.minimum(((first + win_right + 1) // BLOCK_N) * BLOCK_N, end), full_lo)
+    # -- running state
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    arg_i = tl.zeros([BLOCK_M], dtype=tl.int32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    cls_i = tl.zeros([BLOCK_M, C_PAD], dtype=tl.float32)
+    for start_n in range(full_lo, full_hi, BLOCK_N):  # inside every row's band
+        acc, l_i, m_i, t_i, arg_i, cls_i = _band_block(
+            acc, l_i, m_i, t_i, arg_i, cls_i, q, K_ptr, V_ptr, Valid_ptr, Class_ptr, start_n, lo_m, hi_m,  #
+            stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl, sm_scale, L, D, offs_d, FMIN,  #
+            BLOCK_N, C_PAD, False, ENTROPY, ARGMAX, IS_FP32)
+    n_left = (full_lo - start_lo) // BLOCK_N
+    for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the band's edges: left, then right
+        start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
+        acc, l_i, m_i, t_i, arg_i, cls_i = _band_block(
+            acc, l_i, m_i, t_i, arg_i, cls_i, q, K_ptr, V_ptr, Valid_ptr, Class_ptr, start_n, lo_m, hi_m,  #
+            stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl, sm_scale, L, D, offs_d, FMIN,  #
+            BLOCK_N, C_PAD, True, ENTROPY, ARGMAX, IS_FP32)
+    # -- epilogue: normalise, row statistics
+    acc = acc / l_i[:, None]
+    cls_i = cls_i / l_i[:, None]
+    row = g * L + pos  # (BLOCK_M,) rows of the (B, H, L, ...) statistics, from the group's first
+    Lse += bh0 * L
+    tl.store(Lse + row, m_i + tl.log(l_i), mask=f_in)
+    if ENTROPY:
+        tl.store(Entropy + bh0 * L + row, tl.log(l_i) - t_i / l_i, mask=f_in)
+    if ARGMAX:
+        tl.store(Argmax + bh0 * L + row, arg_i.to(tl.int64), mask=f_in)
+    cidx = tl.arange(0, C_PAD)  # (C_PAD,)
+    tl.store(ClassMass + bh0 * L * n_classes + row[:, None] * n_classes + cidx[None, :], cls_i,
+             mask=f_in[:, None] & (cidx[None, :] < n_classes))
+    # -- offset mass: p_{i, i+o}, 0 outside the row's band
+    qf = q.to(tl.float32)
+    for o in range(0, n_offsets):
+        off = tl.load(Offsets + o)
+        kr = pos + off  # (BLOCK_M,)
+        inside = (kr >= 0) & (kr < L) & (kr >= lo_m) & (kr <= hi_m)
+        k_o = tl.load(K_ptr + kr[:, None] * stride_kl + offs_d[None, :] * stride_kd,
+                      mask=inside[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        s_o = tl.sum(qf * k_o.to(tl.float32), 1) * sm_scale  # (BLOCK_M,)
+        kv_o = tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0
+        s_o = tl.where(kv_o, s_o, FMIN)
+        p_o = tl.where(inside, tl.exp(s_o - m_i) / l_i, 0.0)
+        tl.store(OffsetMass + bh0 * L * n_offsets + row * n_offsets + o, p_o, mask=f_in)
+    # -- head gates: xi per row's head; a uniform head's rows get the mean of V over their visible keys
+    xi = tl.load(GateXi + bh0 + g, mask=f_in, other=1.0)  # (BLOCK_M,)
+    O_ptrs = (Out + off_b * stride_ob + (off_kv * G) * stride_oh + (g * stride_oh + pos * stride_ol)[:, None]
+              + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
+    if not UNIFORM:  # no uniform gate in this call (compiled apart: the common case carries no second pass)
+        tl.store(O_ptrs, (acc * xi[:, None]).to(Out.dtype.element_ty), mask=f_in[:, None] & d_in[None, :])
+    else:
+        uniform = tl.load(GateUniform + bh0 + g, mask=f_in, other=0)  # (BLOCK_M,) int8
+        tl.store(O_ptrs, (acc * xi[:, None]).to(Out.dtype.element_ty),
+                 mask=f_in[:, None] & d_in[None, :] & (uniform == 0)[:, None])
+        if tl.max(uniform.to(tl.int32), 0) > 0:  # a second pass over the band, only for tiles with a uniform row
+            u = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            n_vis = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for start_n in range(start_lo, end, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+                n_in = offs_n < L
+                kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+                seen = (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None]) & (kv & n_in)[None, :]
+                w = tl.where(seen, 1.0, 0.0)  # (BLOCK_M, BLOCK_N)
+                v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+                            mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+                if IS_FP32:
+                    u = tl.dot(w, v, u, input_precision="ieee")
+                else:
+                    u = tl.dot(w.to(v.dtype), v, u)  # 0 / 1 are exact in any dtype; fp32 accumulation
+                n_vis += tl.sum(w, 1)
+            u = u / tl.maximum(n_vis, 1.0)[:, None] * xi[:, None]  # a row that sees no key: 0
+            tl.store(O_ptrs, u.to(Out.dtype.element_ty), mask=f_in[:, None] & d_in[None, :] & (uniform != 0)[:, None])
+
+
 # True when this module was imported under TRITON_INTERPRET=1 (the kernel runs on CPU tensors)
 INTERPRETED = not isinstance(_attn_stats_fwd, triton.runtime.jit.JITFunction)
 
@@ -364,26 +547,115 @@ def gate_operands(gates, B, H, dev):
     return xi, uniform
 
 
+def layout_kernel_config(L: int, D: int, dtype=torch.float32) -> dict:
+    """Block sizes, warps and stages of the layout kernel (`_attn_stats_band_fwd`): always the
+    online path (decoder rows are long; causal rows see different numbers of keys). BLOCK_M
+    counts stacked query rows (G heads x BLOCK_M / G positions). The sizes `triton_aot`
+    compiles for sm_80 and sm_90 with no register spill (Triton 3.6 and 3.7; D = 32 to 256,
+    4 to 32 key classes); half precision 8 warps, 2 stages:
+        fp16 / bf16  64 x 32 keys for D <= 64, 32 x 32 above (64 rows spill at D = 256, and
+                     at D = 128 on sm_80 with Triton 3.6)
+        fp32         16 x 16, 8 warps, 1 stage (exact FMA dots; 32 x 16, 16 x 32, and 4 warps
+                     spill on sm_80 or sm_90 at one D or another; D = 256 with 32 classes still
+                     spills 24-32 bytes: bench/results_triton_layout.md)
+    """
+    block_d = max(16, triton.next_power_of_2(D))
+    if dtype in HALF_DTYPES:
+        return dict(BLOCK_M=64 if block_d <= 64 else 32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8, num_stages=1)
+
+
+def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,
+                           scale=None, stats_dtype=None, blocks: dict | None = None):
+    """`fused_attention` for any `AttentionLayout`: causal and windowed bands (key blocks
+    outside every row's band are never visited, blocks inside it run without a mask), and
+    grouped-query attention (one program per (query block, batch, key/value head) whose
+    BLOCK_M rows stack the G query heads that share the head: each K / V tile is loaded once
+    for all of them).
+
+    q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv = layout.n_key_value_heads or H; any strides.
+    blocks: override `layout_kernel_config` (BLOCK_M / BLOCK_N / num_warps ..., for tests).
+    Returns (out (B, L, H, D), statistics dict, lse (B, H, L) fp32) as `fused_attention`; the
+    lse of a row that sees no key (a padding query under left padding) is finite.
+    """
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the triton backend takes float32, float16 or bfloat16 inputs, not {q.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError("q, k and v must have the same dtype")
+    B, H, L, D = q.shape
+    G = layout.group_size(H)
+    if k.shape != (B, H // G, L, D) or v.shape != k.shape:
+        raise ValueError(f"k and v must be (B, H_kv, L, D) = {(B, H // G, L, D)}; got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    scale = D**-0.5 if scale is None else float(scale)
+    dev = q.device
+    C, O = spec.n_key_classes, len(spec.offsets)
+    stats_dtype = q.dtype if stats_dtype is None else stats_dtype
+    cfg = {**layout_kernel_config(L, D, q.dtype), **(blocks or {})}
+    band = triton_maps.band_args(layout, H, L)  # G, win_left, win_right (L: no limit)
+
+    valid = (key_valid.to(device=dev).view(torch.int8) if key_valid.dtype == torch.bool
+             else key_valid.to(dev, torch.int8))
+    classes = key_class.to(device=dev, dtype=torch.int32)  # (B, L), a small copy
+    xi, uniform = gate_operands(gates, B, H, dev)
+    offsets = torch.tensor(spec.offsets if O else [0], dtype=torch.int32, device=dev)
+    out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
+    dims = {"B": B, "H": H, "L": L, "O": O, "C": C}
+    outputs, flags = {}, {}
+    for stat, arg, flag in kernel_outputs():
+        on = stat.asked(spec)
+        if flag is not None:
+            flags[flag] = on
+        if flag is not None and not on:
+            outputs[arg] = lse  # a placeholder pointer the kernel never writes
+        else:
+            outputs[arg] = torch.empty([dims[d] for d in stat.shape], device=dev,
+                                       dtype=torch.int64 if stat.dtype == "int64" else stats_dtype)
+    if out.numel() == 0:
+        return out, {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}, lse
+    grid = (triton.cdiv(L * G, cfg["BLOCK_M"]), B * (H // G))
+    _attn_stats_band_fwd[grid](
+        q, k, v, valid, classes, xi, uniform, offsets, out, lse,  #
+        **outputs, sm_scale=scale,  #
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_ql=q.stride(2), stride_qd=q.stride(3),  #
+        stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kl=k.stride(2), stride_kd=k.stride(3),  #
+        stride_vb=v.stride(0), stride_vh=v.stride(1), stride_vl=v.stride(2), stride_vd=v.stride(3),  #
+        stride_ob=out.stride(0), stride_oh=out.stride(2), stride_ol=out.stride(1), stride_od=out.stride(3),  #
+        stride_mb=valid.stride(0), stride_ml=valid.stride(1), stride_cb=classes.stride(0),
+        stride_cl=classes.stride(1),  #
+        H=H, L=L, D=D, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C), **flags,  #
+        IS_FP32=q.dtype == torch.float32, UNIFORM=gates is not None and gates.uniform is not None,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
+    return out, stats, lse
+
+
 def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
                            pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, single_tile=None):
     """Same contract as `attention_stats_eager`: (out (B, L, H, D), RowStats), padding-query
     rows of every row statistic zeroed. Statistics are those of the un-gated attention.
-    Only the plain layout so far: any other is a NotImplementedError (`attention_stats` says so first).
+    The plain (encoder) layout runs `fused_attention`; any other (causal, windowed,
+    grouped-query) `fused_attention_layout` (single_tile does not apply there).
 
     The fused kernel gives the row statistics; what it does not compute (column mass, word
     maps, kept q/k) is added by `_extras` from the kernel's row lse.
     """
-    if not layout.is_plain:
-        raise NotImplementedError(f"the triton backend does not compute {layout.describe()} attention yet")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out, rows, lse = fused_attention(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale,
-                                     single_tile=single_tile)
-    stats = RowStats(**rows)
-    _extras(spec, stats, q, k, key_valid, lse, scale, pooling)
+    if layout.is_plain:
+        out, rows, lse = fused_attention(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale,
+                                         single_tile=single_tile)
+    else:
+        out, rows, lse = fused_attention_layout(q, k, v, key_valid, key_class, spec, layout, gates=gates,
+                                                scale=scale)
+    stats = RowStats(**rows, layout=layout)
+    _extras(spec, stats, q, k, key_valid, lse, scale, pooling, layout)
     return out, finish_stats(stats, spec, key_valid, "triton")
 
 
-def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling):
+def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling, layout: AttentionLayout = PLAIN):
     """HOOK: the statistics beyond the fused kernel's, from its row lse (B, H, L) fp32.
 
     column_mass and word_maps are separate Triton passes (kernels/triton_maps.py) that
@@ -394,11 +666,13 @@ def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooli
     stats_dtype = q.dtype
     if spec.column_mass or spec.word_maps:
         if spec.column_mass:
-            stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=stats_dtype)
+            stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=stats_dtype,
+                                                               layout=layout)
         if spec.word_maps:
             stats.word_map, stats.word_argmax = triton_maps.word_maps_triton(
-                q, k, key_valid, lse, require_pooling(pooling), scale, out_dtype=stats_dtype)
+                q, k, key_valid, lse, require_pooling(pooling), scale, out_dtype=stats_dtype, layout=layout)
     keep_qk(stats, q, k, scale, spec)
 
 
-__all__ = ["attention_stats_triton", "fused_attention", "kernel_config", "INTERPRETED", "SINGLE_TILE_MAX_L", "DTYPES"]
+__all__ = ["attention_stats_triton", "fused_attention", "fused_attention_layout", "kernel_config",
+           "layout_kernel_config", "INTERPRETED", "SINGLE_TILE_MAX_L", "DTYPES"]

@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from .common import require_pooling
-from .spec import WordPooling
-from .triton_tiles import DTYPES, FMIN, map_base, mask_int8, tile_probs
+from .spec import PLAIN, AttentionLayout, WordPooling
+from .triton_tiles import DTYPES, FMIN, in_band, map_base, mask_int8, tile_probs
 
 
 @triton.jit
@@ -47,12 +47,21 @@ def _column_mass_kernel(
     stride_qb, stride_qh, stride_ql, stride_qd,  #
     stride_kb, stride_kh, stride_kl, stride_kd,  #
     stride_mb, stride_ml,  #
-    H, L, D,  #
+    H, L, D, G, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP32: tl.constexpr,
+    BANDED: tl.constexpr,
 ):
     start_n = tl.program_id(0)
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)
+    if BANDED:  # query head h reads key head h // G; query i sees keys i - win_left .. i + win_right
+        K_ptr = K + off_b * stride_kb + (off_h // G) * stride_kh
+        # the rows that see any of this block's keys: start_n * BLOCK_N - win_right .. last key + win_left
+        m_lo = (tl.maximum(start_n * BLOCK_N - win_right, 0) // BLOCK_M) * BLOCK_M
+        m_hi = tl.minimum(start_n * BLOCK_N + BLOCK_N + win_left, L)
+    else:
+        m_lo = 0
+        m_hi = L
     row0 = off_bh.to(tl.int64) * L  # this map's first row in (B, H, L)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
@@ -65,7 +74,7 @@ def _column_mass_kernel(
     col = tl.zeros([BLOCK_N], dtype=tl.float32)
     # -- padding keys receive exactly 0 from valid rows, and padding rows are not counted
     if tl.max(kv.to(tl.int32), 0) > 0:
-        for start_m in range(0, L, BLOCK_M):
+        for start_m in range(m_lo, m_hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
             m_in = offs_m < L
             qv = tl.load(Valid_ptr + offs_m * stride_ml, mask=m_in, other=0) != 0  # (BLOCK_M,) valid query rows
@@ -74,6 +83,8 @@ def _column_mass_kernel(
                             mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
                 lse = tl.load(Lse + row0 + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
                 p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                if BANDED:
+                    p = tl.where(in_band(offs_m, offs_n, win_left, win_right), p, 0.0)
                 col += tl.sum(tl.where(qv[:, None], p, 0.0), 0)
     tl.store(ColMass + row0 + offs_n, col.to(ColMass.dtype.element_ty), mask=n_in)
 
@@ -83,8 +94,9 @@ def _word_tile_inner(
     acc, Q_ptr, K_ptr, Valid_ptr, Lse_ptr, FW_ptr, TW_ptr,  #
     stride_ql, stride_qd, stride_kl, stride_kd, stride_ml,  #
     stride_fw, stride_fl, stride_tl, stride_tw,  #
-    sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN,  #
+    sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, IS_FP32: tl.constexpr,
+    BANDED: tl.constexpr,
 ):
     """acc += from_word[rows, :] @ P @ to_word[:, cols] for one (BLOCK_W, BLOCK_W) tile of the
     word map: per query block R = P_tile @ to_word_tile over the key blocks, then from_word_tile @ R.
@@ -104,7 +116,13 @@ def _word_tile_inner(
             lse = tl.load(Lse_ptr + offs_m, mask=m_in, other=0.0)  # (BLOCK_M,)
             # -- R = P[rows of this block, :] @ to_word[:, cols]
             r = tl.zeros([BLOCK_M, BLOCK_W], dtype=tl.float32)  # (BLOCK_M, BLOCK_W)
-            for start_n in range(0, L, BLOCK_N):
+            if BANDED:  # the keys these rows see
+                n_lo = (tl.maximum(start_m - win_left, 0) // BLOCK_N) * BLOCK_N
+                n_hi = tl.minimum(start_m + BLOCK_M + win_right, L)
+            else:
+                n_lo = 0
+                n_hi = L
+            for start_n in range(n_lo, n_hi, BLOCK_N):
                 offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
                 n_in = offs_n < L
                 tw = tl.load(TW_ptr + offs_n[:, None] * stride_tl + offs_c[None, :] * stride_tw,
@@ -114,6 +132,8 @@ def _word_tile_inner(
                                 mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
                     kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
                     p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                    if BANDED:
+                        p = tl.where(in_band(offs_m, offs_n, win_left, win_right), p, 0.0)
                     r = tl.dot(p, tw, r, input_precision="ieee")  # (BLOCK_M, BLOCK_W)
             # -- word map tile += from_word[rows, block] @ R
             acc = tl.dot(fw, r, acc, input_precision="ieee")  # (BLOCK_W, BLOCK_W)
@@ -130,13 +150,15 @@ def _word_map_kernel(
     stride_fb, stride_fw, stride_fl,  #
     stride_tb, stride_tl, stride_tw,  #
     stride_cb, stride_cw,  #
-    H, L, D, W,  #
+    H, L, D, W, G, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,  #
-    IS_FP32: tl.constexpr,
+    IS_FP32: tl.constexpr, BANDED: tl.constexpr,
 ):
     start_r = tl.program_id(0)
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
                                                              stride_kh, stride_mb, H)
+    if BANDED:  # query head h reads key head h // G
+        K_ptr = K + off_b * stride_kb + (off_h // G) * stride_kh
     Lse_ptr = Lse + off_bh.to(tl.int64) * L
     FW_ptr = FromWord + off_b * stride_fb
     TW_ptr = ToWord + off_b * stride_tb
@@ -153,8 +175,8 @@ def _word_map_kernel(
         acc = _word_tile_inner(acc, Q_ptr, K_ptr, Valid_ptr, Lse_ptr, FW_ptr, TW_ptr,  #
                                stride_ql, stride_qd, stride_kl, stride_kd, stride_ml,  #
                                stride_fw, stride_fl, stride_tl, stride_tw,  #
-                               sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN,  #
-                               BLOCK_M, BLOCK_N, BLOCK_W, IS_FP32)
+                               sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN, win_left, win_right,  #
+                               BLOCK_M, BLOCK_N, BLOCK_W, IS_FP32, BANDED)
         tl.store(WordMap + map0 + offs_r[:, None] * W + offs_c[None, :], acc.to(WordMap.dtype.element_ty),
                  mask=r_in[:, None] & c_in[None, :])
         # -- argmax over the other candidate units; an earlier tile keeps ties (lowest index)
@@ -173,12 +195,14 @@ def _word_map_kernel(
 INTERPRETED = not isinstance(_column_mass_kernel, triton.runtime.jit.JITFunction)
 
 
-def _check(q, k, key_valid, lse):
+def _check(q, k, key_valid, lse, layout: AttentionLayout = PLAIN):
     if q.dtype not in DTYPES or k.dtype != q.dtype:
         raise TypeError(f"q and k must both be float32, float16 or bfloat16, got {q.dtype} and {k.dtype}")
     B, H, L, D = q.shape
-    if k.shape != q.shape:
-        raise ValueError(f"q and k must both be (B, H, L, D); got {tuple(q.shape)} and {tuple(k.shape)}")
+    H_kv = H // layout.group_size(H)
+    if k.shape != (B, H_kv, L, D):
+        raise ValueError(f"q must be (B, H, L, D) and k (B, H_kv, L, D) with H_kv = {H_kv}; got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}")
     if tuple(key_valid.shape) != (B, L):
         raise ValueError(f"key_valid must be (B, L) = {(B, L)}, got {tuple(key_valid.shape)}")
     if tuple(lse.shape) != (B, H, L) or lse.dtype != torch.float32:
@@ -194,15 +218,26 @@ def column_mass_config(L: int, D: int) -> dict:
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4, num_stages=2)
 
 
-def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
+def band_args(layout: AttentionLayout, H: int, L: int) -> dict:
+    """The kernels' layout arguments: G, the band (L for no limit) and the BANDED switch (off
+    for the plain layout, whose code is then the same as before layouts existed)."""
+    left, right = layout.reach
+    return dict(G=layout.group_size(H), win_left=L if left is None else min(left, L),
+                win_right=L if right is None else min(right, L), BANDED=not layout.is_plain)
+
+
+def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None, layout: AttentionLayout = PLAIN):
     """(B, H, L): the attention mass each key receives, summed over the valid query rows.
 
-    q, k:      (B, H, L, D) fp32, fp16 or bf16, any strides (read in place)
+    q:         (B, H, L, D) fp32, fp16 or bf16, any strides (read in place)
+    k:         (B, H_kv, L, D), H_kv = layout.n_key_value_heads or H
     key_valid: (B, L) bool; padding rows are not counted, padding keys receive 0
     lse:       (B, H, L) fp32 row log-sum-exp of the masked scaled scores (fused forward)
     out_dtype: dtype of the result (default: the input dtype, as eager)
+    layout:    causal / windowed / grouped-query (`AttentionLayout`): each key block visits
+               only the query blocks whose band holds it
     """
-    _check(q, k, key_valid, lse)
+    _check(q, k, key_valid, lse, layout)
     B, H, L, D = q.shape
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
@@ -220,6 +255,7 @@ def column_mass_triton(q, k, key_valid, lse, scale=None, out_dtype=None):
         H, L, D,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],  #
         IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **band_args(layout, H, L),
     )
     return out
 
@@ -228,21 +264,23 @@ def word_map_config(L: int, D: int, W: int, fp32: bool = True) -> dict:
     """Block sizes of the word-map pass: the (W, W) map in 32 x 32 tiles. Measured with
     kernels/triton_aot.py for D = 32 and 64 on sm_80: fp32 (FMA dots) needs 8 warps to stay
     under 255 registers per thread, fp16 and bf16 (tensor-core dots) 4; the other warp counts, and
-    16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers)."""
-    block = max(16, min(32, triton.next_power_of_2(L)))
+    16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers). Above
+    D = 128 (Gemma-3's 256) 16-token blocks: 32 spill in fp32."""
+    block = max(16, min(32 if D <= 128 else 16, triton.next_power_of_2(L)))
     return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)),
                 BLOCK_W=32, num_warps=8 if fp32 else 4, num_stages=2)
 
 
-def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out_dtype=None):
+def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out_dtype=None,
+                     layout: AttentionLayout = PLAIN):
     """Word-level maps (B, H, W, W) = from_word @ P @ to_word and their argmax (B, H, W) int64
     (most-attended other candidate unit, lowest index on ties, -1 when none).
 
-    q, k, key_valid, lse as in `column_mass_triton`; pooling: the batch's `WordPooling`
+    q, k, key_valid, lse, layout as in `column_mass_triton`; pooling: the batch's `WordPooling`
     (from_word (B, W, L), to_word (B, L, W), candidate (B, W)), read through its strides.
     """
     require_pooling(pooling)
-    _check(q, k, key_valid, lse)
+    _check(q, k, key_valid, lse, layout)
     B, H, L, D = q.shape
     fw, tw, cand = pooling.from_word, pooling.to_word, pooling.candidate
     W = pooling.n_units
@@ -268,8 +306,10 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
         H, L, D, W,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_W=cfg["BLOCK_W"],  #
         IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **band_args(layout, H, L),
     )
     return word_map, word_arg
 
 
-__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "INTERPRETED"]
+__all__ = ["column_mass_triton", "word_maps_triton", "column_mass_config", "word_map_config", "band_args",
+           "INTERPRETED"]

@@ -60,6 +60,13 @@ def tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32: tl.constexpr):
     return tl.where(n_in[None, :], p, 0.0)  # (BLOCK_M, BLOCK_N); 0 past the row end
 
 
+@triton.jit
+def in_band(offs_m, offs_n, win_left, win_right):
+    """(BLOCK_M, BLOCK_N): query offs_m sees key offs_n by position, i - win_left <= j <= i + win_right
+    (`AttentionLayout.key_band`; the kernels take L for a side without limit)."""
+    return (offs_n[None, :] >= offs_m[:, None] - win_left) & (offs_n[None, :] <= offs_m[:, None] + win_right)
+
+
 def mask_int8(key_valid, dev):
     """(B, L) key mask as int8 without a copy when it is already bool on the device."""
     key_valid = key_valid.to(dev)

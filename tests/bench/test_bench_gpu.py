@@ -31,7 +31,7 @@ def test_bench_gpu_refuses_without_a_gpu():
 def test_bench_gpu_code_paths_in_a_cpu_dry_run(minilm_path, tmp_path):
     out = tmp_path / "bench.md"
     p = run("bench/bench_gpu.py", "--dry-run-cpu", "--models", "minilm", "--lengths", "16", "--dtypes", "bf16",
-            "--batch-size", "2", "--batches", "1", "--repeats", "1", "--no-analyses", "--out", str(out))
+            "--batch-size", "2", "--batches", "1", "--repeats", "1", "--no-analyses", "--no-decoder", "--out", str(out))
     assert p.returncode == 0, p.stderr[-2000:]
     text = out.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| minilm | 16 | 2 | bf16 |")]
@@ -57,3 +57,18 @@ def test_makefile_gpu_check_installs_nothing():
     recipe = make.split("\ngpu-check:\n", 1)[1].split("\n\n", 1)[0]
     assert "gpu_check.py" in recipe and "pip" not in recipe and "venv" not in recipe.lower()
     assert "gpu-check: PYTHON = python" in make  # python from PATH, PYTHON=... overrides
+
+
+@no_gpu
+def test_bench_gpu_decoder_in_a_cpu_dry_run(tmp_path):
+    """The decoder part on a tiny Llama: floor and bertscope rows with their agreement, or the
+    plug-in's one-line refusal while it does not take Llama (never a traceback)."""
+    out = tmp_path / "decoder.md"
+    p = run("bench/bench_gpu.py", "--dry-run-cpu", "--decoder-only", "--decoder-lengths", "32", "--decoder-tokens",
+            "64", "--batches", "1", "--repeats", "1", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| 32 | 2 |")]
+    if len(rows) == 1 and "refused by the plug-in" in rows[0][4]:
+        pytest.skip(rows[0][4].strip())
+    assert [r[3].strip() for r in rows] == ["floor", "bertscope"]
+    assert float(rows[1][7]) < 0.1  # bf16 hidden states of the same weights, bertscope's attention against SDPA

@@ -1,6 +1,9 @@
 """Every shipped specialisation of the fused Triton forward (4, 16 and 32 key classes; fp32,
 fp16, bf16) and of the whole-map kernels compiles for sm_80 and sm_90 without a GPU, and none
-spills registers (kernels/triton_aot.py).
+spills registers (kernels/triton_aot.py). The layout kernel (causal / windowed / grouped-query)
+and the banded map kernels are compiled at the largest specialisation of each block
+configuration (`--layouts core`: the whole layout matrix takes ~25 minutes on two cores; it is
+the report in docs/kernels.md).
 
 The compiles run in two child processes, one per target, in parallel: the kernel module
 must be imported there without TRITON_INTERPRET=1, which other test modules of this
@@ -30,7 +33,8 @@ MAX_SHARED = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
 @pytest.fixture(scope="module")
 def rows():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    procs = [subprocess.Popen([sys.executable, "-m", "bertscope.kernels.triton_aot", "--json", "--arch", arch], env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "bertscope.kernels.triton_aot", "--json", "--arch", arch,
+                               "--layouts", "core"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for arch in ARCHS]
     out = []
     for proc in procs:
@@ -50,7 +54,14 @@ def test_every_specialisation_compiles_for_both_targets(rows):
                 assert any(n.startswith(path) and n.endswith(f"{dtype} C{classes} {flags}") for n in names), \
                     (path, dtype, classes, flags)
     for kernel in ("column_mass", "row_lse", "js_pair", "word_map"):
-        assert {n.split()[-1] for n in names if n.startswith(kernel)} == set(DTYPES), kernel
+        plain = {n.split()[-1] for n in names if n.startswith(kernel) and not n.endswith("banded")}
+        assert plain == set(DTYPES), kernel
+        assert {n.split()[-2] for n in names if n.startswith(kernel) and n.endswith("banded")} == {"fp32", "bf16"}
+    # the layout kernel: head dimensions 64 (SmolLM2, Llama-3.2), 128 and 256 (Gemma-3); G = 1 and G >= 2
+    band = {(D, name.split()[5], name.split()[7]) for name, D in by_arch["sm_80"] if name.startswith("band")}
+    assert {(64, "bf16", "G=G"), (64, "fp16", "G=1"), (128, "bf16", "G=G"), (256, "bf16", "G=G"),
+            (64, "fp32", "G=G"), (256, "fp32", "G=G")} <= band
+    assert any(n.startswith("band") and n.endswith("uniform") for n in names)
     assert all(r["cubin_bytes"] > 0 for r in rows)
 
 
