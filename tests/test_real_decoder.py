@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from test_decoder_run import reference
 
 pytestmark = pytest.mark.usefixtures("single_thread")
