@@ -175,6 +175,9 @@ def test_sigint_to_the_command_exits_130_and_resumes(tmp_path, resume_corpus, ti
     args = run_args(tiny_checkpoint, resume_corpus)
     script = textwrap.dedent("""
         import os, signal, sys
+        # Ctrl-C as a terminal delivers it: a job started in the background (`cmd &`, as a CI runner
+        # may start the suite) inherits SIGINT ignored, and Python then raises no KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import bertscope.engine.loop as engine
         real, calls = engine.forward, []
         def forward(*a, **k):

@@ -26,6 +26,9 @@ from bertscope.run.rundir import check_run_dir, read_run
 
 BROKEN_PIPE_SCRIPT = textwrap.dedent("""
     import os, signal, sys
+    # Ctrl-C as a terminal delivers it: a job started in the background (`cmd &`, as a CI runner
+    # may start the suite) inherits SIGINT ignored, and Python then raises no KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # stderr is a pipe whose reader this process holds: at Ctrl-C it closes it, as `tee` dies
     reader, writer = os.pipe()
     os.dup2(writer, 2)
