@@ -489,17 +489,7 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # written as (B, H, L, D) through strides
     lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
     # -- one output per statistic of the table the kernel writes (`kernel_outputs`)
-    dims = {"B": B, "H": H, "L": L, "O": O, "C": C}
-    outputs, flags = {}, {}
-    for stat, arg, flag in kernel_outputs():
-        on = stat.asked(spec)
-        if flag is not None:
-            flags[flag] = on
-        if flag is not None and not on:
-            outputs[arg] = lse  # a placeholder pointer the kernel never writes
-        else:
-            outputs[arg] = torch.empty([dims[d] for d in stat.shape], device=dev,
-                                       dtype=torch.int64 if stat.dtype == "int64" else stats_dtype)
+    outputs, flags = allocate_outputs(spec, {"B": B, "H": H, "L": L, "O": O, "C": C}, lse, stats_dtype)
 
     grid = (triton.cdiv(L, cfg["BLOCK_M"]), B * H)
     strides = dict(zip(("stride_qb", "stride_qh", "stride_ql", "stride_qd", "stride_kb", "stride_kh", "stride_kl",
@@ -532,6 +522,23 @@ def kernel_outputs() -> tuple:
         if arg in params:
             found.append((stat, arg, stat.name.upper() if stat.name.upper() in params else None))
     return tuple(found)
+
+
+def allocate_outputs(spec: StatsSpec, dims: dict, lse, stats_dtype) -> tuple[dict, dict]:
+    """The kernel's output tensors, one per statistic of `kernel_outputs` (shapes from `dims`), and
+    its constexpr switches; a statistic the spec does not ask for gets `lse` as a placeholder
+    pointer the kernel never writes."""
+    outputs, flags = {}, {}
+    for stat, arg, flag in kernel_outputs():
+        on = stat.asked(spec)
+        if flag is not None:
+            flags[flag] = on
+        if flag is not None and not on:
+            outputs[arg] = lse
+        else:
+            outputs[arg] = torch.empty([dims[d] for d in stat.shape], device=lse.device,
+                                       dtype=torch.int64 if stat.dtype == "int64" else stats_dtype)
+    return outputs, flags
 
 
 def gate_operands(gates, B, H, dev):
@@ -601,17 +608,7 @@ def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layou
     offsets = torch.tensor(spec.offsets if O else [0], dtype=torch.int32, device=dev)
     out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)
     lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
-    dims = {"B": B, "H": H, "L": L, "O": O, "C": C}
-    outputs, flags = {}, {}
-    for stat, arg, flag in kernel_outputs():
-        on = stat.asked(spec)
-        if flag is not None:
-            flags[flag] = on
-        if flag is not None and not on:
-            outputs[arg] = lse  # a placeholder pointer the kernel never writes
-        else:
-            outputs[arg] = torch.empty([dims[d] for d in stat.shape], device=dev,
-                                       dtype=torch.int64 if stat.dtype == "int64" else stats_dtype)
+    outputs, flags = allocate_outputs(spec, {"B": B, "H": H, "L": L, "O": O, "C": C}, lse, stats_dtype)
     if out.numel() == 0:
         return out, {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}, lse
     grid = (triton.cdiv(L * G, cfg["BLOCK_M"]), B * (H // G))
