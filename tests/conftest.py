@@ -265,3 +265,20 @@ def interrupt_on_call(monkeypatch, cls, n: int, method: str = "add"):
 
     monkeypatch.setattr(cls, method, dying)
     return original
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_lm_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with its LM head (2 layers, 4 query / 2 key-value heads) and a word-level
+    tokenizer that adds a BOS (tests/tiny_decoders.py): loads with task "causal-lm" or bare."""
+    from tiny_decoders import llama_config, save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama-lm"), llama_config(), causal_lm=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_lm_dir(tmp_path_factory) -> Path:
+    """A tiny random Gemma-3 with its LM head: a sliding-window layer (4 keys), then a global one."""
+    from tiny_decoders import gemma3_config, save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny-gemma3-lm"), gemma3_config(), causal_lm=True)

@@ -16,59 +16,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_decoders import TEXTS, gemma3_config, llama_config, save_tiny
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-WORDS = "the cat sat on a mat dog ran far away and then came back home quickly it was happy".split()
-TEXTS = ["The cat sat on a mat .", "A dog ran far away , and then came back home quickly .",
-         "It was happy .", "The dog sat on the cat , and it was happy .", "Then the cat ran home ."]
-
-
-def word_tokenizer():
-    """Lower-cased words, "." and ",", a BOS added in front ("<s> $A"), no [CLS] or [SEP]."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", "<pad>", ".", ","] + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1",
-                                                       special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>")
-
-
-CONFIG = dict(vocab_size=6 + len(WORDS), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.4,
-              bos_token_id=1, eos_token_id=2, pad_token_id=3)
-
-
-def save_tiny(path, config):
-    from transformers import AutoModel
-
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(path)
-    word_tokenizer().save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     """A folder with a 2-layer Llama (4 query heads, 2 key/value heads) and the word tokenizer."""
-    from transformers import LlamaConfig
-
-    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), LlamaConfig(**CONFIG))
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), llama_config())
 
 
 @pytest.fixture(scope="module")
 def tiny_gemma3(tmp_path_factory):
     """A 2-layer Gemma-3: a sliding-window layer (4 keys: itself and 3 before) then a global one."""
-    from transformers import Gemma3TextConfig
-
-    config = Gemma3TextConfig(**CONFIG, head_dim=8, sliding_window=4, query_pre_attn_scalar=12,
-                              layer_types=["sliding_attention", "full_attention"])
-    return save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), config)
+    return save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), gemma3_config())
 
 
 def reference(path, segments, window=(None, None)):

@@ -48,9 +48,11 @@ from bertscope.text.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token
 # SUPPORTED_MODEL_TYPES (imported above, re-exported): the families of `bertscope.models.architectures`
 # whose self-attention bertscope's attention function can stand in for.
 # task -> the transformers auto class that builds it (None: the bare encoder, or a decoder's base
-# model: never its LM head, whose vocabulary logits at 32k tokens would be tens of GB)
+# model). "causal-lm" loads a decoder with its LM head for the analyses that need the language-
+# modelling loss; they call the base model and apply the head in chunks of positions
+# (`bertscope.tasks.lm`), never the whole model: its vocabulary logits at 32k tokens would be tens of GB.
 TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
-         "masked-lm": "AutoModelForMaskedLM"}
+         "masked-lm": "AutoModelForMaskedLM", "causal-lm": "AutoModelForCausalLM"}
 HEAD_SEED = 0  # initialises a task head the checkpoint does not have, the same way every time
 # --dtype: the weights' and activations' dtype (the statistics are float32 whatever it is)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -67,7 +69,7 @@ class LoadedModel:
     class_table: torch.Tensor  # (vocab,) key class id of every token id
     class_names: tuple[str, ...] = KEY_CLASSES
     gates: HeadGates | None = None  # the model's head gates (bertscope.models.gates), attached by wrap_model
-    task: str | None = None  # None (bare encoder), "sequence-classification" or "masked-lm"
+    task: str | None = None  # None (bare encoder), "sequence-classification", "masked-lm" or "causal-lm"
     head_initialised: bool = False  # the task head was not in the checkpoint: fresh, seed HEAD_SEED
     head_note: str = ""  # what was initialised, in words (for run.json and the terminal)
     source: ModelSource | None = None  # where the files came from: a folder, or a Hub id and its commit
@@ -158,8 +160,9 @@ def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu"
     statistics come out in float32 whatever it is (`bertscope.kernels.attention_stats`).
 
     task: None (the bare encoder), "sequence-classification" (num_labels classes; default:
-    the checkpoint's) or "masked-lm". A head the checkpoint lacks is initialised with seed
-    HEAD_SEED (`head_initialised`, `head_note`); a head that does not fit (num_labels)
+    the checkpoint's), "masked-lm" or "causal-lm" (a decoder with its LM head: one-line refusal
+    for an encoder; `bertscope.tasks.lm` applies the head in chunks). A head the checkpoint
+    lacks is initialised with seed HEAD_SEED (`head_initialised`, `head_note`); a head that does not fit (num_labels)
     is a UserError.
     """
     hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise
@@ -176,9 +179,12 @@ def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu"
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, OSError) as e:
         raise UserError(f"cannot read the model config in {path}: {e}") from None
-    check_supported(config)
+    architecture = check_supported(config)
     if task not in TASKS:
         raise UserError(f"unknown task {task!r}; choose one of {', '.join(str(t) for t in TASKS)}")
+    if task == "causal-lm" and not architecture.is_causal(config):
+        raise UserError(f"{path} is a {config.model_type} encoder: the language-modelling loss needs a decoder "
+                        "(a causal model such as Llama, Qwen2 or Gemma-3)")
     head_kwargs = task_kwargs(config, path, task, num_labels)
     auto_class = getattr(transformers, TASKS[task])
     verbosity = hf_logging.get_verbosity()
