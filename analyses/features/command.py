@@ -45,6 +45,8 @@ from bertscope.text.segments import SegmentOptions
 from bertscope.text.segments import make_segments as text_segments
 from bertscope.text.word_segments import word_segment
 
+ENCODERS_ONLY = "Kovaleva et al.'s feature attention is read on [CLS] ... [SEP] inputs (section 4.4)"
+
 NAME = "features"
 TREEBANKS = ("ewt", "gum")
 TASK_DATA = ("rte", "arct", "polarity")
@@ -118,7 +120,7 @@ def run(args) -> Path:
     datas = DATA if args.data == "all" else (args.data,)
     raw = {d: seeded_sample(read_inputs(d, args.data_dir, args.split), args.limit, args.seed) for d in datas}
     earlier = earlier_results(args.out, datas)
-    with ModelRun(NAME, args, distributed=True, resumable=True) as run_:
+    with ModelRun(NAME, args, distributed=True, resumable=True, encoders_only=ENCODERS_ONLY) as run_:
         return score(run_, args, datas, raw, earlier)
 
 

@@ -51,6 +51,8 @@ from bertscope.run.rundir import write_csv, write_json
 from bertscope.tasks import model as task_model  # called through the module, so tests can replace one
 from bertscope.tasks.inputs import ARCT_INPUTS, EncodedTask, encode_task
 
+ENCODERS_ONLY = "it fine-tunes a [CLS] sentence classifier (Kovaleva et al. section 4.3)"
+
 logger = logging.getLogger(__name__)
 INITS = ("pretrained", "random", "probe")
 DATASET = {"rte": "rte", "polarity": "sentence_polarity", "arct": "arct"}  # bertscope.data.paths names
@@ -197,7 +199,7 @@ def main(args) -> int:
     resolve_recipe(args)
     dataset_dir(DATASET[args.task], args.data_dir)  # a missing data set is refused before any work
     check_labels(args.model, args.task, args.revision)
-    with ModelRun("finetune", args, dtype="float32") as run:
+    with ModelRun("finetune", args, dtype="float32", encoders_only=ENCODERS_ONLY) as run:
         run.interrupted_message = "interrupted; the finished configurations are written in the run directory"
         FineTuneRun(args, run).execute()
     return 0

@@ -22,6 +22,9 @@ from bertscope.kernels import Gate
 from bertscope.run.analysis_run import ModelRun
 from bertscope.tasks.inputs import check_head, encode_task
 
+ENCODERS_ONLY = ("it scores a fine-tuned sentence classifier on its task; on a decoder, heads importance and heads "
+                 "prune read the language-modelling loss")
+
 COLUMNS = ("variant", "kind", "layer", "head", "metric", "accuracy", "delta", "ci_low", "ci_high", "b", "c", "p",
            "q", "significant")
 TASK_CHOICES = ("rte", "polarity", "arct")
@@ -77,7 +80,8 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
     if args.max_rows < 0:
         raise UserError(f"--max-rows must be >= 0, not {args.max_rows}")
     examples = load_split(args)  # a missing data set fails before the model loads
-    with ModelRun(name, args, task="sequence-classification", command=f"heads {args.heads}") as run:
+    with ModelRun(name, args, task="sequence-classification", command=f"heads {args.heads}",
+                  encoders_only=ENCODERS_ONLY) as run:
         return evaluate(run, args, name, gate, outputs, variants, table, examples)
 
 

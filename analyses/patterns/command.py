@@ -53,6 +53,8 @@ from bertscope.text.corpus import Document, open_corpus
 from bertscope.text.segments import SegmentOptions, SegmentReport, iter_segments
 from bertscope.text.token_classes import part_ids
 
+ENCODERS_ONLY = "Kovaleva et al.'s five pattern types are read off [CLS] ... [SEP] inputs (section 4.1)"
+
 logger = logging.getLogger(__name__)
 
 NAME = P.NAME
@@ -209,7 +211,7 @@ def classify(args) -> int:
     for name in names:  # missing data fails before a run directory exists
         if name != "wiki":
             documents(name, args)
-    with ModelRun(NAME, args, distributed=True, resumable=True) as run:
+    with ModelRun(NAME, args, distributed=True, resumable=True, encoders_only=ENCODERS_ONLY) as run:
         return count(run, args, names, t)
 
 
@@ -293,7 +295,7 @@ def format_table(shares: dict[str, dict[str, float]], n: dict[str, int]) -> str:
 def label(args) -> int:
     """A labels file per data set: every head's map of --limit segments, resized, with its rule label."""
     names, t = data_names(args.data), thresholds(args)
-    with ModelRun(NAME + "_label", args) as run:
+    with ModelRun(NAME + "_label", args, encoders_only=ENCODERS_ONLY) as run:
         write_labels(run, args, names, t)
     return 0
 

@@ -52,6 +52,8 @@ from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.text.word_segments import split_words, word_segment
 
+ENCODERS_ONLY = "Kovaleva et al.'s relation heads are read on [CLS] ... [SEP] inputs of gold words (sections 4.2, 4.5)"
+
 logger = logging.getLogger(__name__)
 
 EXAMPLE_HEADS = 4  # heads drawn per example figure
@@ -237,7 +239,7 @@ def main(args) -> int:
         args = ModelRun.resumed_args(NAME, args, add_arguments, command="relations")
     analyses = ANALYSES if args.analysis == "both" else (args.analysis,)
     data = read_data(args)  # a missing data set should not leave a run directory
-    with ModelRun(NAME, args, distributed=True, resumable=True) as run:
+    with ModelRun(NAME, args, distributed=True, resumable=True, encoders_only=ENCODERS_ONLY) as run:
         measure(run, args, analyses, data)
     return 0
 

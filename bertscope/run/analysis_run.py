@@ -253,6 +253,8 @@ class ModelRun(AnalysisRun):
 
     task: the head to load (`bertscope.models.loading.TASKS`); dtype: the model's (default
     --dtype); announce: log the model and the run directory.
+    encoders_only: for an analysis defined on encoders' inputs, why (a phrase): a causal model
+    is then refused in one line, before the run directory is made.
 
     torch, the model loader and the distributed helpers are imported inside: `bertscope --help`
     imports every command's module, and through it this one, and must not wait for torch.
@@ -260,7 +262,8 @@ class ModelRun(AnalysisRun):
 
     def __init__(self, name: str, args: argparse.Namespace, task: str | None = None, command: str | None = None,
                  dtype: str | None = None, distributed: bool = False, resumable: bool = False,
-                 top_level: bool = False, open: bool = True, announce: bool = True):
+                 top_level: bool = False, open: bool = True, announce: bool = True,
+                 encoders_only: str | None = None):
         import torch  # these three import torch: see the docstring
 
         from bertscope.engine.distributed import init_world
@@ -281,6 +284,10 @@ class ModelRun(AnalysisRun):
         # the device: this rank's under torchrun (`distributed.init_world`); args.device is recorded
         self.loaded = load_model(args.model, device=args.device if world is None else world.device, task=task,
                                  dtype=dtype, revision=getattr(args, "revision", None))
+        if encoders_only and self.loaded.architecture.is_causal(self.loaded.model.config):
+            raise UserError(f"bertscope {command or name} runs on encoders only ({encoders_only}); "
+                            f"{self.loaded.path.name} is a causal {self.loaded.model_type} decoder "
+                            "(docs/decoders.md lists what runs on decoders)")
         if args.max_len > self.loaded.max_len:
             raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
         super().__init__(name, args, model=self.loaded.record(), command=command, resumable=resumable, world=world,

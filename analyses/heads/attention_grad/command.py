@@ -45,6 +45,8 @@ from bertscope.text.corpus import open_corpus
 from bertscope.text.segments import SegmentOptions, SegmentReport, collate
 from bertscope.text.token_classes import KEY_CLASSES
 
+ENCODERS_ONLY = "it differentiates an encoder's bidirectional maps by [CLS] / [SEP] key class (Clark et al. Fig. 5)"
+
 NAME = "attention_grad"
 MLM_SEGMENTS = 1000  # corpus segments of --objective mlm without --limit, as Clark's 1,000
 CLASS_LABELS = {"cls": "[CLS]", "sep": "[SEP]", "punct": ". or ,", "other": "other"}
@@ -88,7 +90,7 @@ def main(args) -> int:
     args.objective = objective
     data = load_data(args)  # a missing data set fails before the model loads
     with ModelRun(NAME, args, task="sequence-classification" if objective == "task" else "masked-lm",
-                  command="heads attention-grad") as run:
+                  command="heads attention-grad", encoders_only=ENCODERS_ONLY) as run:
         measure_run(run, args, objective, data)
     return 0
 

@@ -41,6 +41,8 @@ from bertscope.models.loading import model_name, wrap_model
 from bertscope.run.analysis_run import ModelRun
 from bertscope.text.word_segments import word_segment
 
+ENCODERS_ONLY = "its classifiers read word-level maps of an encoder's [CLS] words [SEP] input (Clark et al. section 5)"
+
 NAME = "classifier"
 HELP = "attention-based probing classifiers for dependency heads: UAS of Clark et al.'s Table 3"
 DESCRIPTION = (
@@ -83,7 +85,7 @@ def main(args) -> int:
         raise UserError(f"--heldout must be between 0 and 1, not {args.heldout}")
     if args.lr is not None and args.lr <= 0:
         raise UserError(f"--lr must be positive, not {args.lr}")
-    with ModelRun(NAME, args) as run:
+    with ModelRun(NAME, args, encoders_only=ENCODERS_ONLY) as run:
         probe(run, args)
     return 0
 

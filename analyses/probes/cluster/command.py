@@ -32,6 +32,8 @@ from bertscope.run.analysis_run import ModelRun
 from bertscope.text.corpus import load_corpus
 from bertscope.text.segments import SegmentOptions, make_segments
 
+ENCODERS_ONLY = "it labels heads by Clark et al.'s encoder patterns: [CLS], [SEP], the next token (section 6)"
+
 NAME = "cluster"
 DEFAULT_LIMIT = 200
 HELP = "cluster heads by the Jensen-Shannon divergence of their attention, MDS to 2-D (Clark et al. 2019, section 6)"
@@ -82,7 +84,7 @@ def check_js_backend(name: str):
 def main(args) -> int:
     check_js_backend(args.js_backend)
     documents, corpus_report = load_corpus(args.corpus)  # a bad corpus should not leave a run directory
-    with ModelRun(NAME, args) as probe:
+    with ModelRun(NAME, args, encoders_only=ENCODERS_ONLY) as probe:
         cluster_heads(probe, args, documents, corpus_report)
     return 0
 

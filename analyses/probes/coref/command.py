@@ -42,6 +42,9 @@ from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.text.word_segments import split_words, word_segment
 
+ENCODERS_ONLY = ("its probe reads gold GUM / GAP words aligned to an encoder's [CLS] words [SEP] input (Clark et al. "
+                 "section 4)")
+
 logger = logging.getLogger(__name__)
 
 NAME = "coref"
@@ -227,7 +230,7 @@ def main(args) -> int:
     if "gap" in datasets:
         data["gap"] = seeded_sample(read_gap(args.gap_split, args.data_dir), args.limit_gap, args.seed)
 
-    with ModelRun(NAME, args) as run:
+    with ModelRun(NAME, args, encoders_only=ENCODERS_ONLY) as run:
         probe(run, args, datasets, data)
     return 0
 

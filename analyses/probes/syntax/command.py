@@ -33,6 +33,8 @@ from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.text.word_segments import word_segment
 
+ENCODERS_ONLY = "its probe reads gold UD words aligned to an encoder's [CLS] words [SEP] input (Clark et al. section 4)"
+
 logger = logging.getLogger(__name__)
 
 NAME = "syntax"
@@ -143,7 +145,7 @@ def main(args) -> int:
         else:
             limit = None if args.limit == ALL_SENTENCES else args.limit
         data[tb] = seeded_sample(read_sentences(tb, args.data_dir), limit, args.seed)
-    with ModelRun(NAME, args) as run:
+    with ModelRun(NAME, args, encoders_only=ENCODERS_ONLY) as run:
         probe(run, args, treebanks, data)
     return 0
 
