@@ -51,7 +51,7 @@ def test_every_command_says_whether_it_runs_on_decoders_and_the_docs_agree():
 @pytest.mark.usefixtures("single_thread")
 def test_an_encoder_analysis_refuses_a_decoder_in_one_line(tiny_llama_lm_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["probe", "cluster", "--model", str(tiny_llama_lm_dir), "--max-len", "32", "--limit", "2",
+    rc = main(["patterns", "--model", str(tiny_llama_lm_dir), "--max-len", "32", "--limit", "2",
                "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err

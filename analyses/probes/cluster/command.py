@@ -32,8 +32,6 @@ from bertscope.run.analysis_run import ModelRun
 from bertscope.text.corpus import load_corpus
 from bertscope.text.segments import SegmentOptions, make_segments
 
-ENCODERS_ONLY = "it labels heads by Clark et al.'s encoder patterns: [CLS], [SEP], the next token (section 6)"
-
 NAME = "cluster"
 DEFAULT_LIMIT = 200
 HELP = "cluster heads by the Jensen-Shannon divergence of their attention, MDS to 2-D (Clark et al. 2019, section 6)"
@@ -84,7 +82,7 @@ def check_js_backend(name: str):
 def main(args) -> int:
     check_js_backend(args.js_backend)
     documents, corpus_report = load_corpus(args.corpus)  # a bad corpus should not leave a run directory
-    with ModelRun(NAME, args, encoders_only=ENCODERS_ONLY) as probe:
+    with ModelRun(NAME, args) as probe:
         cluster_heads(probe, args, documents, corpus_report)
     return 0
 
@@ -111,7 +109,7 @@ def cluster_heads(probe: ModelRun, args, documents, corpus_report):
     layer_js = cluster.layer_mean_js(js_mean, Ly, H)  # (layers, layers)
 
     probe.write_csv(JS_FILE, cluster.js_rows(sums.js_sum, sums.n_tokens, Ly, H), cluster.JS_COLUMNS)
-    probe.write_csv(MDS_FILE, cluster.mds_rows(xy, labels, table, Ly, H), cluster.MDS_COLUMNS)
+    probe.write_csv(MDS_FILE, cluster.mds_rows(xy, labels, table, Ly, H), cluster.mds_columns(table))
     probe.write_csv(LAYERS_FILE,
                     [{"layer_a": a + 1, "layer_b": b + 1, "js_mean_per_token": float(layer_js[a, b])}
                      for a in range(Ly) for b in range(Ly)], ("layer_a", "layer_b", "js_mean_per_token"))

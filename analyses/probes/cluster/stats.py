@@ -39,12 +39,29 @@ from bertscope.run.rundir import write_npz
 
 NAME = "cluster"
 
-BEHAVIOURS = ("broad", "previous", "next", "[CLS]", "[SEP]", "punctuation", "other")
+BEHAVIOURS = ("broad", "previous", "next", "[CLS]", "first token", "[SEP]", "punctuation", "other")
 JS_COLUMNS = ("head_a", "head_b", "same_layer", "js_sum", "js_mean_per_token")
 # the surface columns a behaviour label is read from, repeated in cluster_mds.csv so that
 # every label can be checked against its numbers
 LABEL_COLUMNS = ("prev", "next", "cls", "sep", "punct", "entropy")
 MDS_COLUMNS = ("layer", "head", "x", "y", "behaviour") + LABEL_COLUMNS
+# a decoder's surface table (`surface.layout_table`) has "first" (the first token, every row
+# sees it: the [CLS] test reads it) in place of "cls", and no "next" (0 under a causal mask) or
+# "sep" where its tokenizer has none
+DECODER_LABEL_COLUMNS = ("prev", "first", "sep", "punct", "entropy")
+
+
+def label_columns(table: dict) -> tuple[str, ...]:
+    """The surface columns the labels of this table are read from: LABEL_COLUMNS for an
+    encoder; a decoder's those of DECODER_LABEL_COLUMNS it has."""
+    if "first" not in table:
+        return LABEL_COLUMNS
+    return tuple(c for c in DECODER_LABEL_COLUMNS if c in table)
+
+
+def mds_columns(table: dict) -> tuple[str, ...]:
+    """cluster_mds.csv's columns for a run whose surface table is `table`."""
+    return MDS_COLUMNS[:5] + label_columns(table)
 
 
 # ----------------------------------------------------------------------------- labels
@@ -116,37 +133,43 @@ class Thresholds:
 def behaviours(table: dict[str, np.ndarray], uniform_entropy: float,
                thresholds: Thresholds | ClarkThresholds = ClarkThresholds()) -> np.ndarray:
     """(layers, H) behaviour label of every head, from the surface table's columns
-    `prev, next, cls, sep, punct, entropy` (each (layers, H)).
+    `prev, next, cls, sep, punct, entropy` (each (layers, H)). A decoder's table
+    (`label_columns`) labels "first token" with the [CLS] test on its `first` column, and skips
+    the tests of the columns it lacks (next under a causal mask, [SEP] without one).
 
     `ClarkThresholds` (the default): the last test passed wins; `Thresholds`: the first."""
     t = thresholds
     shape = np.shape(table["prev"])
+    special = ("first token", "first") if "first" in table else ("[CLS]", "cls")
     if isinstance(t, ClarkThresholds):
         tests = [
-            ("next", table["next"] > t.position),
-            ("previous", table["prev"] > t.position),
-            ("broad", table["entropy"] > t.broad_cut(uniform_entropy)),
-            ("[CLS]", table["cls"] > t.special),
-            ("[SEP]", table["sep"] > t.special),
-            ("punctuation", table["punct"] > t.special),
+            ("next", "next", t.position),
+            ("previous", "prev", t.position),
+            ("broad", "entropy", t.broad_cut(uniform_entropy)),
+            (*special, t.special),
+            ("[SEP]", "sep", t.special),
+            ("punctuation", "punct", t.special),
         ]
         labels = np.full(shape, "other", dtype=object)
-        for name, hit in tests:
-            labels[hit] = name  # a later test overrides an earlier one
+        for name, col, cut in tests:
+            if col in table:
+                labels[table[col] > cut] = name  # a later test overrides an earlier one
         return labels
     tests = [
-        ("previous", table["prev"] > t.position),
-        ("next", table["next"] > t.position),
-        ("[CLS]", table["cls"] > t.special),
-        ("[SEP]", table["sep"] > t.special),
-        ("punctuation", table["punct"] > t.punct),
-        ("broad", table["entropy"] > t.broad * uniform_entropy),
+        ("previous", "prev", t.position),
+        ("next", "next", t.position),
+        (*special, t.special),
+        ("[SEP]", "sep", t.special),
+        ("punctuation", "punct", t.punct),
+        ("broad", "entropy", t.broad * uniform_entropy),
     ]
     labels = np.full(shape, "other", dtype=object)
     decided = np.zeros(labels.shape, dtype=bool)
-    for name, hit in tests:
-        labels[hit & ~decided] = name
-        decided |= hit
+    for name, col, cut in tests:
+        if col in table:
+            hit = table[col] > cut
+            labels[hit & ~decided] = name
+            decided |= hit
     return labels
 
 
@@ -265,7 +288,7 @@ def mds_rows(xy: np.ndarray, labels: np.ndarray, table: dict[str, np.ndarray], n
     """cluster_mds.csv: layer, head (from 1), x, y, behaviour, and the surface columns
     (each (layers, H) in `table`) the behaviour was read from."""
     flat = np.asarray(labels).reshape(-1)
-    columns = {c: np.asarray(table[c], dtype=float).reshape(-1) for c in LABEL_COLUMNS}
+    columns = {c: np.asarray(table[c], dtype=float).reshape(-1) for c in label_columns(table)}
     return [{"layer": i // n_heads + 1, "head": i % n_heads + 1, "x": float(xy[i, 0]), "y": float(xy[i, 1]),
              "behaviour": str(flat[i]), **{c: float(v[i]) for c, v in columns.items()}}
             for i in range(n_layers * n_heads)]
@@ -291,7 +314,7 @@ def summary(js_mean: np.ndarray, labels: np.ndarray, n_layers: int, n_heads: int
 
 # ----------------------------------------------------------------------------- figures
 
-MARKERS = {"broad": "o", "previous": "<", "next": ">", "[CLS]": "s", "[SEP]": "D",
+MARKERS = {"broad": "o", "previous": "<", "next": ">", "[CLS]": "s", "first token": "P", "[SEP]": "D",
            "punctuation": "*", "other": "X"}
 MARKER_SIZE = {"punctuation": 90}
 

@@ -276,3 +276,72 @@ def test_cli_user_errors(tmp_path, tiny_checkpoint, capsys, extra, fragment):
     assert code == 2 and err.startswith("bertscope: error: ") and err.count("\n") == 1, err
     assert fragment in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # nothing is left behind
+
+
+# --- decoders ---------------------------------------------------------------------------------
+
+
+def test_decoder_labels_read_the_first_token_and_skip_absent_columns():
+    """A decoder's surface table has `first` in place of `cls` and no `next` / `sep`: the [CLS]
+    test labels "first token", the others are not run (a causal head has no next-token mass)."""
+    #         prev  first punct entropy   expected (Clark's rules: the last test passed wins)
+    heads = [(0.90, 0.02, 0.05, 0.50, "previous"),
+             (0.10, 0.70, 0.05, 1.50, "first token"),
+             (0.10, 0.55, 0.05, 1.50, "other"),
+             (0.10, 0.10, 0.65, 2.00, "punctuation"),
+             (0.02, 0.03, 0.08, 3.81, "broad"),
+             (0.02, 0.70, 0.08, 3.90, "first token")]
+    cols = ("prev", "first", "punct", "entropy")
+    table = {c: np.array([[h[i] for h in heads]]) for i, c in enumerate(cols)}
+    assert list(cluster.behaviours(table, math.log(128))[0]) == [h[-1] for h in heads]
+    # bertscope's rules: the first test passed wins; [CLS] / first token above 0.5, broad above 0.9 x uniform
+    assert list(cluster.behaviours(table, math.log(128), cluster.Thresholds())[0]) == [
+        "previous", "first token", "first token", "punctuation", "other", "first token"]
+    assert cluster.label_columns(table) == cols
+    assert cluster.mds_columns(table) == ("layer", "head", "x", "y", "behaviour") + cols
+    assert cluster.label_columns({**table, "sep": table["prev"]}) == ("prev", "first", "sep", "punct", "entropy")
+
+
+def test_cli_on_a_decoder_js_equals_its_own_causal_maps(tmp_path, tiny_llama_lm_dir, capsys):
+    """The command on a grouped-query causal decoder: the JS sums equal JS computed by hand from
+    the model's own eager maps (causal rows: each row's distribution over the keys it sees), and
+    cluster_mds.csv carries the decoder's label columns."""
+    from transformers import AutoModel
+
+    from bertscope.models.loading import load_model
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["The cat sat on a mat . It was happy .", "A dog ran far away , and then came back.",
+                                 "Then the cat ran home ."]) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    code = main(["probe", "cluster", "--model", str(tiny_llama_lm_dir), "--corpus", str(corpus), "--limit", "3",
+                 "--max-len", "32", "--batch-size", "2", "--threads", "1", "--out", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    mds = read_csv(out / "cluster_mds.csv")
+    assert tuple(mds[0]) == ("layer", "head", "x", "y", "behaviour", "prev", "first", "punct", "entropy")
+    assert all(r["behaviour"] in cluster.BEHAVIOURS for r in mds)
+    # JS by hand from the decoder's eager maps, each segment alone (the same segments: rebuilt here)
+    loaded = load_model(tiny_llama_lm_dir)
+    twin = AutoModel.from_pretrained(tiny_llama_lm_dir, attn_implementation="eager").eval()
+    tok = loaded.tokenizer
+    texts = [line for line in corpus.read_text().splitlines() if line]
+    N = TINY_LAYERS * TINY_HEADS
+    want, tokens = np.zeros((N, N)), 0
+    for text in texts:
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            maps = twin(input_ids=ids, output_attentions=True).attentions
+        p = torch.cat([a[0] for a in maps]).double().numpy()  # (N, L, L), rows over the keys they see
+        for a in range(N):
+            for b in range(N):
+                m = (p[a] + p[b]) / 2
+                kl = lambda x: np.sum(np.where(x > 0, x * np.log(np.where(x > 0, x, 1) / m), 0))  # noqa: E731, B023
+                want[a, b] += (kl(p[a]) + kl(p[b])) / 2
+        tokens += ids.shape[1]
+    record = json.loads((out / "run.json").read_text())["analyses"]["cluster"]["results"]
+    assert record["n_tokens"] == tokens
+    got = np.zeros((N, N))
+    for r in read_csv(out / "cluster_js.csv"):
+        a, b = (cluster.head_labels(TINY_LAYERS, TINY_HEADS).index(r[k]) for k in ("head_a", "head_b"))
+        got[a, b] = got[b, a] = float(r["js_sum"])
+    assert want[0, 5] > 0.01
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
