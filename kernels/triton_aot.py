@@ -98,7 +98,7 @@ class LayoutSpec:
     def name(self) -> str:
         c = self.config()
         flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
-        return (f"band M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
+        return (f"band M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
                 f"{self.dtype} C{self.n_classes} G={self.group} {flags}" + (" uniform" if self.uniform else ""))
 
     def ast_source(self):
@@ -162,8 +162,9 @@ class AotSpec:
 
     def name(self) -> str:
         c = self.config()
-        blocks = f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
-        return (f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']} {self.dtype}"
+        blocks = (f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
+                  + (f" K{c['BLOCK_DK']}" if c.get("BLOCK_DK", c["BLOCK_D"]) < c["BLOCK_D"] else ""))
+        return (f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']}{_cap(c)} {self.dtype}"
                 + (" banded" if self.banded else ""))
 
     def ast_source(self):
@@ -187,7 +188,8 @@ class AotSpec:
         unit = {"stride_qd", "stride_kd", "stride_ml", "stride_cw"}
         c = self.config()
         constexprs = {n: 1 for n in unit if n in fn.arg_names}
-        constexprs.update({n: c[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_W") if n in fn.arg_names})
+        blocks = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_W", "BLOCK_DK")
+        constexprs.update({n: c[n] for n in blocks if n in fn.arg_names})
         constexprs["IS_FP32"] = t == "fp32"
         if "BANDED" in fn.arg_names:
             constexprs["BANDED"] = self.banded
@@ -200,6 +202,11 @@ class AotSpec:
         return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
 
 
+def _cap(c: dict) -> str:
+    """The register cap in a specialisation's name: r128 for maxnreg=128, nothing without one."""
+    return f"r{c['maxnreg']}" if c.get("maxnreg") is not None else ""
+
+
 def torch_dtype(name: str):
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
@@ -210,7 +217,8 @@ def aot_specialisations(dtypes=DTYPES, layouts: str = "all") -> list[AotSpec]:
     dimension 64 (the larger of the encoders'; D = 32 holds fewer registers), and
     D = 32 too for the word maps, whose register use does not shrink monotonically.
     layouts: their banded variants too (causal / windowed / grouped-query): "all" at D = 64
-    and 256 (Gemma-3's head dimension), "core" at D = 64 in bf16 and fp32, "none"."""
+    and 256 (Gemma-3's head dimension), "core" at D = 64 in bf16 and fp32 and the fp32 word
+    maps at D = 256 (their scores in slices of D, word_map_config), "none"."""
     specs = []
     for t in dtypes:
         specs += [AotSpec("_column_mass_kernel", 128, 64, t), AotSpec("_row_lse_kernel", 128, 64, t),
@@ -219,6 +227,8 @@ def aot_specialisations(dtypes=DTYPES, layouts: str = "all") -> list[AotSpec]:
         dims = {"all": LAYOUT_MAP_HEAD_DIMS, "core": (64,) if t != "fp16" else (), "none": ()}[layouts]
         specs += [AotSpec(k, 128, D, t, W=128 if k == "_word_map_kernel" else 0, banded=True) for D in dims
                   for k in ("_column_mass_kernel", "_row_lse_kernel", "_js_pair_kernel", "_word_map_kernel")]
+        if layouts == "core" and t == "fp32":
+            specs.append(AotSpec("_word_map_kernel", 128, 256, t, W=128, banded=True))
     return specs
 
 
@@ -228,14 +238,14 @@ def layout_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "al
     the entropy, with and without the argmax, for 4 key classes; 16 and 32 classes, the
     statistics-free forward and the uniform-gate epilogue at D = 64 and 256. "core": the
     largest of each block configuration (what the test suite compiles: each layout kernel
-    takes ~10 s to compile on one core, the whole matrix ~25 minutes; fp32 at D = 256 with 32
-    classes, which spills a few bytes, is in the report only)."""
+    takes ~10 s to compile on one core, the whole matrix ~25 minutes), fp32 at D = 256 with
+    32 classes among them (it spilled before fp32 capped its registers, layout_kernel_config)."""
     if which == "none":
         return []
     if which == "core":
         specs = [LayoutSpec(64, "bf16", True, True, 4, "G"), LayoutSpec(64, "fp16", True, True, 32, "1"),
                  LayoutSpec(256, "bf16", True, True, 32, "G"), LayoutSpec(128, "bf16", True, True, 4, "G"),
-                 LayoutSpec(64, "fp32", True, True, 32, "G"), LayoutSpec(256, "fp32", True, True, 4, "G"),
+                 LayoutSpec(64, "fp32", True, True, 32, "G"), LayoutSpec(256, "fp32", True, True, 32, "G"),
                  LayoutSpec(64, "bf16", True, True, 4, "G", uniform=True)]
         return [s for s in specs if s.dtype in dtypes and s.n_classes in classes] or specs[:1]
     specs = [LayoutSpec(D, t, True, argmax, 4, group) for t in dtypes for D in LAYOUT_HEAD_DIMS
@@ -361,10 +371,12 @@ def compile_one(spec: Specialisation, arch: int) -> dict:
     import triton  # see the note above ARCHS
     from triton.backends.compiler import GPUTarget
 
+    from .triton_tiles import launch_caps
+
     src, c = _ast_source(spec)
     t0 = time.perf_counter()
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})
+    options = {"num_warps": c["num_warps"], "num_stages": c["num_stages"], **launch_caps(c)}  # as the launch
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     seconds = time.perf_counter() - t0
     usage = ptxas_usage(compiled.asm["ptx"], arch)
     return {

@@ -55,7 +55,7 @@ import triton.language as tl
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
 from .spec import PLAIN, ROW_STATS, AttentionLayout, RowStats, StatsSpec, WordPooling
-from .triton_tiles import DTYPES, FMIN, key_block_scores, map_base
+from .triton_tiles import DTYPES, FMIN, key_block_scores, launch_caps, map_base
 
 # rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
 SINGLE_TILE_MAX_L = 128
@@ -559,17 +559,26 @@ def layout_kernel_config(L: int, D: int, dtype=torch.float32) -> dict:
     online path (decoder rows are long; causal rows see different numbers of keys). BLOCK_M
     counts stacked query rows (G heads x BLOCK_M / G positions). The sizes `triton_aot`
     compiles for sm_80 and sm_90 with no register spill (Triton 3.6 and 3.7; D = 32 to 256,
-    4 to 32 key classes); half precision 8 warps, 2 stages:
+    4 to 32 key classes; bench/results_triton_layout.md); half precision 8 warps, 2 stages:
         fp16 / bf16  64 x 32 keys for D <= 64, 32 x 32 above (64 rows spill at D = 256, and
                      at D = 128 on sm_80 with Triton 3.6)
-        fp32         16 x 16, 8 warps, 1 stage (exact FMA dots; 32 x 16, 16 x 32, and 4 warps
-                     spill on sm_80 or sm_90 at one D or another; D = 256 with 32 classes still
-                     spills 24-32 bytes: bench/results_triton_layout.md)
+        fp32         16 x 16 (256 scores, one per thread at 8 warps), 1 stage, at most 128
+                     registers per thread (`maxnreg`); 8 warps (80-128 registers: at least 2
+                     CTAs, 16 warps, per SM), 16 at D = 256 (104-124: one CTA of 16 warps),
+                     where 8 warps need 118-156 registers (one CTA of 8 warps) and spill
+                     12-16 bytes at a cap of 128.
+    fp32 without the cap spilled 4-32 bytes in 6 (Triton 3.7) or 7 (3.6) of the 48 fp32
+    specialisations at only 64, 80 or 128 registers: ptxas's own choice of a higher occupancy
+    step (an explicit `.maxnreg` switches that heuristic off). No tile or warp count avoids it
+    everywhere: 4 warps, 32 x 16 and 16 x 32 tiles spill in other specialisations. The cap
+    is a launch option, in the dict only where it applies (the half-precision launches are
+    unchanged).
     """
     block_d = max(16, triton.next_power_of_2(D))
     if dtype in HALF_DTYPES:
         return dict(BLOCK_M=64 if block_d <= 64 else 32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
-    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8, num_stages=1)
+    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
+                maxnreg=128)
 
 
 def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,
@@ -624,7 +633,7 @@ def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layou
         H=H, L=L, D=D, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], C_PAD=c_pad(C), **flags,  #
         IS_FP32=q.dtype == torch.float32, UNIFORM=gates is not None and gates.uniform is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_caps(cfg),
     )
     stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
     return out, stats, lse

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from .common import require_pooling
 from .spec import PLAIN, AttentionLayout, WordPooling
-from .triton_tiles import DTYPES, FMIN, in_band, map_base, mask_int8, tile_probs
+from .triton_tiles import DTYPES, FMIN, in_band, launch_caps, map_base, mask_int8, sliced_probs, tile_probs
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def _word_tile_inner(
     stride_fw, stride_fl, stride_tl, stride_tw,  #
     sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, IS_FP32: tl.constexpr,
-    BANDED: tl.constexpr,
+    BANDED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DK: tl.constexpr,
 ):
     """acc += from_word[rows, :] @ P @ to_word[:, cols] for one (BLOCK_W, BLOCK_W) tile of the
     word map: per query block R = P_tile @ to_word_tile over the key blocks, then from_word_tile @ R.
@@ -128,10 +128,16 @@ def _word_tile_inner(
                 tw = tl.load(TW_ptr + offs_n[:, None] * stride_tl + offs_c[None, :] * stride_tw,
                              mask=n_in[:, None] & c_in[None, :], other=0.0).to(tl.float32)  # (BLOCK_N, BLOCK_W)
                 if tl.max(tl.max(tw, 1), 0) > 0:
-                    k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
-                                mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
-                    kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-                    p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
+                    if BLOCK_DK < BLOCK_D:  # the scores slice by slice of D (fp32 above D = 128)
+                        kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+                        p = sliced_probs(Q_ptr, K_ptr, offs_m, offs_n, m_in, n_in, lse, kv, sm_scale, L, D, FMIN,
+                                         stride_ql, stride_qd, stride_kl, stride_kd, BLOCK_M, BLOCK_N, BLOCK_D,
+                                         BLOCK_DK)  # (BLOCK_M, BLOCK_N)
+                    else:
+                        k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                                    mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+                        kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+                        p = tile_probs(q, k, lse, kv, n_in, sm_scale, L, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
                     if BANDED:
                         p = tl.where(in_band(offs_m, offs_n, win_left, win_right), p, 0.0)
                     r = tl.dot(p, tw, r, input_precision="ieee")  # (BLOCK_M, BLOCK_W)
@@ -152,7 +158,7 @@ def _word_map_kernel(
     stride_cb, stride_cw,  #
     H, L, D, W, G, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,  #
-    IS_FP32: tl.constexpr, BANDED: tl.constexpr,
+    IS_FP32: tl.constexpr, BANDED: tl.constexpr, BLOCK_DK: tl.constexpr,
 ):
     start_r = tl.program_id(0)
     off_bh, off_b, off_h, Q_ptr, K_ptr, Valid_ptr = map_base(Q, K, KeyValid, stride_qb, stride_qh, stride_kb,
@@ -176,7 +182,7 @@ def _word_map_kernel(
                                stride_ql, stride_qd, stride_kl, stride_kd, stride_ml,  #
                                stride_fw, stride_fl, stride_tl, stride_tw,  #
                                sm_scale, L, D, W, offs_r, offs_c, offs_d, FMIN, win_left, win_right,  #
-                               BLOCK_M, BLOCK_N, BLOCK_W, IS_FP32, BANDED)
+                               BLOCK_M, BLOCK_N, BLOCK_W, IS_FP32, BANDED, BLOCK_D, BLOCK_DK)
         tl.store(WordMap + map0 + offs_r[:, None] * W + offs_c[None, :], acc.to(WordMap.dtype.element_ty),
                  mask=r_in[:, None] & c_in[None, :])
         # -- argmax over the other candidate units; an earlier tile keeps ties (lowest index)
@@ -265,9 +271,20 @@ def word_map_config(L: int, D: int, W: int, fp32: bool = True) -> dict:
     kernels/triton_aot.py for D = 32 and 64 on sm_80: fp32 (FMA dots) needs 8 warps to stay
     under 255 registers per thread, fp16 and bf16 (tensor-core dots) 4; the other warp counts, and
     16-unit tiles for some of them, spill (ptxas then caps the kernel at 128 registers). Above
-    D = 128 (Gemma-3's 256) 16-token blocks: 32 spill in fp32."""
+    D = 128 (Gemma-3's 256) 16-token blocks: 32 spill in fp32. BLOCK_DK: the width of the slices
+    of D the scores are summed over, BLOCK_D (one dot) but in fp32 above D = 128: one 256-deep
+    exact FMA dot holds its operands' 2 x 256 values per thread and spilled 240-320 bytes at 255
+    registers, with 4, 8 or 16 warps, 16-unit tiles, 1 stage or a register cap alike. Four
+    64-wide slices, each slice of q and k loaded where it is used, with `maxnreg` 255 (an
+    explicit cap; without it ptxas settles at 128 registers on sm_90 and spills a few bytes)
+    do not spill: 255 registers, one CTA of 8 warps per SM (Triton 3.6 and 3.7,
+    bench/results_triton_layout.md)."""
     block = max(16, min(32 if D <= 128 else 16, triton.next_power_of_2(L)))
-    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=max(16, triton.next_power_of_2(D)),
+    block_d = max(16, triton.next_power_of_2(D))
+    if fp32 and block_d > 128:
+        return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DK=64, BLOCK_W=32, num_warps=8, num_stages=2,
+                    maxnreg=255)
+    return dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DK=block_d,
                 BLOCK_W=32, num_warps=8 if fp32 else 4, num_stages=2)
 
 
@@ -305,8 +322,8 @@ def word_maps_triton(q, k, key_valid, lse, pooling: WordPooling, scale=None, out
         *fw.stride(), *tw.stride(), *cand.stride(),  #
         H, L, D, W,  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_W=cfg["BLOCK_W"],  #
-        IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **band_args(layout, H, L),
+        BLOCK_DK=cfg["BLOCK_DK"], IS_FP32=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **launch_caps(cfg), **band_args(layout, H, L),
     )
     return word_map, word_arg
 

@@ -71,3 +71,32 @@ def mask_int8(key_valid, dev):
     """(B, L) key mask as int8 without a copy when it is already bool on the device."""
     key_valid = key_valid.to(dev)
     return key_valid.view(torch.int8) if key_valid.dtype == torch.bool else (key_valid != 0).view(torch.int8)
+
+
+def launch_caps(cfg: dict) -> dict:
+    """The launch options beyond warps and stages that a kernel's config may carry: `maxnreg`,
+    ptxas's register cap per thread (a config without it launches exactly as before)."""
+    return {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") is not None else {}
+
+
+@triton.jit
+def sliced_probs(Q_ptr, K_ptr, offs_m, offs_n, m_in, n_in, lse, kv, sm_scale, L, D, FMIN, stride_ql, stride_qd,
+                 stride_kl, stride_kd, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_DK: tl.constexpr):
+    """`tile_probs` for fp32 q, k read from memory: the scores q . k (BLOCK_M, BLOCK_N) summed over
+    D in BLOCK_DK-wide slices, each slice of q and k loaded where it is used, so that an exact
+    FMA dot holds 2 x BLOCK_DK operand values per thread instead of 2 x BLOCK_D (see
+    triton_maps.word_map_config)."""
+    s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for d0 in tl.static_range(0, BLOCK_D, BLOCK_DK):
+        offs_d = d0 + tl.arange(0, BLOCK_DK)
+        d_in = offs_d < D
+        q = tl.load(Q_ptr + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd,
+                    mask=m_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_DK)
+        k = tl.load(K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd,
+                    mask=n_in[None, :] & d_in[:, None], other=0.0)  # (BLOCK_DK, BLOCK_N)
+        s = tl.dot(q, k, s, input_precision="ieee")
+    s = tl.where(kv[None, :], s * sm_scale, FMIN)  # padding keys: finite fill, as eager
+    p = tl.exp(s - lse[:, None])
+    p = tl.where((lse < 0.5 * FMIN)[:, None], 1.0 / L, p)  # no valid key: uniform rows
+    return tl.where(n_in[None, :], p, 0.0)  # (BLOCK_M, BLOCK_N); 0 past the row end

@@ -24,10 +24,12 @@ from triton_interpreter import emulate_bf16_dots
 import bertscope.kernels.triton_attention as ta
 from bertscope.kernels import (
     LAYOUT_BACKENDS,
+    PLAIN,
     AttentionLayout,
     LayerGates,
     StatsSpec,
     attention_stats,
+    triton_maps,
     visible_mask,
     word_pooling,
 )
@@ -235,6 +237,38 @@ def test_word_maps_and_column_mass_under_the_layout(layout, left):
     assert torch.equal(got.word_argmax[clear], ref.word_argmax[clear])
     # every real query row gives away 1
     torch.testing.assert_close(got.column_mass.sum(-1), inputs[3].sum(-1, keepdim=True).float().expand(B, H))
+
+
+@pytest.mark.parametrize("layout,D,forced", [
+    (AttentionLayout(causal=True, window=(7, 0), n_key_value_heads=1), 256, None),
+    (PLAIN, 256, None),
+    (AttentionLayout(causal=True, n_key_value_heads=1), 64, 16),
+], ids=["sliding-gqa-256", "plain-256", "causal-gqa-64-in-16"])
+def test_word_maps_in_d_slices_match_eager(layout, D, forced, monkeypatch):
+    """fp32 word maps above D = 128 sum the scores over 64-wide slices of D (word_map_config's
+    BLOCK_DK; at Gemma-3's D = 256 one 256-deep FMA dot spills): the shipped configuration at
+    D = 256, and 16-wide slices forced at D = 64, against eager, with left padding."""
+    cfg = triton_maps.word_map_config(32, 256, 8, fp32=True)
+    assert (cfg["BLOCK_D"], cfg["BLOCK_DK"]) == (256, 64)
+    assert triton_maps.word_map_config(32, 256, 8, fp32=False)["BLOCK_DK"] == 256  # half precision: one dot
+    if forced:
+        real = triton_maps.word_map_config
+        monkeypatch.setattr(triton_maps, "word_map_config", lambda *a, **kw: {**real(*a, **kw), "BLOCK_DK": forced})
+    B, H, L = 2, 2, 19
+    inputs = make_inputs(B, H, L, D, layout, [0, 5], True, seed=D)
+    lengths = inputs[3].sum(-1).tolist()
+    unit, candidate = random_units(B, L, lengths, torch.Generator().manual_seed(D))
+    for b, n in enumerate(lengths):  # left padding: the units follow the real tokens
+        unit[b] = torch.cat([unit[b, n:], unit[b, :n]]) if n < L else unit[b]
+    pooling = word_pooling(unit, candidate, "mean")
+    spec = StatsSpec(offsets=(0,), n_key_classes=4, word_maps=True)
+    _, ref = attention_stats(*inputs, spec, backend="eager", pooling=pooling, layout=layout)
+    _, got = attention_stats(*inputs, spec, backend="triton", pooling=pooling, layout=layout)
+    torch.testing.assert_close(got.word_map, ref.word_map, atol=1e-5, rtol=1e-5)
+    assert ref.word_map.sum() > 1  # real maps, not all zero
+    top = ref.word_map.sort(-1, descending=True).values
+    clear = top[..., 0] - top[..., 1] > 1e-5
+    assert clear.any() and torch.equal(got.word_argmax[clear], ref.word_argmax[clear])
 
 
 def js_reference(q, k, key_valid, scale, layouts_, kv_head):
