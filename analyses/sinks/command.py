@@ -55,6 +55,7 @@ DESCRIPTION = (
     "(sinks_positions.csv); Sink^epsilon per model in run.json; figures and a report section. One command for "
     "decoders and encoders ([CLS] is an encoder's first token).")
 BOS_CHOICES = ("auto", "with", "without", "both")
+CHECKPOINT_TOKENS = 65536  # padded tokens between two checkpoints of the sums (at most 20 batches)
 # settings a resumed run takes from run.json
 RESUMED = ("model", "revision", "corpus", "text_field", "limit", "max_len", "seed", "bos", "bos_token", "epsilon",
            "initial", "batch_size", "backend", "device", "dtype")
@@ -84,7 +85,8 @@ def add_arguments(p):
     p.add_argument("--epsilon", type=float, default=S.EPSILON,
                    help=f"Gu et al.'s threshold on alpha_1 for a sink head (default: {S.EPSILON})")
     p.add_argument("--initial", type=positive_int, default=S.INITIAL, metavar="K",
-                   help=f"the initial tokens whose mass initial_mass sums (StreamingLLM keeps 4) (default: {S.INITIAL})")
+                   help="the initial tokens whose mass initial_mass sums (StreamingLLM keeps 4) "
+                   f"(default: {S.INITIAL})")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
 
@@ -120,7 +122,8 @@ def bos_plan(loaded, args, causal: bool) -> tuple[list[str], list[int], list[int
         bos = [vocab[args.bos_token]]
     elif not bos and args.bos in ("with", "both"):
         if tokenizer.bos_token_id is None:
-            raise UserError(f"--bos {args.bos}: {loaded.origin}'s tokenizer has no bos_token; name one with --bos-token")
+            raise UserError(f"--bos {args.bos}: {loaded.origin}'s tokenizer has no bos_token; "
+                            "name one with --bos-token")
         bos = [tokenizer.bos_token_id]
     if args.bos == "auto":
         return ["with" if prefix else "without"], prefix, prefix, 0
@@ -208,10 +211,11 @@ def sink_run(run: ModelRun, args) -> int:
         run.log(f"{loaded.model_type}: no massive activations (bertscope cannot hook its layers one by one)")
     probe = S.HiddenProbe()
     stats.probe = probe if layers is not None else None
-    kinds = sorted({k for k in stats.layer_kinds()})
-    run.log(f"{'decoder' if causal else 'encoder'}, layers: {', '.join(f'{stats.layer_kinds().count(k)} {k}' for k in kinds)}; "
+    kinds = stats.layer_kinds()
+    counts = ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
+    run.log(f"{'decoder' if causal else 'encoder'}, layers: {counts}; "
             f"variants: {', '.join(variants)}; {stats.buckets} log2 position buckets up to {loaded.max_len}")
-    every = max(1, min(20, 65536 // (args.batch_size * args.max_len)))
+    every = max(1, min(20, CHECKPOINT_TOKENS // (args.batch_size * args.max_len)))
     options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=run.progress,
                             checkpoint_every=every, total=args.limit * len(variants) if args.limit else None)
     model = loaded.model

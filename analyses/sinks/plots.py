@@ -4,10 +4,10 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from bertscope.analyses.sinks.stats import SinkStats, bucket_bounds  # noqa: E402
+from bertscope.analyses.sinks.stats import SinkStats, bucket_bounds
 
 
 def _layer_labels(stats: SinkStats) -> list[str]:

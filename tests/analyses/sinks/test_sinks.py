@@ -178,7 +178,8 @@ def add_batch(stats: S.SinkStats, model, segments, left: bool, backend: str, pro
         valid[b, sl] = True
         key_class[b, sl] = torch.tensor(s.token_class)
     key_class = first_token_class(key_class, valid, S.SINK_CLASSES.n_classes)
-    inputs = {"input_ids": ids, "attention_mask": valid.long(), "position_ids": (valid.long().cumsum(-1) - 1).clamp_min(0)}
+    positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+    inputs = {"input_ids": ids, "attention_mask": valid.long(), "position_ids": positions}
     layers = []
     head_probe = HeadProbe(stats.n_layers, stats.n_heads, stats.spec, backend=backend)
     stats.probe = probe
@@ -195,7 +196,8 @@ def add_batch(stats: S.SinkStats, model, segments, left: bool, backend: str, pro
 def windows_of(model):
     from bertscope.models.architectures import architecture_of
 
-    return [None if lay.window is None else lay.window[0] for lay in architecture_of(model.config).layouts(model.config)]
+    layouts = architecture_of(model.config).layouts(model.config)
+    return [None if lay.window is None else lay.window[0] for lay in layouts]
 
 
 def new_stats(model, variants=("x",), gu_length=4, initial=3):
@@ -281,8 +283,8 @@ def reference(model, segments, stats: S.SinkStats) -> dict:
                 uns[layer] += len(rows)
     with np.errstate(invalid="ignore"):
         return {"alpha": first / seeing[:, None], "initial": initial / seeing[:, None], "share": share / len(segments),
-                "share_gu": share_gu / n_gu if n_gu else np.full((Ly, H), np.nan), "edge": np.where(uns[:, None] > 0, edge / np.maximum(uns, 1)[:, None],
-                                                                      np.nan),
+                "share_gu": share_gu / n_gu if n_gu else np.full((Ly, H), np.nan),
+                "edge": np.where(uns[:, None] > 0, edge / np.maximum(uns, 1)[:, None], np.nan),
                 "positions": np.where(bucket_rows > 0, bucket_mass / np.maximum(bucket_rows, 1), np.nan)}
 
 
