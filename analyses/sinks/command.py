@@ -257,9 +257,11 @@ def summary(stats: S.SinkStats, results: dict) -> list[str]:
     eps = stats.epsilon
     lines = []
     for name, r in results["variants"].items():
+        # a causal segment's first T queries see what a T-token input sees (Gu et al.'s setting); an encoder's do not
+        gu = "" if name == "cls" else (f"{_pct(r['sink_metric_64'])} over the first {stats.gu_length} "
+                                       f"({r['segments_64']} segments, Gu et al.'s T), ")
         lines.append(f"[{name}] {r['segments']} segments, {r['queries']} queries: Sink^{eps:g}_1 = "
-                     f"{_pct(r['sink_metric'])} over each segment's queries, {_pct(r['sink_metric_64'])} over the "
-                     f"first {stats.gu_length} ({r['segments_64']} segments, Gu et al.'s T), "
+                     f"{_pct(r['sink_metric'])} over each segment's queries, {gu}"
                      f"{_pct(r['pooled_metric'])} of heads by pooled alpha_1")
         lines.append(f"[{name}] first-token mass by layer: " + " ".join(f"{x:.2f}" for x in r["first_mass_by_layer"]))
         if "windowed" in r:

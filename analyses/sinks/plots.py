@@ -80,7 +80,7 @@ def plot_layers(stats: SinkStats, title: str):
     ax.set_ylim(0, 1)
     ax.set_xlabel("layer" + (" (grey: sliding window)" if any(stats.windows) else ""))
     ax.set_ylabel("attention on the first token")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     ax.set_title(f"{title}: first-token attention by layer", fontsize=10)
     return fig
 
@@ -100,6 +100,6 @@ def plot_massive(stats: SinkStats, title: str):
     ax.set_yscale("log")
     ax.set_xlabel("layer (output of the block)")
     ax.set_ylabel("|hidden state|, mean over segments")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     ax.set_title(f"{title}: massive activations", fontsize=10)
     return fig

@@ -28,7 +28,8 @@ def build(run: RunFiles) -> Section | None:
     table = Table(f"Sink^{eps:g}_1 (share of heads with alpha_1 > {eps:g}) beside {paper.GU_TABLE1.short}",
                   ["first token", "segments", f"per segment, first {T} queries (Gu et al.'s T)",
                    "per segment, every query", "pooled alpha_1", "paper (7-13B models)"],
-                  [[name, r["segments"], _pct(r.get("sink_metric_64")), _pct(r.get("sink_metric")),
+                  [[name, r["segments"], "n/a (bidirectional)" if name == "cls" else _pct(r.get("sink_metric_64")),
+                    _pct(r.get("sink_metric")),
                     _pct(r.get("pooled_metric")),
                     ", ".join(f"{k} {v.value:.1f}%" for k, v in paper.GU_SINK.items())]
                    for name, r in variants.items()])
@@ -41,9 +42,10 @@ def build(run: RunFiles) -> Section | None:
     findings = []
     for name, r in variants.items():
         by_layer = r.get("first_mass_by_layer", [])
-        findings.append(f"[{name}] Sink^{eps:g}_1 = {_pct(r.get('sink_metric_64'))} over the first {T} queries of "
-                        f"{r.get('segments_64')} segments, {_pct(r.get('sink_metric'))} over every query; the "
-                        f"first-token mass by layer runs " + ", ".join(f"{x:.2f}" for x in by_layer) + ".")
+        gu = "" if name == "cls" else (f"{_pct(r.get('sink_metric_64'))} over the first {T} queries of "
+                                       f"{r.get('segments_64')} segments, ")
+        findings.append(f"[{name}] Sink^{eps:g}_1 = {gu}{_pct(r.get('sink_metric'))} over every query; the "
+                        "first-token mass by layer runs " + ", ".join(f"{x:.2f}" for x in by_layer) + ".")
         if "windowed" in r:
             w, g = r["windowed"], r.get("global") or {}
             findings.append(f"[{name}] Sliding-window layers {w['layers']}: alpha_1 {w['alpha_1']:.3f} over the "
