@@ -14,10 +14,14 @@ def _layer_labels(stats: SinkStats) -> list[str]:
     return [f"{i + 1}" + (" w" if w else "") for i, w in enumerate(stats.windows)]
 
 
-def _bucket_label(lo: int, hi: int) -> str:
-    def short(n):
-        return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else (f"{(n + 1) // 1024}k-1" if n >= 1023 else str(n))
-    return short(lo) if lo == hi else f"{short(lo)}-{short(hi)}"
+def _layer_ticks(ax, n_layers: int):
+    ax.set_xticks(np.arange(1, n_layers + 1, 1 if n_layers <= 32 else 2))
+    ax.tick_params(axis="x", labelsize=7)
+
+
+def _bucket_label(lo: int) -> str:
+    """A bucket by its first position: 0, 1, 2, 4, ..., 512, 1k, 2k, ..., 16k."""
+    return f"{lo // 1024}k" if lo >= 1024 else str(lo)
 
 
 def plot_positions(stats: SinkStats, title: str):
@@ -33,10 +37,10 @@ def plot_positions(stats: SinkStats, title: str):
         m[:, last:] = np.nan
         im = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_xticks(range(stats.buckets))
-        ax.set_xticklabels([_bucket_label(lo, hi) for lo, hi in bounds], rotation=60, fontsize=7)
+        ax.set_xticklabels([_bucket_label(lo) for lo, _ in bounds], rotation=60, fontsize=7)
         ax.set_yticks(range(stats.n_layers))
         ax.set_yticklabels(_layer_labels(stats), fontsize=7)
-        ax.set_xlabel("query position (log2 buckets; blank: beyond the longest segment)")
+        ax.set_xlabel("query position (log2 buckets from the position shown; blank: past the longest segment)")
         ax.set_ylabel("layer (w: sliding window)")
         ax.set_title(f"{stats.variants[v]}" if V > 1 else "first-token mass", fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), label="attention on the first token")
@@ -77,6 +81,7 @@ def plot_layers(stats: SinkStats, title: str):
         line, = ax.plot(x, stats.alpha(v).mean(1), marker="o", ms=3, label=f"alpha_1 ({name})")
         ax.plot(x, stats.layer_first_mass(v), ls="--", color=line.get_color(), label=f"mass over every query ({name})")
     ax.axhline(stats.epsilon, color="0.5", lw=0.8, ls=":")
+    _layer_ticks(ax, stats.n_layers)
     ax.set_ylim(0, 1)
     ax.set_xlabel("layer" + (" (grey: sliding window)" if any(stats.windows) else ""))
     ax.set_ylabel("attention on the first token")
@@ -98,6 +103,7 @@ def plot_massive(stats: SinkStats, title: str):
         ax.plot(x, h["rest_max"], ls="--", color=line.get_color(), label="max |h|, other tokens" + suffix)
         ax.plot(x, h["median"], ls=":", color=line.get_color(), label="median |h|" + suffix)
     ax.set_yscale("log")
+    _layer_ticks(ax, stats.n_layers)
     ax.set_xlabel("layer (output of the block)")
     ax.set_ylabel("|hidden state|, mean over segments")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
