@@ -40,7 +40,7 @@ def plot_positions(stats: SinkStats, title: str):
         ax.set_xticklabels([_bucket_label(lo) for lo, _ in bounds], rotation=60, fontsize=7)
         ax.set_yticks(range(stats.n_layers))
         ax.set_yticklabels(_layer_labels(stats), fontsize=7)
-        ax.set_xlabel("query position (log2 buckets from the position shown; blank: past the longest segment)")
+        ax.set_xlabel("query position (log2 bucket from)")
         ax.set_ylabel("layer (w: sliding window)")
         ax.set_title(f"{stats.variants[v]}" if V > 1 else "first-token mass", fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), label="attention on the first token")
