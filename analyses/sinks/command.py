@@ -268,7 +268,8 @@ def summary(stats: S.SinkStats, results: dict) -> list[str]:
             w, g = r["windowed"], r.get("global")
             lines.append(f"[{name}] windowed layers {w['layers']}: alpha_1 {w['alpha_1']:.3f}, first-token mass "
                          f"{w['first_mass']:.3f}; {_pct(w['unseeing_share'])} of their queries cannot see the first "
-                         f"token and put {w['unseeing_edge']:.3f} on the oldest key of their window"
+                         f"token and put {w['unseeing_edge']:.4f} on the oldest key of their window, "
+                         f"{w.get('unseeing_punct', math.nan):.3f} on '.' and ','"
                          + (f"; global layers {g['layers']}: alpha_1 {g['alpha_1']:.3f}, first-token mass "
                             f"{g['first_mass']:.3f}" if g else ""))
         if "massive" in r:

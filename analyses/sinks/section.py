@@ -51,7 +51,9 @@ def build(run: RunFiles) -> Section | None:
             findings.append(f"[{name}] Sliding-window layers {w['layers']}: alpha_1 {w['alpha_1']:.3f} over the "
                             f"queries that see the first token, first-token mass {w['first_mass']:.3f} over all; "
                             f"{_pct(w['unseeing_share'])} of their queries cannot see it and put "
-                            f"{w['unseeing_edge']:.3f} on the oldest key of their window. Global layers "
+                            f"{w['unseeing_edge']:.4f} on the oldest key of their window and "
+                            f"{w.get('unseeing_punct', float('nan')):.3f} on '.' and ',' (their entropy: "
+                            f"{w.get('unseeing_entropy', float('nan')):.2f} nats). Global layers "
                             f"{g.get('layers')}: alpha_1 {g.get('alpha_1', float('nan')):.3f}, first-token mass "
                             f"{g.get('first_mass', float('nan')):.3f}.")
         if "massive" in r:

@@ -370,6 +370,12 @@ class SinkStats:
         return ["global" if w is None else f"window {w + 1}" for w in self.windows]
 
 
+def _unseeing(sums: np.ndarray, rows: np.ndarray, layers: list[int]) -> float:
+    """The mean over heads and over the unseeing queries of `layers` of a (Ly, H) sum (NaN: none)."""
+    with np.errstate(invalid="ignore"):
+        return float(np.nanmean(_div(sums[layers].mean(1), rows[layers])))
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().double().cpu().numpy()
 
@@ -477,8 +483,11 @@ def headline(stats: SinkStats) -> dict:
                                  "first_mass": float(np.mean(first[windowed])),
                                  "unseeing_share": float(stats.n_unseeing[v, windowed].sum()
                                                          / max(1.0, stats.n_rows[v] * len(windowed))),
-                                 "unseeing_edge": float(np.nanmean(_div(stats.unseeing_edge[v][windowed].mean(1),
-                                                                        stats.n_unseeing[v][windowed])))}
+                                 "unseeing_edge": _unseeing(stats.unseeing_edge[v], stats.n_unseeing[v], windowed),
+                                 "unseeing_punct": _unseeing(stats.unseeing_class[v][..., PUNCT], stats.n_unseeing[v],
+                                                             windowed),
+                                 "unseeing_entropy": _unseeing(stats.unseeing_entropy[v], stats.n_unseeing[v],
+                                                               windowed)}
             if glob:
                 entry["global"] = {"layers": [i + 1 for i in glob], "alpha_1": float(np.mean(alpha[glob])),
                                    "first_mass": float(np.mean(first[glob]))}

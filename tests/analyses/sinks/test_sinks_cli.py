@@ -105,6 +105,8 @@ def test_windowed_layers_on_a_tiny_gemma3_without_its_bos(tiny_gemma3, corpus, t
         np.testing.assert_allclose(got, want[key], atol=2e-5, err_msg=col)
     results = json.loads((out / "run.json").read_text())["analyses"]["sinks"]["results"]["variants"]["without"]
     assert results["windowed"]["layers"] == [1] and results["global"]["layers"] == [2]
+    punct = np.mean([float(r["unseeing_punct"]) for r in rows if r["layer"] == "1"])
+    assert results["windowed"]["unseeing_punct"] == pytest.approx(punct, abs=1e-5)
 
 
 def test_sinks_resumes_after_ctrl_c_to_the_same_sums(tiny_llama, corpus, tmp_path, monkeypatch):  # noqa: F811
