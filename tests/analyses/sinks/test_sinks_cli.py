@@ -109,6 +109,14 @@ def test_windowed_layers_on_a_tiny_gemma3_without_its_bos(tiny_gemma3, corpus, t
     assert results["windowed"]["unseeing_punct"] == pytest.approx(punct, abs=1e-5)
 
 
+def test_a_bos_token_outside_the_vocabulary_is_one_line(tiny_llama, corpus, tmp_path, capsys):  # noqa: F811
+    assert main(["sinks", "--model", str(tiny_llama), "--corpus", str(corpus), "--bos", "with", "--bos-token", "<nope>",
+                 "--max-len", "24", "--quiet", "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bertscope: error: --bos-token '<nope>' is not a token of ")
+    assert not (tmp_path / "no").exists()
+
+
 def test_sinks_resumes_after_ctrl_c_to_the_same_sums(tiny_llama, corpus, tmp_path, monkeypatch):  # noqa: F811
     from bertscope.analyses.sinks import command
 
