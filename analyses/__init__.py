@@ -77,6 +77,7 @@ COMMANDS: dict[str, str] = {
     "heads remove": _ + "heads.remove.command",
     "heads attention-grad": _ + "heads.attention_grad.command",
     "finetune": _ + "finetune.command",
+    "sinks": _ + "sinks.command",
 }
 
 # the report's sections, in page order (the report adds its provenance first and the figures
@@ -99,6 +100,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("importance", _ + "heads.importance.section:build"),
     Section("prune", _ + "heads.prune.section:build"),
     Section("ablate", _ + "heads.ablate.section:build"),
+    Section("sinks", _ + "sinks.section:build"),
 )
 
 # the sources of the papers' numbers the sections quote, each a "module:NAME" of a family's
@@ -121,4 +123,7 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "heads.prune.paper:MICHEL_PRUNING",
     _ + "heads.prune.paper:MICHEL_REAL_PRUNING",
     _ + "heads.ablate.paper:MICHEL_ABLATION",
+    _ + "sinks.paper:STREAMING",
+    _ + "sinks.paper:GU_TABLE1",
+    _ + "sinks.paper:MASSIVE",
 )

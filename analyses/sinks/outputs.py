@@ -1,0 +1,13 @@
+"""What `bertscope sinks` writes: the per-head, per-layer and per-position tables, the sums (its
+checkpoint) and the figures; the names the command and the report section share."""
+from __future__ import annotations
+
+SINKS_FILE = "sinks.csv"  # one row per (bos variant, layer, head)
+LAYERS_FILE = "sinks_layers.csv"  # one row per (bos variant, layer): means over heads, massive activations
+POSITIONS_FILE = "sinks_positions.csv"  # one row per (bos variant, layer, log2 position bucket)
+STATS_FILE = "sinks.npz"  # the sums (`SinkStats`), saved every few batches: what --resume continues
+
+POSITIONS_FIGURE = "fig_sinks_positions.png"  # layer x query-position heatmap of the first-token mass
+HEADS_FIGURE = "fig_sinks_heads.png"  # layer x head alpha_1
+LAYERS_FIGURE = "fig_sinks_layers.png"  # per layer: alpha_1 and first-token mass, each variant; windowed layers shaded
+MASSIVE_FIGURE = "fig_sinks_massive.png"  # per layer: max |h| at the first token, elsewhere, and the median
