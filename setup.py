@@ -1,4 +1,4 @@
-"""bertscope: what every attention head of a BERT-family encoder does, over a whole corpus.
+"""bertscope: what every attention head of a transformer (encoder or decoder) does, over a whole corpus.
 
 The source tree keeps the design's top-level folders (`kernels/`, `analyses/`) readable,
 but installs them *inside* the bertscope package (`bertscope.kernels`,
@@ -13,7 +13,7 @@ ANALYSES = ["bertscope.analyses"] + [f"bertscope.analyses.{p}" for p in find_pac
 setup(
     name="bertscope",
     version="0.1.0",  # the one version literal: bertscope.version reads it back from the installed metadata
-    description="Streamed per-head attention statistics for BERT-family encoders",
+    description="Streamed per-head attention statistics for transformer encoders and decoders",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",

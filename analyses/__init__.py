@@ -48,11 +48,13 @@ GROUPS: dict[str, Group] = {
         "run directory as CSV, PNG and an entry in run.json.",
         metavar="PROBE"),
     "heads": Group(
-        help="what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, section 4.6); "
-        "importance, ablate, prune, remove (Michel et al. 2019); attention-grad (Clark et al. 2019, section 3)",
-        description="what a fine-tuned model's heads are worth to its task: disable (Kovaleva et al. 2019, "
-        "section 4.6); importance, ablate, prune, remove (Michel et al. 2019); attention-grad (Clark et al. "
-        "2019, section 3)",
+        help="what heads are worth to a fine-tuned model's task or a language model's loss: disable (Kovaleva et "
+        "al. 2019, section 4.6); importance, ablate, prune, remove (Michel et al. 2019); attention-grad (Clark et "
+        "al. 2019, section 3); induction (Olsson et al. 2022)",
+        description="what heads are worth to a fine-tuned model's task or a language model's loss: disable "
+        "(Kovaleva et al. 2019, section 4.6); importance, ablate, prune, remove (Michel et al. 2019, with --task lm "
+        "on a decoder); attention-grad (Clark et al. 2019, section 3); induction, duplicate-token and "
+        "previous-token heads (Olsson et al. 2022)",
         metavar="WHAT"),
 }
 

@@ -73,7 +73,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="bertscope",
-        description="What every attention head of a BERT-family encoder does, over a whole corpus.",
+        description="What every attention head of a transformer (encoder or decoder) does, over a whole corpus.",
     )
     parser.add_argument("--version", action=VersionAction,
                         help="print bertscope's version (and torch's and transformers') and exit")
