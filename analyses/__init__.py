@@ -76,6 +76,7 @@ COMMANDS: dict[str, str] = {
     "heads prune": _ + "heads.prune.command",
     "heads remove": _ + "heads.remove.command",
     "heads attention-grad": _ + "heads.attention_grad.command",
+    "heads induction": _ + "heads.induction.command",
     "finetune": _ + "finetune.command",
 }
 
@@ -99,6 +100,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("importance", _ + "heads.importance.section:build"),
     Section("prune", _ + "heads.prune.section:build"),
     Section("ablate", _ + "heads.ablate.section:build"),
+    Section("induction", _ + "heads.induction.section:build"),
 )
 
 # the sources of the papers' numbers the sections quote, each a "module:NAME" of a family's
@@ -121,4 +123,5 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "heads.prune.paper:MICHEL_PRUNING",
     _ + "heads.prune.paper:MICHEL_REAL_PRUNING",
     _ + "heads.ablate.paper:MICHEL_ABLATION",
+    _ + "heads.induction.paper:OLSSON_INDUCTION",
 )
