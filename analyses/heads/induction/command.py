@@ -251,7 +251,7 @@ def induction(run: ModelRun, args):
     if not args.no_figures:
         label = f"{model_name(loaded.path)}, {args.limit} sequences of 2 x {args.seq_len} random tokens"
         run.save_figure(plots.plot_scores(scores, label), SCORES_FIGURE)
-        run.save_figure(plots.plot_loss_by_position(positions, ks[-1], layout, label), LOSS_FIGURE)
+        run.save_figure(plots.plot_loss_by_position(positions, ks, layout, label), LOSS_FIGURE)
         run.save_figure(plots.plot_ablation(rows, label), ABLATION_FIGURE)
         if per_head is not None:
             run.save_figure(plots.plot_per_head(scores["induction"], per_head["delta_loss_repeated"],
@@ -339,7 +339,13 @@ def summarise(about, scores, ranked, rows, ks, per_head, base_first, base_rep, a
             "duplicate_vs_delta_repeated": spearman(scores["duplicate"], delta),
             "previous_vs_delta_repeated": spearman(scores["previous"], delta),
             "largest_delta_repeated": [{"head": f"{lay + 1}-{h + 1}", "delta_loss_repeated": float(delta[lay, h]),
-                                        "induction": float(scores["induction"][lay, h])} for lay, h in worst]}
+                                        **{s: float(scores[s][lay, h]) for s in SCORES}} for lay, h in worst],
+            "median_delta_repeated": float(np.median(delta)),
+            # the top induction heads zeroed alone: their loss change and its rank among all heads (1 = largest)
+            "top_induction_alone": [{"head": f"{lay + 1}-{h + 1}", "induction": float(scores["induction"][lay, h]),
+                                     "delta_loss_repeated": float(delta[lay, h]),
+                                     "delta_rank": 1 + rank_heads(delta).index((lay, h))}
+                                    for lay, h in rank_heads(scores["induction"])[:5]]}
     return results
 
 
@@ -365,3 +371,7 @@ def log_summary(run, r: dict):
                 f"score with the repeated-half loss change {rho} over {c['heads']} heads; largest changes: "
                 + ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f}"
                             for x in r["per_head"]["largest_delta_repeated"]))
+        run.log("the top induction heads zeroed alone: " + ", ".join(
+            f"{x['head']} {x['delta_loss_repeated']:+.3f} (rank {x['delta_rank']})"
+            for x in r["per_head"]["top_induction_alone"])
+            + f"; median over all heads {r['per_head']['median_delta_repeated']:+.3f}")

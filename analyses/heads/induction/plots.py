@@ -27,27 +27,33 @@ def plot_scores(scores: dict, title: str):
     """Three layer x head heatmaps on one 0..1 scale; the cells above 0.3 carry their value."""
     plt = _plt()
     n_layers, n_heads = scores["induction"].shape
-    fig, axes = plt.subplots(1, 3, figsize=(3 * (0.42 * n_heads + 1.6) + 1.2, 0.3 * n_layers + 1.8), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(3 * (0.42 * n_heads + 1.6) + 1.2, 0.3 * n_layers + 2.0), sharey=True,
+                             constrained_layout=True)
     for ax, name in zip(axes, SCORES):
         s = scores[name]
         im = ax.imshow(s, cmap="viridis", aspect="auto", vmin=0, vmax=1)
         for lay, h in zip(*np.nonzero(s > 0.3)):
-            ax.text(h, lay, f"{s[lay, h]:.2f}"[1:] if s[lay, h] < 1 else "1", ha="center", va="center", fontsize=5,
+            ax.text(h, lay, f"{s[lay, h]:.2f}".removeprefix("0"), ha="center", va="center", fontsize=5,
                     color="black" if s[lay, h] > 0.6 else "white")
         layer_head_ticks(ax, n_layers, n_heads)
         ax.set_title(TITLES[name], fontsize=9)
-    fig.colorbar(im, ax=axes, label="mean attention over the repeated half's rows", shrink=0.9)
+    fig.colorbar(im, ax=axes, label="mean attention (repeated half)", shrink=0.9)
     fig.suptitle(f"Induction, duplicate-token and previous-token scores\n{title}", fontsize=9)
     return fig
 
 
-def plot_loss_by_position(rows: list[dict], k: int, layout, title: str):
-    """Mean next-token loss by target position: as trained, top-k zeroed, k random zeroed."""
+def plot_loss_by_position(rows: list[dict], ks: list[int], layout, title: str):
+    """Mean next-token loss by target position: as trained, the top k zeroed (each k), k random
+    heads zeroed (the largest k, mean of the draws)."""
     plt = _plt()
     x = np.array([r["position"] for r in rows])
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     ax.plot(x, [r["none"] for r in rows], color="black", lw=1.2, label="as trained")
-    ax.plot(x, [r[f"top_{k}"] for r in rows], color="tab:red", lw=1.2, label=f"top {k} induction heads zeroed")
+    reds = plt.get_cmap("Reds")
+    for i, k in enumerate(ks):
+        ax.plot(x, [r[f"top_{k}"] for r in rows], color=reds(0.45 + 0.5 * (i + 1) / len(ks)), lw=1.1,
+                label=f"top {k} induction heads zeroed")
+    k = ks[-1]
     ax.plot(x, [r[f"random_{k}"] for r in rows], color="tab:blue", lw=1.0, ls="--",
             label=f"{k} random heads zeroed (mean of draws)")
     ax.axvline(layout.first + layout.seq_len + 0.5, color="0.5", lw=0.8)

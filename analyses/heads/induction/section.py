@@ -41,8 +41,15 @@ def build(run: RunFiles) -> Section | None:
         c = (r.get("per_head") or {}).get("induction_vs_delta_repeated")
         if c:
             rho = "undefined" if c["spearman"] is None else f"{c['spearman']:+.3f} (p = {c['p']:.2g})"
-            findings.append(f"One head zeroed at a time ({r['per_head']['sequences']} sequences): Spearman rho of the "
-                            f"induction score with the repeated-half loss change {rho} over {c['heads']} heads.")
+            ph = r["per_head"]
+            alone = ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f} (rank {x['delta_rank']})"
+                              for x in ph.get("top_induction_alone", []))
+            largest = ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f} (induction {x['induction']:.2f})"
+                                for x in ph["largest_delta_repeated"])
+            findings.append(f"One head zeroed at a time ({ph['sequences']} sequences): Spearman rho of the induction "
+                            f"score with the repeated-half loss change {rho} over {c['heads']} heads. The top "
+                            f"induction heads alone: {alone}; median head {ph.get('median_delta_repeated', 0):+.3f}. "
+                            f"Largest changes: {largest}.")
         findings.append(f"Olsson et al.: {paper.OLSSON_TEXT['ablation']} [{paper.OLSSON_INDUCTION.short}].")
     ablation = run.csv(ABLATION_FILE) or []
     tables = [Table("Heads zeroed (xi = 0): mean next-token loss on each half, the ICL score (repeated minus first) "
