@@ -323,3 +323,24 @@ def test_smollm2_slice(smollm2_dir, tmp_path):
     assert r["loss"]["icl_score"] < -3
     a = r["ablation"]["3"]
     assert a["top"]["delta_loss_repeated"] > a["random"]["delta_loss_repeated"]["max"] + 0.5
+
+
+def test_command_without_bos(tiny_gemma3_lm_dir, tmp_path):
+    """--no-bos: sequences of 2T tokens, the first half one target shorter; the scores as the eager
+    maps give them (the sliding layer sees neither earlier copy at T = 5)."""
+    out = tmp_path / "nobos"
+    assert main(["heads", "induction", "--model", str(tiny_gemma3_lm_dir), "--seq-len", "5", "--limit", "3",
+                 "--no-bos", "--top-k", "1", "--random-draws", "1", "--per-head", "0", "--no-figures",
+                 "--out", str(out), "--quiet"]) == 0
+    r = json.loads((out / "run.json").read_text())["analyses"]["induction"]["results"]
+    assert r["length"] == 10 and r["bos_id"] is None and "per_head" not in r
+    ids = random_sequences(3, 5, token_pool_of(tiny_gemma3_lm_dir), bos=None, seed=0)
+    ref, losses = eager_reference(tiny_gemma3_lm_dir, ids, Layout(5, False))
+    heads = read_csv(out / "induction.csv")
+    for name in SCORES:
+        np.testing.assert_allclose([float(h[name]) for h in heads], ref[name].ravel(), atol=TOL)
+    assert all(float(h["induction"]) == 0 for h in heads if h["layer"] == "1")
+    first, rep = half_losses(losses, Layout(5, False))
+    assert r["loss"]["first"] == pytest.approx(first.mean(), abs=1e-4)
+    assert r["loss"]["icl_score"] == pytest.approx(rep.mean() - first.mean(), abs=1e-4)
+    assert heads[0]["delta_loss_repeated"] == ""
