@@ -255,7 +255,8 @@ def induction(run: ModelRun, args):
         run.save_figure(plots.plot_ablation(rows, label), ABLATION_FIGURE)
         if per_head is not None:
             run.save_figure(plots.plot_per_head(scores["induction"], per_head["delta_loss_repeated"],
-                                                results["per_head"]["induction_vs_delta_repeated"], label),
+                                                results["per_head"]["induction_vs_delta_repeated"],
+                                                f"{label}; zeroed on the first {per_head['sequences']}"),
                             PER_HEAD_FIGURE)
     run.finish(results)
 

@@ -94,6 +94,11 @@ def plot_per_head(induction: np.ndarray, delta: np.ndarray, corr: dict, title: s
     sc = ax.scatter(induction.ravel(), delta.ravel(), c=layers, cmap="viridis", s=14)
     fig.colorbar(sc, ax=ax, label="layer")
     ax.axhline(0, color="0.6", lw=0.8)
+    marked = set(np.argsort(-induction.ravel(), kind="stable")[:5]) | set(np.argsort(-delta.ravel(), kind="stable")[:5])
+    for i in sorted(marked):
+        lay, h = divmod(int(i), induction.shape[1])
+        ax.annotate(f"{lay + 1}-{h + 1}", (induction[lay, h], delta[lay, h]), textcoords="offset points", xytext=(4, 2),
+                    fontsize=6)
     ax.set_xlabel("induction score")
     ax.set_ylabel("repeated-half loss change, head zeroed (nats)")
     rho = "undefined" if corr.get("spearman") is None else f"{corr['spearman']:+.2f}"
