@@ -33,7 +33,7 @@ def plot_scores(scores: dict, title: str):
         s = scores[name]
         im = ax.imshow(s, cmap="viridis", aspect="auto", vmin=0, vmax=1)
         for lay, h in zip(*np.nonzero(s > 0.3)):
-            ax.text(h, lay, f"{s[lay, h]:.2f}".removeprefix("0"), ha="center", va="center", fontsize=5,
+            ax.text(h, lay, f"{s[lay, h]:.2f}".removeprefix("0"), ha="center", va="center", fontsize=6,
                     color="black" if s[lay, h] > 0.6 else "white")
         layer_head_ticks(ax, n_layers, n_heads)
         ax.set_title(TITLES[name], fontsize=9)
