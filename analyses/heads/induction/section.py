@@ -44,7 +44,8 @@ def build(run: RunFiles) -> Section | None:
             ph = r["per_head"]
             alone = ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f} (rank {x['delta_rank']})"
                               for x in ph.get("top_induction_alone", []))
-            largest = ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f} (induction {x['induction']:.2f})"
+            largest = ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f} (induction {x['induction']:.2f}, "
+                                f"previous {x.get('previous', float('nan')):.2f})"
                                 for x in ph["largest_delta_repeated"])
             findings.append(f"One head zeroed at a time ({ph['sequences']} sequences): Spearman rho of the induction "
                             f"score with the repeated-half loss change {rho} over {c['heads']} heads. The top "
@@ -71,5 +72,6 @@ def build(run: RunFiles) -> Section | None:
     return Section("Induction heads (Olsson et al. 2022)",
                    intro="Sequences of random tokens repeated once, with a BOS first. Scores are the mean attention of "
                    "the repeated half's rows at offsets -T+1, -T and -1 (TransformerLens's induction, duplicate-token "
-                   "and previous-token heads), streamed as offset masses. " + paper.OLSSON_TEXT["definition"] + ".",
+                   "and previous-token heads), streamed as offset masses. Olsson et al.: "
+                   + paper.OLSSON_TEXT["definition"] + ".",
                    findings=findings, tables=tables, figures=[f for f in figures if f])
