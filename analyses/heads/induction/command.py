@@ -246,7 +246,7 @@ def induction(run: ModelRun, args):
         per_head["delta_icl"] = per_head["delta_loss_repeated"] - per_head["delta_loss_first"]
 
     run.write_csv(INDUCTION_FILE, head_rows(scores, per_head), INDUCTION_COLUMNS)
-    results = summarise(about, scores, ranked, rows, ks, per_head, base_first, base_rep, args)
+    results = summarise(about, scores, rows, ks, per_head, base_first, base_rep, args)
     log_summary(run, results)
     if not args.no_figures:
         label = f"{model_name(loaded.path)}, {args.limit} sequences of 2 x {args.seq_len} random tokens"
@@ -309,7 +309,7 @@ def _spread(values) -> dict:
             "min": float(v.min()), "max": float(v.max())}
 
 
-def summarise(about, scores, ranked, rows, ks, per_head, base_first, base_rep, args) -> dict:
+def summarise(about, scores, rows, ks, per_head, base_first, base_rep, args) -> dict:
     def top(score, n=10, every=False):
         return [{"head": f"{lay + 1}-{h + 1}", **{s: float(scores[s][lay, h]) for s in (SCORES if every else (score,))}}
                 for lay, h in rank_heads(scores[score])[:n]]

@@ -344,3 +344,48 @@ def test_command_without_bos(tiny_gemma3_lm_dir, tmp_path):
     assert r["loss"]["first"] == pytest.approx(first.mean(), abs=1e-4)
     assert r["loss"]["icl_score"] == pytest.approx(rep.mean() - first.mean(), abs=1e-4)
     assert heads[0]["delta_loss_repeated"] == ""
+
+
+def test_ctrl_c_in_the_stream_and_in_the_variants_then_resume(tiny_llama_lm_dir, tmp_path, monkeypatch):
+    """Ctrl-C while the scores stream, then while the gated variants run: each resume goes on from
+    the last saved batch or variant, and the tables match an uninterrupted run's."""
+    import bertscope.engine.loop as loop
+    import bertscope.tasks.lm as lm
+
+    def die_on_call(module, name, n):
+        """`module.name` raises KeyboardInterrupt on its n-th call; returns the original."""
+        original, calls = getattr(module, name), []
+
+        def dying(*a, **k):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return original(*a, **k)
+
+        monkeypatch.setattr(module, name, dying)
+        return original
+
+    args = ["heads", "induction", "--model", str(tiny_llama_lm_dir), "--seq-len", "5", "--limit", "8", "--top-k", "1",
+            "2", "--random-draws", "2", "--per-head", "1", "--batch-size", "2", "--no-figures", "--quiet"]
+    assert main(args + ["--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "cut"
+    forward = die_on_call(loop, "forward", 3)  # in the third batch's forward pass
+    assert main(args + ["--out", str(out)]) == 130
+    assert InductionScores.load(out / "induction_scores.npz").batches_done == 2
+    monkeypatch.setattr(loop, "forward", forward)
+    original = die_on_call(lm, "token_losses", 9)  # in the third variant (4 forwards of 2 sequences each)
+    assert main(["heads", "induction", "--resume", str(out), "--quiet"]) == 130
+    with np.load(out / "induction_ablation.npz") as f:
+        assert int(f["done"]) == 2
+    monkeypatch.setattr(lm, "token_losses", original)
+    assert main(["heads", "induction", "--resume", str(out), "--quiet"]) == 0
+    for name in ("induction.csv", "ablation.csv", "loss_by_position.csv"):
+        whole, cut = read_csv(tmp_path / "whole" / name), read_csv(out / name)
+        assert len(whole) == len(cut)
+        for a, b in zip(whole, cut):
+            assert a.keys() == b.keys()
+            for key in a:
+                if key in ("ablation", "heads", "half"):
+                    assert a[key] == b[key]
+                elif a[key] != "":
+                    assert float(a[key]) == pytest.approx(float(b[key]), abs=1e-5), (name, key)
