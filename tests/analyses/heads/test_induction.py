@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertscope.analyses.heads.induction import command as induction_command
 from bertscope.analyses.heads.induction.stats import (
@@ -101,6 +103,29 @@ def test_only_the_repeated_rows_count():
     assert s["induction"][0].tolist() == [0.5, 0.0]
     assert s["duplicate"][0].tolist() == [0.0, 0.0]
     assert s["previous"][0].tolist() == [0.0, 0.25]
+
+
+@settings(max_examples=25, deadline=None)
+@given(T=st.integers(3, 9), bos=st.booleans(), B=st.integers(1, 3), H=st.integers(1, 3), layers=st.integers(1, 2),
+       batches=st.integers(1, 3), seed=st.integers(0, 1000))
+def test_scores_are_the_mean_of_the_repeated_rows(T, bos, B, H, layers, batches, seed):
+    """Random offset masses over several batches: each score is the plain mean of its offset's
+    column over the repeated rows of every sequence, whatever the column order of the spec."""
+    layout = Layout(T, bos)
+    spec = induction_spec(T, 1)
+    rng = np.random.default_rng(seed)
+    acc = InductionScores(layers, H, layout)
+    masses = [rng.uniform(0, 1, (layers, B, H, layout.length, 3)) for _ in range(batches)]
+    for m in masses:
+        acc.add(batch_of([RowStats(offset_mass=torch.tensor(m[lay])) for lay in range(layers)], spec,
+                         layout.length, B))
+    allm = np.concatenate(masses, axis=1)  # (layers, B', H, L, 3)
+    first = layout.first
+    for name, o in score_offsets(T).items():
+        col = spec.offsets.index(o)
+        expected = allm[:, :, :, first + T:, col].mean((1, 3))  # (layers, H)
+        np.testing.assert_allclose(acc.scores()[name], expected, rtol=1e-6)
+    assert acc.rows == batches * B * T
 
 
 def test_accumulator_merges_and_saves(tmp_path):
