@@ -56,3 +56,20 @@ def test_random_heads_as_eager(attention):
     q, k = (torch.randn(3, 2, layout.length, 16, generator=g) for _ in range(2))
     np.testing.assert_allclose(scores_of(q, k, layout, attention, "triton"),
                                scores_of(q, k, layout, attention, "eager"), atol=1e-5)
+
+
+def test_the_command_stream_through_triton(tiny_gemma3_lm_dir, tmp_path):
+    """The whole stream (tiny Gemma-3: a windowed layer, then a global one) with --backend triton:
+    the scores as transformers' eager maps give them."""
+    from test_induction import eager_reference, stream
+
+    from bertscope.analyses.heads.induction.stats import random_sequences
+
+    layout = Layout(6, True)
+    ids = random_sequences(3, 6, np.arange(6, 25), bos=1, seed=1)
+    _, scores, losses = stream(tiny_gemma3_lm_dir, ids, layout, "triton", tmp_path)
+    ref, ref_losses = eager_reference(tiny_gemma3_lm_dir, ids, layout)
+    for name in SCORES:
+        np.testing.assert_allclose(scores[name], ref[name], atol=2e-5)
+    assert (scores["induction"][0] == 0).all() and scores["induction"][1].min() > 0
+    np.testing.assert_allclose(losses, ref_losses, atol=1e-4)
