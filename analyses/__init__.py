@@ -72,14 +72,15 @@ COMMANDS: dict[str, str] = {
     "features": _ + "features.command",
     "relations": _ + "relations.command",
     "patterns": _ + "patterns.command",
+    "sinks": _ + "sinks.command",
     "heads disable": _ + "heads.disable.command",
     "heads ablate": _ + "heads.ablate.command",
     "heads importance": _ + "heads.importance.command",
     "heads prune": _ + "heads.prune.command",
     "heads remove": _ + "heads.remove.command",
     "heads attention-grad": _ + "heads.attention_grad.command",
+    "heads induction": _ + "heads.induction.command",
     "finetune": _ + "finetune.command",
-    "sinks": _ + "sinks.command",
 }
 
 # the report's sections, in page order (the report adds its provenance first and the figures
@@ -103,6 +104,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("prune", _ + "heads.prune.section:build"),
     Section("ablate", _ + "heads.ablate.section:build"),
     Section("sinks", _ + "sinks.section:build"),
+    Section("induction", _ + "heads.induction.section:build"),
 )
 
 # the sources of the papers' numbers the sections quote, each a "module:NAME" of a family's
@@ -128,4 +130,5 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "sinks.paper:STREAMING",
     _ + "sinks.paper:GU_TABLE1",
     _ + "sinks.paper:MASSIVE",
+    _ + "heads.induction.paper:OLSSON_INDUCTION",
 )

@@ -2,7 +2,7 @@
 (Xiao et al. 2023, Gu et al. 2024, Sun et al. 2024; Clark et al. 2019 for [SEP])."""
 from __future__ import annotations
 
-from bertscope.report.quotes import BERT_BASE, CLARK, Number, Source
+from bertscope.report.quotes import Number, Source
 
 XIAO = "Xiao et al. (2023)"  # Efficient Streaming Language Models with Attention Sinks (StreamingLLM)
 GU = "Gu et al. (2024)"  # When Attention Sink Emerges in Language Models: An Empirical View (ICLR 2025)
@@ -13,7 +13,6 @@ GU_TABLE1 = Source(GU, "Table 1 (right), Sink^eps_1 with eps = 0.3", "base LMs",
                    "100 natural-text inputs of T = 64 tokens (their code: each input's alpha_1 thresholded, the "
                    "indicator averaged over inputs, layers and heads)")
 MASSIVE = Source(SUN, "Figure 1 and section 2", "LLaMA2-7B", "the hidden states of each layer's output")
-CLARK_SEP = Source(CLARK, "section 3", BERT_BASE, "1,000 Wikipedia segments of 128 tokens")
 
 # Gu et al.'s Sink^0.3_1 in percent, base models (Table 1, right; chat models close to them)
 GU_SINK = {
