@@ -159,6 +159,23 @@ def test_a_head_whose_output_cannot_reach_the_loss_has_importance_zero(tiny_llam
     assert res.targets == 7 + 4 + 9 and res.importance.n_examples == 3
 
 
+def test_gemma3_post_attention_norm_makes_a_layers_gradients_sum_to_zero(tiny_gemma3_lm_dir, tiny_llama_lm_dir):
+    """Gemma-3 normalises the attention block's output (post_attention_layernorm, RMSNorm, before the
+    residual): scaling every xi of a layer by c leaves the loss unchanged (up to the norm's eps), so by
+    Euler's theorem sum_h dL/dxi_h = 0 at xi = 1, per segment and layer. Llama (pre-norm only) has no
+    such constraint."""
+    for path, zero in ((tiny_gemma3_lm_dir, True), (tiny_llama_lm_dir, False)):
+        loaded = load_model(path, task="causal-lm")
+        rows = random_rows([12, 7, 10], loaded.model.config.vocab_size, seed=6)
+        grads, *_ = LMD.segment_gradients(loaded, batch_of(rows), torch.ones(2, 4))
+        loaded.gates.reset()
+        sums, scale = grads.sum(-1), grads.abs().sum(-1)  # (segments, layers)
+        if zero:
+            assert (sums.abs() <= 1e-4 * scale).all() and (scale > 1e-3).all()
+        else:
+            assert (sums.abs() > 1e-2 * scale).any()
+
+
 @pytest.mark.parametrize("fixture", FIXTURES)
 def test_perplexity_under_pruning_equals_the_eager_model_with_those_heads_masked(fixture, request):
     path = request.getfixturevalue(fixture)
