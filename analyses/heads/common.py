@@ -32,10 +32,11 @@ TASK_CHOICES = ("rte", "polarity", "arct")
 
 def add_task_data_arguments(p, split_default: str, split_help: str, splits=("train", "dev", "test"),
                             task_required: bool = True, task_help: str = "the task the model was fine-tuned on",
-                            limit_help: str | None = "a seeded sample of N examples of each split used (default: all)"):
-    """--task, --split, --arct-version and (unless limit_help is None) --limit: the task data of
-    every `heads` subcommand."""
-    p.add_argument("--task", required=task_required, default=None, choices=TASK_CHOICES, help=task_help)
+                            limit_help: str | None = "a seeded sample of N examples of each split used (default: all)",
+                            tasks: tuple[str, ...] = TASK_CHOICES):
+    """--task (one of `tasks`), --split, --arct-version and (unless limit_help is None) --limit: the
+    task data of every `heads` subcommand."""
+    p.add_argument("--task", required=task_required, default=None, choices=tasks, help=task_help)
     p.add_argument("--split", choices=splits, default=split_default, help=split_help)
     p.add_argument("--arct-version", choices=("original", "adversarial"), default="original",
                    help="ARCT data: the original or Niven & Kao's adversarial set (default: original)")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertscope.analyses.heads.common import add_task_data_arguments, load_split
+from bertscope.analyses.heads import lm as LMD
+from bertscope.analyses.heads.common import TASK_CHOICES, add_task_data_arguments, load_split
 from bertscope.analyses.heads.importance.outputs import (
     COLUMNS,
     CORRELATION_FIGURE,
@@ -44,12 +45,20 @@ DESCRIPTION = (
     "(default dev) of a fine-tuned model (--model). Writes importance.csv (layer, head, importance, "
     "importance_raw, rank), fig_importance.png and run.json['analyses']['importance']. With --compare RUN RUN ...: "
     "the Spearman correlation of the importance.csv of those run directories, pair by pair "
-    "(importance_correlation.csv, fig_importance_correlation.png).")
+    "(importance_correlation.csv, fig_importance_correlation.png). With --task lm, a decoder's importance with "
+    "the language-modelling loss on --limit segments of running text (--corpus, default Wikipedia) of --max-len "
+    "tokens.")
+LM_TASK_HELP = ("the task the model was fine-tuned on, or lm: a decoder's next-token loss on running text "
+                "(--corpus)")
+STATE = "importance_state.npz"  # --task lm: the running sums, for --resume
 
 
 def add_task_arguments(p, split_help: str, split_default: str):
     """Options shared by `heads importance` and `heads prune`."""
-    add_task_data_arguments(p, split_default, split_help, task_required=False)
+    add_task_data_arguments(p, split_default, split_help, task_required=False, tasks=TASK_CHOICES + (LMD.LM,),
+                            task_help=LM_TASK_HELP,
+                            limit_help="a seeded sample of N examples of each split used; with --task lm, the "
+                            "number of segments (default: all)")
     p.add_argument("--convention", choices=CONVENTIONS, default="michel",
                    help="michel: |dL/dxi| per example, then the mean; batch: the gradient summed over a batch "
                    "before the absolute value, as transformers' bertology example does (default: michel)")
@@ -62,14 +71,22 @@ def add_arguments(p):
     p.add_argument("--compare", nargs="+", metavar="RUN", default=None,
                    help="instead: the rank correlation of importance between these run directories (each with an "
                    "importance.csv), written to --out")
+    LMD.add_lm_arguments(p)
     add_common_arguments(p, from_word=False)
 
 
 def main(args) -> int:
+    if args.resume:  # only --task lm runs resume: the task is the recorded run's
+        run_lm_importance(args)
+        return 0
+    if args.task != LMD.LM:
+        LMD.drop_lm_options(args, LMD.LM_OPTIONS)
     if args.compare:
         compare_runs(args)
     elif args.task is None:
         raise UserError("heads importance needs --task (or --compare RUN RUN ...)")
+    elif args.task == LMD.LM:
+        run_lm_importance(args)
     else:
         run_importance(args)
     return 0
@@ -122,6 +139,53 @@ def importance(run: ModelRun, args, examples: list):
     run.log(f"most important heads: {', '.join(results['top_heads'])}; mean raw I_h per layer: "
             + ", ".join(f"{x:.4f}" for x in per_layer))
     run.finish(results)
+    return imp
+
+
+# ----------------------------------------------------------------------------- --task lm
+
+
+def run_lm_importance(args):
+    if args.resume:
+        args = LMD.resumed_lm_args("importance", args, add_arguments, "heads importance")
+    with ModelRun("importance", args, task="causal-lm", command="heads importance", resumable=True) as run:
+        return lm_importance(run, args)
+
+
+def lm_importance(run: ModelRun, args):
+    """`run_lm_importance` once the model has loaded: importance.csv, the figure, run.json."""
+    loaded = run.loaded
+    segments, report = LMD.lm_segments(loaded, args.corpus, args.max_len, args.limit, args.seed)
+    device = next(loaded.model.parameters()).device
+    batches = LMD.lm_batches(segments, args.batch_size, LMD.pad_id(loaded.tokenizer), device)
+    state = run.dir / STATE
+    sums = LMD.LMSums.load(state) if args.resume and state.is_file() else None
+    if sums is not None:
+        run.log(f"resuming after batch {sums.batches_done} of {len(batches)}")
+    res = LMD.lm_importance(loaded, batches, args.convention, not args.no_normalise, None, run.progress, sums,
+                            checkpoint=lambda s: s.save(state))
+    imp = res.importance
+    run.log(f"{args.corpus}: {imp.n_examples} segments of up to {args.max_len} tokens ({res.targets} targets), mean "
+            f"segment loss {imp.loss:.4f}, perplexity {res.perplexity:.2f}, convention {imp.convention}")
+    rows = importance_rows(imp)
+    run.write_csv(IMPORTANCE_FILE, rows, COLUMNS)
+    if not args.no_figures:
+        title = (f"language-modelling loss, {imp.n_examples} {args.corpus} segments of <= {args.max_len} tokens, "
+                 f"{model_name(loaded.path)}, {imp.convention} convention")
+        run.save_figure(plot_importance(imp.scores, imp.ranks(), title, imp.normalised), FIGURE)
+    top = sorted(rows, key=lambda r: r["rank"])[:5]
+    per_layer = np.nanmean(imp.raw, axis=1)
+    results = {"task": LMD.LM, "split": args.corpus, "examples": imp.n_examples, "targets": res.targets,
+               "max_len": args.max_len, "segments": report.as_dict(), "convention": imp.convention,
+               "normalised": imp.normalised, "loss": imp.loss, "token_loss": res.token_loss,
+               "perplexity": res.perplexity, "top_heads": [f"{r['layer']}-{r['head']}" for r in top],
+               "raw_mean_per_layer": [float(x) for x in per_layer],
+               "raw_max_over_min": float(np.nanmax(imp.raw) / max(np.nanmin(imp.raw), 1e-30)),
+               "peak_rss_mb": LMD.peak_rss_mb()}
+    run.log(f"most important heads: {', '.join(results['top_heads'])}; mean raw I_h per layer: "
+            + ", ".join(f"{x:.4f}" for x in per_layer))
+    run.finish(results)
+    state.unlink(missing_ok=True)
     return imp
 
 

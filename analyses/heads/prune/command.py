@@ -27,9 +27,11 @@ import argparse
 
 import numpy as np
 
+from bertscope.analyses.heads import lm as LMD
 from bertscope.analyses.heads import variants as V
 from bertscope.analyses.heads.common import load_split
 from bertscope.analyses.heads.importance.command import add_task_arguments
+from bertscope.analyses.heads.prune.lm import run_lm_prune
 from bertscope.analyses.heads.prune.outputs import (
     FIGURE,
     ORDER_COLUMNS,
@@ -56,7 +58,9 @@ DESCRIPTION = (
     "Michel et al. (2019): repeatedly compute the head importance E|dL/dxi_h| on held-out data (default dev) "
     "with the heads pruned so far masked, prune the lowest-scoring 10% of the original heads, and evaluate on "
     "the test split; up to 90% pruned. Beside it, random pruning orders (seeded). Writes prune.csv, "
-    "prune_order.csv, fig_prune.png and run.json['analyses']['prune'].")
+    "prune_order.csv, fig_prune.png and run.json['analyses']['prune']. With --task lm, a decoder: importance with the "
+    "language-modelling loss on --limit segments of running text (--corpus), perplexity on the --eval-limit "
+    "segments after them.")
 
 
 
@@ -75,10 +79,15 @@ def add_arguments(p):
                    help="'within 1 point': the accuracy drop still counted as no loss (default: 0.01)")
     p.add_argument("--max-rows", type=int, default=512, metavar="N",
                    help="model rows per forward pass when evaluating the pruned variants (default: 512)")
+    LMD.add_lm_arguments(p, prune=True)
     add_common_arguments(p, from_word=False)
 
 
 def main(args) -> int:
+    if args.task == LMD.LM or args.resume:  # only --task lm runs resume: the task is the recorded run's
+        run_lm_prune(args, add_arguments)
+        return 0
+    LMD.drop_lm_options(args, LMD.PRUNE_LM_OPTIONS)
     run_prune(args)
     return 0
 

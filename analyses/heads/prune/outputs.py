@@ -4,6 +4,9 @@
     prune_order.csv   which heads the importance order removed at each step (layer and head
                       from 1), read back by `bertscope heads remove --from-prune`
     fig_prune.png     the pruning curves
+    prune_importance.csv  --task lm: the importance each step pruned by (step, then importance.csv's columns)
+
+With --task lm, prune.csv's columns are `LM_COLUMNS` (perplexity on held-out text, not accuracy).
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ PRUNE_FILE = "prune.csv"
 ORDER_FILE = "prune_order.csv"
 FIGURE = "fig_prune.png"
 ORDER_COLUMNS = ("step", "fraction_pruned", "layer", "head")
+LM_COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "loss", "perplexity", "perplexity_ratio")
+IMPORTANCE_STEPS_FILE = "prune_importance.csv"
 
 
 def heads_from_prune_order(path: Path, fraction: float) -> dict[int, list[int]]:

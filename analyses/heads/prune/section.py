@@ -14,6 +14,8 @@ def build(run: RunFiles) -> Section | None:
     prune = run.csv(PRUNE_FILE)
     if not prune:
         return None
+    if "perplexity" in prune[0]:
+        return build_lm(run, prune)
     probes = run.record["analyses"]
     findings, tables, figures = [], [], []
     res = (probes.get("prune") or {}).get("results") or {}
@@ -43,4 +45,38 @@ def build(run: RunFiles) -> Section | None:
     return Section("Iterative pruning (Michel et al. 2019)",
                    intro="Iterative pruning masks the least important 10% of the original heads per step, "
                    "recomputing importance on held-out data each time, and evaluates each step on the test split.",
+                   findings=findings, tables=tables, figures=[f for f in figures if f])
+
+
+def build_lm(run: RunFiles, prune: list[dict]) -> Section:
+    """`heads prune --task lm`: perplexity on held-out text against the share of heads pruned."""
+    res = ((run.record["analyses"].get("prune") or {}).get("results")) or {}
+    mine = [r for r in prune if r["order"] == "importance"]
+    rnd = [r for r in prune if r["order"] == "random"]
+
+    def random_cells(step):
+        got = [num(r["perplexity"]) for r in rnd if r["step"] == step]
+        if not got:
+            return ["-", "-"]
+        return [float(np.exp(np.mean(np.log(got)))), f"{min(got):.2f}-{max(got):.2f}"]
+    tables = [Table(f"Perplexity on {res.get('eval_segments', '?')} held-out {res.get('corpus', '')} segments with the "
+                    f"query heads pruned (gated to 0); importance recomputed on {res.get('importance_segments', '?')} "
+                    "other segments at every step",
+                    ["step", "% of heads pruned", "heads pruned", "by importance", "x unpruned",
+                     "random, geometric mean", "random, min-max"],
+                    [[int(r["step"]), 100 * num(r["fraction_pruned"]), int(r["heads_pruned"]), num(r["perplexity"]),
+                      num(r["perplexity_ratio"]), *random_cells(r["step"])] for r in mine], digits=2)]
+    findings = []
+    if res:
+        findings.append(f"Unpruned perplexity {num(res.get('baseline_perplexity')) or float('nan'):.2f}; most "
+                        f"important heads of the unpruned model {', '.join(res.get('top_heads_unpruned') or [])}. "
+                        f"Paper (a classifier's accuracy, not a language model's perplexity): "
+                        f"{paper.MICHEL_PRUNING_TEXT} [{paper.MICHEL_PRUNING.short}].")
+    figures = [run.figure(FIGURE, "Iterative pruning with the language-modelling loss (Michel et al. section 4): "
+                          "perplexity on held-out text (log scale) against the fraction of query heads pruned "
+                          "(gated to 0), by importance recomputed at every step and in seeded random orders.")]
+    return Section("Iterative pruning of a language model (Michel et al. 2019)",
+                   intro="Iterative pruning masks the least important 10% of the original query heads per step, "
+                   "importance E|dL/dxi_h| recomputed with the next-token loss at each step, and measures perplexity "
+                   "on held-out segments.",
                    findings=findings, tables=tables, figures=[f for f in figures if f])

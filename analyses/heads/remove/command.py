@@ -30,7 +30,9 @@ DESCRIPTION = (
     "config records the kept and pruned heads of each layer (bertscope_kept_heads, bertscope_pruned_heads), "
     "and --model OUT loads it in every bertscope command (removed heads show as missing, NaN, in statistics). "
     "Its outputs equal the unpruned model's with those heads zero-gated. A task head in the checkpoint "
-    "(sequence classification, masked LM) is kept.")
+    "(sequence classification, masked LM, a decoder's LM head) is kept. With grouped-query attention (Llama, "
+    "Gemma-3, ...) a query head goes only with every query head of its key/value group; a set that would keep part "
+    "of a group is refused.")
 
 
 def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subcommand's own dest
@@ -110,4 +112,6 @@ def checkpoint_task(path) -> str | None:
         return "sequence-classification"
     if any(a.endswith("ForMaskedLM") for a in archs):
         return "masked-lm"
+    if any(a.endswith("ForCausalLM") for a in archs):
+        return "causal-lm"  # a decoder keeps its LM head
     return None
