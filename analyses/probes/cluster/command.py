@@ -134,7 +134,7 @@ def cluster_heads(probe: ModelRun, args, documents, corpus_report):
         "nearest_head_same_layer_chance": round(closeness["nearest_chance"], 4),
         "closest_pairs_across_layers": [[a, b, round(v, 4)] for a, b, v in
                                         cluster.closest_pairs(js_mean, Ly, H, 5, True)],
-        "behaviours": {b: int((labels == b).sum()) for b in cluster.BEHAVIOURS},
+        "behaviours": {b: int((labels == b).sum()) for b in cluster.behaviour_names(table)},
         "label_rules": args.labels,
         "thresholds": {**vars(thresholds), **({"broad_cut_nats": round(thresholds.broad_cut(uniform), 4)}
                                               if args.labels == "clark" else {})},

@@ -59,6 +59,16 @@ def label_columns(table: dict) -> tuple[str, ...]:
     return tuple(c for c in DECODER_LABEL_COLUMNS if c in table)
 
 
+def behaviour_names(table: dict) -> tuple[str, ...]:
+    """The labels `behaviours` can give this table's heads, in BEHAVIOURS order: an encoder's
+    every label but "first token"; a decoder's "first token" for "[CLS]", and "next" and "[SEP]"
+    only where it has their columns."""
+    if "first" not in table:
+        return tuple(b for b in BEHAVIOURS if b != "first token")
+    absent = {"[CLS]"} | {b for b, col in (("next", "next"), ("[SEP]", "sep")) if col not in table}
+    return tuple(b for b in BEHAVIOURS if b not in absent)
+
+
 def mds_columns(table: dict) -> tuple[str, ...]:
     """cluster_mds.csv's columns for a run whose surface table is `table`."""
     return MDS_COLUMNS[:5] + label_columns(table)

@@ -300,6 +300,9 @@ def test_decoder_labels_read_the_first_token_and_skip_absent_columns():
     assert cluster.label_columns(table) == cols
     assert cluster.mds_columns(table) == ("layer", "head", "x", "y", "behaviour") + cols
     assert cluster.label_columns({**table, "sep": table["prev"]}) == ("prev", "first", "sep", "punct", "entropy")
+    assert cluster.behaviour_names(table) == ("broad", "previous", "first token", "punctuation", "other")
+    assert cluster.behaviour_names({"prev": 0, "next": 0, "cls": 0, "sep": 0, "punct": 0, "entropy": 0}) == (
+        "broad", "previous", "next", "[CLS]", "[SEP]", "punctuation", "other")
 
 
 def test_cli_on_a_decoder_js_equals_its_own_causal_maps(tmp_path, tiny_llama_lm_dir, capsys):
@@ -319,6 +322,9 @@ def test_cli_on_a_decoder_js_equals_its_own_causal_maps(tmp_path, tiny_llama_lm_
     mds = read_csv(out / "cluster_mds.csv")
     assert tuple(mds[0]) == ("layer", "head", "x", "y", "behaviour", "prev", "first", "punct", "entropy")
     assert all(r["behaviour"] in cluster.BEHAVIOURS for r in mds)
+    results = json.loads((out / "run.json").read_text())["analyses"]["cluster"]["results"]
+    assert set(results["behaviours"]) == {"broad", "previous", "first token", "punctuation", "other"}
+    assert sum(results["behaviours"].values()) == TINY_LAYERS * TINY_HEADS
     # JS by hand from the decoder's eager maps, each segment alone (the same segments: rebuilt here)
     loaded = load_model(tiny_llama_lm_dir)
     twin = AutoModel.from_pretrained(tiny_llama_lm_dir, attn_implementation="eager").eval()
