@@ -102,39 +102,19 @@ class LayoutSpec:
                 f"{self.dtype} C{self.n_classes} G={self.group} {flags}" + (" uniform" if self.uniform else ""))
 
     def ast_source(self):
-        from triton.compiler import ASTSource  # see the note above ARCHS
-
         from . import triton_attention as ta
 
-        fn = ta._attn_stats_band_fwd
-        if not isinstance(fn, __import__("triton").runtime.jit.JITFunction):
-            raise RuntimeError("bertscope.kernels.triton_attention was imported under TRITON_INTERPRET=1; "
-                               "compile in a process without it (python -m bertscope.kernels.triton_aot)")
+        fn = _compilable(ta._attn_stats_band_fwd)
         c, t = self.config(), self.dtype
-        sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
-               "GateUniform": "*i8", "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "sm_scale": "fp32"}
-        flags = {}
-        for stat, arg, flag in ta.kernel_outputs():
-            on = getattr(self, stat.name, True)
-            if flag is not None:
-                flags[flag] = on
-            sig[arg] = "*fp32" if flag is not None and not on else ("*i64" if stat.dtype == "int64" else f"*{t}")
-        unit = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml", "stride_cl"}
-        constexprs = {name: 1 for name in unit}
+        sig, flags = _forward_signature(self, t)
+        constexprs = {name: 1 for name in UNIT_STRIDES}
         if self.group == "1":
             constexprs["G"] = 1
         constexprs.update(C_PAD=ta.c_pad(self.n_classes), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
                           BLOCK_D=c["BLOCK_D"], **flags, IS_FP32=t == "fp32", UNIFORM=self.uniform)
         for name in fn.arg_names:
             sig.setdefault(name, "constexpr" if name in constexprs else "i32")
-        for name in constexprs:
-            sig[name] = "constexpr"
-        aligned = [n for n in sig if sig[n].startswith("*")] + [
-            "stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl",
-            "stride_vb", "stride_vh", "stride_vl", "stride_ob", "stride_oh", "stride_ol", "D"]
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-        sig = {name: sig[name] for name in fn.arg_names}
-        return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
+        return _forward_source(fn, sig, constexprs), c
 
 
 @dataclass(frozen=True)
@@ -295,47 +275,71 @@ def _ast_source(spec: Specialisation):
     """
     if isinstance(spec, (AotSpec, LayoutSpec)):  # they build their own (source, config)
         return spec.ast_source()
-    from triton.compiler import ASTSource  # see the note above ARCHS
-
     from . import triton_attention as ta
 
-    fn = ta._attn_stats_fwd
+    fn = _compilable(ta._attn_stats_fwd)
+    c = spec.config()
+    sig, flags = _forward_signature(spec, spec.dtype)
+    for name in fn.arg_names:
+        if name.startswith("stride_") and name not in UNIT_STRIDES:
+            sig[name] = "i32"
+    sig.update(H="i32", L="i32", D="i32", n_offsets="i32", n_classes="i32")
+    constexprs = {name: 1 for name in UNIT_STRIDES}
+    constexprs.update(
+        C_PAD=ta.c_pad(spec.n_classes, spec.class_dot), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+        BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"], **flags,
+        IS_FP32=spec.dtype == "fp32", CLASS_DOT=spec.class_dot,
+    )
+    return _forward_source(fn, sig, constexprs), c
+
+
+# -- what the fused forward and the layout kernel's sources share
+
+# unit strides (the innermost dimension of q/k/v/out, the (B, L) masks): constants, as Triton's
+# launcher specialises them
+UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml", "stride_cl")
+# the strides (and D) a 16-aligned allocation with D % 16 == 0 makes divisible by 16, as the pointers
+ALIGNED_STRIDES = ("stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl",
+                   "stride_vb", "stride_vh", "stride_vl", "stride_ob", "stride_oh", "stride_ol", "D")
+
+
+def _compilable(fn):
+    """The kernel `fn`, or a RuntimeError when its module was imported under the interpreter."""
     if not isinstance(fn, __import__("triton").runtime.jit.JITFunction):
         raise RuntimeError("bertscope.kernels.triton_attention was imported under TRITON_INTERPRET=1; "
                            "compile in a process without it (python -m bertscope.kernels.triton_aot)")
-    c = spec.config()
-    t = spec.dtype
-    sig = {
-        "Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
-        "GateUniform": "*i8", "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "sm_scale": "fp32",
-    }
-    # the statistics' outputs, from the kernels' table as the launcher passes them: a switched-off
-    # statistic gets the fp32 lse as a placeholder; a switch this class has no field for is on
+    return fn
+
+
+def _forward_signature(spec, t: str) -> tuple[dict, dict]:
+    """(signature of the inputs and the statistics' outputs, the statistics' constexpr switches) of
+    the fused forward or the layout kernel in dtype `t`, from the kernels' table as the launcher
+    passes them: a switched-off statistic gets the fp32 lse as a placeholder; a switch `spec` has
+    no field for is on."""
+    from . import triton_attention as ta
+
+    sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
+           "GateUniform": "*i8", "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "sm_scale": "fp32"}
     flags = {}
     for stat, arg, flag in ta.kernel_outputs():
         on = getattr(spec, stat.name, True)
         if flag is not None:
             flags[flag] = on
         sig[arg] = "*fp32" if flag is not None and not on else ("*i64" if stat.dtype == "int64" else f"*{t}")
-    unit = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml", "stride_cl"}
-    for name in fn.arg_names:
-        if name.startswith("stride_") and name not in unit:
-            sig[name] = "i32"
-    sig.update(H="i32", L="i32", D="i32", n_offsets="i32", n_classes="i32")
-    constexprs = {name: 1 for name in unit}
-    constexprs.update(
-        C_PAD=ta.c_pad(spec.n_classes, spec.class_dot), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-        BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"], **flags,
-        IS_FP32=spec.dtype == "fp32", CLASS_DOT=spec.class_dot,
-    )
+    return sig, flags
+
+
+def _forward_source(fn, sig: dict, constexprs: dict):
+    """The ASTSource of `fn`: `constexprs` as constants, the pointers and ALIGNED_STRIDES with the
+    16-divisibility hint the launcher derives, the signature in the kernel's argument order."""
+    from triton.compiler import ASTSource  # see the note above ARCHS
+
     for name in constexprs:
         sig[name] = "constexpr"
-    aligned = [n for n in sig if sig[n].startswith("*")] + [
-        "stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl",
-        "stride_vb", "stride_vh", "stride_vl", "stride_ob", "stride_oh", "stride_ol", "D"]
+    aligned = [n for n in sig if sig[n].startswith("*")] + list(ALIGNED_STRIDES)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     sig = {name: sig[name] for name in fn.arg_names}
-    return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
+    return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
 
 
 def ptxas_path() -> Path:

@@ -31,6 +31,7 @@ from bertscope.analyses.heads.induction.outputs import (
     SCORES_FIGURE,
     VARIANTS_CHECKPOINT,
 )
+from bertscope.analyses.heads.induction.section import ablation_finding, rho_text
 from bertscope.analyses.heads.induction.stats import (
     SCORES,
     InductionScores,
@@ -360,14 +361,10 @@ def log_summary(run, r: dict):
     run.log(f"loss first half {loss['first']:.3f}, repeated half {loss['repeated']:.3f}: ICL score "
             f"{loss['icl_score']:+.3f} nats")
     for k, a in r["ablation"].items():
-        t, rnd = a["top"], a["random"]
-        run.log(f"k = {k}: top-{k} induction heads zeroed ({t['heads']}): repeated-half loss "
-                f"{t['delta_loss_repeated']:+.3f}, ICL score {t['icl_score']:+.3f}; {k} random heads "
-                f"({len(a['random_heads'])} draws): {rnd['delta_loss_repeated']['mean']:+.3f} +- "
-                f"{rnd['delta_loss_repeated']['sd']:.3f}, ICL score {rnd['icl_score']['mean']:+.3f}")
+        run.log(ablation_finding(k, a))
     if "per_head" in r:
         c = r["per_head"]["induction_vs_delta_repeated"]
-        rho = "undefined" if c["spearman"] is None else f"{c['spearman']:+.3f} (p = {c['p']:.2g})"
+        rho = rho_text(c)
         run.log(f"one head zeroed at a time ({r['per_head']['sequences']} sequences): Spearman rho of the induction "
                 f"score with the repeated-half loss change {rho} over {c['heads']} heads; largest changes: "
                 + ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f}"

@@ -13,6 +13,20 @@ from bertscope.analyses.heads.induction.outputs import (
 from bertscope.report.page import RunFiles, Section, Table, num
 
 
+def ablation_finding(k, a: dict) -> str:
+    """One k of run.json's "ablation" results in words (the report's finding and the terminal's line)."""
+    t, rnd = a["top"], a["random"]
+    return (f"Top {k} induction heads zeroed ({t['heads']}): repeated-half loss {t['delta_loss_repeated']:+.3f}, "
+            f"ICL score {t['icl_score']:+.3f}; {k} random other heads ({len(a['random_heads'])} draws): "
+            f"{rnd['delta_loss_repeated']['mean']:+.3f} +- {rnd['delta_loss_repeated']['sd']:.3f}, ICL score "
+            f"{rnd['icl_score']['mean']:+.3f}")
+
+
+def rho_text(c: dict) -> str:
+    """A Spearman correlation of run.json ({"spearman", "p", ...}) in words."""
+    return "undefined" if c["spearman"] is None else f"{c['spearman']:+.3f} (p = {c['p']:.2g})"
+
+
 def build(run: RunFiles) -> Section | None:
     """Induction, duplicate-token and previous-token heads, and the loss with heads zeroed
     (bertscope heads induction)."""
@@ -32,15 +46,10 @@ def build(run: RunFiles) -> Section | None:
         findings.append(f"Next-token loss as trained: first half {loss['first']:.3f}, repeated half "
                         f"{loss['repeated']:.3f}, ICL score {loss['icl_score']:+.3f} nats. Olsson et al.: "
                         f"{paper.OLSSON_TEXT['icl_score']} [{paper.OLSSON_INDUCTION.short}].")
-        for k, a in r["ablation"].items():
-            t, rnd = a["top"], a["random"]
-            findings.append(f"Top {k} induction heads zeroed ({t['heads']}): repeated-half loss "
-                            f"{t['delta_loss_repeated']:+.3f}, ICL score {t['icl_score']:+.3f}; {k} random other "
-                            f"heads ({len(a['random_heads'])} draws): {rnd['delta_loss_repeated']['mean']:+.3f} +- "
-                            f"{rnd['delta_loss_repeated']['sd']:.3f}, ICL score {rnd['icl_score']['mean']:+.3f}.")
+        findings += [ablation_finding(k, a) + "." for k, a in r["ablation"].items()]
         c = (r.get("per_head") or {}).get("induction_vs_delta_repeated")
         if c:
-            rho = "undefined" if c["spearman"] is None else f"{c['spearman']:+.3f} (p = {c['p']:.2g})"
+            rho = rho_text(c)
             ph = r["per_head"]
             alone = ", ".join(f"{x['head']} {x['delta_loss_repeated']:+.3f} (rank {x['delta_rank']})"
                               for x in ph.get("top_induction_alone", []))
