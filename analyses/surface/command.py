@@ -17,12 +17,8 @@ from argparse import Namespace
 from dataclasses import asdict, dataclass, fields, replace
 from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import transformers
-
-from bertscope.analyses.surface import plots as surface_plots
-from bertscope.analyses.surface import stats as surface
 from bertscope.analyses.surface.outputs import (
     EXAMPLES_FILE,
     HEADS_FILE,
@@ -30,6 +26,7 @@ from bertscope.analyses.surface.outputs import (
     STATS_FILE,
 )
 from bertscope.cli.args import (
+    BACKEND_CHOICES,
     add_dtype_argument,
     add_model_arguments,
     add_quiet_argument,
@@ -37,20 +34,9 @@ from bertscope.cli.args import (
     limit_arg,
     positive_int,
 )
-from bertscope.engine.accumulate import HeadStats
-from bertscope.engine.distributed import all_reduce_stats, env_world
-from bertscope.engine.loop import WINDOW_BATCHES, EngineOptions, fold
+from bertscope.engine import WINDOW_BATCHES
 from bertscope.errors import UserError
-from bertscope.kernels import (
-    BACKEND_CHOICES,
-    StatsSpec,
-    describe_backend,
-    output_path,
-    resolve_backend,
-)
-from bertscope.models.loading import model_name
 from bertscope.report.figure_pool import FigureError, FigurePool, split
-from bertscope.report.writer import REPORT_NAME, write_report
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import (
     check_run_dir,
@@ -61,14 +47,18 @@ from bertscope.run.rundir import (
     write_csv,
 )
 from bertscope.text.corpus import open_corpus
-from bertscope.text.segments import (
-    SegmentOptions,
-    SegmentReport,
-    describe_lengths,
-    iter_segments,
-)
 from bertscope.version import __version__
 
+if TYPE_CHECKING:
+    from bertscope.engine.accumulate import HeadStats
+    from bertscope.kernels import StatsSpec
+    from bertscope.text.segments import SegmentOptions, SegmentReport
+
+# torch, transformers and everything that imports them (the engine, the kernels, the model loader,
+# the statistics, the report) are imported inside the functions that run the analysis: the
+# command line imports this module to build `bertscope run`'s parser, so a mistyped option is
+# refused in a fraction of a second, not after the 4-9 s those imports take
+# (tests/cli/test_new_user.py)
 logger = logging.getLogger(__name__)
 
 HELP = "surface-level attention patterns over a corpus (Clark et al. 2019, section 3)"
@@ -149,6 +139,8 @@ def start_run(args, figures) -> int:
         **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
     )
     if args.threads:
+        import torch  # see the note above `logger`
+
         torch.set_num_threads(args.threads)
     run(settings, out=args.out, resume=args.resume, figures=figures, progress=not args.quiet)
     return 0
@@ -193,6 +185,9 @@ class RunSettings:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def spec(self) -> StatsSpec:
+        from bertscope.analyses.surface import stats as surface  # see the note above `logger`
+        from bertscope.kernels import StatsSpec
+
         own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4,
                         entropy=True, class_mass=True, argmax=self.argmax)
         return own.union(surface.NEEDS)
@@ -217,6 +212,9 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
 
 def _run(settings: RunSettings, out: str | None, resume: str | None, figures: FigurePool | None,
          progress: bool, log) -> Path:
+    from bertscope.analyses.surface import stats as surface  # see the note above `logger`
+    from bertscope.engine.distributed import env_world
+
     t0 = time.perf_counter()
     record = None
     if resume:
@@ -245,6 +243,16 @@ def settings_options(p):
 
 def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str | None, t0: float,
             figures: FigurePool | None, log, progress: bool) -> Path:
+    import torch  # see the note above `logger`
+    import transformers
+
+    from bertscope.engine.accumulate import HeadStats
+    from bertscope.engine.distributed import all_reduce_stats
+    from bertscope.engine.loop import EngineOptions, fold
+    from bertscope.kernels import describe_backend, output_path, resolve_backend
+    from bertscope.report.writer import REPORT_NAME, write_report
+    from bertscope.text.segments import SegmentOptions, SegmentReport
+
     world, loaded, resume = run.world, run.loaded, settings if resumed else None
     if resumed is not None:
         if resumed.get("world_size", 1) != world.size:
@@ -348,6 +356,8 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
     a --limit, in corpus order without. Runs recorded before windowed batches
     (`window_batches` None) sorted the sample into corpus order; their resume does the same.
     """
+    from bertscope.text.segments import iter_segments  # see the note above `logger`
+
     len(corpus)  # a text or JSON Lines file is indexed (so checked) in full before anything runs
     if options.causal and (corpus.report.pairs or len(corpus.report.fields or ()) == 2):
         raise UserError(f"corpus {corpus.report.source!r} holds pairs of texts (a tab, or two text fields); a decoder "
@@ -365,6 +375,8 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
 def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, examples, figures: FigurePool | None,
                   log) -> list[str]:
     """Every output but run.json; the figures are drawn by the helpers meanwhile."""
+    from bertscope.analyses.surface import stats as surface  # see the note above `logger`
+
     table = surface.head_table(stats)
     if figures is not None:
         draw_figures(figures, table, stats, loaded, run_dir)
@@ -380,6 +392,9 @@ def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, example
 
 def draw_figures(pool: FigurePool, table: dict, stats: HeadStats, loaded, run_dir: Path):
     """Hand the surface figures to the pool's helpers, in shares of about equal drawing time."""
+    from bertscope.analyses.surface import plots as surface_plots  # see the note above `logger`
+    from bertscope.models.loading import model_name
+
     common = dict(table=table, out_dir=run_dir, title=model_name(loaded.path),
                   uniform_entropy=stats.uniform_entropy(), cls_uniform_entropy=stats.uniform_entropy("cls"))
     shares = split(surface_plots.FIGURES, max(1, len(pool.helpers)))
@@ -392,6 +407,10 @@ def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool 
     A figure that cannot be drawn costs only the figures: the run completes, run.json
     records the error under "figures_error", and a warning says so on stderr.
     """
+    from bertscope.analyses.surface import plots as surface_plots  # see the note above `logger`
+    from bertscope.analyses.surface import stats as surface
+    from bertscope.text.segments import describe_lengths
+
     figure_names = []
     if figures is not None:
         try:

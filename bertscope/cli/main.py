@@ -58,6 +58,15 @@ def version_line() -> str:
     return f"bertscope {__version__} (torch {of('torch')}, transformers {of('transformers')})"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage error is one line that points at --help: argparse's own
+    prints 10-15 lines of usage before the line that says what was wrong. Subcommands' parsers
+    are of this class too (`add_subparsers` makes them of its parser's class)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command: the analyses' from the registry, then the core's own.
 
@@ -71,7 +80,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     def wanted(name: str) -> bool:
         return argv is None or name == named
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bertscope",
         description="What every attention head of a transformer (encoder or decoder) does, over a whole corpus.",
     )

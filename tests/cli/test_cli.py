@@ -370,7 +370,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
     # checkpoint after every batch (the default is every 20)
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.loop.forward
     calls = []
@@ -429,7 +429,7 @@ def test_resume_across_windows_equals_an_uninterrupted_run(tmp_path, tiny_checkp
     corpus.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--text-field", "text,text_b",
             "--limit", "30", "--batch-size", "3", "--window", "2", "--per-example", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.loop.forward
     calls = []
@@ -483,7 +483,7 @@ def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_t
     mid-write leaves the previous checkpoint, and resuming from it redoes the lost batch once."""
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=1))
     whole = tmp_path / "whole"
     assert main([*args, "--out", str(whole)]) == 0
