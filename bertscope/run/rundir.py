@@ -11,8 +11,8 @@ Every file is written to a temporary name and renamed, so a reader (or a resumed
 never sees half a file. An analysis given `--out DIR` of an existing run (one with
 run.json) adds its files there, so one directory can hold the surface analysis and every
 probe of the same model; otherwise it makes a new directory. run.json is read, changed and
-written under a lock (`update_json`, the file run.json.lock beside it), so analyses running at
-the same time in one directory never lose each other's entries.
+written under a lock on the run directory itself (`update_json`, `locked`: no lock file is left
+behind), so analyses running at the same time in one directory never lose each other's entries.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -50,7 +51,9 @@ def check_run_dir(out: str | None):
         raise UserError(f"{path} already exists and is not empty: choose another --out, or --resume {path}")
 
 
-RUN_FILES = ("run.json", "run.json.lock")  # what a run that failed before its first result leaves
+# what a run that failed before its first result leaves (run.json.lock: by runs of bertscope before
+# the run directory itself was locked)
+RUN_FILES = ("run.json", "run.json.lock")
 
 
 def only_failed(path: Path) -> bool:
@@ -101,16 +104,49 @@ def write_json(path: Path, data: dict):
 
 
 def update_json(path: Path, update: Callable[[dict], dict | None]) -> dict:
-    """Read-modify-write of a JSON file (run.json) under the lock `path`.lock: `update` gets the
-    file's contents ({} when there is none yet) and changes them in place or returns new ones,
-    which are written atomically. Returns what was written."""
+    """Read-modify-write of a JSON file (run.json) under the lock of its folder (`locked`):
+    `update` gets the file's contents ({} when there is none yet) and changes them in place or
+    returns new ones, which are written atomically. Returns what was written. A folder that
+    cannot be written (read-only, a full disk) is a one-line `UserError`."""
     path = Path(path)
-    with FileLock(str(path) + ".lock"):
-        data = read_json(path) if path.exists() else {}
-        new = update(data)
-        data = data if new is None else new
-        write_json(path, data)
+    try:
+        with locked(path.parent):
+            data = read_json(path) if path.exists() else {}
+            new = update(data)
+            data = data if new is None else new
+            write_json(path, data)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     return data
+
+
+@contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` while the block runs: flock(2) on the folder's own
+    descriptor, released when it closes (also when the process dies), so nothing is left in the
+    folder. A lock file beside run.json would stay behind in every run directory: deleting it
+    after use lets a waiting process lock a file that a third one has already replaced. Where
+    flock cannot lock a folder (Windows, some network file systems), a lock file it is."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        fcntl = None
+    fd = os.open(folder, os.O_RDONLY) if fcntl is not None else None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system that does not lock folders
+                os.close(fd)
+                fd = None
+        if fd is None:
+            with FileLock(str(Path(folder) / "run.json.lock")):
+                yield
+        else:
+            yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def write_npz(path, compressed: bool = False, **arrays):

@@ -75,3 +75,80 @@ def test_the_command_lines_backend_names_are_the_kernels():
     from bertscope.kernels import BACKENDS
 
     assert BACKEND_CHOICES == ("auto", *BACKENDS)
+
+
+# --- the run directory: nothing left behind, a folder that cannot be written said in one line -----
+
+TEXTS = ["The cat sat on the mat. It was happy, very happy.", "Mr. Smith went to Washington. He liked it there.",
+         "Attention heads attend to the separator token, to periods and to commas.", "A short line of text."]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    return path
+
+
+def command_lines(model_dirs: dict, corpus) -> dict[str, list[str]]:
+    """The three commands a new user runs first, on tiny models, as typed (without --out)."""
+    return {
+        "run": ["run", "--model", str(model_dirs["encoder"]), "--corpus", str(corpus), "--limit", "4",
+                "--batch-size", "2", "--quiet", "--no-figures"],
+        "sinks": ["sinks", "--model", str(model_dirs["encoder"]), "--corpus", str(corpus), "--limit", "4",
+                  "--max-len", "32", "--batch-size", "2", "--backend", "chunked", "--quiet", "--no-figures"],
+        "heads induction": ["heads", "induction", "--model", str(model_dirs["lm"]), "--seq-len", "4", "--limit", "2",
+                            "--top-k", "1", "--random-draws", "1", "--per-head", "0", "--backend", "chunked",
+                            "--quiet", "--no-figures"],
+    }
+
+
+@pytest.fixture
+def commands(tiny_checkpoint, tiny_llama_lm_dir, corpus):
+    return command_lines({"encoder": tiny_checkpoint, "lm": tiny_llama_lm_dir}, corpus)
+
+
+def test_a_run_leaves_no_lock_file(commands, tmp_path):
+    out = tmp_path / "run"
+    assert main([*commands["run"], "--out", str(out)]) == 0
+    assert main([*commands["sinks"], "--out", str(out)]) == 0  # a second analysis in the same folder
+    assert not [p.name for p in out.iterdir() if "lock" in p.name]
+    assert set(json.loads((out / "run.json").read_text())["analyses"]) == {"sinks"}
+
+
+def test_the_run_json_lock_still_serialises_writers(tmp_path):
+    """The lock is on the folder now: two processes adding entries at once lose neither."""
+    code = ("import sys; from bertscope.run.rundir import update_json; "
+            "[update_json(sys.argv[1], lambda r, i=i: r.setdefault(sys.argv[2], []).append(i)) for i in range(100)]")
+    path = tmp_path / "run.json"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), name]) for name in ("a", "b")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert json.loads(path.read_text()) == {"a": list(range(100)), "b": list(range(100))}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """An existing, empty folder that this process cannot write: mode 0555, and as root (whom modes
+    do not stop) immutable too (chattr +i; skipped where that is not allowed)."""
+    path = tmp_path / "read-only"
+    path.mkdir()
+    path.chmod(0o555)
+    immutable = False
+    if os.geteuid() == 0:
+        immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False).returncode == 0
+        if not immutable:
+            pytest.skip("running as root, and chattr +i is not allowed here: no folder is read-only to root")
+    yield path
+    if immutable:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("name", ["run", "sinks", "heads induction"])
+def test_a_read_only_out_folder_is_one_line(name, commands, read_only_dir, capsys):
+    assert main([*commands[name], "--out", str(read_only_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"bertscope: error: cannot write {read_only_dir / 'run.json'}: "), err
+    assert not any(read_only_dir.iterdir())
