@@ -37,6 +37,7 @@ from bertscope.analyses.sinks.outputs import (
     SINKS_FILE,
     STATS_FILE,
 )
+from bertscope.analyses.surface.command import check_lone_tokens
 from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
@@ -96,6 +97,10 @@ def main(args) -> int:
         args = ModelRun.resumed_args(NAME, args, add_arguments, keys=RESUMED, command="sinks")
     if not 0 < args.epsilon < 1:
         raise UserError(f"--epsilon must lie between 0 and 1, not {args.epsilon}")
+    if args.bos_token is not None and args.bos not in ("with", "both"):  # it would be recorded, and not used
+        raise UserError(f"--bos-token {args.bos_token} is the BOS that --bos with or --bos both puts first; "
+                        f"--bos {args.bos} puts {'none' if args.bos == 'without' else 'what the template adds'}: "
+                        "add --bos with (or both), or leave --bos-token out")
     with ModelRun(NAME, args, command="sinks", resumable=True, open=False) as run:
         return sink_run(run, args)
 
@@ -224,6 +229,8 @@ def sink_run(run: ModelRun, args) -> int:
              checkpoint=lambda: stats.save(path), desc="sinks")
     stats.save(path)
     run.outputs.append(STATS_FILE)
+    if (stats.n_rows == stats.n_segments).all():  # one query per segment: every segment one token long
+        check_lone_tokens(report, args.corpus, every=True)
     write_outputs(run, stats, report, args)
     return 0
 

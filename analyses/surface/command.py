@@ -39,9 +39,11 @@ from bertscope.errors import UserError
 from bertscope.report.figure_pool import FigureError, FigurePool, split
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import (
+    changed_on_resume,
     check_run_dir,
     check_settings,
     read_run,
+    refuse_changed_settings,
     resumed_revision,
     settings_parser,
     write_csv,
@@ -221,8 +223,12 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         record = read_run(Path(resume) / "run.json")
         if not isinstance(record.get("settings"), dict):
             raise UserError(f"cannot resume: {resume} holds no `bertscope run` (was it made by another command?)")
-        settings = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"],
+        recorded = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"],
                                                         settings_parser(settings_options)))
+        # a setting this command line gives is refused where it is not the run's: the run takes them all
+        refuse_changed_settings(resume, changed_on_resume(asdict(settings), asdict(RunSettings()), asdict(recorded)),
+                                out)
+        settings = recorded
     elif env_world().is_main:
         check_run_dir(out)  # a used --out fails before any work
     args = Namespace(**asdict(settings), out=resume or out, quiet=not progress, threads=None, resume=resume)
@@ -332,6 +338,7 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         stats.save(run_dir / STATS_FILE)
 
     record.update(corpus=corpus.report.as_dict(), segments=seg_report.as_dict())
+    check_lone_tokens(seg_report, settings.corpus)
     log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
     record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
@@ -370,6 +377,21 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
     if window_batches is None:
         return sorted(stream, key=lambda s: s.document)
     return stream
+
+
+def check_lone_tokens(report: SegmentReport, corpus: str, every: bool = False):
+    """A segment of one token (a decoder's one-word text, without a BOS) has one query, which can
+    only attend to itself: first = self = 1 and entropy 0, whatever the head does. A `UserError`
+    when every segment is one (there is nothing to report), else a warning that says how many
+    of the means they are in. `every`: the caller knows that every segment it ran was one token
+    (`bertscope sinks`, whose segments may gain a BOS after the report counted them)."""
+    lone = report.length_counts.get(1, 0)
+    if every or lone and lone == report.segments:
+        raise UserError(f"every segment of {corpus!r} is one token long: a lone token can only attend to itself "
+                        "(first = self = 1, entropy 0), so there are no statistics to report; give longer texts")
+    if lone:
+        logger.warning(f"{lone} of {report.segments} segments are one token long: their one query can only attend "
+                       "to itself (first = self = 1, entropy 0), and their rows are in the means")
 
 
 def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, examples, figures: FigurePool | None,

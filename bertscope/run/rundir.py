@@ -231,6 +231,36 @@ def recorded_run(run_dir, name: str, command: str | None = None) -> dict:
     return record
 
 
+def changed_on_resume(given: dict, defaults: dict, recorded: dict) -> list[str]:
+    """The options of a `--resume` command line that the resumed run would ignore: each one given
+    (not at its default) whose value is not the one `recorded` in the run, as "--max-len 64 (the
+    run's: 128)". `given`, `defaults` and `recorded` map option dests to values."""
+    changed = []
+    for key, value in given.items():
+        if key in recorded and key in defaults and value != defaults[key] and value != recorded[key]:
+            changed.append(f"--{key.replace('_', '-')} {_shown(value)} (the run's: {_shown(recorded[key])})")
+    return changed
+
+
+def refuse_changed_settings(run_dir, changed: list[str], out: str | None = None):
+    """A one-line `UserError` when a `--resume DIR` command line gives settings other than the
+    run's (`changed_on_resume`) or another --out: a resumed run takes them all from run.json, and
+    an option that is silently dropped is worse than one refused."""
+    if out is not None and Path(out) != Path(run_dir):
+        changed = [*changed, f"--out {out} (the run's folder: {run_dir})"]
+    if changed:
+        raise UserError(f"--resume {run_dir} continues that run with its recorded settings, so it does not take "
+                        f"{', '.join(changed)}: leave {'it' if len(changed) == 1 else 'them'} out, or start a new "
+                        "run without --resume")
+
+
+def _shown(value) -> str:
+    """A setting as the command line would give it."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return "none" if value is None else str(value)
+
+
 def resumed_revision(record: dict, revision: str | None) -> str | None:
     """The revision a resumed run loads its model at: a Hub model's recorded commit (its branch
     may have moved since the run began: one run's sums come from one set of weights), else the

@@ -152,3 +152,81 @@ def test_a_read_only_out_folder_is_one_line(name, commands, read_only_dir, capsy
     assert err.count("\n") == 1, err
     assert err.startswith(f"bertscope: error: cannot write {read_only_dir / 'run.json'}: "), err
     assert not any(read_only_dir.iterdir())
+
+
+# --- --resume takes every setting from the run: one given otherwise is refused, not dropped --------
+
+@pytest.mark.parametrize("name", ["run", "sinks"])
+def test_resume_refuses_settings_it_would_ignore(name, commands, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*commands[name], "--out", str(out)]) == 0
+    words = name.split()
+    before = (out / "run.json").read_text()
+    assert main([*words, "--resume", str(out), "--max-len", "64", "--limit", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"--resume {out} continues that run with its recorded settings" in err
+    assert "--max-len 64 (the run's: " in err and "--limit 1 (the run's: 4)" in err
+    assert (out / "run.json").read_text() == before  # refused before anything was touched
+    # --out elsewhere is refused too; the run's own values, and options of where and how it runs, are taken
+    assert main([*words, "--resume", str(out), "--out", str(tmp_path / "elsewhere"), "--quiet"]) == 2
+    assert f"--out {tmp_path / 'elsewhere'} (the run's folder: {out})" in capsys.readouterr().err
+    assert main([*words, "--resume", str(out), "--limit", "4", "--threads", "1", "--no-figures", "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("bos", [[], ["--bos", "without"]])
+def test_sinks_refuses_a_bos_token_it_would_not_use(bos, tiny_llama_lm_dir, corpus, tmp_path, capsys):
+    """Under --bos auto (the default) the template decides the first token: --bos-token was
+    recorded in run.json and not used."""
+    out = tmp_path / "run"
+    assert main(["sinks", "--model", str(tiny_llama_lm_dir), "--corpus", str(corpus), "--bos-token", "<s>", *bos,
+                 "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bertscope: error: --bos-token <s> is the BOS that --bos with")
+    assert not out.exists()
+
+
+# --- segments that cannot carry a statistic -----------------------------------------------------
+
+@pytest.fixture
+def no_bos_decoder(tiny_llama_lm_dir, tmp_path):
+    """The tiny Llama with a tokenizer that adds nothing to a text (as SmolLM2's: no BOS)."""
+    import shutil
+
+    path = shutil.copytree(tiny_llama_lm_dir, tmp_path / "no-bos")
+    tokenizer = json.loads((path / "tokenizer.json").read_text())
+    tokenizer["post_processor"] = None
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return path
+
+
+@pytest.fixture
+def one_token_corpus(no_bos_decoder, tmp_path):
+    """Texts that tokenizer makes one token each."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(no_bos_decoder)
+    words = ["cat", "dog", "home", "happy"]
+    assert all(len(tokenizer(w)["input_ids"]) == 1 for w in words)
+    path = tmp_path / "one-token.txt"
+    path.write_text("\n".join(words) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", ["run", "sinks"])
+def test_a_corpus_of_lone_tokens_is_refused(name, no_bos_decoder, one_token_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    more = ["--bos", "without"] if name == "sinks" else []
+    assert main([name, "--model", str(no_bos_decoder), "--corpus", str(one_token_corpus), "--limit", "all",
+                 "--max-len", "16", "--backend", "chunked", "--quiet", "--no-figures", *more, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is one token long: a lone token can only attend to itself" in err, err
+    assert not (out / "heads.csv").exists() and not (out / "sinks.csv").exists()
+
+
+def test_some_lone_tokens_are_said(no_bos_decoder, one_token_corpus, tmp_path, caplog):
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_text(one_token_corpus.read_text() + "the cat sat on a mat .\n", encoding="utf-8")
+    assert main(["run", "--model", str(no_bos_decoder), "--corpus", str(corpus), "--limit", "all", "--max-len", "16",
+                 "--quiet", "--no-figures", "--out", str(tmp_path / "run")]) == 0
+    assert "4 of 5 segments are one token long" in caplog.text
