@@ -149,6 +149,8 @@ def start_run(args, figures) -> int:
 
 
 SURFACE_PLOTS = "bertscope.analyses.surface.plots"  # the module of `bertscope run`'s figures
+# the settings of how an encoder's sentence pairs are made (a decoder's segment is one text)
+ENCODER_ONLY = ("token_types", "packing")
 
 
 def surface_pool() -> FigurePool:
@@ -184,7 +186,13 @@ class RunSettings:
         # runs recorded before --packing existed used the balanced split, and before windowed
         # batches sorted every segment at once
         d = {"packing": "balanced", "window_batches": None, **d}
+        # a decoder's run records null for the options of an encoder's sentence pairs (ENCODER_ONLY)
+        d.update({k: getattr(cls, k) for k in ENCODER_ONLY if k in d and d[k] is None})
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    def recorded(self, causal: bool) -> dict:
+        """run.json's settings: a decoder's have null for the options that do not apply to it."""
+        return {**asdict(self), **({k: None for k in ENCODER_ONLY} if causal else {})}
 
     def spec(self) -> StatsSpec:
         from bertscope.analyses.surface import stats as surface  # see the note above `logger`
@@ -270,6 +278,10 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         loaded.source = replace(loaded.source, revision=settings.revision)
     corpus = open_corpus(settings.corpus, settings.text_field)
     causal = loaded.architecture.causal  # a decoder's segments: one text in its tokenizer's template, packed
+    given = [k for k in ENCODER_ONLY if getattr(settings, k) != getattr(RunSettings, k)]
+    if causal and given and resumed is None:  # they would be recorded and not used
+        raise UserError(f"{' and '.join('--' + k.replace('_', '-') for k in given)}: how an encoder's sentence pairs "
+                        f"are made; {loaded.origin} is a decoder, whose segments are one text each")
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
                                  token_types=settings.token_types, packing=settings.packing, causal=causal)
     seg_report = SegmentReport()
@@ -278,7 +290,7 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         "bertscope_version": __version__,
         "command": " ".join(sys.argv),
         "status": "running",
-        "settings": asdict(settings),
+        "settings": settings.recorded(causal),
         "model": loaded.record(),
         "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
         "segments": seg_report.as_dict(),

@@ -266,6 +266,8 @@ class ModelRun(AnalysisRun):
     --dtype); announce: log the model and the run directory.
     encoders_only: for an analysis defined on encoders' inputs, why (a phrase): a causal model
     is then refused in one line, before the run directory is made.
+    length_from: how the user asked for args.max_len tokens when not with --max-len (the subject
+    of "... is longer than the model allows": "--seq-len 5000, a sequence of 10001 tokens,").
 
     torch, the model loader and the distributed helpers are imported inside: `bertscope --help`
     imports every command's module, and through it this one, and must not wait for torch.
@@ -274,7 +276,7 @@ class ModelRun(AnalysisRun):
     def __init__(self, name: str, args: argparse.Namespace, task: str | None = None, command: str | None = None,
                  dtype: str | None = None, distributed: bool = False, resumable: bool = False,
                  top_level: bool = False, open: bool = True, announce: bool = True,
-                 encoders_only: str | None = None):
+                 encoders_only: str | None = None, length_from: str | None = None):
         import torch  # these three import torch: see the docstring
 
         from bertscope.engine.distributed import init_world
@@ -299,8 +301,9 @@ class ModelRun(AnalysisRun):
             raise UserError(f"bertscope {command or name} runs on encoders only ({encoders_only}); "
                             f"{self.loaded.path.name} is a causal {self.loaded.model_type} decoder "
                             "(docs/decoders.md lists what runs on decoders)")
-        if args.max_len > self.loaded.max_len:
-            raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
+        if args.max_len > self.loaded.max_len:  # said as the user asked for the length (`length_from`)
+            raise UserError(f"{length_from or f'--max-len {args.max_len}'} is longer than the model allows "
+                            f"({self.loaded.max_len})")
         super().__init__(name, args, model=self.loaded.record(), command=command, resumable=resumable, world=world,
                          top_level=top_level, open=open)
         torch.manual_seed(args.seed)

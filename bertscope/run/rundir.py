@@ -43,12 +43,16 @@ def check_run_dir(out: str | None):
     if out is None:
         return
     path = Path(out)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        if path.is_dir() and only_failed(path):
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {path} is a file, not a folder: give the folder the run should go to")
+    if path.exists() and any(path.iterdir()):
+        if only_failed(path):
             logger.info(f"{path} holds only a failed run: starting afresh there")
             clear_run_dir(path)
             return
-        raise UserError(f"{path} already exists and is not empty: choose another --out, or --resume {path}")
+        # --resume only where there is a run to resume
+        resume = f", or --resume {path}" if (path / "run.json").is_file() else ""
+        raise UserError(f"{path} already exists and is not empty: choose another --out{resume}")
 
 
 # what a run that failed before its first result leaves (run.json.lock: by runs of bertscope before

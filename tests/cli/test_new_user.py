@@ -230,3 +230,98 @@ def test_some_lone_tokens_are_said(no_bos_decoder, one_token_corpus, tmp_path, c
     assert main(["run", "--model", str(no_bos_decoder), "--corpus", str(corpus), "--limit", "all", "--max-len", "16",
                  "--quiet", "--no-figures", "--out", str(tmp_path / "run")]) == 0
     assert "4 of 5 segments are one token long" in caplog.text
+
+
+# --- advice that names what the user did ----------------------------------------------------------
+
+def test_a_file_given_as_out_is_not_offered_to_resume(tiny_checkpoint, corpus, tmp_path, capsys):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("notes\n")
+    assert main(["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--out", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bertscope: error: --out {afile} is a file, not a folder: give the folder the run should go to\n"
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("x")
+    assert main(["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--out", str(used)]) == 2
+    assert "--resume" not in capsys.readouterr().err  # no run there to resume
+
+
+def test_induction_blames_seq_len_when_max_len_was_not_given(tiny_llama_lm_dir, tmp_path, capsys):
+    base = ["heads", "induction", "--model", str(tiny_llama_lm_dir), "--quiet", "--out", str(tmp_path / "x")]
+    assert main([*base, "--seq-len", "40"]) == 2  # the tiny model allows 64 positions
+    assert capsys.readouterr().err == ("bertscope: error: --seq-len 40, a sequence of 81 tokens (BOS and T tokens "
+                                       "twice), is longer than the model allows (64)\n")
+    assert main([*base, "--seq-len", "40", "--max-len", "100"]) == 2  # given: then it is the one to blame
+    assert capsys.readouterr().err == "bertscope: error: --max-len 100 is longer than the model allows (64)\n"
+
+
+@pytest.mark.parametrize("typo, meant", [("smollm2-135m-instruct-q4_2", "smollm2-135m-instruct-q4_1"),
+                                         ("gemma-3-270m", "gemma-3-270m-q4_k_m")])
+def test_a_mistyped_decoder_name_names_the_decoders(typo, meant, monkeypatch, tmp_path, capsys):
+    from bertscope.data import decoders
+
+    monkeypatch.setenv(decoders.MODELS_ENV, str(tmp_path / "models"))  # nothing installed
+    assert main(["sinks", "--model", typo, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bertscope: error: model not found: {typo} is no folder and no decoder bertscope knows: did you "
+                   f"mean {meant}? (none is installed here; `bertscope data install-decoders` installs them)\n")
+    assert "hf download" not in err
+
+
+def test_a_converted_decoder_is_readable_by_all(monkeypatch, tmp_path):
+    """transformers writes model.safetensors through a temporary file: mode 0600 before the fix."""
+    import dataclasses
+    import hashlib
+
+    from bertscope.data import decoders
+
+    data = os.urandom(2000)
+    (tmp_path / "part00").write_bytes(data)
+    gemma = decoders.DECODERS["gemma-3-270m-q4_k_m"]
+    d = dataclasses.replace(gemma, size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                            packages=gemma.packages[:1], files=("x/part00",))
+    monkeypatch.setattr(decoders, "gguf_parts", lambda _d: [tmp_path / "part00"])
+
+    def convert_gguf(d, gguf, out, progress=True):  # as transformers leaves the weights
+        out.mkdir()
+        fd = os.open(out / "model.safetensors", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(decoders, "convert_gguf", convert_gguf)
+    old = os.umask(0o022)
+    try:
+        folder = decoders.convert(d, tmp_path / "models", progress=False)
+    finally:
+        os.umask(old)
+    assert oct(folder.stat().st_mode & 0o777) == oct(0o755)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()} == {
+        "model.safetensors": oct(0o644), "config.json": oct(0o644), decoders.PROVENANCE_FILE: oct(0o644)}
+
+
+# --- tidy output ----------------------------------------------------------------------------------
+
+def test_a_new_runs_report_is_written_not_updated(commands, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*[a for a in commands["sinks"] if a != "--quiet"], "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"wrote the report {out / 'index.html'}\n" in said and "updated the report" not in said
+    induction = [a for a in commands["heads induction"] if a != "--quiet"]
+    assert main([*induction, "--out", str(out)]) == 0  # a second analysis there: updated
+    assert "updated the report" in capsys.readouterr().out
+
+
+def test_a_decoders_run_json_records_no_encoder_settings(tiny_llama_lm_dir, corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    run = ["run", "--model", str(tiny_llama_lm_dir), "--corpus", str(corpus), "--limit", "all", "--max-len", "24",
+           "--quiet", "--no-figures"]
+    assert main([*run, "--out", str(out)]) == 0
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert settings["token_types"] is None and settings["packing"] is None and settings["max_len"] == 24
+    assert main(["run", "--resume", str(out), "--quiet", "--no-figures"]) == 0  # the nulls read back
+    # given to a decoder, they are refused rather than recorded and not used
+    assert main([*run, "--token-types", "zeros", "--packing", "balanced", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertscope: error: --token-types and --packing: how an encoder's sentence pairs are made")
+    assert not (tmp_path / "b").exists()

@@ -109,12 +109,14 @@ def main(args) -> int:
         raise UserError(f"heads induction reads random repeated tokens (--corpus random), not {args.corpus!r}")
     score_offsets(args.seq_len)  # T too short: refused before the model loads
     needed = 2 * args.seq_len + 1
-    if args.max_len is None:
+    length_from = None
+    if args.max_len is None:  # a model too short for the sequences is blamed on --seq-len, the option given
         args.max_len = needed
+        length_from = f"--seq-len {args.seq_len}, a sequence of {needed} tokens (BOS and T tokens twice),"
     elif args.max_len < needed:
         raise UserError(f"--seq-len {args.seq_len} makes sequences of {needed} tokens (BOS and T tokens twice): "
                         f"more than --max-len {args.max_len}")
-    with ModelRun(NAME, args, task="causal-lm", command=COMMAND, resumable=True) as run:
+    with ModelRun(NAME, args, task="causal-lm", command=COMMAND, resumable=True, length_from=length_from) as run:
         induction(run, args)
     return 0
 
