@@ -4,7 +4,9 @@ from __future__ import annotations
 
 SINKS_FILE = "sinks.csv"  # one row per (bos variant, layer, head)
 LAYERS_FILE = "sinks_layers.csv"  # one row per (bos variant, layer): means over heads, massive activations
-POSITIONS_FILE = "sinks_positions.csv"  # one row per (bos variant, layer, log2 position bucket)
+# one row per (bos variant, layer, log2 position bucket); query positions from 0 (the first token is 0), as the
+# heatmap's axis and docs/sinks.md number them
+POSITIONS_FILE = "sinks_positions.csv"
 STATS_FILE = "sinks.npz"  # the sums (`SinkStats`), saved every few batches: what --resume continues
 
 POSITIONS_FIGURE = "fig_sinks_positions.png"  # layer x query-position heatmap of the first-token mass

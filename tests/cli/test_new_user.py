@@ -325,3 +325,20 @@ def test_a_decoders_run_json_records_no_encoder_settings(tiny_llama_lm_dir, corp
     err = capsys.readouterr().err
     assert err.startswith("bertscope: error: --token-types and --packing: how an encoder's sentence pairs are made")
     assert not (tmp_path / "b").exists()
+
+
+def test_sinks_positions_count_from_0_as_the_docs_say(commands, tmp_path):
+    """sinks_positions.csv numbered query positions from 0 while docs/sinks.md called the first
+    token position 1: the docs now say 0, the table's numbering (and the heatmap's) is unchanged."""
+    import csv
+    from pathlib import Path
+
+    out = tmp_path / "run"
+    assert main([*commands["sinks"], "--out", str(out)]) == 0
+    with open(out / "sinks_positions.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    first = [r for r in rows if r["bucket"] == "0"]
+    assert first and all(r["first_position"] == r["last_position"] == "0" for r in first)
+    assert all(r["n_queries"] == r["n_seeing"] == "4" for r in first)  # one first token per segment, 4 segments
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "sinks.md").read_text(encoding="utf-8")
+    assert "so the first token is position 0" in docs and "position 1, the BOS" not in docs
