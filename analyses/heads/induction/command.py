@@ -35,7 +35,7 @@ from bertscope.analyses.heads.induction.section import ablation_finding, rho_tex
 from bertscope.analyses.heads.induction.stats import (
     SCORES,
     InductionScores,
-    Layout,
+    RepeatedSequence,
     SequenceLosses,
     half_losses,
     induction_spec,
@@ -129,13 +129,13 @@ def bos_token(loaded, no_bos: bool) -> int | None:
     return bos if bos is not None else getattr(loaded.model.config, "bos_token_id", None)
 
 
-def sequences(loaded, args) -> tuple[np.ndarray, Layout, dict]:
+def sequences(loaded, args) -> tuple[np.ndarray, RepeatedSequence, dict]:
     """(ids (N, L), layout, what run.json says of the input)."""
     bos = bos_token(loaded, args.no_bos)
     vocab = min(len(loaded.tokenizer), loaded.model.config.vocab_size)
     pool = token_pool(loaded.tokenizer, vocab)
     ids = random_sequences(args.limit, args.seq_len, pool, bos, args.seed)
-    layout = Layout(args.seq_len, bos is not None)
+    layout = RepeatedSequence(args.seq_len, bos is not None)
     about = {"seq_len": args.seq_len, "sequences": args.limit, "length": layout.length, "bos_id": bos,
              "bos_token": None if bos is None else loaded.tokenizer.convert_ids_to_tokens(bos),
              "token_pool": len(pool), "offsets": score_offsets(args.seq_len)}
@@ -150,7 +150,8 @@ def segments_of(ids: np.ndarray) -> list:
                     doc_id=f"random-{i}", document=i) for i, row in enumerate(ids)]
 
 
-def stream_scores(run: ModelRun, args, ids: np.ndarray, layout: Layout) -> tuple[InductionScores, SequenceLosses]:
+def stream_scores(run: ModelRun, args, ids: np.ndarray,
+                  layout: RepeatedSequence) -> tuple[InductionScores, SequenceLosses]:
     """One engine pass: the three scores and the unablated losses (checkpointed, resumed)."""
     from bertscope.engine.loop import EngineOptions, fold  # torch: imported with the run
 
@@ -276,7 +277,7 @@ def ablation_row(kind, k, draw, heads, first, rep, base_first, base_rep) -> dict
             "delta_icl": float((rep - first) - (base_rep - base_first))}
 
 
-def position_rows(base, var_losses, variants, ks, layout: Layout) -> list[dict]:
+def position_rows(base, var_losses, variants, ks, layout: RepeatedSequence) -> list[dict]:
     """Mean loss per target position: as trained, top k zeroed, k random zeroed (mean of the draws)."""
     first, repeated = layout.target_halves()
     half = np.full(base.shape[1], "", dtype=object)
