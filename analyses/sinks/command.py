@@ -25,13 +25,16 @@ import logging
 import math
 from dataclasses import fields
 from itertools import chain
+from typing import TYPE_CHECKING
 
-from bertscope.analyses.sinks import stats as S
 from bertscope.analyses.sinks.outputs import (
+    EPSILON,
     HEADS_FIGURE,
+    INITIAL,
     LAYERS_FIGURE,
     LAYERS_FILE,
     MASSIVE_FIGURE,
+    NAME,
     POSITIONS_FIGURE,
     POSITIONS_FILE,
     SINKS_FILE,
@@ -42,9 +45,13 @@ from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
+if TYPE_CHECKING:
+    from bertscope.analyses.sinks import stats as S
+
+# the statistics (`S`, bertscope.analyses.sinks.stats) import torch: they are imported where the run
+# uses them, so that building this command's parser does not, and a mistyped option is refused at once
 logger = logging.getLogger(__name__)
 
-NAME = S.NAME
 HELP = "attention sinks: the mass on the first token(s) per head, layer and query position, with and without a " \
        "BOS (Xiao et al. 2023; Gu et al. 2024; Sun et al. 2024)"
 DESCRIPTION = (
@@ -83,11 +90,11 @@ def add_arguments(p):
     p.add_argument("--bos-token", metavar="TOKEN", default=None,
                    help="the token --bos with/both puts first (default: the tokenizer's bos_token, or the one its "
                    "template adds)")
-    p.add_argument("--epsilon", type=float, default=S.EPSILON,
-                   help=f"Gu et al.'s threshold on alpha_1 for a sink head (default: {S.EPSILON})")
-    p.add_argument("--initial", type=positive_int, default=S.INITIAL, metavar="K",
+    p.add_argument("--epsilon", type=float, default=EPSILON,
+                   help=f"Gu et al.'s threshold on alpha_1 for a sink head (default: {EPSILON})")
+    p.add_argument("--initial", type=positive_int, default=INITIAL, metavar="K",
                    help="the initial tokens whose mass initial_mass sums (StreamingLLM keeps 4) "
-                   f"(default: {S.INITIAL})")
+                   f"(default: {INITIAL})")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
 
@@ -140,6 +147,7 @@ def sink_segments(corpus, loaded, args, causal: bool, report, plan):
     """The segments of every variant, each text's variants one after the other, each with its
     `SINK_CLASSES` ids. A decoder's are `bertscope run`'s (SegmentOptions.causal), made `room`
     tokens shorter when a BOS the template lacks is put first."""
+    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
     from bertscope.text.segments import SegmentOptions, iter_segments
 
     variants, prefix, bos, room = plan
@@ -177,6 +185,7 @@ def hidden_layers(loaded) -> list | None:
 
 
 def sink_run(run: ModelRun, args) -> int:
+    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
     from bertscope.engine.loop import EngineOptions, fold
     from bertscope.text.corpus import open_corpus
     from bertscope.text.segments import SegmentReport
@@ -236,6 +245,7 @@ def sink_run(run: ModelRun, args) -> int:
 
 
 def write_outputs(run: ModelRun, stats: S.SinkStats, report, args):
+    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
     from bertscope.models.loading import model_name
 
     results = S.headline(stats)

@@ -59,15 +59,16 @@ def test_a_missing_or_wrong_word_names_its_commands_help(argv, prog, capsys):
     assert err.endswith(f"(see `{prog} --help`)\n")
 
 
-def test_run_refuses_a_bad_option_before_importing_torch():
+@pytest.mark.parametrize("command", ["run", "sinks", "heads induction"])
+def test_a_bad_option_is_refused_before_importing_torch(command):
     """`bertscope run --max-len 0` took 6-9 s: its parser imported torch and transformers first.
     The wall time is printed (pytest -s), not asserted: on a loaded machine it is the load's."""
-    done, wall, imported = cli("run", "--max-len", "0")
+    done, wall, imported = cli(*command.split(), "--max-len", "0")
     assert done.returncode == 2
-    assert done.stderr == ("bertscope run: error: argument --max-len: expected a number >= 1, got 0 "
-                           "(see `bertscope run --help`)\n")
+    assert done.stderr == (f"bertscope {command}: error: argument --max-len: expected a number >= 1, got 0 "
+                           f"(see `bertscope {command} --help`)\n")
     assert not imported & HEAVY, imported & HEAVY
-    print(f"bertscope run --max-len 0: refused in {wall:.2f} s")
+    print(f"bertscope {command} --max-len 0: refused in {wall:.2f} s")
 
 
 def test_the_command_lines_backend_names_are_the_kernels():
