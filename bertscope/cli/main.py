@@ -220,6 +220,17 @@ def add_data_parser(sub):
                      help="no progress bars; warnings and errors only")
 
 
+def command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the command `args` holds (`bertscope heads induction`'s), whose error names
+    its own --help; `parser` itself when there is none."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        word = getattr(args, sub.dest, None) if sub is not None else None
+        if word not in (sub.choices if sub is not None else ()):
+            return parser
+        parser = sub.choices[word]
+
+
 def command_module(args):
     """The registry's module of the command `args` asks for, or None for a core command."""
     name = args.command
@@ -268,7 +279,11 @@ def main(argv=None) -> int:
     """The command line. Called without `argv` (the `bertscope` command itself), the process
     ends as soon as the command is done: see `exit_now`."""
     words = sys.argv[1:] if argv is None else list(argv)
-    code = run_command(build_parser(words).parse_args(words))
+    parser = build_parser(words)
+    args, extra = parser.parse_known_args(words)  # parse_args, but an unknown option is the command's error
+    if extra:
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    code = run_command(args)
     if argv is None:
         exit_now(code)
     return code

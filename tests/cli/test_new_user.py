@@ -45,8 +45,9 @@ def test_a_usage_error_is_one_line_that_points_at_help(words, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert err.startswith("bertscope") and ": error: " in err  # unrecognized, or a required argument missing
-    assert err.rstrip().endswith("--help`)")
+    prog = f"bertscope {' '.join(words)}"
+    assert err.startswith(f"{prog}: error: "), err  # an unknown option, or a required argument missing
+    assert err.endswith(f"(see `{prog} --help`)\n")
 
 
 @pytest.mark.parametrize("argv, prog", [([], "bertscope"), (["heads", "inductio"], "bertscope heads"),
