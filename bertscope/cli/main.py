@@ -63,6 +63,12 @@ class Parser(argparse.ArgumentParser):
     prints 10-15 lines of usage before the line that says what was wrong. Subcommands' parsers
     are of this class too (`add_subparsers` makes them of its parser's class)."""
 
+    subcommands = None  # the action of `add_subparsers`, kept: `command_parser` walks down through it
+
+    def add_subparsers(self, **kwargs):
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
@@ -224,7 +230,7 @@ def command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentPa
     """The parser of the command `args` holds (`bertscope heads induction`'s), whose error names
     its own --help; `parser` itself when there is none."""
     while True:
-        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        sub = getattr(parser, "subcommands", None)
         word = getattr(args, sub.dest, None) if sub is not None else None
         if word not in (sub.choices if sub is not None else ()):
             return parser
