@@ -30,7 +30,7 @@ from bertscope.analyses.surface.command import RunSettings
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE
 from bertscope.engine.loop import EngineOptions, fold, iter_word_maps, run_stats
 from bertscope.kernels import StatsSpec
-from bertscope.models.loading import load_model
+from bertscope.models.loading import load_model, model_name
 from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, make_segments
 from bertscope.text.token_classes import TokenClasses
@@ -66,8 +66,8 @@ class Scope:
         loaded = self.loaded
         kind = "decoder" if loaded.architecture.causal else "encoder"
         device = next(loaded.model.parameters()).device
-        return (f"Scope({loaded.origin}: {loaded.model_type} {kind}, {loaded.n_layers} layers x {loaded.n_heads} "
-                f"heads, context {loaded.max_len}, backend {self.backend}, {device})")
+        return (f"Scope({model_name(loaded.path)}: {loaded.model_type} {kind}, {loaded.n_layers} layers x "
+                f"{loaded.n_heads} heads, context {loaded.max_len}, backend {self.backend}, {device})")
 
     @property
     def model(self):

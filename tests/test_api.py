@@ -64,5 +64,5 @@ def test_the_default_length_is_the_models_and_a_cut_is_said(minilm_path, caplog)
 
 def test_a_scope_prints_in_one_line(tiny_checkpoint):
     scope = bertscope.load(str(tiny_checkpoint), backend="chunked")
-    assert repr(scope) == str(scope) == (f"Scope({scope.loaded.origin}: bert encoder, 2 layers x 4 heads, context "
-                                         f"{scope.loaded.max_len}, backend chunked, cpu)")
+    assert repr(scope) == str(scope) == (f"Scope({tiny_checkpoint.name}: bert encoder, 2 layers x 4 heads, context "
+                                         "128, backend chunked, cpu)")
