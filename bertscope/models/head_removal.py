@@ -29,8 +29,10 @@ as `bertscope_pruned_heads` and `bertscope_kept_heads` ({"layer": [heads]}, 0-ba
 original indices): transformers 5's PretrainedConfig has no `pruned_heads` any more (a
 transformers-4 `pruned_heads` in a config is read as well).
 
-Where each family keeps its attention and projections, and which layers share weights, is
-`bertscope.models.architectures`' table.
+Where each family keeps its layers and attention modules (`Architecture.layers`, known for every
+family: `kept_heads` reads the slots there), how its heads are removed (`Architecture.removal`:
+the projections; None where removal is refused in one line, `check_removable`) and which layers
+share weights is `bertscope.models.architectures`' table.
 
 Grouped-query attention (Llama, Mistral, Qwen, Gemma-3: G query heads read one key/value head):
 heads are query heads. A query head can only be removed together with the other G - 1 of its
@@ -104,20 +106,26 @@ def n_layers_heads(config) -> tuple[int, int]:
     return architecture_of(config).n_layers_heads(config)
 
 
+def check_removable(config):
+    """A one-line ValueError where heads of the config's family cannot be removed (the table's
+    `Architecture.removal` is None: a fused q/k/v projection, q/k norms over all heads)."""
+    refused = architecture_of(config).removal_refused()
+    if refused is not None:
+        raise ValueError(refused)
+
+
 def attention_parts(model, layer: int) -> AttentionParts:
     """The attention of `layer` (0-based) in `model` (a bare encoder or one with a task head),
-    where its architecture (`bertscope.models.architectures`) says it is."""
+    where its architecture (`bertscope.models.architectures`) says it is and how its heads go."""
+    check_removable(model.config)
     arch = architecture_of(model.config)
-    where = arch.modules
-    if where is None:
-        why = f": {arch.no_removal}" if arch.no_removal else ""
-        raise ValueError(f"cannot remove heads of model type {arch.model_type!r}{why}")
+    where = arch.removal
     at = arch.layer_module(model, layer)
 
     def owner_and_name(path: str) -> tuple[nn.Module, str]:
         owner, _, name = path.rpartition(".")
         return (attribute(at, owner) if owner else at), name
-    return AttentionParts(attribute(at, where.module), owner_and_name(where.q), owner_and_name(where.k),
+    return AttentionParts(attribute(at, arch.layers.attention), owner_and_name(where.q), owner_and_name(where.k),
                           owner_and_name(where.v), owner_and_name(where.out), where.count_attrs, where.size_attr)
 
 
@@ -128,11 +136,14 @@ def head_slots(module) -> tuple[int, ...] | None:
 
 
 def kept_heads(model) -> dict[int, list[int]]:
-    """layer -> original indices of the heads it still computes (all of them when unpruned)."""
+    """layer -> original indices of the heads it still computes (all of them when unpruned). Reads
+    the attention modules only, where the table's `layers` says they are: it works for every family,
+    those whose heads cannot be removed included (run.json's record reads it)."""
+    arch = architecture_of(model.config)
     n_layers, n_heads = n_layers_heads(model.config)
     out = {}
     for layer in range(n_layers):
-        slots = head_slots(attention_parts(model, layer).module)
+        slots = head_slots(arch.attention_module(model, layer))
         out[layer] = list(range(n_heads)) if slots is None else [s for s in slots if s != PLACEHOLDER]
     return out
 
@@ -151,6 +162,7 @@ def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
     shared ALBERT group must name the same heads. Updates the config's record (see the module
     docstring) and returns layer -> kept heads.
     """
+    check_removable(model.config)  # first: the family's refusal before anything about the heads asked
     n_layers, n_heads = n_layers_heads(model.config)
     current = pruned_heads(model)
     want = {layer: set(current[layer]) for layer in range(n_layers)}

@@ -37,7 +37,7 @@ ROBERTA_LIKE = {"xlm-roberta": XLMRobertaConfig, "camembert": CamembertConfig}
 ATOL = 1e-5
 # the encoders whose heads can be removed (the decoders': tests/models/test_decoder_families.py)
 ENCODERS = tuple(t for t in SUPPORTED_MODEL_TYPES
-                 if ARCHITECTURES[t].modules is not None and not ARCHITECTURES[t].causal)
+                 if ARCHITECTURES[t].removal is not None and not ARCHITECTURES[t].causal)
 
 
 @pytest.fixture(scope="module")
