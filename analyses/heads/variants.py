@@ -137,10 +137,11 @@ def first_gated_layer(variant: Variant) -> int | None:
 
 
 def layer_modules(model) -> list | None:
-    """The model's per-layer modules in call order (each called once per forward), where the
-    architecture table (`bertscope.models.architectures`) places them; None where the family
-    shares modules between layers (ALBERT)."""
-    return architecture_of(model.config).layer_list(model)
+    """The model's per-layer modules in call order (each called once per forward) where the
+    architecture table (`bertscope.models.architectures`, `Architecture.prefix_layers`) says
+    variants may start from a cached layer input; None where the family shares modules between
+    layers (ALBERT) or its task head reads more than the hidden states (ModernBERT, decoders)."""
+    return architecture_of(model.config).prefix_layers(model)
 
 
 def evaluate_variants(loaded, task: EncodedTask, variants: list[Variant], batch_size: int = 32,

@@ -111,6 +111,12 @@ class Architecture:
     position_ids:    the engine hands the model position ids counted from each sequence's first
                      real token, so that a left-padded sequence gets the positions it has alone
                      (decoders; absolute position embeddings such as GPT-2's need it)
+    prefix_sharing:  a task model of the family reads the last hidden states alone after its layers
+                     (a BERT-style pooler reads [CLS]), so `bertscope.analyses.heads.variants` may
+                     run many gated variants from one cached layer input; False where the head
+                     reads the inputs too (ModernBERT's mean pooling reads the padding mask, a
+                     decoder's classifier the ids of the last token) or the layers hand each
+                     other more than tensors of the batch's rows (a rotary pair, the plug-in's key band)
     no_removal:      why heads cannot be removed where `removal` is None (a fused q/k/v
                      projection, q/k norms over all heads together), for the one-line refusal
     refused:         why bertscope does not analyse the family at all, or None
@@ -132,6 +138,7 @@ class Architecture:
     window_sides: str = "left"
     layer_types_attr: str | None = None
     position_ids: bool = False
+    prefix_sharing: bool = True
     no_removal: str | None = None
     refused: str | None = None
 
@@ -187,6 +194,11 @@ class Architecture:
         """The module that calls the attention function in `layer` (0-based) of `model`."""
         return attribute(self.layer_module(model, layer), self.layers.attention)
 
+    def prefix_layers(self, model) -> list | None:
+        """The layers from whose cached inputs `bertscope.analyses.heads.variants` may run gated
+        variants (`prefix_sharing`), or None where it must replicate the batch from the inputs on."""
+        return self.layer_list(model) if self.prefix_sharing else None
+
     def layer_list(self, model) -> list | None:
         """Every layer's module in call order, each called once per forward pass; None where
         layers share one module (ALBERT), so that a hook on it would fire for several layers."""
@@ -229,7 +241,7 @@ LLAMA_REMOVAL = HeadRemoval(q="self_attn.q_proj", k="self_attn.k_proj", v="self_
 # A decoder: causal, grouped-query, no pair template (the tokenizer's own template adds a BOS or
 # nothing: bertscope.text.segments), position ids from the first real token (left padding).
 DECODER = dict(layers=LLAMA_LAYERS, removal=LLAMA_REMOVAL, n_special=None, causal=True,
-               kv_heads_attr="num_key_value_heads", position_ids=True)
+               kv_heads_attr="num_key_value_heads", position_ids=True, prefix_sharing=False)
 FUSED = "its q, k and v come out of one fused projection"
 QK_NORM = ("its q_norm and k_norm normalise over all heads together, so a layer with fewer heads would "
            "not compute the kept heads as before")
@@ -255,7 +267,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     # an encoder whose local layers see a window of sliding_window (= local_attention // 2) keys
     # on each side; every global_attn_every_n_layers-th layer sees all (config.layer_types)
     Architecture("modernbert", LayerModules(layer="layers.{i}", attention="attn", block="attn"), removal=None,
-                 no_removal=FUSED, punct_tokens=BYTE_BPE, window_attr="sliding_window",
+                 no_removal=FUSED, prefix_sharing=False, punct_tokens=BYTE_BPE, window_attr="sliding_window",
                  window_sides="both", layer_types_attr="layer_types"),
     # decoders (causal; grouped-query attention where num_key_value_heads < num_attention_heads)
     Architecture("llama", **DECODER, template="[BOS] A", punct_tokens=SENTENCEPIECE),
@@ -279,12 +291,12 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     # absolute position embeddings (position ids matter under left padding); no key/value grouping
     Architecture("gpt2", LayerModules(layer="h.{i}", attention="attn", block="attn"), removal=None,
                  no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
-                 position_ids=True),
+                 position_ids=True, prefix_sharing=False),
     # GPT-NeoX (Pythia): one query_key_value projection; rotary on part of each head
     # (rotary_pct), applied before the attention call, so bertscope sees q and k after it
     Architecture("gpt_neox", LayerModules(layer="layers.{i}", attention="attention", block="attention"),
                  removal=None, no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
-                 position_ids=True),
+                 position_ids=True, prefix_sharing=False),
     # OPT: learned absolute positions, its embedding table holds max_position_embeddings + 2 rows
     # (OPTLearnedPositionalEmbedding adds its offset of 2 itself: every configured position is an
     # input position); the query is scaled before the attention call (scaling 1.0); the attention
@@ -292,7 +304,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("opt", LayerModules(layer="decoder.layers.{i}", attention="self_attn", block="self_attn"),
                  HeadRemoval(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
                              out="self_attn.out_proj", count_attrs=("num_heads",), size_attr=None),
-                 n_special=None, template="</s> A", punct_tokens=BYTE_BPE, causal=True, position_ids=True),
+                 n_special=None, template="</s> A", punct_tokens=BYTE_BPE, causal=True, position_ids=True,
+                 prefix_sharing=False),
     # families refused by name: a position bias on the scores
     Architecture("bloom", **REFUSED, refused=POSITION_BIAS.format("ALiBi")),
     Architecture("mpt", **REFUSED, refused=POSITION_BIAS.format("ALiBi")),
