@@ -4,7 +4,9 @@ model's own eager attention returns with output_attentions, on a padded batch.
 Each family of `bertscope.models.architectures` that is not a BERT-style encoder is built tiny and
 random here (2 layers, 4 query heads; 2 key/value heads where the family has grouped-query
 attention; a sliding window small enough to bite where it has one: Mistral on every layer, Qwen2
-and Gemma-3 on the layers `layer_types` names, ModernBERT's bidirectional local layers). Decoders
+and Gemma-3 on the layers `layer_types` names, ModernBERT's bidirectional local layers, Phi-3 on
+every layer; the families added after these come from tests/tiny_decoders.py's `family_config`). KINDS
+is every such family of the table: a family added there is tested here without a word. Decoders
 get a left-padded batch (their position ids counted from each sequence's first real token, as the
 engine hands them), ModernBERT a right-padded one; one sequence is a single token. The
 statistics of every backend in `LAYOUT_BACKENDS` are compared, on the valid rows, with the same
@@ -17,17 +19,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_decoders import family_config
 from transformers import (
     AutoModel,
     Gemma2Config,
     Gemma3TextConfig,
     GPT2Config,
-    GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
     ModernBertConfig,
-    Olmo2Config,
-    OPTConfig,
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
@@ -68,17 +68,7 @@ def tiny_config(kind: str):
     if kind == "modernbert":  # layer 0 global, layer 1 local: 2 keys on each side
         return ModernBertConfig(**COMMON, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
                                 bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
-    if kind == "olmo2":  # q_norm / k_norm over all heads together
-        return Olmo2Config(**DECODER, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if kind == "phi3":  # one fused qkv_proj; a window of 3 keys on every layer
-        return Phi3Config(**DECODER, sliding_window=3, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if kind == "gpt_neox":  # one fused query_key_value; rotary on half of each head
-        return GPTNeoXConfig(**COMMON, rotary_pct=0.5, bos_token_id=1, eos_token_id=2)
-    if kind == "opt":  # learned positions offset by 2 inside the embedding; the query scaled before the call
-        return OPTConfig(vocab_size=50, hidden_size=HIDDEN, ffn_dim=48, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, max_position_embeddings=64, word_embed_proj_dim=HIDDEN,
-                         init_std=0.4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    raise ValueError(kind)
+    return family_config(kind, vocab_size=50)  # the families added since: tests/tiny_decoders.py
 
 
 # every family of the table that is not a BERT-style encoder (those: tests/conftest.py's tiny models)
@@ -186,15 +176,17 @@ def test_right_padding_works_for_decoders_too(kind):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(["mistral", "gemma3_text", "modernbert"]),
+@given(kind=st.sampled_from(["mistral", "phi3", "gemma3_text", "modernbert"]),
        lengths=st.lists(st.integers(1, 11), min_size=1, max_size=3), extra=st.integers(0, 2),
        left=st.booleans(), window=st.sampled_from([1, 2, 5]), kv_heads=st.sampled_from([1, 2, 4]))
 def test_parity_on_random_shapes(kind, lengths, extra, left, window, kv_heads, monkeypatch):
-    """Odd lengths, left and right padding, single-key rows, windows down to one key (Mistral and
-    Gemma-3: causal; ModernBERT: `window` keys each side), 1, 2 or 4 key/value heads."""
+    """Odd lengths, left and right padding, single-key rows, windows down to one key (Mistral,
+    Phi-3 and Gemma-3: causal; ModernBERT: `window` keys each side), 1, 2 or 4 key/value heads."""
     def config(kind):
         if kind == "mistral":
             return MistralConfig(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window)
+        if kind == "phi3":  # one fused qkv_proj, split by the key/value head count
+            return Phi3Config(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window, pad_token_id=0)
         if kind == "gemma3_text":
             return Gemma3TextConfig(**dict(DECODER, num_key_value_heads=kv_heads), head_dim=8, sliding_window=window,
                                     query_pre_attn_scalar=8, layer_types=["full_attention", "sliding_attention"])
