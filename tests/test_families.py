@@ -193,3 +193,20 @@ def test_every_command_on_every_family(model_type, corpus, tmp_path, capsys):
         pruned = load_model(tmp_path / "pruned")
         assert pruned.pruned_heads == {0: [0, 1], 1: [0, 1]}
         assert pruned.record()["pruned_heads"] == ["1-1", "1-2", "2-1", "2-2"]
+
+
+def test_the_docs_list_every_decoder_family_and_its_head_removal():
+    """docs/decoders.md's "Families" table: a row for every causal family of the table, whose head
+    removal column says "no" exactly where the table's `removal` is None."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "decoders.md").read_text()
+    section = text.split("\n## Families\n", 1)[1].split("\n## ", 1)[0]
+    said = {}
+    for row in re.findall(r"^\| (`.+?) \|.*\| (yes|no)\b[^|]*\|$", section, flags=re.M):
+        for name in re.findall(r"`([a-z0-9_]+)`", row[0]):
+            said[name] = row[1] == "yes"
+    decoders = {t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].causal}
+    assert set(said) == decoders
+    assert {t for t, yes in said.items() if not yes} == {t for t in decoders if ARCHITECTURES[t].removal is None}

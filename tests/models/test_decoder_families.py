@@ -341,8 +341,9 @@ def zero_gated(model, heads, batch):
     return out
 
 
-@pytest.mark.parametrize("kind", ("llama", "mistral", "qwen2", "qwen3", "gemma3_text"))
+@pytest.mark.parametrize("kind", [k for k in KINDS if ARCHITECTURES[k].removal is not None])
 def test_removing_whole_key_value_groups_equals_zero_gating(kind):
+    """Every family of the table whose heads can be removed: the pruned model is the zero-gated one."""
     model = build(kind)
     batch = padded_batch((7, 4), 7, left=True)
     valid = batch["attention_mask"].bool()
@@ -351,10 +352,12 @@ def test_removing_whole_key_value_groups_equals_zero_gating(kind):
     with torch.no_grad():
         full = model(**batch).last_hidden_state
     head_removal.prune_heads(model, heads)
-    attn = model.layers[0].self_attn
-    assert attn.q_proj.weight.shape[0] == 2 * 8 and attn.k_proj.weight.shape[0] == 8  # one key/value head left
-    assert attn.v_proj.weight.shape[0] == 8 and attn.o_proj.weight.shape[1] == 2 * 8
-    assert model.layers[1].self_attn.bertscope_head_slots == (head_removal.PLACEHOLDER,)
+    parts = head_removal.attention_parts(model, 0)
+    kv_kept = 2 // head_removal.kv_group(model.config)  # one key/value head left with groups of 2, else 2
+    rows = {name: getattr(*getattr(parts, name)).weight.shape[0] for name in ("q", "k", "v")}
+    assert rows == {"q": 2 * 8, "k": kv_kept * 8, "v": kv_kept * 8}
+    assert getattr(*parts.out).weight.shape[1] == 2 * 8
+    assert head_removal.attention_parts(model, 1).module.bertscope_head_slots == (head_removal.PLACEHOLDER,)
     with torch.no_grad():
         got = model(**batch).last_hidden_state
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
