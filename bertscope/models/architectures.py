@@ -66,6 +66,9 @@ class HeadRemoval:
     q, k, v, out: from the layer to each projection (an `nn.Linear`)
     count_attrs:  attributes of the attention module that hold its head count
     size_attr:    attribute of the attention module that holds heads * head_dim, if any
+    fused:        q names one projection whose rows are grouped per head, [q_h; k_h; v_h] (3 D
+                  rows per head: GPT-NeoX's query_key_value, viewed as (..., heads, 3 D) and
+                  chunked), k and v empty: a head's 3 D rows go together
     """
 
     q: str
@@ -74,6 +77,7 @@ class HeadRemoval:
     out: str
     count_attrs: tuple[str, ...]
     size_attr: str | None
+    fused: bool = False
 
 
 BERT_LAYERS = LayerModules(layer="encoder.layer.{i}", attention="attention.self", block="attention")
@@ -292,10 +296,13 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("gpt2", LayerModules(layer="h.{i}", attention="attn", block="attn"), removal=None,
                  no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
                  position_ids=True, prefix_sharing=False),
-    # GPT-NeoX (Pythia): one query_key_value projection; rotary on part of each head
+    # GPT-NeoX (Pythia): one query_key_value projection whose rows are grouped per head (q, k, v
+    # of head 0, then of head 1, ...), so a head's rows go together; rotary on part of each head
     # (rotary_pct), applied before the attention call, so bertscope sees q and k after it
     Architecture("gpt_neox", LayerModules(layer="layers.{i}", attention="attention", block="attention"),
-                 removal=None, no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
+                 HeadRemoval(q="attention.query_key_value", k="", v="", out="attention.dense", count_attrs=(),
+                             size_attr=None, fused=True),
+                 n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
                  position_ids=True, prefix_sharing=False),
     # OPT: learned absolute positions, its embedding table holds max_position_embeddings + 2 rows
     # (OPTLearnedPositionalEmbedding adds its offset of 2 itself: every configured position is an

@@ -63,7 +63,7 @@ def test_every_analysed_family_says_where_its_layers_are_and_why_heads_cannot_go
         else:
             assert arch.removal_refused() is None or arch.refused is not None, model_type
     assert {t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].removal is None} == {
-        "modernbert", "olmo2", "phi3", "gpt2", "gpt_neox"}
+        "modernbert", "olmo2", "phi3", "gpt2"}
     # shared prefixes of gated variants (bertscope.analyses.heads.variants): the BERT-style task
     # heads, which read the hidden states alone, as before the table said so
     assert {t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].prefix_sharing} == {

@@ -354,8 +354,11 @@ def test_removing_whole_key_value_groups_equals_zero_gating(kind):
     head_removal.prune_heads(model, heads)
     parts = head_removal.attention_parts(model, 0)
     kv_kept = 2 // head_removal.kv_group(model.config)  # one key/value head left with groups of 2, else 2
-    rows = {name: getattr(*getattr(parts, name)).weight.shape[0] for name in ("q", "k", "v")}
-    assert rows == {"q": 2 * 8, "k": kv_kept * 8, "v": kv_kept * 8}
+    if parts.fused:  # one projection, q, k and v rows of each kept head (GPT-NeoX)
+        assert getattr(*parts.q).weight.shape[0] == 2 * 3 * 8
+    else:
+        rows = {name: getattr(*getattr(parts, name)).weight.shape[0] for name in ("q", "k", "v")}
+        assert rows == {"q": 2 * 8, "k": kv_kept * 8, "v": kv_kept * 8}
     assert getattr(*parts.out).weight.shape[1] == 2 * 8
     assert head_removal.attention_parts(model, 1).module.bertscope_head_slots == (head_removal.PLACEHOLDER,)
     with torch.no_grad():
