@@ -173,12 +173,9 @@ def sink_segments(corpus, loaded, args, causal: bool, report, plan):
 
 
 def hidden_layers(loaded) -> list | None:
-    """Every layer's module (whose output the massive-activation hook reads), or None where bertscope
-    cannot reach the layers one by one."""
-    try:
-        return [loaded.architecture.layer_module(loaded.model, i) for i in range(loaded.n_layers)]
-    except (ValueError, AttributeError, IndexError):
-        return None
+    """Every layer's module (whose output the massive-activation hook reads), as the architecture
+    table places them; None where layers share one module (ALBERT), whose hook would fire for each."""
+    return loaded.architecture.layer_list(loaded.model)
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -222,7 +219,8 @@ def sink_run(run: ModelRun, args) -> int:
         run.log(f"resuming after batch {stats.batches_done}")
     layers = hidden_layers(loaded)
     if layers is None:
-        run.log(f"{loaded.model_type}: no massive activations (bertscope cannot hook its layers one by one)")
+        run.log(f"{loaded.model_type}: no massive activations (its layers share one module: it cannot be "
+                "hooked layer by layer)")
     probe = S.HiddenProbe()
     stats.probe = probe if layers is not None else None
     kinds = stats.layer_kinds()

@@ -227,7 +227,7 @@ def test_limit_samples_segments(tmp_path, corpus_file, tiny_checkpoint):
 # --- user mistakes --------------------------------------------------------------------------
 
 
-def error_cases(tmp: Path, tiny: Path, opt: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
+def error_cases(tmp: Path, tiny: Path, unsupported: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "empty-dir").mkdir()
     (tmp / "used").mkdir()
     (tmp / "used" / "something.txt").write_text("x")
@@ -242,7 +242,7 @@ def error_cases(tmp: Path, tiny: Path, opt: Path, corpus: Path) -> dict[str, tup
     return {
         "missing model dir": (["--model", str(tmp / "no-such-model"), *text], "model directory not found"),
         "dir without config.json": (["--model", str(tmp / "empty-dir"), *text], "no config.json"),
-        "unsupported model type": (["--model", str(opt), *text], "model type 'opt' is not supported"),
+        "unsupported model type": (["--model", str(unsupported), *text], "model type 'gptj' is not supported"),
         "missing corpus file": ([*model, "--corpus", str(tmp / "nope.txt")], "corpus file not found"),
         "corpus is a directory": ([*model, "--corpus", str(tmp / "empty-dir")], "is a directory"),
         "empty corpus file": ([*model, "--corpus", str(tmp / "blank.txt")], "has no text"),
@@ -268,8 +268,8 @@ def error_cases(tmp: Path, tiny: Path, opt: Path, corpus: Path) -> dict[str, tup
 
 
 @pytest.fixture
-def errors(tmp_path, tiny_checkpoint, opt_checkpoint, corpus_file):
-    return error_cases(tmp_path, tiny_checkpoint, opt_checkpoint, corpus_file)
+def errors(tmp_path, tiny_checkpoint, unsupported_checkpoint, corpus_file):
+    return error_cases(tmp_path, tiny_checkpoint, unsupported_checkpoint, corpus_file)
 
 
 @pytest.mark.parametrize("case", [
