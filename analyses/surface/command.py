@@ -234,8 +234,9 @@ def _run(settings: RunSettings, out: str | None, resume: str | None, figures: Fi
         recorded = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"],
                                                         settings_parser(settings_options)))
         # a setting this command line gives is refused where it is not the run's: the run takes them all
-        refuse_changed_settings(resume, changed_on_resume(asdict(settings), asdict(RunSettings()), asdict(recorded)),
-                                out)
+        changed = changed_on_resume(asdict(settings), asdict(RunSettings()), asdict(recorded),
+                                    {"window_batches": "--window"})
+        refuse_changed_settings(resume, changed, out)
         settings = recorded
     elif env_world().is_main:
         check_run_dir(out)  # a used --out fails before any work

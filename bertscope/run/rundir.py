@@ -235,14 +235,16 @@ def recorded_run(run_dir, name: str, command: str | None = None) -> dict:
     return record
 
 
-def changed_on_resume(given: dict, defaults: dict, recorded: dict) -> list[str]:
+def changed_on_resume(given: dict, defaults: dict, recorded: dict, options: dict | None = None) -> list[str]:
     """The options of a `--resume` command line that the resumed run would ignore: each one given
     (not at its default) whose value is not the one `recorded` in the run, as "--max-len 64 (the
-    run's: 128)". `given`, `defaults` and `recorded` map option dests to values."""
+    run's: 128)". `given`, `defaults` and `recorded` map option dests to values; `options` names
+    the option of a dest that is not its dest with dashes ({"window_batches": "--window"})."""
     changed = []
     for key, value in given.items():
         if key in recorded and key in defaults and value != defaults[key] and value != recorded[key]:
-            changed.append(f"--{key.replace('_', '-')} {_shown(value)} (the run's: {_shown(recorded[key])})")
+            option = (options or {}).get(key) or f"--{key.replace('_', '-')}"
+            changed.append(f"{option} {_shown(value)} (the run's: {_shown(recorded[key])})")
     return changed
 
 

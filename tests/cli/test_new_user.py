@@ -173,6 +173,9 @@ def test_resume_refuses_settings_it_would_ignore(name, commands, tmp_path, capsy
     # --out elsewhere is refused too; the run's own values, and options of where and how it runs, are taken
     assert main([*words, "--resume", str(out), "--out", str(tmp_path / "elsewhere"), "--quiet"]) == 2
     assert f"--out {tmp_path / 'elsewhere'} (the run's folder: {out})" in capsys.readouterr().err
+    if name == "run":  # an option whose dest is not its name is said by its name
+        assert main(["run", "--resume", str(out), "--window", "8", "--quiet"]) == 2
+        assert "--window 8 (the run's: 64)" in capsys.readouterr().err
     assert main([*words, "--resume", str(out), "--limit", "4", "--threads", "1", "--no-figures", "--quiet"]) == 0
 
 
