@@ -11,21 +11,25 @@ padding, rows that see one key; the layout paths with the shipped blocks and wit
 
 TRITON_INTERPRET=1 must be set before triton is imported (see test_triton_attention.py).
 """
+import dataclasses
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kernel_maps import random_units
 from test_layout import layouts, padded
 
+import bertscope.kernels.spec as spec_module
 import bertscope.kernels.triton_attention as ta
-from bertscope.kernels import PLAIN, AttentionLayout, StatsSpec, word_pooling
+from bertscope.kernels import PLAIN, AttentionLayout, StatsSpec, triton_aot, word_pooling
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import ROW_STATS, asked_stats
+from bertscope.kernels.spec import ROW_STATS, RowStat, asked_stats
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
@@ -162,3 +166,79 @@ def test_every_statistic_on_random_layouts(layout, L, pads, left, small, seed):
     path = ("single" if small else "online") if layout.is_plain else ("small" if small else "shipped")
     ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling)
     assert_table_matches(ref, run_triton(inputs, spec, layout, path, pooling), spec, inputs[3])
+
+
+# --- a statistic added to the table: the kernel says what it lacks, before any launch ---------------
+
+
+def new_statistic(monkeypatch):
+    """`max_mass` added to the table (and to StatsSpec) but to no Triton kernel: (its spec class, entry)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class NewSpec(StatsSpec):
+        max_mass: bool = False
+
+    new = RowStat("max_mass", ("B", "H", "L"), "max_mass")
+    monkeypatch.setattr(spec_module, "ROW_STATS", ROW_STATS + (new,))
+    return NewSpec, new
+
+
+@pytest.mark.parametrize("name", ["plain", "causal-window-gqa"])
+def test_a_statistic_the_kernel_lacks_is_an_error_before_the_launch(name, monkeypatch):
+    """Compiled or interpreted: `check_computed` names it before `_attn_stats_fwd` is launched
+    (a launch here would fail the test with an AssertionError instead)."""
+    NewSpec, _ = new_statistic(monkeypatch)
+    layout = LAYOUTS[name]
+    inputs, pooling = make_inputs(layout, 2, 9, [0], True, seed=0)
+
+    class NoLaunch:
+        arg_names, fn = ta._attn_stats_fwd.arg_names, ta._attn_stats_fwd.fn
+
+        def __getitem__(self, grid):
+            raise AssertionError("the kernel was launched")
+
+    monkeypatch.setattr(ta, "_attn_stats_fwd", NoLaunch())
+    with pytest.raises(NotImplementedError, match="triton backend does not compute max_mass"):
+        ta.attention_stats_triton(*inputs, NewSpec(n_key_classes=C, entropy=True, max_mass=True), layout=layout)
+
+
+def test_an_output_the_kernel_declares_but_never_writes_is_an_error(monkeypatch):
+    """A pointer argument named after a statistic of the table that the kernel's body never uses
+    (a forgotten store): `kernel_outputs` refuses the kernel, before any launch."""
+
+    @triton.jit
+    def kernel(Lse, Entropy, MaxMass, ENTROPY: tl.constexpr, MAX_MASS: tl.constexpr):
+        if ENTROPY:
+            tl.store(Entropy, 0.0)
+        tl.store(Lse, 0.0)
+
+    _, new = new_statistic(monkeypatch)
+    monkeypatch.setattr(ta, "ROW_STATS", ROW_STATS + (new,))
+    monkeypatch.setattr(ta, "_attn_stats_fwd", kernel)
+    with pytest.raises(NotImplementedError, match=r"takes max_mass \(MaxMass\) but never writes it"):
+        ta.kernel_outputs.__wrapped__()
+
+
+def test_the_kernel_writes_every_output_it_declares():
+    outputs = ta.kernel_outputs.__wrapped__()
+    computed = {stat.name for stat, _, _ in outputs} | set(ta.EXTRA_STATS)
+    assert not {s.name for s in ROW_STATS} - computed, "the triton backend does not compute every table entry"
+    assert computed <= {s.name for s in ROW_STATS}
+    assert {flag for _, _, flag in outputs if flag} == {"ENTROPY", "ARGMAX"}
+
+
+def test_the_aot_signature_switches_on_only_what_a_specialisation_asks(monkeypatch):
+    """A new statistic's switch is compiled off unless a specialisation names it (`extra`); off, its
+    pointer is the fp32 lse placeholder the launcher passes."""
+    _, new = new_statistic(monkeypatch)
+    outputs = ta.kernel_outputs() + ((new, "MaxMass", "MAX_MASS"),)
+    monkeypatch.setattr(ta, "kernel_outputs", lambda: outputs)
+    plain = triton_aot.Specialisation(128, 64, "bf16", True, False)
+    sig, flags = triton_aot._forward_signature(plain, "bf16")
+    assert flags == {"ENTROPY": True, "ARGMAX": False, "MAX_MASS": False}
+    assert (sig["Entropy"], sig["Argmax"], sig["MaxMass"], sig["ClassMass"]) == ("*bf16", "*fp32", "*fp32", "*bf16")
+    sig, flags = triton_aot._forward_signature(dataclasses.replace(plain, extra=("max_mass",)), "bf16")
+    assert flags["MAX_MASS"] and sig["MaxMass"] == "*bf16"
+    band = triton_aot.LayoutSpec(64, "fp32", True, True, extra=("max_mass",))
+    assert triton_aot._forward_signature(band, "fp32")[1] == {"ENTROPY": True, "ARGMAX": True, "MAX_MASS": True}
+    assert band.name().endswith("entropy+argmax+max_mass")
