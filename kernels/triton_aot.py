@@ -94,8 +94,9 @@ def _flags(spec) -> str:
 @dataclass(frozen=True)
 class LayoutSpec:
     """One specialisation of the fused kernel for the layouts other than the plain one
-    (`triton_attention._attn_stats_fwd` with BANDED on: causal, windowed, grouped-query). The band (win_left, win_right) and the group size G are runtime
-    integers, so one compiled kernel serves causal and windowed layouts alike; a launch with
+    (`triton_attention._attn_stats_fwd` with BANDED on: causal, windowed, grouped-query). The
+    band (win_left, win_right) and the group size G are runtime integers, so one compiled
+    kernel serves causal and windowed layouts alike; a launch with
     G = 1 (one query head per key/value head) is specialised by Triton's launcher (an integer
     argument equal to 1 becomes a constant), any larger G (3: SmolLM2, 4: Gemma-3 and
     Llama-3.2) is the same generic kernel: `group` is "1" or "G"."""

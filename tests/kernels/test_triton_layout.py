@@ -1,6 +1,7 @@
 """The Triton kernels under every `AttentionLayout` (causal, windowed, grouped-query) against
 the eager oracle, run by Triton's interpreter on the CPU: the fused forward's layout path
-(`fused_attention_layout`; test_triton_table.py checks every statistic of the table), column mass and word maps (`triton_maps`), and Jensen-Shannon
+(`fused_attention_layout`; test_triton_table.py checks every statistic of the table), column
+mass and word maps (`triton_maps`), and Jensen-Shannon
 between heads (`triton_js`), with left and right padding, odd lengths, single-key rows and
 several key blocks (small blocks forced where the shipped ones would cover the whole row).
 

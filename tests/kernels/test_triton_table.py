@@ -172,13 +172,13 @@ def test_every_statistic_on_random_layouts(layout, L, pads, left, small, seed):
 
 
 def new_statistic(monkeypatch):
-    """`max_mass` added to the table (and to StatsSpec) but to no Triton kernel: (its spec class, entry)."""
+    """A statistic added to the table (and to StatsSpec) but to no Triton kernel: (its spec class, entry)."""
 
     @dataclasses.dataclass(frozen=True)
     class NewSpec(StatsSpec):
-        max_mass: bool = False
+        attention_rollout: bool = False
 
-    new = RowStat("max_mass", ("B", "H", "L"), "max_mass")
+    new = RowStat("attention_rollout", ("B", "H", "L"), "attention_rollout")
     monkeypatch.setattr(spec_module, "ROW_STATS", ROW_STATS + (new,))
     return NewSpec, new
 
@@ -198,8 +198,9 @@ def test_a_statistic_the_kernel_lacks_is_an_error_before_the_launch(name, monkey
             raise AssertionError("the kernel was launched")
 
     monkeypatch.setattr(ta, "_attn_stats_fwd", NoLaunch())
-    with pytest.raises(NotImplementedError, match="triton backend does not compute max_mass"):
-        ta.attention_stats_triton(*inputs, NewSpec(n_key_classes=C, entropy=True, max_mass=True), layout=layout)
+    with pytest.raises(NotImplementedError, match="triton backend does not compute attention_rollout"):
+        ta.attention_stats_triton(*inputs, NewSpec(n_key_classes=C, entropy=True, attention_rollout=True),
+                                  layout=layout)
 
 
 def test_an_output_the_kernel_declares_but_never_writes_is_an_error(monkeypatch):
@@ -207,7 +208,7 @@ def test_an_output_the_kernel_declares_but_never_writes_is_an_error(monkeypatch)
     (a forgotten store): `kernel_outputs` refuses the kernel, before any launch."""
 
     @triton.jit
-    def kernel(Lse, Entropy, MaxMass, ENTROPY: tl.constexpr, MAX_MASS: tl.constexpr):
+    def kernel(Lse, Entropy, AttentionRollout, ENTROPY: tl.constexpr, ATTENTION_ROLLOUT: tl.constexpr):
         if ENTROPY:
             tl.store(Entropy, 0.0)
         tl.store(Lse, 0.0)
@@ -215,7 +216,7 @@ def test_an_output_the_kernel_declares_but_never_writes_is_an_error(monkeypatch)
     _, new = new_statistic(monkeypatch)
     monkeypatch.setattr(ta, "ROW_STATS", ROW_STATS + (new,))
     monkeypatch.setattr(ta, "_attn_stats_fwd", kernel)
-    with pytest.raises(NotImplementedError, match=r"takes max_mass \(MaxMass\) but never writes it"):
+    with pytest.raises(NotImplementedError, match=r"takes attention_rollout \(AttentionRollout\) but never writes it"):
         ta.kernel_outputs.__wrapped__()
 
 
@@ -231,14 +232,14 @@ def test_the_aot_signature_switches_on_only_what_a_specialisation_asks(monkeypat
     """A new statistic's switch is compiled off unless a specialisation names it (`extra`); off, its
     pointer is the fp32 lse placeholder the launcher passes."""
     _, new = new_statistic(monkeypatch)
-    outputs = ta.kernel_outputs() + ((new, "MaxMass", "MAX_MASS"),)
+    outputs = ta.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
     monkeypatch.setattr(ta, "kernel_outputs", lambda: outputs)
     plain = triton_aot.Specialisation(128, 64, "bf16", True, False)
     sig, flags = triton_aot._forward_signature(plain, "bf16")
-    assert flags == {"ENTROPY": True, "ARGMAX": False, "MAX_MASS": False}
-    assert (sig["Entropy"], sig["Argmax"], sig["MaxMass"], sig["ClassMass"]) == ("*bf16", "*fp32", "*fp32", "*bf16")
-    sig, flags = triton_aot._forward_signature(dataclasses.replace(plain, extra=("max_mass",)), "bf16")
-    assert flags["MAX_MASS"] and sig["MaxMass"] == "*bf16"
-    band = triton_aot.LayoutSpec(64, "fp32", True, True, extra=("max_mass",))
-    assert triton_aot._forward_signature(band, "fp32")[1] == {"ENTROPY": True, "ARGMAX": True, "MAX_MASS": True}
-    assert band.name().endswith("entropy+argmax+max_mass")
+    assert flags == {"ENTROPY": True, "ARGMAX": False, "ATTENTION_ROLLOUT": False}
+    assert (sig["Entropy"], sig["Argmax"], sig["AttentionRollout"]) == ("*bf16", "*fp32", "*fp32")
+    sig, flags = triton_aot._forward_signature(dataclasses.replace(plain, extra=("attention_rollout",)), "bf16")
+    assert flags["ATTENTION_ROLLOUT"] and sig["AttentionRollout"] == "*bf16"
+    band = triton_aot.LayoutSpec(64, "fp32", True, True, extra=("attention_rollout",))
+    assert triton_aot._forward_signature(band, "fp32")[1] == dict(ENTROPY=True, ARGMAX=True, ATTENTION_ROLLOUT=True)
+    assert band.name().endswith("entropy+argmax+attention_rollout")
