@@ -72,7 +72,7 @@ class Specialisation:
     def name(self) -> str:
         c = self.config()
         path = "single" if c["SINGLE_TILE"] else "online"
-        return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
+        return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
                 f"{self.dtype} C{self.n_classes} {_flags(self)}" + ("" if self.class_dot else " loop")
                 + (" uniform" if self.uniform else ""))
 

@@ -71,6 +71,8 @@ from .triton_tiles import DTYPES, FMIN, key_block_scores, launch_caps
 # rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
 SINGLE_TILE_MAX_L = 128
 SINGLE_TILE_MAX_L_FP32 = 32
+# fp32's online blocks at D <= 32: a register cap (`maxnreg`, see kernel_config)
+MAXNREG_FP32_ONLINE = 128
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same block sizes
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -185,9 +187,9 @@ def _attn_stats_fwd(
     head, f = i * G + g (position i, head g of the group), against that head's keys.
     BANDED (causal or windowed layouts): only the key blocks that meet the rows' band
     [i - win_left, i + win_right] are visited, its edges masked; off, every key block is
-    visited in order without a mask (the plain layout: G = 1, which Triton's launcher
-    specialises, so the stacking folds away). SINGLE_TILE: one key block holds the whole
-    row (plain layout, short rows)."""
+    visited in order without a mask (the plain layout only: G = 1, which Triton's launcher
+    specialises, so the stacking folds away, and one xi per program). SINGLE_TILE: one key
+    block holds the whole row (plain layout, short rows)."""
     start_m = tl.program_id(0)
     off_bkv = tl.program_id(1)  # b * H_kv + key/value head
     H_kv = H // G
@@ -280,7 +282,10 @@ def _attn_stats_fwd(
         p_o = tl.where(inside, tl.exp(s_o - m_i) / l_i, 0.0)
         tl.store(OffsetMass + bh0 * L * n_offsets + row * n_offsets + o, p_o, mask=f_in)
     # -- head gates: xi per row's head; a uniform head's rows get the mean of V over the valid keys they see
-    xi = tl.load(GateXi + bh0 + g, mask=f_in, other=1.0)  # (BLOCK_M,)
+    if BANDED:
+        xi = tl.load(GateXi + bh0 + g, mask=f_in, other=1.0)  # (BLOCK_M,)
+    else:  # G = 1: one head per program, one xi
+        xi = tl.load(GateXi + bh0) + tl.zeros([BLOCK_M], dtype=tl.float32)
     O_ptrs = (Out + off_b * stride_ob + (off_kv * G) * stride_oh + (g * stride_oh + pos * stride_ol)[:, None]
               + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
     if not UNIFORM:  # no uniform gate in this call (compiled apart: the common case carries no second pass)
@@ -333,6 +338,13 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
     dot (255 registers); 64 x 32 hold about 180. single_tile=True/False forces a path (the tests
     run both on the same inputs); a forced single tile longer than the shipped one is for
     the interpreter and is not register-checked.
+
+    fp32 online blocks at D <= 32 launch with `maxnreg` = 128: left to itself, ptxas picked a
+    higher occupancy step for 32 key classes on sm_80 (64 registers) and spilled 4 bytes; with
+    the cap they take 108-128 registers on sm_80 and sm_90 (two CTAs of 8 warps per SM, as the
+    101-177 they took before the plain and layout kernels became one), no spill. At D = 64 a cap
+    of 255 makes ptxas take all 255 and spill on sm_90, so D = 64 has none. The cap is a launch
+    option, in the dict only where it applies.
     """
     fp16 = dtype in HALF_DTYPES  # fp16 or bf16
     max_single = SINGLE_TILE_MAX_L if fp16 else SINGLE_TILE_MAX_L_FP32
@@ -347,6 +359,9 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
         block_m, block_n, num_warps, num_stages = 64, 32, 8, 2
     else:
         block_m, block_n, num_warps, num_stages = 32, 32, 8, 2
+        if block_d <= 32:
+            return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile,
+                        num_warps=num_warps, num_stages=num_stages, maxnreg=MAXNREG_FP32_ONLINE)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile, num_warps=num_warps,
                 num_stages=num_stages)
 
@@ -546,7 +561,7 @@ def gate_operands(gates, B, H, dev):
 
 
 def layout_kernel_config(L: int, D: int, dtype=torch.float32) -> dict:
-    """Block sizes, warps and stages of the layout kernel (`_attn_stats_band_fwd`): always the
+    """Block sizes, warps and stages of the layout path (`_attn_stats_fwd`, BANDED on): always the
     online path (decoder rows are long; causal rows see different numbers of keys). BLOCK_M
     counts stacked query rows (G heads x BLOCK_M / G positions). The sizes `triton_aot`
     compiles for sm_80 and sm_90 with no register spill (Triton 3.6 and 3.7; D = 32 to 256,
