@@ -64,7 +64,7 @@ class Specialisation:
     def config(self) -> dict:
         from .triton_attention import kernel_config  # see the note above ARCHS
 
-        return kernel_config(self.L, self.D, torch_dtype(self.dtype))
+        return kernel_config(self.L, self.D, torch_dtype(self.dtype), uniform=self.uniform)
 
     def switched_on(self) -> set[str]:
         return _switched_on(self)

@@ -71,8 +71,9 @@ from .triton_tiles import DTYPES, FMIN, key_block_scores, launch_caps
 # rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
 SINGLE_TILE_MAX_L = 128
 SINGLE_TILE_MAX_L_FP32 = 32
-# fp32's online blocks at D <= 32: a register cap (`maxnreg`, see kernel_config)
-MAXNREG_FP32_ONLINE = 128
+# the register cap (`maxnreg`) of fp32 online blocks at D <= 32 and half-precision single tiles at
+# D = 64 (see kernel_config)
+MAXNREG_PLAIN = 128
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same block sizes
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -188,8 +189,8 @@ def _attn_stats_fwd(
     BANDED (causal or windowed layouts): only the key blocks that meet the rows' band
     [i - win_left, i + win_right] are visited, its edges masked; off, every key block is
     visited in order without a mask (the plain layout only: G = 1, which Triton's launcher
-    specialises, so the stacking folds away, and one xi per program). SINGLE_TILE: one key
-    block holds the whole row (plain layout, short rows)."""
+    specialises, so the stacking folds away). SINGLE_TILE: one key block holds the whole row
+    (plain layout, short rows)."""
     start_m = tl.program_id(0)
     off_bkv = tl.program_id(1)  # b * H_kv + key/value head
     H_kv = H // G
@@ -282,10 +283,7 @@ def _attn_stats_fwd(
         p_o = tl.where(inside, tl.exp(s_o - m_i) / l_i, 0.0)
         tl.store(OffsetMass + bh0 * L * n_offsets + row * n_offsets + o, p_o, mask=f_in)
     # -- head gates: xi per row's head; a uniform head's rows get the mean of V over the valid keys they see
-    if BANDED:
-        xi = tl.load(GateXi + bh0 + g, mask=f_in, other=1.0)  # (BLOCK_M,)
-    else:  # G = 1: one head per program, one xi
-        xi = tl.load(GateXi + bh0) + tl.zeros([BLOCK_M], dtype=tl.float32)
+    xi = tl.load(GateXi + bh0 + g, mask=f_in, other=1.0)  # (BLOCK_M,)
     O_ptrs = (Out + off_b * stride_ob + (off_kv * G) * stride_oh + (g * stride_oh + pos * stride_ol)[:, None]
               + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
     if not UNIFORM:  # no uniform gate in this call (compiled apart: the common case carries no second pass)
@@ -320,7 +318,8 @@ def _attn_stats_fwd(
 INTERPRETED = not isinstance(_attn_stats_fwd, triton.runtime.jit.JITFunction)
 
 
-def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None = None) -> dict:
+def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None = None,
+                  uniform: bool = False) -> dict:
     """Code path, block sizes, warps and stages for rows of length L, head dimension D.
 
     The shipped configurations are those `triton_aot` compiles for sm_80 and sm_90 with no
@@ -339,12 +338,15 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
     run both on the same inputs); a forced single tile longer than the shipped one is for
     the interpreter and is not register-checked.
 
-    fp32 online blocks at D <= 32 launch with `maxnreg` = 128: left to itself, ptxas picked a
-    higher occupancy step for 32 key classes on sm_80 (64 registers) and spilled 4 bytes; with
-    the cap they take 108-128 registers on sm_80 and sm_90 (two CTAs of 8 warps per SM, as the
-    101-177 they took before the plain and layout kernels became one), no spill. At D = 64 a cap
-    of 255 makes ptxas take all 255 and spill on sm_90, so D = 64 has none. The cap is a launch
-    option, in the dict only where it applies.
+    Register cap: fp32 online blocks at D <= 32 and half-precision single tiles at D = 64
+    launch with `maxnreg` = 128 (MAXNREG_PLAIN), unless the call has uniform head gates
+    (`uniform`: the epilogue's second pass needs ~185 registers). Left to itself, ptxas picked
+    a higher occupancy step on sm_80 for some of them (64 or 80 registers) and spilled 4 bytes,
+    since the plain and layout kernels became one; with the cap none spills, in 96-128
+    registers (two or more CTAs of 8 warps per SM). Elsewhere a cap does harm: a 128 cap spills
+    the D = 32 single tiles (150-205 registers), a 255 cap makes ptxas take all 255 for fp32
+    online blocks at D = 64 and spill on sm_90. The cap is a launch option, in the dict only
+    where it applies.
     """
     fp16 = dtype in HALF_DTYPES  # fp16 or bf16
     max_single = SINGLE_TILE_MAX_L if fp16 else SINGLE_TILE_MAX_L_FP32
@@ -355,15 +357,18 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
         block_n = max(max_single, triton.next_power_of_2(L))
         block_m = 32 if fp16 and block_n <= 128 else 16
         num_warps, num_stages = (8 if fp16 else 4), 1
+        capped = fp16 and block_d == 64
     elif fp16:
         block_m, block_n, num_warps, num_stages = 64, 32, 8, 2
+        capped = False
     else:
         block_m, block_n, num_warps, num_stages = 32, 32, 8, 2
-        if block_d <= 32:
-            return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile,
-                        num_warps=num_warps, num_stages=num_stages, maxnreg=MAXNREG_FP32_ONLINE)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile, num_warps=num_warps,
-                num_stages=num_stages)
+        capped = block_d <= 32
+    cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile, num_warps=num_warps,
+               num_stages=num_stages)
+    if capped and not uniform:
+        cfg["maxnreg"] = MAXNREG_PLAIN
+    return cfg
 
 
 def c_pad(n_classes: int, class_dot: bool = True) -> int:
@@ -392,8 +397,9 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     """
     _check_dtypes(q, k, v)
     B, H, L, D = q.shape
-    return _launch(q, k, v, key_valid, key_class, spec, PLAIN, kernel_config(L, D, q.dtype, single_tile), gates,
-                   scale, stats_dtype, class_dot)
+    uniform = gates is not None and gates.uniform is not None
+    return _launch(q, k, v, key_valid, key_class, spec, PLAIN, kernel_config(L, D, q.dtype, single_tile, uniform),
+                   gates, scale, stats_dtype, class_dot)
 
 
 def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,
