@@ -515,10 +515,6 @@ def _names_used(kernel) -> set[str]:
     return {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
 
 
-# statistics of the table that `_extras` computes in passes of their own from the kernel's lse
-EXTRA_STATS = ("column_mass", "word_map", "word_argmax")
-
-
 def check_computed(spec: StatsSpec):
     """A NotImplementedError naming every statistic `spec` asks for that neither the fused kernel
     (`kernel_outputs`) nor `_extras` computes: raised before a launch, so a statistic added to
@@ -544,6 +540,10 @@ def allocate_outputs(spec: StatsSpec, dims: dict, lse, stats_dtype) -> tuple[dic
         if flag is not None and not on:
             outputs[arg] = lse
             continue
+        unknown = [d for d in stat.shape if d not in dims]
+        if unknown:
+            raise NotImplementedError(f"{stat.name} has dimension {', '.join(unknown)}, which the triton launcher "
+                                      f"does not size (it knows {', '.join(dims)}: add it in `_launch`)")
         shape, dtype = [dims[d] for d in stat.shape], torch.int64 if stat.dtype == "int64" else stats_dtype
         if INTERPRETED:
             outputs[arg] = torch.full(shape, -2 if stat.dtype == "int64" else float("nan"), device=lse.device,
@@ -618,23 +618,37 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
     return out, finish_stats(stats, spec, key_valid, "triton")
 
 
+def _column_mass(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):
+    stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=q.dtype, layout=layout)
+
+
+def _word_maps(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):
+    stats.word_map, stats.word_argmax = triton_maps.word_maps_triton(
+        q, k, key_valid, lse, require_pooling(pooling), scale, out_dtype=q.dtype, layout=layout)
+
+
+# the statistics of the table that passes of their own compute from the fused kernel's lse
+# (kernels/triton_maps.py), each with its pass (one pass may give several)
+EXTRA_PASSES = {"column_mass": _column_mass, "word_map": _word_maps, "word_argmax": _word_maps}
+EXTRA_STATS = tuple(EXTRA_PASSES)
+
+
 def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling, layout: AttentionLayout = PLAIN):
     """HOOK: the statistics beyond the fused kernel's, from its row lse (B, H, L) fp32.
 
-    column_mass and word_maps are separate Triton passes (kernels/triton_maps.py) that
-    re-derive p_ij = exp(s_ij - lse_i) tile by tile; keep_qk hands q and k on as views.
-    The statistics it computes are `EXTRA_STATS`; one of the table that neither the kernel
-    nor this hook computes fails loudly before the launch (`check_computed`) and again in
-    `finish_stats`, rather than coming back as a silently missing statistic.
+    Each asked statistic of `EXTRA_PASSES` runs its pass (once, however many statistics it
+    gives): column mass and word maps are separate Triton passes (kernels/triton_maps.py) that
+    re-derive p_ij = exp(s_ij - lse_i) tile by tile; keep_qk hands q and k on as views. A
+    statistic of the table that neither the kernel nor a pass here computes fails loudly before
+    the launch (`check_computed`) and again in `finish_stats`, rather than coming back as a
+    silently missing statistic.
     """
-    stats_dtype = q.dtype
-    if spec.column_mass or spec.word_maps:
-        if spec.column_mass:
-            stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=stats_dtype,
-                                                               layout=layout)
-        if spec.word_maps:
-            stats.word_map, stats.word_argmax = triton_maps.word_maps_triton(
-                q, k, key_valid, lse, require_pooling(pooling), scale, out_dtype=stats_dtype, layout=layout)
+    done = []
+    for stat in asked_stats(spec):
+        run = EXTRA_PASSES.get(stat.name)
+        if run is not None and run not in done:
+            run(stats, q, k, key_valid, lse, scale, pooling, layout)
+            done.append(run)
     keep_qk(stats, q, k, scale, spec)
 
 

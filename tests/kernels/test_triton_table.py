@@ -244,3 +244,24 @@ def test_the_aot_signature_switches_on_only_what_a_specialisation_asks(monkeypat
     flags = triton_aot._forward_signature(band, "fp32")[1]
     assert {flag for flag, on in flags.items() if on} == {"ENTROPY", "ARGMAX", "ATTENTION_ROLLOUT"}
     assert band.name().endswith("entropy+argmax+attention_rollout")
+
+
+def test_an_output_of_a_dimension_the_launcher_does_not_size_is_an_error(monkeypatch):
+    """A statistic with a new symbolic dimension (distance buckets, say) needs its size in `_launch`:
+    a NotImplementedError naming both, not a KeyError."""
+    _, new = new_statistic(monkeypatch)
+    new = dataclasses.replace(new, shape=("B", "H", "L", "NB"))
+    outputs = ta.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
+    monkeypatch.setattr(ta, "kernel_outputs", lambda: outputs)
+
+    @dataclasses.dataclass(frozen=True)
+    class Asks:
+        attention_rollout: bool = True
+        entropy: bool = False
+        offsets: tuple = ()
+        class_mass: bool = False
+        argmax: bool = False
+
+    lse = torch.zeros(1, 1, 4)
+    with pytest.raises(NotImplementedError, match="attention_rollout has dimension NB"):
+        ta.allocate_outputs(Asks(), {"B": 1, "H": 1, "L": 4, "O": 0, "C": 1}, lse, torch.float32)
