@@ -265,3 +265,13 @@ def test_an_output_of_a_dimension_the_launcher_does_not_size_is_an_error(monkeyp
     lse = torch.zeros(1, 1, 4)
     with pytest.raises(NotImplementedError, match="attention_rollout has dimension NB"):
         ta.allocate_outputs(Asks(), {"B": 1, "H": 1, "L": 4, "O": 0, "C": 1}, lse, torch.float32)
+
+
+def test_plain_left_padding_over_whole_key_blocks_is_finite():
+    """A left-padded plain row whose first 32-key blocks are all padding: the entropy's running
+    shift from m = FMIN to a real score would be -inf * 0 (main before issue 35 gave NaN here)."""
+    inputs, pooling = make_inputs(PLAIN, 1, 70, [40], True, seed=0)
+    spec = spec_asking(ROW_STATS)
+    got = run_triton(inputs, spec, PLAIN, "online", pooling)
+    assert torch.isfinite(got[1].entropy).all()
+    assert_table_matches(attention_stats_eager(*inputs, spec, pooling=pooling), got, spec, inputs[3])
