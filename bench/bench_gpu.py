@@ -104,10 +104,7 @@ class Env:
         self.device = "cpu" if dry_run else "cuda"
         self.backend = "chunked" if dry_run else "triton"
         self.js_backend = "chunked" if dry_run else "triton"
-        from bertscope.kernels import LAYOUT_BACKENDS
-
-        # the decoder's backend: causal grouped-query layouts (chunked once it computes them)
-        self.decoder_backend = "triton" if not dry_run else ("chunked" if "chunked" in LAYOUT_BACKENDS else "eager")
+        self.decoder_backend = self.backend  # every backend computes every layout
         self.cuda = not dry_run
 
     def sync(self):
