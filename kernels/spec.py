@@ -372,19 +372,6 @@ class AttentionLayout:
             raise ValueError(f"{n_heads} query heads cannot share {self.n_key_value_heads} key/value heads evenly")
         return n_heads // self.n_key_value_heads
 
-    def unsupported(self, n_heads: int | None = None) -> list[str]:
-        """What of this layout is not an encoder's, in words (empty when plain): what a caller
-        that computes plain attention only must refuse."""
-        out = []
-        if self.causal:
-            out.append("causal attention")
-        if self.window is not None:
-            out.append(f"sliding-window attention (window {self.window[0]} left, {self.window[1]} right)")
-        if self.n_key_value_heads is not None:
-            of = f" for {n_heads} query heads" if n_heads is not None else ""
-            out.append(f"grouped-query attention ({self.n_key_value_heads} key/value heads{of})")
-        return out
-
     def describe(self) -> str:
         """The layout in words (run.json, messages): "bidirectional", "causal, window 512, 4 q / 1 kv heads"."""
         parts = ["causal" if self.causal else "bidirectional"]
