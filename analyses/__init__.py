@@ -33,7 +33,7 @@ class Group:
 
 
 @dataclass(frozen=True)
-class Section:
+class SectionEntry:
     """A section of the report: `name` is its HTML id, `builder` a "module:function"."""
 
     name: str
@@ -85,26 +85,26 @@ COMMANDS: dict[str, str] = {
 
 # the report's sections, in page order (the report adds its provenance first and the figures
 # no section claimed last)
-SECTIONS: tuple[Section, ...] = (
-    Section("surface", _ + "surface.section:build"),
-    Section("syntax", _ + "probes.syntax.section:build"),
-    Section("coref", _ + "probes.coref.section:build"),
-    Section("classifier", _ + "probes.classifier.section:build"),
-    Section("cluster", _ + "probes.cluster.section:build"),
-    Section("compare", _ + "compare.section:build"),
-    Section("cues", _ + "cues.section:build"),
-    Section("per_example", _ + "surface.section:build_per_example"),
-    Section("features", _ + "features.section:build"),
-    Section("relations", _ + "relations.section:build"),
-    Section("patterns", _ + "patterns.section:build"),
-    Section("disable", _ + "heads.disable.section:build"),
-    Section("finetune", _ + "finetune.section:build"),
-    Section("attention_grad", _ + "heads.attention_grad.section:build"),
-    Section("importance", _ + "heads.importance.section:build"),
-    Section("prune", _ + "heads.prune.section:build"),
-    Section("ablate", _ + "heads.ablate.section:build"),
-    Section("sinks", _ + "sinks.section:build"),
-    Section("induction", _ + "heads.induction.section:build"),
+SECTIONS: tuple[SectionEntry, ...] = (
+    SectionEntry("surface", _ + "surface.section:build"),
+    SectionEntry("syntax", _ + "probes.syntax.section:build"),
+    SectionEntry("coref", _ + "probes.coref.section:build"),
+    SectionEntry("classifier", _ + "probes.classifier.section:build"),
+    SectionEntry("cluster", _ + "probes.cluster.section:build"),
+    SectionEntry("compare", _ + "compare.section:build"),
+    SectionEntry("cues", _ + "cues.section:build"),
+    SectionEntry("per_example", _ + "surface.section:build_per_example"),
+    SectionEntry("features", _ + "features.section:build"),
+    SectionEntry("relations", _ + "relations.section:build"),
+    SectionEntry("patterns", _ + "patterns.section:build"),
+    SectionEntry("disable", _ + "heads.disable.section:build"),
+    SectionEntry("finetune", _ + "finetune.section:build"),
+    SectionEntry("attention_grad", _ + "heads.attention_grad.section:build"),
+    SectionEntry("importance", _ + "heads.importance.section:build"),
+    SectionEntry("prune", _ + "heads.prune.section:build"),
+    SectionEntry("ablate", _ + "heads.ablate.section:build"),
+    SectionEntry("sinks", _ + "sinks.section:build"),
+    SectionEntry("induction", _ + "heads.induction.section:build"),
 )
 
 # the sources of the papers' numbers the sections quote, each a "module:NAME" of a family's

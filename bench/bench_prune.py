@@ -187,7 +187,7 @@ def attention_block(model, layer):
     from bertscope.models.architectures import architecture_of, attribute
 
     arch = architecture_of(model.config)
-    return attribute(arch.layer_module(model, layer), arch.modules.block)
+    return attribute(arch.layer_module(model, layer), arch.layers.block)
 
 
 def header(args, loaded, elapsed) -> str:

@@ -21,6 +21,7 @@ python it is given (default: the one running it) and installs nothing: on the GP
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import sys
@@ -86,10 +87,23 @@ print(json.dumps(info))
     return info, arch
 
 
+def step_env(cmd: list[str]) -> dict[str, str]:
+    """The environment of a step. `python -c` and `python -m` put the working directory, ROOT, first on
+    sys.path, and ROOT/bertscope is the source folder without `kernels` and `analyses` (setup.py installs
+    ROOT/kernels and ROOT/analyses as bertscope.kernels and bertscope.analyses): it would shadow the
+    installed package. PYTHONSAFEPATH=1 (Python 3.11 and later) leaves ROOT off sys.path for those steps.
+    A script (bench/*.py) puts its own folder first instead, not ROOT, and is left as it is."""
+    env = dict(os.environ)
+    if len(cmd) > 1 and cmd[1] in ("-c", "-m"):
+        env["PYTHONSAFEPATH"] = "1"
+    return env
+
+
 def run_step(name: str, cmd: list[str], limit: float) -> dict:
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT, check=False)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT, env=step_env(cmd),
+                           check=False)
         code, output = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         code = "timeout"

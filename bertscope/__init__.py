@@ -1,4 +1,4 @@
-"""bertscope: streamed attention-head statistics for BERT-family encoders.
+"""bertscope: streamed attention-head statistics for transformer encoders and decoders.
 
 `bertscope.load()` gives a `bertscope.api.Scope` for notebooks; `bertscope` on the command
 line runs the analyses.

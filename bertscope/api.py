@@ -6,13 +6,18 @@
     rows = scope.per_example(texts)                   # one row per (text, layer, head)
     words, maps = scope.word_maps("The cat sat on the mat.")
 
-Texts are strings (one part: `[CLS] text [SEP]`) or (a, b) pairs (`[CLS] a [SEP] b [SEP]`),
-segmented exactly as `bertscope run` segments a text file, and kept in the order given.
+Texts are strings or, for an encoder, (a, b) pairs, kept in the order given and made into
+segments exactly as `bertscope run` makes a text file's: through the tokenizer's own template,
+so an encoder's text is `[CLS] text [SEP]` and a pair `[CLS] a [SEP] b [SEP]` (BERT; RoBERTa:
+`<s> a </s></s> b </s>`), and a decoder's text has what its tokenizer puts around it (Gemma-3 a
+`<bos>` first, SmolLM2 nothing). The longest segment is the model's context unless `max_len`
+says otherwise; a text cut to fit is said (a warning), never silently.
 Every method runs the same engine, kernels and accumulators as the command line; the tables
 are the CLI's CSV/Parquet columns as pandas DataFrames.
 """
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,11 +30,13 @@ from bertscope.analyses.surface.command import RunSettings
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE
 from bertscope.engine.loop import EngineOptions, fold, iter_word_maps, run_stats
 from bertscope.kernels import StatsSpec
-from bertscope.models.loading import load_model
+from bertscope.models.loading import load_model, model_name
 from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, make_segments
 from bertscope.text.token_classes import TokenClasses
 from bertscope.text.word_segments import word_segment
+
+logger = logging.getLogger(__name__)
 
 # pandas and pyarrow (per_example's Parquet) are imported inside the methods that return tables:
 # `bertscope view` and `scope.word_maps` never pay their start-up.
@@ -43,7 +50,7 @@ def load(model: str | Path | None = None, device: str = "cpu", backend: str = "a
     return Scope(load_model(model, device=device, **kwargs), backend)
 
 
-@dataclass
+@dataclass(repr=False)
 class Scope:
     """A loaded model and the analyses that can be asked of it.
 
@@ -53,6 +60,14 @@ class Scope:
 
     loaded: object
     backend: str = "auto"
+
+    def __repr__(self) -> str:
+        """One line (the default would print the whole model): what is loaded, and how it runs."""
+        loaded = self.loaded
+        kind = "decoder" if loaded.architecture.causal else "encoder"
+        device = next(loaded.model.parameters()).device
+        return (f"Scope({model_name(loaded.path)}: {loaded.model_type} {kind}, {loaded.n_layers} layers x "
+                f"{loaded.n_heads} heads, context {loaded.max_len}, backend {self.backend}, {device})")
 
     @property
     def model(self):
@@ -70,9 +85,11 @@ class Scope:
         forward (`.requires_grad_()` for d loss / d xi, `.reset()` to undo)."""
         return self.loaded.gates
 
-    def segments(self, texts: Sequence[Text], max_len: int = 128, token_types: str = "pair") -> list:
-        """`Segment`s of `texts`, in the order given (a text too long for max_len is cut at a
-        sentence boundary, as the CLI does)."""
+    def segments(self, texts: Sequence[Text], max_len: int | None = None, token_types: str = "pair") -> list:
+        """`Segment`s of `texts`, in the order given. `max_len`: the longest segment in tokens,
+        special tokens included (default: the model's context); a text too long for it is cut at
+        a sentence boundary, as the CLI does, and a warning says how many were."""
+        max_len = self.loaded.max_len if max_len is None else max_len
         if isinstance(texts, (str, tuple)):
             raise TypeError("texts must be a list of strings or (a, b) pairs, not a single text")
         docs = []
@@ -85,6 +102,10 @@ class Scope:
             max_len=max_len, limit=None, token_types=token_types, causal=self.loaded.architecture.causal))
         if len(segments) != len(docs):
             raise ValueError(f"{len(docs) - len(segments)} texts gave no tokens: {report.as_dict()}")
+        if report.truncated:
+            logger.warning(f"{report.truncated} of {len(docs)} texts were cut to max_len={max_len} tokens: the "
+                           f"statistics cover their first {max_len} tokens only "
+                           f"(the model takes {self.loaded.max_len})")
         return sorted(segments, key=lambda s: int(s.doc_id))
 
     def _spec(self, spec: StatsSpec | None, classes: TokenClasses | None) -> StatsSpec:
@@ -126,10 +147,12 @@ class Scope:
             table = pd.read_parquet(Path(tmp) / EXAMPLES_FILE)
         return table.sort_values(["segment", "layer", "head"]).reset_index(drop=True)
 
-    def word_maps(self, text: Text | Sequence[str], from_word: str = "mean", max_len: int = 128):
+    def word_maps(self, text: Text | Sequence[str], from_word: str = "mean", max_len: int | None = None):
         """(words, maps): the words of one text and its word-level attention maps
         (layers, H, W, W) float32; W counts the words and then the special tokens, rows sum to 1.
-        A list of words is taken as given (gold words, e.g. a treebank sentence)."""
+        A list of words is taken as given (gold words, e.g. a treebank sentence). `max_len`: as
+        in `segments` (default: the model's context)."""
+        max_len = self.loaded.max_len if max_len is None else max_len
         if isinstance(text, list):
             segment = word_segment(text, self.tokenizer, max_len)
             if segment is None:

@@ -207,15 +207,15 @@ def tiny_checkpoint(tmp_path_factory, tiny_model) -> "Path":
 
 
 @pytest.fixture(scope="session")
-def opt_checkpoint(tmp_path_factory) -> "Path":
-    """A tiny OPT checkpoint: a model type bertscope does not know."""
+def unsupported_checkpoint(tmp_path_factory) -> "Path":
+    """A tiny GPT-J checkpoint: a model type bertscope does not know."""
     import torch
-    from transformers import OPTConfig, OPTModel
+    from transformers import GPTJConfig, GPTJModel
 
-    path = tmp_path_factory.mktemp("tiny-opt")
+    path = tmp_path_factory.mktemp("tiny-gptj")
     torch.manual_seed(0)
-    OPTModel(OPTConfig(vocab_size=64, max_position_embeddings=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1,
-                       num_attention_heads=2, word_embed_proj_dim=16)).save_pretrained(path)
+    GPTJModel(GPTJConfig(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2, rotary_dim=4,
+                         bos_token_id=0, eos_token_id=0)).save_pretrained(path)
     return path
 
 

@@ -43,3 +43,26 @@ def test_bad_input_is_a_clear_exception(tiny_checkpoint):
                                              entropy=True, argmax=True))
     with pytest.raises(ValueError, match="do not fit"):
         scope.word_maps(["word"] * 200, max_len=32)
+
+
+def test_the_default_length_is_the_models_and_a_cut_is_said(minilm_path, caplog):
+    """stats() used max_len=128 unless told, and cut a longer text without a word."""
+    scope = bertscope.load(str(minilm_path))
+    assert scope.loaded.max_len == 512
+    long_text = " ".join(f"Sentence number {i} is here." for i in range(30))  # about 200 tokens
+    (segment,) = scope.segments([long_text])
+    assert 128 < segment.n_tokens <= 512
+    caplog.set_level("WARNING", logger="bertscope")
+    assert scope.stats([long_text])["n_tokens"].iloc[0] == segment.n_tokens
+    assert not caplog.records
+    (cut,) = scope.segments([long_text], max_len=64)
+    assert cut.n_tokens <= 64
+    assert [r.getMessage() for r in caplog.records] == [
+        "1 of 1 texts were cut to max_len=64 tokens: the statistics cover their first 64 tokens only (the model "
+        "takes 512)"]
+
+
+def test_a_scope_prints_in_one_line(tiny_checkpoint):
+    scope = bertscope.load(str(tiny_checkpoint), backend="chunked")
+    assert repr(scope) == str(scope) == (f"Scope({tiny_checkpoint.name}: bert encoder, 2 layers x 4 heads, context "
+                                         "128, backend chunked, cpu)")

@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from bertscope.kernels import Gate
+from bertscope.models.architectures import architecture_of
 from bertscope.tasks.inputs import EncodedTask
 
 
@@ -136,14 +137,11 @@ def first_gated_layer(variant: Variant) -> int | None:
 
 
 def layer_modules(model) -> list | None:
-    """The encoder's per-layer modules in call order (each called once per forward), or None
-    where the family shares modules between layers (ALBERT) or keeps them elsewhere."""
-    base = getattr(model, "base_model", model)
-    for owner in ("encoder", "transformer"):
-        layers = getattr(getattr(base, owner, None), "layer", None)
-        if isinstance(layers, torch.nn.ModuleList) and len(layers) == model.config.num_hidden_layers:
-            return list(layers)
-    return None
+    """The model's per-layer modules in call order (each called once per forward) where the
+    architecture table (`bertscope.models.architectures`, `Architecture.prefix_layers`) says
+    variants may start from a cached layer input; None where the family shares modules between
+    layers (ALBERT) or its task head reads more than the hidden states (ModernBERT, decoders)."""
+    return architecture_of(model.config).prefix_layers(model)
 
 
 def evaluate_variants(loaded, task: EncodedTask, variants: list[Variant], batch_size: int = 32,

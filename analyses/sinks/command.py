@@ -25,25 +25,33 @@ import logging
 import math
 from dataclasses import fields
 from itertools import chain
+from typing import TYPE_CHECKING
 
-from bertscope.analyses.sinks import stats as S
 from bertscope.analyses.sinks.outputs import (
+    EPSILON,
     HEADS_FIGURE,
+    INITIAL,
     LAYERS_FIGURE,
     LAYERS_FILE,
     MASSIVE_FIGURE,
+    NAME,
     POSITIONS_FIGURE,
     POSITIONS_FILE,
     SINKS_FILE,
     STATS_FILE,
 )
+from bertscope.analyses.surface.command import check_lone_tokens
 from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
+if TYPE_CHECKING:
+    from bertscope.analyses.sinks import stats as S
+
+# the statistics (`S`, bertscope.analyses.sinks.stats) import torch: they are imported where the run
+# uses them, so that building this command's parser does not, and a mistyped option is refused at once
 logger = logging.getLogger(__name__)
 
-NAME = S.NAME
 HELP = "attention sinks: the mass on the first token(s) per head, layer and query position, with and without a " \
        "BOS (Xiao et al. 2023; Gu et al. 2024; Sun et al. 2024)"
 DESCRIPTION = (
@@ -82,11 +90,11 @@ def add_arguments(p):
     p.add_argument("--bos-token", metavar="TOKEN", default=None,
                    help="the token --bos with/both puts first (default: the tokenizer's bos_token, or the one its "
                    "template adds)")
-    p.add_argument("--epsilon", type=float, default=S.EPSILON,
-                   help=f"Gu et al.'s threshold on alpha_1 for a sink head (default: {S.EPSILON})")
-    p.add_argument("--initial", type=positive_int, default=S.INITIAL, metavar="K",
+    p.add_argument("--epsilon", type=float, default=EPSILON,
+                   help=f"Gu et al.'s threshold on alpha_1 for a sink head (default: {EPSILON})")
+    p.add_argument("--initial", type=positive_int, default=INITIAL, metavar="K",
                    help="the initial tokens whose mass initial_mass sums (StreamingLLM keeps 4) "
-                   f"(default: {S.INITIAL})")
+                   f"(default: {INITIAL})")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
 
@@ -96,6 +104,10 @@ def main(args) -> int:
         args = ModelRun.resumed_args(NAME, args, add_arguments, keys=RESUMED, command="sinks")
     if not 0 < args.epsilon < 1:
         raise UserError(f"--epsilon must lie between 0 and 1, not {args.epsilon}")
+    if args.bos_token is not None and args.bos not in ("with", "both"):  # it would be recorded, and not used
+        raise UserError(f"--bos-token {args.bos_token} is the BOS that --bos with or --bos both puts first; "
+                        f"--bos {args.bos} puts {'none' if args.bos == 'without' else 'what the template adds'}: "
+                        "add --bos with (or both), or leave --bos-token out")
     with ModelRun(NAME, args, command="sinks", resumable=True, open=False) as run:
         return sink_run(run, args)
 
@@ -135,6 +147,7 @@ def sink_segments(corpus, loaded, args, causal: bool, report, plan):
     """The segments of every variant, each text's variants one after the other, each with its
     `SINK_CLASSES` ids. A decoder's are `bertscope run`'s (SegmentOptions.causal), made `room`
     tokens shorter when a BOS the template lacks is put first."""
+    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
     from bertscope.text.segments import SegmentOptions, iter_segments
 
     variants, prefix, bos, room = plan
@@ -160,18 +173,16 @@ def sink_segments(corpus, loaded, args, causal: bool, report, plan):
 
 
 def hidden_layers(loaded) -> list | None:
-    """Every layer's module (whose output the massive-activation hook reads), or None where bertscope
-    cannot reach the layers one by one."""
-    try:
-        return [loaded.architecture.layer_module(loaded.model, i) for i in range(loaded.n_layers)]
-    except (ValueError, AttributeError, IndexError):
-        return None
+    """Every layer's module (whose output the massive-activation hook reads), as the architecture
+    table places them; None where layers share one module (ALBERT), whose hook would fire for each."""
+    return loaded.architecture.layer_list(loaded.model)
 
 
 # --- the run ------------------------------------------------------------------------------------
 
 
 def sink_run(run: ModelRun, args) -> int:
+    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
     from bertscope.engine.loop import EngineOptions, fold
     from bertscope.text.corpus import open_corpus
     from bertscope.text.segments import SegmentReport
@@ -208,7 +219,8 @@ def sink_run(run: ModelRun, args) -> int:
         run.log(f"resuming after batch {stats.batches_done}")
     layers = hidden_layers(loaded)
     if layers is None:
-        run.log(f"{loaded.model_type}: no massive activations (bertscope cannot hook its layers one by one)")
+        run.log(f"{loaded.model_type}: no massive activations (its layers share one module: it cannot be "
+                "hooked layer by layer)")
     probe = S.HiddenProbe()
     stats.probe = probe if layers is not None else None
     kinds = stats.layer_kinds()
@@ -224,11 +236,14 @@ def sink_run(run: ModelRun, args) -> int:
              checkpoint=lambda: stats.save(path), desc="sinks")
     stats.save(path)
     run.outputs.append(STATS_FILE)
+    if (stats.n_rows == stats.n_segments).all():  # one query per segment: every segment one token long
+        check_lone_tokens(report, args.corpus, every=True)
     write_outputs(run, stats, report, args)
     return 0
 
 
 def write_outputs(run: ModelRun, stats: S.SinkStats, report, args):
+    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
     from bertscope.models.loading import model_name
 
     results = S.headline(stats)

@@ -46,16 +46,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertscope.analyses.sinks.outputs import EPSILON, INITIAL, NAME  # noqa: F401 (S.NAME etc., as before)
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
 from bertscope.run.rundir import write_npz
 from bertscope.text.segments import Segment
 from bertscope.text.token_classes import TokenClasses
 
-NAME = "sinks"
-EPSILON = 0.3  # Gu et al.'s threshold
 GU_LENGTH = 64  # Gu et al.'s T
-INITIAL = 4  # StreamingLLM's initial tokens kept as sinks
 
 # Key classes: the first token (class 0, every scheme's [CLS]: the engine makes it a decoder's
 # first real token, `first_token_class`), [SEP], the next INITIAL - 1 tokens, "." and ",", the rest.

@@ -17,12 +17,8 @@ from argparse import Namespace
 from dataclasses import asdict, dataclass, fields, replace
 from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import transformers
-
-from bertscope.analyses.surface import plots as surface_plots
-from bertscope.analyses.surface import stats as surface
 from bertscope.analyses.surface.outputs import (
     EXAMPLES_FILE,
     HEADS_FILE,
@@ -30,6 +26,7 @@ from bertscope.analyses.surface.outputs import (
     STATS_FILE,
 )
 from bertscope.cli.args import (
+    BACKEND_CHOICES,
     add_dtype_argument,
     add_model_arguments,
     add_quiet_argument,
@@ -37,38 +34,33 @@ from bertscope.cli.args import (
     limit_arg,
     positive_int,
 )
-from bertscope.engine.accumulate import HeadStats
-from bertscope.engine.distributed import all_reduce_stats, env_world
-from bertscope.engine.loop import WINDOW_BATCHES, EngineOptions, fold
+from bertscope.engine import WINDOW_BATCHES
 from bertscope.errors import UserError
-from bertscope.kernels import (
-    BACKEND_CHOICES,
-    StatsSpec,
-    describe_backend,
-    output_path,
-    resolve_backend,
-)
-from bertscope.models.loading import model_name
 from bertscope.report.figure_pool import FigureError, FigurePool, split
-from bertscope.report.writer import REPORT_NAME, write_report
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import (
+    changed_on_resume,
     check_run_dir,
     check_settings,
     read_run,
+    refuse_changed_settings,
     resumed_revision,
     settings_parser,
     write_csv,
 )
 from bertscope.text.corpus import open_corpus
-from bertscope.text.segments import (
-    SegmentOptions,
-    SegmentReport,
-    describe_lengths,
-    iter_segments,
-)
 from bertscope.version import __version__
 
+if TYPE_CHECKING:
+    from bertscope.engine.accumulate import HeadStats
+    from bertscope.kernels import StatsSpec
+    from bertscope.text.segments import SegmentOptions, SegmentReport
+
+# torch, transformers and everything that imports them (the engine, the kernels, the model loader,
+# the statistics, the report) are imported inside the functions that run the analysis: the
+# command line imports this module to build `bertscope run`'s parser, so a mistyped option is
+# refused in a fraction of a second, not after the 4-9 s those imports take
+# (tests/cli/test_new_user.py)
 logger = logging.getLogger(__name__)
 
 HELP = "surface-level attention patterns over a corpus (Clark et al. 2019, section 3)"
@@ -149,12 +141,16 @@ def start_run(args, figures) -> int:
         **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
     )
     if args.threads:
+        import torch  # see the note above `logger`
+
         torch.set_num_threads(args.threads)
     run(settings, out=args.out, resume=args.resume, figures=figures, progress=not args.quiet)
     return 0
 
 
 SURFACE_PLOTS = "bertscope.analyses.surface.plots"  # the module of `bertscope run`'s figures
+# the settings of how an encoder's sentence pairs are made (a decoder's segment is one text)
+ENCODER_ONLY = ("token_types", "packing")
 
 
 def surface_pool() -> FigurePool:
@@ -190,9 +186,18 @@ class RunSettings:
         # runs recorded before --packing existed used the balanced split, and before windowed
         # batches sorted every segment at once
         d = {"packing": "balanced", "window_batches": None, **d}
+        # a decoder's run records null for the options of an encoder's sentence pairs (ENCODER_ONLY)
+        d.update({k: getattr(cls, k) for k in ENCODER_ONLY if k in d and d[k] is None})
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
+    def recorded(self, causal: bool) -> dict:
+        """run.json's settings: a decoder's have null for the options that do not apply to it."""
+        return {**asdict(self), **({k: None for k in ENCODER_ONLY} if causal else {})}
+
     def spec(self) -> StatsSpec:
+        from bertscope.analyses.surface import stats as surface  # see the note above `logger`
+        from bertscope.kernels import StatsSpec
+
         own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4,
                         entropy=True, class_mass=True, argmax=self.argmax)
         return own.union(surface.NEEDS)
@@ -217,14 +222,22 @@ def run(settings: RunSettings, out: str | None = None, resume: str | None = None
 
 def _run(settings: RunSettings, out: str | None, resume: str | None, figures: FigurePool | None,
          progress: bool, log) -> Path:
+    from bertscope.analyses.surface import stats as surface  # see the note above `logger`
+    from bertscope.engine.distributed import env_world
+
     t0 = time.perf_counter()
     record = None
     if resume:
         record = read_run(Path(resume) / "run.json")
         if not isinstance(record.get("settings"), dict):
             raise UserError(f"cannot resume: {resume} holds no `bertscope run` (was it made by another command?)")
-        settings = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"],
+        recorded = RunSettings.from_dict(check_settings(Path(resume) / "run.json", record["settings"],
                                                         settings_parser(settings_options)))
+        # a setting this command line gives is refused where it is not the run's: the run takes them all
+        changed = changed_on_resume(asdict(settings), asdict(RunSettings()), asdict(recorded),
+                                    {"window_batches": "--window"})
+        refuse_changed_settings(resume, changed, out)
+        settings = recorded
     elif env_world().is_main:
         check_run_dir(out)  # a used --out fails before any work
     args = Namespace(**asdict(settings), out=resume or out, quiet=not progress, threads=None, resume=resume)
@@ -245,6 +258,16 @@ def settings_options(p):
 
 def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str | None, t0: float,
             figures: FigurePool | None, log, progress: bool) -> Path:
+    import torch  # see the note above `logger`
+    import transformers
+
+    from bertscope.engine.accumulate import HeadStats
+    from bertscope.engine.distributed import all_reduce_stats
+    from bertscope.engine.loop import EngineOptions, fold
+    from bertscope.kernels import describe_backend, output_path, resolve_backend
+    from bertscope.report.writer import REPORT_NAME, write_report
+    from bertscope.text.segments import SegmentOptions, SegmentReport
+
     world, loaded, resume = run.world, run.loaded, settings if resumed else None
     if resumed is not None:
         if resumed.get("world_size", 1) != world.size:
@@ -256,6 +279,10 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         loaded.source = replace(loaded.source, revision=settings.revision)
     corpus = open_corpus(settings.corpus, settings.text_field)
     causal = loaded.architecture.causal  # a decoder's segments: one text in its tokenizer's template, packed
+    given = [k for k in ENCODER_ONLY if getattr(settings, k) != getattr(RunSettings, k)]
+    if causal and given and resumed is None:  # they would be recorded and not used
+        raise UserError(f"{' and '.join('--' + k.replace('_', '-') for k in given)}: how an encoder's sentence pairs "
+                        f"are made; {loaded.origin} is a decoder, whose segments are one text each")
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
                                  token_types=settings.token_types, packing=settings.packing, causal=causal)
     seg_report = SegmentReport()
@@ -264,7 +291,7 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         "bertscope_version": __version__,
         "command": " ".join(sys.argv),
         "status": "running",
-        "settings": asdict(settings),
+        "settings": settings.recorded(causal),
         "model": loaded.record(),
         "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
         "segments": seg_report.as_dict(),
@@ -324,6 +351,7 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         stats.save(run_dir / STATS_FILE)
 
     record.update(corpus=corpus.report.as_dict(), segments=seg_report.as_dict())
+    check_lone_tokens(seg_report, settings.corpus)
     log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
     record.update(n_tokens=int(stats.n_tokens[0]), elapsed_s=round(time.perf_counter() - t0, 2))
@@ -348,6 +376,8 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
     a --limit, in corpus order without. Runs recorded before windowed batches
     (`window_batches` None) sorted the sample into corpus order; their resume does the same.
     """
+    from bertscope.text.segments import iter_segments  # see the note above `logger`
+
     len(corpus)  # a text or JSON Lines file is indexed (so checked) in full before anything runs
     if options.causal and (corpus.report.pairs or len(corpus.report.fields or ()) == 2):
         raise UserError(f"corpus {corpus.report.source!r} holds pairs of texts (a tab, or two text fields); a decoder "
@@ -362,9 +392,26 @@ def segment_stream(corpus, tokenizer, options: SegmentOptions, report: SegmentRe
     return stream
 
 
+def check_lone_tokens(report: SegmentReport, corpus: str, every: bool = False):
+    """A segment of one token (a decoder's one-word text, without a BOS) has one query, which can
+    only attend to itself: first = self = 1 and entropy 0, whatever the head does. A `UserError`
+    when every segment is one (there is nothing to report), else a warning that says how many
+    of the means they are in. `every`: the caller knows that every segment it ran was one token
+    (`bertscope sinks`, whose segments may gain a BOS after the report counted them)."""
+    lone = report.length_counts.get(1, 0)
+    if every or lone and lone == report.segments:
+        raise UserError(f"every segment of {corpus!r} is one token long: a lone token can only attend to itself "
+                        "(first = self = 1, entropy 0), so there are no statistics to report; give longer texts")
+    if lone:
+        logger.warning(f"{lone} of {report.segments} segments are one token long: their one query can only attend "
+                       "to itself (first = self = 1, entropy 0), and their rows are in the means")
+
+
 def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, examples, figures: FigurePool | None,
                   log) -> list[str]:
     """Every output but run.json; the figures are drawn by the helpers meanwhile."""
+    from bertscope.analyses.surface import stats as surface  # see the note above `logger`
+
     table = surface.head_table(stats)
     if figures is not None:
         draw_figures(figures, table, stats, loaded, run_dir)
@@ -380,6 +427,9 @@ def write_outputs(stats: HeadStats, run_dir: Path, loaded, record: dict, example
 
 def draw_figures(pool: FigurePool, table: dict, stats: HeadStats, loaded, run_dir: Path):
     """Hand the surface figures to the pool's helpers, in shares of about equal drawing time."""
+    from bertscope.analyses.surface import plots as surface_plots  # see the note above `logger`
+    from bertscope.models.loading import model_name
+
     common = dict(table=table, out_dir=run_dir, title=model_name(loaded.path),
                   uniform_entropy=stats.uniform_entropy(), cls_uniform_entropy=stats.uniform_entropy("cls"))
     shares = split(surface_plots.FIGURES, max(1, len(pool.helpers)))
@@ -392,6 +442,10 @@ def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool 
     A figure that cannot be drawn costs only the figures: the run completes, run.json
     records the error under "figures_error", and a warning says so on stderr.
     """
+    from bertscope.analyses.surface import plots as surface_plots  # see the note above `logger`
+    from bertscope.analyses.surface import stats as surface
+    from bertscope.text.segments import describe_lengths
+
     figure_names = []
     if figures is not None:
         try:

@@ -73,6 +73,9 @@ def check_device(device: str, backend: str):
 
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # bertscope.models.loading.DTYPES
+# --backend: "auto" and bertscope.kernels.BACKENDS, named here because importing the kernels imports torch
+# (tests/cli/test_new_user.py checks the two agree)
+BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
 
 
 def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None, choices: tuple[str, ...] = DTYPE_CHOICES):
@@ -163,8 +166,6 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, ove
     """The options every model-running command shares. `overrides` maps an option's dest to the
     keyword arguments of `add_argument` that this command declares differently (its help, default,
     choices, ...), e.g. {"seed": {"help": ...}, "dtype": {"choices": (...)}}."""
-    from bertscope.kernels import BACKEND_CHOICES  # see the note above whole_number
-
     overrides = dict(overrides or {})
 
     def add(*names, **kwargs):

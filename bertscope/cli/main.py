@@ -58,6 +58,21 @@ def version_line() -> str:
     return f"bertscope {__version__} (torch {of('torch')}, transformers {of('transformers')})"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage error is one line that points at --help: argparse's own
+    prints 10-15 lines of usage before the line that says what was wrong. Subcommands' parsers
+    are of this class too (`add_subparsers` makes them of its parser's class)."""
+
+    subcommands = None  # the action of `add_subparsers`, kept: `command_parser` walks down through it
+
+    def add_subparsers(self, **kwargs):
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command: the analyses' from the registry, then the core's own.
 
@@ -71,7 +86,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     def wanted(name: str) -> bool:
         return argv is None or name == named
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bertscope",
         description="What every attention head of a transformer (encoder or decoder) does, over a whole corpus.",
     )
@@ -211,6 +226,17 @@ def add_data_parser(sub):
                      help="no progress bars; warnings and errors only")
 
 
+def command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the command `args` holds (`bertscope heads induction`'s), whose error names
+    its own --help; `parser` itself when there is none."""
+    while True:
+        sub = getattr(parser, "subcommands", None)
+        word = getattr(args, sub.dest, None) if sub is not None else None
+        if word not in (sub.choices if sub is not None else ()):
+            return parser
+        parser = sub.choices[word]
+
+
 def command_module(args):
     """The registry's module of the command `args` asks for, or None for a core command."""
     name = args.command
@@ -259,7 +285,11 @@ def main(argv=None) -> int:
     """The command line. Called without `argv` (the `bertscope` command itself), the process
     ends as soon as the command is done: see `exit_now`."""
     words = sys.argv[1:] if argv is None else list(argv)
-    code = run_command(build_parser(words).parse_args(words))
+    parser = build_parser(words)
+    args, extra = parser.parse_known_args(words)  # parse_args, but an unknown option is the command's error
+    if extra:
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    code = run_command(args)
     if argv is None:
         exit_now(code)
     return code

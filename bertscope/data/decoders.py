@@ -34,6 +34,7 @@ nothing on disk); the analyses load the base model from it (`AutoModel`), never 
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -123,8 +124,30 @@ def models_root() -> Path:
 def decoder(name: str) -> Decoder:
     """The decoder called `name`, or a one-line UserError listing the names."""
     if name not in DECODERS:
-        raise UserError(f"unknown decoder {name!r}: choose from {', '.join(DECODERS)}")
+        near = near_decoders(name)
+        raise UserError(f"unknown decoder {name!r}: " + (f"did you mean {near[0]}? " if near else "")
+                        + f"choose from {', '.join(DECODERS)}")
     return DECODERS[name]
+
+
+def near_decoders(text: str) -> list[str]:
+    """The decoder names `text` looks like a typo of, the closest first (none for a plain Hub id)."""
+    text = text.lower()
+    starts = [name for name in DECODERS if len(text) >= 4 and name.startswith(text)]  # the name cut short
+    return starts + [n for n in difflib.get_close_matches(text, list(DECODERS), n=3, cutoff=0.75) if n not in starts]
+
+
+def typo_message(text: str, root: Path | None = None) -> str | None:
+    """For --model `text` that is no folder and looks like a mistyped decoder name: a one-line
+    message naming the decoders it is close to and those installed here (a Hub download is no
+    help: the decoders come from PyPI); None when it looks like no decoder's name."""
+    near = near_decoders(text)
+    if not near:
+        return None
+    installed = [name for name in DECODERS if provenance(name, root) is not None]
+    where = (f"installed here: {', '.join(installed)}" if installed
+             else f"none is installed here; `{INSTALL_COMMAND}` installs them")
+    return f"model not found: {text} is no folder and no decoder bertscope knows: did you mean {near[0]}? ({where})"
 
 
 def install_command(name: str | None = None) -> str:
@@ -336,6 +359,29 @@ def convert(d: Decoder, root: Path, progress: bool = True) -> Path:
         raise UserError(f"cannot convert {d.name} into {root}: {e}") from None
 
 
+def current_umask() -> int:
+    """This process's umask (Linux: read from /proc, which leaves it untouched; elsewhere set and put back)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shared_modes(folder: Path):
+    """Give `folder` and the files in it the modes a file the user writes gets (0644 and 0755
+    under umask 022): the weights are written through a temporary file (mode 0600), and a
+    converted decoder is there to be read by whoever runs bertscope on this machine."""
+    mask = current_umask()
+    folder.chmod(0o777 & ~mask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def convert_locked(d: Decoder, root: Path, final: Path, progress: bool) -> Path:
     """`convert`, under the decoder's file lock."""
     if provenance(d.name, root) is not None:  # another run converted it while this one waited
@@ -356,6 +402,7 @@ def convert_locked(d: Decoder, root: Path, final: Path, progress: bool) -> Path:
                   "packages": d.requirements(), "gguf_file": d.gguf_file, "gguf_bytes": d.size,
                   "gguf_sha256": d.sha256, "note": CAVEAT}
         (out / PROVENANCE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        shared_modes(out)
         os.replace(out, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertscope.engine import WINDOW_BATCHES  # re-exported: `from bertscope.engine.loop import WINDOW_BATCHES`
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.attention import HeadProbe
 from bertscope.engine.batch import Accumulator, BatchContext
@@ -30,7 +31,6 @@ from bertscope.models.loading import LoadedModel
 from bertscope.text.segments import Segment, collate
 from bertscope.text.token_classes import TokenClasses, check_ids, first_token_class
 
-WINDOW_BATCHES = 64  # batches' worth of segments sorted by length together
 LONG_BATCH = 16384  # padded tokens of a batch from which the progress bar names each layer as it runs
 
 

@@ -9,8 +9,13 @@ Everything else in bertscope reads an architecture from here (`architecture_of(c
     template     the special tokens the tokenizer's post-processor adds around one and two
                  parts (`bertscope.text.segments` makes room for them), the spellings of "."
                  and "," in the family's vocabulary (`bertscope.text.token_classes`)
-    modules      where each layer's attention and its q / k / v / output projections are
-                 (`bertscope.models.head_removal`), and the module that holds the whole block
+    layers       where each layer, its attention module and its attention block are: known for
+                 every family bertscope analyses (run.json's record, the massive-activation
+                 hook of `sinks`, the shared prefixes of `bertscope.analyses.heads.variants`)
+    removal      how heads are removed (`bertscope.models.head_removal`): the q / k / v / output
+                 projections and the head-count attributes; None where removing a head's rows
+                 would not give the zero-gated model (a fused projection, a norm over all
+                 heads together), with the reason in `no_removal`
     sharing      ALBERT runs one layer's weights for several layers (`shared_layer`)
     attention    what the attention function is handed (`layouts(config)`, one
                  `kernels.AttentionLayout` per layer): whether it is causal, a sliding window
@@ -35,36 +40,50 @@ from bertscope.kernels.spec import AttentionLayout
 
 
 @dataclass(frozen=True)
-class AttentionModules:
-    """Where one layer's attention lives, as dotted attribute paths.
+class LayerModules:
+    """Where one layer and its attention live, as dotted attribute paths (every analysed family).
 
-    layer:       from the base model (`model.base_model`) to layer `{i}`'s module; `{i}` is the
-                 layer index, or for a weight-sharing family the index `Architecture.shared_layer`
-                 gives (ALBERT: the layer group)
-    module:      from the layer to the module that calls the attention function; head removal
-                 writes its head slots (`bertscope_head_slots`) there
-    q, k, v, out: from the layer to each projection (an `nn.Linear`)
-    block:       from the layer to the module that holds projections, attention and output
-                 (what a benchmark times as "the attention")
-    count_attrs: attributes of `module` that hold its head count
-    size_attr:   attribute of `module` that holds heads * head_dim, if any
+    layer:     from the base model (`model.base_model`) to layer `{i}`'s module; `{i}` is the
+               layer index, or for a weight-sharing family the index `Architecture.shared_layer`
+               gives (ALBERT: the layer group)
+    attention: from the layer to the module that calls the attention function; head removal
+               writes its head slots (`bertscope_head_slots`) there, and run.json reads them back
+    block:     from the layer to the module that holds projections, attention and output
+               (what a benchmark times as "the attention")
     """
 
     layer: str
-    module: str
+    attention: str
+    block: str
+
+
+@dataclass(frozen=True)
+class HeadRemoval:
+    """How one layer's heads are removed (`bertscope.models.head_removal`): each head's D rows of
+    separate q, k and v projections and D columns of the output projection, whose attention module
+    reshapes with view(..., -1, head_dim) or reads its head count from `count_attrs`.
+
+    q, k, v, out: from the layer to each projection (an `nn.Linear`)
+    count_attrs:  attributes of the attention module that hold its head count
+    size_attr:    attribute of the attention module that holds heads * head_dim, if any
+    fused:        q names one projection whose rows are grouped per head, [q_h; k_h; v_h] (3 D
+                  rows per head: GPT-NeoX's query_key_value, viewed as (..., heads, 3 D) and
+                  chunked), k and v empty: a head's 3 D rows go together
+    """
+
     q: str
     k: str
     v: str
     out: str
-    block: str
     count_attrs: tuple[str, ...]
     size_attr: str | None
+    fused: bool = False
 
 
-BERT_MODULES = AttentionModules(
-    layer="encoder.layer.{i}", module="attention.self", q="attention.self.query", k="attention.self.key",
-    v="attention.self.value", out="attention.output.dense", block="attention",
-    count_attrs=("num_attention_heads",), size_attr="all_head_size")
+BERT_LAYERS = LayerModules(layer="encoder.layer.{i}", attention="attention.self", block="attention")
+BERT_REMOVAL = HeadRemoval(q="attention.self.query", k="attention.self.key", v="attention.self.value",
+                           out="attention.output.dense", count_attrs=("num_attention_heads",),
+                           size_attr="all_head_size")
 
 
 @dataclass(frozen=True)
@@ -72,7 +91,10 @@ class Architecture:
     """The facts of one `model_type` that bertscope needs.
 
     model_type:      transformers' name for it (`config.model_type`)
-    modules:         `AttentionModules`; None where heads cannot be removed
+    layers:          `LayerModules`: where the layers and their attention are (None only for a
+                     family refused by name)
+    removal:         `HeadRemoval`: how heads are removed; None where they cannot be, `no_removal`
+                     saying why
     shared_layer:    (config, layer) -> index of the weights that layer runs; None when every
                      layer has its own (weight sharing: ALBERT)
     layers_attr, heads_attr: the config attributes holding the layer count and the heads per layer
@@ -93,12 +115,20 @@ class Architecture:
     position_ids:    the engine hands the model position ids counted from each sequence's first
                      real token, so that a left-padded sequence gets the positions it has alone
                      (decoders; absolute position embeddings such as GPT-2's need it)
-    no_removal:      why heads cannot be removed, where they cannot (a fused q/k/v projection)
+    prefix_sharing:  a task model of the family reads the last hidden states alone after its layers
+                     (a BERT-style pooler reads [CLS]), so `bertscope.analyses.heads.variants` may
+                     run many gated variants from one cached layer input; False where the head
+                     reads the inputs too (ModernBERT's mean pooling reads the padding mask, a
+                     decoder's classifier the ids of the last token) or the layers hand each
+                     other more than tensors of the batch's rows (a rotary pair, the plug-in's key band)
+    no_removal:      why heads cannot be removed where `removal` is None (a fused q/k/v
+                     projection, q/k norms over all heads together), for the one-line refusal
     refused:         why bertscope does not analyse the family at all, or None
     """
 
     model_type: str
-    modules: AttentionModules | None = BERT_MODULES
+    layers: LayerModules | None = BERT_LAYERS
+    removal: HeadRemoval | None = BERT_REMOVAL
     shared_layer: Callable[[object, int], int] | None = None
     layers_attr: str = "num_hidden_layers"
     heads_attr: str = "num_attention_heads"
@@ -112,6 +142,7 @@ class Architecture:
     window_sides: str = "left"
     layer_types_attr: str | None = None
     position_ids: bool = False
+    prefix_sharing: bool = True
     no_removal: str | None = None
     refused: str | None = None
 
@@ -157,12 +188,34 @@ class Architecture:
 
     def layer_module(self, model, layer: int):
         """The module of `layer` (0-based) in `model` (a bare model or one with a task head)."""
-        if self.modules is None:
-            why = f": {self.no_removal}" if self.no_removal else ""
-            raise ValueError(f"bertscope cannot reach the heads of model type {self.model_type!r} one by one{why}")
+        if self.layers is None:
+            raise ValueError(f"bertscope does not analyse model type {self.model_type!r}: {self.refused}")
         base = getattr(model, "base_model", model)
         index = layer if self.shared_layer is None else self.shared_layer(model.config, layer)
-        return attribute(base, self.modules.layer.format(i=index))
+        return attribute(base, self.layers.layer.format(i=index))
+
+    def attention_module(self, model, layer: int):
+        """The module that calls the attention function in `layer` (0-based) of `model`."""
+        return attribute(self.layer_module(model, layer), self.layers.attention)
+
+    def prefix_layers(self, model) -> list | None:
+        """The layers from whose cached inputs `bertscope.analyses.heads.variants` may run gated
+        variants (`prefix_sharing`), or None where it must replicate the batch from the inputs on."""
+        return self.layer_list(model) if self.prefix_sharing else None
+
+    def layer_list(self, model) -> list | None:
+        """Every layer's module in call order, each called once per forward pass; None where
+        layers share one module (ALBERT), so that a hook on it would fire for several layers."""
+        if self.shared_layer is not None:
+            return None
+        return [self.layer_module(model, layer) for layer in range(self.n_layers_heads(model.config)[0])]
+
+    def removal_refused(self) -> str | None:
+        """Why heads of this family cannot be removed, as one line; None where they can."""
+        if self.removal is not None:
+            return None
+        why = f": {self.no_removal}" if self.no_removal else ""
+        return f"cannot remove heads of model type {self.model_type!r}{why}"
 
 
 def attribute(obj, path: str):
@@ -182,17 +235,22 @@ ROBERTA = dict(position_offset=2, n_special=(2, 4), template="<s> A </s></s> B <
 SENTENCEPIECE = ("▁.", "▁,")
 BYTE_BPE = ("Ġ.", "Ġ,")  # byte-level BPE: a leading-space marker
 
-# Llama and the families built like it: q_proj, k_proj, v_proj, o_proj under self_attn, layers
-# under `layers`; the attention module reshapes with view(..., -1, head_dim) and holds no head
-# count (the key/value grouping comes from the shapes), so removing whole key/value groups works.
-LLAMA_MODULES = AttentionModules(
-    layer="layers.{i}", module="self_attn", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
-    out="self_attn.o_proj", block="self_attn", count_attrs=(), size_attr=None)
+# Llama and the families built like it: layers under `layers`, the attention module `self_attn`.
+LLAMA_LAYERS = LayerModules(layer="layers.{i}", attention="self_attn", block="self_attn")
+# q_proj, k_proj, v_proj, o_proj under self_attn; the attention module reshapes with
+# view(..., -1, head_dim) and holds no head count (the key/value grouping comes from the shapes),
+# so removing whole key/value groups works.
+LLAMA_REMOVAL = HeadRemoval(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", out="self_attn.o_proj",
+                            count_attrs=(), size_attr=None)
 # A decoder: causal, grouped-query, no pair template (the tokenizer's own template adds a BOS or
 # nothing: bertscope.text.segments), position ids from the first real token (left padding).
-DECODER = dict(modules=LLAMA_MODULES, n_special=None, causal=True, kv_heads_attr="num_key_value_heads",
-               position_ids=True)
+DECODER = dict(layers=LLAMA_LAYERS, removal=LLAMA_REMOVAL, n_special=None, causal=True,
+               kv_heads_attr="num_key_value_heads", position_ids=True, prefix_sharing=False)
 FUSED = "its q, k and v come out of one fused projection"
+QK_NORM = ("its q_norm and k_norm normalise over all heads together, so a layer with fewer heads would "
+           "not compute the kept heads as before")
+# a family refused by name: nothing of it is reached
+REFUSED = dict(layers=None, removal=None, n_special=None)
 POSITION_BIAS = "adds a position bias to its attention scores ({}), which bertscope does not compute"
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
@@ -200,19 +258,20 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("roberta", **ROBERTA, punct_tokens=BYTE_BPE),
     Architecture("xlm-roberta", **ROBERTA, punct_tokens=SENTENCEPIECE),
     Architecture("camembert", **ROBERTA, punct_tokens=SENTENCEPIECE),
-    Architecture("distilbert", AttentionModules(
-        layer="transformer.layer.{i}", module="attention", q="attention.q_lin", k="attention.k_lin",
-        v="attention.v_lin", out="attention.out_lin", block="attention", count_attrs=("n_heads",), size_attr="dim"),
-        layers_attr="n_layers", heads_attr="n_heads"),
-    Architecture("albert", AttentionModules(
-        layer="encoder.albert_layer_groups.{i}.albert_layers.0", module="attention", q="attention.query",
-        k="attention.key", v="attention.value", out="attention.dense", block="attention",
-        count_attrs=("num_attention_heads",), size_attr="all_head_size"),
-        shared_layer=albert_group, punct_tokens=SENTENCEPIECE),
+    Architecture("distilbert", LayerModules(layer="transformer.layer.{i}", attention="attention", block="attention"),
+                 HeadRemoval(q="attention.q_lin", k="attention.k_lin", v="attention.v_lin", out="attention.out_lin",
+                             count_attrs=("n_heads",), size_attr="dim"),
+                 layers_attr="n_layers", heads_attr="n_heads"),
+    Architecture("albert", LayerModules(layer="encoder.albert_layer_groups.{i}.albert_layers.0",
+                                        attention="attention", block="attention"),
+                 HeadRemoval(q="attention.query", k="attention.key", v="attention.value", out="attention.dense",
+                             count_attrs=("num_attention_heads",), size_attr="all_head_size"),
+                 shared_layer=albert_group, punct_tokens=SENTENCEPIECE),
     Architecture("electra"),
     # an encoder whose local layers see a window of sliding_window (= local_attention // 2) keys
     # on each side; every global_attn_every_n_layers-th layer sees all (config.layer_types)
-    Architecture("modernbert", modules=None, no_removal=FUSED, punct_tokens=BYTE_BPE, window_attr="sliding_window",
+    Architecture("modernbert", LayerModules(layer="layers.{i}", attention="attn", block="attn"), removal=None,
+                 no_removal=FUSED, prefix_sharing=False, punct_tokens=BYTE_BPE, window_attr="sliding_window",
                  window_sides="both", layer_types_attr="layer_types"),
     # decoders (causal; grouped-query attention where num_key_value_heads < num_attention_heads)
     Architecture("llama", **DECODER, template="[BOS] A", punct_tokens=SENTENCEPIECE),
@@ -227,16 +286,40 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     # query_pre_attn_scalar ** -0.5, which the attention call passes as its `scaling`
     Architecture("gemma3_text", **DECODER, template="<bos> A", punct_tokens=SENTENCEPIECE,
                  window_attr="sliding_window", layer_types_attr="layer_types"),
+    # OLMo-2: Llama's layout with RMS norms on q and k over all heads (`QK_NORM`)
+    Architecture("olmo2", **dict(DECODER, removal=None), no_removal=QK_NORM, template="A", punct_tokens=BYTE_BPE),
+    # Phi-3: one qkv_proj (queries, then keys, then values); a sliding window on every layer
+    # when config.sliding_window is set
+    Architecture("phi3", **dict(DECODER, removal=None), no_removal=FUSED, template="<s> A",
+                 punct_tokens=SENTENCEPIECE, window_attr="sliding_window"),
     # absolute position embeddings (position ids matter under left padding); no key/value grouping
-    Architecture("gpt2", modules=None, no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE,
-                 causal=True, position_ids=True),
+    Architecture("gpt2", LayerModules(layer="h.{i}", attention="attn", block="attn"), removal=None,
+                 no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
+                 position_ids=True, prefix_sharing=False),
+    # GPT-NeoX (Pythia): one query_key_value projection whose rows are grouped per head (q, k, v
+    # of head 0, then of head 1, ...), so a head's rows go together; rotary on part of each head
+    # (rotary_pct), applied before the attention call, so bertscope sees q and k after it
+    Architecture("gpt_neox", LayerModules(layer="layers.{i}", attention="attention", block="attention"),
+                 HeadRemoval(q="attention.query_key_value", k="", v="", out="attention.dense", count_attrs=(),
+                             size_attr=None, fused=True),
+                 n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
+                 position_ids=True, prefix_sharing=False),
+    # OPT: learned absolute positions, its embedding table holds max_position_embeddings + 2 rows
+    # (OPTLearnedPositionalEmbedding adds its offset of 2 itself: every configured position is an
+    # input position); the query is scaled before the attention call (scaling 1.0); the attention
+    # module reshapes with its num_heads
+    Architecture("opt", LayerModules(layer="decoder.layers.{i}", attention="self_attn", block="self_attn"),
+                 HeadRemoval(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
+                             out="self_attn.out_proj", count_attrs=("num_heads",), size_attr=None),
+                 n_special=None, template="</s> A", punct_tokens=BYTE_BPE, causal=True, position_ids=True,
+                 prefix_sharing=False),
     # families refused by name: a position bias on the scores
-    Architecture("bloom", modules=None, n_special=None, refused=POSITION_BIAS.format("ALiBi")),
-    Architecture("mpt", modules=None, n_special=None, refused=POSITION_BIAS.format("ALiBi")),
-    Architecture("t5", modules=None, n_special=None, refused=POSITION_BIAS.format("relative position buckets")),
-    Architecture("deberta", modules=None, n_special=None,
+    Architecture("bloom", **REFUSED, refused=POSITION_BIAS.format("ALiBi")),
+    Architecture("mpt", **REFUSED, refused=POSITION_BIAS.format("ALiBi")),
+    Architecture("t5", **REFUSED, refused=POSITION_BIAS.format("relative position buckets")),
+    Architecture("deberta", **REFUSED,
                  refused=POSITION_BIAS.format("disentangled relative positions")),
-    Architecture("deberta-v2", modules=None, n_special=None,
+    Architecture("deberta-v2", **REFUSED,
                  refused=POSITION_BIAS.format("disentangled relative positions")),
 )}
 

@@ -6,7 +6,9 @@ supported attention module reshapes its projections with `view(B, L, -1, head_di
 giving it narrower Linear layers is all it takes for it to run fewer heads.
 
 Removing head h of a layer removes rows h*D .. (h+1)*D - 1 of the query, key and value
-weights and biases and the same columns of the output projection (whose bias stays). The
+weights and biases and the same columns of the output projection (whose bias stays). GPT-NeoX
+computes q, k and v in one projection whose rows are grouped per head ([q_h; k_h; v_h], viewed as
+(..., heads, 3 D)): there rows 3hD .. 3(h+1)D - 1 go together (`HeadRemoval.fused`). The
 pruned model's output is exactly that of the full model with those heads zero-gated
 (Michel et al.'s xi_h = 0): a zero-gated head contributes nothing but the output bias,
 which the pruned layer keeps.
@@ -29,8 +31,10 @@ as `bertscope_pruned_heads` and `bertscope_kept_heads` ({"layer": [heads]}, 0-ba
 original indices): transformers 5's PretrainedConfig has no `pruned_heads` any more (a
 transformers-4 `pruned_heads` in a config is read as well).
 
-Where each family keeps its attention and projections, and which layers share weights, is
-`bertscope.models.architectures`' table.
+Where each family keeps its layers and attention modules (`Architecture.layers`, known for every
+family: `kept_heads` reads the slots there), how its heads are removed (`Architecture.removal`:
+the projections; None where removal is refused in one line, `check_removable`) and which layers
+share weights is `bertscope.models.architectures`' table.
 
 Grouped-query attention (Llama, Mistral, Qwen, Gemma-3: G query heads read one key/value head):
 heads are query heads. A query head can only be removed together with the other G - 1 of its
@@ -69,11 +73,12 @@ class AttentionParts:
 
     module: nn.Module  # calls the attention interface; gets bertscope_head_slots
     q: tuple[nn.Module, str]  # (owner, attribute) of each Linear
-    k: tuple[nn.Module, str]
-    v: tuple[nn.Module, str]
+    k: tuple[nn.Module, str] | None  # None for a fused projection (`fused`)
+    v: tuple[nn.Module, str] | None
     out: tuple[nn.Module, str]
     count_attrs: tuple[str, ...]  # attributes of `module` that hold the head count
     size_attr: str | None  # attribute of `module` that holds heads * head_dim, if any
+    fused: bool = False  # q is one projection with 3 D rows per head, [q_h; k_h; v_h] (GPT-NeoX)
 
 
 def kv_group(config) -> int:
@@ -104,21 +109,28 @@ def n_layers_heads(config) -> tuple[int, int]:
     return architecture_of(config).n_layers_heads(config)
 
 
+def check_removable(config):
+    """A one-line ValueError where heads of the config's family cannot be removed (the table's
+    `Architecture.removal` is None: a fused q/k/v projection, q/k norms over all heads)."""
+    refused = architecture_of(config).removal_refused()
+    if refused is not None:
+        raise ValueError(refused)
+
+
 def attention_parts(model, layer: int) -> AttentionParts:
     """The attention of `layer` (0-based) in `model` (a bare encoder or one with a task head),
-    where its architecture (`bertscope.models.architectures`) says it is."""
+    where its architecture (`bertscope.models.architectures`) says it is and how its heads go."""
+    check_removable(model.config)
     arch = architecture_of(model.config)
-    where = arch.modules
-    if where is None:
-        why = f": {arch.no_removal}" if arch.no_removal else ""
-        raise ValueError(f"cannot remove heads of model type {arch.model_type!r}{why}")
+    where = arch.removal
     at = arch.layer_module(model, layer)
 
     def owner_and_name(path: str) -> tuple[nn.Module, str]:
         owner, _, name = path.rpartition(".")
         return (attribute(at, owner) if owner else at), name
-    return AttentionParts(attribute(at, where.module), owner_and_name(where.q), owner_and_name(where.k),
-                          owner_and_name(where.v), owner_and_name(where.out), where.count_attrs, where.size_attr)
+    k, v = (None, None) if where.fused else (owner_and_name(where.k), owner_and_name(where.v))
+    return AttentionParts(attribute(at, arch.layers.attention), owner_and_name(where.q), k, v,
+                          owner_and_name(where.out), where.count_attrs, where.size_attr, where.fused)
 
 
 def head_slots(module) -> tuple[int, ...] | None:
@@ -128,11 +140,14 @@ def head_slots(module) -> tuple[int, ...] | None:
 
 
 def kept_heads(model) -> dict[int, list[int]]:
-    """layer -> original indices of the heads it still computes (all of them when unpruned)."""
+    """layer -> original indices of the heads it still computes (all of them when unpruned). Reads
+    the attention modules only, where the table's `layers` says they are: it works for every family,
+    those whose heads cannot be removed included (run.json's record reads it)."""
+    arch = architecture_of(model.config)
     n_layers, n_heads = n_layers_heads(model.config)
     out = {}
     for layer in range(n_layers):
-        slots = head_slots(attention_parts(model, layer).module)
+        slots = head_slots(arch.attention_module(model, layer))
         out[layer] = list(range(n_heads)) if slots is None else [s for s in slots if s != PLACEHOLDER]
     return out
 
@@ -151,6 +166,7 @@ def prune_heads(model, heads: dict[int, list[int]]) -> dict[int, list[int]]:
     shared ALBERT group must name the same heads. Updates the config's record (see the module
     docstring) and returns layer -> kept heads.
     """
+    check_removable(model.config)  # first: the family's refusal before anything about the heads asked
     n_layers, n_heads = n_layers_heads(model.config)
     current = pruned_heads(model)
     want = {layer: set(current[layer]) for layer in range(n_layers)}
@@ -191,10 +207,16 @@ def _prune_module(parts: AttentionParts, remove: list[int], n_heads: int, group:
     if list(slots) == keep:
         return  # nothing new to remove
     owner, name = parts.q
-    D = getattr(owner, name).out_features // len(slots)  # head_dim
+    D = getattr(owner, name).out_features // (len(slots) * (3 if parts.fused else 1))  # head_dim
     rows = torch.cat([torch.arange(i * D, (i + 1) * D) for i, s in enumerate(slots) if s in keep]
                      ) if keep else None  # (len(keep) * D,) rows of the current projections to keep
-    owner, name = parts.q
+    if parts.fused:  # one projection, 3 D rows per head ([q_h; k_h; v_h]); no key/value groups
+        qkv = torch.cat([torch.arange(i * 3 * D, (i + 1) * 3 * D) for i, s in enumerate(slots) if s in keep]
+                        ) if keep else None  # (len(keep) * 3 D,)
+        linear = getattr(owner, name)
+        setattr(owner, name, select_rows(linear, qkv) if keep else zero_rows(linear, 3 * D))
+        _finish(parts, rows, keep, n_heads, D)
+        return
     setattr(owner, name, select_rows(getattr(owner, name), rows) if keep else zero_rows(getattr(owner, name), D))
     # key/value rows: the groups of the current heads, in order; those of the kept heads stay
     groups = list(dict.fromkeys(s // group for s in slots if s != PLACEHOLDER)) or [PLACEHOLDER]
@@ -204,6 +226,13 @@ def _prune_module(parts: AttentionParts, remove: list[int], n_heads: int, group:
     for owner, name in (parts.k, parts.v):
         linear = getattr(owner, name)
         setattr(owner, name, select_rows(linear, kv_rows) if keep else zero_rows(linear, D))
+    _finish(parts, rows, keep, n_heads, D)
+
+
+def _finish(parts: AttentionParts, rows, keep: list[int], n_heads: int, D: int):
+    """The output projection's columns of the kept heads (`rows` of the per-head D-wide space, None
+    for an empty layer), the module's head count and its head slots."""
+    module = parts.module
     owner, name = parts.out
     linear = getattr(owner, name)
     setattr(owner, name, select_columns(linear, rows) if keep else zero_columns(linear, D))

@@ -50,7 +50,7 @@ from bertscope.text.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token
 # task -> the transformers auto class that builds it (None: the bare encoder, or a decoder's base
 # model). "causal-lm" loads a decoder with its LM head for the analyses that need the language-
 # modelling loss; they call the base model and apply the head in chunks of positions
-# (`bertscope.tasks.lm`), never the whole model: its vocabulary logits at 32k tokens would be tens of GB.
+# (`bertscope.tasks.lm_loss`), never the whole model: its vocabulary logits at 32k tokens would be tens of GB.
 TASKS = {None: "AutoModel", "sequence-classification": "AutoModelForSequenceClassification",
          "masked-lm": "AutoModelForMaskedLM", "causal-lm": "AutoModelForCausalLM"}
 HEAD_SEED = 0  # initialises a task head the checkpoint does not have, the same way every time
@@ -161,7 +161,7 @@ def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu"
 
     task: None (the bare encoder), "sequence-classification" (num_labels classes; default:
     the checkpoint's), "masked-lm" or "causal-lm" (a decoder with its LM head: one-line refusal
-    for an encoder; `bertscope.tasks.lm` applies the head in chunks). A head the checkpoint
+    for an encoder; `bertscope.tasks.lm_loss` applies the head in chunks). A head the checkpoint
     lacks is initialised with seed HEAD_SEED (`head_initialised`, `head_note`); a head that does not fit (num_labels)
     is a UserError.
     """

@@ -127,6 +127,9 @@ def resolve_model(model: str | Path | ModelSource | None = None, revision: str |
             raise UserError(f"--revision {revision} is for a Hub id, but {text} is a decoder converted here")
         folder, record = decoders.converted_folder(text)
         return ModelSource(folder, converted=record)
+    typo = decoders.typo_message(text) if "/" not in text else None  # a decoder's name, mistyped
+    if typo:
+        raise UserError(typo)
     problem = invalid_hub_id(text)
     if problem:
         raise UserError(f"model not found: {text} is not a folder, nor a Hub id ({problem})")

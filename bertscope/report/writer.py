@@ -75,12 +75,13 @@ def write_report(run_dir: str | Path) -> Path:
 def refresh_report(run_dir: str | Path) -> Path | None:
     """Rewrite the report after a probe or a comparison added files to `run_dir`. Their own
     outputs are written by then, so a report that cannot be built is said, not raised."""
+    existed = (Path(run_dir) / REPORT_NAME).is_file()  # a new run's first report is written, not updated
     try:
         path = write_report(run_dir)
     except (UserError, OSError, ValueError, KeyError) as e:
         logger.warning(f"the report {Path(run_dir) / REPORT_NAME} was not updated ({e}): bertscope report {run_dir}")
         return None
-    logger.info(f"updated the report {path}")
+    logger.info(f"{'updated' if existed else 'wrote'} the report {path}")
     return path
 
 

@@ -34,11 +34,13 @@ from bertscope.run.rundir import (
     INTERRUPTED,
     RUN_FILES,
     RUNNING,
+    changed_on_resume,
     check_settings,
     checked_run,
     clear_run_dir,
     new_run_dir,
     recorded_run,
+    refuse_changed_settings,
     resumed_revision,
     settings_parser,
     update_json,
@@ -49,6 +51,8 @@ from bertscope.version import __version__
 logger = logging.getLogger(__name__)
 
 NOT_SETTINGS = ("command", "probe", "func")  # argparse's bookkeeping, not a setting of the run
+# what a resumed run takes from its command line, not from run.json: where and how it runs, not what it computes
+RESUME_OWN = ("resume", "quiet", "out", "threads", "no_figures")
 
 
 def _silent(*args, **kwargs):
@@ -234,13 +238,20 @@ class AnalysisRun:
                      command: str | None = None) -> argparse.Namespace:
         """The settings recorded for analysis `name` in DIR = `args.resume` (checked against the
         options `add_arguments` declares), over this command line's; DIR is the --out. `keys`:
-        the recorded settings taken (default: every one); --resume and --quiet are always this
-        command line's. A model recorded with a Hub commit loads at that commit."""
+        the recorded settings taken (default: every one); `RESUME_OWN` (--resume, --quiet,
+        --threads, --no-figures) are always this command line's. A setting taken that this command
+        line gives another value is refused in one line (`refuse_changed_settings`), not ignored.
+        A model recorded with a Hub commit loads at that commit."""
         record = recorded_run(args.resume, name, command)
         recorded = record["settings"]
+        taken = {k: v for k, v in recorded.items()
+                 if (keys is None or k in keys) and k not in NOT_SETTINGS and k not in RESUME_OWN}
         if add_arguments is not None:
-            check_settings(Path(args.resume) / "run.json", recorded, settings_parser(add_arguments))
-        taken = {k: v for k, v in recorded.items() if (keys is None or k in keys) and k not in NOT_SETTINGS}
+            parser = settings_parser(add_arguments)
+            check_settings(Path(args.resume) / "run.json", recorded, parser)
+            given = {k: v for k, v in vars(args).items() if k not in RESUME_OWN}
+            defaults = {k: parser.get_default(k) for k in given}
+            refuse_changed_settings(args.resume, changed_on_resume(given, defaults, taken), getattr(args, "out", None))
         settings = {**vars(args), **taken, "resume": args.resume, "quiet": args.quiet, "out": args.resume}
         settings["revision"] = resumed_revision(record, settings.get("revision"))
         return argparse.Namespace(**settings)
@@ -255,6 +266,8 @@ class ModelRun(AnalysisRun):
     --dtype); announce: log the model and the run directory.
     encoders_only: for an analysis defined on encoders' inputs, why (a phrase): a causal model
     is then refused in one line, before the run directory is made.
+    length_from: how the user asked for args.max_len tokens when not with --max-len (the subject
+    of "... is longer than the model allows": "--seq-len 5000, a sequence of 10001 tokens,").
 
     torch, the model loader and the distributed helpers are imported inside: `bertscope --help`
     imports every command's module, and through it this one, and must not wait for torch.
@@ -263,7 +276,7 @@ class ModelRun(AnalysisRun):
     def __init__(self, name: str, args: argparse.Namespace, task: str | None = None, command: str | None = None,
                  dtype: str | None = None, distributed: bool = False, resumable: bool = False,
                  top_level: bool = False, open: bool = True, announce: bool = True,
-                 encoders_only: str | None = None):
+                 encoders_only: str | None = None, length_from: str | None = None):
         import torch  # these three import torch: see the docstring
 
         from bertscope.engine.distributed import init_world
@@ -288,8 +301,9 @@ class ModelRun(AnalysisRun):
             raise UserError(f"bertscope {command or name} runs on encoders only ({encoders_only}); "
                             f"{self.loaded.path.name} is a causal {self.loaded.model_type} decoder "
                             "(docs/decoders.md lists what runs on decoders)")
-        if args.max_len > self.loaded.max_len:
-            raise UserError(f"--max-len {args.max_len} is longer than the model allows ({self.loaded.max_len})")
+        if args.max_len > self.loaded.max_len:  # said as the user asked for the length (`length_from`)
+            raise UserError(f"{length_from or f'--max-len {args.max_len}'} is longer than the model allows "
+                            f"({self.loaded.max_len})")
         super().__init__(name, args, model=self.loaded.record(), command=command, resumable=resumable, world=world,
                          top_level=top_level, open=open)
         torch.manual_seed(args.seed)

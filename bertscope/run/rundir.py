@@ -11,8 +11,8 @@ Every file is written to a temporary name and renamed, so a reader (or a resumed
 never sees half a file. An analysis given `--out DIR` of an existing run (one with
 run.json) adds its files there, so one directory can hold the surface analysis and every
 probe of the same model; otherwise it makes a new directory. run.json is read, changed and
-written under a lock (`update_json`, the file run.json.lock beside it), so analyses running at
-the same time in one directory never lose each other's entries.
+written under a lock on the run directory itself (`update_json`, `locked`: no lock file is left
+behind), so analyses running at the same time in one directory never lose each other's entries.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -42,15 +43,21 @@ def check_run_dir(out: str | None):
     if out is None:
         return
     path = Path(out)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        if path.is_dir() and only_failed(path):
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {path} is a file, not a folder: give the folder the run should go to")
+    if path.exists() and any(path.iterdir()):
+        if only_failed(path):
             logger.info(f"{path} holds only a failed run: starting afresh there")
             clear_run_dir(path)
             return
-        raise UserError(f"{path} already exists and is not empty: choose another --out, or --resume {path}")
+        # --resume only where there is a run to resume
+        resume = f", or --resume {path}" if (path / "run.json").is_file() else ""
+        raise UserError(f"{path} already exists and is not empty: choose another --out{resume}")
 
 
-RUN_FILES = ("run.json", "run.json.lock")  # what a run that failed before its first result leaves
+# what a run that failed before its first result leaves (run.json.lock: by runs of bertscope before
+# the run directory itself was locked)
+RUN_FILES = ("run.json", "run.json.lock")
 
 
 def only_failed(path: Path) -> bool:
@@ -101,16 +108,49 @@ def write_json(path: Path, data: dict):
 
 
 def update_json(path: Path, update: Callable[[dict], dict | None]) -> dict:
-    """Read-modify-write of a JSON file (run.json) under the lock `path`.lock: `update` gets the
-    file's contents ({} when there is none yet) and changes them in place or returns new ones,
-    which are written atomically. Returns what was written."""
+    """Read-modify-write of a JSON file (run.json) under the lock of its folder (`locked`):
+    `update` gets the file's contents ({} when there is none yet) and changes them in place or
+    returns new ones, which are written atomically. Returns what was written. A folder that
+    cannot be written (read-only, a full disk) is a one-line `UserError`."""
     path = Path(path)
-    with FileLock(str(path) + ".lock"):
-        data = read_json(path) if path.exists() else {}
-        new = update(data)
-        data = data if new is None else new
-        write_json(path, data)
+    try:
+        with locked(path.parent):
+            data = read_json(path) if path.exists() else {}
+            new = update(data)
+            data = data if new is None else new
+            write_json(path, data)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     return data
+
+
+@contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` while the block runs: flock(2) on the folder's own
+    descriptor, released when it closes (also when the process dies), so nothing is left in the
+    folder. A lock file beside run.json would stay behind in every run directory: deleting it
+    after use lets a waiting process lock a file that a third one has already replaced. Where
+    flock cannot lock a folder (Windows, some network file systems), a lock file it is."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        fcntl = None
+    fd = os.open(folder, os.O_RDONLY) if fcntl is not None else None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system that does not lock folders
+                os.close(fd)
+                fd = None
+        if fd is None:
+            with FileLock(str(Path(folder) / "run.json.lock")):
+                yield
+        else:
+            yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def write_npz(path, compressed: bool = False, **arrays):
@@ -193,6 +233,38 @@ def recorded_run(run_dir, name: str, command: str | None = None) -> dict:
         raise UserError(f"cannot resume: {run_dir} holds no '{name}' run"
                         + (f" (was it made by another command than `bertscope {command}`?)" if command else ""))
     return record
+
+
+def changed_on_resume(given: dict, defaults: dict, recorded: dict, options: dict | None = None) -> list[str]:
+    """The options of a `--resume` command line that the resumed run would ignore: each one given
+    (not at its default) whose value is not the one `recorded` in the run, as "--max-len 64 (the
+    run's: 128)". `given`, `defaults` and `recorded` map option dests to values; `options` names
+    the option of a dest that is not its dest with dashes ({"window_batches": "--window"})."""
+    changed = []
+    for key, value in given.items():
+        if key in recorded and key in defaults and value != defaults[key] and value != recorded[key]:
+            option = (options or {}).get(key) or f"--{key.replace('_', '-')}"
+            changed.append(f"{option} {_shown(value)} (the run's: {_shown(recorded[key])})")
+    return changed
+
+
+def refuse_changed_settings(run_dir, changed: list[str], out: str | None = None):
+    """A one-line `UserError` when a `--resume DIR` command line gives settings other than the
+    run's (`changed_on_resume`) or another --out: a resumed run takes them all from run.json, and
+    an option that is silently dropped is worse than one refused."""
+    if out is not None and Path(out) != Path(run_dir):
+        changed = [*changed, f"--out {out} (the run's folder: {run_dir})"]
+    if changed:
+        raise UserError(f"--resume {run_dir} continues that run with its recorded settings, so it does not take "
+                        f"{', '.join(changed)}: leave {'it' if len(changed) == 1 else 'them'} out, or start a new "
+                        "run without --resume")
+
+
+def _shown(value) -> str:
+    """A setting as the command line would give it."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return "none" if value is None else str(value)
 
 
 def resumed_revision(record: dict, revision: str | None) -> str | None:

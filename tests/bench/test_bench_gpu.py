@@ -3,6 +3,7 @@ the benchmark refuses in one line with exit code 1, its code paths run in a CPU 
 the check writes its report even when steps fail."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,24 @@ def test_gpu_check_reports_failed_steps(tmp_path):
     assert "needs a CUDA GPU" in text
     for field in ("| device |", "| driver |", "| torch |", "| triton |"):
         assert field in text, field
+
+
+def test_gpu_check_steps_import_the_installed_package(tmp_path):
+    """`python -c` / `python -m` steps run from the checkout without it on sys.path: its bertscope/ folder
+    has no kernels/ or analyses/ (setup.py maps them in), and shadowed the installed package on the
+    first lent GPU (selftest, aot and pytest_gpu: ModuleNotFoundError: No module named 'bertscope.kernels')."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    cmds = gpu_check.commands(sys.executable, None, tmp_path)
+    assert [cmds[s][1] for s in ("selftest", "aot", "pytest_gpu")] == ["-c", "-m", "-m"]
+    probe = f"import sys; print('' in sys.path or {str(ROOT)!r} in sys.path)"
+    r = gpu_check.run_step("probe", [sys.executable, "-c", probe], 60)
+    assert r["code"] == 0 and r["output"].strip() == "False", r["output"]
+    assert "PYTHONSAFEPATH" not in gpu_check.step_env([sys.executable, "bench/bench_triton.py"]) or \
+        os.environ.get("PYTHONSAFEPATH")  # a script keeps its own folder first (bench/), as before
 
 
 def test_makefile_gpu_check_installs_nothing():

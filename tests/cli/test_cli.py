@@ -227,7 +227,7 @@ def test_limit_samples_segments(tmp_path, corpus_file, tiny_checkpoint):
 # --- user mistakes --------------------------------------------------------------------------
 
 
-def error_cases(tmp: Path, tiny: Path, opt: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
+def error_cases(tmp: Path, tiny: Path, unsupported: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "empty-dir").mkdir()
     (tmp / "used").mkdir()
     (tmp / "used" / "something.txt").write_text("x")
@@ -242,7 +242,7 @@ def error_cases(tmp: Path, tiny: Path, opt: Path, corpus: Path) -> dict[str, tup
     return {
         "missing model dir": (["--model", str(tmp / "no-such-model"), *text], "model directory not found"),
         "dir without config.json": (["--model", str(tmp / "empty-dir"), *text], "no config.json"),
-        "unsupported model type": (["--model", str(opt), *text], "model type 'opt' is not supported"),
+        "unsupported model type": (["--model", str(unsupported), *text], "model type 'gptj' is not supported"),
         "missing corpus file": ([*model, "--corpus", str(tmp / "nope.txt")], "corpus file not found"),
         "corpus is a directory": ([*model, "--corpus", str(tmp / "empty-dir")], "is a directory"),
         "empty corpus file": ([*model, "--corpus", str(tmp / "blank.txt")], "has no text"),
@@ -268,8 +268,8 @@ def error_cases(tmp: Path, tiny: Path, opt: Path, corpus: Path) -> dict[str, tup
 
 
 @pytest.fixture
-def errors(tmp_path, tiny_checkpoint, opt_checkpoint, corpus_file):
-    return error_cases(tmp_path, tiny_checkpoint, opt_checkpoint, corpus_file)
+def errors(tmp_path, tiny_checkpoint, unsupported_checkpoint, corpus_file):
+    return error_cases(tmp_path, tiny_checkpoint, unsupported_checkpoint, corpus_file)
 
 
 @pytest.mark.parametrize("case", [
@@ -370,7 +370,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, resume_corpus, tin
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
     # checkpoint after every batch (the default is every 20)
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.loop.forward
     calls = []
@@ -429,7 +429,7 @@ def test_resume_across_windows_equals_an_uninterrupted_run(tmp_path, tiny_checkp
     corpus.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--text-field", "text,text_b",
             "--limit", "30", "--batch-size", "3", "--window", "2", "--per-example", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=1))
     real_forward = bertscope.engine.loop.forward
     calls = []
@@ -483,7 +483,7 @@ def test_interrupt_while_writing_a_checkpoint_loses_nothing_and_counts_nothing_t
     mid-write leaves the previous checkpoint, and resuming from it redoes the lost batch once."""
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(resume_corpus), "--limit", "12",
             "--batch-size", "4", "--quiet", "--no-figures"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=1))
     whole = tmp_path / "whole"
     assert main([*args, "--out", str(whole)]) == 0

@@ -149,7 +149,7 @@ def test_ctrl_c_saves_the_batches_done_and_the_resume_equals_an_uninterrupted_ru
 def test_ctrl_c_while_a_batch_is_added_keeps_the_last_checkpoint(tmp_path, resume_corpus, tiny_checkpoint,  # noqa: F811
                                                                  capsys, monkeypatch):
     """An accumulator half way through a batch is never saved: the previous checkpoint stands."""
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=2))
     real_add, calls = HeadStats.add, []
 

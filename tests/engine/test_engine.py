@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import AttentionInterface, OPTConfig, OPTModel
+from transformers import AttentionInterface, GPTJConfig, GPTJModel
 
 from bertscope.analyses.surface.stats import head_table
 from bertscope.engine import attention
@@ -486,27 +486,28 @@ def test_wrap_model_switches_an_eager_model_to_bertscope(tiny_model):
     assert stats.n_rows[-1, 0] > 0
 
 
-def tiny_opt():
+def tiny_unsupported():
+    """A tiny GPT-J: a model type bertscope does not know."""
     torch.manual_seed(0)
-    return OPTModel(OPTConfig(vocab_size=64, max_position_embeddings=32, hidden_size=16, ffn_dim=32,
-                              num_hidden_layers=1, num_attention_heads=2, word_embed_proj_dim=16))
+    return GPTJModel(GPTJConfig(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2, rotary_dim=4,
+                                bos_token_id=0, eos_token_id=0))
 
 
 def check_unsupported_message(message: str):
-    assert "'opt' is not supported" in message
+    assert "'gptj' is not supported" in message
     for model_type in SUPPORTED_MODEL_TYPES:
         assert model_type in message
 
 
 def test_wrap_model_rejects_unsupported_types(minilm_tokenizer):
     with pytest.raises(UserError) as info:
-        wrap_model(tiny_opt(), minilm_tokenizer)
+        wrap_model(tiny_unsupported(), minilm_tokenizer)
     check_unsupported_message(str(info.value))
 
 
-def test_load_model_rejects_unsupported_types(opt_checkpoint):
+def test_load_model_rejects_unsupported_types(unsupported_checkpoint):
     with pytest.raises(UserError) as info:
-        load_model(opt_checkpoint)
+        load_model(unsupported_checkpoint)
     check_unsupported_message(str(info.value))
 
 

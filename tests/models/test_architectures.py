@@ -40,16 +40,34 @@ ENCODERS = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert
 
 
 def test_the_supported_types_are_the_encoders_and_decoders_and_each_has_an_entry():
-    assert SUPPORTED_MODEL_TYPES == (*ENCODERS, "modernbert", "llama", "mistral", "qwen2", "qwen3", "gemma3_text",
-                                     "gpt2")
+    decoders = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "phi3", "gpt2", "gpt_neox", "opt")
+    assert SUPPORTED_MODEL_TYPES == (*ENCODERS, "modernbert", *decoders)
     for model_type in ENCODERS:
         arch = ARCHITECTURES[model_type]
         assert arch.model_type == model_type
-        assert arch.modules is not None and arch.n_special is not None
+        assert arch.removal is not None and arch.n_special is not None
         assert arch.layout(AutoConfig.for_model(model_type)) == PLAIN  # an encoder's attention
-    for model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gpt2"):
+    for model_type in decoders:
         arch = ARCHITECTURES[model_type]
         assert arch.layout(AutoConfig.for_model(model_type)).causal and arch.n_special is None
+
+
+def test_every_analysed_family_says_where_its_layers_are_and_why_heads_cannot_go():
+    """The split: `layers` for every family bertscope analyses; `removal` optional, and where it is
+    None a reason for the one-line refusal (`no_removal`)."""
+    for model_type, arch in ARCHITECTURES.items():
+        if arch.refused is None:
+            assert arch.layers is not None, model_type
+        if arch.removal is None and arch.refused is None:
+            assert arch.no_removal and arch.removal_refused().endswith(arch.no_removal), model_type
+        else:
+            assert arch.removal_refused() is None or arch.refused is not None, model_type
+    assert {t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].removal is None} == {
+        "modernbert", "olmo2", "phi3", "gpt2"}
+    # shared prefixes of gated variants (bertscope.analyses.heads.variants): the BERT-style task
+    # heads, which read the hidden states alone, as before the table said so
+    assert {t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].prefix_sharing} == {
+        "bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra"}
 
 
 def test_the_table_gives_each_layer_its_layout():
@@ -89,9 +107,9 @@ def test_the_facts_moved_here_are_the_old_constants():
 
 def test_an_unknown_type_is_one_line_naming_the_supported_ones():
     with pytest.raises(UserError) as info:
-        architecture_of("opt")
+        architecture_of("gptj")
     message = str(info.value)
-    assert "\n" not in message and "'opt' is not supported" in message
+    assert "\n" not in message and "'gptj' is not supported" in message
     assert all(t in message for t in SUPPORTED_MODEL_TYPES)
 
 

@@ -4,7 +4,9 @@ model's own eager attention returns with output_attentions, on a padded batch.
 Each family of `bertscope.models.architectures` that is not a BERT-style encoder is built tiny and
 random here (2 layers, 4 query heads; 2 key/value heads where the family has grouped-query
 attention; a sliding window small enough to bite where it has one: Mistral on every layer, Qwen2
-and Gemma-3 on the layers `layer_types` names, ModernBERT's bidirectional local layers). Decoders
+and Gemma-3 on the layers `layer_types` names, ModernBERT's bidirectional local layers, Phi-3 on
+every layer; the families added after these come from tests/tiny_decoders.py's `family_config`). KINDS
+is every such family of the table: a family added there is tested here without a word. Decoders
 get a left-padded batch (their position ids counted from each sequence's first real token, as the
 engine hands them), ModernBERT a right-padded one; one sequence is a single token. The
 statistics of every backend are compared, on the valid rows, with the same
@@ -17,6 +19,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_decoders import family_config
 from transformers import (
     AutoModel,
     Gemma2Config,
@@ -25,6 +28,7 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     ModernBertConfig,
+    Phi3Config,
     Qwen2Config,
     Qwen3Config,
 )
@@ -65,10 +69,11 @@ def tiny_config(kind: str):
     if kind == "modernbert":  # layer 0 global, layer 1 local: 2 keys on each side
         return ModernBertConfig(**COMMON, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
                                 bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
-    raise ValueError(kind)
+    return family_config(kind, vocab_size=50)  # the families added since: tests/tiny_decoders.py
 
 
-KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gpt2", "modernbert")
+# every family of the table that is not a BERT-style encoder (those: tests/conftest.py's tiny models)
+KINDS = tuple(t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].causal or ARCHITECTURES[t].window_attr)
 
 
 def build(kind: str, attn_implementation: str = ATTN_IMPLEMENTATION, seed: int = 0):
@@ -158,15 +163,17 @@ def test_right_padding_works_for_decoders_too(kind):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(["mistral", "gemma3_text", "modernbert"]),
+@given(kind=st.sampled_from(["mistral", "phi3", "gemma3_text", "modernbert"]),
        lengths=st.lists(st.integers(1, 11), min_size=1, max_size=3), extra=st.integers(0, 2),
        left=st.booleans(), window=st.sampled_from([1, 2, 5]), kv_heads=st.sampled_from([1, 2, 4]))
 def test_parity_on_random_shapes(kind, lengths, extra, left, window, kv_heads, monkeypatch):
-    """Odd lengths, left and right padding, single-key rows, windows down to one key (Mistral and
-    Gemma-3: causal; ModernBERT: `window` keys each side), 1, 2 or 4 key/value heads."""
+    """Odd lengths, left and right padding, single-key rows, windows down to one key (Mistral,
+    Phi-3 and Gemma-3: causal; ModernBERT: `window` keys each side), 1, 2 or 4 key/value heads."""
     def config(kind):
         if kind == "mistral":
             return MistralConfig(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window)
+        if kind == "phi3":  # one fused qkv_proj, split by the key/value head count
+            return Phi3Config(**dict(DECODER, num_key_value_heads=kv_heads), sliding_window=window, pad_token_id=0)
         if kind == "gemma3_text":
             return Gemma3TextConfig(**dict(DECODER, num_key_value_heads=kv_heads), head_dim=8, sliding_window=window,
                                     query_pre_attn_scalar=8, layer_types=["full_attention", "sliding_attention"])
@@ -200,9 +207,11 @@ def test_the_plain_path_equals_eager(kind):
     torch.testing.assert_close(got[valid], want[valid], atol=2e-5, rtol=1e-4)
 
 
-def test_every_family_of_the_table_is_covered():
-    tested = set(KINDS) | {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra"}
-    assert set(SUPPORTED_MODEL_TYPES) == tested
+def test_every_family_of_the_table_has_a_tiny_model():
+    """KINDS comes from the table: a family added there without a tiny config here fails."""
+    assert {"gpt2", "modernbert", "gpt_neox", "phi3", "olmo2", "opt"} <= set(KINDS)
+    for kind in KINDS:
+        assert tiny_config(kind).model_type == kind
 
 
 # --- refusals, one line each ---------------------------------------------------------------------
@@ -319,8 +328,9 @@ def zero_gated(model, heads, batch):
     return out
 
 
-@pytest.mark.parametrize("kind", ("llama", "mistral", "qwen2", "qwen3", "gemma3_text"))
+@pytest.mark.parametrize("kind", [k for k in KINDS if ARCHITECTURES[k].removal is not None])
 def test_removing_whole_key_value_groups_equals_zero_gating(kind):
+    """Every family of the table whose heads can be removed: the pruned model is the zero-gated one."""
     model = build(kind)
     batch = padded_batch((7, 4), 7, left=True)
     valid = batch["attention_mask"].bool()
@@ -329,10 +339,15 @@ def test_removing_whole_key_value_groups_equals_zero_gating(kind):
     with torch.no_grad():
         full = model(**batch).last_hidden_state
     head_removal.prune_heads(model, heads)
-    attn = model.layers[0].self_attn
-    assert attn.q_proj.weight.shape[0] == 2 * 8 and attn.k_proj.weight.shape[0] == 8  # one key/value head left
-    assert attn.v_proj.weight.shape[0] == 8 and attn.o_proj.weight.shape[1] == 2 * 8
-    assert model.layers[1].self_attn.bertscope_head_slots == (head_removal.PLACEHOLDER,)
+    parts = head_removal.attention_parts(model, 0)
+    kv_kept = 2 // head_removal.kv_group(model.config)  # one key/value head left with groups of 2, else 2
+    if parts.fused:  # one projection, q, k and v rows of each kept head (GPT-NeoX)
+        assert getattr(*parts.q).weight.shape[0] == 2 * 3 * 8
+    else:
+        rows = {name: getattr(*getattr(parts, name)).weight.shape[0] for name in ("q", "k", "v")}
+        assert rows == {"q": 2 * 8, "k": kv_kept * 8, "v": kv_kept * 8}
+    assert getattr(*parts.out).weight.shape[1] == 2 * 8
+    assert head_removal.attention_parts(model, 1).module.bertscope_head_slots == (head_removal.PLACEHOLDER,)
     with torch.no_grad():
         got = model(**batch).last_hidden_state
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
@@ -372,11 +387,15 @@ def test_removing_part_of_a_key_value_group_is_refused():
     assert {name: p.shape for name, p in model.named_parameters()} == before  # nothing was touched
 
 
-@pytest.mark.parametrize("kind", ("gpt2", "modernbert"))
-def test_fused_projections_cannot_lose_heads(kind):
+@pytest.mark.parametrize("kind", [k for k in KINDS if ARCHITECTURES[k].removal is None])
+def test_families_without_head_removal_refuse_it_in_one_line(kind):
+    model = build(kind)
+    before = {name: p.shape for name, p in model.named_parameters()}
     with pytest.raises(ValueError) as info:
-        head_removal.prune_heads(build(kind), {0: [1]})
-    one_line(info, f"cannot remove heads of model type {kind!r}: its q, k and v come out of one fused projection")
+        head_removal.prune_heads(model, {0: [1]})
+    one_line(info, f"cannot remove heads of model type {kind!r}: {ARCHITECTURES[kind].no_removal}")
+    assert {name: p.shape for name, p in model.named_parameters()} == before  # nothing was touched
+    assert head_removal.kept_heads(model) == {layer: list(range(HEADS)) for layer in range(LAYERS)}
 
 
 def test_a_layout_per_layer_comes_from_the_table():

@@ -37,7 +37,7 @@ ROBERTA_LIKE = {"xlm-roberta": XLMRobertaConfig, "camembert": CamembertConfig}
 ATOL = 1e-5
 # the encoders whose heads can be removed (the decoders': tests/models/test_decoder_families.py)
 ENCODERS = tuple(t for t in SUPPORTED_MODEL_TYPES
-                 if ARCHITECTURES[t].modules is not None and not ARCHITECTURES[t].causal)
+                 if ARCHITECTURES[t].removal is not None and not ARCHITECTURES[t].causal)
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +385,14 @@ def test_run_command_on_a_pruned_checkpoint(tiny_checkpoint, tmp_path, capsys):
     by_head = {(int(r["layer"]), int(r["head"])): r for r in rows}
     assert len(rows) == TINY_LAYERS * TINY_HEADS
     assert by_head[(1, 2)]["entropy"] == "nan" and all(by_head[(2, h)]["sep"] == "nan" for h in range(1, 5))
-    assert float(by_head[(1, 1)]["entropy"]) > 0 and float(by_head[(1, 3)]["argmax_self"]) >= 0
+    # layer 1's kept heads read the embeddings, as in the unpruned model: their statistics are its
+    assert main(["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--limit", "all", "--argmax",
+                 "--no-figures", "--quiet", "--out", str(tmp_path / "full")]) == 0
+    full = {(int(r["layer"]), int(r["head"])): r for r in csv.DictReader(open(tmp_path / "full" / "heads.csv"))}
+    for head in (1, 3, 4):
+        for col in ("entropy", "sep", "argmax_self"):
+            assert float(by_head[(1, head)][col]) == pytest.approx(float(full[(1, head)][col]), abs=1e-5), (head, col)
+    assert float(by_head[(1, 1)]["entropy"]) > 0
     assert (out / "fig_entropy_heatmap.png").stat().st_size > 1000
     record = json.loads((out / "run.json").read_text())["model"]
     assert record["heads"] == TINY_HEADS and record["pruned_heads"] == ["1-2", "2-1", "2-2", "2-3", "2-4"]

@@ -162,6 +162,10 @@ def test_bad_run_dir_is_one_line(tmp_path, capsys, make, message):
 def test_refresh_after_a_probe_or_comparison(run_dir, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="bertscope")
     assert refresh_report(run_dir) == run_dir / REPORT_NAME
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", "wrote the report "
+                                                                                f"{run_dir / REPORT_NAME}")]
+    caplog.clear()
+    assert refresh_report(run_dir) == run_dir / REPORT_NAME  # a report there already is updated
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", "updated the report "
                                                                                 f"{run_dir / REPORT_NAME}")]
     caplog.clear()

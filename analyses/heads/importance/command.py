@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertscope.analyses.heads import lm as LMD
+from bertscope.analyses.heads import lm_task as LMD
 from bertscope.analyses.heads.common import TASK_CHOICES, add_task_data_arguments, load_split
 from bertscope.analyses.heads.importance.outputs import (
     COLUMNS,

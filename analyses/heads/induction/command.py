@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from bertscope.analyses.heads.induction import plots
 from bertscope.analyses.heads.induction.outputs import (
     ABLATION_COLUMNS,
     ABLATION_FIGURE,
@@ -32,28 +30,18 @@ from bertscope.analyses.heads.induction.outputs import (
     VARIANTS_CHECKPOINT,
 )
 from bertscope.analyses.heads.induction.section import ablation_finding, rho_text
-from bertscope.analyses.heads.induction.stats import (
-    SCORES,
-    InductionScores,
-    Layout,
-    SequenceLosses,
-    half_losses,
-    induction_spec,
-    random_head_sets,
-    random_sequences,
-    rank_heads,
-    score_offsets,
-    spearman,
-    token_pool,
-    variant_losses,
-    zero_gates,
-)
 from bertscope.cli.args import add_common_arguments, non_negative_int, positive_int
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import write_npz
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from bertscope.analyses.heads.induction.stats import InductionScores, RepeatedSequence, SequenceLosses
+
+# numpy, the statistics (torch) and the model loader are imported where the run uses them: building this
+# command's parser imports this module, and a mistyped option is then refused without waiting for torch
 logger = logging.getLogger(__name__)
 
 NAME = "induction"
@@ -103,18 +91,22 @@ def add_arguments(p):
 
 
 def main(args) -> int:
+    from bertscope.analyses.heads.induction.stats import score_offsets  # see the note above `logger`
+
     if args.resume:
         args = ModelRun.resumed_args(NAME, args, add_arguments, command=COMMAND)
     if args.corpus != "random":
         raise UserError(f"heads induction reads random repeated tokens (--corpus random), not {args.corpus!r}")
     score_offsets(args.seq_len)  # T too short: refused before the model loads
     needed = 2 * args.seq_len + 1
-    if args.max_len is None:
+    length_from = None
+    if args.max_len is None:  # a model too short for the sequences is blamed on --seq-len, the option given
         args.max_len = needed
+        length_from = f"--seq-len {args.seq_len}, a sequence of {needed} tokens (BOS and T tokens twice),"
     elif args.max_len < needed:
         raise UserError(f"--seq-len {args.seq_len} makes sequences of {needed} tokens (BOS and T tokens twice): "
                         f"more than --max-len {args.max_len}")
-    with ModelRun(NAME, args, task="causal-lm", command=COMMAND, resumable=True) as run:
+    with ModelRun(NAME, args, task="causal-lm", command=COMMAND, resumable=True, length_from=length_from) as run:
         induction(run, args)
     return 0
 
@@ -127,13 +119,20 @@ def bos_token(loaded, no_bos: bool) -> int | None:
     return bos if bos is not None else getattr(loaded.model.config, "bos_token_id", None)
 
 
-def sequences(loaded, args) -> tuple[np.ndarray, Layout, dict]:
+def sequences(loaded, args) -> tuple[np.ndarray, RepeatedSequence, dict]:
     """(ids (N, L), layout, what run.json says of the input)."""
+    from bertscope.analyses.heads.induction.stats import (  # see the note above `logger`
+        RepeatedSequence,
+        random_sequences,
+        score_offsets,
+        token_pool,
+    )
+
     bos = bos_token(loaded, args.no_bos)
     vocab = min(len(loaded.tokenizer), loaded.model.config.vocab_size)
     pool = token_pool(loaded.tokenizer, vocab)
     ids = random_sequences(args.limit, args.seq_len, pool, bos, args.seed)
-    layout = Layout(args.seq_len, bos is not None)
+    layout = RepeatedSequence(args.seq_len, bos is not None)
     about = {"seq_len": args.seq_len, "sequences": args.limit, "length": layout.length, "bos_id": bos,
              "bos_token": None if bos is None else loaded.tokenizer.convert_ids_to_tokens(bos),
              "token_pool": len(pool), "offsets": score_offsets(args.seq_len)}
@@ -148,8 +147,10 @@ def segments_of(ids: np.ndarray) -> list:
                     doc_id=f"random-{i}", document=i) for i, row in enumerate(ids)]
 
 
-def stream_scores(run: ModelRun, args, ids: np.ndarray, layout: Layout) -> tuple[InductionScores, SequenceLosses]:
+def stream_scores(run: ModelRun, args, ids: np.ndarray,
+                  layout: RepeatedSequence) -> tuple[InductionScores, SequenceLosses]:
     """One engine pass: the three scores and the unablated losses (checkpointed, resumed)."""
+    from bertscope.analyses.heads.induction.stats import InductionScores, SequenceLosses, induction_spec
     from bertscope.engine.loop import EngineOptions, fold  # torch: imported with the run
 
     loaded = run.loaded
@@ -177,8 +178,11 @@ def stream_scores(run: ModelRun, args, ids: np.ndarray, layout: Layout) -> tuple
 
 def gated_losses(run: ModelRun, args, name: str, ids: np.ndarray, gates: list) -> np.ndarray:
     """(V, N, L - 1) losses of `ids` under each gating, saved after every forward (resumed)."""
-    import torch  # imported with the run
+    import numpy as np  # imported with the run: see the note above `logger`
+    import torch
     from tqdm.auto import tqdm
+
+    from bertscope.analyses.heads.induction.stats import variant_losses
 
     path = run.dir / VARIANTS_CHECKPOINT.format(name=name)
     out = np.full((len(gates), *ids.shape[:1], ids.shape[1] - 1), np.nan, dtype=np.float32)
@@ -202,6 +206,10 @@ def gated_losses(run: ModelRun, args, name: str, ids: np.ndarray, gates: list) -
 
 def induction(run: ModelRun, args):
     """The command once the model has loaded."""
+    from bertscope.analyses.heads.induction import plots  # see the note above `logger`
+    from bertscope.analyses.heads.induction.stats import half_losses, random_head_sets, rank_heads, zero_gates
+    from bertscope.models.loading import model_name
+
     loaded = run.loaded
     L, H = loaded.n_layers, loaded.n_heads
     ids, layout, about = sequences(loaded, args)
@@ -274,8 +282,10 @@ def ablation_row(kind, k, draw, heads, first, rep, base_first, base_rep) -> dict
             "delta_icl": float((rep - first) - (base_rep - base_first))}
 
 
-def position_rows(base, var_losses, variants, ks, layout: Layout) -> list[dict]:
+def position_rows(base, var_losses, variants, ks, layout: RepeatedSequence) -> list[dict]:
     """Mean loss per target position: as trained, top k zeroed, k random zeroed (mean of the draws)."""
+    import numpy as np  # see the note above `logger`
+
     first, repeated = layout.target_halves()
     half = np.full(base.shape[1], "", dtype=object)
     half[first], half[repeated] = "first", "repeated"
@@ -290,6 +300,10 @@ def position_rows(base, var_losses, variants, ks, layout: Layout) -> list[dict]:
 
 
 def head_rows(scores: dict, per_head: dict | None) -> list[dict]:
+    import numpy as np  # see the note above `logger`
+
+    from bertscope.analyses.heads.induction.stats import SCORES, rank_heads
+
     L, H = scores["induction"].shape
     ranks = np.empty(L * H, dtype=int)
     ranks[[lay * H + h for lay, h in rank_heads(scores["induction"])]] = np.arange(1, L * H + 1)
@@ -305,12 +319,18 @@ def head_rows(scores: dict, per_head: dict | None) -> list[dict]:
 
 
 def _spread(values) -> dict:
+    import numpy as np  # see the note above `logger`
+
     v = np.asarray(values, float)
     return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
             "min": float(v.min()), "max": float(v.max())}
 
 
 def summarise(about, scores, rows, ks, per_head, base_first, base_rep, args) -> dict:
+    import numpy as np  # see the note above `logger`
+
+    from bertscope.analyses.heads.induction.stats import SCORES, rank_heads, spearman
+
     def top(score, n=10, every=False):
         return [{"head": f"{lay + 1}-{h + 1}", **{s: float(scores[s][lay, h]) for s in (SCORES if every else (score,))}}
                 for lay, h in rank_heads(scores[score])[:n]]

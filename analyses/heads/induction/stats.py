@@ -29,7 +29,7 @@ and 1 here). No attention map is kept: each row's three masses come out of the k
 `InductionScores` sums the repeated rows per head.
 
 The loss. The next-token loss at target position t is -log p(x_t | x_<t) (the LM head of
-`bertscope.tasks.lm`). As in the TransformerLens demo, the first half is the targets 1 .. T (x_1
+`bertscope.tasks.lm_loss`). As in the TransformerLens demo, the first half is the targets 1 .. T (x_1
 .. x_T after BOS; the first target of a sequence without BOS is its position 1) and the repeated
 half the targets T+1 .. 2T; Olsson et al.'s in-context learning score is a late token's loss
 minus an early one's, here the mean loss on the repeated half minus the mean loss on the first
@@ -91,8 +91,9 @@ def random_sequences(n: int, seq_len: int, pool: np.ndarray, bos: int | None, se
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Where the halves lie in a sequence of repeated length T, with or without a BOS."""
+class RepeatedSequence:
+    """A BOS (or none) and T random tokens repeated once: where the two halves lie. (Not an
+    attention layout: the kernels' `AttentionLayout` is which keys each query sees.)"""
 
     seq_len: int
     bos: bool
@@ -131,7 +132,7 @@ class InductionScores:
     Additive over batches, resumed runs and ranks.
     """
 
-    def __init__(self, n_layers: int, n_heads: int, layout: Layout):
+    def __init__(self, n_layers: int, n_heads: int, layout: RepeatedSequence):
         self.n_layers, self.n_heads, self.layout = n_layers, n_heads, layout
         self.sums = np.zeros((n_layers, n_heads, len(SCORES)), dtype=np.float64)
         self.rows = 0
@@ -169,7 +170,7 @@ class InductionScores:
     def load(cls, path: Path) -> InductionScores:
         with np.load(path) as f:
             meta = json.loads(str(f["meta"]))
-            acc = cls(meta["n_layers"], meta["n_heads"], Layout(meta["seq_len"], meta["bos"]))
+            acc = cls(meta["n_layers"], meta["n_heads"], RepeatedSequence(meta["seq_len"], meta["bos"]))
             acc.sums[...] = f["sums"]
             acc.rows, acc.batches_done = int(f["rows"]), int(f["batches_done"])
         return acc
@@ -178,18 +179,18 @@ class InductionScores:
 class SequenceLosses:
     """The engine `Accumulator` of the unablated model's next-token losses, read off the same
     forward pass as the scores: the base model's last hidden states (`BatchContext.outputs`)
-    through the LM head in chunks (`bertscope.tasks.lm.head_losses`).
+    through the LM head in chunks (`bertscope.tasks.lm_loss.head_losses`).
 
     losses (N, L - 1) float32, row = the sequence's index, NaN until its batch is done.
     """
 
-    def __init__(self, lm, n_sequences: int, layout: Layout):
+    def __init__(self, lm, n_sequences: int, layout: RepeatedSequence):
         self.lm, self.layout = lm, layout
         self.losses = np.full((n_sequences, layout.length - 1), np.nan, dtype=np.float32)
         self.batches_done = 0
 
     def add(self, batch):
-        from bertscope.tasks.lm import head_losses  # torch's model code: imported when a loss is taken
+        from bertscope.tasks.lm_loss import head_losses  # torch's model code: imported when a loss is taken
 
         hidden = batch.outputs.last_hidden_state  # (B, L, d) after the final norm
         ids = batch.inputs["input_ids"]  # (B, L)
@@ -247,9 +248,9 @@ def variant_losses(loaded, ids: torch.Tensor, gates: list[torch.Tensor], max_row
     """(V, N, L - 1) float32 next-token losses of the sequences `ids` (N, L) under each gating
     `gates[v]` (layers, H) xi: several variants and sequences per forward (per-sequence gates,
     variant-major rows, at most `max_rows` rows, at least one sequence), the LM head in chunks
-    (`bertscope.tasks.lm`). Written into `out` when given; `on_forward(variants done)` after the
+    (`bertscope.tasks.lm_loss`). Written into `out` when given; `on_forward(variants done)` after the
     last forward of each group of variants. The model's gates are reset afterwards."""
-    from bertscope.tasks.lm import token_losses  # torch's model code: imported when a loss is taken
+    from bertscope.tasks.lm_loss import token_losses  # torch's model code: imported when a loss is taken
 
     device = next(loaded.model.parameters()).device
     N, L = ids.shape
@@ -274,7 +275,7 @@ def variant_losses(loaded, ids: torch.Tensor, gates: list[torch.Tensor], max_row
     return out
 
 
-def half_losses(losses: torch.Tensor | np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+def half_losses(losses: torch.Tensor | np.ndarray, layout: RepeatedSequence) -> tuple[np.ndarray, np.ndarray]:
     """(mean loss on the first half, on the repeated half) over the last axis of `losses`
     (..., L - 1), per leading index."""
     losses = np.asarray(losses, dtype=np.float64)

@@ -27,11 +27,11 @@ import argparse
 
 import numpy as np
 
-from bertscope.analyses.heads import lm as LMD
+from bertscope.analyses.heads import lm_task as LMD
 from bertscope.analyses.heads import variants as V
 from bertscope.analyses.heads.common import load_split
 from bertscope.analyses.heads.importance.command import add_task_arguments
-from bertscope.analyses.heads.prune.lm import run_lm_prune
+from bertscope.analyses.heads.prune.lm_prune import run_lm_prune
 from bertscope.analyses.heads.prune.outputs import (
     FIGURE,
     ORDER_COLUMNS,

@@ -20,7 +20,7 @@ from bertscope.analyses.heads.induction import command as induction_command
 from bertscope.analyses.heads.induction.stats import (
     SCORES,
     InductionScores,
-    Layout,
+    RepeatedSequence,
     half_losses,
     induction_spec,
     random_head_sets,
@@ -65,7 +65,7 @@ def batch_of(layers: list[RowStats], spec, L: int, B: int):
 @pytest.mark.parametrize("backend", ["eager", "chunked"])
 def test_planted_heads_score_exactly_one_and_zero(backend, bos):
     T, B = 5, 2
-    layout = Layout(T, bos)
+    layout = RepeatedSequence(T, bos)
     L = layout.length
     spec = induction_spec(T, 4)
     off = score_offsets(T)
@@ -90,7 +90,7 @@ def test_planted_heads_score_exactly_one_and_zero(backend, bos):
 def test_only_the_repeated_rows_count():
     """Mass planted on the first half's rows (and on offsets no score reads) never enters a score."""
     T, B, H = 4, 3, 2
-    layout = Layout(T, True)
+    layout = RepeatedSequence(T, True)
     spec = induction_spec(T, 1)
     mass = torch.full((B, H, layout.length, len(spec.offsets)), 0.9)
     mass[:, :, layout.repeated_rows] = 0.0
@@ -111,7 +111,7 @@ def test_only_the_repeated_rows_count():
 def test_scores_are_the_mean_of_the_repeated_rows(T, bos, B, H, layers, batches, seed):
     """Random offset masses over several batches: each score is the plain mean of its offset's
     column over the repeated rows of every sequence, whatever the column order of the spec."""
-    layout = Layout(T, bos)
+    layout = RepeatedSequence(T, bos)
     spec = induction_spec(T, 1)
     rng = np.random.default_rng(seed)
     acc = InductionScores(layers, H, layout)
@@ -129,7 +129,7 @@ def test_scores_are_the_mean_of_the_repeated_rows(T, bos, B, H, layers, batches,
 
 
 def test_accumulator_merges_and_saves(tmp_path):
-    layout = Layout(6, True)
+    layout = RepeatedSequence(6, True)
     a, b = InductionScores(2, 3, layout), InductionScores(2, 3, layout)
     a.sums[...], a.rows = np.arange(18).reshape(2, 3, 3), 12
     b.sums[...], b.rows = 1.0, 6
@@ -141,7 +141,7 @@ def test_accumulator_merges_and_saves(tmp_path):
     c.merge(b)
     np.testing.assert_allclose(c.scores()["previous"], (a.sums[..., 2] + 1) / 18)
     with pytest.raises(ValueError):
-        c.merge(InductionScores(2, 3, Layout(5, True)))
+        c.merge(InductionScores(2, 3, RepeatedSequence(5, True)))
 
 
 def test_inputs():
@@ -156,9 +156,9 @@ def test_inputs():
     with pytest.raises(UserError):
         score_offsets(2)
     # the halves of the loss columns (column c: the target at position c + 1)
-    first, rep = Layout(6, True).target_halves()
+    first, rep = RepeatedSequence(6, True).target_halves()
     assert (first, rep) == (slice(0, 6), slice(6, 12))
-    first, rep = Layout(6, False).target_halves()
+    first, rep = RepeatedSequence(6, False).target_halves()
     assert (first, rep) == (slice(0, 5), slice(5, 11))
     sets = random_head_sets(3, 4, 2, [(0, 0), (1, 1)], 5, seed=0)
     assert len(sets) == 5 and all(len(s) == 2 and not {(0, 0), (1, 1)} & set(s) for s in sets)
@@ -177,7 +177,7 @@ def test_token_pool_leaves_out_the_specials(tiny_llama_lm_dir):
 # ----------------------------------------------------------------------------- real forwards vs eager
 
 
-def eager_reference(model_dir, ids: np.ndarray, layout: Layout, heads_zeroed=()):
+def eager_reference(model_dir, ids: np.ndarray, layout: RepeatedSequence, heads_zeroed=()):
     """(scores {name: (layers, H)}, losses (N, L - 1)) from transformers' eager attention maps and
     logits; `heads_zeroed` (layer, head) have their output zeroed before o_proj by a hook."""
     from transformers import AutoModelForCausalLM
@@ -218,7 +218,7 @@ def stream(model_dir, ids, layout, backend, tmp_path, batch_size=3):
 @pytest.mark.parametrize("backend", ["eager", "chunked"])
 def test_scores_and_losses_match_transformers_eager(tiny_llama_lm_dir, backend, tmp_path):
     T = 7
-    layout = Layout(T, True)
+    layout = RepeatedSequence(T, True)
     ids = random_sequences(5, T, np.arange(6, 25), bos=1, seed=2)
     _, scores, losses = stream(tiny_llama_lm_dir, ids, layout, backend, tmp_path)
     ref_scores, ref_losses = eager_reference(tiny_llama_lm_dir, ids, layout)
@@ -232,7 +232,7 @@ def test_gemma3_sliding_window_hides_the_induction_key(tiny_gemma3_lm_dir, tmp_p
     """Layer 1 sees 4 keys (itself and 3 before): at T = 6 the keys i - T + 1 and i - T lie
     beyond it, so its induction and duplicate masses are exactly 0; layer 2 is global."""
     T = 6
-    layout = Layout(T, True)
+    layout = RepeatedSequence(T, True)
     ids = random_sequences(4, T, np.arange(6, 25), bos=1, seed=3)
     _, scores, losses = stream(tiny_gemma3_lm_dir, ids, layout, "chunked", tmp_path, batch_size=4)
     ref_scores, ref_losses = eager_reference(tiny_gemma3_lm_dir, ids, layout)
@@ -248,7 +248,7 @@ def test_gated_losses_match_heads_zeroed_by_hand(tiny_llama_lm_dir, max_rows):
     from bertscope.models.loading import load_model
 
     T = 5
-    layout = Layout(T, True)
+    layout = RepeatedSequence(T, True)
     ids = random_sequences(3, T, np.arange(6, 25), bos=1, seed=5)
     loaded = load_model(str(tiny_llama_lm_dir), task="causal-lm")
     variants = [[], [(1, 2)], [(0, 0), (1, 3)], [(0, 1), (0, 2), (1, 0)]]
@@ -293,18 +293,18 @@ def test_command_end_to_end_and_resume(tiny_llama_lm_dir, tmp_path):
     # the ablation's top-k row against the direct computation of that gating
     ids = random_sequences(5, 6, token_pool_of(tiny_llama_lm_dir), bos=1, seed=0)
     head = (int(top1["layer"]) - 1, int(top1["head"]) - 1)
-    _, base = eager_reference(tiny_llama_lm_dir, ids, Layout(6, True))
-    _, zeroed = eager_reference(tiny_llama_lm_dir, ids, Layout(6, True), [head])
-    f0, r0 = half_losses(base, Layout(6, True))
-    f1, r1 = half_losses(zeroed, Layout(6, True))
+    _, base = eager_reference(tiny_llama_lm_dir, ids, RepeatedSequence(6, True))
+    _, zeroed = eager_reference(tiny_llama_lm_dir, ids, RepeatedSequence(6, True), [head])
+    f0, r0 = half_losses(base, RepeatedSequence(6, True))
+    f1, r1 = half_losses(zeroed, RepeatedSequence(6, True))
     assert float(ablation[0]["loss_repeated"]) == pytest.approx(r0.mean(), abs=1e-4)
     assert float(ablation[1]["delta_loss_repeated"]) == pytest.approx(r1.mean() - r0.mean(), abs=1e-4)
     assert float(ablation[1]["icl_score"]) == pytest.approx(r1.mean() - f1.mean(), abs=1e-4)
     # per head: the first 2 sequences
-    _, zeroed2 = eager_reference(tiny_llama_lm_dir, ids[:2], Layout(6, True), [head])
+    _, zeroed2 = eager_reference(tiny_llama_lm_dir, ids[:2], RepeatedSequence(6, True), [head])
     row = next(h for h in heads if h["rank"] == "1")
-    _, rb = half_losses(base[:2], Layout(6, True))
-    _, rz = half_losses(zeroed2, Layout(6, True))
+    _, rb = half_losses(base[:2], RepeatedSequence(6, True))
+    _, rz = half_losses(zeroed2, RepeatedSequence(6, True))
     assert float(row["delta_loss_repeated"]) == pytest.approx((rz - rb).mean(), abs=1e-4)
     positions = read_csv(out / "loss_by_position.csv")
     assert len(positions) == 12 and float(positions[0]["none"]) == pytest.approx(base[:, 0].mean(), abs=1e-4)
@@ -360,12 +360,12 @@ def test_command_without_bos(tiny_gemma3_lm_dir, tmp_path):
     r = json.loads((out / "run.json").read_text())["analyses"]["induction"]["results"]
     assert r["length"] == 10 and r["bos_id"] is None and "per_head" not in r
     ids = random_sequences(3, 5, token_pool_of(tiny_gemma3_lm_dir), bos=None, seed=0)
-    ref, losses = eager_reference(tiny_gemma3_lm_dir, ids, Layout(5, False))
+    ref, losses = eager_reference(tiny_gemma3_lm_dir, ids, RepeatedSequence(5, False))
     heads = read_csv(out / "induction.csv")
     for name in SCORES:
         np.testing.assert_allclose([float(h[name]) for h in heads], ref[name].ravel(), atol=TOL)
     assert all(float(h["induction"]) == 0 for h in heads if h["layer"] == "1")
-    first, rep = half_losses(losses, Layout(5, False))
+    first, rep = half_losses(losses, RepeatedSequence(5, False))
     assert r["loss"]["first"] == pytest.approx(first.mean(), abs=1e-4)
     assert r["loss"]["icl_score"] == pytest.approx(rep.mean() - first.mean(), abs=1e-4)
     assert heads[0]["delta_loss_repeated"] == ""
@@ -375,7 +375,7 @@ def test_ctrl_c_in_the_stream_and_in_the_variants_then_resume(tiny_llama_lm_dir,
     """Ctrl-C while the scores stream, then while the gated variants run: each resume goes on from
     the last saved batch or variant, and the tables match an uninterrupted run's."""
     import bertscope.engine.loop as loop
-    import bertscope.tasks.lm as lm
+    import bertscope.tasks.lm_loss as lm
 
     def die_on_call(module, name, n):
         """`module.name` raises KeyboardInterrupt on its n-th call; returns the original."""

@@ -13,7 +13,13 @@ import torch
 from test_induction import batch_of, planted_qk
 
 import bertscope.kernels.triton_attention as ta
-from bertscope.analyses.heads.induction.stats import SCORES, InductionScores, Layout, induction_spec, score_offsets
+from bertscope.analyses.heads.induction.stats import (
+    SCORES,
+    InductionScores,
+    RepeatedSequence,
+    induction_spec,
+    score_offsets,
+)
 from bertscope.kernels import AttentionLayout, attention_stats
 
 if not ta.INTERPRETED:
@@ -25,7 +31,7 @@ def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def scores_of(q, k, layout: Layout, attention: AttentionLayout, backend: str) -> np.ndarray:
+def scores_of(q, k, layout: RepeatedSequence, attention: AttentionLayout, backend: str) -> np.ndarray:
     B, H, L, _ = q.shape
     spec = induction_spec(layout.seq_len, 1)
     _, stats = attention_stats(q, k, torch.randn_like(k), torch.ones(B, L, dtype=torch.bool),
@@ -38,7 +44,7 @@ def scores_of(q, k, layout: Layout, attention: AttentionLayout, backend: str) ->
 
 def test_planted_heads_through_triton():
     T = 6
-    layout = Layout(T, True)
+    layout = RepeatedSequence(T, True)
     off = score_offsets(T)
     q, k = planted_qk(2, layout.length, [off["induction"], off["duplicate"], off["previous"]])
     q, k = (torch.nn.functional.pad(t, (0, 16 - layout.length)) for t in (q, k))  # D = 16
@@ -51,7 +57,7 @@ def test_planted_heads_through_triton():
 
 @pytest.mark.parametrize("attention", [AttentionLayout(causal=True), AttentionLayout(causal=True, window=(6, 0))])
 def test_random_heads_as_eager(attention):
-    layout = Layout(5, False)
+    layout = RepeatedSequence(5, False)
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(3, 2, layout.length, 16, generator=g) for _ in range(2))
     np.testing.assert_allclose(scores_of(q, k, layout, attention, "triton"),
@@ -65,7 +71,7 @@ def test_the_command_stream_through_triton(tiny_gemma3_lm_dir, tmp_path):
 
     from bertscope.analyses.heads.induction.stats import random_sequences
 
-    layout = Layout(6, True)
+    layout = RepeatedSequence(6, True)
     ids = random_sequences(3, 6, np.arange(6, 25), bos=1, seed=1)
     _, scores, losses = stream(tiny_gemma3_lm_dir, ids, layout, "triton", tmp_path)
     ref, ref_losses = eager_reference(tiny_gemma3_lm_dir, ids, layout)

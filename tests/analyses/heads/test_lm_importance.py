@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tiny_decoders import TEXTS
 from transformers import AutoModelForCausalLM
 
-from bertscope.analyses.heads import lm as LMD
+from bertscope.analyses.heads import lm_task as LMD
 from bertscope.analyses.heads.prune.stats import random_order
 from bertscope.models.loading import load_model
 
@@ -138,7 +138,7 @@ def test_gradient_equals_a_central_finite_difference_of_the_gated_loss(tiny_llam
                 xi[lay, h] += sign * eps
                 loaded.gates.xi = xi
                 with torch.no_grad():
-                    from bertscope.tasks.lm import token_losses
+                    from bertscope.tasks.lm_loss import token_losses
 
                     losses.append(token_losses(loaded, b.input_ids, b.attention_mask).per_sequence())
                 loaded.gates.reset()

@@ -115,7 +115,7 @@ def test_interrupted_per_example_run_resumes_to_the_same_rows(tmp_path, tiny_che
     corpus.write_text("\n".join(" ".join(words[: 3 + i]) + ("\n" if i == 4 else "") for i in range(12)) + "\n")
     args = ["run", "--model", str(tiny_checkpoint), "--corpus", str(corpus), "--limit", "all", "--batch-size", "4",
             "--quiet", "--no-figures", "--per-example"]
-    monkeypatch.setattr(bertscope.analyses.surface.command, "EngineOptions",
+    monkeypatch.setattr(bertscope.engine.loop, "EngineOptions",
                         functools.partial(EngineOptions, checkpoint_every=1))
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
 

@@ -1,4 +1,4 @@
-"""The chunked language-modelling loss (`bertscope.tasks.lm`) against transformers' own: the model
+"""The chunked language-modelling loss (`bertscope.tasks.lm_loss`) against transformers' own: the model
 with its LM head run whole, in eager attention, with `labels` (its loss is the mean next-token
 cross-entropy over the targets that are not -100). Right padding, one-token rows, chunks that do
 not divide the positions, a soft-capped head, and the gradient that reaches the head gates."""
@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from bertscope.errors import UserError
 from bertscope.models.loading import load_model
-from bertscope.tasks.lm import chunk_size, head_losses, token_losses
+from bertscope.tasks.lm_loss import chunk_size, head_losses, token_losses
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

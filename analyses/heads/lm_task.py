@@ -9,7 +9,7 @@ own template). The first `--limit` segments of the stream are the importance seg
 prune` scores perplexity on the next `--eval-limit` (default `--limit`), which share no article
 with them (each article goes into one segment).
 
-The loss. `bertscope.tasks.lm.token_losses`: the base model once, the LM head on chunks of
+The loss. `bertscope.tasks.lm_loss.token_losses`: the base model once, the LM head on chunks of
 positions (never an L x vocabulary tensor), -log p(x_{t+1} | x_<=t) per target. A segment's loss
 L(x) is the MEAN over its targets: Michel's I_h averages |dL(x)/dxi_h| over examples, each with its
 own loss, and the model's training loss is the per-token mean; a sum over targets would weigh a
@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from bertscope.analyses.heads.importance.stats import CONVENTIONS, Importance, check_mask, layer_normalise
 from bertscope.errors import UserError
-from bertscope.tasks.lm import token_losses
+from bertscope.tasks.lm_loss import token_losses
 
 logger = logging.getLogger(__name__)
 

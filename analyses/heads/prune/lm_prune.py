@@ -1,5 +1,5 @@
 """`bertscope heads prune --task lm`: Michel et al.'s iterative pruning of a decoder's query heads,
-scored by perplexity on held-out running text (`bertscope.analyses.heads.lm` has the data and the loss).
+scored by perplexity on held-out running text (`bertscope.analyses.heads.lm_task` has the data and the loss).
 
 Each step computes I_h with the language-modelling loss on the --limit importance segments, with
 the heads pruned so far gated to 0, and prunes the live heads with the lowest scores (10% of the
@@ -23,7 +23,7 @@ import json
 
 import numpy as np
 
-from bertscope.analyses.heads import lm as LMD
+from bertscope.analyses.heads import lm_task as LMD
 from bertscope.analyses.heads.importance.command import importance_rows
 from bertscope.analyses.heads.importance.stats import least_important
 from bertscope.analyses.heads.prune.outputs import (
