@@ -37,9 +37,17 @@ inputs: at B 16, H 12, L 128, D 32 on one thread, 21.6 ms against the pure-torch
 bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats (mean
 0.013). `row_pass="torch"` keeps the half-precision torch pass.
 
-Threads: with more blocks than threads, one Python thread per core runs single-threaded ops
-on every n-th block: no OpenMP barrier per block, which stalls a whole block whenever another
-process holds a core (bench/results_layouts.md); with one thread, the blocks run in order.
+Threads: blocks of whole maps of several heads (an encoder's short sequences: at L = 128 every
+head of a sequence is one block) run in order, each op parallel inside the block (torch's
+threads, and the row pass's OpenMP rows); any other blocks (one head's rows at L = 512, query
+blocks of a causal, windowed or grouped-query layout), when there are more of them than threads,
+are shared out to one Python thread per core running single-threaded ops on every n-th block: no
+OpenMP barrier per block, which stalls a whole block whenever another process holds a core
+(bench/results_layouts.md). Measured on the 2-core development machine under a load of 4, two
+threads, the surface suite's spec, best / median of 16-40 interleaved calls: B 16 x H 12 x L 128
+(encoder) in order 7.6 / 87 ms, shared out 20.5 / 43 ms; 4 x 12 x 512 (encoder) in order
+75 / 318 ms, shared out 42 / 55 ms; causal with 3 key heads, 16 x 9 x 128: in order 47 / 123 ms,
+shared out 32 / 55 ms.
 """
 from __future__ import annotations
 
@@ -227,7 +235,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
             t = stat.from_probs(probe, 0, 0, keys)  # (1, 1, ...)
             per_block_out[stat.name] = torch.zeros(B, H, L, *t.shape[2:], dtype=t.dtype, device=dev)
     n_workers = min(len(items), torch.get_num_threads()) if dev.type == "cpu" else 1
-    if n_workers <= 1:
+    if n_workers <= 1 or (per > 1 and band == (None, None)):  # one worker, or whole maps of several heads
         work(items, column_mass, word_map, None)
     else:
         _in_threads(work, items, n_workers, column_mass, word_map)
