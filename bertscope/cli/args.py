@@ -156,8 +156,8 @@ def default_threads() -> int | None:
     core) capped at the cores other work leaves idle now (`others_running`). Threads beyond those
     do not add speed on a busy machine, they take it: the chunked kernel runs thousands of
     short parallel regions per batch, and each waits at its barrier for a worker whose core runs
-    another job (a 64-segment run on 2 cores at a load of 8 took 84 s with 2 threads and 58 s
-    with 1). None (torch decides) where OMP_NUM_THREADS is set or the run queue cannot be read."""
+    another job (48 segments of 512 tokens on 2 cores at a load of 9-13: 138 s with 2 threads,
+    54 s with 1). None (torch decides) where OMP_NUM_THREADS is set or the run queue cannot be read."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     try:
