@@ -35,7 +35,10 @@ compiled row pass runs on them (the output is narrowed back). The widening reads
 values per tensor against the L x L maps' B*H*L*L, and it is both faster and exact on its
 inputs: at B 16, H 12, L 128, D 32 on one thread, 21.6 ms against the pure-torch pass in
 bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats (mean
-0.013). `row_pass="torch"` keeps the half-precision torch pass.
+0.013). `row_pass="torch"` keeps the half-precision torch pass. On a GPU (chunked is the
+fallback there when Triton is missing) half precision is widened too, for the same reason: the
+torch pass in bfloat16 missed the selftest's tolerance on an H100 (entropy off by up to 0.09
+nats against 0.06 allowed, causal and grouped-query shapes; bench/results_gpu.md, run 3).
 
 Threads: blocks of whole maps of several heads (an encoder's short sequences: at L = 128 every
 head of a sequence is one block) run in order, each op parallel inside the block (torch's
@@ -73,7 +76,7 @@ BLOCK_MIN_ROWS = 64  # query rows of a block at least (default blocks; an explic
 # passes' 0.67-1.04 ms (L = 128), and 0.58 ms against 0.39-0.48 ms at C = 4-8, where
 # torch's matmul is slow for so few columns (bench/results_triton.md, "CPU row pass")
 CLASS_MATMUL_MIN = 16
-HALF = (torch.float16, torch.bfloat16)  # widened to float32 on the CPU (module docstring)
+HALF = (torch.float16, torch.bfloat16)  # widened to float32 on entry (module docstring)
 # the statistics both row passes compute themselves; every other per-row entry of the table is
 # computed from each block's probabilities by its `from_probs`, and the whole-map ones by `_Maps`
 FUSED = frozenset({"entropy", "offset_mass", "class_mass", "argmax"})
@@ -95,7 +98,7 @@ def attention_stats_chunked(
     """
     if row_pass not in ROW_PASSES:
         raise ValueError(f"row_pass must be one of {ROW_PASSES}, not {row_pass!r}")
-    if row_pass != "torch" and q.device.type == "cpu" and q.dtype in HALF:
+    if row_pass != "torch" and q.dtype in HALF:  # widened on every device (module docstring)
         out, stats = attention_stats_chunked(q.float(), k.float(), v.float(), key_valid, key_class, spec, gates,
                                              scale, pooling, chunk_bytes, row_pass, layout=layout)
         return out.to(v.dtype), stats
