@@ -3,11 +3,12 @@ of decoder analyses load with `--model` (fixtures `tiny_llama_lm_dir` and `tiny_
 conftest.py). Each folder holds the causal-LM model (its base model loads from it too) and a
 tokenizer that puts a BOS in front of every text and has no [CLS] or [SEP].
 
-`family_config(model_type)` builds a tiny config of every family of the architecture table
-(`bertscope.models.architectures`): 2 layers, 4 query heads (2 key/value heads where the family
-groups them), a window small enough to bite where the family has one. `save_family` saves one
-with the word tokenizer its template calls for ([CLS] A [SEP], <s> A </s> or a BOS in front):
-tests/test_families.py runs every family through every command from them."""
+`family_config(model_type)` is the tiny config of every family of the architecture table
+(`bertscope.models.tiny.tiny_config`: 2 layers, 4 query heads, 2 key/value heads where the family
+groups them, a window small enough to bite where the family has one) sized to the word
+tokenizer. `save_family` saves one with the word tokenizer its template calls for ([CLS] A [SEP],
+<s> A </s> or a BOS in front): tests/test_families.py runs every family through every command
+from them."""
 from __future__ import annotations
 
 import torch
@@ -84,9 +85,6 @@ def save_tiny(path, config, causal_lm: bool = False, seed: int = 0, tokenizer=No
 
 # --- a tiny model of every family of the table --------------------------------------------------
 
-IDS = dict(pad_token_id=3, bos_token_id=1, eos_token_id=2)  # SPECIALS' ids
-
-
 def family_template(model_type: str) -> str:
     """The word tokenizer's template for a family: a decoder's BOS, RoBERTa's <s> A </s>, BERT's [CLS] A [SEP]."""
     from bertscope.models.architectures import ARCHITECTURES
@@ -98,49 +96,11 @@ def family_template(model_type: str) -> str:
 
 
 def family_config(model_type: str, vocab_size: int | None = None):
-    """A fresh tiny config of `model_type` (configs are mutable: never share one between models):
-    2 layers, 4 query heads of width 8; 2 key/value heads where the family groups them; a window
-    of 3 keys on a windowed family's sliding layers (ModernBERT: 2 on each side)."""
-    import transformers
+    """`bertscope.models.tiny.tiny_config` of `model_type`, by default with the vocabulary of the
+    family's word tokenizer."""
+    from bertscope.models.tiny import tiny_config
 
-    vocab_size = vocab_size or len(word_tokenizer(family_template(model_type)).get_vocab())
-    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, max_position_embeddings=64, initializer_range=0.4, **IDS)
-    decoder = dict(common, num_key_value_heads=2)
-    make = {
-        "bert": lambda: transformers.BertConfig(**common),
-        "electra": lambda: transformers.ElectraConfig(embedding_size=16, **common),
-        "albert": lambda: transformers.AlbertConfig(embedding_size=16, **common),
-        "roberta": lambda: transformers.RobertaConfig(**dict(common, max_position_embeddings=66), type_vocab_size=1),
-        "xlm-roberta": lambda: transformers.XLMRobertaConfig(**dict(common, max_position_embeddings=66),
-                                                             type_vocab_size=1),
-        "camembert": lambda: transformers.CamembertConfig(**dict(common, max_position_embeddings=66),
-                                                          type_vocab_size=1),
-        "distilbert": lambda: transformers.DistilBertConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4,
-                                                            hidden_dim=48, max_position_embeddings=64,
-                                                            initializer_range=0.4, pad_token_id=3),
-        "modernbert": lambda: transformers.ModernBertConfig(**common, local_attention=4, global_attn_every_n_layers=2,
-                                                            cls_token_id=1, sep_token_id=2),
-        "llama": lambda: transformers.LlamaConfig(**decoder),
-        "mistral": lambda: transformers.MistralConfig(**decoder, sliding_window=3),
-        "qwen2": lambda: transformers.Qwen2Config(**decoder, use_sliding_window=True, sliding_window=3,
-                                                  max_window_layers=1),
-        "qwen3": lambda: transformers.Qwen3Config(**decoder, head_dim=8),
-        "gemma3_text": lambda: transformers.Gemma3TextConfig(**decoder, head_dim=8, sliding_window=3,
-                                                             query_pre_attn_scalar=12,
-                                                             layer_types=["sliding_attention", "full_attention"]),
-        "olmo2": lambda: transformers.Olmo2Config(**decoder),
-        "phi3": lambda: transformers.Phi3Config(**decoder, sliding_window=3),
-        "gpt2": lambda: transformers.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                                initializer_range=0.4, **IDS),
-        "gpt_neox": lambda: transformers.GPTNeoXConfig(**common, rotary_pct=0.5),
-        "opt": lambda: transformers.OPTConfig(vocab_size=vocab_size, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
-                                              num_attention_heads=4, max_position_embeddings=64,
-                                              word_embed_proj_dim=32, init_std=0.4, **IDS),
-    }
-    if model_type not in make:
-        raise ValueError(f"no tiny config of model type {model_type!r}: add one to tests/tiny_decoders.py")
-    return make[model_type]()
+    return tiny_config(model_type, vocab_size or len(word_tokenizer(family_template(model_type)).get_vocab()))
 
 
 def save_family(path, model_type: str, seed: int = 0):

@@ -5,8 +5,9 @@
 
 The reference statistics are the oracle's (`bertscope.kernels.reference.stats_from_probs`) read
 off the model's eager maps. Tiny random families: the configs and padded batches (left padding for
-decoders) of tests/models/test_decoder_families.py, which asserts the same within 2e-5; this prints
-the differences themselves. --real adds the converted SmolLM2 and Gemma-3 (`bertscope data
+decoders) of `bertscope.models.tiny` (`parity_config`, `run_both`), the ones
+tests/models/test_decoder_families.py asserts the same of within 2e-5; this prints the differences
+themselves. --real adds the converted SmolLM2 and Gemma-3 (`bertscope data
 install-decoders`; dequantized from 4-bit GGUF) on a batch of two Wikipedia segments, one
 left-padded, long enough that Gemma-3's 512-key window bites (L = 700).
 """
@@ -19,29 +20,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "models"), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT / "bench")]  # bench/common.py's wiki_token_stream, for --real
 
 STATS = ("entropy", "offset_mass", "class_mass", "column_mass", "word_map")
-
-
-def _spec():
-    """Every statistic of the kernels' table, switched on."""
-    from bertscope.kernels import StatsSpec
-    from bertscope.kernels.spec import ROW_STATS
-
-    return StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=3,
-                     **{s.switch: True for s in ROW_STATS if s.switch != "offsets"})
-
-
-def pooling_for(valid):
-    """Words of two tokens each (by padded position), every word a candidate."""
-    import torch
-
-    from bertscope.kernels import word_pooling
-
-    B, L = valid.shape
-    unit = torch.where(valid, torch.arange(L)[None, :] // 2, -1)
-    return word_pooling(unit, torch.ones(B, (L + 1) // 2, dtype=torch.bool))
 
 
 def differences(ref, hidden, layers, valid, key_class, pooling, heads: int) -> dict:
@@ -50,8 +31,8 @@ def differences(ref, hidden, layers, valid, key_class, pooling, heads: int) -> d
     import torch
 
     from bertscope.kernels.reference import stats_from_probs
+    from bertscope.models.tiny import SPEC  # every statistic of the kernels' table, switched on
 
-    SPEC = _spec()
     rows = valid[:, None, :].expand(-1, heads, -1)
     out = {name: 0.0 for name in STATS}
     out["hidden"] = float((hidden[valid] - ref.last_hidden_state[valid]).abs().max())
@@ -75,11 +56,12 @@ def differences(ref, hidden, layers, valid, key_class, pooling, heads: int) -> d
 
 def tiny(kind: str, backend: str) -> dict:
     import torch
-    from test_decoder_families import HEADS, run_both  # the tiny families' configs (see the module docstring)
+
+    from bertscope.models.tiny import HEADS, run_both  # the tiny families (see the module docstring)
 
     with torch.no_grad():
-        ref, hidden, layers, valid, key_class, _ = run_both(kind, (7, 4), 9, backend)
-    return differences(ref, hidden, layers, valid, key_class, pooling_for(valid), HEADS)
+        ref, hidden, layers, valid, key_class, pooling = run_both(kind, (7, 4), 9, backend)
+    return differences(ref, hidden, layers, valid, key_class, pooling, HEADS)
 
 
 def real(name: str, backend: str, L: int = 700) -> dict:
@@ -90,8 +72,8 @@ def real(name: str, backend: str, L: int = 700) -> dict:
 
     from bertscope.engine.attention import HeadProbe
     from bertscope.models.source import resolve_model
+    from bertscope.models.tiny import SPEC, pooling_for
 
-    SPEC = _spec()
     path = resolve_model(name).path
     tokenizer = AutoTokenizer.from_pretrained(path)
     ids, _, _ = wiki_token_stream(tokenizer, 2 * L)
@@ -124,9 +106,9 @@ def main(argv=None):
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     import torch
-    from test_decoder_families import KINDS
 
     import bertscope.engine.attention  # noqa: F401  (registers the "bertscope" implementation)
+    from bertscope.models.tiny import KINDS
 
     torch.set_num_threads(1)
     cases = [(kind, "tiny random", lambda k=kind, b=None: tiny(k, b)) for kind in KINDS]

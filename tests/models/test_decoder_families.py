@@ -5,9 +5,10 @@ Each family of `bertscope.models.architectures` that is not a BERT-style encoder
 random here (2 layers, 4 query heads; 2 key/value heads where the family has grouped-query
 attention; a sliding window small enough to bite where it has one: Mistral on every layer, Qwen2
 and Gemma-3 on the layers `layer_types` names, ModernBERT's bidirectional local layers, Phi-3 on
-every layer; the families added after these come from tests/tiny_decoders.py's `family_config`). KINDS
-is every such family of the table: a family added there is tested here without a word. Decoders
-get a left-padded batch (their position ids counted from each sequence's first real token, as the
+every layer; the families added after these take the table's `tiny_config`; all of them:
+`bertscope.models.tiny.parity_config`, whose models tools/parity.py runs too). KINDS is every such
+family of the table: a family added there is tested here without a word. Decoders get a
+left-padded batch (their position ids counted from each sequence's first real token, as the
 engine hands them), ModernBERT a right-padded one; one sequence is a single token. The
 statistics of every backend are compared, on the valid rows, with the same
 statistics computed by their definitions from the eager maps; the hidden states too. Then the
@@ -17,113 +18,41 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_decoders import family_config
-from transformers import (
-    AutoModel,
-    Gemma2Config,
-    Gemma3TextConfig,
-    GPT2Config,
-    LlamaConfig,
-    MistralConfig,
-    ModernBertConfig,
-    Phi3Config,
-    Qwen2Config,
-    Qwen3Config,
-)
+from transformers import AutoModel, Gemma2Config, Gemma3TextConfig, MistralConfig, ModernBertConfig, Phi3Config
 
 from bertscope.engine.attention import ATTN_IMPLEMENTATION, GradProbe, HeadProbe
 from bertscope.errors import UserError
-from bertscope.kernels import BACKENDS, AttentionLayout, StatsSpec, visible_mask, word_pooling
+from bertscope.kernels import BACKENDS, AttentionLayout, StatsSpec, visible_mask
 from bertscope.kernels.reference import stats_from_probs
 from bertscope.kernels.spec import ROW_STATS
 from bertscope.models import head_removal
-from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_of
+from bertscope.models.architectures import ARCHITECTURES, architecture_of
 from bertscope.models.gates import attach_gates
+from bertscope.models.tiny import (
+    HEADS,
+    HIDDEN,
+    KINDS,
+    KV_HEADS,
+    LAYERS,
+    SPEC,
+    build,
+    padded_batch,
+    parity_config,
+    run_both,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-LAYERS, HEADS, KV_HEADS, HIDDEN = 2, 4, 2, 32
 COMMON = dict(vocab_size=50, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=LAYERS,
               num_attention_heads=HEADS, max_position_embeddings=64, initializer_range=0.4)
 DECODER = dict(COMMON, num_key_value_heads=KV_HEADS)
+tiny_config = parity_config  # the configs of this test and tools/parity.py: bertscope/models/tiny.py
 
 
-def tiny_config(kind: str):
-    """A fresh tiny config of `kind` (configs are mutable: never share one between models)."""
-    if kind == "llama":
-        return LlamaConfig(**DECODER)
-    if kind == "mistral":  # a window of 3 keys (itself and two before) on every layer
-        return MistralConfig(**DECODER, sliding_window=3)
-    if kind == "qwen2":  # layer 0 full, layer 1 a window of 3
-        return Qwen2Config(**DECODER, use_sliding_window=True, sliding_window=3, max_window_layers=1)
-    if kind == "qwen3":
-        return Qwen3Config(**DECODER, head_dim=8)
-    if kind == "gemma3_text":  # a sliding layer (window 4) then a full one; scaling 1 / sqrt(query_pre_attn_scalar)
-        return Gemma3TextConfig(**DECODER, head_dim=8, sliding_window=4, query_pre_attn_scalar=12,
-                                layer_types=["sliding_attention", "full_attention"])
-    if kind == "gpt2":
-        return GPT2Config(vocab_size=50, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64,
-                          initializer_range=0.4)
-    if kind == "modernbert":  # layer 0 global, layer 1 local: 2 keys on each side
-        return ModernBertConfig(**COMMON, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
-                                bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
-    return family_config(kind, vocab_size=50)  # the families added since: tests/tiny_decoders.py
-
-
-# every family of the table that is not a BERT-style encoder (those: tests/conftest.py's tiny models)
-KINDS = tuple(t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].causal or ARCHITECTURES[t].window_attr)
-
-
-def build(kind: str, attn_implementation: str = ATTN_IMPLEMENTATION, seed: int = 0):
-    torch.manual_seed(seed)
-    return AutoModel.from_config(tiny_config(kind), attn_implementation=attn_implementation).eval()
-
-
-def padded_batch(lengths, L: int, left: bool, seed: int = 0) -> dict:
-    """input_ids, attention_mask (and position ids from each first real token, for left padding)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 50, (len(lengths), L), generator=g)
-    pos = torch.arange(L)[None, :]
-    n = torch.tensor(lengths)[:, None]
-    mask = (pos >= L - n) if left else (pos < n)
-    inputs = {"input_ids": ids.masked_fill(~mask, 0), "attention_mask": mask.long()}
-    if left:
-        inputs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)
-    return inputs
-
-
-# every statistic of the kernels' table, switched on
-SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=3,
-                 **{s.switch: True for s in ROW_STATS if s.switch != "offsets"})
-
-
-def pooling_for(valid: torch.Tensor):
-    """Words of two tokens each (by padded position), every word a candidate."""
-    B, L = valid.shape
-    unit = torch.where(valid, torch.arange(L)[None, :] // 2, -1)
-    return word_pooling(unit, torch.ones(B, (L + 1) // 2, dtype=torch.bool))
-
-
-def run_both(kind: str, lengths, L: int, backend: str, left: bool | None = None):
-    """(eager outputs with maps, plug-in hidden states, plug-in RowStats per layer, valid, key_class, pooling)."""
-    left = ARCHITECTURES[kind].causal if left is None else left
-    inputs = padded_batch(lengths, L, left)
-    valid = inputs["attention_mask"].bool()
-    key_class = torch.randint(0, SPEC.n_key_classes, valid.shape, generator=torch.Generator().manual_seed(1))
-    pooling = pooling_for(valid)
-    with torch.no_grad():
-        ref = build(kind, "eager")(**inputs, output_attentions=True, use_cache=False)
-    layers = []
-    probe = HeadProbe(LAYERS, HEADS, SPEC, backend=backend)
-    with torch.no_grad(), probe.active(key_class, lambda layer, stats, kv: layers.append(stats), pooling):
-        out = build(kind)(**inputs, use_cache=False)
-    return ref, out.last_hidden_state, layers, valid, key_class, pooling
-
-
-def check_parity(kind, lengths, L, backend, left=None, atol=2e-5):
-    ref, hidden, layers, valid, key_class, pooling = run_both(kind, lengths, L, backend, left)
+def check_parity(kind, lengths, L, backend, left=None, atol=2e-5, make_config=parity_config):
+    ref, hidden, layers, valid, key_class, pooling = run_both(kind, lengths, L, backend, left, make_config)
     torch.testing.assert_close(hidden[valid], ref.last_hidden_state[valid], atol=atol, rtol=1e-4)
     rows = valid[:, None, :].expand(-1, HEADS, -1)  # (B, H, L) the valid query rows
     for layer, (stats, p) in enumerate(zip(layers, ref.attentions)):
@@ -162,11 +91,11 @@ def test_right_padding_works_for_decoders_too(kind):
     check_parity(kind, lengths=(7, 3), L=7, backend="eager", left=False)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None)
 @given(kind=st.sampled_from(["mistral", "phi3", "gemma3_text", "modernbert"]),
        lengths=st.lists(st.integers(1, 11), min_size=1, max_size=3), extra=st.integers(0, 2),
        left=st.booleans(), window=st.sampled_from([1, 2, 5]), kv_heads=st.sampled_from([1, 2, 4]))
-def test_parity_on_random_shapes(kind, lengths, extra, left, window, kv_heads, monkeypatch):
+def test_parity_on_random_shapes(kind, lengths, extra, left, window, kv_heads):
     """Odd lengths, left and right padding, single-key rows, windows down to one key (Mistral,
     Phi-3 and Gemma-3: causal; ModernBERT: `window` keys each side), 1, 2 or 4 key/value heads."""
     def config(kind):
@@ -179,8 +108,7 @@ def test_parity_on_random_shapes(kind, lengths, extra, left, window, kv_heads, m
                                     query_pre_attn_scalar=8, layer_types=["full_attention", "sliding_attention"])
         return ModernBertConfig(**COMMON, local_attention=2 * window, global_attn_every_n_layers=2, pad_token_id=0,
                                 bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
-    monkeypatch.setitem(globals(), "tiny_config", config)
-    check_parity(kind, lengths=tuple(lengths), L=max(lengths) + extra, backend="eager", left=left)
+    check_parity(kind, lengths=tuple(lengths), L=max(lengths) + extra, backend="eager", left=left, make_config=config)
 
 
 @pytest.mark.parametrize("kind", ("llama", "gpt2"))
