@@ -76,6 +76,8 @@ DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # bertscope.models.loading.D
 # --backend: "auto" and bertscope.kernels.BACKENDS, named here because importing the kernels imports torch
 # (tests/cli/test_new_user.py checks the two agree)
 BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
+# `probe cluster --js-backend`: bertscope.kernels.js.JS_BACKENDS, named here for the same reason
+JS_BACKEND_CHOICES = ("eager", "chunked", "triton")
 
 
 def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None, choices: tuple[str, ...] = DTYPE_CHOICES):
