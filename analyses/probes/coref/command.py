@@ -164,15 +164,6 @@ def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scor
 # --- GAP ---------------------------------------------------------------------------------
 
 
-def pronoun_gender(pronoun: str) -> str:
-    word = pronoun.lower()
-    if word in ("he", "him", "his", "himself"):
-        return "masculine"
-    if word in ("she", "her", "hers", "herself"):
-        return "feminine"
-    return "other"
-
-
 def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Scores, dict]:
     from bertscope.analyses.probes.coref.scores import GapScores
     from bertscope.engine.loop import EngineOptions, fold, word_map_spec

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from bertscope.analyses.probes.coref import stats as coref
-from bertscope.analyses.probes.coref.command import pronoun_gender
 
 
 class GumScores(coref.Scores):
@@ -24,6 +23,15 @@ class GumScores(coref.Scores):
         for row, i in enumerate(batch.indices):
             seg = self.scored[i]
             self.add_mentions(seg.kinds, coref.head_hits(argmax[row], seg.heads, seg.gold), seg.baseline_hits)
+
+
+def pronoun_gender(pronoun: str) -> str:
+    word = pronoun.lower()
+    if word in ("he", "him", "his", "himself"):
+        return "masculine"
+    if word in ("she", "her", "hers", "herself"):
+        return "feminine"
+    return "other"
 
 
 class GapScores(coref.Scores):
