@@ -27,7 +27,6 @@ from bertscope.text.corpus import open_corpus
 
 if TYPE_CHECKING:
     from bertscope.analyses.heads.attention_grad.stats import GradStats
-    from bertscope.text.segments import SegmentReport
 
 # numpy, torch and what imports them (the statistics, the figures, the engine, the model loader, the
 # task inputs and segments) are imported inside the functions that run the analysis, so that building
@@ -166,7 +165,7 @@ def mlm_batches(loaded, args, corpus, run):
     """(inputs, loss_fn) per batch of corpus segments (as `bertscope run` makes them), masked as BERT."""
     from bertscope.analyses.surface.command import segment_stream
     from bertscope.engine.loop import windowed_batches
-    from bertscope.text.segments import SegmentOptions
+    from bertscope.text.segments import SegmentOptions, SegmentReport
 
     limit = args.limit or MLM_SEGMENTS
     options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
