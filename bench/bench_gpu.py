@@ -104,10 +104,7 @@ class Env:
         self.device = "cpu" if dry_run else "cuda"
         self.backend = "chunked" if dry_run else "triton"
         self.js_backend = "chunked" if dry_run else "triton"
-        from bertscope.kernels import LAYOUT_BACKENDS
-
-        # the decoder's backend: causal grouped-query layouts (chunked once it computes them)
-        self.decoder_backend = "triton" if not dry_run else ("chunked" if "chunked" in LAYOUT_BACKENDS else "eager")
+        self.decoder_backend = self.backend  # every backend computes every layout
         self.cuda = not dry_run
 
     def sync(self):
@@ -167,7 +164,10 @@ class MapStats:
     def __init__(self, n_layers, n_heads, offsets, n_classes, device):
         import torch
 
+        from bertscope.kernels import StatsSpec
+
         self.offsets, self.C = tuple(offsets), n_classes
+        self.spec = StatsSpec(offsets=self.offsets, n_key_classes=n_classes, entropy=True, class_mass=True)
         G, F = n_classes, 1 + len(offsets) + n_classes  # groups: all rows, then every class but "other"
         self.sums = torch.zeros(n_layers, n_heads, G, F, dtype=torch.float64, device=device)
         self.n_rows = torch.zeros(G, dtype=torch.float64, device=device)
@@ -176,15 +176,14 @@ class MapStats:
         import torch
         import torch.nn.functional as F
 
+        from bertscope.kernels.reference import stats_from_probs
+
         valid = key_valid.float()
         groups = torch.cat([valid[..., None], F.one_hot(key_class, self.C)[..., :-1] * valid[..., None]], -1)
-        one_hot = F.one_hot(key_class, self.C).float()[:, None]  # (B, 1, L, C)
         self.n_rows += groups.double().sum((0, 1))
         for layer, p in enumerate(attentions):  # (B, H, L, L) in the model's dtype
-            p = p.float()
-            entropy = -torch.special.xlogy(p, p).sum(-1, keepdim=True)  # (B, H, L, 1)
-            shifts = [F.pad(p.diagonal(o, -2, -1), (max(-o, 0), max(o, 0))) for o in self.offsets]
-            feats = torch.cat([entropy, torch.stack(shifts, -1), p @ one_hot], -1)  # (B, H, L, F)
+            st = stats_from_probs(p.float(), key_valid, key_class, self.spec)  # the oracle's statistics of the maps
+            feats = torch.cat([st.entropy[..., None], st.offset_mass, st.class_mass], -1)  # (B, H, L, F)
             self.sums[layer] += torch.einsum("bhlf,blg->hgf", feats, groups).double()
 
     def mean(self, feature: int, group: int = 0):

@@ -65,7 +65,10 @@ class MapStats:
     def __init__(self, n_layers, n_heads, offsets, n_classes):
         import torch
 
+        from bertscope.kernels import StatsSpec
+
         self.offsets, self.C = tuple(offsets), n_classes
+        self.spec = StatsSpec(offsets=self.offsets, n_key_classes=n_classes, entropy=True, class_mass=True)
         G, F = n_classes, 1 + len(offsets) + n_classes  # groups: all + every class but "other"
         self.sums = torch.zeros(n_layers, n_heads, G, F, dtype=torch.float64)
         self.n_rows = torch.zeros(G, dtype=torch.float64)
@@ -75,16 +78,14 @@ class MapStats:
         import torch
         import torch.nn.functional as F
 
+        from bertscope.kernels.reference import stats_from_probs
+
         valid = key_valid.double()
         groups = torch.cat([valid[..., None], F.one_hot(key_class, self.C)[..., :-1] * valid[..., None]], -1)
-        one_hot = F.one_hot(key_class, self.C).float()[:, None]  # (B, 1, L, C)
         self.n_rows += groups.sum((0, 1))
         for layer, p in enumerate(attentions):  # (B, H, L, L)
-            entropy = -torch.special.xlogy(p, p).sum(-1, keepdim=True)  # (B, H, L, 1)
-            # p[b, h, i, i+o]: the o-th diagonal, zero-padded where i+o falls outside
-            shifts = [F.pad(p.diagonal(o, -2, -1), (max(-o, 0), max(o, 0))) for o in self.offsets]
-            class_mass = p @ one_hot  # (B, H, L, C)
-            feats = torch.cat([entropy, torch.stack(shifts, -1), class_mass], -1)  # (B, H, L, F)
+            st = stats_from_probs(p, key_valid, key_class, self.spec)  # the oracle's statistics of the maps
+            feats = torch.cat([st.entropy[..., None], st.offset_mass, st.class_mass], -1)  # (B, H, L, F)
             self.sums[layer] += torch.einsum("bhlf,blg->hgf", feats.double(), groups)
 
     def mean(self, feature: int, group: int = 0):

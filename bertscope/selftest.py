@@ -4,6 +4,12 @@ The test suite proves the Triton kernels under the interpreter; this command is 
 user runs first, on the GPU itself: the same parity checks with real compiled kernels (and
 the real TF32/fp16/bf16 behaviour of the device), a line per case, exit code 1 on any mismatch.
 On a CPU it checks `chunked` (and `triton` when TRITON_INTERPRET=1 is set, on small shapes).
+
+Generated from the tables: every statistic of `kernels.spec.ROW_STATS` is switched on and
+compared, for every backend of `kernels.BACKENDS`, on every shape of the case list under every
+layout of `LAYOUTS` (plain, causal, causal + window, grouped-query, a bidirectional window);
+every case has padding (on the right for bidirectional layouts, on the left for causal ones, as
+encoders and decoders pad) and a sequence of one token (single-key rows).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import torch
 
 from bertscope.kernels import (
     BACKENDS,
+    AttentionLayout,
     Gate,
     LayerGates,
     StatsSpec,
@@ -31,6 +38,16 @@ SPEC = replace(StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4),
                **{s.switch: True for s in ROW_STATS if s.switch != "offsets"})
 
 
+# the layouts every case runs under: name -> (layout of H query heads, padding side)
+LAYOUTS = {
+    "plain": (lambda H: AttentionLayout(), "right"),
+    "causal": (lambda H: AttentionLayout(causal=True), "left"),
+    "causal+window": (lambda H: AttentionLayout(causal=True, window=(6, 0)), "left"),
+    "gqa": (lambda H: AttentionLayout(causal=True, n_key_value_heads=1 if H % 2 else H // 2), "left"),
+    "window": (lambda H: AttentionLayout(window=(3, 3)), "right"),
+}
+
+
 @dataclass
 class Case:
     B: int
@@ -39,9 +56,15 @@ class Case:
     D: int
     dtype: torch.dtype = torch.float32
     C: int = 4  # key classes: the vocabulary's 4, or more from tags
+    layout: str = "plain"  # a key of LAYOUTS
 
     def __str__(self):
-        return f"{self.B}x{self.H}x{self.L} D={self.D} C={self.C} {str(self.dtype).replace('torch.', '')}"
+        return (f"{self.B}x{self.H}x{self.L} D={self.D} C={self.C} {str(self.dtype).replace('torch.', '')} "
+                f"{self.layout}")
+
+    @property
+    def attention(self) -> AttentionLayout:
+        return LAYOUTS[self.layout][0](self.H)
 
 
 FULL = [Case(2, 3, 1, 32), Case(3, 4, 37, 32), Case(2, 12, 128, 64), Case(2, 4, 200, 32), Case(1, 12, 512, 64),
@@ -52,16 +75,20 @@ QUICK = [Case(2, 3, 1, 16), Case(2, 3, 37, 16), Case(1, 3, 130, 16, C=16)]
 
 
 def inputs(case: Case, seed=0):
-    """Random CPU q, k, v with padding, a single-key sequence and uniform, zero and float gates
-    (per sequence); words of two tokens."""
+    """Random CPU q, k, v (k and v with the layout's key heads) with padding on the layout's side,
+    a single-key sequence and uniform, zero and float gates (per sequence); words of two tokens."""
     g = torch.Generator().manual_seed(seed)
     B, H, L, D = case.B, case.H, case.L, case.D
-    q, k, v = (torch.randn(B, H, L, D, generator=g) * 1.5 for _ in range(3))
+    H_kv = case.attention.n_key_value_heads or H
+    q = torch.randn(B, H, L, D, generator=g) * 1.5
+    k, v = (torch.randn(B, H_kv, L, D, generator=g) * 1.5 for _ in range(2))
     lengths = [L] + [max(1, L - 1 - 7 * b) for b in range(1, B)]
     lengths[-1] = 1 if B > 1 else lengths[-1]  # a sequence with a single valid key
-    key_valid = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
+    pos, n = torch.arange(L)[None, :], torch.tensor(lengths)[:, None]
+    left = LAYOUTS[case.layout][1] == "left"
+    key_valid = pos >= L - n if left else pos < n  # (B, L)
     key_class = torch.randint(0, case.C, (B, L), generator=g)
-    unit = torch.where(key_valid, torch.arange(L)[None, :] // 2, -1)  # words of two tokens
+    unit = torch.where(key_valid, (pos - (L - n if left else 0)) // 2, -1)  # words of two tokens
     candidate = torch.ones(B, (L + 1) // 2, dtype=torch.bool)
     codes = LayerGates.from_codes(([Gate.KEEP, Gate.ZERO, Gate.UNIFORM] * H)[:H])
     xi = codes.xi * (0.5 + torch.rand(B, H, generator=g))  # per-sequence float gates, 0 where ZERO
@@ -79,12 +106,14 @@ def check(backend: str, case: Case, device) -> dict:
     """Largest error (`scaled_error`) of each statistic against eager (float64 on the CPU)."""
     args, gates, unit, candidate = inputs(case)
     spec = replace(SPEC, n_key_classes=case.C)
+    layout = case.attention
     ref_args = [a.double() if a.is_floating_point() else a for a in args]
-    out_ref, ref = attention_stats(*ref_args, spec, gates=gates, backend="eager", pooling=word_pooling(unit, candidate))
+    out_ref, ref = attention_stats(*ref_args, spec, gates=gates, backend="eager", pooling=word_pooling(unit, candidate),
+                                   layout=layout)
     dev_args = [a.to(device, case.dtype) if a.is_floating_point() else a.to(device) for a in args]
     out, got = attention_stats(*dev_args, spec, gates=LayerGates(gates.xi.to(device), gates.uniform.to(device)),
                                backend=backend,
-                               pooling=word_pooling(unit.to(device), candidate.to(device)))
+                               pooling=word_pooling(unit.to(device), candidate.to(device)), layout=layout)
     valid = args[3]
     err = {"out": scaled_error(out.cpu().double() * valid[:, :, None, None], out_ref * valid[:, :, None, None])}
     agree = []
@@ -135,18 +164,19 @@ def run_selftest(device: str = "cpu", quick: bool = False, log=logger.info) -> b
         cases = QUICK if quick or (backend == "triton" and interpreted) else FULL
         if dev.type == "cpu":
             cases = [c for c in cases if c.dtype == torch.float32]
+        cases = [replace(c, layout=name) for c in cases for name in LAYOUTS]  # every shape under every layout
         for case in cases:
             err = check(backend, case, dev)
             tol = tolerance(case)
             worst = max(v for key, v in err.items() if key != "argmax_agree")
             passed = worst <= tol and err["argmax_agree"] >= min_argmax_agreement(case)
             ok &= passed
-            log(f"  {backend:<8} {str(case):<28} max err {worst:.1e} (tol {tol:.0e}), argmax agree "
+            log(f"  {backend:<8} {str(case):<42} max err {worst:.1e} (tol {tol:.0e}), argmax agree "
                 f"{err['argmax_agree']:.3f}  {'ok' if passed else 'FAIL ' + str(err)}")
         if backend in ("chunked", "triton"):
             rel = check_js(backend, dev)
             ok &= rel <= 1e-4
-            log(f"  {backend:<8} {'pairwise JS 2x6x37':<28} max rel err {rel:.1e} (tol 1e-04)  "
+            log(f"  {backend:<8} {'pairwise JS 2x6x37':<42} max rel err {rel:.1e} (tol 1e-04)  "
                 f"{'ok' if rel <= 1e-4 else 'FAIL'}")
     log("all checks passed" if ok else "SOME CHECKS FAILED")
     return ok

@@ -1,8 +1,9 @@
 """Attention-statistics kernels: one contract (`spec.py`), several backends.
 
     eager    materialises every map; the oracle the others are tested against
-    chunked  the CPU fast path: a few heads' L x L at a time, statistics fused into the pass;
-             under a causal / windowed / grouped-query layout, query blocks against their key band
+    chunked  the CPU fast path: one loop over blocks of scores (whole maps of a few heads for an
+             encoder, query blocks against their key band under a causal / windowed /
+             grouped-query layout), statistics fused into the row pass
     triton   the fused GPU kernel (`triton_attention.py`); on a CPU only through Triton's
              interpreter (TRITON_INTERPRET=1, slow: for tests)
 
@@ -46,10 +47,7 @@ def attention_stats_triton(*args, **kwargs):
 
 
 BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked, "triton": attention_stats_triton}
-BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
-# the backends that compute every `AttentionLayout` (causal, windowed, grouped-query); the
-# others compute the plain (encoder) layout only, and `attention_stats` refuses the rest for them
-LAYOUT_BACKENDS = {"eager", "chunked", "triton"}
+BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")  # every backend computes every `AttentionLayout`
 
 
 def _triton_interpret() -> bool:
@@ -118,12 +116,10 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     from `gated_sdpa`, so d loss / d (q, k, v, xi) is exact; `output_path` names the choice.
 
     layout: which keys each query may see and how q and k heads pair up (`AttentionLayout`);
-    k and v have layout.n_key_value_heads heads (H without grouped-query attention). A backend
-    not in `LAYOUT_BACKENDS` computes the plain layout only: any other is a ValueError for it,
-    never statistics of attention the model did not do.
+    k and v have layout.n_key_value_heads heads (H without grouped-query attention).
     """
     name = resolve_backend(backend, q.device)
-    check_layout(layout, q, k, name)
+    check_layout(layout, q, k)
     check_layer_gates(gates, q.shape[0], q.shape[1])
     fn = BACKENDS[name]
     if not needs_grad(q, k, v, gates):
@@ -135,17 +131,14 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     return gated_sdpa(q, k, v, key_valid, gates, scale, layout=layout), stats.as_float32()
 
 
-def check_layout(layout: AttentionLayout, q, k, backend: str = "eager"):
-    """A ValueError unless `backend` computes `layout` for q (B, H, L, D) and k (B, H_kv, L, D):
-    k must have layout.n_key_value_heads heads (H without grouped-query attention), a divisor of H."""
+def check_layout(layout: AttentionLayout, q, k):
+    """A ValueError unless `layout` fits q (B, H, L, D) and k (B, H_kv, L, D): k must have
+    layout.n_key_value_heads heads (H without grouped-query attention), a divisor of H."""
     H, H_kv = q.shape[1], k.shape[1]
     expected = layout.n_key_value_heads or H
     if H_kv != expected:
         raise ValueError(f"k has {H_kv} heads; the layout says {expected} key/value heads for {H} query heads")
     layout.group_size(H)  # a ValueError when they do not divide evenly
-    if not layout.is_plain and backend not in LAYOUT_BACKENDS:
-        raise ValueError(f"the {backend} backend does not compute {layout.describe()} attention yet; "
-                         f"use one of {', '.join(sorted(LAYOUT_BACKENDS))}")
 
 
 def output_path(backend: str, grad: bool) -> str:
@@ -159,6 +152,6 @@ def output_path(backend: str, grad: bool) -> str:
 __all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend",
            "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling",
            "BACKENDS", "BACKEND_CHOICES",
-           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "LAYOUT_BACKENDS", "visible_counts",
+           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "visible_counts",
            "visible_mask", "Gate", "LayerGates", "RowStats", "StatsSpec",
            "WordPooling"]

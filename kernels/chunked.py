@@ -1,27 +1,34 @@
-"""The CPU fast path: attention plus row statistics, a few heads' L x L at a time (encoders),
-or query blocks against their key band (causal, sliding-window and grouped-query layouts:
-`_chunked_layout`, never an L x L tensor).
+"""The CPU fast path: attention plus row statistics, one block of scores at a time, for every
+`AttentionLayout` (an encoder's is the one with no causal mask, no window and H_kv = H).
 
-The (batch, head) maps are flattened to N = B*H and processed in chunks of n maps whose
-scores fit in `chunk_bytes` (cache-sized), so memory stays O(n L^2) instead of
-O(B H L^2) and the maps are still hot in cache while the statistics read them.
+One loop serves every layout. The work is cut into blocks (`query_blocks`): for one sequence,
+a few key/value heads and the G query heads that read each of them, the query rows i0 .. i1 - 1
+against the keys k0 .. k1 - 1 that those rows may see (their `key_band`s). A block's scores fit
+in `chunk_bytes` (cache-sized), so memory stays one block instead of O(B H L^2) and the scores
+are still hot in cache while the statistics read them. What the layout changes is only where
+blocks begin and end:
+- plain (encoder): one block holds whole L x L maps of as many heads as fit (at L = 128, every
+  head of a sequence);
+- causal / windowed: a block reads the keys up to its last row, a windowed one from its first
+  row's left edge on, so the blocks' scores add up to ~L^2 / 2 (causal) or ~L (w + block);
+  nothing outside the band is computed, and keys outside a row's own band get probability 0;
+- grouped-query: the G query heads of a key head are stacked (G * bq, D) against the band's
+  keys, so each K and V tile is read once for the G heads.
 
-Each statistic is arranged to cost (almost) nothing beyond the attention itself:
-- class mass rides along in the P @ V matmul: V is extended with a one-hot of each key's
-  class, so (P @ [V | onehot])[..., D:] is the mass on every class;
-- entropy uses H = lse - sum_j p_ij s_ij with lse = max_j s_ij - ln max_j p_ij (the largest
-  probability is exactly 1/sum_j exp(s_ij - max s), and it is >= 1/L, so no log of zero):
-  two vectorised max reductions and one row dot product, no log over the L x L map;
-- offset masses are gathered in one call from fixed positions of the flattened map;
-- the argmax (only when asked for: an index-tracking reduction is several times slower
-  than a max) is torch's, which returns the first maximum.
+Every block hands its probabilities p (n, bq, bk), with its query offset i0 and key offset k0,
+to the statistics not fused into the row pass: column mass and word maps (added up over
+blocks) and every table entry with a definition `from_probs(p, i0, k0, keys)` (`kernels/spec.py`),
+so a statistic written there once, position-dependent or not, holds on every layout.
 
-That torch row pass still reads each map six times (softmax's three passes, two maxima, a
-dot product). For float32 on the CPU the compiled row pass in `cpu_rows.c` replaces it:
-the matmuls stay torch's, and everything between them is done in one visit per row while
-the row sits in L1 (from `CLASS_MATMUL_MIN` key classes on, the class masses are a third
-matmul P @ onehot instead of C passes over each row). `row_pass="torch"` forces the
-pure-torch version (the compiled one is used when a C compiler is available; see `cpu_rows.py`).
+Each fused statistic is arranged to cost (almost) nothing beyond the attention itself. For
+float32 on the CPU the compiled row pass in `cpu_rows.c` does everything between the two
+matmuls in one visit per row while the row sits in L1: softmax, entropy as
+H = ln z - sum_j e_j (s_j - m) / z (no log per key), offset masses, argmax, and the class
+masses (from `CLASS_MATMUL_MIN` key classes on, a third matmul P @ onehot instead of C passes
+over each row). `row_pass="torch"` forces the pure-torch row pass (the compiled one is used when
+a C compiler is available; see `cpu_rows.py`), which reads each block six times (softmax's
+three passes, two maxima, a dot product): entropy uses H = lse - sum_j p_ij s_ij with
+lse = max_j s_ij - ln max_j p_ij, and the argmax is torch's (first maximum).
 
 float16 and bfloat16 on the CPU: q, k and v are widened to float32 on entry and the
 compiled row pass runs on them (the output is narrowed back). The widening reads B*H*L*D
@@ -29,26 +36,37 @@ values per tensor against the L x L maps' B*H*L*L, and it is both faster and exa
 inputs: at B 16, H 12, L 128, D 32 on one thread, 21.6 ms against the pure-torch pass in
 bfloat16's 28.1 ms, whose own rounding moves a row's entropy by up to 0.09 nats (mean
 0.013). `row_pass="torch"` keeps the half-precision torch pass.
+
+Threads: blocks of whole maps of several heads (an encoder's short sequences: at L = 128 every
+head of a sequence is one block) run in order, each op parallel inside the block (torch's
+threads, and the row pass's OpenMP rows); any other blocks (one head's rows at L = 512, query
+blocks of a causal, windowed or grouped-query layout), when there are more of them than threads,
+are shared out to one Python thread per core running single-threaded ops on every n-th block: no
+OpenMP barrier per block, which stalls a whole block whenever another process holds a core
+(bench/results_layouts.md). Measured on the 2-core development machine under a load of 4, two
+threads, the surface suite's spec, best / median of 16-40 interleaved calls: B 16 x H 12 x L 128
+(encoder) in order 7.6 / 87 ms, shared out 20.5 / 43 ms; 4 x 12 x 512 (encoder) in order
+75 / 318 ms, shared out 42 / 55 ms; causal with 3 key heads, 16 x 9 x 128: in order 47 / 123 ms,
+shared out 32 / 55 ms.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from . import cpu_rows
+from . import spec as _spec
 from .common import finish_stats, keep_qk, query_blocks, require_pooling
 from .gates import apply_gates
-from .pooling import pool_map, word_argmax
-from .spec import PLAIN, STAT, AttentionLayout, RowStats, StatsSpec, WordPooling
+from .pooling import word_argmax
+from .spec import PLAIN, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling
 
+# the scores of one block: whole maps of a few heads (plain layout: at L = 128, a sequence's 12
+# heads), or a query block against its band, large enough for a block's matmuls to stay efficient
+# when its band is long (a causal row at 32k is 128 KiB; P @ V reads the band's V once per block)
 DEFAULT_CHUNK_BYTES = 1 << 20
-# the scores of one query block under a causal / windowed / grouped-query layout (`_chunked_layout`):
-# larger than the plain path's chunk because a block's matmuls must stay efficient when its band
-# is long (a causal row at 32k is 128 KiB; P @ V reads the band's V once per block)
-DEFAULT_BAND_BYTES = 1 << 20
-BAND_MIN_ROWS = 64
+BLOCK_MIN_ROWS = 64  # query rows of a block at least (default blocks; an explicit chunk_bytes allows 1)
 # from this many key classes on, the compiled path takes the class masses from one matmul
 # P @ onehot after the row pass instead of C short passes over each row inside it: per chunk
 # of 1 MiB of scores (one thread), the matmul costs 0.41-0.49 ms at C = 16-32 against the
@@ -56,7 +74,10 @@ BAND_MIN_ROWS = 64
 # torch's matmul is slow for so few columns (bench/results_triton.md, "CPU row pass")
 CLASS_MATMUL_MIN = 16
 HALF = (torch.float16, torch.bfloat16)  # widened to float32 on the CPU (module docstring)
-
+# the statistics both row passes compute themselves; every other per-row entry of the table is
+# computed from each block's probabilities by its `from_probs`, and the whole-map ones by `_Maps`
+FUSED = frozenset({"entropy", "offset_mass", "class_mass", "argmax"})
+WHOLE_MAP = frozenset({"column_mass", "word_map", "word_argmax"})
 
 ROW_PASSES = ("auto", "compiled", "torch")
 
@@ -65,11 +86,10 @@ def attention_stats_chunked(
     q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, pooling: WordPooling | None = None,
     chunk_bytes=None, row_pass="auto", layout: AttentionLayout = PLAIN,
 ):
-    """Same contract as `attention_stats_eager`; never holds more than one chunk of scores.
+    """Same contract as `attention_stats_eager`; never holds more than one block of scores.
 
-    chunk_bytes: the scores held at once; default `DEFAULT_CHUNK_BYTES` (whole maps of a few
-    heads) for the plain layout, `DEFAULT_BAND_BYTES` (query blocks, see `_chunked_layout`)
-    for any other.
+    chunk_bytes: the scores held at once; default `DEFAULT_CHUNK_BYTES`, with blocks of at
+    least `BLOCK_MIN_ROWS` query rows (an explicit chunk_bytes allows blocks of one row).
     row_pass: "compiled" (cpu_rows.c; float32 on CPU, half precision widened to it), "torch",
     or "auto" (compiled when it applies and could be built, torch otherwise).
     """
@@ -85,249 +105,53 @@ def attention_stats_chunked(
     if row_pass == "compiled" and cpu_rows.load() is None:
         raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
     compiled = row_pass != "torch" and compiled_fits and cpu_rows.load() is not None
-    if not layout.is_plain:
-        blocks = (DEFAULT_BAND_BYTES, BAND_MIN_ROWS) if chunk_bytes is None else (chunk_bytes, 1)
-        return _chunked_layout(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout)
-    if chunk_bytes is None:
-        chunk_bytes = DEFAULT_CHUNK_BYTES
-    if compiled:
-        return _chunked_compiled(q, k, v, key_valid, key_class, spec, gates, scale, pooling, chunk_bytes)
-    B, H, L, D = q.shape
-    N, C, O = B * H, spec.n_key_classes, len(spec.offsets)
-    scale = D**-0.5 if scale is None else scale
-    dev = q.device
-
-    # -- per-map operands, flattened to N = B*H maps (one contiguous copy each; the scale
-    #    rides on k, so scores come out of the matmul already scaled)
-    qf = q.reshape(N, L, D)  # (N, L, D)
-    ks = torch.empty(B, H, L, D, dtype=k.dtype, device=dev)
-    kt = torch.mul(k, scale, out=ks).view(N, L, D).transpose(1, 2)  # (N, D, L)
-    rhs = torch.empty(B, H, L, D + C, dtype=v.dtype, device=dev)  # (B, H, L, D+C): [V | onehot(class)]
-    rhs[..., :D] = v
-    rhs[..., D:] = torch.nn.functional.one_hot(key_class, C).to(v.dtype)[:, None]  # (B, 1, L, C)
-    rhs = rhs.view(N, L, D + C)
-    padded = not bool(key_valid.all())
-    if padded:
-        bias = torch.zeros(B, L, dtype=q.dtype, device=dev)
-        bias.masked_fill_(~key_valid, torch.finfo(q.dtype).min)
-        bias = bias[:, None, None, :].expand(B, H, 1, L).reshape(N, 1, L)  # (N, 1, L)
-    if O:
-        flat_idx, inside = offset_positions(L, spec.offsets, dev)  # (L*O,), (L, O)
-
-    out_ext = torch.empty(N, L, D + C, dtype=q.dtype, device=dev)  # (N, L, D+C)
-    offset_mass = torch.empty(N, L * O, dtype=q.dtype, device=dev)  # (N, L*O)
-    entropy = torch.empty(N, L, dtype=q.dtype, device=dev) if spec.entropy else None
-    argmax = torch.empty(N, L, dtype=torch.long, device=dev) if spec.argmax else None
-    maps = MapStats(spec, key_valid, pooling, (B, H), q.dtype)
-
-    n = max(1, chunk_bytes // (L * L * q.element_size()))
-    for n0 in range(0, N, n):
-        c = slice(n0, min(N, n0 + n))
-        # -- scores and probabilities of this chunk
-        if padded:
-            s = torch.baddbmm(bias[c], qf[c], kt[c])  # (n, L, L)
-        else:
-            s = torch.bmm(qf[c], kt[c])  # (n, L, L)
-        p = torch.softmax(s, dim=-1)  # (n, L, L)
-        # -- output and class mass in one matmul
-        torch.bmm(p, rhs[c], out=out_ext[c])
-        if O:
-            offset_mass[c] = p.flatten(1).gather(1, flat_idx.expand(p.shape[0], -1))
-        if spec.entropy:
-            # -- H = lse - sum_j p_j s_j
-            lse = s.amax(-1) - torch.log(p.amax(-1))  # (n, L)
-            entropy[c] = lse - torch.linalg.vecdot(p, s)
-        if spec.argmax:
-            argmax[c] = p.argmax(-1)
-        maps.add(p, c.start)
-
-    out = apply_gates(out_ext.view(B, H, L, D + C)[..., :D], v, key_valid, gates)  # (B, H, L, D) view
-    stats = RowStats(
-        entropy=None if entropy is None else entropy.view(B, H, L),
-        offset_mass=(offset_mass.view(N, L, O) * inside).view(B, H, L, O) if O else None,
-        class_mass=out_ext[..., D:].reshape(B, H, L, C) if spec.class_mass else None,
-        argmax=None if argmax is None else argmax.view(B, H, L),
-    )
-    maps.finish(stats)
-    keep_qk(stats, q, k, scale, spec)
-    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
+    blocks = (DEFAULT_CHUNK_BYTES, BLOCK_MIN_ROWS) if chunk_bytes is None else (chunk_bytes, 1)
+    return _chunked(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout)
 
 
-def offset_positions(L, offsets, device):
-    """Flat indices i*L + (i+o) of p[i, i+o] in an L x L map, and whether i+o is inside it.
-
-    Positions outside are clamped to a valid index (and later multiplied by 0), so one
-    gather reads every offset of every row.
-    """
-    i = torch.arange(L, device=device)[:, None]  # (L, 1)
-    j = i + torch.tensor(offsets, device=device)[None, :]  # (L, O)
-    inside = (j >= 0) & (j < L)
-    return (i * L + j.clamp(0, L - 1)).flatten(), inside
+def by_block(spec: StatsSpec) -> list:
+    """The table's per-row statistics `spec` asks for that no row pass fuses: computed from each
+    block's probabilities by their `from_probs` (read from the table at call time)."""
+    return [s for s in _spec.ROW_STATS if s.asked(spec) and s.name not in FUSED | WHOLE_MAP
+            and s.from_probs is not None]
 
 
-def _chunked_compiled(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes):
-    """The same loop with the compiled row pass between the two matmuls.
+def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes, min_rows: int,
+             compiled: bool, layout: AttentionLayout):
+    """The one loop (module docstring): blocks of (sequence b, key heads kh0 .. kh1 - 1 with their
+    G query heads each, query rows i0 .. i1 - 1, keys k0 .. k1 - 1).
 
-    Chunks never straddle two sequences: each is heads h0..h1 of one batch element, so q, k
-    and v are read in place through strided views (the model hands over (B, H, L, D) views
-    of its (B, L, H*D) projections) and no copy of them is made. The scale rides in the
-    QK^T matmul (alpha) and the padding bias is added by the row pass, so the scores are
-    written once. P @ V goes to a contiguous (B, H, L, D) output: a strided (B, L, H, D)
-    target makes torch's bmm twice as slow, more than the model's later copy costs.
-    """
-    B, H, L, D = q.shape
-    C, O = (spec.n_key_classes if spec.class_mass else 0), len(spec.offsets)  # C = 0: the row pass skips them
-    scale = D**-0.5 if scale is None else scale
-    dev = q.device
-
-    onehot = (torch.nn.functional.one_hot(key_class, C) if C else key_class.new_zeros(*key_class.shape, 0)
-              ).to(torch.float32)  # (B, L, C)
-    by_matmul = C >= CLASS_MATMUL_MIN
-    # the row pass's class masks: (B, C, L) 0/1 rows, or none when a matmul computes the masses
-    class_mask = onehot[:, :, :0] if by_matmul else onehot
-    class_mask = class_mask.transpose(1, 2).contiguous()  # (B, C or 0, L)
-    no_classes = torch.empty(0, dtype=q.dtype, device=dev)
-    offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
-    key_bias = None
-    if not bool(key_valid.all()):
-        key_bias = torch.zeros(B, L, dtype=q.dtype, device=dev)  # (B, L): 0, or finfo.min on padding keys
-        key_bias.masked_fill_(~key_valid, torch.finfo(q.dtype).min)
-
-    out = torch.empty(B, H, L, D, dtype=q.dtype, device=dev)  # (B, H, L, D)
-    class_mass = torch.empty(B, H, L, C, dtype=q.dtype, device=dev)
-    offset_mass = torch.empty(B, H, L, O, dtype=q.dtype, device=dev)
-    entropy = torch.empty(B, H, L, dtype=q.dtype, device=dev) if spec.entropy else None
-    argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
-    maps = MapStats(spec, key_valid, pooling, (B, H), q.dtype)
-
-    n = max(1, min(H, chunk_bytes // (L * L * q.element_size())))
-    scores = torch.empty(n, L, L, dtype=q.dtype, device=dev)  # (n, L, L), reused by every chunk
-    for b in range(B):
-        for h0 in range(0, H, n):
-            h = slice(h0, min(H, h0 + n))
-            s = scores[: h.stop - h.start]  # (n, L, L)
-            # -- scaled scores; then bias, probabilities and statistics in place; then P @ V
-            torch.baddbmm(s, q[b, h], k[b, h].transpose(-1, -2), beta=0, alpha=scale, out=s)
-            cpu_rows.softmax_stats_(
-                s, _rows(key_bias, b), class_mask[b], offsets, _rows(entropy, b, h),
-                no_classes if by_matmul else class_mass[b, h], offset_mass[b, h], _rows(argmax, b, h),
-            )
-            if by_matmul:
-                torch.matmul(s, onehot[b], out=class_mass[b, h])  # (n, L, C)
-            torch.bmm(s, v[b, h], out=out[b, h])
-            maps.add(s, b * H + h.start)
-
-    out = apply_gates(out, v, key_valid, gates)  # (B, H, L, D)
-    stats = RowStats(
-        entropy=entropy,
-        offset_mass=offset_mass if O else None,
-        class_mass=class_mass if spec.class_mass else None,
-        argmax=argmax,
-    )
-    maps.finish(stats)
-    keep_qk(stats, q, k, scale, spec)
-    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
-
-
-# Row statistics of the table read off each chunk's probabilities, for a statistic not fused
-# into the row passes: name -> f(p (n, L, L)) -> (n, L, ...) in p's dtype. Both row passes hand
-# `MapStats` every chunk's probabilities while they are in cache, so one entry here serves both
-# (one more read of the chunk; fuse it into cpu_rows.c when that shows in bench_kernels).
-# Empty today: every statistic of the table is fused or is a whole-map one.
-FROM_PROBS: dict[str, Callable] = {}
-
-
-class MapStats:
-    """The statistics read off a whole map rather than its rows (column mass, word maps),
-    and those of `FROM_PROBS`, taken from each chunk's probabilities while they are in cache:
-    one small matmul (or reduction) each."""
-
-    def __init__(self, spec: StatsSpec, key_valid, pooling, heads: tuple[int, int], dtype):
-        B, H = heads
-        L, dev = key_valid.shape[1], key_valid.device
-        self.H = H
-        self.pooling = require_pooling(pooling) if spec.word_maps else None
-        self.column_mass = self.word_map = None
-        if spec.column_mass:
-            self.query_valid = key_valid.to(dtype)[:, None, :]  # (B, 1, L)
-            self.column_mass = torch.empty(B * H, 1, L, dtype=dtype, device=dev)
-        if spec.word_maps:
-            W = pooling.n_units
-            self.word_map = torch.empty(B * H, W, W, dtype=dtype, device=dev)
-        dims = {"L": L, "O": len(spec.offsets), "C": spec.n_key_classes}
-        self.from_probs = {name: (fn, torch.empty(B * H, *(dims[d] for d in STAT[name].shape[2:]), dtype=dtype,
-                                                  device=dev))
-                           for name, fn in FROM_PROBS.items() if STAT[name].asked(spec)}  # (B*H, L, ...) each
-        self.active = spec.column_mass or spec.word_maps or bool(self.from_probs)
-
-    def add(self, p, first_map: int):
-        """p (n, L, L): the probabilities of the maps first_map.. first_map+n-1 (flat b*H + h)."""
-        if not self.active:
-            return
-        maps = slice(first_map, first_map + p.shape[0])
-        batch_index = torch.arange(maps.start, maps.stop, device=p.device) // self.H  # (n,) sequence of each map
-        if self.column_mass is not None:
-            self.column_mass[maps] = torch.matmul(self.query_valid[batch_index], p)  # (n, 1, L)
-        if self.word_map is not None:
-            self.word_map[maps] = pool_map(p, self.pooling, batch_index)  # (n, W, W)
-        for fn, out in self.from_probs.values():
-            out[maps] = fn(p)  # (n, L, ...)
-
-    def finish(self, stats: RowStats):
-        if self.column_mass is not None:
-            stats.column_mass = self.column_mass.view(-1, self.H, self.column_mass.shape[-1])  # (B, H, L)
-        if self.word_map is not None:
-            W = self.word_map.shape[-1]
-            stats.word_map = self.word_map.view(-1, self.H, W, W)  # (B, H, W, W)
-            stats.word_argmax = word_argmax(stats.word_map, self.pooling.candidate)
-        for name, (_, out) in self.from_probs.items():
-            setattr(stats, name, out.view(-1, self.H, *out.shape[1:]))  # (B, H, L, ...)
-
-
-def _rows(t, *index):
-    return None if t is None else t[index]
-
-
-# --- causal, sliding-window and grouped-query layouts: query blocks over the key band -----------
-
-
-def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes,
-                    min_rows: int, compiled: bool, layout: AttentionLayout):
-    """Causal, sliding-window and grouped-query attention: query blocks, each against its key band.
-
-    For each sequence and key/value head, the G query heads that read it are taken together and
-    the sequence is cut into query blocks (`query_blocks`): a block's scores are one matmul of
-    the G heads' stacked query rows (G * bq, D) against the band's keys (D, bk), so each K and
-    V tile is read once for the G heads, and nothing outside the band is computed. Within the
-    block, keys outside a row's own band are masked: by the compiled banded row pass
-    (`cpu_rows.softmax_stats_band_`, which only visits the row's band and zeroes the rest), or
-    by a (bq, bk) mask in the torch row pass. Memory: one block of scores (`chunk_bytes`), the
-    per-row statistics, and the accumulators of column mass and word maps, which each block adds
-    its share to (column mass: valid query rows @ P; word maps: from_word[:, block] @ P @ to_word[band]).
+    A block's scores are one batched matmul of the heads' query rows against the block's keys,
+    scaled in the matmul (alpha) and written once; the row pass turns them into probabilities in
+    place, zeroing keys outside a row's band (compiled: `cpu_rows.softmax_stats_band_`, which
+    visits a row's band only; torch: a (bq, bk) mask); then P @ V, and the statistics read off P.
+    q, k, v are read in place through strided views (the model hands over (B, H, L, D) views of
+    its (B, L, H*D) projections). Memory: one block of scores, the per-row statistics, and the
+    accumulators of column mass and word maps, which each block adds its share to.
     """
     B, H, L, D = q.shape
     H_kv = k.shape[1]
-    G = H // H_kv
-    C, O = (spec.n_key_classes if spec.class_mass else 0), len(spec.offsets)
+    G = layout.group_size(H)
+    C, O = (spec.n_key_classes if spec.class_mass else 0), len(spec.offsets)  # C = 0: no class pass
     scale = D**-0.5 if scale is None else scale
     dev, dtype = q.device, q.dtype
     acc_dtype = torch.float32 if dtype in HALF else dtype  # column mass and word maps add up blocks
     band = layout.reach  # (left, right), None for no limit
 
     onehot = torch.nn.functional.one_hot(key_class, C).to(dtype) if C else None  # (B, L, C)
-    # class masses ride along in P @ [V | onehot]: C more columns of a matmul instead of C passes
-    # over every row (V is copied once per sequence and key head, O(L D))
-    class_mask = torch.empty(B, 0, L, dtype=dtype, device=dev)  # the row pass computes no class mass
+    by_matmul = C >= CLASS_MATMUL_MIN or not compiled  # the torch row pass always takes the matmul
+    # the compiled row pass's class masks: (B, C, L) 0/1 rows, or none when a matmul computes the masses
+    class_mask = (onehot.transpose(1, 2).contiguous() if C and not by_matmul
+                  else torch.empty(B, 0, L, dtype=dtype, device=dev))
     offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
-    padded = not bool(key_valid.all())
     key_bias = None
-    if compiled and padded:
+    if compiled and not bool(key_valid.all()):
         key_bias = torch.zeros(B, L, dtype=dtype, device=dev)  # (B, L): 0, or finfo.min on padding keys
         key_bias.masked_fill_(~key_valid, torch.finfo(dtype).min)
 
-    out = torch.empty(B, H, L, D, dtype=dtype, device=dev)
+    out = torch.empty(B, H, L, D, dtype=dtype, device=dev)  # (B, H, L, D)
     class_mass = torch.empty(B, H, L, C, dtype=dtype, device=dev)
-    row_classes = class_mass[..., :0]
+    row_classes = class_mass[..., :0] if by_matmul else class_mass  # what the compiled row pass writes
     offset_mass = torch.empty(B, H, L, O, dtype=dtype, device=dev)
     entropy = torch.empty(B, H, L, dtype=dtype, device=dev) if spec.entropy else None
     argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
@@ -339,83 +163,82 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
         W = pooling.n_units
         word_map = torch.zeros(B, H, W, W, dtype=acc_dtype, device=dev)
         from_word, to_word = pooling.from_word.to(dtype), pooling.to_word.to(dtype)  # (B, W, L), (B, L, W)
+    per_block = by_block(spec)
+    per_block_out = {}  # name -> (B, H, L, ...), allocated on the first block (its width is the function's)
 
     budget = max(1, chunk_bytes // q.element_size())
     blocks = query_blocks(L, G, layout, budget, min_rows)
-    most = max(G * (i1 - i0) * (k1 - k0) for i0, i1, k0, k1 in blocks)
-    rows = max(i1 - i0 for i0, i1, _, _ in blocks) * G
+    # whole maps (one block covers every row): as many key heads per block as fit
+    i0, i1, k0, k1 = blocks[0]
+    per = max(1, min(H_kv, budget // (G * (i1 - i0) * (k1 - k0)))) if len(blocks) == 1 else 1
+    most = max(per * G * (i1 - i0) * (k1 - k0) for i0, i1, k0, k1 in blocks)
+    rows = max(i1 - i0 for i0, i1, _, _ in blocks) * per * G
     lo_all, hi_all = layout.key_band(torch.arange(L, device=dev), L)  # (L,), (L,)
 
     def work(items, column_mass, word_map, threads):
-        """The blocks `items` [(b, kh, block)], in order, with this worker's own buffers; column
-        mass and word maps are added to the given accumulators."""
+        """The blocks `items` [(b, kh0, kh1, block)], in order, with this worker's own buffers;
+        column mass and word maps are added to the given accumulators."""
         scores = torch.empty(most, dtype=dtype, device=dev)  # one block's scores, reused
-        q_rows = torch.empty(rows, D, dtype=dtype, device=dev)  # the G heads' query rows of a block, stacked
-        o_rows = torch.empty(rows, D + C, dtype=dtype, device=dev)
-        rhs = torch.empty(L, D + C, dtype=dtype, device=dev)  # [V | onehot] of one sequence and key head
-        filled = None
-        for b, kh, (i0, i1, k0, k1) in items:
-            hs = slice(kh * G, (kh + 1) * G)  # the query heads that read key/value head kh
-            if filled != (b, kh):
-                rhs[:, :D] = v[b, kh]
-                if C:
-                    rhs[:, D:] = onehot[b]
-                filled = (b, kh)
-            bq, bk = i1 - i0, k1 - k0
-            s = scores[: G * bq * bk].view(G, bq, bk)
-            qr, o_r = q_rows[: G * bq].view(G, bq, D), o_rows[: G * bq]  # (G, bq, D), (G * bq, D + C)
-            qr.copy_(q[b, hs, i0:i1])
-            torch.addmm(s.view(G * bq, bk), qr.view(G * bq, D), k[b, kh, k0:k1].T, beta=0, alpha=scale,
-                        out=s.view(G * bq, bk))
+        q_rows = torch.empty(rows, D, dtype=dtype, device=dev) if G > 1 else None  # stacked query rows
+        o_rows = torch.empty(rows, D, dtype=dtype, device=dev)  # P @ V of a block, when not written in place
+        for b, kh0, kh1, (i0, i1, k0, k1) in items:
+            nk, bq, bk = kh1 - kh0, i1 - i0, k1 - k0
+            hs = slice(kh0 * G, kh1 * G)  # the query heads that read key heads kh0 .. kh1 - 1
+            n = nk * G
+            s = scores[: n * bq * bk].view(n, bq, bk)  # (n, bq, bk); also (nk, G * bq, bk)
+            kt = k[b, kh0:kh1, k0:k1].transpose(-1, -2)  # (nk, D, bk)
+            # -- scaled scores, then probabilities and fused statistics in place, then P @ V
+            if G == 1:
+                torch.baddbmm(s, q[b, hs, i0:i1], kt, beta=0, alpha=scale, out=s)
+            else:
+                qr = q_rows[: n * bq].view(nk, G, bq, D)
+                qr.copy_(q[b, hs, i0:i1].view(nk, G, bq, D))
+                torch.baddbmm(s.view(nk, G * bq, bk), qr.view(nk, G * bq, D), kt, beta=0, alpha=scale,
+                              out=s.view(nk, G * bq, bk))
             if compiled:
                 cpu_rows.softmax_stats_band_(
-                    s, i0, k0, band, None if key_bias is None else key_bias[b, k0:k1],
-                    class_mask[b, :, k0:k1], offsets, _rows(entropy, b, hs), row_classes[b, hs],
-                    offset_mass[b, hs], _rows(argmax, b, hs), threads)
+                    s, i0, k0, band, None if key_bias is None else key_bias[b, k0:k1], class_mask[b, :, k0:k1],
+                    offsets, _rows(entropy, b, hs), row_classes[b, hs], offset_mass[b, hs], _rows(argmax, b, hs),
+                    threads)
             else:
-                _torch_band_rows(s, i0, k0, lo_all[i0:i1], hi_all[i0:i1], key_valid[b, k0:k1], spec,
-                                 None if entropy is None else entropy[b, hs, i0:i1], offset_mass[b, hs, i0:i1],
-                                 None if argmax is None else argmax[b, hs, i0:i1])
-            torch.mm(s.view(G * bq, bk), rhs[k0:k1], out=o_r)  # (G * bq, D + C)
-            out[b, hs, i0:i1] = o_r[:, :D].view(G, bq, D)
-            if C:
-                class_mass[b, hs, i0:i1] = o_r[:, D:].view(G, bq, C)
-            if column_mass is not None:
-                column_mass[b, hs, k0:k1] += torch.matmul(query_valid[b, i0:i1], s).to(acc_dtype)  # (G, bk)
-            if word_map is not None:
-                to_units = torch.matmul(s, to_word[b, k0:k1])  # (G, bq, W)
-                word_map[b, hs] += torch.matmul(from_word[b, :, i0:i1], to_units).to(acc_dtype)  # (G, W, W)
+                _torch_rows(s, i0, k0, lo_all[i0:i1], hi_all[i0:i1], key_valid[b, k0:k1], spec,
+                            None if entropy is None else entropy[b, hs, i0:i1], offset_mass[b, hs, i0:i1],
+                            None if argmax is None else argmax[b, hs, i0:i1])
+            if C and by_matmul:
+                class_mass[b, hs, i0:i1] = torch.matmul(s, onehot[b, k0:k1])  # (n, bq, C)
+            p_kv = s.view(nk, G * bq, bk)
+            if G == 1 and bq == L:  # whole maps: straight into the output
+                torch.bmm(p_kv, v[b, kh0:kh1, k0:k1], out=out[b, hs])
+            else:
+                o_r = o_rows[: n * bq].view(nk, G * bq, D)
+                torch.bmm(p_kv, v[b, kh0:kh1, k0:k1], out=o_r)
+                out[b, hs, i0:i1] = o_r.view(n, bq, D)
+            # -- the statistics read off this block's probabilities
+            if column_mass is not None:  # valid query rows @ P: (n, 1, bk)
+                rows_valid = query_valid[b, None, i0:i1].expand(n, 1, bq)
+                column_mass[b, hs, k0:k1] += torch.matmul(rows_valid, s)[:, 0].to(acc_dtype)
+            if word_map is not None:  # from_word[:, rows] @ P @ to_word[keys]: (n, W, W)
+                fw = from_word[b, None, :, i0:i1].expand(n, -1, bq)  # (n, W, bq)
+                tw = to_word[b, None, k0:k1].expand(n, bk, -1)  # (n, bk, W)
+                word_map[b, hs] += torch.matmul(torch.matmul(fw, s), tw).to(acc_dtype)
+            if per_block:
+                keys = KeyBlock(key_valid[b, k0:k1], key_class[b, k0:k1], L, spec)
+                for stat in per_block:
+                    per_block_out[stat.name][b, hs, i0:i1] = stat.from_probs(s, i0, k0, keys)  # (n, bq, ...)
 
-    items = [(b, kh, block) for b in range(B) for kh in range(H_kv) for block in blocks]
-    n = min(len(items), torch.get_num_threads()) if dev.type == "cpu" else 1
-    if n <= 1:
+    items = [(b, kh0, min(H_kv, kh0 + per), block) for b in range(B) for kh0 in range(0, H_kv, per)
+             for block in blocks]
+    if per_block:  # each definition's output width: from a call on a one-row block
+        probe = torch.full((1, 1, 1), 1.0, dtype=dtype, device=dev)
+        keys = KeyBlock(key_valid[0, :1], key_class[0, :1], L, spec)
+        for stat in per_block:
+            t = stat.from_probs(probe, 0, 0, keys)  # (1, 1, ...)
+            per_block_out[stat.name] = torch.zeros(B, H, L, *t.shape[2:], dtype=t.dtype, device=dev)
+    n_workers = min(len(items), torch.get_num_threads()) if dev.type == "cpu" else 1
+    if n_workers <= 1 or (per > 1 and band == (None, None)):  # one worker, or whole maps of several heads
         work(items, column_mass, word_map, None)
     else:
-        # one Python thread per core, each running single-threaded ops on every n-th block: no
-        # OpenMP barrier per block, which stalls a whole block whenever another process holds a
-        # core (bench/results_layouts.md); column mass and word maps are summed per worker
-        def partial(t):
-            return None if t is None else torch.zeros_like(t)
-
-        accumulators = [(column_mass, word_map)] + [(partial(column_mass), partial(word_map)) for _ in range(n - 1)]
-        threads = torch.get_num_threads()
-        modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()  # thread-local: handed on
-
-        def worker(w):
-            with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
-                work(items[w::n], *accumulators[w], 1)
-
-        torch.set_num_threads(1)
-        try:
-            with ThreadPoolExecutor(n) as pool:
-                list(pool.map(worker, range(n)))
-        finally:
-            torch.set_num_threads(threads)
-        for cm, wm in accumulators[1:]:
-            if cm is not None:
-                column_mass += cm
-            if wm is not None:
-                word_map += wm
+        _in_threads(work, items, n_workers, column_mass, word_map)
 
     out = apply_gates(out, v, key_valid, gates, layout)  # (B, H, L, D)
     stats = RowStats(entropy=entropy, offset_mass=offset_mass if O else None,
@@ -424,26 +247,59 @@ def _chunked_layout(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale
     if spec.word_maps:
         stats.word_map = word_map
         stats.word_argmax = word_argmax(word_map, pooling.candidate)
+    for name, t in per_block_out.items():
+        setattr(stats, name, t)
     keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
 
 
-def _torch_band_rows(s, i0, k0, lo, hi, key_valid, spec, entropy, offset_mass, argmax):
-    """The torch row pass of one query block, in place: s (G, bq, bk) scores of queries i0.. against
+def _in_threads(work, items, n: int, column_mass, word_map):
+    """Run `work` on every n-th item in each of n Python threads, each with single-threaded ops
+    (module docstring); column mass and word maps are summed per worker, then added up."""
+    def partial(t):
+        return None if t is None else torch.zeros_like(t)
+
+    accumulators = [(column_mass, word_map)] + [(partial(column_mass), partial(word_map)) for _ in range(n - 1)]
+    threads = torch.get_num_threads()
+    modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()  # thread-local: handed on
+
+    def worker(w):
+        with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+            work(items[w::n], *accumulators[w], 1)
+
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(worker, range(n)))
+    finally:
+        torch.set_num_threads(threads)
+    for cm, wm in accumulators[1:]:
+        if cm is not None:
+            column_mass += cm
+        if wm is not None:
+            word_map += wm
+
+
+def _rows(t, *index):
+    return None if t is None else t[index]
+
+
+def _torch_rows(s, i0, k0, lo, hi, key_valid, spec, entropy, offset_mass, argmax):
+    """The torch row pass of one block, in place: s (n, bq, bk) scores of queries i0.. against
     keys k0..; lo, hi (bq,) each row's band; key_valid (bk,). Keys outside a row's band or padding
     get probability 0 (a row that sees none, a padding query's, becomes uniform: finite)."""
     bq, bk = s.shape[1:]
     keys = torch.arange(k0, k0 + bk, device=s.device)  # (bk,) absolute positions
     visible = (keys >= lo[:, None]) & (keys <= hi[:, None]) & key_valid  # (bq, bk)
     s.masked_fill_(~visible, torch.finfo(s.dtype).min)
-    top = s.amax(-1)  # (G, bq)
-    p = torch.softmax(s, dim=-1)  # (G, bq, bk)
-    if entropy is not None:  # H = lse - sum_j p_j s_j, lse = max s - ln max p (as the plain torch pass)
+    top = s.amax(-1)  # (n, bq)
+    p = torch.softmax(s, dim=-1)  # (n, bq, bk)
+    if entropy is not None:  # H = lse - sum_j p_j s_j, lse = max s - ln max p
         entropy.copy_(top - torch.log(p.amax(-1)) - torch.linalg.vecdot(p, s))
     if spec.offsets:
         j = torch.arange(i0, i0 + bq, device=s.device)[:, None] + torch.tensor(spec.offsets, device=s.device)  # (bq, O)
         inside = (j >= lo[:, None]) & (j <= hi[:, None])
-        picked = p.gather(-1, (j - k0).clamp(0, bk - 1).expand(s.shape[0], -1, -1))  # (G, bq, O)
+        picked = p.gather(-1, (j - k0).clamp(0, bk - 1).expand(s.shape[0], -1, -1))  # (n, bq, O)
         offset_mass.copy_(picked * inside)
     if argmax is not None:
         argmax.copy_(p.argmax(-1) + k0)

@@ -106,29 +106,14 @@ static void row_pass(float *restrict s, int64_t Lk, int64_t i, const float *rest
     }
 }
 
-/* Rows of n maps (n, L, Lk) of one sequence, in place.  key_bias: (Lk), added to the
- * scores (NULL: no padding).  class_mask: (n_classes, Lk) 0/1 floats.  Outputs, all
- * indexed by row r = g * L + i: entropy (rows), class_mass (rows, n_classes),
- * offset_mass (rows, n_offsets), argmax (rows); entropy and argmax may be NULL. */
-void bertscope_softmax_stats(float *scores, int64_t n, int64_t L, int64_t Lk, const float *key_bias,
-                             const float *class_mask, int n_classes, const int64_t *offsets, int n_offsets,
-                             float *entropy, float *class_mass, float *offset_mass, int64_t *argmax)
-{
-    int64_t rows = n * L;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        row_pass(scores + r * Lk, Lk, r % L, key_bias, class_mask, Lk, n_classes, offsets, n_offsets,
-                 entropy ? entropy + r : 0, class_mass + r * n_classes, offset_mass + r * n_offsets,
-                 argmax ? argmax + r : 0);
-}
-
 /* ---- the banded row pass (causal / sliding-window layouts) --------------------------------
  *
  * The same arithmetic as above, compiled without trapping math: a float compare may then be
  * turned into a select, so gcc vectorises the exponential pass (with trapping math, the
  * default, `x < -87 ? ...` stays a branch and the pass runs one float at a time, about 10x
- * slower).  The plain pass above keeps its code generation: its results are pinned bit for bit
- * by the encoders' golden outputs, and vectorised sums add in another order.
+ * slower).  Rows with an unlimited band (an encoder's) keep the plain pass above and its code
+ * generation: their results are pinned bit for bit by the encoders' golden outputs, and
+ * vectorised sums add in another order.
  */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
@@ -220,7 +205,8 @@ static void row_pass_band(float *restrict s, int64_t Lk, int64_t i, const float 
     }
 }
 
-/* The banded version, for causal / sliding-window layouts: one query block of n heads.
+/* The one entry point: one block of n heads, for every layout (an encoder's is a block of whole
+ * maps: q0 = k0 = 0, left = right = -1).
  *
  * scores: (n, Lq, Lk), the scores of queries q0 .. q0+Lq-1 (absolute positions) against keys
  * k0 .. k0+Lk-1.  Query i sees keys max(0, i - left) .. min(seq_len - 1, i + right) (left or
@@ -254,9 +240,14 @@ void bertscope_softmax_stats_band(float *scores, int64_t n, int64_t Lq, int64_t 
         for (int64_t j = b; j < Lk; j++)
             s[j] = 0.0f;
         int64_t am = 0;
-        row_pass_band(s + a, b - a, i - k0 - a, key_bias ? key_bias + a : 0, class_mask + a, mask_stride, n_classes,
-                 offsets, n_offsets, entropy ? entropy + o : 0, class_mass + o * n_classes,
-                 offset_mass + o * n_offsets, argmax ? &am : 0);
+        /* an unlimited band (an encoder's rows, whole maps): the plain row pass, whose code
+         * generation pins the encoders' outputs bit for bit; a limited one: the vectorised pass */
+        void (*pass)(float *restrict, int64_t, int64_t, const float *restrict, const float *restrict, int64_t,
+                     int, const int64_t *restrict, int, float *restrict, float *restrict, float *restrict,
+                     int64_t *restrict) = left < 0 && right < 0 ? row_pass : row_pass_band;
+        pass(s + a, b - a, i - k0 - a, key_bias ? key_bias + a : 0, class_mask + a, mask_stride, n_classes,
+             offsets, n_offsets, entropy ? entropy + o : 0, class_mass + o * n_classes,
+             offset_mass + o * n_offsets, argmax ? &am : 0);
         if (argmax)
             argmax[o] = k0 + a + am;
     }

@@ -87,10 +87,7 @@ def load():
     except OSError as err:
         _reason = str(err)
         return None
-    f = lib.bertscope_softmax_stats
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    f.argtypes = [ptr, i64, i64, i64, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int, ptr, ptr, ptr, ptr]
-    f.restype = None
     f = lib.bertscope_softmax_stats_band
     f.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_int, ptr, ctypes.c_int, i64,
                   ptr, ptr, ptr, ptr, ctypes.c_int]
@@ -108,34 +105,10 @@ def _ptr(t):
     return None if t is None else t.data_ptr()
 
 
-def softmax_stats_(scores, key_bias, class_mask, offsets, entropy, class_mass, offset_mass, argmax):
-    """Turn the scores of n maps of one sequence into probabilities in place and write
-    every row statistic.
-
-    scores:      (n, L, Lk) float32
-    key_bias:    (Lk,) float32 added to every score row (finfo.min on padding), or None
-    class_mask:  (C, Lk) float32 0/1: key j has class c
-    offsets:     (O,) int64
-    entropy:     (n, L) float32 or None;  class_mass: (n, L, C);  offset_mass: (n, L, O)
-    argmax:      (n, L) int64 or None
-    All tensors contiguous on the CPU (the C code walks raw pointers). Returns nothing:
-    the ctypes call releases the GIL and fills the given tensors.
-    """
-    n, L, Lk = scores.shape
-    if scores.dtype != torch.float32 or class_mask.dtype != torch.float32:
-        raise TypeError("the compiled row pass takes float32 scores and class masks")
-    if not all(t is None or t.is_contiguous() for t in (scores, key_bias, class_mask, offsets, entropy,
-                                                        class_mass, offset_mass, argmax)):
-        raise ValueError("the compiled row pass needs contiguous tensors")
-    _lib.bertscope_softmax_stats(
-        _ptr(scores), n, L, Lk, _ptr(key_bias), _ptr(class_mask), class_mask.shape[0], _ptr(offsets),
-        offsets.numel(), _ptr(entropy), _ptr(class_mass), _ptr(offset_mass), _ptr(argmax),
-    )
-
-
 def softmax_stats_band_(scores, q0, k0, band, key_bias, class_mask, offsets, entropy, class_mass, offset_mass,
                         argmax, threads: int | None = None):
-    """The banded row pass of one query block (causal / sliding-window layouts), in place.
+    """The row pass of one block of the chunked backend (`chunked._chunked`), in place: every
+    layout's, an encoder's whole maps (band (None, None), q0 = k0 = 0) included.
 
     scores:      (n, Lq, Lk) float32 contiguous: n heads' scores of queries q0 .. q0+Lq-1
                  against keys k0 .. k0+Lk-1 (absolute positions in a sequence of L)

@@ -1,18 +1,18 @@
 """The eager reference: materialise every attention map, then read statistics off it.
 
 This is the oracle every other backend is tested against, so it is written for obvious
-correctness, not speed: it holds the full (B, H, L, L) probabilities and computes each
-statistic by its textbook definition.
+correctness, not speed: it holds the full (B, H, L, L) probabilities and reads every
+statistic off them with `kernels.reference`, where each one is defined.
 """
 from __future__ import annotations
 
 import torch
 
 from .attention_grad import GradSums
-from .common import finish_stats, keep_qk, masked_scores, require_pooling
+from .common import keep_qk, masked_scores
 from .gates import apply_gates
-from .pooling import pool_map, word_argmax
-from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, visible_mask
+from .reference import stats_from_probs, visible_probs
+from .spec import PLAIN, AttentionLayout, StatsSpec, WordPooling
 
 
 def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
@@ -30,42 +30,14 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
                every statistic is over the keys a row sees (the others have p = 0)
     Returns (out (B, L, H, D), RowStats); rows of padding queries are all zero.
     """
-    B, H, L, D = q.shape
+    D = q.shape[-1]
     scale = D**-0.5 if scale is None else scale
-    group = layout.group_size(H)
-    k_h, v_h = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, L, D): head h's k, v
-    if layout.is_plain:
-        p = torch.softmax(masked_scores(q, k_h, key_valid, scale), dim=-1)  # (B, H, L, L)
-    else:
-        # rows that see no key (padding queries under causal left padding) become uniform, not NaN
-        s = torch.matmul(q, k_h.transpose(-1, -2)) * scale  # (B, H, L, L)
-        p = torch.softmax(s.masked_fill(~visible_mask(key_valid, layout), torch.finfo(s.dtype).min), dim=-1)
+    p = visible_probs(q, k, key_valid, layout, scale)  # (B, H, L, L)
+    v_h = v.repeat_interleave(layout.group_size(q.shape[1]), dim=1)  # (B, H, L, D): head h's values
     out = apply_gates(torch.matmul(p, v_h), v, key_valid, gates, layout)  # (B, H, L, D)
-
-    stats = RowStats(layout=layout)
-    if spec.entropy:
-        stats.entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, H, L); 0 ln 0 = 0
-    if spec.offsets:
-        i = torch.arange(L, device=q.device)
-        cols = []
-        for o in spec.offsets:
-            j = i + o
-            inside = (j >= 0) & (j < L)
-            picked = p[..., i, j.clamp(0, L - 1)]  # (B, H, L): p[b, h, i, i + o]
-            cols.append(torch.where(inside, picked, torch.zeros_like(picked)))
-        stats.offset_mass = torch.stack(cols, dim=-1)  # (B, H, L, O)
-    if spec.class_mass:
-        one_hot = torch.nn.functional.one_hot(key_class, spec.n_key_classes).to(p.dtype)  # (B, L, C)
-        stats.class_mass = torch.matmul(p, one_hot[:, None])  # (B, H, L, C)
-    if spec.argmax:
-        stats.argmax = p.argmax(dim=-1)  # (B, H, L), first maximum on ties
-    if spec.column_mass:
-        stats.column_mass = (p * key_valid[:, None, :, None]).sum(-2)  # (B, H, L): over valid query rows
-    if spec.word_maps:
-        stats.word_map = pool_map(p, require_pooling(pooling))  # (B, H, W, W)
-        stats.word_argmax = word_argmax(stats.word_map, pooling.candidate)  # (B, H, W)
+    stats = stats_from_probs(p, key_valid, key_class, spec, layout, pooling)
     keep_qk(stats, q, k, scale, spec)
-    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "eager")
+    return out.transpose(1, 2), stats
 
 
 def attention_grad_eager(q, k, v, key_valid, key_class, n_classes: int, sink, scale=None):

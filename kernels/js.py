@@ -120,7 +120,7 @@ def pairwise_js_eager(q, k, key_valid, scale, layouts: Layouts | None = None):
 def pairwise_js_chunked(q, k, key_valid, scale, pair_bytes: int = 64 << 20):
     """The CPU path: per sequence, all N maps once, then blocks of pairs against head a."""
     B, N, L, _ = q.shape
-    out = torch.zeros(N, N, dtype=torch.float64)
+    out = torch.zeros(N, N, dtype=torch.float64, device=q.device)  # summed where q is
     for b in range(B):
         n = int(key_valid[b].sum())
         if n == 0:
@@ -140,7 +140,7 @@ def pairwise_js_chunked(q, k, key_valid, scale, pair_bytes: int = 64 << 20):
                 js = (h_m - (h[a] + h[b0:b1]) * 0.5).double().sum(-1)  # (nb,)
                 out[a, b0:b1] += js
                 out[b0:b1, a] += js
-    return out
+    return out.cpu()  # (N, N) on the CPU, as every JS backend returns it
 
 
 def pairwise_js_banded(q, k, key_valid, scale, layouts: Layouts, pair_bytes: int = 64 << 20):
@@ -153,7 +153,7 @@ def pairwise_js_banded(q, k, key_valid, scale, layouts: Layouts, pair_bytes: int
     groups = {}  # layout -> its heads: one mask per distinct layout and block
     for h, layout in enumerate(per_head):
         groups.setdefault(layout, []).append(h)
-    out = torch.zeros(N, N, dtype=torch.float64)
+    out = torch.zeros(N, N, dtype=torch.float64, device=q.device)  # summed where q is
     for b in range(B):
         pos = key_valid[b].nonzero().squeeze(1)  # (n,) absolute positions of the real tokens
         n = pos.numel()
@@ -181,4 +181,4 @@ def pairwise_js_banded(q, k, key_valid, scale, layouts: Layouts, pair_bytes: int
                     js = (h_m - (h[a] + h[b0:b1]) * 0.5).double().sum(-1)  # (nb,)
                     out[a, b0:b1] += js
                     out[b0:b1, a] += js
-    return out
+    return out.cpu()  # (N, N) on the CPU, as every JS backend returns it

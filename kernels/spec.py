@@ -71,6 +71,55 @@ class LayerGates:
 # --- the statistics: one table ------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class KeyBlock:
+    """What a per-row statistic's definition (`RowStat.from_probs`) may read beside a block of
+    probabilities: the keys k0 .. k0 + bk - 1 of one sequence.
+
+    valid:  (bk,) bool, False for padding keys
+    klass:  (bk,) int64 key classes in [0, spec.n_key_classes)
+    length: L, the padded sequence length (positions i0 + r and k0 + c are indices of it)
+    spec:   the `StatsSpec` of the call (offsets, number of classes, ...)
+    """
+
+    valid: torch.Tensor
+    klass: torch.Tensor
+    length: int
+    spec: StatsSpec
+
+
+# Each per-row statistic is defined once, as a function of a block of probabilities:
+#     f(p, i0, k0, keys) -> (n, bq, ...)
+# p (n, bq, bk): n heads' probability rows of queries i0 .. i0 + bq - 1 against keys k0 .. k0 + bk - 1
+# of one sequence; every key a row may see lies inside the block and the others have p = 0, so a
+# row is complete. The eager oracle calls it on whole maps (i0 = k0 = 0, bk = L); the chunked
+# backend on each query block of a causal / windowed layout, so a statistic that depends on the
+# positions i and j (a distance, a band edge) is written here once and holds on every layout.
+
+
+def _entropy(p, i0, k0, keys):
+    return -torch.special.xlogy(p, p).sum(-1)  # (n, bq); 0 ln 0 = 0
+
+
+def _offset_mass(p, i0, k0, keys):
+    n, bq, bk = p.shape
+    i = torch.arange(i0, i0 + bq, device=p.device)[:, None]  # (bq, 1) query positions
+    j = i + torch.tensor(keys.spec.offsets, dtype=torch.long, device=p.device)[None, :]  # (bq, O) key positions
+    inside = (j >= 0) & (j < keys.length) & (j >= k0) & (j < k0 + bk)  # outside the block: p = 0
+    picked = p.gather(-1, (j - k0).clamp(0, max(bk - 1, 0)).expand(n, bq, -1))  # (n, bq, O): p[i, i + o]
+    return torch.where(inside, picked, torch.zeros_like(picked))
+
+
+def _class_mass(p, i0, k0, keys):
+    one_hot = torch.nn.functional.one_hot(keys.klass, keys.spec.n_key_classes).to(p.dtype)  # (bk, C)
+    return torch.matmul(p, one_hot)  # (n, bq, C)
+
+
+def _argmax(p, i0, k0, keys):
+    return p.argmax(-1) + k0  # (n, bq) absolute key positions, first maximum on ties
+
+
+
 def _argmax_rows(am, key_class, spec):
     """Rows whose argmax key is at each offset (then "elsewhere"), and of each key class:
     0/1 per row, NaN on a removed head's rows (argmax -1)."""
@@ -109,6 +158,10 @@ class RowStat:
     padding: the value rows of padding queries are set to (`common.zero_padding_rows`), or
              None when the statistic is not per query row (column mass is per key, word maps
              per unit: padding is already 0 / -1 there)
+    from_probs: its definition, f(p, i0, k0, keys: KeyBlock) -> (n, bq, ...) per row of a block of
+             probabilities (above); the eager oracle and the chunked backend compute it from this
+             unless they fuse it into their row pass. None: a whole-map statistic (column mass,
+             word maps), defined in `kernels.reference`.
     rows:    per-row values of its segment sums, f(t, key_class, spec) -> {name: (B, H, L, F)};
              None: the value itself, (B, H, L) -> (B, H, L, 1), (B, H, L, F) as it is
     sums:    the `SegmentSum`s it feeds (none: not summed per segment, read by its analyses)
@@ -121,6 +174,7 @@ class RowStat:
     dtype: str = "float"
     removed: float = float("nan")
     padding: float | None = 0.0
+    from_probs: Callable | None = None
     rows: Callable | None = None
     sums: tuple[SegmentSum, ...] = ()
     doc: str = ""
@@ -136,16 +190,17 @@ class RowStat:
 
 
 ROW_STATS: tuple[RowStat, ...] = (
-    RowStat("entropy", ("B", "H", "L"), "entropy",
+    RowStat("entropy", ("B", "H", "L"), "entropy", from_probs=_entropy,
             sums=(SegmentSum("entropy", "entropy_sum"),),
             doc="-sum_j p_ij ln p_ij, nats"),
-    RowStat("offset_mass", ("B", "H", "L", "O"), "offsets",
+    RowStat("offset_mass", ("B", "H", "L", "O"), "offsets", from_probs=_offset_mass,
             sums=(SegmentSum("offset_mass", "offset_mass_sum", ("O",)),),
             doc="p_{i, i+o} for each o in spec.offsets (0 when i+o is outside the sequence or a padding key)"),
-    RowStat("class_mass", ("B", "H", "L", "C"), "class_mass",
+    RowStat("class_mass", ("B", "H", "L", "C"), "class_mass", from_probs=_class_mass,
             sums=(SegmentSum("class_mass", "class_mass_sum", ("C",)),),
             doc="sum of p_ij over keys j of each class"),
-    RowStat("argmax", ("B", "H", "L"), "argmax", dtype="int64", removed=-1, rows=_argmax_rows,
+    RowStat("argmax", ("B", "H", "L"), "argmax", dtype="int64", removed=-1, from_probs=_argmax,
+            rows=_argmax_rows,
             sums=(SegmentSum("argmax_offset", "argmax_offset_count", ("O+1",)),
                   SegmentSum("argmax_class", "argmax_class_count", ("C",))),
             doc="index of the most-attended key (ties: lowest index)"),
@@ -316,19 +371,6 @@ class AttentionLayout:
         if n_heads % self.n_key_value_heads:
             raise ValueError(f"{n_heads} query heads cannot share {self.n_key_value_heads} key/value heads evenly")
         return n_heads // self.n_key_value_heads
-
-    def unsupported(self, n_heads: int | None = None) -> list[str]:
-        """What of this layout is not an encoder's, in words (empty when plain): what a caller
-        that computes plain attention only must refuse."""
-        out = []
-        if self.causal:
-            out.append("causal attention")
-        if self.window is not None:
-            out.append(f"sliding-window attention (window {self.window[0]} left, {self.window[1]} right)")
-        if self.n_key_value_heads is not None:
-            of = f" for {n_heads} query heads" if n_heads is not None else ""
-            out.append(f"grouped-query attention ({self.n_key_value_heads} key/value heads{of})")
-        return out
 
     def describe(self) -> str:
         """The layout in words (run.json, messages): "bidirectional", "causal, window 512, 4 q / 1 kv heads"."""

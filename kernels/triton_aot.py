@@ -58,25 +58,45 @@ class Specialisation:
     argmax: bool
     n_classes: int = 4
     class_dot: bool = True  # class masses by a one-hot dot (shipped), or the masked loop
+    uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the keys)
+    extra: tuple[str, ...] = ()  # further statistics of the table switched on (their constexpr switch)
 
     def config(self) -> dict:
         from .triton_attention import kernel_config  # see the note above ARCHS
 
-        return kernel_config(self.L, self.D, torch_dtype(self.dtype))
+        return kernel_config(self.L, self.D, torch_dtype(self.dtype), uniform=self.uniform)
+
+    def switched_on(self) -> set[str]:
+        return _switched_on(self)
 
     def name(self) -> str:
         c = self.config()
         path = "single" if c["SINGLE_TILE"] else "online"
-        flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
-        return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']} "
-                f"{self.dtype} C{self.n_classes} {flags}" + ("" if self.class_dot else " loop"))
+        return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
+                f"{self.dtype} C{self.n_classes} {_flags(self)}" + ("" if self.class_dot else " loop")
+                + (" uniform" if self.uniform else ""))
+
+
+def _switched_on(spec) -> set[str]:
+    """The statistics a specialisation switches on: entropy and argmax by their fields, any other
+    of the table only when it is named in `extra` (a new switch is compiled off unless asked)."""
+    return {name for name, on in (("entropy", spec.entropy), ("argmax", spec.argmax)) if on} | set(spec.extra)
+
+
+def _flags(spec) -> str:
+    """The switched-on statistics in a specialisation's name, in the table's order ("-" for none)."""
+    from .spec import ROW_STATS
+
+    on = spec.switched_on()
+    return "+".join(s.name for s in ROW_STATS if s.name in on) or "-"
 
 
 @dataclass(frozen=True)
 class LayoutSpec:
-    """One specialisation of the layout kernel (`triton_attention._attn_stats_band_fwd`: causal,
-    windowed, grouped-query). The band (win_left, win_right) and the group size G are runtime
-    integers, so one compiled kernel serves causal and windowed layouts alike; a launch with
+    """One specialisation of the fused kernel for the layouts other than the plain one
+    (`triton_attention._attn_stats_fwd` with BANDED on: causal, windowed, grouped-query). The
+    band (win_left, win_right) and the group size G are runtime integers, so one compiled
+    kernel serves causal and windowed layouts alike; a launch with
     G = 1 (one query head per key/value head) is specialised by Triton's launcher (an integer
     argument equal to 1 becomes a constant), any larger G (3: SmolLM2, 4: Gemma-3 and
     Llama-3.2) is the same generic kernel: `group` is "1" or "G"."""
@@ -89,32 +109,29 @@ class LayoutSpec:
     group: str = "G"  # "1" (G specialised to 1) or "G" (runtime G >= 2)
     uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the band)
     L: int = 4096  # the layout kernel has one path whatever L
+    extra: tuple[str, ...] = ()  # further statistics of the table switched on (their constexpr switch)
 
     def config(self) -> dict:
         from .triton_attention import layout_kernel_config  # see the note above ARCHS
 
         return layout_kernel_config(self.L, self.D, torch_dtype(self.dtype))
 
+    def switched_on(self) -> set[str]:
+        return _switched_on(self)
+
     def name(self) -> str:
         c = self.config()
-        flags = "+".join(f for f, on in (("entropy", self.entropy), ("argmax", self.argmax)) if on) or "-"
         return (f"band M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
-                f"{self.dtype} C{self.n_classes} G={self.group} {flags}" + (" uniform" if self.uniform else ""))
+                f"{self.dtype} C{self.n_classes} G={self.group} {_flags(self)}" + (" uniform" if self.uniform else ""))
 
     def ast_source(self):
         from . import triton_attention as ta
 
-        fn = _compilable(ta._attn_stats_band_fwd)
-        c, t = self.config(), self.dtype
-        sig, flags = _forward_signature(self, t)
-        constexprs = {name: 1 for name in UNIT_STRIDES}
+        c = self.config()
+        constexprs = dict(BANDED=True, SINGLE_TILE=False, CLASS_DOT=True, C_PAD=ta.c_pad(self.n_classes))
         if self.group == "1":
             constexprs["G"] = 1
-        constexprs.update(C_PAD=ta.c_pad(self.n_classes), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-                          BLOCK_D=c["BLOCK_D"], **flags, IS_FP32=t == "fp32", UNIFORM=self.uniform)
-        for name in fn.arg_names:
-            sig.setdefault(name, "constexpr" if name in constexprs else "i32")
-        return _forward_source(fn, sig, constexprs), c
+        return _fused_source(self, c, constexprs), c
 
 
 @dataclass(frozen=True)
@@ -242,7 +259,8 @@ def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, clas
 
     The surface analysis (`bertscope run`) always asks for the entropy, and --argmax
     switches the argmax on, so both are covered: (single-tile, online) x (fp32, fp16, bf16)
-    x (D 32, 64) x (argmax off, on), each for 4, 16 and 32 key classes. The probes' specs
+    x (D 32, 64) x (argmax off, on), each for 4, 16 and 32 key classes, and each path and dtype
+    with uniform head gates (D = 64, the fewest classes asked). The probes' specs
     (entropy and argmax off) also need word maps or column mass, which the fused forward
     delegates to other kernels; the entropy-off, argmax-off forward is compiled once per
     path, dtype and class count at D = 64. maps=False leaves the whole-map kernels out;
@@ -252,6 +270,9 @@ def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, clas
              for dtype in dtypes for L in LENGTHS for D in HEAD_DIMS for argmax in (False, True)]
     specs += [Specialisation(L, 64, dtype, False, False, C, class_dot)
               for C in classes for dtype in dtypes for L in LENGTHS]
+    # a call with uniform head gates (head ablation) compiles the epilogue's second pass over the keys
+    specs += [Specialisation(L, 64, dtype, True, True, min(classes), class_dot, uniform=True)
+              for dtype in dtypes for L in LENGTHS]
     # one per distinct configuration (several L select the same one)
     seen, unique = set(), []
     for s in specs:
@@ -267,33 +288,38 @@ def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, clas
 
 
 def _ast_source(spec: Specialisation):
-    """The ASTSource of the fused kernel, specialised as a typical launch would be.
-
-    Unit strides (the innermost dimension of q/k/v/out, the (B, L) masks) are constants,
-    as Triton's launcher specialises them; pointers and the other strides get the
-    16-divisibility hint the launcher derives for 16-aligned allocations and D % 16 == 0.
-    """
+    """The ASTSource of the fused kernel, specialised as a typical launch would be (see
+    `_fused_source`); the plain layout's: BANDED off and G = 1, a constant, as Triton's launcher
+    specialises an integer argument equal to 1."""
     if isinstance(spec, (AotSpec, LayoutSpec)):  # they build their own (source, config)
         return spec.ast_source()
     from . import triton_attention as ta
 
-    fn = _compilable(ta._attn_stats_fwd)
     c = spec.config()
+    constexprs = dict(BANDED=False, G=1, SINGLE_TILE=c["SINGLE_TILE"], CLASS_DOT=spec.class_dot,
+                      C_PAD=ta.c_pad(spec.n_classes, spec.class_dot))
+    return _fused_source(spec, c, constexprs), c
+
+
+def _fused_source(spec, c: dict, constexprs: dict):
+    """`_attn_stats_fwd`'s ASTSource for a specialisation: unit strides of the innermost
+    dimensions (q/k/v/out, the (B, L) masks) are constants, as Triton's launcher specialises
+    them; the pointers and the other strides get the 16-divisibility hint the launcher derives
+    for 16-aligned allocations and D % 16 == 0; the statistics' switches and outputs from the
+    table (`_forward_signature`); every other integer argument is an i32."""
+    from . import triton_attention as ta
+
+    fn = _compilable(ta._attn_stats_fwd)
     sig, flags = _forward_signature(spec, spec.dtype)
+    constexprs = {**{name: 1 for name in UNIT_STRIDES}, **constexprs, "BLOCK_M": c["BLOCK_M"],
+                  "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"], **flags, "IS_FP32": spec.dtype == "fp32",
+                  "UNIFORM": spec.uniform}
     for name in fn.arg_names:
-        if name.startswith("stride_") and name not in UNIT_STRIDES:
-            sig[name] = "i32"
-    sig.update(H="i32", L="i32", D="i32", n_offsets="i32", n_classes="i32")
-    constexprs = {name: 1 for name in UNIT_STRIDES}
-    constexprs.update(
-        C_PAD=ta.c_pad(spec.n_classes, spec.class_dot), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-        BLOCK_D=c["BLOCK_D"], SINGLE_TILE=c["SINGLE_TILE"], **flags,
-        IS_FP32=spec.dtype == "fp32", CLASS_DOT=spec.class_dot,
-    )
-    return _forward_source(fn, sig, constexprs), c
+        sig.setdefault(name, "constexpr" if name in constexprs else "i32")
+    return _forward_source(fn, sig, constexprs)
 
 
-# -- what the fused forward and the layout kernel's sources share
+# -- what the plain and the layout specialisations' sources share
 
 # unit strides (the innermost dimension of q/k/v/out, the (B, L) masks): constants, as Triton's
 # launcher specialises them
@@ -313,16 +339,17 @@ def _compilable(fn):
 
 def _forward_signature(spec, t: str) -> tuple[dict, dict]:
     """(signature of the inputs and the statistics' outputs, the statistics' constexpr switches) of
-    the fused forward or the layout kernel in dtype `t`, from the kernels' table as the launcher
-    passes them: a switched-off statistic gets the fp32 lse as a placeholder; a switch `spec` has
-    no field for is on."""
+    the fused kernel in dtype `t`, from the kernel's table (`kernel_outputs`) as the launcher
+    passes them: a switched-off statistic gets the fp32 lse as a placeholder. Only what `spec`
+    switches on (`switched_on`) is compiled on: a new statistic's switch is off unless a
+    specialisation names it."""
     from . import triton_attention as ta
 
     sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
            "GateUniform": "*i8", "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "sm_scale": "fp32"}
     flags = {}
     for stat, arg, flag in ta.kernel_outputs():
-        on = getattr(spec, stat.name, True)
+        on = stat.name in spec.switched_on()
         if flag is not None:
             flags[flag] = on
         sig[arg] = "*fp32" if flag is not None and not on else ("*i64" if stat.dtype == "int64" else f"*{t}")

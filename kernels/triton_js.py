@@ -208,7 +208,7 @@ def head_bands(layout, N: int, N_kv: int, L: int, kv_head=None, device=None):
         if N % N_kv:
             raise ValueError(f"{N} query heads cannot share {N_kv} key heads evenly; give kv_head")
         kv_head = [h // (N // N_kv) for h in range(N)]
-    kv_head = torch.as_tensor(kv_head, dtype=torch.int64)
+    kv_head = torch.as_tensor(kv_head, dtype=torch.int64).cpu()  # checked here, moved to `device` below
     if kv_head.shape != (N,) or (N and (int(kv_head.min()) < 0 or int(kv_head.max()) >= N_kv)):
         raise ValueError(f"kv_head must give each of the {N} query heads a key head in [0, {N_kv})")
     reach = [lay.reach for lay in layouts]

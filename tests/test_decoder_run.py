@@ -18,6 +18,9 @@ import pytest
 import torch
 from tiny_decoders import TEXTS, gemma3_config, llama_config, save_tiny
 
+from bertscope.kernels import StatsSpec
+from bertscope.kernels.reference import stats_from_probs
+
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
@@ -47,12 +50,15 @@ def reference(path, segments, window=(None, None)):
             out = model(torch.tensor([s.input_ids]), output_attentions=True)
         p = torch.stack(out.attentions)[:, 0].double()  # (layers, H, L, L)
         maps.append(p)
-        L = p.shape[-1]
+        n_layers, L = p.shape[0], p.shape[-1]
         i = torch.arange(L)
-        rows["first"].append(p[..., :, 0])
-        rows["prev"].append(torch.cat([torch.zeros_like(p[..., :1, 0]), p[..., i[1:], i[1:] - 1]], -1))
-        rows["self"].append(p[..., i, i])
-        rows["entropy"].append(-torch.special.xlogy(p, p).sum(-1))
+        # the oracle's rows, each layer's maps taken as one sequence of a batch
+        ref = stats_from_probs(p, torch.ones(n_layers, L, dtype=torch.bool), torch.zeros(n_layers, L, dtype=torch.long),
+                               StatsSpec(offsets=(-1, 0), entropy=True))
+        rows["first"].append(p[..., :, 0])  # the mass on the first token: read off the map
+        rows["prev"].append(ref.offset_mass[..., 0])
+        rows["self"].append(ref.offset_mass[..., 1])
+        rows["entropy"].append(ref.entropy)
         seen = torch.stack([(i + 1).clamp_max(w or L) for w in window]).double()  # (layers, L)
         rows["uniform"].append(torch.log(seen)[:, None, :].expand_as(p[..., 0]))
     return {k: torch.cat(v, -1).mean(-1).numpy() for k, v in rows.items()}, maps

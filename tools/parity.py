@@ -3,8 +3,9 @@
 
     python tools/parity.py [--backends eager chunked] [--real] [--out FILE.md]
 
-Tiny random families: the configs, padded batches (left padding for decoders) and reference
-statistics of tests/models/test_decoder_families.py, which asserts them within 2e-5; this prints
+The reference statistics are the oracle's (`bertscope.kernels.reference.stats_from_probs`) read
+off the model's eager maps. Tiny random families: the configs and padded batches (left padding for
+decoders) of tests/models/test_decoder_families.py, which asserts the same within 2e-5; this prints
 the differences themselves. --real adds the converted SmolLM2 and Gemma-3 (`bertscope data
 install-decoders`; dequantized from 4-bit GGUF) on a batch of two Wikipedia segments, one
 left-padded, long enough that Gemma-3's 512-key window bites (L = 700).
@@ -23,20 +24,42 @@ sys.path[:0] = [str(ROOT / "tests" / "models"), str(ROOT / "tests"), str(ROOT / 
 STATS = ("entropy", "offset_mass", "class_mass", "column_mass", "word_map")
 
 
+def _spec():
+    """Every statistic of the kernels' table, switched on."""
+    from bertscope.kernels import StatsSpec
+    from bertscope.kernels.spec import ROW_STATS
+
+    return StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=3,
+                     **{s.switch: True for s in ROW_STATS if s.switch != "offsets"})
+
+
+def pooling_for(valid):
+    """Words of two tokens each (by padded position), every word a candidate."""
+    import torch
+
+    from bertscope.kernels import word_pooling
+
+    B, L = valid.shape
+    unit = torch.where(valid, torch.arange(L)[None, :] // 2, -1)
+    return word_pooling(unit, torch.ones(B, (L + 1) // 2, dtype=torch.bool))
+
+
 def differences(ref, hidden, layers, valid, key_class, pooling, heads: int) -> dict:
     """Largest |bertscope - eager| of each statistic over every layer, on valid rows; argmax as the
     share of valid rows whose argmax differs where the top two probabilities are 1e-4 apart."""
     import torch
-    from test_decoder_families import reference_stats
 
+    from bertscope.kernels.reference import stats_from_probs
+
+    SPEC = _spec()
     rows = valid[:, None, :].expand(-1, heads, -1)
     out = {name: 0.0 for name in STATS}
     out["hidden"] = float((hidden[valid] - ref.last_hidden_state[valid]).abs().max())
     wrong = clear_total = 0
     for stats, p in zip(layers, ref.attentions):
-        want = reference_stats(p.float(), valid, key_class, pooling)
+        want = stats_from_probs(p.float(), valid, key_class, SPEC, pooling=pooling)  # the oracle, off eager maps
         for name in STATS:
-            got, exp = getattr(stats, name), want[name]
+            got, exp = getattr(stats, name), getattr(want, name)
             if name in ("entropy", "offset_mass", "class_mass"):
                 got, exp = got[rows], exp[rows]
             elif name == "column_mass":
@@ -44,7 +67,7 @@ def differences(ref, hidden, layers, valid, key_class, pooling, heads: int) -> d
             out[name] = max(out[name], float((got.float() - exp.float()).abs().max()))
         top2 = torch.cat([p, torch.zeros_like(p[..., :1])], -1).topk(2, dim=-1).values
         clear = rows & ((top2[..., 0] - top2[..., 1]) > 1e-4)
-        wrong += int((stats.argmax[clear] != want["argmax"][clear]).sum())
+        wrong += int((stats.argmax[clear] != want.argmax[clear]).sum())
         clear_total += int(clear.sum())
     out["argmax"] = wrong / max(clear_total, 1)
     return out
@@ -52,7 +75,7 @@ def differences(ref, hidden, layers, valid, key_class, pooling, heads: int) -> d
 
 def tiny(kind: str, backend: str) -> dict:
     import torch
-    from test_decoder_families import HEADS, KINDS, pooling_for, run_both  # noqa: F401
+    from test_decoder_families import HEADS, run_both  # the tiny families' configs (see the module docstring)
 
     with torch.no_grad():
         ref, hidden, layers, valid, key_class, _ = run_both(kind, (7, 4), 9, backend)
@@ -63,12 +86,12 @@ def real(name: str, backend: str, L: int = 700) -> dict:
     """Two segments of L and L - 57 tokens of running Wikipedia text, the shorter left-padded."""
     import torch
     from common import wiki_token_stream
-    from test_decoder_families import SPEC, pooling_for
     from transformers import AutoModel, AutoTokenizer
 
     from bertscope.engine.attention import HeadProbe
     from bertscope.models.source import resolve_model
 
+    SPEC = _spec()
     path = resolve_model(name).path
     tokenizer = AutoTokenizer.from_pretrained(path)
     ids, _, _ = wiki_token_stream(tokenizer, 2 * L)

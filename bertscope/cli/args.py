@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
+import time
 
 from bertscope.errors import UserError
 
@@ -113,34 +115,67 @@ def add_quiet_argument(p: argparse.ArgumentParser):
 def add_threads_argument(p: argparse.ArgumentParser):
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch intra-op threads (default: the cores that other work leaves idle at the start, "
-                   "from the load average: torch's choice, one per core, on an idle machine, down to 1 on a busy "
-                   "one, where spinning worker threads would fight for the cores; OMP_NUM_THREADS, when set, "
-                   "decides instead)")
+                   "from the processes running at that moment: torch's choice, one per core, on an idle machine, "
+                   "down to 1 on a busy one, where waiting worker threads would fight for the cores; "
+                   "OMP_NUM_THREADS, when set, decides instead)")
 
 
-def idle_cores(cores: int, load: float) -> int:
-    """Of `cores`, how many other work leaves idle: `load` (the 1-minute load average: processes
-    running or waiting to run) rounded, taken off; at least 1."""
-    return max(1, cores - round(load))
+# How the default reads the machine: this many looks at the run queue, this far apart (0.1 s in all)
+RUN_QUEUE_SAMPLES = 10
+RUN_QUEUE_INTERVAL_S = 0.01
+
+
+def idle_cores(cores: int, busy: float) -> int:
+    """Of `cores`, how many other work leaves idle: `busy` (how many other tasks are running or
+    waiting to run, on average) taken off, a core busy half the time or more counting as busy;
+    at least 1."""
+    return max(1, cores - math.floor(busy + 0.5))
+
+
+def running_now(path: str = "/proc/loadavg") -> int:
+    """How many tasks (threads) of the whole machine are running or waiting for a core at this
+    instant, the caller included: the first half of /proc/loadavg's fourth field, "running/total"
+    (Linux; OSError or ValueError elsewhere)."""
+    with open(path, encoding="ascii") as f:
+        return int(f.read().split()[3].split("/")[0])
+
+
+def others_running(samples: int = RUN_QUEUE_SAMPLES, interval: float = RUN_QUEUE_INTERVAL_S,
+                   read=None, sleep=None) -> float:
+    """The mean number of other tasks running or waiting to run over `samples` looks at the run
+    queue, `interval` seconds apart: the caller, running while it reads, is not counted.
+
+    The run queue now, not the load average: the 1-minute average still counts, for a minute
+    after it ended, the user's own previous run (on an idle 2-core machine a run started right
+    after another got 1 thread and took 0.58x of the bare forward's speed instead of 1.0x), while
+    a competing job that keeps running is in every sample. A few samples, not one, so that a short
+    job passing by does not decide a long run."""
+    read, sleep = read or running_now, sleep or time.sleep
+    counts = []
+    for i in range(samples):
+        if i:
+            sleep(interval)
+        counts.append(max(0, read() - 1))
+    return sum(counts) / len(counts)
 
 
 def default_threads() -> int | None:
     """torch's intra-op threads when --threads is not given: its own choice (one per physical
-    core) capped at the cores other work leaves idle. Threads beyond those do not add speed on
-    a busy machine, they take it: OpenMP's workers spin at every barrier while the cores they
-    wait for are busy elsewhere (a 64-segment run on 2 cores at a load of 8 took 84 s with 2
-    threads and 58 s with 1). None (torch decides) where OMP_NUM_THREADS is set or the load
-    cannot be read."""
+    core) capped at the cores other work leaves idle now (`others_running`). Threads beyond those
+    do not add speed on a busy machine, they take it: the chunked kernel runs thousands of
+    short parallel regions per batch, and each waits at its barrier for a worker whose core runs
+    another job (48 segments of 512 tokens on 2 cores at a load of 9-13: 138 s with 2 threads,
+    54 s with 1). None (torch decides) where OMP_NUM_THREADS is set or the run queue cannot be read."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     try:
-        cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
-    except (AttributeError, OSError):  # not Linux/Unix: no affinity mask or load average
+        cores, busy = len(os.sched_getaffinity(0)), others_running()
+    except (AttributeError, OSError, ValueError, IndexError):  # not Linux: no affinity mask or /proc/loadavg
         return None
     import torch  # see the note above whole_number
 
-    threads = min(torch.get_num_threads(), idle_cores(cores, load))
-    logger.debug("torch threads: %d (%d cores, load average %.1f)", threads, cores, load)
+    threads = min(torch.get_num_threads(), idle_cores(cores, busy))
+    logger.debug("torch threads: %d (%d cores, %.1f other tasks running)", threads, cores, busy)
     return threads
 
 

@@ -63,7 +63,6 @@ from transformers.masking_utils import (
 
 from bertscope.errors import UserError
 from bertscope.kernels import (
-    LAYOUT_BACKENDS,
     PLAIN,
     AttentionLayout,
     GradSums,
@@ -332,9 +331,6 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     layer, probe = fwd.layer, fwd.probe
     if layer >= probe.n_layers:
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
-    if not layout.is_plain and probe.backend not in LAYOUT_BACKENDS:
-        raise UserError(f"the {probe.backend} backend does not compute the attention of {_model_name(module)} "
-                        f"({layout.describe()}) yet: use --backend {' or '.join(sorted(LAYOUT_BACKENDS))}")
     fwd.layer += 1
     probe.output_paths.add(output_path(probe.backend, needs_grad(query, key, value, gates)))
     out, stats = attention_stats(

@@ -207,6 +207,8 @@ def forward(loaded: LoadedModel, probe: HeadProbe, batch: BatchContext,
         def sink(layer, stats, key_valid):
             batch.layers.append(stats)
             on_layer(len(batch.layers))
+    if batch.inputs["input_ids"].shape[-1] >= LONG_INPUT:
+        map_large_allocations()
     with probe.active(batch.key_class, sink, batch.pooling):
         batch.outputs = loaded.model(**batch.inputs, **loaded.forward_options)
     return batch
@@ -340,6 +342,36 @@ def malloc_trim_every() -> int:
         return max(0, int(text))
     except ValueError:
         raise ValueError(f"BERTSCOPE_MALLOC_TRIM must be a whole number of batches, not {text!r}") from None
+
+
+LONG_INPUT = 2048  # padded length from which a forward's large tensors are mapped one by one (`map_large_allocations`)
+MMAP_THRESHOLD = 1 << 20  # bytes: glibc serves an allocation this large or larger with its own mmap
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+_large_allocations_mapped = False
+
+
+def map_large_allocations() -> bool:
+    """Have glibc serve every allocation of MMAP_THRESHOLD bytes or more with its own mmap, which
+    goes back to the OS when it is freed, for the rest of the process. Returns whether it is so.
+
+    By default glibc raises that threshold, up to 32 MB, each time such a block is freed, so the
+    tensors of a long input (8,192 tokens: 19 MB per hidden state, 4.7 MB per score block) come
+    from its heap. There, freed blocks are kept between live ones. One 8,192-token SmolLM2 forward
+    then peaked 793 MB above its start, for 320 MB of tensors alive at any time. With the
+    threshold fixed at 1 MiB it peaked 371 MB above it (1.31x the 1,024-token peak instead of
+    1.65x, one thread, bench/bench_longmem.py). Called from the first forward of a batch of
+    LONG_INPUT tokens or more: a long forward takes minutes, so a fresh mapping per large tensor
+    costs little, while a short batch's forward would pay it for every small tensor. Not done
+    where MALLOC_MMAP_THRESHOLD_ is set (the user's own choice) or the C library is not glibc."""
+    global _large_allocations_mapped
+    if _large_allocations_mapped or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return _large_allocations_mapped
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    _large_allocations_mapped = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    return _large_allocations_mapped
 
 
 def malloc_trim():

@@ -21,6 +21,7 @@ from bertscope.analyses.surface.stats import head_table, summary
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import AttentionLayout, StatsSpec, attention_stats, visible_mask
+from bertscope.kernels.reference import stats_from_probs, visible_probs
 from bertscope.text.token_classes import VOCAB, first_token_class
 
 SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, class_mass=True, argmax=True)
@@ -45,8 +46,7 @@ def batch_of(layouts, q_scale=1.0, seed=0, rows=(0, 1), H=2, D=4, spec=SPEC):
         v = torch.randn(2, kv, L, D, generator=g, dtype=torch.float64)[list(rows)]
         _, stats = attention_stats(q, k, v, valid, key_class, spec, backend="eager", layout=layout)
         layers.append(stats)
-        s = q @ k.repeat_interleave(H // kv, dim=1).transpose(-1, -2) * D**-0.5
-        maps.append(torch.softmax(s.masked_fill(~visible_mask(valid, layout), -math.inf), -1).nan_to_num(0.0))
+        maps.append(visible_probs(q, k, valid, layout))  # (B, H, L, L) the oracle's maps
     batch = BatchContext(list(rows), [None] * B, {}, valid, key_class, VOCAB, spec, layers=layers)
     return batch, maps
 
@@ -94,17 +94,18 @@ def test_random_heads_against_the_maps(average):
     table = head_table(stats)
     valid, key_class = batch.key_valid, batch.key_class
     for layer, (layout, p) in enumerate(zip(layouts, maps)):
+        ref = stats_from_probs(p, valid, key_class, SPEC, layout)  # the oracle's rows
         rows = {k: [[], []] for k in ("entropy", "uniform", "first", "prev", "punct")}
         for b in range(2):
             idx = valid[b].nonzero().flatten().tolist()
             seen = visible_mask(valid, layout)[b, 0]
             for h in range(2):
                 pb = p[b, h].numpy()
-                per = {"entropy": [-(pb[i][pb[i] > 0] * np.log(pb[i][pb[i] > 0])).sum() for i in idx],
+                per = {"entropy": ref.entropy[b, h, idx].numpy(),
                        "uniform": [math.log(int(seen[i].sum())) for i in idx],
-                       "first": [pb[i, idx[0]] for i in idx],
-                       "prev": [pb[i, i - 1] if i - 1 >= 0 else 0.0 for i in idx],
-                       "punct": [pb[i, (key_class[b] == 2).numpy()].sum() for i in idx]}
+                       "first": [pb[i, idx[0]] for i in idx],  # the mass on the first real token: read off the map
+                       "prev": ref.offset_mass[b, h, idx, SPEC.offsets.index(-1)].numpy(),
+                       "punct": ref.class_mass[b, h, idx, 2].numpy()}
                 for k, v in per.items():
                     rows[k][h].append(v)
         for k, col in (("entropy", "entropy"), ("uniform", "uniform_entropy"), ("first", "first"),
@@ -180,8 +181,7 @@ def test_random_layouts_and_padding_against_the_oracle(first, second, L, pads, l
         q = torch.randn(B, H, L, D, generator=g, dtype=torch.float64) * 2
         k, v = (torch.randn(B, kv, L, D, generator=g, dtype=torch.float64) for _ in range(2))
         layers.append(attention_stats(q, k, v, valid, key_class, SPEC, backend="eager", layout=layout)[1])
-        s = q @ k.repeat_interleave(H // kv, dim=1).transpose(-1, -2) * D**-0.5
-        maps.append(torch.softmax(s.masked_fill(~visible_mask(valid, layout), -math.inf), -1))
+        maps.append(visible_probs(q, k, valid, layout))  # (B, H, L, L) the oracle's maps
     stats = HeadStats(2, H, SPEC, VOCAB, average=average)
     stats.add(BatchContext(list(range(B)), [None] * B, {}, valid, key_class, VOCAB, SPEC, layers=layers))
     if first.is_plain and second.is_plain:
@@ -191,12 +191,13 @@ def test_random_layouts_and_padding_against_the_oracle(first, second, L, pads, l
     assert ("first" in table) == (first.causal or second.causal)
     for layer, (layout, p) in enumerate(zip((first, second), maps)):
         seen = visible_mask(valid, layout)[:, 0]  # (B, L, L)
+        entropy = stats_from_probs(p, valid, key_class, StatsSpec(n_key_classes=4, entropy=True), layout).entropy
         for h in range(H):
             per = {"entropy": [], "uniform": [], "first": []}
             for b in range(B):
                 idx = valid[b].nonzero().flatten()
                 pb = p[b, h][idx]  # (n, L) every real row; no NaN (a real row sees itself or its band)
-                per["entropy"].append((-torch.special.xlogy(pb, pb).sum(-1)).numpy())
+                per["entropy"].append(entropy[b, h][idx].numpy())
                 per["uniform"].append(torch.log(seen[b][idx].sum(-1).double()).numpy())
                 per["first"].append(pb[:, idx[0]].numpy())
             mean = (lambda v: np.mean([x.mean() for x in v])) if average == "segments" \

@@ -26,6 +26,7 @@ from bertscope.engine.loop import (
 )
 from bertscope.errors import UserError
 from bertscope.kernels import Gate, StatsSpec
+from bertscope.kernels.reference import stats_from_probs
 from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_model
 from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, collate, make_segments
@@ -210,15 +211,16 @@ def reference_table(twin, loaded, segments) -> dict[str, np.ndarray]:
         for layer, a in enumerate(maps):
             p = a[0].double()  # (H, L, L)
             assert torch.allclose(p.sum(-1), torch.ones(H, L, dtype=torch.float64), atol=1e-5)
-            entropy = -torch.special.xlogy(p, p).sum(-1)  # (H, L)
+            ref = stats_from_probs(p[None], torch.ones(1, L, dtype=torch.bool), cls[None], SPEC)  # the oracle's rows
+            entropy = ref.entropy[0]  # (H, L)
             for col, o in (("prev", -1), ("self", 0), ("next", 1), ("offset_-2", -2), ("offset_+2", 2)):
-                sums[col][layer] += torch.diagonal(p, offset=o, dim1=1, dim2=2).sum(-1).numpy()  # p[i, i+o]
+                sums[col][layer] += ref.offset_mass[0, ..., SPEC.offsets.index(o)].sum(-1).numpy()  # p[i, i+o]
             for c, col in enumerate(("cls", "sep", "punct", "other")):
-                sums[col][layer] += p[:, :, cls == c].sum((1, 2)).numpy()
+                sums[col][layer] += ref.class_mass[0, ..., c].sum(-1).numpy()
             sums["entropy"][layer] += entropy.sum(-1).numpy()
             sums["cls_entropy"][layer] += entropy[:, rows["cls"]].sum(-1).numpy()
-            sums["sep_sep"][layer] += p[:, rows["sep"]][:, :, cls == 1].sum((1, 2)).numpy()
-            top = p.argmax(-1)  # (H, L)
+            sums["sep_sep"][layer] += ref.class_mass[0, :, rows["sep"], 1].sum(-1).numpy()
+            top = ref.argmax[0]  # (H, L)
             rel = top - torch.arange(L)
             for col, o in (("argmax_prev", -1), ("argmax_self", 0), ("argmax_next", 1)):
                 sums[col][layer] += (rel == o).sum(-1).numpy()

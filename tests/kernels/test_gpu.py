@@ -79,32 +79,45 @@ def scaled_error(got, ref, rows=None) -> float:
     return float(err[rows].max() if rows is not None else err.max())
 
 
-def clear_rows(q, k, key_valid):
-    """(B, H, L): rows whose two largest scores are not within rounding of a tie."""
-    from bertscope.kernels.common import masked_scores
+def clear_rows(q, k, key_valid, layout=None):
+    """(B, H, L): rows whose two largest scores (of the keys they see) are not within rounding of a tie."""
+    from bertscope.kernels import PLAIN, visible_mask
 
-    top2 = masked_scores(q.double(), k.double(), key_valid, D**-0.5).topk(2, -1).values  # (B, H, L, 2)
+    layout = layout or PLAIN
+    k = k.repeat_interleave(layout.group_size(q.shape[1]), dim=1)  # (B, H, L, D): each query head's keys
+    s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * D**-0.5  # (B, H, L, L)
+    s = s.masked_fill(~visible_mask(key_valid, layout), torch.finfo(torch.float64).min)
+    top2 = s.topk(2, -1).values  # (B, H, L, 2)
     return top2[..., 0] - top2[..., 1] > 1e-3 * top2[..., 0].abs().clamp(min=1)
 
 
-def check_forward(L, dtype, C, seed):
-    """The fused forward (output, entropy, offset / class masses, argmax) against eager."""
-    from bertscope.kernels import StatsSpec
+def check_forward(L, dtype, C, seed, layout=None):
+    """The fused forward against eager: the output and every row statistic of the table the
+    kernel computes (`kernel_outputs`: entropy, offset / class masses, argmax ...), under
+    `layout` (default the plain one; k and v keep its key/value heads, the first of make_case's)."""
+    from bertscope.kernels import PLAIN, StatsSpec
     from bertscope.kernels.eager import attention_stats_eager
-    from bertscope.kernels.triton_attention import attention_stats_triton
+    from bertscope.kernels.triton_attention import attention_stats_triton, kernel_outputs
 
-    inputs, gates, _ = make_case(L, dtype, C, seed)
-    spec = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=C, class_mass=True, entropy=True, argmax=True)
-    out_ref, ref = attention_stats_eager(*double(inputs), spec, gates=gates)
-    out, got = attention_stats_triton(*inputs, spec, gates=gates)
+    layout = layout or PLAIN
+    (q, k, v, key_valid, key_class), gates, _ = make_case(L, dtype, C, seed)
+    H_kv = layout.n_key_value_heads or H
+    inputs = (q, k[:, :H_kv], v[:, :H_kv], key_valid, key_class)
+    stats = [stat for stat, _, _ in kernel_outputs()]
+    spec = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=C,
+                     **{s.switch: True for s in stats if s.switch != "offsets"})
+    out_ref, ref = attention_stats_eager(*double(inputs), spec, gates=gates, layout=layout)
+    out, got = attention_stats_triton(*inputs, spec, gates=gates, layout=layout)
     sync()
-    key_valid = inputs[3]
-    errors = {"out": scaled_error(out, out_ref, key_valid)}  # (B, L) rows of the (B, L, H, D) output
-    for name in ("entropy", "offset_mass", "class_mass"):
-        assert getattr(got, name).dtype == dtype, name
-        errors[name] = scaled_error(getattr(got, name), getattr(ref, name))
-    clear = clear_rows(inputs[0], inputs[1], key_valid) & key_valid[:, None, :]
-    agree = torch.equal(got.argmax[clear], ref.argmax[clear])
+    errors, agree = {"out": scaled_error(out, out_ref, key_valid)}, True  # (B, L) rows of the (B, L, H, D) output
+    clear = clear_rows(q, inputs[1], key_valid, layout) & key_valid[:, None, :]
+    for stat in stats:
+        t, r = getattr(got, stat.name), getattr(ref, stat.name)
+        if stat.dtype == "int64":  # an index: equal wherever the row's top two are not a near-tie
+            agree = agree and torch.equal(t[clear], r[clear])
+        else:
+            assert t.dtype == dtype, stat.name
+            errors[stat.name] = scaled_error(t, r)
     return errors, agree
 
 
@@ -148,6 +161,25 @@ def test_fused_forward_on_cuda(kernels, L, dtype, C):
     errors, argmax_agrees = check_forward(L, dtype, C, seed)
     assert max(errors.values()) <= TOL[dtype], f"seed {seed}: {errors}"
     assert argmax_agrees, f"seed {seed}: argmax differs on a row without a near-tie"
+
+
+def decoder_layouts():
+    from bertscope.kernels import AttentionLayout
+
+    return {"causal-gqa": AttentionLayout(causal=True, n_key_value_heads=2),
+            "causal-window-gqa": AttentionLayout(causal=True, window=(100, 0), n_key_value_heads=1),
+            "window": AttentionLayout(window=(64, 64))}
+
+
+@pytest.mark.parametrize("layout", ["causal-gqa", "causal-window-gqa", "window"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("L", [512, 2048])
+def test_fused_forward_under_layouts_on_cuda(kernels, L, dtype, layout):
+    """The same kernel with BANDED on (decoders: causal, windowed, grouped-query)."""
+    seed = fresh_seed()
+    errors, argmax_agrees = check_forward(L, dtype, 4, seed, decoder_layouts()[layout])
+    assert max(errors.values()) <= TOL[dtype], f"seed {seed}: {errors}"
+    assert argmax_agrees, f"seed {seed}: an index differs on a row without a near-tie"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

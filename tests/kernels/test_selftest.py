@@ -1,4 +1,7 @@
 """`bertscope selftest`: passes on correct kernels, fails on a wrong one."""
+from dataclasses import replace
+
+import pytest
 import torch
 
 from bertscope import selftest
@@ -9,7 +12,12 @@ def test_selftest_passes_on_this_machine():
     lines = []
     assert selftest.run_selftest("cpu", quick=True, log=lines.append)
     checked = [line for line in lines if line.strip().startswith("chunked")]
-    assert len(checked) == len(selftest.QUICK) + 1 and all(line.endswith("ok") for line in checked)
+    # every quick shape under every layout, then pairwise JS
+    assert len(checked) == len(selftest.QUICK) * len(selftest.LAYOUTS) + 1
+    assert all(line.endswith("ok") for line in checked)
+    for name in selftest.LAYOUTS:
+        under = [line for line in checked if line.split(" max err")[0].rstrip().endswith(" " + name)]
+        assert len(under) == len(selftest.QUICK), name
     assert lines[-1] == "all checks passed"
 
 
@@ -27,9 +35,14 @@ def test_selftest_catches_a_wrong_statistic(monkeypatch):
     assert any("FAIL" in line for line in lines) and lines[-1] == "SOME CHECKS FAILED"
 
 
-def test_selftest_cases_cover_padding_single_keys_and_gates():
-    (q, k, v, key_valid, key_class), gates, unit, candidate = selftest.inputs(selftest.QUICK[1])
+@pytest.mark.parametrize("layout", selftest.LAYOUTS)
+def test_selftest_cases_cover_padding_single_keys_and_gates(layout):
+    case = replace(selftest.QUICK[1], layout=layout)
+    (q, k, v, key_valid, key_class), gates, unit, candidate = selftest.inputs(case)
     lengths = key_valid.sum(-1).tolist()
     assert lengths[0] == q.shape[2] and lengths[-1] == 1
+    left = selftest.LAYOUTS[layout][1] == "left"  # decoders pad on the left, encoders on the right
+    assert bool(key_valid[-1, -1 if left else 0]) and not bool(key_valid[-1, 0 if left else -1])
+    assert k.shape[1] == (case.attention.n_key_value_heads or q.shape[1])
     assert gates.uniform.any() and (gates.xi == 0).any() and ((gates.xi != 0) & (gates.xi != 1)).any()
     assert torch.all(unit[~key_valid] == -1)

@@ -15,14 +15,16 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (tests/c
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import bertscope.kernels.spec as spec_module
-from bertscope.engine.accumulate import ARRAYS, HeadStats
+from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import BACKENDS, StatsSpec, word_pooling
+from bertscope.kernels import BACKENDS, AttentionLayout, StatsSpec, word_pooling
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import ROW_STATS, SEGMENT_SUMS, RowStat, RowStats, asked_stats
+from bertscope.kernels.spec import ROW_STATS, RowStat, RowStats, asked_stats
 from bertscope.models import head_removal
 from bertscope.text.token_classes import TokenClasses
 
@@ -48,9 +50,9 @@ def chunked(row_pass):
     return lambda *a, **kw: attention_stats_chunked(*a, row_pass=row_pass, **kw)
 
 
-# every backend of `kernels.BACKENDS`, the chunked one with each row pass
-RUNS = {"eager": attention_stats_eager, "chunked-compiled": chunked("compiled"), "chunked-torch": chunked("torch"),
-        "triton": triton}
+# every path of every backend of `kernels.BACKENDS` but the oracle: the chunked one with each row pass
+PATHS = {"chunked-compiled": chunked("compiled"), "chunked-torch": chunked("torch"), "triton": triton}
+RUNS = {"eager": attention_stats_eager, **PATHS}
 
 
 def test_every_backend_is_checked():
@@ -67,36 +69,100 @@ def inputs(seed=0):
     return (q, k, v, key_valid, key_class), pooling
 
 
-def only(stat: RowStat) -> StatsSpec:
+def only(stat: RowStat, spec_type=StatsSpec) -> StatsSpec:
     """A spec that asks for `stat` and nothing else."""
     value = OFFSETS if stat.switch == "offsets" else True
-    return StatsSpec(n_key_classes=C, **{stat.switch: value})
+    return spec_type(n_key_classes=C, **{stat.switch: value})
 
 
-def dims(pooling) -> dict:
-    return {"B": B, "H": H, "L": L, "O": len(OFFSETS), "C": C, "W": pooling.n_units}
+# --- every entry x every path x every case, against the oracle ---------------------------------------
+
+# the cases every statistic must hold on: (layout, padding) strategies. A layout's key heads are
+# drawn with it; "single-key rows": a sequence of one token and rows whose window is themselves.
+CASES = {
+    "plain": dict(layout=st.just(AttentionLayout()), pad="none"),
+    "causal": dict(layout=st.just(AttentionLayout(causal=True)), pad="none"),
+    "causal+window": dict(layout=st.integers(0, 4).map(lambda w: AttentionLayout(causal=True, window=(w, 0))),
+                          pad="none"),
+    "gqa": dict(layout=st.tuples(st.booleans(), st.sampled_from([1, 2])).map(
+        lambda c: AttentionLayout(causal=c[0], n_key_value_heads=c[1])), pad="none"),
+    "left-padding": dict(layout=st.sampled_from([AttentionLayout(causal=True), AttentionLayout(
+        causal=True, window=(2, 0), n_key_value_heads=1), AttentionLayout()]), pad="left"),
+    "right-padding": dict(layout=st.sampled_from([AttentionLayout(), AttentionLayout(window=(1, 2)), AttentionLayout(
+        causal=True, n_key_value_heads=2)]), pad="right"),
+    "single-key-rows": dict(layout=st.sampled_from([AttentionLayout(), AttentionLayout(causal=True, window=(0, 0)),
+                                                    AttentionLayout(window=(0, 0), n_key_value_heads=1)]),
+                            pad="single"),
+}
+# hypothesis examples per test: Triton's interpreter is slow
+EXAMPLES = {"chunked-compiled": 6, "chunked-torch": 6, "triton": 2}
 
 
-@pytest.mark.parametrize("run", RUNS)
-@pytest.mark.parametrize("stat", ROW_STATS, ids=lambda s: s.name)
-def test_each_statistic_of_the_table_comes_back_from_each_backend(stat, run):
-    args, pooling = inputs()
-    spec = only(stat)
-    _, ref = attention_stats_eager(*args, spec, pooling=pooling)
-    _, got = RUNS[run](*args, spec, pooling=pooling)
-    t = getattr(got, stat.name)
-    assert t is not None, f"{run} did not compute {stat.name}"
-    assert tuple(t.shape) == tuple(dims(pooling)[d] for d in stat.shape)
-    assert (t.dtype == torch.int64) == (stat.dtype == "int64")
-    if stat.dtype == "int64":
-        assert torch.equal(t, getattr(ref, stat.name))
+def draw_case(data, case: str, heads: int = 4, dim: int = 8):
+    """(layout, (q, k, v, key_valid, key_class), pooling) of a drawn case: 1-3 sequences of 1-12
+    tokens, 4 query heads, key heads as the layout says."""
+    layout = data.draw(CASES[case]["layout"], label="layout")
+    pad = CASES[case]["pad"]
+    n_seq = data.draw(st.integers(1, 3), label="sequences")
+    L = data.draw(st.integers(2 if pad == "single" else 1, 12), label="L")
+    if pad == "none":
+        lengths = [L] * n_seq
+    elif pad == "single":
+        lengths = [1] + data.draw(st.lists(st.integers(1, L), min_size=n_seq - 1, max_size=n_seq - 1))
     else:
-        torch.testing.assert_close(t, getattr(ref, stat.name), atol=2e-5, rtol=1e-5)
-    if stat.padding is not None:  # the second sequence's rows past its length are padding
-        assert bool((t[1, :, LENGTHS[1]:] == stat.padding).all())
-    # nothing that was not asked for
-    others = [s.name for s in ROW_STATS if s.switch != stat.switch and getattr(got, s.name) is not None]
-    assert others == []
+        lengths = data.draw(st.lists(st.integers(1, L), min_size=n_seq, max_size=n_seq), label="lengths")
+    pos = torch.arange(L)[None, :]
+    n = torch.tensor(lengths)[:, None]
+    key_valid = pos >= L - n if pad == "left" else pos < n  # (B, L)
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
+    H_kv = layout.n_key_value_heads or heads
+    q = torch.randn(n_seq, heads, L, dim, generator=g) * 1.5
+    k, v = (torch.randn(n_seq, H_kv, L, dim, generator=g) * 1.5 for _ in range(2))
+    key_class = torch.randint(0, C, (n_seq, L), generator=g)
+    unit = torch.where(key_valid, (pos - (L - n if pad == "left" else 0)) // 2, -1)  # words of two tokens
+    pooling = word_pooling(unit, torch.rand(n_seq, (L + 1) // 2, generator=g) < 0.8)
+    return layout, (q, k, v, key_valid, key_class), pooling
+
+
+def check_entry(stat: RowStat, path: str, case: str, data, spec=None):
+    """One entry of the table from one path on one drawn case: the table's shape and dtype, the
+    oracle's values, padding rows set, nothing that was not asked for."""
+    layout, args, pooling = draw_case(data, case)
+    spec = only(stat) if spec is None else spec
+    _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout)
+    _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout)
+    t, want = getattr(got, stat.name), getattr(ref, stat.name)
+    assert t is not None, f"{path} did not compute {stat.name}"
+    (q, _, _, key_valid, _) = args
+    dims = {"B": q.shape[0], "H": q.shape[1], "L": q.shape[2], "O": len(spec.offsets), "C": C,
+            "W": pooling.n_units}
+    assert tuple(t.shape) == tuple(dims.get(d, want.shape[i]) for i, d in enumerate(stat.shape)), stat.name
+    assert (t.dtype == torch.int64) == (stat.dtype == "int64"), t.dtype
+    if stat.dtype == "int64":
+        assert torch.equal(t, want), (stat.name, layout)
+    else:
+        torch.testing.assert_close(t.float(), want.float(), atol=2e-5, rtol=1e-5, msg=f"{stat.name} {layout}")
+    if stat.padding is not None:  # rows of padding queries hold the table's padding value
+        pad_rows = ~key_valid[:, None, :].expand(-1, q.shape[1], -1)  # (B, H, L)
+        assert bool((t[pad_rows] == stat.padding).all()), stat.name
+    others = [s.name for s in spec_module.ROW_STATS if not s.asked(spec) and getattr(got, s.name) is not None]
+    assert others == [], others
+    assert got.layout == layout
+
+
+def _entry_test(path: str, case: str):
+    @settings(max_examples=EXAMPLES[path], deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data())
+    def test(stat, data):
+        check_entry(stat, path, case, data)
+
+    return pytest.mark.parametrize("stat", ROW_STATS, ids=lambda s: s.name)(test)
+
+
+# generated: test_<path>_<case>[<entry>] for every entry of the table, every path and every case
+for _path in PATHS:
+    for _case in CASES:
+        globals()[f"test_{_path}_{_case}".replace("-", "_").replace("+", "_")] = _entry_test(_path, _case)
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -114,6 +180,59 @@ def test_a_statistic_no_backend_computes_fails_loudly_in_each(run, monkeypatch):
     RUNS[run](*args, NewSpec(n_key_classes=C, entropy=True), pooling=pooling)  # not asked: fine
     with pytest.raises(NotImplementedError, match="attention_rollout"):
         RUNS[run](*args, NewSpec(n_key_classes=C, entropy=True, attention_rollout=True), pooling=pooling)
+
+
+def distance_mass(p, i0, k0, keys):
+    """A position-dependent per-row statistic, defined once on a block of probabilities: the mass a
+    row puts on keys at distance |i - j| = 0, 1, 2-3 and 4 or more (buckets)."""
+    n, bq, bk = p.shape
+    i = torch.arange(i0, i0 + bq, device=p.device)[:, None]  # (bq, 1) query positions
+    j = torch.arange(k0, k0 + bk, device=p.device)[None, :]  # (1, bk) key positions
+    bucket = torch.bucketize((i - j).abs(), torch.tensor([1, 2, 4], device=p.device), right=True)  # (bq, bk)
+    return torch.einsum("nqk,qkb->nqb", p, torch.nn.functional.one_hot(bucket, 4).to(p.dtype))  # (n, bq, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistanceSpec(StatsSpec):
+    distance_mass: bool = False
+
+
+DISTANCE = RowStat("distance_mass", ("B", "H", "L", "K"), "distance_mass", from_probs=distance_mass)
+
+
+@pytest.mark.parametrize("path", ["chunked-compiled", "chunked-torch"])
+@pytest.mark.parametrize("case", CASES)
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_a_position_dependent_statistic_written_once_holds_on_every_layout(path, case, data):
+    """A table entry with only its definition `from_probs(p, i0, k0, keys)`: the oracle calls it on
+    whole maps, chunked on every query block with the block's offsets, and the two agree on every
+    case; the oracle's values are those of the definition by hand."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spec_module, "ROW_STATS", ROW_STATS + (DISTANCE,))
+        spec = DistanceSpec(n_key_classes=C, distance_mass=True)
+        check_entry(DISTANCE, path, case, data, spec=spec)
+        layout, args, pooling = draw_case(data, case)
+        _, ref = attention_stats_eager(*args, spec, layout=layout)
+    from bertscope.kernels.reference import visible_probs
+
+    q, k, _, key_valid, _ = args
+    p = visible_probs(q, k, key_valid, layout)  # (B, H, L, L)
+    i, j = torch.arange(p.shape[-1])[:, None], torch.arange(p.shape[-1])[None, :]
+    for b_, (lo, hi) in enumerate(((0, 1), (1, 2), (2, 4), (4, 10**6))):
+        near = ((i - j).abs() >= lo) & ((i - j).abs() < hi)  # (L, L)
+        want = (p * near).sum(-1) * key_valid[:, None, :]  # (B, H, L), padding rows 0
+        torch.testing.assert_close(ref.distance_mass[..., b_], want, atol=1e-6, rtol=1e-6)
+
+
+def test_a_statistic_the_triton_kernel_lacks_is_an_error_not_a_silent_value():
+    """Triton has no per-block definitions: an entry it does not write must be refused, never
+    returned unset (the Triton side of the table, kernels/triton_*.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spec_module, "ROW_STATS", ROW_STATS + (DISTANCE,))
+        args, pooling = inputs()
+        with pytest.raises(NotImplementedError, match="distance_mass"):
+            triton(*args, DistanceSpec(n_key_classes=C, distance_mass=True), pooling=pooling)
 
 
 def test_default_spec_asks_for_nothing():
@@ -136,13 +255,24 @@ def all_on() -> StatsSpec:
 
 
 def test_as_float32_widens_the_float_statistics_of_the_table_only():
+    """In place, each half-precision statistic becomes the float32 of the same values; indices and
+    float32 ones are left as they are (the same tensors)."""
     args, pooling = inputs()
     _, stats = attention_stats_eager(*args, all_on(), pooling=pooling)
-    half = RowStats(**{s.name: getattr(stats, s.name).half() if s.dtype == "float" else getattr(stats, s.name)
-                       for s in ROW_STATS})
-    half.as_float32()
+    half = RowStats(**{s.name: getattr(stats, s.name).to(torch.bfloat16) if s.dtype == "float"
+                       else getattr(stats, s.name) for s in ROW_STATS})
+    before = {s.name: getattr(half, s.name) for s in ROW_STATS}
+    assert half.as_float32() is half
     for s in ROW_STATS:
-        assert getattr(half, s.name).dtype == (torch.int64 if s.dtype == "int64" else torch.float32), s.name
+        t = getattr(half, s.name)
+        if s.dtype == "float":
+            assert t.dtype == torch.float32, s.name
+            assert torch.equal(t, before[s.name].float()), s.name  # the half values, exactly
+            assert float((t - getattr(stats, s.name)).abs().max()) <= 2**-8 * max(1.0, float(t.abs().max())), s.name
+        else:
+            assert t is before[s.name], s.name  # an index is not touched
+    already = RowStats(entropy=stats.entropy)
+    assert already.as_float32().entropy is stats.entropy  # float32 already: no copy
 
 
 def test_removed_heads_hold_the_table_value():
@@ -160,26 +290,38 @@ def test_removed_heads_hold_the_table_value():
 
 
 def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
-    """One segment sum per `SegmentSum` of each asked statistic, each equal to a plain sum of
-    the statistic's rows; one HeadStats array per segment sum."""
+    """Each segment sum is the sum over valid rows of the statistic's per-row values, and each
+    HeadStats array adds them up; the argmax's counts are checked against the argmax by hand."""
     args, pooling = inputs()
     spec = all_on()
     _, stats = attention_stats_eager(*args, spec, pooling=pooling)
     classes = TokenClasses.of(("a", "b", "c"))
-    batch = BatchContext(indices=[0, 1], segments=[None, None], inputs={}, key_valid=args[3], key_class=args[4],
+    key_valid, key_class = args[3], args[4]
+    batch = BatchContext(indices=[0, 1], segments=[None, None], inputs={}, key_valid=key_valid, key_class=key_class,
                          classes=classes, spec=spec, layers=[stats])
     sums = batch.segment_sums(0)
-    assert list(sums) == [m.name for m in SEGMENT_SUMS]
-    valid = args[3].double()  # (B, L): group 0 is every valid row
-    torch.testing.assert_close(sums["entropy"][:, :, 0, 0], (stats.entropy.double() * valid[:, None]).sum(-1))
-    torch.testing.assert_close(sums["class_mass"][:, :, 0],
-                               (stats.class_mass.double() * valid[:, None, :, None]).sum(2))
-    assert torch.equal(sums["argmax_offset"][:, :, 0].sum(-1), valid.sum(-1)[:, None].expand(B, H))
+    valid = key_valid.double()  # (B, L): group 0 is every valid row
     acc = HeadStats(1, H, spec, classes)
     acc.add(batch)
-    assert set(ARRAYS) >= {m.array for m in SEGMENT_SUMS}
-    np.testing.assert_allclose(acc.entropy_sum[0, :, 0], sums["entropy"][:, :, 0, 0].sum(0).numpy())
-    np.testing.assert_allclose(acc.offset_mass_sum[0, :, 0], sums["offset_mass"][:, :, 0].sum(0).numpy())
+    for stat in ROW_STATS:
+        if not stat.sums:
+            continue
+        rows = stat.segment_rows(getattr(stats, stat.name), key_class, spec)  # {name: (B, H, L, F)}
+        for m in stat.sums:
+            want = (rows[m.name].double() * valid[:, None, :, None]).sum(2)  # (B, H, F)
+            got = sums[m.name][:, :, 0]
+            torch.testing.assert_close(got.reshape(want.shape), want, msg=m.name)
+            np.testing.assert_allclose(getattr(acc, m.array)[0, :, 0].reshape(H, -1), want.sum(0).numpy(),
+                                       err_msg=m.array)
+    # the argmax's counts by hand: rows whose argmax is at offset o, or of class c
+    am, pos = stats.argmax, torch.arange(L)
+    for t, o in enumerate(OFFSETS):
+        by_hand = ((am - pos == o).double() * valid[:, None]).sum(-1)  # (B, H)
+        torch.testing.assert_close(sums["argmax_offset"][:, :, 0, t], by_hand)
+    for c in range(C):
+        of_class = key_class.gather(1, am.flatten(1)).view_as(am) == c  # (B, H, L)
+        torch.testing.assert_close(sums["argmax_class"][:, :, 0, c], (of_class.double() * valid[:, None]).sum(-1))
+    assert torch.equal(sums["argmax_offset"][:, :, 0].sum(-1), valid.sum(-1)[:, None].expand(B, H))
 
 
 def test_row_stats_has_one_attribute_per_entry():

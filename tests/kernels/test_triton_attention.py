@@ -29,13 +29,15 @@ from bertscope.kernels import (
 )
 from bertscope.kernels.common import masked_scores
 from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import asked_stats
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
 emulate_bf16_dots()  # the interpreter's bf16 tl.dot multiplies raw bits (tests/triton_interpreter.py)
 
 SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4, class_mass=True, entropy=True, argmax=True)
-ROW_FIELDS = ("entropy", "offset_mass", "class_mass")
+# the float row statistics of the table SPEC asks for (the argmax is compared exactly)
+ROW_FIELDS = tuple(s.name for s in asked_stats(SPEC) if s.dtype == "float" and s.padding is not None)
 PATHS = [None, True, False]  # by length, single-tile forced, online forced
 HALF = [torch.float16, torch.bfloat16]
 

@@ -1,6 +1,7 @@
 """The Triton kernels under every `AttentionLayout` (causal, windowed, grouped-query) against
-the eager oracle, run by Triton's interpreter on the CPU: the fused forward
-(`fused_attention_layout`), column mass and word maps (`triton_maps`), and Jensen-Shannon
+the eager oracle, run by Triton's interpreter on the CPU: the fused forward's layout path
+(`fused_attention_layout`; test_triton_table.py checks every statistic of the table), column
+mass and word maps (`triton_maps`), and Jensen-Shannon
 between heads (`triton_js`), with left and right padding, odd lengths, single-key rows and
 several key blocks (small blocks forced where the shipped ones would cover the whole row).
 
@@ -23,7 +24,6 @@ from triton_interpreter import emulate_bf16_dots
 
 import bertscope.kernels.triton_attention as ta
 from bertscope.kernels import (
-    LAYOUT_BACKENDS,
     PLAIN,
     AttentionLayout,
     LayerGates,
@@ -34,6 +34,7 @@ from bertscope.kernels import (
     word_pooling,
 )
 from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import asked_stats
 from bertscope.kernels.triton_js import pairwise_js_triton
 
 if not ta.INTERPRETED:
@@ -42,7 +43,8 @@ emulate_bf16_dots()
 
 SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 3), n_key_classes=4, class_mass=True, entropy=True, argmax=True,
                  column_mass=True)
-ROW_FIELDS = ("entropy", "offset_mass", "class_mass")
+# the float row statistics of the table SPEC asks for (the argmax is compared exactly, column mass per key)
+ROW_FIELDS = tuple(s.name for s in asked_stats(SPEC) if s.dtype == "float" and s.padding is not None)
 SMALL = dict(BLOCK_M=16, BLOCK_N=16)  # tl.dot's smallest tiles: several blocks at short L
 
 
@@ -310,21 +312,38 @@ def test_js_under_layouts_and_shared_key_heads():
 
 
 def test_triton_computes_every_layout():
-    assert "triton" in LAYOUT_BACKENDS
     layout = AttentionLayout(causal=True, n_key_value_heads=1)
     inputs = make_inputs(1, 2, 9, 4, layout, [2], True)
     out, stats = attention_stats(*inputs, SPEC, backend="triton", layout=layout)
     assert out.shape == (1, 9, 2, 4) and stats.layout == layout and stats.entropy.dtype == torch.float32
 
 
-def test_plain_layout_keeps_the_encoder_kernel(monkeypatch):
-    """The plain layout never reaches the layout kernel (its code, numbers and speed are the encoders')."""
-    def refuse(*a, **kw):
-        raise AssertionError("the plain layout took the layout kernel")
+@pytest.mark.parametrize("layout,banded", [(PLAIN, False), (AttentionLayout(n_key_value_heads=1), True),
+                                           (AttentionLayout(causal=True), True)], ids=["plain", "gqa", "causal"])
+def test_one_kernel_for_every_layout(layout, banded, monkeypatch):
+    """Every layout launches the one kernel, `_attn_stats_fwd`: the plain one with BANDED off and
+    G = 1 on `kernel_config`'s blocks (its single tile at short L), every other with BANDED on."""
+    launches, real = [], ta._attn_stats_fwd
 
-    monkeypatch.setattr(ta, "fused_attention_layout", refuse)
-    inputs = make_inputs(2, 2, 12, 8, AttentionLayout(), [0, 3], False)
-    assert_same(attention_stats_eager(*inputs, SPEC), ta.attention_stats_triton(*inputs, SPEC), inputs[3])
+    class Spy:
+        arg_names = real.arg_names
+        fn = real.fn
+
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                launches.append(kw)
+                return real[grid](*a, **kw)
+            return launch
+
+    monkeypatch.setattr(ta, "_attn_stats_fwd", Spy())
+    H = 2
+    inputs = make_inputs(2, H, 12, 8, layout, [0, 3], False)
+    assert_same(attention_stats_eager(*inputs, SPEC, layout=layout), ta.attention_stats_triton(*inputs, SPEC,
+                                                                                           layout=layout), inputs[3])
+    (kw,) = launches
+    assert kw["BANDED"] is banded and kw["G"] == layout.group_size(H)
+    assert kw["SINGLE_TILE"] is (not banded)  # L = 12: the plain layout's single tile
+    assert kw["BLOCK_M"] == (ta.layout_kernel_config if banded else ta.kernel_config)(12, 8)["BLOCK_M"]
 
 
 def test_a_tiny_llama_through_the_plugin_matches_eager():

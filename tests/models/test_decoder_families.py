@@ -9,7 +9,7 @@ every layer; the families added after these come from tests/tiny_decoders.py's `
 is every such family of the table: a family added there is tested here without a word. Decoders
 get a left-padded batch (their position ids counted from each sequence's first real token, as the
 engine hands them), ModernBERT a right-padded one; one sequence is a single token. The
-statistics of every backend in `LAYOUT_BACKENDS` are compared, on the valid rows, with the same
+statistics of every backend are compared, on the valid rows, with the same
 statistics computed by their definitions from the eager maps; the hidden states too. Then the
 refusals, the head gates and the real removal of heads on grouped-query models.
 """
@@ -35,8 +35,9 @@ from transformers import (
 
 from bertscope.engine.attention import ATTN_IMPLEMENTATION, GradProbe, HeadProbe
 from bertscope.errors import UserError
-from bertscope.kernels import LAYOUT_BACKENDS, AttentionLayout, StatsSpec, visible_mask, word_pooling
-from bertscope.kernels.pooling import pool_map
+from bertscope.kernels import BACKENDS, AttentionLayout, StatsSpec, visible_mask, word_pooling
+from bertscope.kernels.reference import stats_from_probs
+from bertscope.kernels.spec import ROW_STATS
 from bertscope.models import head_removal
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_of
 from bertscope.models.gates import attach_gates
@@ -93,8 +94,9 @@ def padded_batch(lengths, L: int, left: bool, seed: int = 0) -> dict:
     return inputs
 
 
-SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=3, entropy=True, class_mass=True, argmax=True,
-                 column_mass=True, word_maps=True)
+# every statistic of the kernels' table, switched on
+SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=3,
+                 **{s.switch: True for s in ROW_STATS if s.switch != "offsets"})
 
 
 def pooling_for(valid: torch.Tensor):
@@ -102,21 +104,6 @@ def pooling_for(valid: torch.Tensor):
     B, L = valid.shape
     unit = torch.where(valid, torch.arange(L)[None, :] // 2, -1)
     return word_pooling(unit, torch.ones(B, (L + 1) // 2, dtype=torch.bool))
-
-
-def reference_stats(p: torch.Tensor, valid: torch.Tensor, key_class: torch.Tensor, pooling) -> dict:
-    """The statistics of SPEC by their definitions, from one layer's eager maps p (B, H, L, L)."""
-    B, H, L, _ = p.shape
-    i = torch.arange(L)
-    offsets = []
-    for o in SPEC.offsets:
-        j = i + o
-        inside = (j >= 0) & (j < L)
-        offsets.append(torch.where(inside, p[..., i, j.clamp(0, L - 1)], 0.0))
-    one_hot = torch.nn.functional.one_hot(key_class, SPEC.n_key_classes).float()
-    return {"entropy": -torch.special.xlogy(p, p).sum(-1), "offset_mass": torch.stack(offsets, -1),
-            "class_mass": p @ one_hot[:, None], "argmax": p.argmax(-1),
-            "column_mass": (p * valid[:, None, :, None]).sum(-2), "word_map": pool_map(p, pooling)}
 
 
 def run_both(kind: str, lengths, L: int, backend: str, left: bool | None = None):
@@ -140,21 +127,21 @@ def check_parity(kind, lengths, L, backend, left=None, atol=2e-5):
     torch.testing.assert_close(hidden[valid], ref.last_hidden_state[valid], atol=atol, rtol=1e-4)
     rows = valid[:, None, :].expand(-1, HEADS, -1)  # (B, H, L) the valid query rows
     for layer, (stats, p) in enumerate(zip(layers, ref.attentions)):
-        want = reference_stats(p, valid, key_class, pooling)
-        for name in ("entropy", "offset_mass", "class_mass"):
-            torch.testing.assert_close(getattr(stats, name)[rows], want[name][rows], atol=atol, rtol=1e-4,
-                                       msg=f"{kind} layer {layer} {name}")
-        torch.testing.assert_close(stats.column_mass * valid[:, None], want["column_mass"] * valid[:, None],
-                                   atol=atol, rtol=1e-4)
-        torch.testing.assert_close(stats.word_map, want["word_map"], atol=atol, rtol=1e-4)
+        want = stats_from_probs(p, valid, key_class, SPEC, pooling=pooling)  # the oracle, off HF eager maps
+        for stat in ROW_STATS:  # every entry of the table; indices below, where no near-tie decides them
+            if stat.dtype == "float":
+                got, ref_t = getattr(stats, stat.name), getattr(want, stat.name)
+                if stat.padding is not None:  # per query row: the valid rows
+                    got, ref_t = got[rows], ref_t[rows]
+                torch.testing.assert_close(got, ref_t, atol=atol, rtol=1e-4, msg=f"{kind} layer {layer} {stat.name}")
         top2 = torch.cat([p, torch.zeros_like(p[..., :1])], -1).topk(2, dim=-1).values  # argmax but near-ties
         clear = rows & ((top2[..., 0] - top2[..., 1]) > 1e-4)
-        assert torch.equal(stats.argmax[clear], want["argmax"][clear]), (kind, layer)
+        assert torch.equal(stats.argmax[clear], want.argmax[clear]), (kind, layer)
     return ref, layers, valid
 
 
 # the CPU backends here; triton under its interpreter: a tiny Llama in tests/kernels/test_triton_layout.py
-CPU_BACKENDS = sorted(LAYOUT_BACKENDS - {"triton"})
+CPU_BACKENDS = sorted(set(BACKENDS) - {"triton"})
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -442,7 +429,7 @@ def test_the_engine_is_invariant_to_padding_on_decoders(kind, minilm_tokenizer):
     loaded = loaded_decoder(kind, minilm_tokenizer)
     assert loaded.forward_options == {"use_cache": False}
     segments = random_segments(minilm_tokenizer, n=9)
-    backend = sorted(LAYOUT_BACKENDS)[0]
+    backend = "chunked"
     alone = stats_over(loaded, [[s] for s in segments], spec=ENGINE_SPEC, backend=backend)
     together = stats_over(loaded, [segments], spec=ENGINE_SPEC, backend=backend)
     shuffled = segments[:]
@@ -467,7 +454,7 @@ def test_bertscope_run_on_a_tiny_llama(tmp_path, minilm_tokenizer, monkeypatch):
                       "Short.\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     code = main(["run", "--model", str(path), "--corpus", str(corpus), "--out", str(tmp_path / "out"),
-                 "--backend", sorted(LAYOUT_BACKENDS)[0], "--max-len", "64", "--quiet", "--no-figures"])
+                 "--backend", "chunked", "--max-len", "64", "--quiet", "--no-figures"])
     assert code == 0
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["status"] == "complete" and run["model"]["type"] == "llama"
@@ -512,15 +499,3 @@ def test_gpt2_gets_no_token_type_ids(minilm_tokenizer):
     assert set(batch.inputs) == {"input_ids", "attention_mask", "position_ids"}
 
 
-def test_a_backend_without_the_layout_is_one_line(monkeypatch):
-    # every CPU backend computes every layout today: a backend that did not is made by taking chunked out
-    for module in ("bertscope.kernels", "bertscope.engine.attention"):
-        monkeypatch.setattr(f"{module}.LAYOUT_BACKENDS", {"eager"})
-    missing = ["chunked"]
-    probe = HeadProbe(LAYERS, HEADS, StatsSpec(entropy=True), backend=missing[0])
-    batch = padded_batch((5, 3), 5, left=True)
-    with pytest.raises(UserError) as info, torch.no_grad(), probe.active(torch.zeros(2, 5, dtype=torch.long),
-                                                                          lambda *a: None):
-        build("llama")(**batch)
-    one_line(info, f"the {missing[0]} backend does not compute the attention of model type 'llama' (causal, 2 "
-                   "key/value heads) yet: use --backend eager")
