@@ -31,6 +31,7 @@ import torch
 
 from bertscope.analyses.surface import stats as surface
 from bertscope.analyses.surface.command import RunSettings
+from bertscope.cli.args import VIEW_MAX_LEN
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import segment_units, stream_batches
 from bertscope.errors import UserError
@@ -40,7 +41,7 @@ from bertscope.models.loading import model_name
 
 TEMPLATE = Path(__file__).with_name("view_template.html")
 SCALE = 1000  # maps are embedded in thousandths
-DEFAULT_MAX_LEN = 128
+DEFAULT_MAX_LEN = VIEW_MAX_LEN  # `bertscope view --max-len`'s default, named in bertscope.cli.args
 STAT_COLUMNS = ("entropy", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "rest_sep", "cls_entropy")
 KEY_CLASSES = ("cls", "sep", "punct", "other")  # the "top key class" is the one with the most mass
 PATTERN_NOTE = ("Kovaleva et al. (2019) pattern types (vertical, diagonal, vertical + diagonal, block, "

@@ -22,10 +22,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from bertscope.analyses.compare import stats as stats_compare
 from bertscope.analyses.compare.outputs import CSV_NAME, FIGURE
 from bertscope.analyses.probes.classifier import outputs as classifier_outputs
 from bertscope.analyses.probes.coref import outputs as coref_outputs
@@ -33,8 +31,6 @@ from bertscope.analyses.probes.syntax import outputs as syntax_outputs
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE, HEADS_FILE
 from bertscope.cli.args import add_quiet_argument, fraction
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
-from bertscope.report.writer import refresh_report
 from bertscope.run.rundir import (
     check_run_dir,
     new_run_dir,
@@ -42,6 +38,13 @@ from bertscope.run.rundir import (
     update_json,
     write_csv,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy and what imports numpy or torch (the statistics, the model names, the report) are imported inside the
+# functions that run the analysis: the command line imports this module to build the command's parser, so a
+# mistyped option is refused at once, not after the seconds those imports take (tests/cli/test_new_user.py)
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ class RunDir:
     examples: Path | None = None
 
     def describe(self) -> str:
+        from bertscope.models.loading import model_name
+
         model = (self.record.get("model") or {}).get("path", "?")
         corpus = (self.record.get("settings") or {}).get("corpus")
         return f"{self.path} ({model_name(model)}" + (f", corpus {corpus})" if corpus else ")")
@@ -116,6 +121,8 @@ def _read_table(path: Path, keys: tuple[str, ...], values: tuple[str, ...] | Non
     """(source, statistic) -> (layers, H) array of one per-head CSV. Without `values`, every
     column but NOT_COMPARED is a statistic (heads.csv); with `keys`, the statistic's name
     carries the key values, e.g. accuracy[ewt/nsubj/dep->head]."""
+    import numpy as np
+
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         columns = reader.fieldnames or []
@@ -149,6 +156,8 @@ class Segments:
     n_tokens: np.ndarray  # (N,) int64
 
     def same(self, other: Segments) -> bool:
+        import numpy as np
+
         return (len(self.index) == len(other.index) and np.array_equal(self.index, other.index)
                 and np.array_equal(self.doc_id, other.doc_id) and np.array_equal(self.n_tokens, other.n_tokens))
 
@@ -166,6 +175,8 @@ def _parquet(path: Path):
 
 def read_segments(path: Path, layers: int, heads: int) -> Segments:
     """One streamed pass over the key columns, keeping the rows of head 1-1 only."""
+    import numpy as np
+
     f = _parquet(path)
     need = ["segment", "doc_id", "n_tokens", "layer", "head"]
     missing = [c for c in need if c not in f.schema_arrow.names]
@@ -192,6 +203,8 @@ def read_segments(path: Path, layers: int, heads: int) -> Segments:
 
 def read_examples(path: Path, columns: list[str], segments: Segments, layers: int, heads: int) -> dict[str, np.ndarray]:
     """column -> (N, layers, H) per-segment values, in `segments` order, streamed in batches."""
+    import numpy as np
+
     f = _parquet(path)
     out = {c: np.full((len(segments.index), layers, heads), np.nan) for c in columns}
     for batch in f.iter_batches(columns=["segment", "layer", "head", *columns], batch_size=BATCH_ROWS):
@@ -244,10 +257,16 @@ class Comparison:
         return rows
 
     def significant(self) -> dict[str, int]:
+        import numpy as np
+
         return {k[1]: int(np.sum(np.nan_to_num(t["q"], nan=1.0) < self.alpha)) for k, t in self.tests.items()}
 
     def summary(self, k: int = 3) -> str:
         """Terminal lines: the test used, then per statistic the k heads that changed most."""
+        import numpy as np
+
+        from bertscope.analyses.compare import stats as stats_compare
+
         Ly, H = self.run_a.layers, self.run_a.heads
         lines = [f"a = {self.run_a.describe()}", f"b = {self.run_b.describe()}",
                  f"{Ly} layers x {H} heads; diff = b - a; head = layer-head, from 1"]
@@ -312,6 +331,8 @@ def compare_runs(a: str | Path | RunDir, b: str | Path | RunDir, test: str = "au
 
 
 def _test_heads(run_a: RunDir, run_b: RunDir, keys: list, test: str, memory_mb: int):
+    from bertscope.analyses.compare import stats as stats_compare
+
     Ly, H = run_a.layers, run_a.heads
     seg_a = read_segments(run_a.examples, Ly, H)
     seg_b = read_segments(run_b.examples, Ly, H)
@@ -349,6 +370,9 @@ def write_comparison(comp: Comparison, out: str | Path | None = None, figures: b
     """Write compare_heads.csv, one difference heatmap per heads.csv statistic and the
     `compare` entry of run.json into `out`: an existing run directory (one with run.json)
     gains them, any other path becomes a new directory (default runs/compare-<timestamp>)."""
+    from bertscope.analyses.compare import stats as stats_compare
+    from bertscope.report.writer import refresh_report
+
     t0 = time.perf_counter()
     out = Path(out) if out else Path("runs") / f"compare-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     existing = (out / "run.json").is_file()

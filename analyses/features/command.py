@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertscope.analyses.features import plots
 from bertscope.analyses.features.outputs import (
     CHECKPOINT,
     CLS_LAST_LAYER_FIGURE,
@@ -21,29 +20,18 @@ from bertscope.analyses.features.outputs import (
     LAYERS_FIGURE,
     SCORES_CSV,
 )
-from bertscope.analyses.features.stats import (
-    COLUMNS,
-    FEATURES,
-    NEEDS,
-    SCHEME,
-    TASK_FEATURES,
-    FeatureScores,
-    set_classes,
-    summary,
-    word_tags,
-)
 from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.data.paths import seeded_sample
 from bertscope.data.readers import tasks, treebank
-from bertscope.engine.loop import EngineOptions, fold
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import read_run
 from bertscope.text.corpus import Document
-from bertscope.text.segments import SegmentOptions
-from bertscope.text.segments import make_segments as text_segments
-from bertscope.text.word_segments import word_segment
+
+# numpy, torch and what imports them (the statistics, the figures, the engine, the segments, the model loader)
+# are imported inside the functions that run the analysis: the command line imports this module to build the
+# command's parser, so a mistyped option is refused at once, not after the seconds those imports take
+# (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = "Kovaleva et al.'s feature attention is read on [CLS] ... [SEP] inputs (section 4.4)"
 
@@ -72,6 +60,11 @@ def read_inputs(data: str, data_dir: str | None, split: str) -> list:
 
 def make_segments(data: str, inputs: list, tokenizer, max_len: int) -> tuple[list, dict]:
     """Segments with their feature classes set, and what was dropped or cut."""
+    from bertscope.analyses.features.stats import set_classes, word_tags
+    from bertscope.text.segments import SegmentOptions
+    from bertscope.text.segments import make_segments as text_segments
+    from bertscope.text.word_segments import word_segment
+
     segments, report = [], dict(inputs=len(inputs), too_long=0, truncated=0, empty=0)
     if data in TREEBANKS:
         for s in inputs:
@@ -97,6 +90,9 @@ def checkpoint_path(run_dir: Path, data: str, world) -> Path:
 
 def score_data(loaded, data: str, segments: list, args, run_dir: Path, world, progress: bool):
     """Fold one data set's segments into a `FeatureScores`, resuming from its checkpoint."""
+    from bertscope.analyses.features.stats import FEATURES, NEEDS, SCHEME, TASK_FEATURES, FeatureScores
+    from bertscope.engine.loop import EngineOptions, fold
+
     features = FEATURES if data in TREEBANKS else TASK_FEATURES
     path = checkpoint_path(run_dir, data, world)
     if path.exists():
@@ -126,6 +122,8 @@ def run(args) -> Path:
 
 def score(run_: ModelRun, args, datas: tuple[str, ...], raw: dict, earlier: dict) -> Path:
     """`run` once the model has loaded (on every rank): each data set's scores, then the outputs."""
+    from bertscope.analyses.features.stats import FeatureScores, summary
+
     loaded, run_dir, progress, log, world = run_.loaded, run_.dir, run_.progress, run_.log, run_.world
     results, rows = {}, []
     for data in datas:
@@ -166,6 +164,10 @@ def earlier_results(out: str | None, datas: tuple[str, ...]) -> dict:
 
 
 def write_outputs(run_, rows: list[dict], results: dict):
+    from bertscope.analyses.features import plots
+    from bertscope.analyses.features.stats import COLUMNS
+    from bertscope.models.loading import model_name
+
     label = model_name(run_.loaded.path)
     run_.write_csv(SCORES_CSV, rows, COLUMNS)
     last = max(r["layer"] for r in rows)

@@ -27,11 +27,8 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
-from transformers import AutoConfig
 
-from bertscope.analyses.finetune.attention_change import attention_cosine
 from bertscope.analyses.finetune.outputs import (
     CHECKPOINT_DIR,
     CHECKPOINT_RECORD,
@@ -40,16 +37,17 @@ from bertscope.analyses.finetune.outputs import (
     RESULTS_FILE,
     SUMMARY_FILE,
 )
-from bertscope.analyses.finetune.plots import cosine_figures
 from bertscope.cli.args import add_common_arguments, limit_arg, non_negative_int, positive_int
 from bertscope.data.paths import dataset_dir, seeded_sample
-from bertscope.data.readers.tasks import TASKS, read_task
+from bertscope.data.readers.tasks import ARCT_INPUTS, TASKS, read_task
 from bertscope.errors import UserError
-from bertscope.models.loading import model_dir
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import write_csv, write_json
-from bertscope.tasks import model as task_model  # called through the module, so tests can replace one
-from bertscope.tasks.inputs import ARCT_INPUTS, EncodedTask, encode_task
+
+# numpy, transformers and what imports them or torch (the attention change, the figures, the model loader, the
+# task inputs and model) are imported inside the functions that run the analysis: the command line imports
+# this module to build the command's parser, so a mistyped option is refused at once, not after the seconds
+# those imports take (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = "it fine-tunes a [CLS] sentence classifier (Kovaleva et al. section 4.3)"
 
@@ -92,6 +90,10 @@ def check_task(task: str):
 
 def check_labels(model, task: str, revision: str | None = None):
     """A checkpoint with a classification head must have the task's number of outputs."""
+    from transformers import AutoConfig
+
+    from bertscope.models.loading import model_dir
+
     path = model_dir(model, revision)
     if not (path / "config.json").is_file():
         return  # load_model says what is wrong
@@ -209,6 +211,8 @@ class FineTuneRun:
     """Every configuration of one `bertscope finetune` call, written as it finishes."""
 
     def __init__(self, args, run):
+        from bertscope.tasks import model as task_model
+
         self.args, self.run = args, run
         self.rows = read_rows(run.dir / RESULTS_FILE)
         self.epochs = read_rows(run.dir / EPOCHS_FILE)
@@ -229,6 +233,10 @@ class FineTuneRun:
         return list(itertools.product(self.args.arct_data, self.args.arct_inputs))
 
     def data(self, version, variant):
+        import numpy as np
+
+        from bertscope.tasks.inputs import encode_task
+
         a, tok = self.args, self.run.loaded.tokenizer
         arct = a.task == "arct"
         splits = {s: read_task(a.task, s, a.data_dir, seed=a.seed, version=version if arct else "original")
@@ -268,6 +276,8 @@ class FineTuneRun:
     # -- the three columns
 
     def probe(self, enc, version, variant):
+        from bertscope.tasks import model as task_model
+
         a, loaded = self.args, self.run.loaded
         t0 = time.perf_counter()
         pad, types = loaded.tokenizer.pad_token_id, loaded.takes_token_types
@@ -284,6 +294,8 @@ class FineTuneRun:
         self.write()
 
     def fine_tune(self, enc, version, variant, init, seed, name):
+        from bertscope.tasks import model as task_model
+
         a = self.args
         loaded = task_model.classifier_model(a.model, num_labels(a.task), init, seed, a.device, revision=a.revision)
         model, pad, types = loaded.model, loaded.tokenizer.pad_token_id, loaded.takes_token_types
@@ -310,6 +322,12 @@ class FineTuneRun:
         self.write()
 
     def attention_change(self, tuned, dev, version, variant, seed):
+        import numpy as np
+
+        from bertscope.analyses.finetune.attention_change import attention_cosine
+        from bertscope.tasks import model as task_model
+        from bertscope.tasks.inputs import EncodedTask
+
         a, ref = self.args, self.run.loaded
         t0 = time.perf_counter()
         keep = seeded_sample(list(range(len(dev.rows))), a.cosine_examples, a.seed)  # sequences, not data points
@@ -354,6 +372,8 @@ class FineTuneRun:
         return rel
 
     def write(self, final: bool = False):
+        from bertscope.analyses.finetune.plots import cosine_figures
+
         d = self.run.dir
         write_csv(d / RESULTS_FILE, self.rows, RESULT_COLUMNS)
         summary = summarise(self.rows)
@@ -402,6 +422,8 @@ def read_rows(path: Path) -> list[dict]:
 
 def summarise(rows: list[dict]) -> list[dict]:
     """Mean and sample sd over seeds of every (task, data, input, init, split)."""
+    import numpy as np
+
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in ("task", "data", "input", "init", "split")), []).append(r)

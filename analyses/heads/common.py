@@ -10,17 +10,20 @@ hook, and its entry in run.json.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-from bertscope.analyses.heads import variants as V
-from bertscope.analyses.heads.paired import bh_adjust, disagreements, mcnemar_exact, mcnemar_interval
 from bertscope.cli.args import add_common_arguments, fraction, limit_arg
 from bertscope.data.paths import seeded_sample
 from bertscope.data.readers.tasks import read_task
 from bertscope.errors import UserError
-from bertscope.kernels import Gate
 from bertscope.run.analysis_run import ModelRun
-from bertscope.tasks.inputs import check_head, encode_task
+
+if TYPE_CHECKING:
+    from bertscope.kernels import Gate
+
+# numpy, torch and what imports them (the variants, the paired tests, the kernels' Gate, the task
+# inputs) are imported inside the functions that run the analysis: the `heads` commands import this
+# module to build their parsers, so a mistyped option is refused at once (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = ("it scores a fine-tuned sentence classifier on its task; on a decoder, heads importance and heads "
                  "prune read the language-modelling loss")
@@ -88,6 +91,9 @@ def run_variants(args, name: str, gate: Gate, outputs, variants=None, table: str
 
 def evaluate(run: ModelRun, args, name: str, gate: Gate, outputs, variants, table: str | None, examples) -> list[dict]:
     """`run_variants` once the model has loaded."""
+    from bertscope.analyses.heads import variants as V
+    from bertscope.tasks.inputs import check_head, encode_task
+
     loaded = run.loaded
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
@@ -120,6 +126,10 @@ def variant_rows(res, alpha: float) -> list[dict]:
     """One CSV row per variant: accuracy, delta vs the baseline (variant 0), its exact interval at
     level 1 - alpha (McNemar's test inverted: it excludes 0 iff p < alpha), McNemar's (b, c, p) and
     the BH q over the non-baseline variants."""
+    import numpy as np
+
+    from bertscope.analyses.heads.paired import bh_adjust, disagreements, mcnemar_exact, mcnemar_interval
+
     correct, acc = res.correct, res.accuracy  # (V, N), (V,)
     base = correct[0]
     b, c = disagreements(correct, base)
@@ -140,6 +150,8 @@ def variant_rows(res, alpha: float) -> list[dict]:
 
 def summarise(rows, task, res, gate, args) -> dict:
     """run.json's results: baseline, best and worst variants, the significant ones."""
+    import numpy as np
+
     base = rows[0]["accuracy"]
     heads = [r for r in rows if r["kind"] == "head"]
     layers = [r for r in rows if r["kind"] == "layer"]

@@ -20,15 +20,8 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
-from bertscope.analyses.patterns import cnn as C
-from bertscope.analyses.patterns import plots
-from bertscope.analyses.patterns import stats as P
-from bertscope.analyses.patterns.cnn import split_indices
 from bertscope.analyses.patterns.outputs import (
     CNN_FILE,
     CNN_SCORES_FILE,
@@ -37,27 +30,33 @@ from bertscope.analyses.patterns.outputs import (
     HEADS_FILE,
     LABELS_FILE,
     LAYERS_FIGURE,
+    NAME,
     OVERALL_FIGURE,
     PATTERNS_FILE,
     TABLE_TEXT,
+    Thresholds,
 )
 from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 from bertscope.data.readers.tasks import read_task
-from bertscope.engine.loop import EngineOptions, fold, stream_batches
 from bertscope.errors import UserError
-from bertscope.kernels.common import masked_scores
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.run.rundir import new_run_dir, write_json
 from bertscope.text.corpus import Document, open_corpus
-from bertscope.text.segments import SegmentOptions, SegmentReport, iter_segments
-from bertscope.text.token_classes import part_ids
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from bertscope.analyses.patterns import stats as P
+
+# numpy, torch and what imports them (the statistics, the CNN, the figures, the engine, the kernels, the
+# segments, the model loader) are imported inside the functions that run the analysis: the command line
+# imports this module to build the command's parser, so a mistyped option is refused at once, not after the
+# seconds those imports take (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = "Kovaleva et al.'s five pattern types are read off [CLS] ... [SEP] inputs (section 4.1)"
 
 logger = logging.getLogger(__name__)
 
-NAME = P.NAME
 DATA = ("wiki", "rte", "arct", "polarity")
 ACTIONS = ("classify", "label", "train")
 HELP = "five attention pattern types per head (Kovaleva et al. 2019, section 4.1, Figures 1-2)"
@@ -87,7 +86,7 @@ def add_arguments(p):
     p.add_argument("--examples", type=int, default=16, metavar="N",
                    help="classify: segments whose maps are materialised to draw one example map per type (default: 16; "
                    "0: none)")
-    t = P.Thresholds()
+    t = Thresholds()
     p.add_argument("--structured", type=float, default=t.structured,
                    help=f"special + diagonal mass that makes a map striped/lined (default: {t.structured})")
     p.add_argument("--mix", type=float, default=t.mix,
@@ -108,8 +107,8 @@ def add_arguments(p):
                    help="train: weigh each type by its inverse frequency in the loss (default: plain cross entropy)")
 
 
-def thresholds(args) -> P.Thresholds:
-    t = P.Thresholds(args.structured, args.mix, args.own, args.spread)
+def thresholds(args) -> Thresholds:
+    t = Thresholds(args.structured, args.mix, args.own, args.spread)
     for name, value in t.as_dict().items():
         if not 0 <= value <= 1:
             raise UserError(f"--{name} must lie in [0, 1], not {value}")
@@ -139,6 +138,9 @@ def documents(name: str, args) -> list:
 
 def segment_stream(name: str, args, tokenizer, report):
     """Segments of one data set, made lazily, each with its PARTS class ids."""
+    from bertscope.text.segments import SegmentOptions, iter_segments
+    from bertscope.text.token_classes import part_ids
+
     docs = open_corpus("wiki") if name == "wiki" else documents(name, args)
     options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed)
     for segment in iter_segments(docs, tokenizer, options, report):
@@ -147,6 +149,8 @@ def segment_stream(name: str, args, tokenizer, report):
 
 
 def first_segments(name: str, args, tokenizer, n: int) -> list:
+    from bertscope.text.segments import SegmentReport
+
     out = []
     for segment in segment_stream(name, args, tokenizer, SegmentReport()):
         if len(out) >= n:
@@ -158,9 +162,16 @@ def first_segments(name: str, args, tokenizer, n: int) -> list:
 # ----------------------------------------------------------------------------- materialised maps
 
 
-def iter_maps(loaded, segments, t: P.Thresholds, batch_size: int = 8, progress: bool = False, desc: str = "maps"):
+def iter_maps(loaded, segments, t: Thresholds, batch_size: int = 8, progress: bool = False, desc: str = "maps"):
     """(segment, maps (layers, H, L, L) float32, types (layers, H), features) for each segment:
     the batch's own statistics classify, the maps come from the kept q and k."""
+    import numpy as np
+    import torch
+
+    from bertscope.analyses.patterns import stats as P
+    from bertscope.engine.loop import stream_batches
+    from bertscope.kernels.common import masked_scores
+
     spec = P.MAP_SPEC
     for batch in stream_batches(loaded, segments, spec, batch_size=batch_size, classes=P.CLASSES,
                                 progress=progress, desc=desc):
@@ -186,8 +197,12 @@ def typicality(kind: str, f: dict) -> float:
             "Heterogeneous": (1 - f["special"] - f["diagonal"]) / (1 + f["entropy"])}[kind]  # unlined, yet peaked
 
 
-def pick_examples(loaded, segments, t: P.Thresholds) -> list[dict]:
+def pick_examples(loaded, segments, t: Thresholds) -> list[dict]:
     """For each type, the clearest map of it among `segments` (only five maps are kept)."""
+    import numpy as np
+
+    from bertscope.analyses.patterns import stats as P
+
     best: dict[str, dict] = {}
     for index, segment, maps, kinds, feat in iter_maps(loaded, segments, t):
         for layer, head in np.ndindex(*kinds.shape):
@@ -215,8 +230,12 @@ def classify(args) -> int:
         return count(run, args, names, t)
 
 
-def count(run: ModelRun, args, names: list[str], t: P.Thresholds) -> int:
+def count(run: ModelRun, args, names: list[str], t: Thresholds) -> int:
     """`classify` once the model has loaded (on every rank): each data set's counts, then the outputs."""
+    from bertscope.analyses.patterns import stats as P
+    from bertscope.engine.loop import EngineOptions, fold
+    from bertscope.text.segments import SegmentReport
+
     loaded, log, progress, run_dir, world = run.loaded, run.log, run.progress, run.dir, run.world
     results, by_data = {"thresholds": t.as_dict(), "types": list(P.TYPES), "data": {}}, {}
     for name in names:
@@ -247,6 +266,9 @@ def count(run: ModelRun, args, names: list[str], t: P.Thresholds) -> int:
 
 
 def all_reduce_counts(world, counts: P.PatternCounts) -> P.PatternCounts:
+    import torch
+    import torch.distributed as dist
+
     if world.size == 1:
         return counts
 
@@ -258,7 +280,11 @@ def all_reduce_counts(world, counts: P.PatternCounts) -> P.PatternCounts:
     return counts
 
 
-def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: P.Thresholds):
+def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: Thresholds):
+    from bertscope.analyses.patterns import plots
+    from bertscope.analyses.patterns import stats as P
+    from bertscope.models.loading import model_name
+
     label = model_name(run.loaded.path)
     run.write_csv(PATTERNS_FILE, [r for n in names for r in by_data[n].tidy_rows(n)], P.TIDY_COLUMNS)
     run.write_csv(HEADS_FILE, [r for n in names for r in by_data[n].head_rows(n)], P.HEAD_COLUMNS)
@@ -284,6 +310,8 @@ def write_outputs(run, by_data: dict, results: dict, names: list[str], args, t: 
 
 
 def format_table(shares: dict[str, dict[str, float]], n: dict[str, int]) -> str:
+    from bertscope.analyses.patterns import stats as P
+
     head = f"{'data':<10}{'examples':>9}" + "".join(f"{t:>19}" for t in P.TYPES)
     lines = [head] + [f"{d:<10}{n[d]:>9}" + "".join(f"{100 * shares[d][t]:>18.1f}%" for t in P.TYPES) for d in shares]
     return "Pattern types, % of (example, head) maps\n" + "\n".join(lines) + "\n"
@@ -300,7 +328,13 @@ def label(args) -> int:
     return 0
 
 
-def write_labels(run: ModelRun, args, names: list[str], t: P.Thresholds):
+def write_labels(run: ModelRun, args, names: list[str], t: Thresholds):
+    import numpy as np
+
+    from bertscope.analyses.patterns import cnn as C
+    from bertscope.analyses.patterns import stats as P
+    from bertscope.models.loading import model_name
+
     results = {}
     for name in names:
         maps, labels, source = [], [], []
@@ -322,6 +356,11 @@ def write_labels(run: ModelRun, args, names: list[str], t: P.Thresholds):
 
 
 def train(args) -> int:
+    import numpy as np
+    import torch
+
+    from bertscope.analyses.patterns import cnn as C
+
     if not args.labels:
         raise UserError("patterns train needs --labels FILE")
     if not 0 < args.held_out < 1:
@@ -360,6 +399,10 @@ def train(args) -> int:
 def held_out_split(segment: np.ndarray, held_out: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices of training and held-out maps, split by segment: all heads of a segment fall on
     one side, so the held-out maps are maps of other inputs (generated maps: split by map)."""
+    import numpy as np
+
+    from bertscope.analyses.patterns.cnn import split_indices
+
     if (segment < 0).all():
         return split_indices(len(segment), held_out, seed)
     units = np.unique(segment)

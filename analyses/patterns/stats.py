@@ -40,19 +40,18 @@ diagonal` can exceed 1 by a little; the rules only compare it with thresholds.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from bertscope.analyses.patterns.outputs import Thresholds  # here for the parser, without torch
 from bertscope.engine.batch import _segment_sums
 from bertscope.kernels import StatsSpec
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import PARTS
 
-NAME = "patterns"
 TYPES = ("Vertical", "Diagonal", "Vertical+Diagonal", "Block", "Heterogeneous")
 FEATURES = ("special", "diagonal", "own", "spread", "entropy")
 CLASSES = PARTS  # [CLS], [SEP], part A, part B; row groups all, part_a, part_b
@@ -62,19 +61,6 @@ SPEC = StatsSpec(offsets=(-1, 1), n_key_classes=CLASSES.n_classes, entropy=True,
 MAP_SPEC = SPEC.union(StatsSpec(n_key_classes=CLASSES.n_classes, keep_qk=True))
 COLORS = {"Vertical": "#4c72b0", "Diagonal": "#dd8452", "Vertical+Diagonal": "#8172b3", "Block": "#55a868",
           "Heterogeneous": "#c44e52"}
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """The rules' cut points (module docstring: why these)."""
-
-    structured: float = 0.6  # special + diagonal at least this: a striped / lined map
-    mix: float = 0.25  # each of vertical and diagonal at least this share of it: Vertical+Diagonal
-    own: float = 0.8  # share of word mass on the query's own part, for Block
-    spread: float = 0.8  # word-row entropy / ln(own part length), for Block
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 # ----------------------------------------------------------------------------- statistics -> features

@@ -26,16 +26,14 @@ import random
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from bertscope.analyses.relations import plots
-from bertscope.analyses.relations import stats as rel
 from bertscope.analyses.relations.outputs import (
+    ADJACENT_MASS,
     EXAMPLES_FIGURE,
     HEAD_COLUMNS,
     HEADS_FILE,
     HEATMAP_FIGURE,
+    MAX_WORDS,
+    MIN_DISTANCE,
     SUMMARY_COLUMNS,
     SUMMARY_FILE,
     SUMMARY_TEXT,
@@ -44,13 +42,12 @@ from bertscope.cli.args import add_common_arguments, fraction, limit_arg, positi
 from bertscope.data.paths import seeded_sample
 from bertscope.data.readers.coref import coref_document
 from bertscope.data.readers.treebank import read_ewt_dev, read_gum
-from bertscope.engine.accumulate import HeadStats
-from bertscope.engine.distributed import all_reduce_stats
-from bertscope.engine.loop import EngineOptions, fold, iter_word_maps
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
-from bertscope.text.word_segments import split_words, word_segment
+
+# torch and what imports it (the statistics, the figures, the engine, the model loader) are imported inside
+# the functions that run the analysis: the command line imports this module to build the command's parser, so
+# a mistyped option is refused at once, not after the seconds those imports take (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = "Kovaleva et al.'s relation heads are read on [CLS] ... [SEP] inputs of gold words (sections 4.2, 4.5)"
 
@@ -80,17 +77,17 @@ def add_arguments(p):
     p.add_argument("--limit", type=limit_arg, default=None, metavar="N|all",
                    help="inputs per analysis and data set, a seeded sample (--seed) of the qualifying ones "
                    "(default: all)")
-    p.add_argument("--max-words", type=positive_int, default=rel.MAX_WORDS, metavar="N",
-                   help=f"relations: sentences of at most N words (default: {rel.MAX_WORDS}, the paper's filter)")
-    p.add_argument("--min-distance", type=positive_int, default=rel.MIN_DISTANCE, metavar="N",
+    p.add_argument("--max-words", type=positive_int, default=MAX_WORDS, metavar="N",
+                   help=f"relations: sentences of at most N words (default: {MAX_WORDS}, the paper's filter)")
+    p.add_argument("--min-distance", type=positive_int, default=MIN_DISTANCE, metavar="N",
                    help=f"relations: links whose words are at least N words apart; tokens: the '_far' groups "
-                   f"(default: {rel.MIN_DISTANCE}, the paper's filter)")
+                   f"(default: {MIN_DISTANCE}, the paper's filter)")
     p.add_argument("--coref-scope", choices=("segment", "sentence"), default="segment",
                    help="tokens, GUM: an input is a window of whole sentences of at most --max-len tokens, or one "
                    "sentence; pronoun -> antecedent links must lie inside it (default: segment)")
-    p.add_argument("--prev-next-mass", type=fraction, default=rel.ADJACENT_MASS, metavar="X",
+    p.add_argument("--prev-next-mass", type=fraction, default=ADJACENT_MASS, metavar="X",
                    help="a previous/next-token head puts more than X of its attention on offset -1 or on +1, "
-                   f"on average over every token of the inputs (default: {rel.ADJACENT_MASS})")
+                   f"on average over every token of the inputs (default: {ADJACENT_MASS})")
     p.add_argument("--top", type=positive_int, default=TOP_K, metavar="K",
                    help=f"top heads listed and checked for previous/next-token behaviour (default: {TOP_K})")
     p.add_argument("--resume", metavar="DIR", default=None,
@@ -114,6 +111,9 @@ def sentences_of(name: str, data) -> list:
 def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report) of the sentences with a qualifying core-argument link, each
     with its control pairs (drawn with a generator seeded by --seed and the sentence id)."""
+    from bertscope.analyses.relations import stats as rel
+    from bertscope.text.word_segments import word_segment
+
     groups = relation_groups()
     segments, links, report = [], [], dict(sentences=len(sentences), too_many_words=0, no_link=0,
                                            too_long=0, inputs=0, links=0)
@@ -140,6 +140,9 @@ def relation_inputs(sentences: list, tokenizer, args) -> tuple[list, list, dict]
 def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
     """(segments, Links, report): verb -> subject in every EWT sentence or GUM input, and
     pronoun -> antecedent in GUM inputs (windows of whole sentences, or sentences)."""
+    from bertscope.analyses.relations import stats as rel
+    from bertscope.text.word_segments import split_words, word_segment
+
     segments, links, report = [], [], dict(inputs=0, too_long=0, no_link=0, verb_subject=0, pronoun_antecedent=0)
 
     def add(words, pairs, doc_id):
@@ -176,10 +179,14 @@ def token_inputs(name: str, data, tokenizer, args) -> tuple[list, list, dict]:
 
 
 def relation_groups() -> list[str]:
+    from bertscope.analyses.relations import stats as rel
+
     return [rel.ALL, *rel.CORE, rel.CONTROL]
 
 
 def groups_of(analysis: str) -> list[str]:
+    from bertscope.analyses.relations import stats as rel
+
     return relation_groups() if analysis == "relations" else list(rel.TOKEN_GROUPS)
 
 
@@ -188,6 +195,8 @@ def groups_of(analysis: str) -> list[str]:
 
 def offsets_spec(loaded):
     """What `rel.needs` asks of the kernels, with the model's key classes."""
+    from bertscope.analyses.relations import stats as rel
+
     return rel.needs(loaded.classes.n_classes)
 
 
@@ -200,6 +209,10 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
                 progress: bool):
     """(LinkScores, HeadStats) of one analysis on one data set, resumed from its checkpoint when
     --resume finds one (a pair that disagrees on the batches done is started again)."""
+    from bertscope.analyses.relations import stats as rel
+    from bertscope.engine.accumulate import HeadStats
+    from bertscope.engine.loop import EngineOptions, fold
+
     spec = offsets_spec(loaded)
     unit = "sentence" if analysis == "relations" else "link"
     scores_path, offsets_path = state_paths(run_dir, analysis, name, world.suffix())
@@ -224,6 +237,11 @@ def fold_inputs(loaded, analysis: str, name: str, segments: list, links: list, a
 
 def all_reduce(world, scores, offsets):
     """Every rank's sums into each rank's copies (torchrun)."""
+    import torch
+    import torch.distributed as dist
+
+    from bertscope.engine.distributed import all_reduce_stats
+
     if world.size > 1:
         for array in (scores.sums, scores.n):
             t = torch.from_numpy(array)
@@ -277,6 +295,10 @@ def sample_inputs(segments: list, links: list, limit: int | None, seed: int) -> 
 
 
 def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
+    from bertscope.analyses.relations import plots
+    from bertscope.analyses.relations import stats as rel
+    from bertscope.models.loading import model_name
+
     label = model_name(run.loaded.path)
     all_heads, summary, record = [], [], {"adjacent_mass": args.prev_next_mass, "percentile": rel.PERCENTILE}
     by_table = rel.tables(results, analyses, names)
@@ -315,6 +337,10 @@ def write_outputs(run, results: dict, analyses, names: list[str], args, loaded):
 def draw_example(run, loaded, analysis: str, results: dict, names: list[str], scores, args, label: str):
     """One seeded random input's word maps for the top heads: the flagged ones of the first
     group, then the next best, `EXAMPLE_HEADS` in all; the gold links boxed."""
+    from bertscope.analyses.relations import plots
+    from bertscope.analyses.relations import stats as rel
+    from bertscope.engine.loop import iter_word_maps
+
     group = rel.ALL if analysis == "relations" else rel.VERB_SUBJECT + "_far"
     g = scores.groups.index(group)
     heads = rel.top_heads(scores.means()[g], EXAMPLE_HEADS)

@@ -11,3 +11,9 @@ HEAD_COLUMNS = ("data", "analysis", "group", "layer", "head", "score", "n", "ran
                 "prev_next_head")
 SUMMARY_COLUMNS = ("data", "analysis", "group", "n", "mean", "p99", "flagged", "top", "top_k", "top_prev_next",
                    "n_flagged", "flagged_prev_next", "prev_next_heads", "rho_prev_next")
+
+# the paper's filters and the previous/next-token cut, which the command's options default to
+# (bertscope.analyses.relations.stats uses them; here, so that the parser is built without torch)
+MAX_WORDS = 12
+MIN_DISTANCE = 2
+ADJACENT_MASS = 0.5  # a previous/next-token head puts more than this on offset -1 or +1, on average

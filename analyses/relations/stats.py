@@ -36,6 +36,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from bertscope.analyses.relations.outputs import (  # here for the parser, without torch
+    ADJACENT_MASS,
+    MAX_WORDS,
+    MIN_DISTANCE,
+)
 from bertscope.kernels import StatsSpec
 from bertscope.run.rundir import write_npz
 
@@ -49,13 +54,10 @@ def needs(n_key_classes: int) -> StatsSpec:
 CORE = ("nsubj", "nsubj:pass", "obj", "iobj", "obl")  # exact UD labels (obl:tmod etc. are not core)
 ALL = "all"
 CONTROL = "control"  # the predicate with a random unrelated word (`control_links`)
-MAX_WORDS = 12
-MIN_DISTANCE = 2
 PERCENTILE = 99.0
 VERB_SUBJECT = "verb_subject"
 PRONOUN_ANTECEDENT = "pronoun_antecedent"
 TOKEN_GROUPS = (VERB_SUBJECT, VERB_SUBJECT + "_far", PRONOUN_ANTECEDENT, PRONOUN_ANTECEDENT + "_far")
-ADJACENT_MASS = 0.5  # a previous/next-token head puts more than this on offset -1 or +1, on average
 ANTECEDENT_UPOS = ("NOUN", "PROPN")
 
 

@@ -78,6 +78,11 @@ DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # bertscope.models.loading.D
 # --backend: "auto" and bertscope.kernels.BACKENDS, named here because importing the kernels imports torch
 # (tests/cli/test_new_user.py checks the two agree)
 BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")
+# `probe cluster --js-backend`: bertscope.kernels.js.JS_BACKENDS, named here for the same reason
+JS_BACKEND_CHOICES = ("eager", "chunked", "triton")
+# `bertscope view --max-len`'s default, bertscope.view's DEFAULT_MAX_LEN: named here because bertscope.view
+# imports torch
+VIEW_MAX_LEN = 128
 
 
 def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None, choices: tuple[str, ...] = DTYPE_CHOICES):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bertscope import analyses
 from bertscope.cli.args import (
+    VIEW_MAX_LEN,
     add_model_arguments,
     add_quiet_argument,
     apply_default_threads,
@@ -33,7 +34,8 @@ from bertscope.version import __version__
 
 # The imports left inside functions below are for start-up: bertscope.view, .api, .selftest and .report.writer
 # import torch and transformers, bertscope.data.download the network stack (ssl, http.client); each loads when
-# its command runs or its parser is built, so `bertscope --help` and `--version` never pay for them.
+# its command runs, not when its parser is built, so `bertscope --help`, `--version` and a mistyped option never
+# pay for them (every command's parser is built without torch, transformers or numpy: tests/cli/test_new_user.py).
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
 
@@ -163,7 +165,7 @@ def add_selftest_parser(sub):
         "shapes with padding, single-key rows and zero, uniform and float head gates; fp16 too on a GPU. Exit code 1 "
         "on any mismatch. On a CPU the triton backend runs only with TRITON_INTERPRET=1 (small shapes).",
     )
-    t.add_argument("--device", default="cuda" if _has_cuda() else "cpu",
+    t.add_argument("--device", default=None,  # resolved when the command runs: asking torch imports it
                    help="torch device (default: cuda when torch sees a GPU, else cpu)")
     t.add_argument("--quick", action="store_true", help="small shapes only")
     add_quiet_argument(t)
@@ -247,8 +249,6 @@ def command_module(args):
 
 
 def add_view_parser(sub):
-    from bertscope.view import DEFAULT_MAX_LEN  # see the note above INTERRUPTED
-
     v = sub.add_parser(
         "view",
         help=VIEW_HELP,
@@ -261,8 +261,8 @@ def add_view_parser(sub):
     v.add_argument("--pair", metavar="TEXT2", default=None, help="a second part, as in a sentence pair")
     add_model_arguments(v)
     v.add_argument("--out", metavar="FILE", default="view.html", help="the HTML file to write (default: view.html)")
-    v.add_argument("--max-len", type=positive_int, default=DEFAULT_MAX_LEN, metavar="N",
-                   help=f"longest input, in tokens with the special tokens (default: {DEFAULT_MAX_LEN}); "
+    v.add_argument("--max-len", type=positive_int, default=VIEW_MAX_LEN, metavar="N",
+                   help=f"longest input, in tokens with the special tokens (default: {VIEW_MAX_LEN}); "
                    "longer input is refused, not cut")
     v.add_argument("--from-word", choices=("mean", "first"), default="mean",
                    help="attention from a word split into several tokens: the mean of their rows (the paper's "
@@ -333,8 +333,9 @@ def run_command(args) -> int:
         if args.command == "selftest":
             from bertscope.selftest import run_selftest  # see the note above INTERRUPTED
 
-            check_device(args.device, "auto")
-            return 0 if run_selftest(args.device, args.quick) else 1
+            device = args.device or ("cuda" if _has_cuda() else "cpu")
+            check_device(device, "auto")
+            return 0 if run_selftest(device, args.quick) else 1
     except Interrupted as e:  # Ctrl-C in a command that saved its work: how to resume
         say(f"bertscope: {e}")
         return INTERRUPTED

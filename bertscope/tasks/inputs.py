@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bertscope.data.readers.tasks import ARCT_INPUTS  # named there, for parsers built without torch
 from bertscope.errors import UserError
 from bertscope.text.segments import pad_rows
 
 TASK_LABELS = {"rte": 2, "polarity": 2}  # classes of a classify task's head
 CHOICE_TASKS = {"arct": 2}  # candidates per example of a choice task
-ARCT_INPUTS = ("full", "W", "RW", "CW", "RCW")
 
 
 @dataclass

@@ -3,6 +3,7 @@ or silently ignored, and advice that names what the user did (issue 35, part 5).
 failed before its fix."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -12,16 +13,17 @@ import time
 import pytest
 
 from bertscope import analyses
-from bertscope.cli.main import CORE_COMMANDS, main
+from bertscope.cli.main import CORE_COMMANDS, build_parser, main
 
 HEAVY = {"torch", "transformers", "numpy"}
 
 
-def cli(*argv: str, **env) -> tuple[subprocess.CompletedProcess, float, set[str]]:
+def cli(*argv: str, python: tuple[str, ...] = ("-m", "bertscope.cli"), **env
+        ) -> tuple[subprocess.CompletedProcess, float, set[str]]:
     """`python -X importtime -m bertscope.cli ARGV`: the process, its wall time, the top-level
     packages it imported."""
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "bertscope.cli", *argv],
+    done = subprocess.run([sys.executable, "-X", "importtime", *python, *argv],
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, capture_output=True, text=True,
                           timeout=600, check=False)
     wall = time.perf_counter() - t0
@@ -60,16 +62,64 @@ def test_a_missing_or_wrong_word_names_its_commands_help(argv, prog, capsys):
     assert err.endswith(f"(see `{prog} --help`)\n")
 
 
-@pytest.mark.parametrize("command", ["run", "sinks", "heads induction"])
-def test_a_bad_option_is_refused_before_importing_torch(command):
-    """`bertscope run --max-len 0` took 6-9 s: its parser imported torch and transformers first.
-    The wall time is printed (pytest -s), not asserted: on a loaded machine it is the load's."""
-    done, wall, imported = cli(*command.split(), "--max-len", "0")
-    assert done.returncode == 2
-    assert done.stderr == (f"bertscope {command}: error: argument --max-len: expected a number >= 1, got 0 "
-                           f"(see `bertscope {command} --help`)\n")
+def every_parser() -> list[tuple[list[str], argparse.ArgumentParser]]:
+    """Every command and subcommand of the fully built parser, as typed, with its parser: the
+    registry's commands (`bertscope.analyses.COMMANDS`, their groups) and the core's (`data` and
+    its subcommands, `report`, `view`, `selftest`), found by walking the parser the command line
+    builds from them."""
+    found = []
+
+    def walk(words, parser):
+        if words:
+            found.append((words, parser))
+        sub = getattr(parser, "subcommands", None)
+        for word, child in (sub.choices.items() if sub is not None else ()):
+            walk([*words, word], child)
+
+    walk([], build_parser())
+    return found
+
+
+def bad_option(parser: argparse.ArgumentParser) -> tuple[list[str], str | None]:
+    """An option value the command refuses while parsing, and the error it gives: `--max-len 0`
+    where the command takes --max-len (a type check: argparse has parsed up to it), else an
+    option no command has (the error then depends on the command: None)."""
+    if any("--max-len" in a.option_strings for a in parser._actions):
+        return ["--max-len", "0"], "argument --max-len: expected a number >= 1, got 0"
+    return ["--no-such-option"], None
+
+
+@pytest.mark.parametrize("words, parser", [pytest.param(w, p, id=" ".join(w)) for w, p in every_parser()])
+def test_a_bad_option_is_refused_before_importing_torch(words, parser):
+    """`bertscope run --max-len 0` took 6-9 s, and most commands 3-13 s: their parsers imported
+    torch, transformers and numpy first. Each command's process here imports none of them. The
+    wall time is printed (pytest -s), not asserted: on a loaded machine it is the load's."""
+    argv, message = bad_option(parser)
+    done, wall, imported = cli(*words, *argv)
+    prog = f"bertscope {' '.join(words)}"
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"{prog}: error: "), done.stderr[-3000:]
+    assert done.stderr.endswith(f"(see `{prog} --help`)\n")
+    if message is not None:
+        assert done.stderr == f"{prog}: error: {message} (see `{prog} --help`)\n"
     assert not imported & HEAVY, imported & HEAVY
-    print(f"bertscope {command} --max-len 0: refused in {wall:.2f} s")
+    print(f"{prog} {' '.join(argv)}: refused in {wall:.2f} s")
+
+
+def test_every_command_is_checked_for_a_bad_option():
+    """The walk above reaches every command the registry and the core declare (and a bad value,
+    not only an unknown option, for the commands the issue names)."""
+    walked = {" ".join(words): parser for words, parser in every_parser()}
+    assert set(analyses.COMMANDS) | set(analyses.GROUPS) | set(CORE_COMMANDS) <= set(walked)
+    assert {"data list", "data download"} <= set(walked)
+    for name in ("run", "sinks", "heads induction", "probe syntax", "patterns", "finetune", "view"):
+        assert bad_option(walked[name])[1] is not None, name
+
+
+def test_the_import_check_sees_torch():
+    """The check above can fail: a process that does import torch is seen to."""
+    done, _, imported = cli(python=("-c", "import bertscope.kernels"))
+    assert done.returncode == 0 and {"torch", "numpy"} <= imported, done.stderr[-3000:]
 
 
 def test_the_command_lines_backend_names_are_the_kernels():
@@ -77,6 +127,13 @@ def test_the_command_lines_backend_names_are_the_kernels():
     from bertscope.kernels import BACKENDS
 
     assert BACKEND_CHOICES == ("auto", *BACKENDS)
+
+
+def test_the_command_lines_js_backend_names_are_the_kernels():
+    from bertscope.cli.args import JS_BACKEND_CHOICES
+    from bertscope.kernels.js import JS_BACKENDS
+
+    assert JS_BACKEND_CHOICES == JS_BACKENDS
 
 
 # --- the run directory: nothing left behind, a folder that cannot be written said in one line -----

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertscope.analyses.heads import variants as V
-from bertscope.analyses.heads.ablate import stats as A
 from bertscope.analyses.heads.ablate.outputs import (
     ABLATE_FILE,
     BUT_ONE_FIGURE,
@@ -21,17 +19,12 @@ from bertscope.analyses.heads.ablate.outputs import (
     HISTOGRAM_FIGURE,
     IMPORTANCE_FIGURE,
 )
-from bertscope.analyses.heads.ablate.plots import plot_but_one, plot_histogram, plot_importance
 from bertscope.analyses.heads.common import add_variant_arguments, figure_title, run_variants
-from bertscope.analyses.heads.disable.plots import plot_heads
-from bertscope.analyses.heads.importance.outputs import (
-    IMPORTANCE_FILE,
-    importance_grid,
-    importance_path,
-    read_importance,
-)
 from bertscope.errors import UserError
-from bertscope.kernels import Gate
+
+# the variants, the statistics, the figures, the importance table and the kernels' Gate import numpy or
+# torch: they are imported inside the functions that run the analysis, so that building this command's
+# parser does not, and a mistyped option is refused at once (tests/cli/test_new_user.py)
 
 HELP = "Michel et al. (2019): task accuracy with each head masked, and with all heads of a layer but one"
 DESCRIPTION = (
@@ -58,6 +51,9 @@ def add_arguments(p):
 
 
 def main(args) -> int:
+    from bertscope.analyses.heads.importance.outputs import IMPORTANCE_FILE, read_importance
+    from bertscope.kernels import Gate
+
     importance, source = None, args.importance
     if source is None and args.out and (Path(args.out) / IMPORTANCE_FILE).is_file():
         source = args.out  # the run directory already holds `heads importance`'s output
@@ -76,6 +72,10 @@ def main(args) -> int:
 def variant_set(which: str, importance=None):
     """(layers, H) -> the variants of `--variants`; checks the importance table against the
     model's shape first, so a file of another model fails before the evaluation, not after."""
+    from bertscope.analyses.heads import variants as V
+    from bertscope.analyses.heads.importance.outputs import importance_grid
+    from bertscope.kernels import Gate
+
     def make(n_layers: int, n_heads: int):
         if importance is not None:
             importance_grid(importance[1], n_layers, n_heads)
@@ -86,6 +86,11 @@ def variant_set(which: str, importance=None):
 
 def outputs(run, rows: list[dict], results: dict, importance=None):
     """ablate's figures, but-one table and importance correlation, added to `results`."""
+    from bertscope.analyses.heads.ablate import stats as A
+    from bertscope.analyses.heads.ablate.plots import plot_but_one, plot_histogram, plot_importance
+    from bertscope.analyses.heads.disable.plots import plot_heads
+    from bertscope.analyses.heads.importance.outputs import importance_grid, importance_path
+
     args, L, H = run.args, run.loaded.n_layers, run.loaded.n_heads
     title, figures = figure_title(run), not args.no_figures
     results["variant_set"] = args.variants

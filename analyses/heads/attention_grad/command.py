@@ -11,9 +11,7 @@ The definition of the statistic, the masking and the accumulator are in `stats.p
 from __future__ import annotations
 
 import json
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from bertscope.analyses.heads.attention_grad.outputs import (
     HEADS_FIGURE,
@@ -21,29 +19,18 @@ from bertscope.analyses.heads.attention_grad.outputs import (
     LAYERS_FIGURE,
     LAYERS_FILE,
 )
-from bertscope.analyses.heads.attention_grad.plots import plot_heads, plot_layers
-from bertscope.analyses.heads.attention_grad.stats import (
-    MASK_RATE,
-    MASK_TOKEN,
-    RANDOM_TOKEN,
-    GradStats,
-    mask_tokens,
-    measure,
-    mlm_loss,
-)
 from bertscope.analyses.heads.common import add_task_data_arguments, load_split
-from bertscope.analyses.heads.variants import example_batches
-from bertscope.analyses.surface.command import segment_stream
 from bertscope.cli.args import add_common_arguments, limit_arg
-from bertscope.engine.loop import windowed_batches
 from bertscope.errors import UserError
-from bertscope.models.loading import model_dir, model_name
 from bertscope.run.analysis_run import ModelRun
-from bertscope.tasks.inputs import check_head, encode_task
-from bertscope.tasks.model import point_loss
 from bertscope.text.corpus import open_corpus
-from bertscope.text.segments import SegmentOptions, SegmentReport, collate
-from bertscope.text.token_classes import KEY_CLASSES
+
+if TYPE_CHECKING:
+    from bertscope.analyses.heads.attention_grad.stats import GradStats
+
+# numpy, torch and what imports them (the statistics, the figures, the engine, the model loader, the
+# task inputs and segments) are imported inside the functions that run the analysis, so that building
+# this command's parser does not, and a mistyped option is refused at once (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = "it differentiates an encoder's bidirectional maps by [CLS] / [SEP] key class (Clark et al. Fig. 5)"
 
@@ -96,6 +83,10 @@ def main(args) -> int:
 
 
 def measure_run(run: ModelRun, args, objective: str, data):
+    from bertscope.analyses.heads.attention_grad.plots import plot_heads, plot_layers
+    from bertscope.analyses.heads.attention_grad.stats import GradStats, measure
+    from bertscope.models.loading import model_name
+
     loaded = run.loaded
     if objective == "mlm" and loaded.head_initialised:
         raise UserError(f"{loaded.path} has no masked-LM head (a fresh one would give a meaningless loss): use "
@@ -123,6 +114,8 @@ def measure_run(run: ModelRun, args, objective: str, data):
 
 def default_objective(model, revision: str | None = None) -> str:
     """mlm when the checkpoint's architectures name a masked-LM (or pre-training) head, else task."""
+    from bertscope.models.loading import model_dir
+
     path = model_dir(model, revision)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -142,6 +135,9 @@ def load_data(args):
 
 def task_batches(loaded, args, examples, run):
     """(inputs, loss_fn) per batch of the task split: loss_fn(outputs) -> sum of per-example losses."""
+    from bertscope.analyses.heads.variants import example_batches
+    from bertscope.tasks.inputs import check_head, encode_task
+
     check_head(args.task, loaded)
     task = encode_task(args.task, examples, loaded.tokenizer, args.max_len)
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
@@ -150,6 +146,10 @@ def task_batches(loaded, args, examples, run):
 
 
 def _task_batches(loaded, task, batches):
+    import torch
+
+    from bertscope.tasks.model import point_loss
+
     device = next(loaded.model.parameters()).device
     pad = loaded.tokenizer.pad_token_id or 0
     for batch in batches:
@@ -163,6 +163,10 @@ def _task_batches(loaded, task, batches):
 
 def mlm_batches(loaded, args, corpus, run):
     """(inputs, loss_fn) per batch of corpus segments (as `bertscope run` makes them), masked as BERT."""
+    from bertscope.analyses.surface.command import segment_stream
+    from bertscope.engine.loop import windowed_batches
+    from bertscope.text.segments import SegmentOptions, SegmentReport
+
     limit = args.limit or MLM_SEGMENTS
     options = SegmentOptions(max_len=args.max_len, limit=limit, seed=args.seed)
     stream = segment_stream(corpus, loaded.tokenizer, options, SegmentReport(), window_batches=64)
@@ -174,6 +178,12 @@ def mlm_batches(loaded, args, corpus, run):
 
 
 def _mlm_batches(loaded, batches, seed: int):
+    import numpy as np
+    import torch
+
+    from bertscope.analyses.heads.attention_grad.stats import mask_tokens, mlm_loss
+    from bertscope.text.segments import collate
+
     tok = loaded.tokenizer
     device = next(loaded.model.parameters()).device
     for indices, segments in batches:
@@ -196,6 +206,8 @@ def _mlm_batches(loaded, batches, seed: int):
 
 def summarise(stats: GradStats, layers: list[dict], objective: str, args) -> dict:
     """run.json's results: what the loss was, on what, its mean, and the per-layer table."""
+    from bertscope.analyses.heads.attention_grad.stats import MASK_RATE, MASK_TOKEN, RANDOM_TOKEN
+
     by = {(r["layer"], r["key_class"]): r for r in layers}
     n = stats.grad.shape[0]
     return {
@@ -212,10 +224,14 @@ def summarise(stats: GradStats, layers: list[dict], objective: str, args) -> dic
 
 def _finite(x: float) -> float | None:
     """None for NaN (a class without keys): run.json stays valid JSON."""
+    import numpy as np
+
     return None if np.isnan(x) else x
 
 
 def summary_lines(layers: list[dict]) -> list[str]:
+    from bertscope.text.token_classes import KEY_CLASSES
+
     by = {(r["layer"], r["key_class"]): r for r in layers}
     n = max(r["layer"] for r in layers)
     lines = ["mean |dL/dP| per layer (x other's), attention mass: " + ", ".join(CLASS_LABELS.values())]

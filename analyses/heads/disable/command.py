@@ -16,8 +16,6 @@ from bertscope.analyses.heads.disable.outputs import (
     HEADS_FIGURE,
     LAYERS_FIGURE,
 )
-from bertscope.analyses.heads.disable.plots import plot_heads, plot_layers
-from bertscope.kernels import Gate
 
 HELP = "task accuracy with each head and each layer disabled (uniform attention), against the baseline"
 DESCRIPTION = (
@@ -38,6 +36,8 @@ def add_arguments(p):
 
 
 def main(args) -> int:
+    from bertscope.kernels import Gate  # torch: imported when the command runs, not when its parser is built
+
     run_variants(args, "disable", Gate.UNIFORM, outputs=disable_figures, table=DISABLE_FILE)
     return 0
 
@@ -46,6 +46,7 @@ def disable_figures(run, rows: list[dict], results: dict):
     """`heads disable`'s outputs: the layer x head and the per-layer figures."""
     if run.args.no_figures:
         return
+    from bertscope.analyses.heads.disable.plots import plot_heads, plot_layers
 
     L, H, gate, title = run.loaded.n_layers, run.loaded.n_heads, results["gate"], figure_title(run)
     run.save_figure(plot_heads(rows, L, H, title, gate), HEADS_FIGURE)

@@ -11,28 +11,23 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from bertscope.analyses.heads import lm_task as LMD
+from bertscope.analyses.heads import options as LMD
 from bertscope.analyses.heads.common import TASK_CHOICES, add_task_data_arguments, load_split
-from bertscope.analyses.heads.importance.outputs import (
-    COLUMNS,
-    CORRELATION_FIGURE,
-    CORRELATION_FILE,
-    FIGURE,
-    IMPORTANCE_FILE,
-    importance_grid,
-    read_importance,
-)
-from bertscope.analyses.heads.importance.plots import plot_correlation, plot_importance
-from bertscope.analyses.heads.importance.stats import CONVENTIONS, head_importance
+from bertscope.analyses.heads.options import CONVENTIONS
 from bertscope.cli.args import add_common_arguments
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import AnalysisRun, ModelRun
 from bertscope.run.rundir import read_run as read_run_json
-from bertscope.tasks.inputs import check_head, encode_task
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy, torch and what imports them (the statistics, the --task lm loss, the importance table, the
+# figures, the model loader) are imported inside the functions that run the analysis: the command line
+# imports this module to build the parser of `heads importance` (and of `heads prune`), so a mistyped
+# option is refused at once (tests/cli/test_new_user.py)
 
 COMPARE_COLUMNS = ("label_a", "label_b", "run_a", "run_b", "n_heads", "spearman", "p", "spearman_raw",
                    "top_overlap")
@@ -94,6 +89,9 @@ def main(args) -> int:
 
 def compute(args, run, examples, mask=None):
     """(EncodedTask, Importance) of run.loaded on `examples` of args.task, with `mask`."""
+    from bertscope.analyses.heads.importance.stats import head_importance
+    from bertscope.tasks.inputs import check_head, encode_task
+
     check_head(args.task, run.loaded)
     task = encode_task(args.task, examples, run.loaded.tokenizer, args.max_len)
     return task, head_importance(run.loaded, task, args.batch_size, args.convention, not args.no_normalise, mask,
@@ -102,6 +100,8 @@ def compute(args, run, examples, mask=None):
 
 def importance_rows(imp) -> list[dict]:
     """importance.csv's rows, one per head in layer-major order (masked heads: empty scores, rank)."""
+    import numpy as np
+
     ranks = imp.ranks()
     L, H = imp.scores.shape
     cell = lambda x: "" if np.isnan(x) else float(x)  # noqa: E731
@@ -118,6 +118,12 @@ def run_importance(args):
 
 def importance(run: ModelRun, args, examples: list):
     """`run_importance` once the model has loaded."""
+    import numpy as np
+
+    from bertscope.analyses.heads.importance.outputs import COLUMNS, FIGURE, IMPORTANCE_FILE
+    from bertscope.analyses.heads.importance.plots import plot_importance
+    from bertscope.models.loading import model_name
+
     task, imp = compute(args, run, examples)
     run.log(f"{args.task} {args.split}: {task.n_examples} examples ({task.truncated} rows cut to {args.max_len} "
             f"tokens), mean loss {imp.loss:.4f}, convention {imp.convention}")
@@ -154,6 +160,13 @@ def run_lm_importance(args):
 
 def lm_importance(run: ModelRun, args):
     """`run_lm_importance` once the model has loaded: importance.csv, the figure, run.json."""
+    import numpy as np
+
+    from bertscope.analyses.heads import lm_task as LMD
+    from bertscope.analyses.heads.importance.outputs import COLUMNS, FIGURE, IMPORTANCE_FILE
+    from bertscope.analyses.heads.importance.plots import plot_importance
+    from bertscope.models.loading import model_name
+
     loaded = run.loaded
     segments, report = LMD.lm_segments(loaded, args.corpus, args.max_len, args.limit, args.seed)
     device = next(loaded.model.parameters()).device
@@ -194,6 +207,8 @@ def lm_importance(run: ModelRun, args):
 def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
     """(label, importance (layers, H), raw (layers, H)) of a run directory's importance.csv; the label
     names the task (from run.json) and the run."""
+    from bertscope.analyses.heads.importance.outputs import importance_grid, read_importance
+
     table = read_importance(run_dir)
     n_layers, n_heads = max(k[0] for k in table), max(k[1] for k in table)
     label = Path(run_dir).name
@@ -209,6 +224,7 @@ def read_run(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray]:
 def correlation_row(a, b, run_a, run_b) -> dict:
     """Spearman's rho of two runs' importance (and raw scores) over the heads scored in both, and the
     share of the top TOP_SHARE heads they have in common."""
+    import numpy as np
     from scipy.stats import spearmanr  # here: scipy's start-up, and `bertscope --help` imports this module
 
     (label_a, imp_a, raw_a), (label_b, imp_b, raw_b) = a, b
@@ -235,6 +251,11 @@ def compare_runs(args):
 
 
 def write_correlations(run: AnalysisRun, args, runs: list[Path], data: list):
+    import numpy as np
+
+    from bertscope.analyses.heads.importance.outputs import CORRELATION_FIGURE, CORRELATION_FILE
+    from bertscope.analyses.heads.importance.plots import plot_correlation
+
     rows = [correlation_row(data[i], data[j], runs[i], runs[j]) for i, j in itertools.combinations(range(len(runs)), 2)]
     run.write_csv(CORRELATION_FILE, rows, COMPARE_COLUMNS)
     labels = [d[0] for d in data]

@@ -48,11 +48,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertscope.analyses.heads.options import CONVENTIONS  # defined there for the parsers, without torch
 from bertscope.analyses.heads.variants import example_batches
 from bertscope.tasks.inputs import EncodedTask
 from bertscope.tasks.model import point_loss
-
-CONVENTIONS = ("michel", "batch")
 
 
 @dataclass

@@ -25,32 +25,22 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from bertscope.analyses.heads import lm_task as LMD
-from bertscope.analyses.heads import variants as V
+from bertscope.analyses.heads import options as LMD
 from bertscope.analyses.heads.common import load_split
 from bertscope.analyses.heads.importance.command import add_task_arguments
-from bertscope.analyses.heads.prune.lm_prune import run_lm_prune
 from bertscope.analyses.heads.prune.outputs import (
     FIGURE,
     ORDER_COLUMNS,
     ORDER_FILE,
     PRUNE_FILE,
 )
-from bertscope.analyses.heads.prune.plots import plot_prune
-from bertscope.analyses.heads.prune.stats import (
-    cumulative_variants,
-    importance_order,
-    prunable_fraction,
-    prune_counts,
-    random_order,
-)
 from bertscope.cli.args import add_common_arguments, fraction
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
-from bertscope.tasks.inputs import check_head, encode_task
+
+# numpy, torch and what imports them (the variants, the statistics, the --task lm pruning, the figure,
+# the model loader) are imported inside the functions that run the analysis, so that building this
+# command's parser does not, and a mistyped option is refused at once (tests/cli/test_new_user.py)
 
 COLUMNS = ("step", "fraction_pruned", "heads_pruned", "order", "seed", "accuracy", "delta")
 HELP = "iterative pruning by head importance against random pruning (Michel et al. 2019, section 4)"
@@ -84,6 +74,8 @@ def add_arguments(p):
 
 
 def main(args) -> int:
+    from bertscope.analyses.heads.prune.lm_prune import run_lm_prune
+
     if args.task == LMD.LM or args.resume:  # only --task lm runs resume: the task is the recorded run's
         run_lm_prune(args, add_arguments)
         return 0
@@ -110,6 +102,12 @@ def run_prune(args):
 
 def prune(run: ModelRun, args, held_out: list, evaluation: list) -> list[dict]:
     """`run_prune` once the model has loaded."""
+    from bertscope.analyses.heads import variants as V
+    from bertscope.analyses.heads.prune.plots import plot_prune
+    from bertscope.analyses.heads.prune.stats import cumulative_variants, importance_order, prune_counts, random_order
+    from bertscope.models.loading import model_name
+    from bertscope.tasks.inputs import check_head, encode_task
+
     loaded = run.loaded
     L, H = loaded.n_layers, loaded.n_heads
     counts = prune_counts(L * H, args.step, args.max_fraction)
@@ -153,6 +151,10 @@ def prune(run: ModelRun, args, held_out: list, evaluation: list) -> list[dict]:
 
 def summarise(rows, base, args, dev_task, test_task, steps, counts, n_heads, res) -> dict:
     """run.json's results, and their lines on the terminal."""
+    import numpy as np
+
+    from bertscope.analyses.heads.prune.stats import prunable_fraction
+
     def curve(order, seed=""):
         got = [r for r in rows if r["order"] == order and r["seed"] == seed]
         return [r["fraction_pruned"] for r in got], [r["accuracy"] for r in got]

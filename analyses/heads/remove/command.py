@@ -12,14 +12,14 @@ import json
 import logging
 from pathlib import Path
 
-import torch
-
 from bertscope.analyses.heads.prune.outputs import ORDER_FILE, heads_from_prune_order
 from bertscope.cli.args import add_model_arguments, add_quiet_argument, add_threads_argument
 from bertscope.errors import UserError
-from bertscope.models import head_removal
-from bertscope.models.loading import load_model, model_dir
 from bertscope.models.source import resolve_model
+
+# torch, the model loader and head removal are imported inside the functions that use them, so that
+# building this command's parser does not, and a mistyped option is refused at once
+# (tests/cli/test_new_user.py)
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ def add_arguments(p):  # --heads keeps dest "remove_heads": "heads" is the subco
 
 
 def main(args) -> int:
+    import torch
+
+    from bertscope.models import head_removal
+    from bertscope.models.loading import load_model
+
     if args.threads:
         torch.set_num_threads(args.threads)
     heads = chosen_heads(args)
@@ -80,6 +85,8 @@ def main(args) -> int:
 
 def chosen_heads(args) -> dict[int, list[int]]:
     """layer -> heads (0-based) that --heads or --from-prune/--fraction name."""
+    from bertscope.models import head_removal
+
     if args.remove_heads is not None:
         if args.fraction is not None:
             raise UserError("--fraction goes with --from-prune, not --heads")
@@ -103,6 +110,8 @@ def chosen_heads(args) -> dict[int, list[int]]:
 
 def checkpoint_task(path) -> str | None:
     """The task head a checkpoint carries, so that pruning keeps it (None: a bare encoder)."""
+    from bertscope.models.loading import model_dir
+
     config = model_dir(path) / "config.json"
     try:
         archs = json.loads(config.read_text()).get("architectures") or []

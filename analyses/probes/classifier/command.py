@@ -14,14 +14,10 @@ from __future__ import annotations
 import copy
 import random
 import time
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
 from tqdm.auto import tqdm
-from transformers import AutoModel
 
-from bertscope.analyses.probes.classifier import plots
-from bertscope.analyses.probes.classifier import stats as clf
 from bertscope.analyses.probes.classifier.outputs import (
     HEAD_WEIGHTS_FIGURE,
     TABLE_FILE,
@@ -32,14 +28,19 @@ from bertscope.analyses.probes.classifier.outputs import (
 from bertscope.analyses.probes.classifier.paper import CLASSIFIER_TABLE3
 from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 from bertscope.data.paths import dataset_dir, seeded_sample
-from bertscope.data.readers.glove import load_glove
 from bertscope.data.readers.treebank import read_ewt_dev, read_gum_document
-from bertscope.engine.attention import ATTN_IMPLEMENTATION
-from bertscope.engine.loop import iter_word_maps
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name, wrap_model
 from bertscope.run.analysis_run import ModelRun
-from bertscope.text.word_segments import word_segment
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from bertscope.analyses.probes.classifier import stats as clf
+
+# numpy, torch, transformers and what imports them (the statistics, the figures, GloVe, the engine, the model
+# loader) are imported inside the functions that run the analysis: the command line imports this module to
+# build the command's parser, so a mistyped option is refused at once, not after the seconds those imports
+# take (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = "its classifiers read word-level maps of an encoder's [CLS] words [SEP] input (Clark et al. section 5)"
 
@@ -91,6 +92,8 @@ def main(args) -> int:
 
 
 def probe(run: ModelRun, args):
+    from bertscope.analyses.probes.classifier import stats as clf
+
     log, timings = run.log, {}
     t0 = time.perf_counter()
 
@@ -194,6 +197,8 @@ def read_data(args):
 
 def make_segments(sentences, tokenizer, max_len):
     """`[CLS] words [SEP]` of each sentence that fits; (segments, the sentences kept, number skipped)."""
+    from bertscope.text.word_segments import word_segment
+
     segments, kept = [], []
     for s in sentences:
         segment = word_segment(s.words, tokenizer, max_len, doc_id=s.sent_id)
@@ -205,6 +210,10 @@ def make_segments(sentences, tokenizer, max_len):
 
 def glove_vectors(sentences):
     """A function words -> (n, 50) GloVe vectors (zeros for a word GloVe lacks), and coverage."""
+    import numpy as np
+
+    from bertscope.data.readers.glove import load_glove
+
     words = [w for s in sentences for w in s.words]
     index, table = load_glove(words)
     zero = np.zeros(table.shape[1], dtype=np.float32)
@@ -218,6 +227,10 @@ def glove_vectors(sentences):
 
 def collect_maps(loaded, segments, args, run, desc):
     """Every segment's word-level maps of all heads, (layers * heads, W, W) float16, in segment order."""
+    import numpy as np
+
+    from bertscope.engine.loop import iter_word_maps
+
     maps = [None] * len(segments)
     for i, m in iter_word_maps(loaded, segments, from_word=args.from_word, batch_size=args.batch_size,
                                backend=args.backend, progress=run.progress, desc=desc):
@@ -229,6 +242,12 @@ def random_copy(loaded, seed: int):
     """The model's architecture with fresh random weights (seeded), keeping the pre-trained
     embeddings (bertscope's choice; the paper does not say), so only what the layers learned
     is removed."""
+    import torch
+    from transformers import AutoModel
+
+    from bertscope.engine.attention import ATTN_IMPLEMENTATION
+    from bertscope.models.loading import wrap_model
+
     torch.manual_seed(seed)
     model = AutoModel.from_config(copy.deepcopy(loaded.model.config), attn_implementation=ATTN_IMPLEMENTATION)
     if hasattr(model, "embeddings") and hasattr(loaded.model, "embeddings"):
@@ -243,6 +262,10 @@ def random_copy(loaded, seed: int):
 def fit_and_score(model, label, train_ex, split, eval_ex, args, run, curves):
     """Train `model` on the training part of `train_ex` (split = (train indices, held-out
     indices)), log and record its curve, and return its table row on `eval_ex`."""
+    import torch
+
+    from bertscope.analyses.probes.classifier import stats as clf
+
     train_idx, heldout_idx = split
     model.name = label
     run.log(f"training {label} ({clf.n_parameters(model):,} parameters)")
@@ -290,6 +313,8 @@ def weights_rows(weights):
 
 def top_heads(weights, k: int = 5) -> dict[str, list[str]]:
     """The heads with the largest weights, `<layer>-<head>` from 1, for each direction."""
+    import numpy as np
+
     out = {}
     for name, array in weights.items():
         flat = np.argsort(-array, axis=None)[:k]
@@ -298,6 +323,8 @@ def top_heads(weights, k: int = 5) -> dict[str, list[str]]:
 
 
 def table_text(rows, run, n_sentences: int) -> str:
+    from bertscope.models.loading import model_name
+
     lines = [f"Attention-based probing classifiers (Clark et al. 2019, Table 3): {model_name(run.loaded.path)} "
              f"({run.loaded.n_layers} layers x {run.loaded.n_heads} heads)",
              f"trained on GUM, UAS on UD English-EWT dev ({n_sentences} sentences, {rows[0]['n_words']} "
@@ -311,6 +338,9 @@ def table_text(rows, run, n_sentences: int) -> str:
 
 
 def figures(run, curves, weights):
+    from bertscope.analyses.probes.classifier import plots
+    from bertscope.models.loading import model_name
+
     if getattr(run.args, "no_figures", False):
         return
     title = model_name(run.loaded.path)

@@ -12,10 +12,6 @@ than the forward pass: the default sample is 200 segments of up to 128 tokens.
 """
 from __future__ import annotations
 
-import torch
-
-from bertscope.analyses.probes.cluster import plots
-from bertscope.analyses.probes.cluster import stats as cluster
 from bertscope.analyses.probes.cluster.outputs import (
     JS_FILE,
     LAYERS_FIGURE,
@@ -23,14 +19,15 @@ from bertscope.analyses.probes.cluster.outputs import (
     MDS_FIGURE,
     MDS_FILE,
 )
-from bertscope.analyses.surface import stats as surface
+from bertscope.cli.args import JS_BACKEND_CHOICES as JS_BACKENDS
 from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.errors import UserError
-from bertscope.kernels.js import JS_BACKENDS
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 from bertscope.text.corpus import load_corpus
-from bertscope.text.segments import SegmentOptions, make_segments
+
+# torch and what imports it (the statistics, the figures, the segments, the model loader) are imported inside
+# the functions that run the analysis: the command line imports this module to build the command's parser, so
+# a mistyped option is refused at once, not after the seconds those imports take (tests/cli/test_new_user.py)
 
 NAME = "cluster"
 DEFAULT_LIMIT = 200
@@ -68,6 +65,8 @@ def add_arguments(p):
 
 
 def check_js_backend(name: str):
+    import torch
+
     if name != "triton":
         return
     try:
@@ -88,6 +87,12 @@ def main(args) -> int:
 
 
 def cluster_heads(probe: ModelRun, args, documents, corpus_report):
+    from bertscope.analyses.probes.cluster import plots
+    from bertscope.analyses.probes.cluster import stats as cluster
+    from bertscope.analyses.surface import stats as surface
+    from bertscope.models.loading import model_name
+    from bertscope.text.segments import SegmentOptions, make_segments
+
     loaded = probe.loaded
     options = SegmentOptions(max_len=args.max_len, limit=args.limit, seed=args.seed, token_types=args.token_types,
                              packing=args.packing)

@@ -18,12 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from bertscope.analyses.probes.coref import plots
-from bertscope.analyses.probes.coref import stats as coref
 from bertscope.analyses.probes.coref.outputs import (
     BARS_FIGURE,
     HEADS_FIGURE,
@@ -36,11 +32,16 @@ from bertscope.data.paths import dataset_dir, seeded_sample
 from bertscope.data.readers.coref import coref_document
 from bertscope.data.readers.gap import read_gap
 from bertscope.data.readers.treebank import read_gum_document
-from bertscope.engine.loop import EngineOptions, fold, word_map_spec
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
-from bertscope.text.word_segments import split_words, word_segment
+
+if TYPE_CHECKING:
+    from bertscope.analyses.probes.coref import stats as coref
+
+# numpy, torch and what imports them (the statistics, the accumulators, the figures, the engine, the model
+# loader) are imported inside the functions that run the analysis: the command line imports this module to
+# build the command's parser, so a mistyped option is refused at once, not after the seconds those imports
+# take (tests/cli/test_new_user.py)
 
 ENCODERS_ONLY = ("its probe reads gold GUM / GAP words aligned to an encoder's [CLS] words [SEP] input (Clark et al. "
                  "section 4)")
@@ -99,6 +100,10 @@ class GumSegment:
     """One segment's scored mentions, with everything but the heads' choices precomputed."""
 
     def __init__(self, window, xpos, feats):
+        import numpy as np
+
+        from bertscope.analyses.probes.coref import stats as coref
+
         self.items = coref.anaphors(window)
         n_words = len(window.words)
         self.heads = np.array([a.head for a in self.items], dtype=np.int64)  # (M,)
@@ -110,6 +115,8 @@ class GumSegment:
 
 def gum_segments(documents: list, tokenizer, max_len: int, mode: str):
     """Segments and their scored mentions; report counts what was used and skipped."""
+    from bertscope.text.word_segments import split_words, word_segment
+
     segments, scored = [], []
     report = dict(documents=len(documents), words=0, windows=0, windows_too_long=0, windows_without_anaphors=0,
                   segments=0, mentions=0, anaphoric_mentions=0, scored_mentions=0)
@@ -139,22 +146,10 @@ def gum_segments(documents: list, tokenizer, max_len: int, mode: str):
     return segments, scored, report
 
 
-class GumScores(coref.Scores):
-    """GUM scores as an engine accumulator: each segment's mentions scored from the kernel's
-    word argmax (`RowStats.word_argmax`), against `scored[i]` of segment i."""
-
-    def __init__(self, n_layers: int, n_heads: int, scored: list):
-        super().__init__(n_layers, n_heads)
-        self.scored = scored
-
-    def add(self, batch):
-        argmax = torch.stack([s.word_argmax for s in batch.layers], dim=1).cpu().numpy()  # (B, layers, H, W)
-        for row, i in enumerate(batch.indices):
-            seg = self.scored[i]
-            self.add_mentions(seg.kinds, coref.head_hits(argmax[row], seg.heads, seg.gold), seg.baseline_hits)
-
-
 def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scores, dict]:
+    from bertscope.analyses.probes.coref.scores import GumScores
+    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
+
     t0 = time.perf_counter()
     segments, scored, report = gum_segments(documents, loaded.tokenizer, args.max_len, args.segments)
     if not segments:
@@ -169,34 +164,11 @@ def probe_gum(loaded, documents: list, args, progress: bool) -> tuple[coref.Scor
 # --- GAP ---------------------------------------------------------------------------------
 
 
-def pronoun_gender(pronoun: str) -> str:
-    word = pronoun.lower()
-    if word in ("he", "him", "his", "himself"):
-        return "masculine"
-    if word in ("she", "her", "hers", "herself"):
-        return "feminine"
-    return "other"
-
-
-class GapScores(coref.Scores):
-    """GAP scores as an engine accumulator: each example's pronoun scored from its word maps,
-    against `examples[i]` of segment i."""
-
-    def __init__(self, n_layers: int, n_heads: int, examples: list, gap_name: str):
-        super().__init__(n_layers, n_heads, types=("All", "masculine", "feminine"), baselines=coref.GAP_BASELINES)
-        self.examples, self.gap_name = examples, gap_name
-
-    def add(self, batch):
-        maps = torch.stack([s.word_map for s in batch.layers], dim=1).float().cpu().numpy()  # (B, layers, H, W, W)
-        for row, i in enumerate(batch.indices):
-            ex = self.examples[i]
-            hits = coref.gap_head_hits(maps[row], ex.pronoun_word, ex.a_words, ex.b_words, ex.label, self.gap_name)
-            picks = coref.gap_baselines(ex.pronoun_word, ex.a_words, ex.b_words)
-            base = {name: np.array([pick == ex.label]) for name, pick in picks.items()}
-            self.add_mentions([pronoun_gender(ex.pronoun)], hits[:, :, None], base)
-
-
 def probe_gap(loaded, examples: list, args, progress: bool) -> tuple[coref.Scores, dict]:
+    from bertscope.analyses.probes.coref.scores import GapScores
+    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
+    from bertscope.text.word_segments import word_segment
+
     t0 = time.perf_counter()
     report = dict(rows=len(examples), skipped_neither=0, skipped_too_long=0, scored=0)
     segments, kept = [], []
@@ -236,6 +208,10 @@ def main(args) -> int:
 
 
 def probe(run: ModelRun, args, datasets: tuple[str, ...], data: dict):
+    from bertscope.analyses.probes.coref import plots
+    from bertscope.analyses.probes.coref import stats as coref
+    from bertscope.models.loading import model_name
+
     label = model_name(run.loaded.path)
     head_rows, table_rows, results = [], [], {"from_word": args.from_word}
     notes = []

@@ -15,10 +15,9 @@ from __future__ import annotations
 import logging
 import time
 
-from bertscope.analyses.probes.syntax import plots
-from bertscope.analyses.probes.syntax import stats as syntax
 from bertscope.analyses.probes.syntax.outputs import (
     BEST_HEADS_FIGURE,
+    HEAD_TO_DEP_MODES,
     HEADS_FILE,
     HEATMAPS_FIGURE,
     TABLE_FILE,
@@ -27,11 +26,14 @@ from bertscope.analyses.probes.syntax.outputs import (
 from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.data.paths import seeded_sample
 from bertscope.data.readers.treebank import read_ewt_dev, read_gum
-from bertscope.engine.loop import EngineOptions, fold, word_map_spec
 from bertscope.errors import UserError
-from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
-from bertscope.text.word_segments import word_segment
+
+# numpy, torch and what imports them (the statistics, the figures, the engine, the model loader) are imported
+# inside the functions that run the analysis: the command line imports this module to build the command's
+# parser, so a mistyped option is refused at once, not after the seconds those imports take
+# (tests/cli/test_new_user.py)
+
 
 ENCODERS_ONLY = "its probe reads gold UD words aligned to an encoder's [CLS] words [SEP] input (Clark et al. section 4)"
 
@@ -66,7 +68,7 @@ def add_arguments(p):
     p.add_argument("--min-count", type=int, default=100, metavar="N",
                    help="relations with fewer dependents are left out of the printed table and the "
                    "figure, not the CSVs (default: 100)")
-    p.add_argument("--head-to-dep", choices=syntax.HEAD_TO_DEP_MODES, default="column",
+    p.add_argument("--head-to-dep", choices=HEAD_TO_DEP_MODES, default="column",
                    help="head->dependent direction: 'column' = the word attending most to the dependent "
                    "is its head (Clark et al.'s code: the transposed map); 'row' = the head word's "
                    "most-attended word is the dependent (default: column)")
@@ -83,6 +85,10 @@ def read_sentences(treebank: str, data_dir: str | None) -> list:
 
 def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank: str):
     """Segments, word maps and counts for one treebank: (SyntaxCounts, report dict)."""
+    from bertscope.analyses.probes.syntax import stats as syntax
+    from bertscope.engine.loop import EngineOptions, fold, word_map_spec
+    from bertscope.text.word_segments import word_segment
+
     t0 = time.perf_counter()
     segments, dependents, report = [], [], dict(sentences=len(sentences), skipped_long=0,
                                                 no_dependents=0, used=0, words=0, dependents=0)
@@ -116,6 +122,8 @@ def probe_treebank(loaded, sentences: list, args, log, progress: bool, treebank:
 
 def headline(table_rows: list[dict], min_count: int) -> dict:
     """run.json summary: the 'all' row and each printed relation's better direction."""
+    from bertscope.analyses.probes.syntax import stats as syntax
+
     rows = {}
     for row in table_rows:
         rows.setdefault(row["relation"], {})[row["direction"]] = row
@@ -151,6 +159,10 @@ def main(args) -> int:
 
 
 def probe(run: ModelRun, args, treebanks: tuple[str, ...], data: dict):
+    from bertscope.analyses.probes.syntax import plots
+    from bertscope.analyses.probes.syntax import stats as syntax
+    from bertscope.models.loading import model_name
+
     label = model_name(run.loaded.path)
     all_heads, all_table, texts, results = [], [], [], {"head_to_dep": args.head_to_dep,
                                                         "poss_clitic": not args.plain_poss,

@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from bertscope.analyses.probes.syntax.outputs import HEAD_TO_DEP_MODES  # here for the parser, without torch
 from bertscope.kernels.pooling import word_argmax
 from bertscope.run.rundir import write_npz
 
 DIRECTIONS = ("dep->head", "head->dep")
-HEAD_TO_DEP_MODES = ("column", "row")
 # candidate offsets, small ones first, so that a tie goes to the smaller |k| (+ before -)
 OFFSETS = (1, -1, 2, -2, 3, -3, 4, -4, 5, -5)
 RIGHT_BRANCHING = 1

@@ -28,6 +28,9 @@ from bertscope.errors import UserError
 TASKS = ("rte", "polarity", "arct")
 SPLITS = ("train", "dev", "test")
 ARCT_VERSIONS = ("original", "adversarial")
+# what an ARCT input's first segment holds (bertscope.tasks.inputs builds them; named here, where
+# `bertscope finetune --arct-inputs` reads it without torch)
+ARCT_INPUTS = ("full", "W", "RW", "CW", "RCW")
 DEV_FRACTION = 0.1
 
 RTE_TRAIN_FILES = ("rte1_dev.xml", "rte1_test.xml", "rte2_dev.xml", "rte2_test.xml", "rte3_dev.xml")
