@@ -43,13 +43,11 @@ METHODS = ("floor", "bertscope", "eager")
 WARMUP_TOKENS = 256
 
 
-def child(method: str, model_name: str, L: int, threads: int) -> dict:
-    """One measurement in this process: load, warm up, time one forward of L tokens."""
-    import resource
-
+def forward_for(method: str, model_name: str):
+    """(go, tokenizer): go(segment) runs one forward of `method` ("bertscope": the statistics
+    forward of `bertscope run`; "floor" / "eager": the model alone with SDPA / eager attention)."""
     import torch
 
-    torch.set_num_threads(threads)
     if method == "bertscope":
         from bertscope.analyses.surface.command import RunSettings
         from bertscope.engine.accumulate import HeadStats
@@ -58,23 +56,35 @@ def child(method: str, model_name: str, L: int, threads: int) -> dict:
         from bertscope.models.loading import load_model
 
         loaded = load_model(model_name)
-        tokenizer, spec = loaded.tokenizer, RunSettings().spec()
+        spec = RunSettings().spec()
         probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend="chunked")
 
         def go(seg):
             run_batch(loaded, probe, [seg], HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes))
-    else:  # the model alone, as transformers loads it (no second copy in this process)
-        from transformers import AutoModel, AutoTokenizer
+        return go, loaded.tokenizer
+    # the model alone, as transformers loads it (no second copy in this process)
+    from transformers import AutoModel, AutoTokenizer
 
-        from bertscope.models.source import resolve_model
+    from bertscope.models.source import resolve_model
 
-        path = resolve_model(model_name).path
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, attn_implementation="sdpa" if method == "floor" else "eager",
-                                          dtype=torch.float32, local_files_only=True).eval()
+    path = resolve_model(model_name).path
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModel.from_pretrained(path, attn_implementation="sdpa" if method == "floor" else "eager",
+                                      dtype=torch.float32, local_files_only=True).eval()
 
-        def go(seg):  # no cache, as an analysis runs it (`LoadedModel.forward_options`): at 8k it is 377 MB
-            model(input_ids=torch.tensor([seg.input_ids]), output_attentions=method == "eager", use_cache=False)
+    def go(seg):  # no cache, as an analysis runs it (`LoadedModel.forward_options`): at 8k it is 377 MB
+        model(input_ids=torch.tensor([seg.input_ids]), output_attentions=method == "eager", use_cache=False)
+    return go, tokenizer
+
+
+def child(method: str, model_name: str, L: int, threads: int) -> dict:
+    """One measurement in this process: load, warm up, time one forward of L tokens."""
+    import resource
+
+    import torch
+
+    torch.set_num_threads(threads)
+    go, tokenizer = forward_for(method, model_name)
     segment, warm = long_segment(tokenizer, L), long_segment(tokenizer, WARMUP_TOKENS)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with torch.inference_mode():

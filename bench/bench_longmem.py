@@ -87,34 +87,10 @@ def live_tracker():
 
 def child(method: str, L: int, threads: int, track: bool) -> dict:
     import torch
-    from bench_long import long_segment
+    from bench_long import forward_for, long_segment
 
     torch.set_num_threads(threads)
-    if method == "bertscope":
-        from bertscope.analyses.surface.command import RunSettings
-        from bertscope.engine.accumulate import HeadStats
-        from bertscope.engine.attention import HeadProbe
-        from bertscope.engine.loop import run_batch
-        from bertscope.models.loading import load_model
-
-        loaded = load_model(MODEL)
-        tokenizer, spec = loaded.tokenizer, RunSettings().spec()
-        probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend="chunked")
-
-        def go(seg):
-            run_batch(loaded, probe, [seg], HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes))
-    else:
-        from transformers import AutoModel, AutoTokenizer
-
-        from bertscope.models.source import resolve_model
-
-        path = resolve_model(MODEL).path
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float32,
-                                          local_files_only=True).eval()
-
-        def go(seg):
-            model(input_ids=torch.tensor([seg.input_ids]), use_cache=False)
+    go, tokenizer = forward_for(method, MODEL)
     segment, warm = long_segment(tokenizer, L), long_segment(tokenizer, WARMUP_TOKENS)
     tracker = live_tracker() if track else None
     with torch.inference_mode():
