@@ -40,17 +40,19 @@ fallback there when Triton is missing) half precision is widened too, for the sa
 torch pass in bfloat16 missed the selftest's tolerance on an H100 (entropy off by up to 0.09
 nats against 0.06 allowed, causal and grouped-query shapes; bench/results_gpu.md, run 3).
 
-Threads: blocks of whole maps of several heads (an encoder's short sequences: at L = 128 every
-head of a sequence is one block) run in order, each op parallel inside the block (torch's
-threads, and the row pass's OpenMP rows); any other blocks (one head's rows at L = 512, query
-blocks of a causal, windowed or grouped-query layout), when there are more of them than threads,
-are shared out to one Python thread per core running single-threaded ops on every n-th block: no
-OpenMP barrier per block, which stalls a whole block whenever another process holds a core
-(bench/results_layouts.md). Measured on the 2-core development machine under a load of 4, two
-threads, the surface suite's spec, best / median of 16-40 interleaved calls: B 16 x H 12 x L 128
-(encoder) in order 7.6 / 87 ms, shared out 20.5 / 43 ms; 4 x 12 x 512 (encoder) in order
-75 / 318 ms, shared out 42 / 55 ms; causal with 3 key heads, 16 x 9 x 128: in order 47 / 123 ms,
-shared out 32 / 55 ms.
+Threads: an encoder's blocks (whole maps of several heads at L = 128, one head's map at L = 512)
+run in order, each op parallel inside the block (torch's threads, and the row pass's OpenMP
+rows), as before the layouts shared this path: on an idle machine with two threads, 4 x 12 x 512
+took 19.8 ms per call in order against 28.6 ms shared out (median of 7 interleaved calls, load
+1.4); on a busy one the thread default (`bertscope.cli.args`) gives one thread, and nothing is
+shared out. The query blocks of a causal, windowed or grouped-query layout, when there are more
+of them than threads, are shared out to one Python thread per core running single-threaded ops
+on every n-th block: no OpenMP barrier per block, which stalls a whole block whenever another
+process holds a core (bench/results_layouts.md). Measured on the 2-core development machine
+under a load of 4, two threads, the surface suite's spec, best / median of 16-40 interleaved
+calls, causal with 3 key heads, 16 x 9 x 128: in order 47 / 123 ms, shared out 32 / 55 ms (the
+encoder shapes under that load: 16 x 12 x 128 in order 7.6 / 87 ms, shared out 20.5 / 43 ms;
+4 x 12 x 512 in order 75 / 318 ms, shared out 42 / 55 ms; the default takes one thread there).
 """
 from __future__ import annotations
 
@@ -238,7 +240,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
             t = stat.from_probs(probe, 0, 0, keys)  # (1, 1, ...)
             per_block_out[stat.name] = torch.zeros(B, H, L, *t.shape[2:], dtype=t.dtype, device=dev)
     n_workers = min(len(items), torch.get_num_threads()) if dev.type == "cpu" else 1
-    if n_workers <= 1 or (per > 1 and band == (None, None)):  # one worker, or whole maps of several heads
+    if n_workers <= 1 or layout.is_plain:  # one worker, or an encoder's blocks (module docstring, Threads)
         work(items, column_mass, word_map, None)
     else:
         _in_threads(work, items, n_workers, column_mass, word_map)
