@@ -47,7 +47,7 @@ def attention_stats_triton(*args, **kwargs):
 
 
 BACKENDS = {"eager": attention_stats_eager, "chunked": attention_stats_chunked, "triton": attention_stats_triton}
-BACKEND_CHOICES = ("auto", "eager", "chunked", "triton")  # every backend computes every `AttentionLayout`
+BACKEND_CHOICES = ("auto", *BACKENDS)  # every backend computes every `AttentionLayout`
 
 
 def _triton_interpret() -> bool:
