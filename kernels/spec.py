@@ -12,7 +12,8 @@ function of (q, k, v, masks).
 
 Shapes used throughout:
     B batch, H heads, L padded sequence length, D head dimension,
-    O number of relative offsets, C number of key classes (named classes + "other").
+    O number of relative offsets, C number of key classes (named classes + "other"),
+    DB distance buckets (17), PB position bins (11): fixed widths, `FIXED_WIDTHS`.
 """
 from __future__ import annotations
 
@@ -119,6 +120,62 @@ def _argmax(p, i0, k0, keys):
     return p.argmax(-1) + k0  # (n, bq) absolute key positions, first maximum on ties
 
 
+# Query-key distance |i - j| in log2 buckets: 0, 1, 2-3, 4-7, ..., 16384-32767, then 32768 and beyond.
+# A bucket's index is the number of edges <= d, so bucket b >= 1 holds 2^(b-1) <= d < 2^b (exact integer
+# comparisons: no log of a float in any backend).
+DISTANCE_EDGES = tuple(2**e for e in range(16))  # 1, 2, 4, ..., 32768
+N_DISTANCE_BUCKETS = len(DISTANCE_EDGES) + 1  # 17
+# A key's place in the context its query reads, [0, i]: bin floor(N j / (i + 1)) of N equal bins (deciles);
+# keys after the query (bidirectional layouts only) go to one more bin.
+N_POSITION_BINS = 10
+N_POSITION_BUCKETS = N_POSITION_BINS + 1  # 11: ten bins of [0, i], then "after the query"
+# the table's fixed widths (the others, O and C, come from the spec)
+FIXED_WIDTHS = {"DB": N_DISTANCE_BUCKETS, "PB": N_POSITION_BUCKETS}
+
+
+def distance_bucket_names() -> list[str]:
+    """Column names of the distance buckets: "0", "1", "2-3", ..., "16384-32767", "32768+"."""
+    names = ["0"] + [str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])]
+    return names + [f"{DISTANCE_EDGES[-1]}+"]
+
+
+def position_bin_names() -> list[str]:
+    """Column names of the position bins: "0-10%", ..., "90-100%", "after" (keys after the query)."""
+    step = 100 // N_POSITION_BINS
+    return [f"{b * step}-{(b + 1) * step}%" for b in range(N_POSITION_BINS)] + ["after"]
+
+
+def _block_positions(p, i0, k0):
+    """(i (bq, 1), j (1, bk)): the query and key positions of a block."""
+    _, bq, bk = p.shape
+    i = torch.arange(i0, i0 + bq, device=p.device)[:, None]  # (bq, 1)
+    j = torch.arange(k0, k0 + bk, device=p.device)[None, :]  # (1, bk)
+    return i, j
+
+
+def _bucket_sums(p, bucket, n_buckets):
+    """(n, bq, n_buckets): the mass of each row on the keys of each bucket; bucket (bq, bk) int64."""
+    n, bq, bk = p.shape
+    return p.new_zeros(n, bq, n_buckets).scatter_add_(-1, bucket.expand(n, bq, bk), p)
+
+
+def _distance_mass(p, i0, k0, keys):
+    i, j = _block_positions(p, i0, k0)
+    edges = torch.tensor(DISTANCE_EDGES, device=p.device)
+    return _bucket_sums(p, torch.bucketize((i - j).abs(), edges, right=True), N_DISTANCE_BUCKETS)  # (n, bq, DB)
+
+
+def _mean_distance(p, i0, k0, keys):
+    i, j = _block_positions(p, i0, k0)
+    return (p * (i - j).abs().to(p.dtype)).sum(-1)  # (n, bq) sum_j p_ij |i - j|
+
+
+def _position_mass(p, i0, k0, keys):
+    i, j = _block_positions(p, i0, k0)
+    bins = torch.where(j <= i, torch.div(N_POSITION_BINS * j, i + 1, rounding_mode="floor"), N_POSITION_BINS)
+    return _bucket_sums(p, bins, N_POSITION_BUCKETS)  # (n, bq, PB)
+
+
 
 def _argmax_rows(am, key_class, spec):
     """Rows whose argmax key is at each offset (then "elsewhere"), and of each key class:
@@ -204,6 +261,12 @@ ROW_STATS: tuple[RowStat, ...] = (
             sums=(SegmentSum("argmax_offset", "argmax_offset_count", ("O+1",)),
                   SegmentSum("argmax_class", "argmax_class_count", ("C",))),
             doc="index of the most-attended key (ties: lowest index)"),
+    RowStat("distance_mass", ("B", "H", "L", "DB"), "distance", from_probs=_distance_mass,
+            doc="sum of p_ij over keys at distance |i - j| in each log2 bucket (DISTANCE_EDGES)"),
+    RowStat("mean_distance", ("B", "H", "L"), "distance", from_probs=_mean_distance,
+            doc="sum_j p_ij |i - j|: how far back (or ahead) the row reads, in tokens"),
+    RowStat("position_mass", ("B", "H", "L", "PB"), "position_mass", from_probs=_position_mass,
+            doc="sum of p_ij over keys j <= i in each bin floor(10 j / (i + 1)) of the row's context, then j > i"),
     RowStat("column_mass", ("B", "H", "L"), "column_mass", padding=None,
             doc="sum over valid query rows i of p_ij: mass key j receives"),
     RowStat("word_map", ("B", "H", "W", "W"), "word_maps", padding=None,
@@ -271,7 +334,10 @@ One bool per statistic of `ROW_STATS` that is switched by a flag: entropy, class
     mass a row puts on each key class), argmax (cheap but not free), column_mass (the
     attention mass each key *receives*, summed over the valid query rows: Kovaleva et al.'s
     "vertical" pattern), word_maps (the word-level map of every head and its row argmax,
-    for the probes that read attention between words; needs a `WordPooling` for the batch).
+    for the probes that read attention between words; needs a `WordPooling` for the batch),
+    distance (each row's mass by query-key distance |i - j| in log2 buckets, and its mean
+    distance), position_mass (each row's mass by the key's place in the context [0, i], in
+    tenths: the positional profile behind "lost in the middle").
 keep_qk: hand the layer's queries and keys on with the statistics (as views, no copy),
     for analyses that compare heads across layers (Jensen-Shannon clustering) by
     recomputing attention tiles instead of keeping every map.

@@ -182,7 +182,7 @@ def test_a_statistic_no_backend_computes_fails_loudly_in_each(run, monkeypatch):
         RUNS[run](*args, NewSpec(n_key_classes=C, entropy=True, attention_rollout=True), pooling=pooling)
 
 
-def distance_mass(p, i0, k0, keys):
+def near_mass(p, i0, k0, keys):
     """A position-dependent per-row statistic, defined once on a block of probabilities: the mass a
     row puts on keys at distance |i - j| = 0, 1, 2-3 and 4 or more (buckets)."""
     n, bq, bk = p.shape
@@ -193,11 +193,11 @@ def distance_mass(p, i0, k0, keys):
 
 
 @dataclasses.dataclass(frozen=True)
-class DistanceSpec(StatsSpec):
-    distance_mass: bool = False
+class NearSpec(StatsSpec):
+    near_mass: bool = False
 
 
-DISTANCE = RowStat("distance_mass", ("B", "H", "L", "K"), "distance_mass", from_probs=distance_mass)
+NEAR = RowStat("near_mass", ("B", "H", "L", "K"), "near_mass", from_probs=near_mass)
 
 
 @pytest.mark.parametrize("path", ["chunked-compiled", "chunked-torch"])
@@ -209,9 +209,9 @@ def test_a_position_dependent_statistic_written_once_holds_on_every_layout(path,
     whole maps, chunked on every query block with the block's offsets, and the two agree on every
     case; the oracle's values are those of the definition by hand."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(spec_module, "ROW_STATS", ROW_STATS + (DISTANCE,))
-        spec = DistanceSpec(n_key_classes=C, distance_mass=True)
-        check_entry(DISTANCE, path, case, data, spec=spec)
+        mp.setattr(spec_module, "ROW_STATS", ROW_STATS + (NEAR,))
+        spec = NearSpec(n_key_classes=C, near_mass=True)
+        check_entry(NEAR, path, case, data, spec=spec)
         layout, args, pooling = draw_case(data, case)
         _, ref = attention_stats_eager(*args, spec, layout=layout)
     from bertscope.kernels.reference import visible_probs
@@ -222,17 +222,17 @@ def test_a_position_dependent_statistic_written_once_holds_on_every_layout(path,
     for b_, (lo, hi) in enumerate(((0, 1), (1, 2), (2, 4), (4, 10**6))):
         near = ((i - j).abs() >= lo) & ((i - j).abs() < hi)  # (L, L)
         want = (p * near).sum(-1) * key_valid[:, None, :]  # (B, H, L), padding rows 0
-        torch.testing.assert_close(ref.distance_mass[..., b_], want, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(ref.near_mass[..., b_], want, atol=1e-6, rtol=1e-6)
 
 
 def test_a_statistic_the_triton_kernel_lacks_is_an_error_not_a_silent_value():
     """Triton has no per-block definitions: an entry it does not write must be refused, never
     returned unset (the Triton side of the table, kernels/triton_*.py)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(spec_module, "ROW_STATS", ROW_STATS + (DISTANCE,))
+        mp.setattr(spec_module, "ROW_STATS", ROW_STATS + (NEAR,))
         args, pooling = inputs()
-        with pytest.raises(NotImplementedError, match="distance_mass"):
-            triton(*args, DistanceSpec(n_key_classes=C, distance_mass=True), pooling=pooling)
+        with pytest.raises(NotImplementedError, match="near_mass"):
+            triton(*args, NearSpec(n_key_classes=C, near_mass=True), pooling=pooling)
 
 
 def test_default_spec_asks_for_nothing():
