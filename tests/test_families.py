@@ -10,6 +10,7 @@ goes through:
                        needed: GPT-2 and ModernBERT ended in a traceback here)
     sinks              with the massive-activation hook on every family whose layers are one module
                        each (the table's `layer_list`; it was silently off for GPT-2 and ModernBERT)
+    heads positions    every family: each head's distance profile sums to 1
     probe cluster, view, compare (the run against a copy of itself: every difference 0)
     heads induction, heads importance --task lm, heads prune --task lm: decoders (the table's
                        `causal`); an encoder is refused in one line, exit 2
@@ -148,6 +149,14 @@ def test_every_command_on_every_family(model_type, corpus, tmp_path, capsys):
     variants = json.loads((tmp_path / "sinks" / "run.json").read_text())["analyses"]["sinks"]["results"]["variants"]
     hooked = arch.shared_layer is None
     assert variants and all(("massive" in v) == hooked for v in variants.values()), variants
+
+    # heads positions: every family, decoders and encoders; the distance profile of every head sums to 1
+    code, err = cli(capsys, "heads", "positions", *common, "--limit", "all", "--out", tmp_path / "positions")
+    assert code == 0, err
+    distance = read_csv(tmp_path / "positions" / "positions_distance.csv")
+    assert len(distance) == LAYERS * HEADS
+    np.testing.assert_allclose([sum(float(v) for k, v in r.items() if k.startswith("d_")) for r in distance], 1,
+                               atol=1e-5)
 
     # probe cluster, view, compare
     code, err = cli(capsys, "probe", "cluster", *common, "--limit", 4, "--out", tmp_path / "cluster")
