@@ -6,6 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from bertscope.analyses.heads.positions.stats import PositionStats, bucket_bounds
 from bertscope.kernels.spec import N_POSITION_BINS, distance_bucket_names, position_bin_names
@@ -13,6 +14,10 @@ from bertscope.kernels.spec import N_POSITION_BINS, distance_bucket_names, posit
 
 def _layer_labels(stats: PositionStats) -> list[str]:
     return [f"{i + 1}" + (" w" if w is not None else "") for i, w in enumerate(stats.windows)]
+
+
+def _height(stats: PositionStats) -> float:
+    return max(3.4, 1.4 + 0.22 * stats.n_layers)
 
 
 def _short(name: str) -> str:
@@ -29,7 +34,7 @@ def plot_distance(stats: PositionStats, title: str):
     used = np.flatnonzero(np.nan_to_num(prof).max(0) > 0)
     last = int(used.max()) + 1 if used.size else 1  # the buckets up to the farthest any row reached
     names = distance_bucket_names()[:last]
-    fig, (ax, side) = plt.subplots(1, 2, figsize=(2.0 + 0.45 * last + 2.2, 1.2 + 0.24 * stats.n_layers),
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(2.0 + 0.45 * last + 2.2, _height(stats)),
                                    gridspec_kw={"width_ratios": [0.45 * last, 1.8]})
     shown = np.where(prof[:, :last] > 0, prof[:, :last], np.nan)
     im = ax.imshow(np.log10(shown), aspect="auto", cmap="viridis", vmin=-4, vmax=0, interpolation="nearest")
@@ -44,7 +49,7 @@ def plot_distance(stats: PositionStats, title: str):
             edge = next(b for b, (lo, _) in enumerate(bucket_bounds()) if lo > w)
             if edge < last:
                 ax.plot([edge - 0.5, edge - 0.5], [layer - 0.5, layer + 0.5], color="red", lw=1.2)
-    fig.colorbar(im, ax=ax, label="log10 attention mass (blank: 0)", fraction=0.05)
+    fig.colorbar(im, ax=ax, fraction=0.05).set_label("log10 mass (blank: 0)", fontsize=8)
     md = stats.mean_distance().mean(1)
     side.barh(range(stats.n_layers), md, color=["tab:grey" if w is not None else "tab:blue" for w in stats.windows])
     side.set_ylim(stats.n_layers - 0.5, -0.5)
@@ -64,7 +69,7 @@ def plot_profile(stats: PositionStats, title: str):
     bidirectional = bool(np.nansum(pos[:, N_POSITION_BINS]) > 0)
     cols = N_POSITION_BINS + (1 if bidirectional else 0)
     names = position_bin_names()[:cols]
-    fig, (ax, line) = plt.subplots(1, 2, figsize=(9.5, 1.4 + 0.24 * stats.n_layers),
+    fig, (ax, line) = plt.subplots(1, 2, figsize=(9.5, _height(stats)),
                                    gridspec_kw={"width_ratios": [1.2, 1]})
     im = ax.imshow(pos[:, :cols], aspect="auto", cmap="magma", vmin=0, interpolation="nearest")
     ax.set_xticks(range(cols))
@@ -73,7 +78,7 @@ def plot_profile(stats: PositionStats, title: str):
     ax.set_yticklabels(_layer_labels(stats), fontsize=7)
     ax.set_xlabel("key's place in the query's context (tenths)")
     ax.set_ylabel("layer (w: sliding window)")
-    fig.colorbar(im, ax=ax, label="attention mass", fraction=0.05)
+    fig.colorbar(im, ax=ax, fraction=0.05).set_label("attention mass", fontsize=8)
     x = np.arange(N_POSITION_BINS) + 0.5
     kinds = stats.layer_kinds()
     for kind in dict.fromkeys(kinds):
@@ -83,6 +88,8 @@ def plot_profile(stats: PositionStats, title: str):
     line.plot(x, wo[:N_POSITION_BINS], ls="--", color="black", lw=1, label="every layer, first token left out")
     line.axhline(1 / N_POSITION_BINS, color="grey", lw=0.6, ls=":")
     line.set_yscale("log")
+    line.yaxis.set_minor_formatter(NullFormatter())
+    line.tick_params(axis="y", labelsize=7)
     line.set_xlabel("key's place in the context (tenths)", fontsize=8)
     line.set_ylabel("mass (log)", fontsize=8)
     line.set_xticks(range(0, N_POSITION_BINS + 1, 2))
