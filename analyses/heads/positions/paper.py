@@ -11,9 +11,8 @@ HSIEH = "Hsieh et al. (2024)"
 LOST = Source(LIU, "Figure 1 and section 2", "GPT-3.5-Turbo, Claude-1.3, MPT-30B-Instruct, LongChat-13B and others",
               "multi-document question answering (the document with the answer moved among 10, 20, 30 retrieved "
               "documents) and key-value retrieval")
-FOUND = Source(HSIEH, "section 2 (abstract)", "7B chat models (Vicuna, Mistral)",
-               "the attention a model's question puts on each retrieved document, by the document's place in the "
-               "prompt")
+FOUND = Source(HSIEH, "Figure 1(b) and abstract", "the open LLMs of their study",
+               "the attention weights on each retrieved document of a RAG prompt, by the document's place in it")
 
 TEXT = {
     "liu": ("Liu et al.: accuracy is highest when the relevant document comes first or last in the context and "
