@@ -102,6 +102,24 @@ def position_segments(corpus, loaded, args, causal: bool, report):
         yield s
 
 
+def check_backend(args, spec) -> None:
+    """A one-line refusal, before anything is written, where the backend chosen does not compute the
+    statistics (the Triton kernel, until it writes the distance and position statistics)."""
+    from bertscope.kernels import resolve_backend
+
+    try:
+        backend = resolve_backend(args.backend, args.device)
+    except ValueError:
+        return  # the engine says why, in one line
+    if backend == "triton":
+        from bertscope.kernels.triton_attention import check_computed
+
+        try:
+            check_computed(spec)
+        except NotImplementedError as e:
+            raise UserError(f"{e} (on a GPU: --backend chunked)") from None
+
+
 def position_run(run: ModelRun, args) -> int:
     from bertscope.analyses.heads.positions import stats as P  # see the note above `logger`
     from bertscope.engine.loop import EngineOptions, fold
@@ -111,6 +129,7 @@ def position_run(run: ModelRun, args) -> int:
     loaded = run.loaded
     config = loaded.model.config
     causal = loaded.architecture.is_causal(config)
+    check_backend(args, P.spec_for())
     corpus = open_corpus(args.corpus, args.text_field)
     len(corpus)  # a text file is indexed (so checked) before anything is written
     report = SegmentReport()

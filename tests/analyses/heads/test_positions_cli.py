@@ -156,3 +156,29 @@ def test_the_encoder_reads_both_ways(minilm_path, wiki, tmp_path):
         assert sum(float(r[c]) for c in P.distance_columns()) == pytest.approx(1, abs=1e-5)
     results = json.loads((out / "run.json").read_text())["analyses"]["positions"]["results"]
     assert results["segments"] == 4 and len(results["mean_distance_by_layer"]) == 6
+
+
+def test_the_triton_backend_computes_the_statistics_or_is_refused_in_one_line(tiny, corpus, tmp_path, capsys):
+    """Until the Triton kernel writes the distance and position statistics, --backend triton is one line
+    (exit 2, nothing written); once it does, it gives the chunked backend's numbers."""
+    from bertscope.kernels.triton_attention import check_computed
+
+    common = ["heads", "positions", "--model", tiny["gemma3_text"], "--corpus", str(corpus), "--limit", "all",
+              "--max-len", "24", "--quiet", "--no-figures"]
+    try:
+        check_computed(P.spec_for())
+        computed = True
+    except NotImplementedError:
+        computed = False
+    code = main([*common, "--backend", "triton", "--out", str(tmp_path / "triton")])
+    if not computed:
+        assert code == 2 and not (tmp_path / "triton").exists()
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("bertscope: error: the triton backend does not compute ")
+        assert "distance_mass" in err[0] and "--backend chunked" in err[0]
+        return
+    assert code == 0
+    assert main([*common, "--backend", "chunked", "--out", str(tmp_path / "chunked")]) == 0
+    a, b = (P.PositionStats.load(tmp_path / name / O.STATS_FILE) for name in ("triton", "chunked"))
+    for name in P.ARRAYS:
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=1e-4, err_msg=name)
