@@ -187,7 +187,8 @@ def write_outputs(run: ModelRun, stats: P.PositionStats, report, args):
         from bertscope.analyses.heads.positions import plots
 
         corpus = "Wikipedia" if args.corpus == "wiki" else str(args.corpus)
-        title = (f"{model_name(run.loaded.path)}, {results['segments']} {corpus} segments of up to "
+        n = results["segments"]
+        title = (f"{model_name(run.loaded.path)}, {n} {corpus} segment{'' if n == 1 else 's'} of up to "
                  f"{args.max_len} tokens")
         run.save_figure(plots.plot_distance(stats, title), DISTANCE_FIGURE)
         run.save_figure(plots.plot_profile(stats, title), PROFILE_FIGURE)
