@@ -32,6 +32,7 @@ from bertscope.analyses.heads.positions.outputs import (
     NAME,
     PROFILE_FIGURE,
     PROFILE_FILE,
+    STATS_CHECKPOINT,
     STATS_FILE,
 )
 from bertscope.analyses.surface.command import check_lone_tokens
@@ -87,7 +88,7 @@ def main(args) -> int:
         args = ModelRun.resumed_args(NAME, args, add_arguments, keys=RESUMED, command=COMMAND)
     if not 0 < args.late <= 1:
         raise UserError(f"--late must lie in (0, 1] (the share of each segment's last tokens), not {args.late:g}")
-    with ModelRun(NAME, args, command=COMMAND, resumable=True, open=False) as run:
+    with ModelRun(NAME, args, command=COMMAND, distributed=True, resumable=True, open=False) as run:
         return position_run(run, args)
 
 
@@ -141,9 +142,10 @@ def position_run(run: ModelRun, args) -> int:
     run.open(args.out)  # the input is good: only now is anything written
     run.announce()
 
+    world = run.world
     windows = [None if lay.window is None else lay.window[0] for lay in loaded.architecture.layouts(config)]
     stats = P.PositionStats(loaded.n_layers, loaded.n_heads, windows, late=args.late)
-    path = run.dir / STATS_FILE
+    path = run.dir / STATS_CHECKPOINT.format(suffix=world.suffix())
     if args.resume and path.exists():
         try:
             saved = P.PositionStats.load(path)
@@ -161,13 +163,35 @@ def position_run(run: ModelRun, args) -> int:
     options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=run.progress,
                             checkpoint_every=every, total=args.limit)
     fold(loaded, stream, stats.spec, [stats], options, classes=P.FIRST_CLASSES, checkpoint=lambda: stats.save(path),
-         desc="positions")
+         shard=(world.rank, world.size), desc="positions")
     stats.save(path)
+    stats = all_reduce(world, stats)
+    run.shutdown()
+    if not world.is_main:
+        return 0
+    stats.save(run.dir / STATS_FILE)  # the sums of every rank (under torchrun; else the file saved above)
     run.outputs.append(STATS_FILE)
     if stats.n_rows == stats.n_segments:  # one query per segment: every segment one token long
         check_lone_tokens(report, args.corpus, every=True)
     write_outputs(run, stats, report, args)
     return 0
+
+
+def all_reduce(world, stats: P.PositionStats) -> P.PositionStats:
+    """Every rank's sums added into each rank's copy (torchrun: each rank folded its shard of batches)."""
+    if world.size == 1:
+        return stats
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from bertscope.analyses.heads.positions import stats as P  # see the note above `logger`
+
+    for name in P.ARRAYS:
+        t = torch.from_numpy(np.atleast_1d(getattr(stats, name)).astype(np.float64))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        setattr(stats, name, t.numpy().reshape(getattr(stats, name).shape).astype(P.ARRAYS[name][1]))
+    return stats
 
 
 def write_outputs(run: ModelRun, stats: P.PositionStats, report, args):

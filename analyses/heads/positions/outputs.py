@@ -11,6 +11,7 @@ DISTANCE_FILE = "positions_distance.csv"  # one row per (layer, head): mean dist
 PROFILE_FILE = "positions_profile.csv"  # one row per (layer, head): late queries' mass per tenth of their context
 LAYERS_FILE = "positions_layers.csv"  # one row per layer: both, means over heads
 STATS_FILE = "positions.npz"  # the sums (`PositionStats`), saved every few batches: what --resume continues
+STATS_CHECKPOINT = "positions{suffix}.npz"  # under torchrun each rank's own sums ("positions.rank0.npz", ...)
 
 DISTANCE_FIGURE = "fig_positions_distance.png"  # layer x log2 distance bucket heat map, mean over heads
 PROFILE_FIGURE = "fig_positions_profile.png"  # layer x tenth of the context heat map (late queries), and its mean

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import interrupt_on_call
+from conftest import interrupt_on_call, run_one_and_two_ranks
 from tiny_decoders import TEXTS, save_family
 
 from bertscope.analyses.heads.positions import outputs as O
@@ -131,6 +131,22 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(tiny, corpus, tmp_path,
         np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-9, err_msg=name)
     for name in (O.DISTANCE_FILE, O.PROFILE_FILE, O.LAYERS_FILE):
         assert rows_of(full / name) == rows_of(part / name), name
+
+
+def test_two_torchrun_ranks_give_the_sums_of_one_process(tiny, corpus, tmp_path):
+    args = ["heads", "positions", "--model", tiny["gemma3_text"], "--corpus", str(corpus), "--limit", "all",
+            "--max-len", "24", "--batch-size", "1", "--backend", "chunked", "--threads", "1", "--quiet"]
+    one, two = run_one_and_two_ranks(args, tmp_path, port=29563)
+    halves = [P.PositionStats.load(two / f"positions.rank{r}.npz") for r in (0, 1)]
+    assert sorted(int(h.n_segments) for h in halves) == [2, 3]  # 5 segments in batches of one, shared out
+    a, b = P.PositionStats.load(one / O.STATS_FILE), P.PositionStats.load(two / O.STATS_FILE)
+    assert a.n_segments == b.n_segments == len(TEXTS)
+    for name in P.ARRAYS:
+        np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-9, atol=1e-12, err_msg=name)
+    x, y = rows_of(one / O.LAYERS_FILE), rows_of(two / O.LAYERS_FILE)
+    assert [r["attention"] for r in x] == [r["attention"] for r in y] == ["window 3", "global"]
+    np.testing.assert_allclose([float(r["mean_distance"]) for r in y], [float(r["mean_distance"]) for r in x],
+                               rtol=1e-9)
 
 
 @pytest.mark.parametrize("late", ["0", "1.5", "-0.1"])
