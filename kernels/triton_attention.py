@@ -65,7 +65,18 @@ import triton.language as tl
 
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
-from .spec import PLAIN, ROW_STATS, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats
+from .spec import (
+    FIXED_WIDTHS,
+    N_DISTANCE_BUCKETS,
+    N_POSITION_BINS,
+    PLAIN,
+    ROW_STATS,
+    AttentionLayout,
+    RowStats,
+    StatsSpec,
+    WordPooling,
+    asked_stats,
+)
 from .triton_tiles import DTYPES, FMIN, key_block_scores, launch_caps
 
 # rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
@@ -76,17 +87,27 @@ SINGLE_TILE_MAX_L_FP32 = 32
 MAXNREG_PLAIN = 128
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same block sizes
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# the position-dependent statistics' widths (spec.FIXED_WIDTHS) and their accumulators' (powers of two):
+# DB log2 distance buckets (the last one open: 32768 and beyond), NPB tenths of the row's context,
+# then one bin for keys after the query
+DB = tl.constexpr(N_DISTANCE_BUCKETS)  # 17
+DB_PAD = tl.constexpr(triton.next_power_of_2(N_DISTANCE_BUCKETS))  # 32
+NPB = tl.constexpr(N_POSITION_BINS)  # 10
+PB_PAD = tl.constexpr(triton.next_power_of_2(N_POSITION_BINS + 1))  # 16
+# a distance / scaled key position above any a sequence has (the open end of the last bucket or bin)
+OPEN_END = tl.constexpr(2147483647)
 
 
 @triton.jit
 def _key_block(
-    acc, l_i, m_i, t_i, arg_i, cls_i,  #
+    acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
     q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
     stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
     sm_scale, L, D, n_classes, offs_d, FMIN,  #
     BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, MASKED: tl.constexpr, ANY_ORDER: tl.constexpr,  #
     SINGLE_TILE: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, IS_FP32: tl.constexpr,  #
-    CLASS_DOT: tl.constexpr,
+    CLASS_DOT: tl.constexpr, DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr,  #
+    POSITION_MASS: tl.constexpr,
 ):
     """One key block of the softmax for a tile of (stacked) query rows; every row statistic
     that is summed over keys is updated here, once for every layout.
@@ -99,7 +120,16 @@ def _key_block(
     ANY_ORDER: blocks may come out of key order (the banded kernel visits the band's unmasked
     middle first), so argmax ties are settled by index. SINGLE_TILE: this is the row's only
     block, p is normalised here (acc and cls_i come back divided by l_i); otherwise the
-    epilogue divides."""
+    epilogue divides.
+
+    The position-dependent sums (spec.py's `_distance_mass`, `_mean_distance`, `_position_mass`)
+    are online sums like the class mass: rescaled by alpha, divided by l_i in the epilogue.
+    dist_i (BLOCK_M, DB_PAD) the mass in each log2 bucket of |i - j|, dsum_i (BLOCK_M,)
+    sum_j p_j |i - j|, pmass_i (BLOCK_M, PB_PAD) the mass in each bin floor(NPB j / (i + 1)) of
+    keys j <= i, then bin NPB for j > i. The buckets and bins are exact integer comparisons
+    (no log of a float), one masked row sum per bucket the block can touch: the block's
+    distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi], a few of each (one or two far
+    from the diagonal)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     s, kv, n_in = key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, stride_ml,
                                    sm_scale, L, D, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
@@ -165,13 +195,58 @@ def _key_block(
         acc = tl.dot(pv, v, acc, input_precision="ieee")  # (BLOCK_M, BLOCK_D)
     else:
         acc = tl.dot(pv, v, acc)
-    return acc, l_i, m_i, t_i, arg_i, cls_i
+    # -- position-dependent sums, in fp32 from p: the block's rows are at pos, its keys at offs_n
+    if DISTANCE_MASS or MEAN_DISTANCE:
+        dist = tl.abs(pos[:, None] - offs_n[None, :])  # (BLOCK_M, BLOCK_N) |i - j|
+    if MEAN_DISTANCE:
+        dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
+    if DISTANCE_MASS:
+        # bucket b holds lo <= d < hi, lo = 2^b / 2 (0 for b = 0), hi = 2^b (open for the last one)
+        i_lo = tl.min(pos, 0)
+        i_hi = tl.max(pos, 0)
+        d_lo = tl.maximum(tl.maximum(start_n - i_hi, i_lo - (start_n + BLOCK_N - 1)), 0)
+        d_hi = tl.maximum(i_hi - start_n, start_n + BLOCK_N - 1 - i_lo)
+        didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+        dist_i = dist_i * alpha[:, None]
+        for b in range(_distance_bucket(d_lo), _distance_bucket(d_hi) + 1):
+            hi = tl.where(b == DB - 1, OPEN_END, 1 << b)
+            mass = tl.sum(tl.where((dist >= (1 << b) >> 1) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
+            dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)  # (BLOCK_M, DB_PAD)
+    if POSITION_MASS:
+        # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1), i.e. floor(NPB j / (i + 1)) = b
+        # (so j <= i); bin NPB holds NPB j >= NPB (i + 1), i.e. j > i
+        i_lo = tl.min(pos, 0)
+        i_hi = tl.max(pos, 0)
+        j_lo = tl.min(offs_n, 0)  # (tensors first: the interpreter keeps constexpr * int a constexpr)
+        j_hi = tl.max(offs_n, 0)
+        b_lo = tl.minimum((j_lo * NPB) // (i_hi + 1), NPB)
+        b_hi = tl.where(j_hi > i_lo, NPB, (j_hi * NPB) // (i_lo + 1))
+        tj = offs_n * NPB  # (BLOCK_N,)
+        pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+        pmass_i = pmass_i * alpha[:, None]
+        for b in range(b_lo, b_hi + 1):
+            edge = b * (pos + 1)  # (BLOCK_M,) the bin's first scaled key position
+            hi = tl.where(b == NPB, OPEN_END, edge + pos + 1)
+            inside = (tj[None, :] >= edge[:, None]) & (tj[None, :] < hi[:, None])  # (BLOCK_M, BLOCK_N)
+            mass = tl.sum(tl.where(inside, p, 0.0), 1)  # (BLOCK_M,)
+            pmass_i = tl.where(pidx[None, :] == b, pmass_i + mass[:, None], pmass_i)  # (BLOCK_M, PB_PAD)
+    return acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i
+
+
+@triton.jit
+def _distance_bucket(d):
+    """The log2 bucket of a distance d >= 0: the number of spec.DISTANCE_EDGES (1, 2, 4, ...,
+    2^(DB - 2)) that are <= d, by comparisons."""
+    b = (d >= 1).to(tl.int32)
+    for e in tl.static_range(1, DB - 1):
+        b += (d >= (1 << e)).to(tl.int32)
+    return b
 
 
 @triton.jit
 def _attn_stats_fwd(
     Q, K, V, KeyValid, KeyClass, GateXi, GateUniform, Offsets,  #
-    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax,  #
+    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax, DistanceMass, MeanDistance, PositionMass,  #
     sm_scale,  #
     stride_qb, stride_qh, stride_ql, stride_qd,  #
     stride_kb, stride_kh, stride_kl, stride_kd,  #
@@ -180,7 +255,8 @@ def _attn_stats_fwd(
     stride_mb, stride_ml, stride_cb, stride_cl,  #
     H, L, D, n_offsets, n_classes, G, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
-    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,  #
+    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr,  #
+    POSITION_MASS: tl.constexpr,  #
     BANDED: tl.constexpr, SINGLE_TILE: tl.constexpr, IS_FP32: tl.constexpr, CLASS_DOT: tl.constexpr,  #
     UNIFORM: tl.constexpr,
 ):
@@ -219,6 +295,9 @@ def _attn_stats_fwd(
     arg_i = tl.zeros([BLOCK_M], dtype=tl.int32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     cls_i = tl.zeros([BLOCK_M, C_PAD], dtype=tl.float32)
+    dist_i = tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32)  # carried only when the switches are on
+    dsum_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    pmass_i = tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32)
     if BANDED:
         # -- the tile's key range, and its blocks inside every row's band (no mask needed there)
         first = (start_m * BLOCK_M) // G
@@ -228,19 +307,21 @@ def _attn_stats_fwd(
         full_lo = tl.maximum(tl.cdiv(tl.maximum(last - win_left, 0), BLOCK_N) * BLOCK_N, start_lo)
         full_hi = tl.maximum(tl.minimum(((first + win_right + 1) // BLOCK_N) * BLOCK_N, end), full_lo)
         for start_n in range(full_lo, full_hi, BLOCK_N):  # inside every row's band
-            acc, l_i, m_i, t_i, arg_i, cls_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
+            acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
                 Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
-                BLOCK_N, C_PAD, False, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT)
+                BLOCK_N, C_PAD, False, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
+                DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
         n_left = (full_lo - start_lo) // BLOCK_N
         for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the band's edges: left, then right
             start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
-            acc, l_i, m_i, t_i, arg_i, cls_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
+            acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
                 Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
-                BLOCK_N, C_PAD, True, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT)
+                BLOCK_N, C_PAD, True, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
+                DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
     else:
         start_lo = 0
         if SINGLE_TILE:
@@ -248,15 +329,22 @@ def _attn_stats_fwd(
         else:
             end = L
         for start_n in range(0, end, BLOCK_N):  # every key, in order
-            acc, l_i, m_i, t_i, arg_i, cls_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
+            acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
                 Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
-                BLOCK_N, C_PAD, False, False, SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT)
+                BLOCK_N, C_PAD, False, False, SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
+                DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
     # -- epilogue: normalise (the online path), row statistics
     if not SINGLE_TILE:
         acc = acc / l_i[:, None]
         cls_i = cls_i / l_i[:, None]
+        if DISTANCE_MASS:
+            dist_i = dist_i / l_i[:, None]
+        if MEAN_DISTANCE:
+            dsum_i = dsum_i / l_i
+        if POSITION_MASS:
+            pmass_i = pmass_i / l_i[:, None]
     row = g * L + pos  # (BLOCK_M,) rows of the (B, H, L, ...) statistics, from the group's first
     Lse += bh0 * L
     tl.store(Lse + row, m_i + tl.log(l_i), mask=f_in)
@@ -267,6 +355,16 @@ def _attn_stats_fwd(
     cidx = tl.arange(0, C_PAD)  # (C_PAD,)
     tl.store(ClassMass + bh0 * L * n_classes + row[:, None] * n_classes + cidx[None, :], cls_i,
              mask=f_in[:, None] & (cidx[None, :] < n_classes))
+    if DISTANCE_MASS:
+        didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+        tl.store(DistanceMass + bh0 * L * DB + row[:, None] * DB + didx[None, :], dist_i,
+                 mask=f_in[:, None] & (didx[None, :] < DB))
+    if MEAN_DISTANCE:
+        tl.store(MeanDistance + bh0 * L + row, dsum_i, mask=f_in)
+    if POSITION_MASS:
+        pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+        tl.store(PositionMass + bh0 * L * (NPB + 1) + row[:, None] * (NPB + 1) + pidx[None, :], pmass_i,
+                 mask=f_in[:, None] & (pidx[None, :] <= NPB))
     # -- offset mass: p_{i, i+o} = exp(s_{i, i+o} - m_i) / l_i from a shifted K tile, 0 outside the row's band
     qf = q.to(tl.float32)
     for o in range(0, n_offsets):
@@ -533,6 +631,7 @@ def allocate_outputs(spec: StatsSpec, dims: dict, lse, stats_dtype) -> tuple[dic
     index), so a value the kernel skips fails every comparison with eager instead of passing
     as stale memory; compiled, they are left uninitialised (no extra pass over them)."""
     outputs, flags = {}, {}
+    dims = {**FIXED_WIDTHS, **dims}  # the table's fixed widths (distance buckets, position bins)
     for stat, arg, flag in kernel_outputs():
         on = stat.asked(spec)
         if flag is not None:
