@@ -201,7 +201,7 @@ def _key_block(
     if MEAN_DISTANCE:
         dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
     if DISTANCE_MASS:
-        # bucket b holds lo <= d < hi, lo = 2^b / 2 (0 for b = 0), hi = 2^b (open for the last one)
+        # the block's distances lie in [d_lo, d_hi]: their buckets, one masked row sum each
         i_lo = tl.min(pos, 0)
         i_hi = tl.max(pos, 0)
         d_lo = tl.maximum(tl.maximum(start_n - i_hi, i_lo - (start_n + BLOCK_N - 1)), 0)
@@ -209,8 +209,8 @@ def _key_block(
         didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
         dist_i = dist_i * alpha[:, None]
         for b in range(_distance_bucket(d_lo), _distance_bucket(d_hi) + 1):
-            hi = tl.where(b == DB - 1, OPEN_END, 1 << b)
-            mass = tl.sum(tl.where((dist >= (1 << b) >> 1) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
+            lo, hi = _bucket_edges(b)
+            mass = tl.sum(tl.where((dist >= lo) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
             dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)  # (BLOCK_M, DB_PAD)
     if POSITION_MASS:
         # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1), i.e. floor(NPB j / (i + 1)) = b
@@ -241,6 +241,13 @@ def _distance_bucket(d):
     for e in tl.static_range(1, DB - 1):
         b += (d >= (1 << e)).to(tl.int32)
     return b
+
+
+@triton.jit
+def _bucket_edges(b):
+    """(lo, hi): distance bucket b holds lo <= d < hi; lo = 2^b / 2 (0 for b = 0), hi = 2^b, open
+    for the last bucket (2^(DB - 2) and beyond)."""
+    return (1 << b) >> 1, tl.where(b == DB - 1, OPEN_END, 1 << b)
 
 
 @triton.jit
@@ -308,8 +315,9 @@ def _attn_stats_fwd(
         full_hi = tl.maximum(tl.minimum(((first + win_right + 1) // BLOCK_N) * BLOCK_N, end), full_lo)
         for start_n in range(full_lo, full_hi, BLOCK_N):  # inside every row's band
             acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
-                Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
+                q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+                stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
                 BLOCK_N, C_PAD, False, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
                 DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
@@ -317,8 +325,9 @@ def _attn_stats_fwd(
         for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the band's edges: left, then right
             start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
             acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
-                Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
+                q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+                stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
                 BLOCK_N, C_PAD, True, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
                 DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
@@ -330,8 +339,9 @@ def _attn_stats_fwd(
             end = L
         for start_n in range(0, end, BLOCK_N):  # every key, in order
             acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
-                Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
+                q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+                stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
                 BLOCK_N, C_PAD, False, False, SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
                 DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
