@@ -17,13 +17,18 @@ and in the same pass the row statistics of `spec.StatsSpec`:
                 CLASS_DOT=False takes C masked passes instead (kept to time both on a GPU);
 - argmax        the first key with the row's largest score (ties: lowest index), tracked
                 with the running max;
+- distance mass, mean distance, position mass: sums of p_j by the query-key distance
+                |i - j| (log2 buckets), of p_j |i - j|, and by the key's tenth of the row's
+                context [0, i] (then "after the query"), from the block's query and key positions
+                in `_key_block`: exact integer buckets, one masked row sum per bucket a block can
+                touch, rescaled like the class mass;
 - lse           m + ln l, fp32, for passes that need p again (column mass, JS divergence).
 
 Two code paths, chosen by the constexpr SINGLE_TILE:
 - single-tile (plain layout only): the whole key row sits in one (BLOCK_M, BLOCK_N) tile, the
   softmax is exact (normalised in registers before P V), for short rows (`kernel_config`);
 - online: key blocks of BLOCK_N with a running max, FlashAttention-style rescaling of
-  the output, the class masses and t.
+  the output, the class masses, the position-dependent sums and t.
 
 Head gates are applied in the epilogue: a uniform head's output is the mean of V over the
 valid keys it sees (a second pass over its keys, compiled in only for a call with uniform
@@ -498,8 +503,9 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     class_dot:  class masses by one one-hot dot per key block (True), or C masked passes
     Returns (out (B, L, H, D) contiguous in the input dtype, dict of the statistics the
     kernel writes (`kernel_outputs`) that the spec asks for: "entropy" (B, H, L),
-    "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C), "argmax" (B, H, L) int64, lse
-    (B, H, L) fp32). The class masses are computed whether asked for or not (no switch).
+    "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C), "argmax" (B, H, L) int64,
+    "distance_mass" (B, H, L, DB), "mean_distance" (B, H, L), "position_mass" (B, H, L, PB),
+    lse (B, H, L) fp32). The class masses are computed whether asked for or not (no switch).
     Statistics of padding-query rows are left as computed (finite); out of a gated head
     is gated, statistics never are.
     """
@@ -635,11 +641,12 @@ def check_computed(spec: StatsSpec):
 
 
 def allocate_outputs(spec: StatsSpec, dims: dict, lse, stats_dtype) -> tuple[dict, dict]:
-    """The kernel's output tensors, one per statistic of `kernel_outputs` (shapes from `dims`), and
-    its constexpr switches; a statistic the spec does not ask for gets `lse` as a placeholder
-    pointer the kernel never writes. Under the interpreter the outputs start as NaN (-2 for an
-    index), so a value the kernel skips fails every comparison with eager instead of passing
-    as stale memory; compiled, they are left uninitialised (no extra pass over them)."""
+    """The kernel's output tensors, one per statistic of `kernel_outputs` (shapes from `dims` and
+    the table's fixed widths, `spec.FIXED_WIDTHS`), and its constexpr switches; a statistic the
+    spec does not ask for gets `lse` as a placeholder pointer the kernel never writes. Under the
+    interpreter the outputs start as NaN (-2 for an index), so a value the kernel skips fails
+    every comparison with eager instead of passing as stale memory; compiled, they are left
+    uninitialised (no extra pass over them)."""
     outputs, flags = {}, {}
     dims = {**FIXED_WIDTHS, **dims}  # the table's fixed widths (distance buckets, position bins)
     for stat, arg, flag in kernel_outputs():
