@@ -76,6 +76,7 @@ from .spec import (
     N_POSITION_BINS,
     PLAIN,
     ROW_STATS,
+    STAT,
     AttentionLayout,
     RowStats,
     StatsSpec,
@@ -92,6 +93,9 @@ SINGLE_TILE_MAX_L_FP32 = 32
 MAXNREG_PLAIN = 128
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same block sizes
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# the statistics whose accumulators change which plain-layout configuration fits in registers
+# (`kernel_config`'s positions)
+POSITION_STATS = ("distance_mass", "mean_distance", "position_mass")
 # the position-dependent statistics' widths (spec.FIXED_WIDTHS) and their accumulators' (powers of two):
 # DB log2 distance buckets (the last one open: 32768 and beyond), NPB tenths of the row's context,
 # then one bin for keys after the query
@@ -432,7 +436,7 @@ INTERPRETED = not isinstance(_attn_stats_fwd, triton.runtime.jit.JITFunction)
 
 
 def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None = None,
-                  uniform: bool = False) -> dict:
+                  uniform: bool = False, positions: bool = False) -> dict:
     """Code path, block sizes, warps and stages for rows of length L, head dimension D.
 
     The shipped configurations are those `triton_aot` compiles for sm_80 and sm_90 with no
@@ -460,11 +464,18 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
     the D = 32 single tiles (150-205 registers), a 255 cap makes ptxas take all 255 for fp32
     online blocks at D = 64 and spill on sm_90. The cap is a launch option, in the dict only
     where it applies.
+
+    positions: the call asks for a statistic of POSITION_STATS, whose accumulators (BLOCK_M x 32
+    and x 16 fp32) and bucket loops need more registers (Triton 3.7, ptxas -v): no cap (capped at
+    128, the fp16 single tile at D = 64 spilled 4 / 40 bytes on sm_80 / sm_90, the fp32 online
+    block at D = 32 20 / 24; uncapped they take 179 and 166-170 registers, no spill), and fp32
+    rows take the online path (the fp32 single tile at D = 64 already takes 255 registers and
+    spilled 20 bytes on sm_90; the online block at D = 64 takes 249-251, no spill).
     """
     fp16 = dtype in HALF_DTYPES  # fp16 or bf16
     max_single = SINGLE_TILE_MAX_L if fp16 else SINGLE_TILE_MAX_L_FP32
     if single_tile is None:
-        single_tile = L <= max_single
+        single_tile = L <= max_single and (fp16 or not positions)
     block_d = max(16, triton.next_power_of_2(D))
     if single_tile:
         block_n = max(max_single, triton.next_power_of_2(L))
@@ -479,7 +490,7 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
         capped = block_d <= 32
     cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile, num_warps=num_warps,
                num_stages=num_stages)
-    if capped and not uniform:
+    if capped and not uniform and not positions:
         cfg["maxnreg"] = MAXNREG_PLAIN
     return cfg
 
@@ -512,8 +523,9 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     _check_dtypes(q, k, v)
     B, H, L, D = q.shape
     uniform = gates is not None and gates.uniform is not None
-    return _launch(q, k, v, key_valid, key_class, spec, PLAIN, kernel_config(L, D, q.dtype, single_tile, uniform),
-                   gates, scale, stats_dtype, class_dot)
+    positions = any(STAT[name].asked(spec) for name in POSITION_STATS)
+    return _launch(q, k, v, key_valid, key_class, spec, PLAIN,
+                   kernel_config(L, D, q.dtype, single_tile, uniform, positions), gates, scale, stats_dtype, class_dot)
 
 
 def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,

@@ -204,3 +204,25 @@ def test_long_rows_against_the_oracle(backend, name):
         torch.testing.assert_close(getattr(got, name_), getattr(ref, name_), atol=2e-5, rtol=1e-5, msg=name_)
     far = ref.distance_mass[..., 8].amax()  # bucket 128-255 is reached
     assert (far > 1e-3) == (name == "plain"), far
+
+
+def test_the_position_statistics_take_their_own_configurations():
+    """Their accumulators do not fit the plain layout's register cap (the fp16 single tile at D = 64,
+    the fp32 online block at D = 32 spilled under it) nor the fp32 single tile (255 registers without
+    them): `kernel_config` drops the cap and sends fp32 rows online when a call asks for one of them,
+    and the ahead-of-time compile checks those configurations (`triton_aot`), not the others."""
+    import bertscope.kernels.triton_attention as ta
+    from bertscope.kernels import triton_aot
+
+    assert set(ta.POSITION_STATS) == {"distance_mass", "mean_distance", "position_mass"}
+    half, fp32 = ta.kernel_config(128, 64, torch.float16), ta.kernel_config(512, 32, torch.float32)
+    assert half["SINGLE_TILE"] and half["maxnreg"] == ta.MAXNREG_PLAIN and fp32["maxnreg"] == ta.MAXNREG_PLAIN
+    assert ta.kernel_config(32, 64, torch.float32)["SINGLE_TILE"]
+    half, fp32 = ta.kernel_config(128, 64, torch.float16, positions=True), ta.kernel_config(512, 32, positions=True)
+    assert half["SINGLE_TILE"] and "maxnreg" not in half and "maxnreg" not in fp32
+    assert not ta.kernel_config(32, 64, torch.float32, positions=True)["SINGLE_TILE"]
+    assert ta.kernel_config(32, 64, torch.float32, single_tile=True, positions=True)["SINGLE_TILE"]  # forced
+    on = [s for s in triton_aot.shipped_specialisations(layouts="core", maps=False) if s.extra]
+    assert {s.dtype for s in on} == {"fp32", "fp16", "bf16"} and all(set(s.extra) == set(ta.POSITION_STATS) for s in on)
+    assert any(s.name().startswith("single M32 N128 D64 w8s1 fp16") for s in on)  # uncapped
+    assert any(isinstance(s, triton_aot.LayoutSpec) for s in on)
