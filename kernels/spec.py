@@ -135,7 +135,8 @@ FIXED_WIDTHS = {"DB": N_DISTANCE_BUCKETS, "PB": N_POSITION_BUCKETS}
 
 def distance_bucket_names() -> list[str]:
     """Column names of the distance buckets: "0", "1", "2-3", ..., "16384-32767", "32768+"."""
-    names = ["0"] + [str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])]
+    pairs = zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])
+    names = ["0"] + [str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in pairs]
     return names + [f"{DISTANCE_EDGES[-1]}+"]
 
 

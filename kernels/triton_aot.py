@@ -62,9 +62,10 @@ class Specialisation:
     extra: tuple[str, ...] = ()  # further statistics of the table switched on (their constexpr switch)
 
     def config(self) -> dict:
-        from .triton_attention import kernel_config  # see the note above ARCHS
+        from .triton_attention import POSITION_STATS, kernel_config  # see the note above ARCHS
 
-        return kernel_config(self.L, self.D, torch_dtype(self.dtype), uniform=self.uniform)
+        return kernel_config(self.L, self.D, torch_dtype(self.dtype), uniform=self.uniform,
+                             positions=bool(set(self.extra) & set(POSITION_STATS)))
 
     def switched_on(self) -> set[str]:
         return _switched_on(self)
@@ -199,6 +200,13 @@ class AotSpec:
         return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), c
 
 
+def position_stats() -> tuple[str, ...]:
+    """The position-dependent statistics (`triton_attention.POSITION_STATS`), switched on together."""
+    from .triton_attention import POSITION_STATS  # see the note above ARCHS
+
+    return POSITION_STATS
+
+
 def _cap(c: dict) -> str:
     """The register cap in a specialisation's name: r128 for maxnreg=128, nothing without one."""
     return f"r{c['maxnreg']}" if c.get("maxnreg") is not None else ""
@@ -233,23 +241,28 @@ def layout_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "al
     """The layout kernel's specialisations. "all": every dtype x head dimension (32, 64: the
     encoders' and SmolLM2 / Llama-3.2's; 128; 256: Gemma-3's) x group (G = 1 and G >= 2) with
     the entropy, with and without the argmax, for 4 key classes; 16 and 32 classes, the
-    statistics-free forward and the uniform-gate epilogue at D = 64 and 256. "core": the
-    largest of each block configuration (what the test suite compiles: each layout kernel
-    takes ~10 s to compile on one core, the whole matrix ~25 minutes), fp32 at D = 256 with
-    32 classes among them (it spilled before fp32 capped its registers, layout_kernel_config)."""
+    statistics-free forward, the uniform-gate epilogue and the position-dependent statistics
+    (`position_stats`) at D = 64 and 256. "core": the largest of each block configuration (what
+    the test suite compiles: each layout kernel takes ~10 s to compile on one core, the whole
+    matrix ~25 minutes), fp32 at D = 256 with 32 classes among them (it spilled before fp32
+    capped its registers, layout_kernel_config), and the position-dependent statistics in bf16
+    at D = 64 (255 registers on sm_80) and in fp32 at D = 256 (128, the cap)."""
     if which == "none":
         return []
     if which == "core":
         specs = [LayoutSpec(64, "bf16", True, True, 4, "G"), LayoutSpec(64, "fp16", True, True, 32, "1"),
                  LayoutSpec(256, "bf16", True, True, 32, "G"), LayoutSpec(128, "bf16", True, True, 4, "G"),
                  LayoutSpec(64, "fp32", True, True, 32, "G"), LayoutSpec(256, "fp32", True, True, 32, "G"),
-                 LayoutSpec(64, "bf16", True, True, 4, "G", uniform=True)]
+                 LayoutSpec(64, "bf16", True, True, 4, "G", uniform=True),
+                 LayoutSpec(64, "bf16", True, True, 4, "G", extra=position_stats()),
+                 LayoutSpec(256, "fp32", True, True, 4, "G", extra=position_stats())]
         return [s for s in specs if s.dtype in dtypes and s.n_classes in classes] or specs[:1]
     specs = [LayoutSpec(D, t, True, argmax, 4, group) for t in dtypes for D in LAYOUT_HEAD_DIMS
              for group in ("1", "G") for argmax in (False, True)]
     specs += [LayoutSpec(D, t, True, True, C, "G") for t in dtypes for D in (64, 256) for C in classes if C != 4]
     specs += [LayoutSpec(D, t, False, False, 4, "G") for t in dtypes for D in (64, 256)]
     specs += [LayoutSpec(D, t, True, True, 4, "G", uniform=True) for t in dtypes for D in (64, 256)]
+    specs += [LayoutSpec(D, t, True, True, 4, "G", extra=position_stats()) for t in dtypes for D in (64, 256)]
     return [s for s in specs if s.n_classes in classes]
 
 
@@ -263,7 +276,10 @@ def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, clas
     with uniform head gates (D = 64, the fewest classes asked). The probes' specs
     (entropy and argmax off) also need word maps or column mass, which the fused forward
     delegates to other kernels; the entropy-off, argmax-off forward is compiled once per
-    path, dtype and class count at D = 64. maps=False leaves the whole-map kernels out;
+    path, dtype and class count at D = 64. An analysis that asks for the position-dependent
+    statistics (`distance`, `position_mass`) switches their accumulators on, with their own
+    configurations (`kernel_config`'s positions): each path, dtype and head dimension with the
+    entropy and argmax, 4 classes. maps=False leaves the whole-map kernels out;
     class_dot=False compiles the class masses' masked loop instead of the shipped one-hot dot.
     """
     specs = [Specialisation(L, D, dtype, True, argmax, C, class_dot) for C in classes
@@ -273,6 +289,10 @@ def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, clas
     # a call with uniform head gates (head ablation) compiles the epilogue's second pass over the keys
     specs += [Specialisation(L, 64, dtype, True, True, min(classes), class_dot, uniform=True)
               for dtype in dtypes for L in LENGTHS]
+    # an analysis that asks for the position-dependent statistics (`distance`, `position_mass`) compiles
+    # their accumulators in, with their own configurations (kernel_config's positions)
+    specs += [Specialisation(L, D, dtype, True, True, min(classes), class_dot, extra=position_stats())
+              for dtype in dtypes for L in LENGTHS for D in HEAD_DIMS]
     # one per distinct configuration (several L select the same one)
     seen, unique = set(), []
     for s in specs:

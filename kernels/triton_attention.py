@@ -17,13 +17,18 @@ and in the same pass the row statistics of `spec.StatsSpec`:
                 CLASS_DOT=False takes C masked passes instead (kept to time both on a GPU);
 - argmax        the first key with the row's largest score (ties: lowest index), tracked
                 with the running max;
+- distance mass, mean distance, position mass: sums of p_j by the query-key distance
+                |i - j| (log2 buckets), of p_j |i - j|, and by the key's tenth of the row's
+                context [0, i] (then "after the query"), from the block's query and key positions
+                in `_key_block`: exact integer buckets, one masked row sum per bucket a block can
+                touch, rescaled like the class mass;
 - lse           m + ln l, fp32, for passes that need p again (column mass, JS divergence).
 
 Two code paths, chosen by the constexpr SINGLE_TILE:
 - single-tile (plain layout only): the whole key row sits in one (BLOCK_M, BLOCK_N) tile, the
   softmax is exact (normalised in registers before P V), for short rows (`kernel_config`);
 - online: key blocks of BLOCK_N with a running max, FlashAttention-style rescaling of
-  the output, the class masses and t.
+  the output, the class masses, the position-dependent sums and t.
 
 Head gates are applied in the epilogue: a uniform head's output is the mean of V over the
 valid keys it sees (a second pass over its keys, compiled in only for a call with uniform
@@ -65,7 +70,19 @@ import triton.language as tl
 
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
-from .spec import PLAIN, ROW_STATS, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats
+from .spec import (
+    FIXED_WIDTHS,
+    N_DISTANCE_BUCKETS,
+    N_POSITION_BINS,
+    PLAIN,
+    ROW_STATS,
+    STAT,
+    AttentionLayout,
+    RowStats,
+    StatsSpec,
+    WordPooling,
+    asked_stats,
+)
 from .triton_tiles import DTYPES, FMIN, key_block_scores, launch_caps
 
 # rows up to this length take the single-tile path (fp16 / bf16; fp32, whose exact dots need more registers)
@@ -76,17 +93,30 @@ SINGLE_TILE_MAX_L_FP32 = 32
 MAXNREG_PLAIN = 128
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same block sizes
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# the statistics whose accumulators change which plain-layout configuration fits in registers
+# (`kernel_config`'s positions)
+POSITION_STATS = ("distance_mass", "mean_distance", "position_mass")
+# the position-dependent statistics' widths (spec.FIXED_WIDTHS) and their accumulators' (powers of two):
+# DB log2 distance buckets (the last one open: 32768 and beyond), NPB tenths of the row's context,
+# then one bin for keys after the query
+DB = tl.constexpr(N_DISTANCE_BUCKETS)  # 17
+DB_PAD = tl.constexpr(triton.next_power_of_2(N_DISTANCE_BUCKETS))  # 32
+NPB = tl.constexpr(N_POSITION_BINS)  # 10
+PB_PAD = tl.constexpr(triton.next_power_of_2(N_POSITION_BINS + 1))  # 16
+# a distance / scaled key position above any a sequence has (the open end of the last bucket or bin)
+OPEN_END = tl.constexpr(2147483647)
 
 
 @triton.jit
 def _key_block(
-    acc, l_i, m_i, t_i, arg_i, cls_i,  #
+    acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
     q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
     stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
     sm_scale, L, D, n_classes, offs_d, FMIN,  #
     BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, MASKED: tl.constexpr, ANY_ORDER: tl.constexpr,  #
     SINGLE_TILE: tl.constexpr, ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, IS_FP32: tl.constexpr,  #
-    CLASS_DOT: tl.constexpr,
+    CLASS_DOT: tl.constexpr, DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr,  #
+    POSITION_MASS: tl.constexpr,
 ):
     """One key block of the softmax for a tile of (stacked) query rows; every row statistic
     that is summed over keys is updated here, once for every layout.
@@ -99,7 +129,16 @@ def _key_block(
     ANY_ORDER: blocks may come out of key order (the banded kernel visits the band's unmasked
     middle first), so argmax ties are settled by index. SINGLE_TILE: this is the row's only
     block, p is normalised here (acc and cls_i come back divided by l_i); otherwise the
-    epilogue divides."""
+    epilogue divides.
+
+    The position-dependent sums (spec.py's `_distance_mass`, `_mean_distance`, `_position_mass`)
+    are online sums like the class mass: rescaled by alpha, divided by l_i in the epilogue.
+    dist_i (BLOCK_M, DB_PAD) the mass in each log2 bucket of |i - j|, dsum_i (BLOCK_M,)
+    sum_j p_j |i - j|, pmass_i (BLOCK_M, PB_PAD) the mass in each bin floor(NPB j / (i + 1)) of
+    keys j <= i, then bin NPB for j > i. The buckets and bins are exact integer comparisons
+    (no log of a float), one masked row sum per bucket the block can touch: the block's
+    distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi], a few of each (one or two far
+    from the diagonal)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     s, kv, n_in = key_block_scores(q, K_ptr, Valid_ptr, offs_n, offs_d, stride_kl, stride_kd, stride_ml,
                                    sm_scale, L, D, FMIN, IS_FP32)  # (BLOCK_M, BLOCK_N)
@@ -165,13 +204,65 @@ def _key_block(
         acc = tl.dot(pv, v, acc, input_precision="ieee")  # (BLOCK_M, BLOCK_D)
     else:
         acc = tl.dot(pv, v, acc)
-    return acc, l_i, m_i, t_i, arg_i, cls_i
+    # -- position-dependent sums, in fp32 from p: the block's rows are at pos, its keys at offs_n
+    if DISTANCE_MASS or MEAN_DISTANCE:
+        dist = tl.abs(pos[:, None] - offs_n[None, :])  # (BLOCK_M, BLOCK_N) |i - j|
+    if MEAN_DISTANCE:
+        dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
+    if DISTANCE_MASS:
+        # the block's distances lie in [d_lo, d_hi]: their buckets, one masked row sum each
+        i_lo = tl.min(pos, 0)
+        i_hi = tl.max(pos, 0)
+        d_lo = tl.maximum(tl.maximum(start_n - i_hi, i_lo - (start_n + BLOCK_N - 1)), 0)
+        d_hi = tl.maximum(i_hi - start_n, start_n + BLOCK_N - 1 - i_lo)
+        didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+        dist_i = dist_i * alpha[:, None]
+        for b in range(_distance_bucket(d_lo), _distance_bucket(d_hi) + 1):
+            lo, hi = _bucket_edges(b)
+            mass = tl.sum(tl.where((dist >= lo) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
+            dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)  # (BLOCK_M, DB_PAD)
+    if POSITION_MASS:
+        # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1), i.e. floor(NPB j / (i + 1)) = b
+        # (so j <= i); bin NPB holds NPB j >= NPB (i + 1), i.e. j > i
+        i_lo = tl.min(pos, 0)
+        i_hi = tl.max(pos, 0)
+        j_lo = tl.min(offs_n, 0)  # (tensors first: the interpreter keeps constexpr * int a constexpr)
+        j_hi = tl.max(offs_n, 0)
+        b_lo = tl.minimum((j_lo * NPB) // (i_hi + 1), NPB)
+        b_hi = tl.where(j_hi > i_lo, NPB, (j_hi * NPB) // (i_lo + 1))
+        tj = offs_n * NPB  # (BLOCK_N,)
+        pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+        pmass_i = pmass_i * alpha[:, None]
+        for b in range(b_lo, b_hi + 1):
+            edge = b * (pos + 1)  # (BLOCK_M,) the bin's first scaled key position
+            hi = tl.where(b == NPB, OPEN_END, edge + pos + 1)
+            inside = (tj[None, :] >= edge[:, None]) & (tj[None, :] < hi[:, None])  # (BLOCK_M, BLOCK_N)
+            mass = tl.sum(tl.where(inside, p, 0.0), 1)  # (BLOCK_M,)
+            pmass_i = tl.where(pidx[None, :] == b, pmass_i + mass[:, None], pmass_i)  # (BLOCK_M, PB_PAD)
+    return acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i
+
+
+@triton.jit
+def _distance_bucket(d):
+    """The log2 bucket of a distance d >= 0: the number of spec.DISTANCE_EDGES (1, 2, 4, ...,
+    2^(DB - 2)) that are <= d, by comparisons."""
+    b = (d >= 1).to(tl.int32)
+    for e in tl.static_range(1, DB - 1):
+        b += (d >= (1 << e)).to(tl.int32)
+    return b
+
+
+@triton.jit
+def _bucket_edges(b):
+    """(lo, hi): distance bucket b holds lo <= d < hi; lo = 2^b / 2 (0 for b = 0), hi = 2^b, open
+    for the last bucket (2^(DB - 2) and beyond)."""
+    return (1 << b) >> 1, tl.where(b == DB - 1, OPEN_END, 1 << b)
 
 
 @triton.jit
 def _attn_stats_fwd(
     Q, K, V, KeyValid, KeyClass, GateXi, GateUniform, Offsets,  #
-    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax,  #
+    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax, DistanceMass, MeanDistance, PositionMass,  #
     sm_scale,  #
     stride_qb, stride_qh, stride_ql, stride_qd,  #
     stride_kb, stride_kh, stride_kl, stride_kd,  #
@@ -180,7 +271,8 @@ def _attn_stats_fwd(
     stride_mb, stride_ml, stride_cb, stride_cl,  #
     H, L, D, n_offsets, n_classes, G, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, C_PAD: tl.constexpr,  #
-    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr,  #
+    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr,  #
+    POSITION_MASS: tl.constexpr,  #
     BANDED: tl.constexpr, SINGLE_TILE: tl.constexpr, IS_FP32: tl.constexpr, CLASS_DOT: tl.constexpr,  #
     UNIFORM: tl.constexpr,
 ):
@@ -219,6 +311,9 @@ def _attn_stats_fwd(
     arg_i = tl.zeros([BLOCK_M], dtype=tl.int32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     cls_i = tl.zeros([BLOCK_M, C_PAD], dtype=tl.float32)
+    dist_i = tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32)  # carried only when the switches are on
+    dsum_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    pmass_i = tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32)
     if BANDED:
         # -- the tile's key range, and its blocks inside every row's band (no mask needed there)
         first = (start_m * BLOCK_M) // G
@@ -228,19 +323,23 @@ def _attn_stats_fwd(
         full_lo = tl.maximum(tl.cdiv(tl.maximum(last - win_left, 0), BLOCK_N) * BLOCK_N, start_lo)
         full_hi = tl.maximum(tl.minimum(((first + win_right + 1) // BLOCK_N) * BLOCK_N, end), full_lo)
         for start_n in range(full_lo, full_hi, BLOCK_N):  # inside every row's band
-            acc, l_i, m_i, t_i, arg_i, cls_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
-                Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+            acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
+                q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+                stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
-                BLOCK_N, C_PAD, False, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT)
+                BLOCK_N, C_PAD, False, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
+                DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
         n_left = (full_lo - start_lo) // BLOCK_N
         for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the band's edges: left, then right
             start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
-            acc, l_i, m_i, t_i, arg_i, cls_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
-                Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+            acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
+                q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+                stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
-                BLOCK_N, C_PAD, True, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT)
+                BLOCK_N, C_PAD, True, True, False, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
+                DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
     else:
         start_lo = 0
         if SINGLE_TILE:
@@ -248,15 +347,23 @@ def _attn_stats_fwd(
         else:
             end = L
         for start_n in range(0, end, BLOCK_N):  # every key, in order
-            acc, l_i, m_i, t_i, arg_i, cls_i = _key_block(
-                acc, l_i, m_i, t_i, arg_i, cls_i, q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr,
-                Class_ptr, stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
+            acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i = _key_block(
+                acc, l_i, m_i, t_i, arg_i, cls_i, dist_i, dsum_i, pmass_i,  #
+                q, pos, start_n, lo_m, hi_m, K_ptr, V_ptr, Valid_ptr, Class_ptr,  #
+                stride_kl, stride_kd, stride_vl, stride_vd, stride_ml, stride_cl,  #
                 sm_scale, L, D, n_classes, offs_d, FMIN,  #
-                BLOCK_N, C_PAD, False, False, SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT)
+                BLOCK_N, C_PAD, False, False, SINGLE_TILE, ENTROPY, ARGMAX, IS_FP32, CLASS_DOT,  #
+                DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
     # -- epilogue: normalise (the online path), row statistics
     if not SINGLE_TILE:
         acc = acc / l_i[:, None]
         cls_i = cls_i / l_i[:, None]
+        if DISTANCE_MASS:
+            dist_i = dist_i / l_i[:, None]
+        if MEAN_DISTANCE:
+            dsum_i = dsum_i / l_i
+        if POSITION_MASS:
+            pmass_i = pmass_i / l_i[:, None]
     row = g * L + pos  # (BLOCK_M,) rows of the (B, H, L, ...) statistics, from the group's first
     Lse += bh0 * L
     tl.store(Lse + row, m_i + tl.log(l_i), mask=f_in)
@@ -267,6 +374,16 @@ def _attn_stats_fwd(
     cidx = tl.arange(0, C_PAD)  # (C_PAD,)
     tl.store(ClassMass + bh0 * L * n_classes + row[:, None] * n_classes + cidx[None, :], cls_i,
              mask=f_in[:, None] & (cidx[None, :] < n_classes))
+    if DISTANCE_MASS:
+        didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+        tl.store(DistanceMass + bh0 * L * DB + row[:, None] * DB + didx[None, :], dist_i,
+                 mask=f_in[:, None] & (didx[None, :] < DB))
+    if MEAN_DISTANCE:
+        tl.store(MeanDistance + bh0 * L + row, dsum_i, mask=f_in)
+    if POSITION_MASS:
+        pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+        tl.store(PositionMass + bh0 * L * (NPB + 1) + row[:, None] * (NPB + 1) + pidx[None, :], pmass_i,
+                 mask=f_in[:, None] & (pidx[None, :] <= NPB))
     # -- offset mass: p_{i, i+o} = exp(s_{i, i+o} - m_i) / l_i from a shifted K tile, 0 outside the row's band
     qf = q.to(tl.float32)
     for o in range(0, n_offsets):
@@ -319,7 +436,7 @@ INTERPRETED = not isinstance(_attn_stats_fwd, triton.runtime.jit.JITFunction)
 
 
 def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None = None,
-                  uniform: bool = False) -> dict:
+                  uniform: bool = False, positions: bool = False) -> dict:
     """Code path, block sizes, warps and stages for rows of length L, head dimension D.
 
     The shipped configurations are those `triton_aot` compiles for sm_80 and sm_90 with no
@@ -347,11 +464,18 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
     the D = 32 single tiles (150-205 registers), a 255 cap makes ptxas take all 255 for fp32
     online blocks at D = 64 and spill on sm_90. The cap is a launch option, in the dict only
     where it applies.
+
+    positions: the call asks for a statistic of POSITION_STATS, whose accumulators (BLOCK_M x 32
+    and x 16 fp32) and bucket loops need more registers (Triton 3.7, ptxas -v): no cap (capped at
+    128, the fp16 single tile at D = 64 spilled 4 / 40 bytes on sm_80 / sm_90, the fp32 online
+    block at D = 32 20 / 24; uncapped they take 179 and 166-170 registers, no spill), and fp32
+    rows take the online path (the fp32 single tile at D = 64 already takes 255 registers and
+    spilled 20 bytes on sm_90; the online block at D = 64 takes 249-251, no spill).
     """
     fp16 = dtype in HALF_DTYPES  # fp16 or bf16
     max_single = SINGLE_TILE_MAX_L if fp16 else SINGLE_TILE_MAX_L_FP32
     if single_tile is None:
-        single_tile = L <= max_single
+        single_tile = L <= max_single and (fp16 or not positions)
     block_d = max(16, triton.next_power_of_2(D))
     if single_tile:
         block_n = max(max_single, triton.next_power_of_2(L))
@@ -366,7 +490,7 @@ def kernel_config(L: int, D: int, dtype=torch.float32, single_tile: bool | None 
         capped = block_d <= 32
     cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=single_tile, num_warps=num_warps,
                num_stages=num_stages)
-    if capped and not uniform:
+    if capped and not uniform and not positions:
         cfg["maxnreg"] = MAXNREG_PLAIN
     return cfg
 
@@ -390,16 +514,18 @@ def fused_attention(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     class_dot:  class masses by one one-hot dot per key block (True), or C masked passes
     Returns (out (B, L, H, D) contiguous in the input dtype, dict of the statistics the
     kernel writes (`kernel_outputs`) that the spec asks for: "entropy" (B, H, L),
-    "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C), "argmax" (B, H, L) int64, lse
-    (B, H, L) fp32). The class masses are computed whether asked for or not (no switch).
+    "offset_mass" (B, H, L, O), "class_mass" (B, H, L, C), "argmax" (B, H, L) int64,
+    "distance_mass" (B, H, L, DB), "mean_distance" (B, H, L), "position_mass" (B, H, L, PB),
+    lse (B, H, L) fp32). The class masses are computed whether asked for or not (no switch).
     Statistics of padding-query rows are left as computed (finite); out of a gated head
     is gated, statistics never are.
     """
     _check_dtypes(q, k, v)
     B, H, L, D = q.shape
     uniform = gates is not None and gates.uniform is not None
-    return _launch(q, k, v, key_valid, key_class, spec, PLAIN, kernel_config(L, D, q.dtype, single_tile, uniform),
-                   gates, scale, stats_dtype, class_dot)
+    positions = any(STAT[name].asked(spec) for name in POSITION_STATS)
+    return _launch(q, k, v, key_valid, key_class, spec, PLAIN,
+                   kernel_config(L, D, q.dtype, single_tile, uniform, positions), gates, scale, stats_dtype, class_dot)
 
 
 def fused_attention_layout(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None,
@@ -527,12 +653,14 @@ def check_computed(spec: StatsSpec):
 
 
 def allocate_outputs(spec: StatsSpec, dims: dict, lse, stats_dtype) -> tuple[dict, dict]:
-    """The kernel's output tensors, one per statistic of `kernel_outputs` (shapes from `dims`), and
-    its constexpr switches; a statistic the spec does not ask for gets `lse` as a placeholder
-    pointer the kernel never writes. Under the interpreter the outputs start as NaN (-2 for an
-    index), so a value the kernel skips fails every comparison with eager instead of passing
-    as stale memory; compiled, they are left uninitialised (no extra pass over them)."""
+    """The kernel's output tensors, one per statistic of `kernel_outputs` (shapes from `dims` and
+    the table's fixed widths, `spec.FIXED_WIDTHS`), and its constexpr switches; a statistic the
+    spec does not ask for gets `lse` as a placeholder pointer the kernel never writes. Under the
+    interpreter the outputs start as NaN (-2 for an index), so a value the kernel skips fails
+    every comparison with eager instead of passing as stale memory; compiled, they are left
+    uninitialised (no extra pass over them)."""
     outputs, flags = {}, {}
+    dims = {**FIXED_WIDTHS, **dims}  # the table's fixed widths (distance buckets, position bins)
     for stat, arg, flag in kernel_outputs():
         on = stat.asked(spec)
         if flag is not None:

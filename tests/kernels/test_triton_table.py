@@ -261,6 +261,8 @@ def test_an_output_of_a_dimension_the_launcher_does_not_size_is_an_error(monkeyp
         offsets: tuple = ()
         class_mass: bool = False
         argmax: bool = False
+        distance: bool = False
+        position_mass: bool = False
 
     lse = torch.zeros(1, 1, 4)
     with pytest.raises(NotImplementedError, match="attention_rollout has dimension NB"):

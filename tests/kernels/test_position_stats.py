@@ -1,0 +1,228 @@
+"""The position-dependent row statistics of the table (`distance_mass`, `mean_distance`,
+`position_mass`, kernels/spec.py) against values worked out by hand, in every backend path;
+the Triton kernel's exact integer buckets against `DISTANCE_EDGES` up to and past the last edge;
+and every backend against the oracle at distances the generated tests' short rows never reach
+(several key blocks, buckets up to 128-255, band edges, stacked grouped-query rows).
+
+The generated tests (test_stats_table.py, test_triton_table.py) check each backend against the
+oracle on every case; these check the oracle's definition itself (a definition that is wrong
+in the oracle is wrong the same way in every backend, which no comparison between them sees).
+Triton runs under its interpreter (TRITON_INTERPRET=1, set by tests/conftest.py).
+"""
+import math
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (tests/conftest.py sets it too)
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from bertscope.kernels import AttentionLayout, StatsSpec
+from bertscope.kernels.chunked import attention_stats_chunked
+from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import DISTANCE_EDGES, FIXED_WIDTHS, distance_bucket_names, position_bin_names
+from bertscope.kernels.triton_attention import DB, INTERPRETED, _bucket_edges, _distance_bucket, attention_stats_triton
+
+if not INTERPRETED:
+    pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
+
+SPEC = StatsSpec(n_key_classes=1, distance=True, position_mass=True)
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter reads it again while a kernel runs
+
+
+def triton_backend(*args, **kw):
+    return attention_stats_triton(*args, **kw)
+
+
+def chunked(row_pass):
+    return lambda *a, **kw: attention_stats_chunked(*a, row_pass=row_pass, **kw)
+
+
+RUNS = {"eager": attention_stats_eager, "chunked-compiled": chunked("compiled"), "chunked-torch": chunked("torch"),
+        "triton": triton_backend}
+
+
+def weighted_rows(weights, layout):
+    """One sequence, one head, D = 1: q = 1 and k_j = ln w_j (scale 1), so each row's weights are
+    w_j over the keys it sees, normalised."""
+    L = len(weights)
+    q = torch.ones(1, 1, L, 1)
+    k = torch.log(torch.tensor(weights)).view(1, 1, L, 1)
+    args = (q, k, k.clone(), torch.ones(1, L, dtype=torch.bool), torch.zeros(1, L, dtype=torch.long))
+    return args, layout
+
+
+def run(backend, args, layout):
+    args = tuple(a.float() if a.is_floating_point() else a for a in args)  # the compiled row pass takes fp32
+    return RUNS[backend](*args, SPEC, scale=1.0, layout=layout)[1]
+
+
+def bucket(d):
+    """The spec's distance bucket of d by hand: 0 | 1 | 2-3 | 4-7 | ... | 32768+."""
+    return 0 if d == 0 else min(int(math.log2(d)) + 1, len(DISTANCE_EDGES))
+
+
+def test_the_widths_and_column_names():
+    assert FIXED_WIDTHS == {"DB": 17, "PB": 11}
+    names = distance_bucket_names()
+    assert names[:5] == ["0", "1", "2-3", "4-7", "8-15"] and names[-1] == "32768+" and len(names) == 17
+    bins = position_bin_names()
+    assert bins[0] == "0-10%" and bins[-1] == "after" and len(bins) == 11
+    assert [bucket(d) for d in (0, 1, 2, 3, 4, 7, 8, 32767, 32768, 10**6)] == [0, 1, 2, 2, 3, 3, 4, 15, 16, 16]
+
+
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_bidirectional_rows_by_hand(backend):
+    """Plain layout, weights 1, 2, 3, 4 on keys 0..3: every row reads p = (0.1, 0.2, 0.3, 0.4).
+    Row 1: distances 1, 0, 1, 2 -> buckets 0: 0.2, 1: 0.1 + 0.3, 2 (2-3): 0.4; mean distance
+    0.1 + 0.3 + 0.8 = 1.2; positions floor(10 j / 2) = 0, 5 for keys 0, 1, keys 2, 3 after it.
+    Row 3: distances 3, 2, 1, 0 -> buckets 0: 0.4, 1: 0.3, 2: 0.1 + 0.2; mean 0.3 + 0.4 + 0.3 = 1.0;
+    positions floor(10 j / 4) = 0, 2, 5, 7."""
+    s = run(backend, *weighted_rows([1.0, 2.0, 3.0, 4.0], AttentionLayout()))
+    dist, mean, pos = s.distance_mass[0, 0], s.mean_distance[0, 0], s.position_mass[0, 0]
+    assert dist.shape == (4, 17) and mean.shape == (4,) and pos.shape == (4, 11)
+    want = torch.zeros(4, 17)
+    want[1, :3] = torch.tensor([0.2, 0.4, 0.4])
+    want[3, :3] = torch.tensor([0.4, 0.3, 0.3])
+    torch.testing.assert_close(dist[[1, 3]], want[[1, 3]], atol=1e-6, rtol=0)
+    torch.testing.assert_close(mean[[1, 3]], torch.tensor([1.2, 1.0]), atol=1e-6, rtol=0)
+    want = torch.zeros(4, 11)
+    want[1, [0, 5, 10]] = torch.tensor([0.1, 0.2, 0.7])
+    want[3, [0, 2, 5, 7]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    torch.testing.assert_close(pos[[1, 3]], want[[1, 3]], atol=1e-6, rtol=0)
+    # row 0 sees keys at distances 0..3 (buckets 0, 1, 2, 2) and all but itself after it
+    torch.testing.assert_close(dist[0, :3], torch.tensor([0.1, 0.2, 0.7]), atol=1e-6, rtol=0)
+    assert pos[0, 0].item() == pytest.approx(0.1, abs=1e-6) and pos[0, 10].item() == pytest.approx(0.9, abs=1e-6)
+
+
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_causal_rows_by_hand(backend):
+    """Causal, weights 1, 1, 2, 4, 8 on keys 0..4 (row i sees keys 0..i). Row 1: p = 1/2, 1/2 at
+    distances 1, 0; positions floor(10 j / 2) = 0, 5. Row 4: p = (1, 1, 2, 4, 8) / 16 at distances
+    4, 3, 2, 1, 0 -> buckets 0: 8/16, 1: 4/16, 2 (2-3): 3/16, 3 (4-7): 1/16; mean distance
+    (4 + 3 + 4 + 4) / 16 = 15/16; positions floor(10 j / 5) = 0, 2, 4, 6, 8; nothing after the
+    query (a causal row never has mass in the last bin)."""
+    s = run(backend, *weighted_rows([1.0, 1.0, 2.0, 4.0, 8.0], AttentionLayout(causal=True)))
+    dist, mean, pos = s.distance_mass[0, 0], s.mean_distance[0, 0], s.position_mass[0, 0]
+    torch.testing.assert_close(dist[1, :2], torch.tensor([0.5, 0.5]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(dist[4, :4], torch.tensor([8, 4, 3, 1]) / 16, atol=1e-6, rtol=0)
+    assert dist[1, 2:].abs().max() < 1e-7 and dist[4, 4:].abs().max() < 1e-7
+    # rows 2, 3: (2 * 1 + 1 * 1 + 0 * 2) / 4 and (3 * 1 + 2 * 1 + 1 * 2 + 0 * 4) / 8
+    torch.testing.assert_close(mean, torch.tensor([0.0, 0.5, 3 / 4, 7 / 8, 15 / 16]),
+                               atol=1e-6, rtol=0)
+    want = torch.zeros(5, 11)
+    want[0, 0] = 1.0  # row 0 reads only key 0: floor(0 / 1) = 0
+    want[1, [0, 5]] = 0.5
+    want[4, [0, 2, 4, 6, 8]] = torch.tensor([1, 1, 2, 4, 8]) / 16
+    torch.testing.assert_close(pos[[0, 1, 4]], want[[0, 1, 4]], atol=1e-6, rtol=0)
+    assert pos[:, 10].abs().max() < 1e-7
+    torch.testing.assert_close(dist.sum(-1), torch.ones(5), atol=1e-6, rtol=0)
+    torch.testing.assert_close(pos.sum(-1), torch.ones(5), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_far_keys_land_in_their_log2_buckets(backend):
+    """A causal row of 300 keys whose weight sits on three keys (k = 30 there, 0 elsewhere): row
+    299 puts 1/3 at each of the distances 128, 255 (bucket 128-255, 8) and 256 (256-511, 9), edges
+    of buckets several key blocks away; its mean distance is (128 + 255 + 256) / 3; the keys
+    171, 44, 43 are in the tenths floor(10 j / 300) = 5, 1, 1 of its context."""
+    L = 300
+    w = [1.0] * L
+    for far in (128, 255, 256):
+        w[L - 1 - far] = math.exp(30.0)
+    s = run(backend, *weighted_rows(w, AttentionLayout(causal=True)))
+    dist = s.distance_mass[0, 0, L - 1]
+    assert dist[8].item() == pytest.approx(2 / 3, abs=1e-6) and dist[9].item() == pytest.approx(1 / 3, abs=1e-6)
+    assert s.mean_distance[0, 0, L - 1].item() == pytest.approx((128 + 255 + 256) / 3, rel=1e-5)
+    pos = s.position_mass[0, 0, L - 1]
+    assert pos[1].item() == pytest.approx(2 / 3, abs=1e-6) and pos[5].item() == pytest.approx(1 / 3, abs=1e-6)
+
+
+# --- the Triton kernel's integer buckets against DISTANCE_EDGES, up to and past the last edge --------
+
+
+@triton.jit
+def _bucket_kernel(Dist, Bucket, InBucket, n):
+    """Bucket[k] = _distance_bucket(Dist[k]); InBucket[k, b] = Dist[k] inside _bucket_edges(b)."""
+    for k in range(0, n):
+        d = tl.load(Dist + k)
+        tl.store(Bucket + k, _distance_bucket(d))
+        for b in range(0, DB):
+            lo, hi = _bucket_edges(b)
+            tl.store(InBucket + k * DB + b, ((d >= lo) & (d < hi)).to(tl.int32))
+
+
+def test_the_kernel_buckets_are_the_spec_buckets_past_the_last_edge():
+    """The kernel's bucket of a distance (the number of edges <= d, by comparisons) and its
+    buckets' edges, on every edge, either side of it and far past the last one (2^15 and beyond:
+    rows longer than the interpreter can run), against torch.bucketize on DISTANCE_EDGES."""
+    edges = torch.tensor(DISTANCE_EDGES)
+    dist = sorted({0, 1, 2, 3, 5, 2**31 - 2} | {e + s for e in DISTANCE_EDGES for s in (-1, 0, 1)} | {2**20})
+    dist = torch.tensor(dist, dtype=torch.int32)
+    want = torch.bucketize(dist.long(), edges, right=True)
+    n_buckets = len(DISTANCE_EDGES) + 1
+    got = torch.full_like(dist, -1)
+    inside = torch.full((len(dist), n_buckets), -1, dtype=torch.int32)
+    _bucket_kernel[(1,)](dist, got, inside, len(dist))
+    assert torch.equal(got.long(), want)
+    assert torch.equal(inside.long(), torch.nn.functional.one_hot(want, n_buckets))
+
+
+# --- every backend against the oracle at long distances, over several blocks and band edges --------
+
+
+LONG = {
+    "plain": (AttentionLayout(), 1),
+    "causal-window-gqa": (AttentionLayout(causal=True, window=(90, 0), n_key_value_heads=1), 2),
+    "window": (AttentionLayout(window=(40, 70)), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG))
+@pytest.mark.parametrize("backend", ["chunked-compiled", "chunked-torch", "triton"])
+def test_long_rows_against_the_oracle(backend, name):
+    """L = 150 with left or right padding: distances up to 149 (bucket 128-255), many key blocks
+    (the band's middle visited first), position bins of rows far into the sequence."""
+    layout, H = LONG[name]
+    g = torch.Generator().manual_seed(7)
+    B, L, D = 2, 150, 8
+    H_kv = layout.n_key_value_heads or H
+    q = torch.randn(B, H, L, D, generator=g) * 0.3
+    k, v = (torch.randn(B, H_kv, L, D, generator=g) * 0.3 for _ in range(2))
+    pos = torch.arange(L)[None, :]
+    key_valid = (pos >= torch.tensor([0, 17])[:, None]) if layout.causal else (pos < torch.tensor([L, 133])[:, None])
+    args = (q, k, v, key_valid, torch.zeros(B, L, dtype=torch.long))
+    _, ref = attention_stats_eager(*args, SPEC, layout=layout)
+    _, got = RUNS[backend](*args, SPEC, layout=layout)
+    for name_ in ("distance_mass", "mean_distance", "position_mass"):
+        torch.testing.assert_close(getattr(got, name_), getattr(ref, name_), atol=2e-5, rtol=1e-5, msg=name_)
+    far = ref.distance_mass[..., 8].amax()  # bucket 128-255 is reached
+    assert (far > 1e-3) == (name == "plain"), far
+
+
+def test_the_position_statistics_take_their_own_configurations():
+    """Their accumulators do not fit the plain layout's register cap (the fp16 single tile at D = 64,
+    the fp32 online block at D = 32 spilled under it) nor the fp32 single tile (255 registers without
+    them): `kernel_config` drops the cap and sends fp32 rows online when a call asks for one of them,
+    and the ahead-of-time compile checks those configurations (`triton_aot`), not the others."""
+    import bertscope.kernels.triton_attention as ta
+    from bertscope.kernels import triton_aot
+
+    assert set(ta.POSITION_STATS) == {"distance_mass", "mean_distance", "position_mass"}
+    half, fp32 = ta.kernel_config(128, 64, torch.float16), ta.kernel_config(512, 32, torch.float32)
+    assert half["SINGLE_TILE"] and half["maxnreg"] == ta.MAXNREG_PLAIN and fp32["maxnreg"] == ta.MAXNREG_PLAIN
+    assert ta.kernel_config(32, 64, torch.float32)["SINGLE_TILE"]
+    half, fp32 = ta.kernel_config(128, 64, torch.float16, positions=True), ta.kernel_config(512, 32, positions=True)
+    assert half["SINGLE_TILE"] and "maxnreg" not in half and "maxnreg" not in fp32
+    assert not ta.kernel_config(32, 64, torch.float32, positions=True)["SINGLE_TILE"]
+    assert ta.kernel_config(32, 64, torch.float32, single_tile=True, positions=True)["SINGLE_TILE"]  # forced
+    on = [s for s in triton_aot.shipped_specialisations(layouts="core", maps=False) if s.extra]
+    assert {s.dtype for s in on} == {"fp32", "fp16", "bf16"} and all(set(s.extra) == set(ta.POSITION_STATS) for s in on)
+    assert any(s.name().startswith("single M32 N128 D64 w8s1 fp16") for s in on)  # uncapped
+    assert any(isinstance(s, triton_aot.LayoutSpec) for s in on)
