@@ -105,7 +105,8 @@ def position_segments(corpus, loaded, args, causal: bool, report):
 
 def check_backend(args, spec) -> None:
     """A one-line refusal, before anything is written, where the backend chosen does not compute the
-    statistics (the Triton kernel, until it writes the distance and position statistics)."""
+    statistics (a Triton kernel without the distance and position statistics: they came to it later
+    than to the CPU backends)."""
     from bertscope.kernels import resolve_backend
 
     try:

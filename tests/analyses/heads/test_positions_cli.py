@@ -175,8 +175,9 @@ def test_the_encoder_reads_both_ways(minilm_path, wiki, tmp_path):
 
 
 def test_the_triton_backend_computes_the_statistics_or_is_refused_in_one_line(tiny, corpus, tmp_path, capsys):
-    """Until the Triton kernel writes the distance and position statistics, --backend triton is one line
-    (exit 2, nothing written); once it does, it gives the chunked backend's numbers."""
+    """Where the Triton kernel computes the distance and position statistics (it does since they were
+    added to it), --backend triton gives the chunked backend's numbers; where it does not, one line
+    (exit 2, nothing written)."""
     from bertscope.kernels.triton_attention import check_computed
 
     common = ["heads", "positions", "--model", tiny["gemma3_text"], "--corpus", str(corpus), "--limit", "all",
