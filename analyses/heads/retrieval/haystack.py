@@ -100,7 +100,10 @@ def load_needles(path: str | Path | None = None) -> list[Needle]:
         if not isinstance(record, dict) or any(not isinstance(record.get(k), str) for k in NEEDLE_KEYS):
             raise UserError(f"--needles {path}: {at} needs the text keys {', '.join(NEEDLE_KEYS)}")
         needle = Needle(*(record[k] for k in NEEDLE_KEYS))
-        needle.answer_offsets()
+        try:
+            needle.answer_offsets()
+        except UserError as e:
+            raise UserError(f"--needles {path}: {at}: {e}") from None
         needles.append(needle)
     if not needles:
         raise UserError(f"--needles {path}: no needles in it")
