@@ -192,11 +192,8 @@ def retrieval(run: ModelRun, args, needles):
              "needles": {n.name: [n.needle, n.question, n.answer] for n in needles}}
     cells = [Cell(n.name, length, depth) for n in needles for length in lengths for depth in depths]
     by_name = {n.name: n for n in needles}
-    records = run_cells(run, args, builder, by_name, cells, setup)
-    if not run.is_main:
-        run.shutdown()
-        return
-    records = {**saved_records(run, setup, CELLS_DIR), **records}  # cells of earlier calls into this --out too
+    records = run_cells(run, args, builder, by_name, cells, setup)  # every rank's, on every rank
+    records = {**earlier_records(run, setup), **records}  # cells of earlier calls into this --out too
     ordered = sorted(records.values(), key=lambda r: (r["needle"], r["length"], r["depth"]))
     L, H = loaded.n_layers, loaded.n_heads
     grid = GridScores.of(ordered, L, H)
@@ -218,6 +215,8 @@ def retrieval(run: ModelRun, args, needles):
         run.log(f"the ablation of an earlier call into {run.dir} is kept ({ABLATION_FILE}; its ranking was that "
                 "call's grid)")
     run.shutdown()
+    if not run.is_main:
+        return
     tok = loaded.tokenizer
     cell_rows = [{"needle": r["needle"], "length": r["length"], "depth": r["depth"],
                   "needle_start": r["needle_span"][0], "needle_len": r["needle_len"],
@@ -261,6 +260,24 @@ def saved_records(run: ModelRun, setup: dict, folder: str) -> dict[str, dict]:
                             "another --out")
         out[path.stem] = record
     return out
+
+
+def earlier_records(run: ModelRun, setup: dict) -> dict[str, dict]:
+    """`saved_records` of the grid's folder, read on rank 0 and sent to every rank (so that every
+    rank ranks the heads, and draws the ablation's units, alike)."""
+    records, error = None, None
+    if run.is_main:
+        try:
+            records = saved_records(run, setup, CELLS_DIR)
+        except UserError as e:
+            error = str(e)
+    if run.world is not None and run.world.size > 1:
+        from bertscope.engine.distributed import broadcast
+
+        records, error = broadcast(run.world, (records, error))
+    if error is not None:
+        raise UserError(error)
+    return records
 
 
 def same_setup(a: dict | None, b: dict) -> bool:
