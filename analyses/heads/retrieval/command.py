@@ -431,13 +431,14 @@ def head_rows(grid, kinds: list[str], ranked: list) -> list[dict]:
     rank = {hd: i + 1 for i, hd in enumerate(ranked)}
     return [{"layer": lay + 1, "head": h + 1, "layer_kind": kinds[lay], "score": float(grid.answered[lay, h]),
              "n_answered": grid.n_answered, "score_all": float(grid.all[lay, h]), "n_cells": grid.n_cells,
-             "far_score": float(grid.far[lay, h]), "rank": rank[(lay, h)]} for lay in range(L) for h in range(H)]
+             "far_score": float(grid.far[lay, h]), "far_score_all": float(grid.far_all[lay, h]),
+             "rank": rank[(lay, h)]} for lay in range(L) for h in range(H)]
 
 
 def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needles) -> dict:
     import numpy as np  # see the note above `logger`
 
-    from bertscope.analyses.heads.retrieval.stats import FAR
+    from bertscope.analyses.heads.retrieval.stats import FAR, rank_heads
 
     L, H = grid.answered.shape
     score = grid.answered if grid.n_answered else grid.all
@@ -452,7 +453,8 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
     for a in accuracy.values():
         a["accuracy"] = a["copied"] / a["cells"]
         a["answer_logprob"] /= a["cells"]
-    far_heads = [(lay, h) for lay in range(L) for h in range(H) if grid.far[lay, h] > 0]
+    far = grid.far if grid.n_answered else grid.far_all  # no answered haystack: the far hits of all of them
+    far_heads = [(lay, h) for lay in range(L) for h in range(H) if far[lay, h] > 0]
     far_layers = sorted({lay for lay, _ in far_heads})
     results = {
         "prompt": prompt, "corpus": args.corpus, "needles": [n.name for n in needles],
@@ -466,7 +468,10 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
         "heads_above_0.1_all": int((grid.all > 0.1).sum()),
         "max_score": float(score.max()),
         "top_heads": top,
-        "far": {"tokens": FAR, "heads": [f"{lay + 1}-{h + 1}" for lay, h in far_heads],
+        "far": {"tokens": FAR, "over": "answered" if grid.n_answered else "all haystacks",
+                "heads": [f"{lay + 1}-{h + 1}" for lay, h in far_heads],
+                "top": [{"head": f"{lay + 1}-{h + 1}", "layer_kind": kinds[lay], "far_score": float(far[lay, h])}
+                        for lay, h in rank_heads(far)[:5] if far[lay, h] > 0],
                 "layers": {str(lay + 1): kinds[lay] for lay in far_layers},
                 "all_global": all(kinds[lay] == "global" for lay in far_layers),
                 "windowed_layers": sum(k != "global" for k in kinds)},
@@ -494,7 +499,8 @@ def log_summary(run, r: dict):
             + ("" if r["answered"] else " (no haystack answered: ranked by the score over all haystacks)"))
     far = r["far"]
     if far["heads"]:
-        run.log(f"heads that retrieve from more than {far['tokens']} tokens back: {' '.join(far['heads'])}, in "
+        run.log(f"heads that retrieve from more than {far['tokens']} tokens back ({far['over']}): "
+                f"{' '.join(far['heads'])}, in "
                 "layers " + ", ".join(f"{k} ({v})" for k, v in far["layers"].items()))
     for k, a in (r.get("ablation") or {}).get("by_k", {}).items():
         run.log(f"top {k} zeroed: accuracy {a['top']['accuracy']:.2f}, log-prob {a['top']['answer_logprob']:.2f}; "

@@ -8,7 +8,8 @@ answer's log-probability (nats), what the model predicts, and the highest head s
 retrieval_heads.csv: one row per head, layer-major, `layer, head` from 1: the layer's kind
 (global, or its sliding window), the retrieval score over the answered haystacks (Wu et al.'s)
 and how many there were, the score over every haystack, the far score (hits whose key lies more
-than 512 tokens back, answered haystacks) and the rank by score (1 = highest).
+than 512 tokens back, over the answered haystacks and over all of them) and the rank by score (1 =
+highest; by the all-haystack score when no haystack was answered).
 
 retrieval_ablation.csv: one row per gating of the ablation: `none` (as trained), `top` (the k
 highest-scoring heads zeroed) and `random` (k heads drawn from the others, one row per draw):
@@ -22,7 +23,8 @@ CELLS_FILE = "retrieval_cells.csv"
 CELLS_COLUMNS = ("needle", "length", "depth", "needle_start", "needle_len", "answer_start", "distance", "copied",
                  "token_accuracy", "answer_logprob", "predicted", "max_head_score")
 HEADS_FILE = "retrieval_heads.csv"
-HEADS_COLUMNS = ("layer", "head", "layer_kind", "score", "n_answered", "score_all", "n_cells", "far_score", "rank")
+HEADS_COLUMNS = ("layer", "head", "layer_kind", "score", "n_answered", "score_all", "n_cells", "far_score",
+                 "far_score_all", "rank")
 ABLATION_FILE = "retrieval_ablation.csv"
 ABLATION_COLUMNS = ("ablation", "k", "draw", "heads", "cells", "accuracy", "token_accuracy", "answer_logprob",
                     "delta_logprob")

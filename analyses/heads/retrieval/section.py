@@ -33,7 +33,8 @@ def build(run: RunFiles) -> Section | None:
         far = r["far"]
         if far["windowed_layers"]:
             where = ", ".join(f"{k} ({v})" for k, v in far["layers"].items()) or "none"
-            findings.append(f"Heads that retrieve from more than {far['tokens']} tokens back: "
+            findings.append(f"Heads that retrieve from more than {far['tokens']} tokens back "
+                            f"({far.get('over', 'answered')}): "
                             f"{' '.join(far['heads']) or 'none'}; their layers: {where}. "
                             + ("Every one is a global layer, as the sliding windows require."
                                if far["all_global"] else "Some are not global layers: see the layer kinds."))

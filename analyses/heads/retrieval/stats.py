@@ -203,6 +203,7 @@ class GridScores:
       no answered cell (n_answered says how many)
     all:      the same mean over every cell
     far:      the answered mean of the far hits (keys more than FAR tokens back)
+    far_all:  the mean of the far hits over every cell
     """
 
     answered: np.ndarray
@@ -210,18 +211,19 @@ class GridScores:
     far: np.ndarray
     n_answered: int
     n_cells: int
+    far_all: np.ndarray | None = None
 
     @classmethod
     def of(cls, records: list[dict], n_layers: int, n_heads: int) -> GridScores:
         zero = np.zeros((n_layers, n_heads))
         if not records:
-            return cls(zero, zero.copy(), zero.copy(), 0, 0)
+            return cls(zero, zero.copy(), zero.copy(), 0, 0, zero.copy())
         per = np.stack([np.asarray(r["hits"], float) / max(1, r["needle_len"]) for r in records])  # (N, layers, H)
         far = np.stack([np.asarray(r["far_hits"], float) / max(1, r["needle_len"]) for r in records])
         ok = np.array([bool(r["copied"]) for r in records])
         answered = per[ok].mean(0) if ok.any() else zero.copy()
         far_answered = far[ok].mean(0) if ok.any() else zero.copy()
-        return cls(answered, per.mean(0), far_answered, int(ok.sum()), len(records))
+        return cls(answered, per.mean(0), far_answered, int(ok.sum()), len(records), far.mean(0))
 
 
 def rank_heads(scores: np.ndarray) -> list[tuple[int, int]]:

@@ -117,6 +117,7 @@ def test_grid_scores_average_answered_haystacks_only():
     np.testing.assert_allclose(g.answered, [[0.5, 0.5]])  # (0.5 + 0.5) / 2, (0 + 1) / 2
     np.testing.assert_allclose(g.all, [[(0.5 + 1 + 0.5) / 3, (0 + 1 + 1) / 3]])
     np.testing.assert_allclose(g.far, [[0.125, 0.5]])
+    np.testing.assert_allclose(g.far_all, [[0.25 / 3, 1 / 3]])
     assert (g.n_answered, g.n_cells) == (2, 3)
     none = GridScores.of([recs[1]], 1, 2)
     assert none.n_answered == 0 and none.answered.tolist() == [[0.0, 0.0]] and none.all.tolist() == [[1.0, 1.0]]
