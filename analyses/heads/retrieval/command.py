@@ -481,7 +481,9 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
         for k in sorted({r["k"] for r in ablation_rows if r["k"]}):
             t = next(r for r in ablation_rows if r["ablation"] == "top" and r["k"] == k)
             rnd = [r for r in ablation_rows if r["ablation"] == "random" and r["k"] == k]
+            # the top k past the heads that score at all are ties at 0, taken in layer-major order
             ab[str(k)] = {"top": {c: t[c] for c in ("heads", "accuracy", "answer_logprob", "delta_logprob")},
+                          "top_scoring": int(sum(score[lay, h] > 0 for lay, h in ranked[:k])),
                           "random": {c: float(np.mean([r[c] for r in rnd])) for c in
                                      ("accuracy", "answer_logprob", "delta_logprob")},
                           "random_accuracy": [r["accuracy"] for r in rnd], "random_heads": [r["heads"] for r in rnd]}

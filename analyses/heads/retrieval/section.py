@@ -39,7 +39,10 @@ def build(run: RunFiles) -> Section | None:
                             + ("Every one is a global layer, as the sliding windows require."
                                if far["all_global"] else "Some are not global layers: see the layer kinds."))
         for k, a in (r.get("ablation") or {}).get("by_k", {}).items():
-            findings.append(f"Top {k} retrieval heads zeroed ({a['top']['heads']}): {a['top']['accuracy']:.0%} copied, "
+            scoring = a.get("top_scoring", int(k))
+            ties = "" if scoring >= int(k) else f", of which only {scoring} score above 0 (the rest: ties at 0)"
+            findings.append(f"Top {k} retrieval heads zeroed ({a['top']['heads']}{ties}): "
+                            f"{a['top']['accuracy']:.0%} copied, "
                             f"mean answer log-prob {a['top']['answer_logprob']:.2f}; {k} random heads "
                             f"({len(a['random_heads'])} draws): {a['random']['accuracy']:.0%}, "
                             f"{a['random']['answer_logprob']:.2f} (as trained: "
