@@ -58,9 +58,10 @@ class Needle:
         if not self.answer.strip() or start < 0:
             raise UserError(f"needle {self.name!r}: the answer {self.answer!r} must appear word for word in the "
                             "needle (the score compares the tokens the answer copies with the needle's)")
-        if text[start - 1] == " ":
+        end = start + len(self.answer)
+        if start > 0 and text[start - 1] == " ":
             start -= 1
-        return start, start + len(self.answer) + (text[start] == " ")
+        return start, end
 
 
 def load_needles(path: str | Path | None = None) -> list[Needle]:
