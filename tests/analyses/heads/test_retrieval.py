@@ -296,6 +296,10 @@ def test_command_end_to_end_no_answer(tiny_gemma3_lm_dir, files, tmp_path):
     result = json.loads((out / "run.json").read_text())["analyses"]["retrieval"]
     assert result["status"] == "complete" and result["results"]["answered"] == 0
     assert result["results"]["ranked_by"].startswith("all haystacks")
+    assert result["results"]["far"]["over"] == "all haystacks" and result["results"]["far"]["heads"] == []  # 56 tokens
+    scoring = int(sum(float(h["score_all"]) > 0 for h in heads))
+    assert [a["top_scoring"] for a in result["results"]["ablation"]["by_k"].values()] == [min(1, scoring),
+                                                                                         min(2, scoring)]
     ablation = read_csv(out / "retrieval_ablation.csv")
     assert [(a["ablation"], a["k"]) for a in ablation] == [("none", "0"), ("top", "1"), ("random", "1"),
                                                            ("random", "1"), ("top", "2"), ("random", "2"),
