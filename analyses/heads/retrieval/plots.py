@@ -21,8 +21,9 @@ def _plt():
 
 def plot_needle(cell_rows: list[dict], title: str):
     """The classic needle-in-a-haystack map, one panel per needle: depth (rows) x length
-    (columns), colored by the fraction copied (green: the model gives the reference answer),
-    each cell annotated with the answer's log-probability."""
+    (columns), colored by the token accuracy (the fraction of answer rows whose prediction is the
+    reference token, teacher forced), each cell annotated with the answer's log-probability and a
+    star where the model copies the whole answer (greedy decoding gives the reference)."""
     plt = _plt()
     needles = sorted({r["needle"] for r in cell_rows})
     lengths = sorted({r["length"] for r in cell_rows})
@@ -33,22 +34,23 @@ def plot_needle(cell_rows: list[dict], title: str):
     for ax, needle in zip(axes[0], needles):
         grid = np.full((len(depths), len(lengths)), np.nan)
         logp = np.full_like(grid, np.nan)
+        copied = np.zeros(grid.shape, dtype=bool)
         for r in cell_rows:
             if r["needle"] == needle:
                 i, j = depths.index(r["depth"]), lengths.index(r["length"])
-                grid[i, j], logp[i, j] = r["copied"], r["answer_logprob"]
+                grid[i, j], logp[i, j], copied[i, j] = r["token_accuracy"], r["answer_logprob"], bool(r["copied"])
         im = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
         for i, j in zip(*np.nonzero(np.isfinite(logp))):
-            ax.text(j, i, f"{logp[i, j]:.1f}", ha="center", va="center", fontsize=7)
+            ax.text(j, i, f"{logp[i, j]:.1f}" + (" *" if copied[i, j] else ""), ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(lengths)), [f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in lengths],
                       fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d}%" for d in depths], fontsize=8)
         ax.set_xlabel("haystack length (tokens)")
         ax.set_ylabel("needle depth")
         ax.set_title(needle, fontsize=9)
-    fig.colorbar(im, ax=axes[0].tolist(), label="answer copied (1) or not (0)", shrink=0.8)
-    fig.suptitle(f"Needle in a haystack: exact copy (color) and answer log-probability (nats, text)\n{title}",
-                 fontsize=9)
+    fig.colorbar(im, ax=axes[0].tolist(), label="token accuracy (teacher forced)", shrink=0.8)
+    fig.suptitle("Needle in a haystack: answer tokens predicted right (color), answer log-probability (nats), "
+                 f"* = exact copy\n{title}", fontsize=9)
     return fig
 
 

@@ -62,8 +62,9 @@ def build(run: RunFiles) -> Section | None:
                             [[a["ablation"], int(a["k"]), int(a["draw"]), a["heads"], int(a["cells"]),
                               num(a["accuracy"]), num(a["token_accuracy"]), num(a["answer_logprob"]),
                               num(a["delta_logprob"])] for a in ablation], digits=3))
-    figures = [run.figure(NEEDLE_FIGURE, "Needle in a haystack: whether the model copies the reference answer "
-                          "(green) at each depth and length, with the answer's log-probability."),
+    figures = [run.figure(NEEDLE_FIGURE, "Needle in a haystack at each depth and length: the fraction of the "
+                          "answer's tokens the model predicts (color), the answer's log-probability, and a star "
+                          "where it copies the whole answer."),
                run.figure(HEADS_FIGURE, "Retrieval score per head: the mean over answered haystacks of the "
                           "fraction of the needle's tokens the head's most-attended key copies."),
                run.figure(ABLATION_FIGURE, "The needle test with the top-k retrieval heads zeroed (red) against k "
