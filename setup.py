@@ -29,7 +29,8 @@ setup(
     # and the pins of the embedded defaults (bertscope data install-defaults)
     package_data={"bertscope.kernels": ["cpu_rows.c"],
                   "bertscope": ["view_template.html"],
-                  "bertscope.data": ["manifest.json", "requirements-defaults.txt"]},
+                  "bertscope.data": ["manifest.json", "requirements-defaults.txt"],
+                  "bertscope.analyses.heads.retrieval": ["needles.jsonl"]},
     # torch: any release from 2.6 on, and no upper pin, so that `pip install bertscope` leaves the
     # torch a user already has (a CUDA build, say) in place. 2.6 is transformers 5's floor: its
     # `is_torch_available()` disables torch below 2.6 (transformers/utils/import_utils.py), and
