@@ -80,6 +80,7 @@ COMMANDS: dict[str, str] = {
     "heads remove": _ + "heads.remove.command",
     "heads attention-grad": _ + "heads.attention_grad.command",
     "heads induction": _ + "heads.induction.command",
+    "heads retrieval": _ + "heads.retrieval.command",
     "finetune": _ + "finetune.command",
 }
 
@@ -105,6 +106,7 @@ SECTIONS: tuple[SectionEntry, ...] = (
     SectionEntry("ablate", _ + "heads.ablate.section:build"),
     SectionEntry("sinks", _ + "sinks.section:build"),
     SectionEntry("induction", _ + "heads.induction.section:build"),
+    SectionEntry("retrieval", _ + "heads.retrieval.section:build"),
 )
 
 # the sources of the papers' numbers the sections quote, each a "module:NAME" of a family's
@@ -131,4 +133,5 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "sinks.paper:GU_TABLE1",
     _ + "sinks.paper:MASSIVE",
     _ + "heads.induction.paper:OLSSON_INDUCTION",
+    _ + "heads.retrieval.paper:WU_RETRIEVAL",
 )

@@ -11,7 +11,7 @@ goes through:
     sinks              with the massive-activation hook on every family whose layers are one module
                        each (the table's `layer_list`; it was silently off for GPT-2 and ModernBERT)
     probe cluster, view, compare (the run against a copy of itself: every difference 0)
-    heads induction, heads importance --task lm, heads prune --task lm: decoders (the table's
+    heads induction, heads importance --task lm, heads prune --task lm, heads retrieval: decoders (the table's
                        `causal`); an encoder is refused in one line, exit 2
     heads remove       families with head removal (the table's `removal`): the pruned checkpoint loads
                        back pruned; the others are refused in one line naming why, exit 2
@@ -164,6 +164,9 @@ def test_every_command_on_every_family(model_type, corpus, tmp_path, capsys):
     assert diffs and max(map(abs, diffs)) == 0.0
 
     # the language-model commands: decoders run them, encoders are refused in one line
+    needles = tmp_path / "needles.jsonl"  # a needle in the word tokenizer's vocabulary
+    needles.write_text('{"name": "dog", "needle": "The dog ran far away and then came back home.", "question": '
+                       '"Where was the dog?", "answer": "ran far away and then came back home"}\n')
     lm = ["--model", model, "--task", "lm", "--corpus", corpus, "--max-len", MAX_LEN, "--batch-size", 2,
           "--no-figures"]
     commands = {
@@ -172,8 +175,11 @@ def test_every_command_on_every_family(model_type, corpus, tmp_path, capsys):
         "importance": ["heads", "importance", *lm, "--limit", 3, "--out", tmp_path / "importance"],
         "prune": ["heads", "prune", *lm, "--limit", 3, "--eval-limit", 2, "--step", 0.25, "--max-fraction", 0.25,
                   "--random-seeds", 1, "--out", tmp_path / "prune"],
+        "retrieval": ["heads", "retrieval", "--model", model, "--corpus", corpus, "--needles", needles, "--lengths", 40,
+                      "--depths", 50, "--ablate", 1, "--draws", 1, "--no-figures", "--out", tmp_path / "retrieval"],
     }
-    outputs = {"induction": "induction.csv", "importance": "importance.csv", "prune": "prune.csv"}
+    outputs = {"induction": "induction.csv", "importance": "importance.csv", "prune": "prune.csv",
+               "retrieval": "retrieval_heads.csv"}
     for name, argv in commands.items():
         code, err = cli(capsys, *argv)
         if decoder:

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"bertscope": ROOT / "bertscope", "bertscope/kernels": ROOT / "kernels",
            "bertscope/analyses": ROOT / "analyses"}
 DATA_FILES = ["bertscope/view_template.html", "bertscope/data/manifest.json",
-              "bertscope/data/requirements-defaults.txt", "bertscope/kernels/cpu_rows.c"]
+              "bertscope/data/requirements-defaults.txt", "bertscope/kernels/cpu_rows.c",
+              "bertscope/analyses/heads/retrieval/needles.jsonl"]
 
 
 def test_the_built_package_holds_every_module_and_data_file(tmp_path):

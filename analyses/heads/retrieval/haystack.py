@@ -58,9 +58,10 @@ class Needle:
         if not self.answer.strip() or start < 0:
             raise UserError(f"needle {self.name!r}: the answer {self.answer!r} must appear word for word in the "
                             "needle (the score compares the tokens the answer copies with the needle's)")
-        if text[start - 1] == " ":
+        end = start + len(self.answer)
+        if start > 0 and text[start - 1] == " ":
             start -= 1
-        return start, start + len(self.answer) + (text[start] == " ")
+        return start, end
 
 
 def load_needles(path: str | Path | None = None) -> list[Needle]:
@@ -100,7 +101,10 @@ def load_needles(path: str | Path | None = None) -> list[Needle]:
         if not isinstance(record, dict) or any(not isinstance(record.get(k), str) for k in NEEDLE_KEYS):
             raise UserError(f"--needles {path}: {at} needs the text keys {', '.join(NEEDLE_KEYS)}")
         needle = Needle(*(record[k] for k in NEEDLE_KEYS))
-        needle.answer_offsets()
+        try:
+            needle.answer_offsets()
+        except UserError as e:
+            raise UserError(f"--needles {path}: {at}: {e}") from None
         needles.append(needle)
     if not needles:
         raise UserError(f"--needles {path}: no needles in it")

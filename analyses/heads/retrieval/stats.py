@@ -52,6 +52,7 @@ class HaystackScore:
     copied:     every prediction equals the reference token (greedy decoding gives the answer)
     answer_logprob: sum over the answer tokens of log p(reference token | everything before)
     far_hits:   (layers, H) int, the hits whose key lies more than `FAR` tokens before the row
+    keys:       (layers, H, R) int, each head's argmax key (absolute position) at each answer row
     """
 
     hits: np.ndarray
@@ -61,6 +62,7 @@ class HaystackScore:
     answer_logprob: float
     reference: tuple[int, ...] = ()
     far_hits: np.ndarray | None = field(default=None, repr=False)
+    keys: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def score(self) -> np.ndarray:
@@ -108,7 +110,6 @@ def score_haystack(loaded, hay: Haystack, gates: torch.Tensor | None = None, bac
     gates:  (layers, H) head gates xi for this pass (0 zeroes a head), or None: as trained.
     """
     from bertscope.engine.loop import stream_batches  # torch's model code: imported with the run
-    from bertscope.tasks.lm_loss import lm_head
     from bertscope.text.segments import Segment
 
     L = len(hay.input_ids)
@@ -126,21 +127,30 @@ def score_haystack(loaded, hay: Haystack, gates: torch.Tensor | None = None, bac
             index = torch.tensor(rows, device=batch.inputs["input_ids"].device)
             argmax = torch.stack([s.argmax[0][:, index] for s in batch.layers]).cpu().numpy()  # (layers, H, R)
             hidden = batch.outputs.last_hidden_state[0, index]  # (R, d)
-            head, softcap = lm_head(loaded)
-            logits = head(hidden).float()  # (R, V)
-            if softcap:
-                logits = torch.tanh(logits / softcap) * softcap
-            logp = torch.log_softmax(logits, -1)
-            target = torch.tensor(reference, device=logp.device)
-            predicted = tuple(int(t) for t in logits.argmax(-1).cpu())
-            answer_logprob = float(logp.gather(1, target[:, None]).sum().cpu())
+            predicted, answer_logprob = answer_predictions(loaded, hidden, reference)
     finally:
         if gates is not None:
             loaded.gates.reset()
     hits, far_hits = row_hits(argmax, hay.input_ids, rows, hay.needle, far)
     return HaystackScore(hits=hits, needle_len=hay.needle[1] - hay.needle[0], predicted=predicted,
                          copied=predicted == tuple(reference), answer_logprob=answer_logprob,
-                         reference=tuple(reference), far_hits=far_hits)
+                         reference=tuple(reference), far_hits=far_hits, keys=argmax)
+
+
+def answer_predictions(loaded, hidden: torch.Tensor, reference) -> tuple[tuple[int, ...], float]:
+    """(the argmax token of each answer row, the sum of the reference tokens' log-probabilities)
+    from the final hidden states (R, d) of the answer rows: the LM head (and a config's logit
+    soft-cap) on those R rows only, never on the whole input."""
+    from bertscope.tasks.lm_loss import lm_head
+
+    head, softcap = lm_head(loaded)
+    logits = head(hidden).float()  # (R, V)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    logp = torch.log_softmax(logits, -1)  # (R, V)
+    target = torch.tensor(list(reference), device=logp.device)  # (R,)
+    predicted = tuple(int(t) for t in logits.argmax(-1).cpu())
+    return predicted, float(logp.gather(1, target[:, None]).sum().cpu())
 
 
 # ----------------------------------------------------------------------------- cells of the grid
@@ -193,6 +203,7 @@ class GridScores:
       no answered cell (n_answered says how many)
     all:      the same mean over every cell
     far:      the answered mean of the far hits (keys more than FAR tokens back)
+    far_all:  the mean of the far hits over every cell
     """
 
     answered: np.ndarray
@@ -200,18 +211,19 @@ class GridScores:
     far: np.ndarray
     n_answered: int
     n_cells: int
+    far_all: np.ndarray | None = None
 
     @classmethod
     def of(cls, records: list[dict], n_layers: int, n_heads: int) -> GridScores:
         zero = np.zeros((n_layers, n_heads))
         if not records:
-            return cls(zero, zero.copy(), zero.copy(), 0, 0)
+            return cls(zero, zero.copy(), zero.copy(), 0, 0, zero.copy())
         per = np.stack([np.asarray(r["hits"], float) / max(1, r["needle_len"]) for r in records])  # (N, layers, H)
         far = np.stack([np.asarray(r["far_hits"], float) / max(1, r["needle_len"]) for r in records])
         ok = np.array([bool(r["copied"]) for r in records])
         answered = per[ok].mean(0) if ok.any() else zero.copy()
         far_answered = far[ok].mean(0) if ok.any() else zero.copy()
-        return cls(answered, per.mean(0), far_answered, int(ok.sum()), len(records))
+        return cls(answered, per.mean(0), far_answered, int(ok.sum()), len(records), far.mean(0))
 
 
 def rank_heads(scores: np.ndarray) -> list[tuple[int, int]]:

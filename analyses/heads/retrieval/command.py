@@ -1,0 +1,509 @@
+"""`bertscope heads retrieval`: retrieval heads (Wu et al. 2024) in one teacher-forced forward
+pass per needle-in-a-haystack input, the needle test's accuracy over lengths and depths, and the
+check that zeroing the top retrieval heads fails the test while zeroing random heads does not.
+
+    bertscope heads retrieval --model smollm2-135m-instruct-q4_1 --lengths 1024,2048
+    bertscope heads retrieval --model gemma-3-270m-q4_k_m --lengths 16384,32768 --depths 10,50,90 --out DIR
+
+The grid is needles x lengths x depths; each cell is one haystack (`haystack.py`) and one
+forward pass (`stats.score_haystack`), saved as it finishes (retrieval_cells/, one JSON per
+cell, written atomically). A rerun into the same directory (`--out DIR`, or `--resume DIR` with
+the recorded settings) skips the cells done, so a run killed mid-grid resumes to the result of
+an uninterrupted one; a second call with other lengths or depths into the same --out extends
+the grid (every output is made from every cell there of the same model, prompt, corpus and
+needles). Under torchrun the cells (and the ablation's haystacks) are dealt out to the ranks,
+cell i to rank i mod world size, and gathered on rank 0, which writes the outputs.
+
+The ablation (--ablate K,...): the top-k heads by retrieval score zeroed (head gates xi = 0),
+beside --draws sets of k random other heads, on every haystack of --ablate-lengths (default:
+the shortest length of the grid): the fraction copied and the answer log-probability as k grows.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from bertscope.analyses.heads.retrieval.outputs import (
+    ABLATION_COLUMNS,
+    ABLATION_DIR,
+    ABLATION_FIGURE,
+    ABLATION_FILE,
+    CELLS_COLUMNS,
+    CELLS_DIR,
+    CELLS_FILE,
+    HEADS_COLUMNS,
+    HEADS_FIGURE,
+    HEADS_FILE,
+    NAME,
+    NEEDLE_FIGURE,
+)
+from bertscope.cli.args import add_common_arguments, non_negative_int, positive_int
+from bertscope.errors import UserError
+from bertscope.run.analysis_run import ModelRun
+
+# numpy, torch and the model loader are imported where the run uses them: building this command's
+# parser imports this module, and a mistyped option is then refused without waiting for torch
+logger = logging.getLogger(__name__)
+
+COMMAND = "heads retrieval"
+FIRST_LENGTH = 1024  # the default lengths double from here up to the model's limit
+DEFAULT_DEPTHS = (0, 11, 22, 33, 44, 56, 67, 78, 89, 100)  # Wu et al.'s: linspace(0, 100, 10), rounded
+HELP = ("retrieval heads of a decoder on needle-in-a-haystack inputs, one forward pass per haystack, and the "
+        "needle test with the top retrieval heads zeroed (Wu et al. 2024)")
+DESCRIPTION = (
+    "Wu et al. (2024): a needle sentence hidden at a depth of real text (Wikipedia by default), the question, then "
+    "the reference answer, run as one teacher-forced input. At each answer row a head scores when its most-attended "
+    "key (the kernels' row argmax: no attention map) lies in the needle's answer span and holds the token the row "
+    "must produce; its score on a haystack is the number of such rows over the span's length, and its retrieval "
+    "score the mean over the haystacks the model answers (its argmax prediction is the reference at every answer "
+    "row). The grid: --needles x --lengths x --depths, resumable per haystack and sharded under torchrun. Then the "
+    "top-k heads zeroed against k random heads (--ablate). Needs a decoder (an encoder is refused). Writes "
+    "retrieval_cells.csv, retrieval_heads.csv, retrieval_ablation.csv, figures and "
+    "run.json['analyses']['retrieval'].")
+
+
+def int_list(minimum: int, maximum: int | None = None, what: str = "number"):
+    """An argparse type: comma-separated whole numbers in [minimum, maximum], kept as the text
+    "a,b,c" (distinct, sorted), which run.json records and --resume reads back; `ints` gives the list."""
+    def parse(text: str) -> str:
+        try:
+            values = [int(x) for x in text.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one {what}, got {text!r}")
+        bad = [v for v in values if v < minimum or (maximum is not None and v > maximum)]
+        if bad:
+            span = f"{minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"each {what} must be {span}, got {bad[0]}")
+        return ",".join(map(str, sorted(set(values))))
+    return parse
+
+
+def ints(text: str | None) -> list[int] | None:
+    """The list of an `int_list` option's text (None stays None)."""
+    return None if text is None else [int(x) for x in text.split(",")]
+
+
+def add_arguments(p):
+    p.add_argument("--corpus", default="wiki",
+                   help="the haystack text: 'wiki' (the bundled Wikipedia summaries, in order) or a corpus file "
+                   "(text, JSON Lines, Parquet, datasets; default: wiki)")
+    p.add_argument("--text-field", metavar="NAME", default=None,
+                   help="the text column of a JSON Lines, Parquet or datasets corpus (default: 'text')")
+    p.add_argument("--needles", metavar="FILE", default=None,
+                   help="needles as JSON Lines (one {name, needle, question, answer} per line) or YAML (a list of "
+                   "them); the answer must appear word for word in the needle (default: Wu et al.'s San Francisco "
+                   "needle, then their Beijing and WMO needles)")
+    p.add_argument("--lengths", type=int_list(2, None, "length"), default=None, metavar="L,...",
+                   help="haystack lengths in tokens, the whole input (prompt and answer) (default: 1024, 2048, ... "
+                   "doubling up to the model's limit)")
+    p.add_argument("--depths", type=int_list(0, 100, "depth"), default=",".join(map(str, DEFAULT_DEPTHS)),
+                   metavar="D,...",
+                   help="needle depths, percent of the haystack text (default: Wu et al.'s ten, "
+                   + ",".join(map(str, DEFAULT_DEPTHS)) + ")")
+    p.add_argument("--prompt", choices=("auto", "plain", "chat"), default="auto",
+                   help="how the question and answer are put: 'plain' (the text, then \"Based on the content of the "
+                   "book, Question: ...\\nAnswer:\" and the answer, as Wu et al. do for base models), 'chat' (that "
+                   "user turn in the tokenizer's chat template, the answer as the assistant's, as they do for "
+                   "instruct models), 'auto' (chat when the tokenizer has a template; default)")
+    p.add_argument("--ablate", type=int_list(0, None, "k"), default="5,10,20", metavar="K,...",
+                   help="zero the top-k retrieval heads together, for each k, beside --draws sets of k random other "
+                   "heads (default: 5,10,20; 0 skips the ablation)")
+    p.add_argument("--draws", type=positive_int, default=3, metavar="R",
+                   help="sets of k random heads, drawn with --seed from the heads outside the top k (default: 3)")
+    p.add_argument("--ablate-lengths", type=int_list(2, None, "length"), default=None, metavar="L,...",
+                   help="the lengths whose haystacks (every needle and depth of the grid) the ablation runs "
+                   "(default: the shortest length of the grid)")
+    p.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue an interrupted run in DIR with its recorded settings")
+    add_common_arguments(p, from_word=False, overrides={
+        "max_len": {"default": None, "help": "the longest input allowed (default: the longest of --lengths)"},
+        "batch_size": {"default": 1, "type": non_negative_int,
+                       "help": "kept for the common options: one haystack per forward pass"},
+        "seed": {"help": "seed of the random heads of the ablation (default: 0)"},
+    })
+
+
+def default_lengths(limit: int) -> list[int]:
+    """1024, 2048, ... up to `limit` (the limit itself when it is not a power of two; the limit
+    alone for a model shorter than 1024)."""
+    out, n = [], FIRST_LENGTH
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    if not out or out[-1] != limit:
+        out.append(limit)
+    return out
+
+
+def main(args) -> int:
+    from bertscope.analyses.heads.retrieval.haystack import load_needles  # see the note above `logger`
+
+    if args.resume:
+        args = ModelRun.resumed_args(NAME, args, add_arguments, command=COMMAND)
+    needles = load_needles(args.needles)  # a bad needles file is refused before the model loads
+    length_from = None
+    if args.lengths is not None:
+        needed = max(ints(args.lengths))
+        if args.max_len is None:
+            args.max_len = needed
+            length_from = f"--lengths {needed}"
+        elif args.max_len < needed:
+            raise UserError(f"--lengths {needed} is longer than --max-len {args.max_len}")
+    elif args.max_len is None:
+        args.max_len = 1  # the lengths default to the model's limit: known once it has loaded
+    with ModelRun(NAME, args, task="causal-lm", command=COMMAND, distributed=True, resumable=True,
+                  length_from=length_from) as run:
+        retrieval(run, args, needles)
+    return 0
+
+
+def layer_kinds(loaded) -> list[str]:
+    """Each layer's attention: "global", or "window N" for a sliding window of N keys."""
+    try:
+        layouts = loaded.architecture.layouts(loaded.model.config)
+    except (AttributeError, UserError):
+        return ["global"] * loaded.n_layers
+    return ["global" if lay.window is None else f"window {lay.window[0] + 1}" for lay in layouts]
+
+
+def retrieval(run: ModelRun, args, needles):
+    """The command once the model has loaded."""
+    import numpy as np  # see the note above `logger`
+
+    from bertscope.analyses.heads.retrieval.haystack import HaystackBuilder, corpus_texts, resolve_prompt
+    from bertscope.analyses.heads.retrieval.stats import Cell, GridScores, rank_heads
+    from bertscope.models.loading import model_name
+
+    loaded = run.loaded
+    if args.lengths is None:
+        args.lengths = ",".join(map(str, default_lengths(loaded.max_len)))
+        args.max_len = max(ints(args.lengths))
+        run.record["settings"].update(lengths=args.lengths, max_len=args.max_len)
+        run.save_record()
+    lengths, depths, ablate = ints(args.lengths), ints(args.depths), ints(args.ablate)
+    prompt = resolve_prompt(args.prompt, loaded.tokenizer)
+    builder = HaystackBuilder(loaded.tokenizer, corpus_texts(args.corpus, args.text_field), prompt)
+    for needle in needles:  # a length too short for a needle, or a corpus too short, before any pass
+        builder.build(needle, min(lengths), 0)
+        builder.build(needle, max(lengths), 0)
+    setup = {"model": loaded.record(), "prompt": prompt, "corpus": args.corpus, "text_field": args.text_field,
+             "needles": {n.name: [n.needle, n.question, n.answer] for n in needles}}
+    cells = [Cell(n.name, length, depth) for n in needles for length in lengths for depth in depths]
+    by_name = {n.name: n for n in needles}
+    records = run_cells(run, args, builder, by_name, cells, setup)  # every rank's, on every rank
+    records = {**earlier_records(run, setup), **records}  # cells of earlier calls into this --out too
+    ordered = sorted(records.values(), key=lambda r: (r["needle"], r["length"], r["depth"]))
+    L, H = loaded.n_layers, loaded.n_heads
+    grid = GridScores.of(ordered, L, H)
+    kinds = layer_kinds(loaded)
+    ranking = grid.answered if grid.n_answered else grid.all  # no answered haystack: the all-haystack score ranks
+    ranked = rank_heads(ranking)
+
+    ablation_rows = []
+    ks = [k for k in ablate if k > 0]
+    if ks:
+        if ks[-1] > L * H // 2:
+            raise UserError(f"--ablate {ks[-1]}: k random heads are drawn outside the top k, so k can be at most "
+                            f"half of the model's {L * H} heads ({L * H // 2})")
+        ab_lengths = ints(args.ablate_lengths) or [min(lengths)]
+        ab_cells = [Cell(n.name, length, depth) for n in needles for length in ab_lengths for depth in depths]
+        ablation_rows = run_ablation(run, args, builder, by_name, ab_cells, records, ranked, ks, setup)
+    elif (run.dir / ABLATION_FILE).is_file():  # --ablate 0 into a run that has one: the earlier call's stays
+        ablation_rows = read_ablation(run.dir / ABLATION_FILE)
+        run.log(f"the ablation of an earlier call into {run.dir} is kept ({ABLATION_FILE}; its ranking was that "
+                "call's grid)")
+    run.shutdown()
+    if not run.is_main:
+        return
+    tok = loaded.tokenizer
+    cell_rows = [{"needle": r["needle"], "length": r["length"], "depth": r["depth"],
+                  "needle_start": r["needle_span"][0], "needle_len": r["needle_len"],
+                  "answer_start": r["answer_span"][0], "distance": r["distance"], "copied": int(r["copied"]),
+                  "token_accuracy": r["token_accuracy"], "answer_logprob": r["answer_logprob"],
+                  "predicted": tok.decode(r["predicted"]),
+                  "max_head_score": float(np.max(np.asarray(r["hits"])) / max(1, r["needle_len"]))}
+                 for r in ordered]
+    run.write_csv(CELLS_FILE, cell_rows, CELLS_COLUMNS)
+    run.write_csv(HEADS_FILE, head_rows(grid, kinds, ranked), HEADS_COLUMNS)
+    if ablation_rows:
+        run.write_csv(ABLATION_FILE, ablation_rows, ABLATION_COLUMNS)
+    results = summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needles)
+    log_summary(run, results)
+    if not args.no_figures:
+        from bertscope.analyses.heads.retrieval import plots
+
+        label = f"{model_name(loaded.path)}, {prompt} prompt"
+        run.save_figure(plots.plot_needle(cell_rows, label), NEEDLE_FIGURE)
+        run.save_figure(plots.plot_heads(grid, label), HEADS_FIGURE)
+        if ablation_rows:
+            run.save_figure(plots.plot_ablation(ablation_rows, label), ABLATION_FIGURE)
+    run.finish(results)
+
+
+# ----------------------------------------------------------------------------- the grid
+
+
+def saved_records(run: ModelRun, setup: dict, folder: str) -> dict[str, dict]:
+    """The records saved in run.dir/folder of this setup, by file name; one of another setup is
+    refused (the directory holds another model's, prompt's, corpus's or needles' haystacks)."""
+    from bertscope.analyses.heads.retrieval.stats import load_cell
+
+    out = {}
+    for path in sorted((run.dir / folder).glob("*.json")):
+        record = load_cell(path)
+        if record is None:
+            continue
+        if not same_setup(record.get("setup"), setup):
+            raise UserError(f"{path} belongs to another run (model, prompt, corpus or needles differ): give "
+                            "another --out")
+        out[path.stem] = record
+    return out
+
+
+def earlier_records(run: ModelRun, setup: dict) -> dict[str, dict]:
+    """`saved_records` of the grid's folder, read on rank 0 and sent to every rank (so that every
+    rank ranks the heads, and draws the ablation's units, alike)."""
+    records, error = None, None
+    if run.is_main:
+        try:
+            records = saved_records(run, setup, CELLS_DIR)
+        except UserError as e:
+            error = str(e)
+    if run.world is not None and run.world.size > 1:
+        from bertscope.engine.distributed import broadcast
+
+        records, error = broadcast(run.world, (records, error))
+    if error is not None:
+        raise UserError(error)
+    return records
+
+
+def same_setup(a: dict | None, b: dict) -> bool:
+    """Setups agree on what makes a haystack and its score (the model by name and type)."""
+    if a is None:
+        return False
+    keys = ("prompt", "corpus", "text_field")
+    model = lambda s: {k: s["model"].get(k) for k in ("type", "layers", "heads", "path", "id", "commit")}  # noqa: E731
+    return all(a.get(k) == b.get(k) for k in keys) and model(a) == model(b) and \
+        all(a["needles"].get(n) == v for n, v in b["needles"].items() if n in a["needles"])
+
+
+def gather(run: ModelRun, mine: dict) -> dict:
+    """Every rank's records merged (torchrun), or `mine` in a single process."""
+    if run.world is None or run.world.size == 1:
+        return mine
+    import torch.distributed as dist
+
+    everyone = [None] * run.world.size
+    dist.all_gather_object(everyone, mine)
+    return {k: v for part in everyone for k, v in part.items()}
+
+
+def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: dict) -> dict[str, dict]:
+    """Score this rank's share of the cells, each saved as it finishes; cells saved before are
+    read back, not run. Returns every rank's records, by cell key."""
+    from tqdm.auto import tqdm
+
+    from bertscope.analyses.heads.retrieval.stats import cell_record, load_cell, save_cell, score_haystack
+
+    world = run.world
+    rank, size = (0, 1) if world is None else (world.rank, world.size)
+    mine = [c for i, c in enumerate(cells) if i % size == rank]
+    folder = run.dir / CELLS_DIR
+    records = {}
+    for c in mine:
+        record = load_cell(folder / f"{c.key}.json")
+        if record is not None:
+            if not same_setup(record.get("setup"), setup):
+                raise UserError(f"{folder / (c.key + '.json')} belongs to another run (model, prompt, corpus or "
+                                "needles differ): give another --out")
+            records[c.key] = record
+    todo = [c for c in mine if c.key not in records]
+    if records:
+        run.log(f"{len(records)} of {len(cells)} haystacks done before: resuming")
+    with tqdm(total=len(mine), initial=len(mine) - len(todo), unit="haystack", disable=not run.progress,
+              desc="haystacks") as bar:
+        for c in todo:
+            bar.set_postfix_str(f"{c.needle}, {c.length} tokens, depth {c.depth}%")
+            hay = builder.build(needles[c.needle], c.length, c.depth)
+            score = score_haystack(run.loaded, hay, backend=args.backend)
+            record = {**cell_record(c, hay, score), "setup": setup}
+            save_cell(folder / f"{c.key}.json", record)
+            records[c.key] = record
+            bar.update()
+    return gather(run, records)
+
+
+# ----------------------------------------------------------------------------- the ablation
+
+
+def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, records: dict, ranked: list, ks: list,
+                 setup: dict) -> list[dict]:
+    """The needle test with the top-k heads zeroed and with k random heads zeroed: one row per
+    gating (`none` first, read off the grid's cells where they were run), each (gating, cell)
+    saved as it finishes."""
+    from tqdm.auto import tqdm
+
+    from bertscope.analyses.heads.induction.stats import random_head_sets, zero_gates
+    from bertscope.analyses.heads.retrieval.stats import load_cell, save_cell, score_haystack
+
+    loaded = run.loaded
+    L, H = loaded.n_layers, loaded.n_heads
+    variants = [("none", 0, 0, [])]
+    for k in ks:
+        variants.append(("top", k, 0, sorted(ranked[:k])))
+        variants += [("random", k, r + 1, hs)
+                     for r, hs in enumerate(random_head_sets(L, H, k, ranked[:k], args.draws, args.seed + k))]
+    units = [(v, c) for v in variants for c in cells]
+    world = run.world
+    rank, size = (0, 1) if world is None else (world.rank, world.size)
+    folder = run.dir / ABLATION_DIR
+    results = {}
+
+    def name(v, c):
+        return f"{v[0]}{v[1]}-{v[2]}_{c.key}"
+
+    mine = [(v, c) for i, (v, c) in enumerate(units) if i % size == rank]
+    todo = []
+    for v, c in mine:
+        if v[0] == "none" and c.key in records:
+            r = records[c.key]
+            results[name(v, c)] = {"copied": r["copied"], "answer_logprob": r["answer_logprob"],
+                                   "token_accuracy": r["token_accuracy"], "heads": []}
+            continue
+        saved = load_cell(folder / f"{name(v, c)}.json")
+        if saved is not None and saved.get("heads") == [list(h) for h in v[3]] and same_setup(saved.get("setup"),
+                                                                                              setup):
+            results[name(v, c)] = saved
+        else:
+            todo.append((v, c))
+    with tqdm(total=len(mine), initial=len(mine) - len(todo), unit="haystack", disable=not run.progress,
+              desc="ablation") as bar:
+        for v, c in todo:
+            bar.set_postfix_str(f"{v[0]} {v[1]}, {c.length} tokens, depth {c.depth}%")
+            hay = builder.build(needles[c.needle], c.length, c.depth)
+            gates = zero_gates(L, H, v[3]) if v[3] else None
+            s = score_haystack(loaded, hay, gates=gates, backend=args.backend)
+            record = {"copied": s.copied, "answer_logprob": s.answer_logprob, "token_accuracy": s.token_accuracy,
+                      "heads": [list(h) for h in v[3]], "setup": setup}
+            save_cell(folder / f"{name(v, c)}.json", record)
+            results[name(v, c)] = record
+            bar.update()
+    results = gather(run, results)
+    if not run.is_main:
+        return []
+    rows = []
+    base = None
+    for v in variants:
+        got = [results[name(v, c)] for c in cells]
+        logprob = float(sum(r["answer_logprob"] for r in got) / len(got))
+        if v[0] == "none":
+            base = logprob
+        rows.append({"ablation": v[0], "k": v[1], "draw": v[2], "heads": head_str(v[3]), "cells": len(got),
+                     "accuracy": float(sum(bool(r["copied"]) for r in got) / len(got)),
+                     "token_accuracy": float(sum(r["token_accuracy"] for r in got) / len(got)),
+                     "answer_logprob": logprob, "delta_logprob": logprob - base})
+    return rows
+
+
+def read_ablation(path) -> list[dict]:
+    """The rows of a retrieval_ablation.csv, typed as `run_ablation` returns them."""
+    import csv
+
+    ints, floats = ("k", "draw", "cells"), ("accuracy", "token_accuracy", "answer_logprob", "delta_logprob")
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{c: int(v) if c in ints else float(v) if c in floats else v for c, v in row.items()}
+                for row in csv.DictReader(f)]
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def head_str(heads) -> str:
+    """'3-1 5-2': (layer, head) pairs from 1."""
+    return " ".join(f"{lay + 1}-{h + 1}" for lay, h in heads)
+
+
+def head_rows(grid, kinds: list[str], ranked: list) -> list[dict]:
+    L, H = grid.answered.shape
+    rank = {hd: i + 1 for i, hd in enumerate(ranked)}
+    return [{"layer": lay + 1, "head": h + 1, "layer_kind": kinds[lay], "score": float(grid.answered[lay, h]),
+             "n_answered": grid.n_answered, "score_all": float(grid.all[lay, h]), "n_cells": grid.n_cells,
+             "far_score": float(grid.far[lay, h]), "far_score_all": float(grid.far_all[lay, h]),
+             "rank": rank[(lay, h)]} for lay in range(L) for h in range(H)]
+
+
+def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needles) -> dict:
+    import numpy as np  # see the note above `logger`
+
+    from bertscope.analyses.heads.retrieval.stats import FAR, rank_heads
+
+    L, H = grid.answered.shape
+    score = grid.answered if grid.n_answered else grid.all
+    top = [{"head": f"{lay + 1}-{h + 1}", "layer_kind": kinds[lay], "score": float(grid.answered[lay, h]),
+            "score_all": float(grid.all[lay, h])} for lay, h in ranked[:10]]
+    accuracy = {}
+    for r in cell_rows:
+        a = accuracy.setdefault(str(r["length"]), {"cells": 0, "copied": 0, "answer_logprob": 0.0})
+        a["cells"] += 1
+        a["copied"] += r["copied"]
+        a["answer_logprob"] += r["answer_logprob"]
+    for a in accuracy.values():
+        a["accuracy"] = a["copied"] / a["cells"]
+        a["answer_logprob"] /= a["cells"]
+    far = grid.far if grid.n_answered else grid.far_all  # no answered haystack: the far hits of all of them
+    far_heads = [(lay, h) for lay in range(L) for h in range(H) if far[lay, h] > 0]
+    far_layers = sorted({lay for lay, _ in far_heads})
+    results = {
+        "prompt": prompt, "corpus": args.corpus, "needles": [n.name for n in needles],
+        "lengths": sorted({r["length"] for r in cell_rows}), "depths": sorted({r["depth"] for r in cell_rows}),
+        "cells": grid.n_cells, "answered": grid.n_answered,
+        "ranked_by": "answered" if grid.n_answered else "all haystacks (none answered)",
+        "accuracy_by_length": accuracy,
+        "heads": L * H,
+        "heads_above_0.1": int((grid.answered > 0.1).sum()),
+        "fraction_above_0.1": float((grid.answered > 0.1).mean()),
+        "heads_above_0.1_all": int((grid.all > 0.1).sum()),
+        "max_score": float(score.max()),
+        "top_heads": top,
+        "far": {"tokens": FAR, "over": "answered" if grid.n_answered else "all haystacks",
+                "heads": [f"{lay + 1}-{h + 1}" for lay, h in far_heads],
+                "top": [{"head": f"{lay + 1}-{h + 1}", "layer_kind": kinds[lay], "far_score": float(far[lay, h])}
+                        for lay, h in rank_heads(far)[:5] if far[lay, h] > 0],
+                "layers": {str(lay + 1): kinds[lay] for lay in far_layers},
+                "all_global": all(kinds[lay] == "global" for lay in far_layers),
+                "windowed_layers": sum(k != "global" for k in kinds)},
+    }
+    if ablation_rows:
+        ab = {}
+        for k in sorted({r["k"] for r in ablation_rows if r["k"]}):
+            t = next(r for r in ablation_rows if r["ablation"] == "top" and r["k"] == k)
+            rnd = [r for r in ablation_rows if r["ablation"] == "random" and r["k"] == k]
+            # the top k past the heads that score at all are ties at 0, taken in layer-major order
+            ab[str(k)] = {"top": {c: t[c] for c in ("heads", "accuracy", "answer_logprob", "delta_logprob")},
+                          "top_scoring": int(sum(score[lay, h] > 0 for lay, h in ranked[:k])),
+                          "random": {c: float(np.mean([r[c] for r in rnd])) for c in
+                                     ("accuracy", "answer_logprob", "delta_logprob")},
+                          "random_accuracy": [r["accuracy"] for r in rnd], "random_heads": [r["heads"] for r in rnd]}
+        none = ablation_rows[0]
+        results["ablation"] = {"cells": none["cells"], "none": {c: none[c] for c in ("accuracy", "answer_logprob")},
+                               "by_k": ab}
+    return results
+
+
+def log_summary(run, r: dict):
+    run.log(f"{r['cells']} haystacks ({r['prompt']} prompt), {r['answered']} answered (exact copy): "
+            + ", ".join(f"{length} tokens {a['copied']}/{a['cells']}" for length, a in r["accuracy_by_length"].items()))
+    run.log(f"retrieval score > 0.1: {r['heads_above_0.1']} of {r['heads']} heads ({r['fraction_above_0.1']:.1%}); "
+            "top: " + ", ".join(f"{t['head']} {t['score']:.2f}" for t in r["top_heads"][:5])
+            + ("" if r["answered"] else " (no haystack answered: ranked by the score over all haystacks)"))
+    far = r["far"]
+    if far["heads"]:
+        run.log(f"heads that retrieve from more than {far['tokens']} tokens back ({far['over']}): "
+                f"{' '.join(far['heads'])}, in "
+                "layers " + ", ".join(f"{k} ({v})" for k, v in far["layers"].items()))
+    for k, a in (r.get("ablation") or {}).get("by_k", {}).items():
+        run.log(f"top {k} zeroed: accuracy {a['top']['accuracy']:.2f}, log-prob {a['top']['answer_logprob']:.2f}; "
+                f"{k} random: accuracy {a['random']['accuracy']:.2f}, log-prob {a['random']['answer_logprob']:.2f}")
