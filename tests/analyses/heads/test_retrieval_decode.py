@@ -246,7 +246,8 @@ def test_smollm2_teacher_forced_equals_decode_where_it_answers(smollm2, wiki):
     (at 512 tokens SmolLM2 says "... is to eat a sandwich ...": ROUGE-1 recall 100, so Wu et al.
     count it; the pass does not), the pass says so at the first token that leaves the reference,
     its rows before that token are the decode steps (equal hits), and from that row on it reads
-    the reference while decoding reads the model's own words: the hits differ."""
+    the reference while decoding reads the model's own words: the hits differ. Given the model's
+    own greedy answer as the reference instead, the pass equals Wu et al.'s score there too."""
     eager, loaded = smollm2
     needle = next(n for n in load_needles() if n.name == "san-francisco")
     builder = HaystackBuilder(loaded.tokenizer, corpus_texts("wiki"), prompt="chat")
@@ -278,4 +279,10 @@ def test_smollm2_teacher_forced_equals_decode_where_it_answers(smollm2, wiki):
                                           dec.step_hits[:k].sum(0))
         assert not np.array_equal(got.hits, dec.hits), response
         differs += 1
+        # with the model's own greedy answer (stop token included) as the reference, the pass is Wu et al.'s score
+        ids = prompt + dec.generated
+        own = score_haystack(loaded, replace(hay, input_ids=ids, answer=(len(prompt), len(ids)), length=len(ids)),
+                             backend="chunked")
+        assert own.copied and wu_answered(needle.answer, response)
+        np.testing.assert_array_equal(own.hits, dec.hits)
     assert answered and differs, (answered, differs)  # both cases shown
