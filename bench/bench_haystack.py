@@ -44,20 +44,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_long import MODELS, eager_bytes, gib, shape_of  # noqa: E402  (bench/ is on sys.path now)
+from bench_longmem import status_bytes  # noqa: E402
 
 METHODS = ("floor", "retrieval", "decode", "eager")
 WARMUP_TOKENS = 256
 NEEDLE = "san-francisco"
 MAX_NEW_TOKENS = 50  # Wu et al.'s decode_len
-
-
-def status_bytes(key: str) -> int:
-    """A size line of /proc/self/status (VmRSS, VmHWM) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def haystacks(tokenizer, L: int, depth: int):

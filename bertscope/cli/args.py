@@ -202,6 +202,26 @@ def add_model_arguments(p: argparse.ArgumentParser, add=None):
         help="with a Hub id: its branch, tag or commit (default: main); run.json records the commit")
 
 
+def add_corpus_stream_arguments(p: argparse.ArgumentParser, limit_note: str = ""):
+    """The options of a command that streams a corpus segment by segment into per-head sums
+    (`sinks`, `heads positions`): the common ones with their streaming defaults, then --corpus,
+    --text-field and --limit as `bertscope run` reads a corpus. `limit_note` ends --limit's help
+    ("; with --bos both each is run twice")."""
+    add_common_arguments(p, from_word=False, overrides={
+        "batch_size": {"default": 8, "help": "segments per forward pass (default: 8); results do not depend on it"},
+        "max_len": {"help": "maximum tokens per segment (default: 128); a decoder's Wikipedia articles are packed up "
+                    "to it, so it can be the model's whole context"},
+        "seed": {"help": "seed of the segment sample (default: 0)"}})
+    p.add_argument("--corpus", default="wiki",
+                   help="'wiki' (Wikipedia lead sections), a UTF-8 text file with one document per line, JSON Lines, "
+                   "Parquet or a Hugging Face datasets directory, as `bertscope run` reads it (default: wiki)")
+    p.add_argument("--text-field", metavar="NAME", default=None,
+                   help="the text column of a JSON Lines, Parquet or datasets corpus (default: 'text')")
+    p.add_argument("--limit", type=limit_arg, default=100, metavar="N",
+                   help=f"number of segments (texts), sampled with --seed; 'all' for every one{limit_note} "
+                   "(default: 100)")
+
+
 def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, overrides: dict | None = None):
     """The options every model-running command shares. `overrides` maps an option's dest to the
     keyword arguments of `add_argument` that this command declares differently (its help, default,

@@ -36,7 +36,7 @@ from bertscope.analyses.heads.positions.outputs import (
     STATS_FILE,
 )
 from bertscope.analyses.surface.command import check_lone_tokens
-from bertscope.cli.args import add_common_arguments, limit_arg
+from bertscope.cli.args import add_corpus_stream_arguments
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
@@ -64,18 +64,7 @@ RESUMED = ("model", "revision", "corpus", "text_field", "limit", "max_len", "see
 
 
 def add_arguments(p):
-    add_common_arguments(p, from_word=False, overrides={
-        "batch_size": {"default": 8, "help": "segments per forward pass (default: 8); results do not depend on it"},
-        "max_len": {"help": "maximum tokens per segment (default: 128); a decoder's Wikipedia articles are packed up "
-                    "to it, so it can be the model's whole context"},
-        "seed": {"help": "seed of the segment sample (default: 0)"}})
-    p.add_argument("--corpus", default="wiki",
-                   help="'wiki' (Wikipedia lead sections), a UTF-8 text file with one document per line, JSON Lines, "
-                   "Parquet or a Hugging Face datasets directory, as `bertscope run` reads it (default: wiki)")
-    p.add_argument("--text-field", metavar="NAME", default=None,
-                   help="the text column of a JSON Lines, Parquet or datasets corpus (default: 'text')")
-    p.add_argument("--limit", type=limit_arg, default=100, metavar="N",
-                   help="number of segments (texts), sampled with --seed; 'all' for every one (default: 100)")
+    add_corpus_stream_arguments(p)
     p.add_argument("--late", type=float, default=LATE, metavar="SHARE",
                    help="the late queries, whose mass per tenth of their context is reported: the last SHARE of each "
                    f"segment's tokens, in (0, 1]; 1 takes every query (default: {LATE})")
