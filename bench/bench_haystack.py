@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_long import MODELS, eager_bytes, gib, shape_of  # noqa: E402  (bench/ is on sys.path now)
-from bench_longmem import status_bytes  # noqa: E402
+from bench_longmem import reset_peak_rss, status_bytes  # noqa: E402
 
 METHODS = ("floor", "retrieval", "decode", "eager")
 WARMUP_TOKENS = 256
@@ -147,8 +147,7 @@ def child(method: str, model_name: str, L: int, depth: int, threads: int) -> dic
     rss_loaded = status_bytes("VmRSS")
     with torch.inference_mode():
         go(warm)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # the high-water mark starts again from the RSS now
+        reset_peak_rss()
         before = status_bytes("VmRSS")
         t0 = time.perf_counter()
         out = go(hay)

@@ -37,6 +37,12 @@ MODEL = "smollm2-135m-instruct-q4_1"
 WARMUP_TOKENS = 256
 
 
+def reset_peak_rss():
+    """Start the kernel's high-water mark of this process (VmHWM) again from its RSS now."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def status_bytes(key: str) -> int:
     """A size line of /proc/self/status (VmRSS, VmHWM) in bytes."""
     with open("/proc/self/status") as f:
@@ -95,8 +101,7 @@ def child(method: str, L: int, threads: int, track: bool) -> dict:
     tracker = live_tracker() if track else None
     with torch.inference_mode():
         go(warm)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # the high-water mark starts again from the RSS now
+        reset_peak_rss()
         before = status_bytes("VmRSS")
         t0 = time.perf_counter()
         if tracker is None:
