@@ -91,9 +91,10 @@ def add_arguments(p):
                    "(text, JSON Lines, Parquet, datasets; default: wiki)")
     p.add_argument("--text-field", metavar="NAME", default=None,
                    help="the text column of a JSON Lines, Parquet or datasets corpus (default: 'text')")
-    p.add_argument("--needles", metavar="FILE", default=None,
+    p.add_argument("--needles", metavar="FILE|NAME,...", default=None,
                    help="needles as JSON Lines (one {name, needle, question, answer} per line) or YAML (a list of "
-                   "them); the answer must appear word for word in the needle (default: Wu et al.'s San Francisco "
+                   "them); the answer must appear word for word in the needle. Or names of the default needles, "
+                   "comma-separated: san-francisco, beijing, wmo (default: all three: Wu et al.'s San Francisco "
                    "needle, then their Beijing and WMO needles)")
     p.add_argument("--lengths", type=int_list(2, None, "length"), default=None, metavar="L,...",
                    help="haystack lengths in tokens, the whole input (prompt and answer) (default: 1024, 2048, ... "

@@ -68,12 +68,21 @@ def load_needles(path: str | Path | None = None) -> list[Needle]:
     """The needles of a JSON Lines file (one {"name", "needle", "question", "answer"} per line) or
     a YAML file (a list of such mappings); None: the default set (Wu et al.'s San Francisco
     needle, then their Beijing and WMO needles). A file that does not parse, a missing key, a
-    duplicate name or an answer not in its needle is refused in one line."""
+    duplicate name or an answer not in its needle is refused in one line. `path` may also name
+    needles of the default set, comma-separated ("san-francisco", "beijing,wmo"), when no file has
+    that name."""
+    if path is not None and not Path(path).exists():
+        defaults = {n.name: n for n in load_needles()}
+        names = [name.strip() for name in str(path).split(",")]
+        if all(name in defaults for name in names):
+            return [defaults[name] for name in dict.fromkeys(names)]
     path = Path(path) if path is not None else NEEDLES_FILE
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise UserError(f"--needles {path}: cannot read it ({e.strerror or e})") from None
+        names = ", ".join(n.name for n in load_needles())
+        raise UserError(f"--needles {path}: cannot read it ({e.strerror or e}); give a needles file or names of "
+                        f"the default needles ({names})") from None
     if path.suffix.lower() in (".yaml", ".yml"):
         import yaml  # only for a YAML needles file
 

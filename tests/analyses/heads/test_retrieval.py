@@ -144,6 +144,12 @@ def test_default_needles_and_needle_files(tmp_path):
         with pytest.raises(UserError) as e:
             load_needles(path)
         assert "--needles" in str(e.value) and "\n" not in str(e.value), what
+    # names of the default needles, when no file has that name; anything else is one line naming them
+    assert load_needles("san-francisco") == needles[:1]
+    assert load_needles("wmo, beijing") == [needles[2], needles[1]]
+    with pytest.raises(UserError) as e:
+        load_needles(tmp_path / "no-such-needles.jsonl")
+    assert "san-francisco, beijing, wmo" in str(e.value) and "\n" not in str(e.value)
 
 
 @settings(max_examples=20, deadline=None)
