@@ -31,6 +31,7 @@ from bertscope.analyses.heads.retrieval.outputs import (
     CELLS_COLUMNS,
     CELLS_DIR,
     CELLS_FILE,
+    GREEDY_COLUMNS,
     HEADS_COLUMNS,
     HEADS_FIGURE,
     HEADS_FILE,
@@ -108,6 +109,12 @@ def add_arguments(p):
                    "book, Question: ...\\nAnswer:\" and the answer, as Wu et al. do for base models), 'chat' (that "
                    "user turn in the tokenizer's chat template, the answer as the assistant's, as they do for "
                    "instruct models), 'auto' (chat when the tokenizer has a template; default)")
+    p.add_argument("--answer", choices=("reference", "greedy"), default="reference",
+                   help="the answer the teacher-forced pass appends to the prompt: 'reference' (the needle file's "
+                   "answer; a haystack is answered when the model's argmax is the reference at every answer row; "
+                   "default) or 'greedy' (the model's own greedy answer, up to 50 tokens, stopping after a newline "
+                   "or end token; answered when its words recall more than half of the reference's: Wu et al.'s "
+                   "criterion)")
     p.add_argument("--ablate", type=int_list(0, None, "k"), default="5,10,20", metavar="K,...",
                    help="zero the top-k retrieval heads together, for each k, beside --draws sets of k random other "
                    "heads (default: 5,10,20; 0 skips the ablation)")
@@ -191,6 +198,8 @@ def retrieval(run: ModelRun, args, needles):
         builder.build(needle, max(lengths), 0)
     setup = {"model": loaded.record(), "prompt": prompt, "corpus": args.corpus, "text_field": args.text_field,
              "needles": {n.name: [n.needle, n.question, n.answer] for n in needles}}
+    if args.answer != "reference":  # a reference run's records stay as they were
+        setup["answer"] = args.answer
     cells = [Cell(n.name, length, depth) for n in needles for length in lengths for depth in depths]
     by_name = {n.name: n for n in needles}
     records = run_cells(run, args, builder, by_name, cells, setup)  # every rank's, on every rank
@@ -224,9 +233,11 @@ def retrieval(run: ModelRun, args, needles):
                   "answer_start": r["answer_span"][0], "distance": r["distance"], "copied": int(r["copied"]),
                   "token_accuracy": r["token_accuracy"], "answer_logprob": r["answer_logprob"],
                   "predicted": tok.decode(r["predicted"]),
-                  "max_head_score": float(np.max(np.asarray(r["hits"])) / max(1, r["needle_len"]))}
+                  "max_head_score": float(np.max(np.asarray(r["hits"])) / max(1, r["needle_len"])),
+                  **({"answered": int(r["answered"]), "answer_text": r["answer_text"], "recall": r["recall"]}
+                     if args.answer == "greedy" else {})}
                  for r in ordered]
-    run.write_csv(CELLS_FILE, cell_rows, CELLS_COLUMNS)
+    run.write_csv(CELLS_FILE, cell_rows, CELLS_COLUMNS + (GREEDY_COLUMNS if args.answer == "greedy" else ()))
     run.write_csv(HEADS_FILE, head_rows(grid, kinds, ranked), HEADS_COLUMNS)
     if ablation_rows:
         run.write_csv(ABLATION_FILE, ablation_rows, ABLATION_COLUMNS)
@@ -257,8 +268,8 @@ def saved_records(run: ModelRun, setup: dict, folder: str) -> dict[str, dict]:
         if record is None:
             continue
         if not same_setup(record.get("setup"), setup):
-            raise UserError(f"{path} belongs to another run (model, prompt, corpus or needles differ): give "
-                            "another --out")
+            raise UserError(f"{path} belongs to another run ({setup_difference(record.get('setup'), setup)}): "
+                            "give another --out")
         out[path.stem] = record
     return out
 
@@ -281,9 +292,20 @@ def earlier_records(run: ModelRun, setup: dict) -> dict[str, dict]:
     return records
 
 
+def setup_difference(a: dict | None, b: dict) -> str:
+    """What the one-line refusal of another run's record says differs."""
+    answer = lambda s: (s or {}).get("answer", "reference")  # noqa: E731
+    if answer(a) != answer(b):
+        return f"its haystacks were scored with --answer {answer(a)}, this call's with --answer {answer(b)}"
+    return "model, prompt, corpus or needles differ"
+
+
 def same_setup(a: dict | None, b: dict) -> bool:
-    """Setups agree on what makes a haystack and its score (the model by name and type)."""
+    """Setups agree on what makes a haystack and its score (the model by name and type, the
+    --answer mode: a setup without one is a reference run's)."""
     if a is None:
+        return False
+    if a.get("answer", "reference") != b.get("answer", "reference"):
         return False
     keys = ("prompt", "corpus", "text_field")
     model = lambda s: {k: s["model"].get(k) for k in ("type", "layers", "heads", "path", "id", "commit")}  # noqa: E731
@@ -318,8 +340,8 @@ def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: d
         record = load_cell(folder / f"{c.key}.json")
         if record is not None:
             if not same_setup(record.get("setup"), setup):
-                raise UserError(f"{folder / (c.key + '.json')} belongs to another run (model, prompt, corpus or "
-                                "needles differ): give another --out")
+                raise UserError(f"{folder / (c.key + '.json')} belongs to another run "
+                                f"({setup_difference(record.get('setup'), setup)}): give another --out")
             records[c.key] = record
     todo = [c for c in mine if c.key not in records]
     if records:
@@ -329,12 +351,26 @@ def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: d
         for c in todo:
             bar.set_postfix_str(f"{c.needle}, {c.length} tokens, depth {c.depth}%")
             hay = builder.build(needles[c.needle], c.length, c.depth)
+            greedy = None
+            if args.answer == "greedy":
+                hay, greedy = own_answer(run.loaded, hay, needles[c.needle])
             score = score_haystack(run.loaded, hay, backend=args.backend)
-            record = {**cell_record(c, hay, score), "setup": setup}
+            record = {**cell_record(c, hay, score, greedy), "setup": setup}
             save_cell(folder / f"{c.key}.json", record)
             records[c.key] = record
             bar.update()
     return gather(run, records)
+
+
+def own_answer(loaded, hay, needle) -> tuple:
+    """(the haystack with the model's own greedy answer, its record {"answer_text", "recall",
+    "answered"}): Wu et al.'s criterion, the answer's words recall more than half of the reference's."""
+    from bertscope.analyses.heads.retrieval.stats import RECALL, greedy_answer, word_recall
+
+    ids = greedy_answer(loaded, hay.prompt_ids)
+    text = loaded.tokenizer.decode(list(ids), skip_special_tokens=True)
+    recall = word_recall(needle.answer, text)
+    return hay.with_answer(ids), {"answer_text": text, "recall": recall, "answered": recall > RECALL}
 
 
 # ----------------------------------------------------------------------------- the ablation
@@ -385,6 +421,9 @@ def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, recor
         for v, c in todo:
             bar.set_postfix_str(f"{v[0]} {v[1]}, {c.length} tokens, depth {c.depth}%")
             hay = builder.build(needles[c.needle], c.length, c.depth)
+            if args.answer == "greedy":  # the cell's own answer, teacher forced under the gates
+                hay = hay.with_answer(records[c.key]["reference"]) if c.key in records else \
+                    own_answer(loaded, hay, needles[c.needle])[0]
             gates = zero_gates(L, H, v[3]) if v[3] else None
             s = score_haystack(loaded, hay, gates=gates, backend=args.backend)
             record = {"copied": s.copied, "answer_logprob": s.answer_logprob, "token_accuracy": s.token_accuracy,
@@ -439,7 +478,7 @@ def head_rows(grid, kinds: list[str], ranked: list) -> list[dict]:
 def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needles) -> dict:
     import numpy as np  # see the note above `logger`
 
-    from bertscope.analyses.heads.retrieval.stats import FAR, rank_heads
+    from bertscope.analyses.heads.retrieval.stats import FAR, RECALL, rank_heads
 
     L, H = grid.answered.shape
     score = grid.answered if grid.n_answered else grid.all
@@ -449,7 +488,7 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
     for r in cell_rows:
         a = accuracy.setdefault(str(r["length"]), {"cells": 0, "copied": 0, "answer_logprob": 0.0})
         a["cells"] += 1
-        a["copied"] += r["copied"]
+        a["copied"] += r.get("answered", r["copied"])
         a["answer_logprob"] += r["answer_logprob"]
     for a in accuracy.values():
         a["accuracy"] = a["copied"] / a["cells"]
@@ -458,6 +497,8 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
     far_heads = [(lay, h) for lay in range(L) for h in range(H) if far[lay, h] > 0]
     far_layers = sorted({lay for lay, _ in far_heads})
     results = {
+        **({"answer": args.answer, "answered_by": f"word recall of the greedy answer > {RECALL}"}
+           if args.answer == "greedy" else {}),
         "prompt": prompt, "corpus": args.corpus, "needles": [n.name for n in needles],
         "lengths": sorted({r["length"] for r in cell_rows}), "depths": sorted({r["depth"] for r in cell_rows}),
         "cells": grid.n_cells, "answered": grid.n_answered,
@@ -495,7 +536,8 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
 
 
 def log_summary(run, r: dict):
-    run.log(f"{r['cells']} haystacks ({r['prompt']} prompt), {r['answered']} answered (exact copy): "
+    how = r.get("answered_by", "exact copy")
+    run.log(f"{r['cells']} haystacks ({r['prompt']} prompt), {r['answered']} answered ({how}): "
             + ", ".join(f"{length} tokens {a['copied']}/{a['cells']}" for length, a in r["accuracy_by_length"].items()))
     run.log(f"retrieval score > 0.1: {r['heads_above_0.1']} of {r['heads']} heads ({r['fraction_above_0.1']:.1%}); "
             "top: " + ", ".join(f"{t['head']} {t['score']:.2f}" for t in r["top_heads"][:5])

@@ -30,7 +30,7 @@ model would generate there.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bertscope.errors import UserError
@@ -127,7 +127,8 @@ def load_needles(path: str | Path | None = None) -> list[Needle]:
 class Haystack:
     """One teacher-forced input and where its parts lie.
 
-    input_ids: the prompt and the reference answer, len = length
+    input_ids: the prompt and the reference answer, len = length (`with_answer`: the prompt and
+               another answer, e.g. the model's own greedy one; `length` stays the grid's)
     needle:    [start, end) of the answer's tokens inside the needle sentence (Wu et al.'s
                needle span: the keys a retrieval head must point at)
     answer:    [start, end) of the reference answer (the last tokens); the answer rows, whose
@@ -151,6 +152,18 @@ class Haystack:
     @property
     def needle_len(self) -> int:
         return self.needle[1] - self.needle[0]
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        """Everything before the answer: what a decoder generates its answer from."""
+        return self.input_ids[:self.answer[0]]
+
+    def with_answer(self, answer_ids) -> Haystack:
+        """The same prompt (needle span, depth, `length` as built) followed by `answer_ids` instead
+        of the reference answer: `bertscope heads retrieval --answer greedy` scores the model's own
+        answer, whose length differs from the reference's."""
+        ids = self.prompt_ids + tuple(int(t) for t in answer_ids)
+        return replace(self, input_ids=ids, answer=(self.answer[0], len(ids)))
 
     @property
     def distance(self) -> int:

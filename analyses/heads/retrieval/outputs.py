@@ -3,7 +3,10 @@
 retrieval_cells.csv: one row per haystack (needle, length, depth): where the needle span and the
 answer start, the distance between them, whether the model copies the reference answer (every
 answer row's argmax prediction is the reference token), its token accuracy, the reference
-answer's log-probability (nats), what the model predicts, and the highest head score there.
+answer's log-probability (nats), what the model predicts, and the highest head score there. With
+--answer greedy the teacher-forced answer is the model's own greedy one (the "reference" columns
+then read it), and three columns follow: answered (Wu et al.'s criterion: its words recall more
+than half of the needle's answer), answer_text (the greedy answer, decoded) and recall.
 
 retrieval_heads.csv: one row per head, layer-major, `layer, head` from 1: the layer's kind
 (global, or its sliding window), the retrieval score over the answered haystacks (Wu et al.'s)
@@ -22,6 +25,7 @@ NAME = "retrieval"
 CELLS_FILE = "retrieval_cells.csv"
 CELLS_COLUMNS = ("needle", "length", "depth", "needle_start", "needle_len", "answer_start", "distance", "copied",
                  "token_accuracy", "answer_logprob", "predicted", "max_head_score")
+GREEDY_COLUMNS = ("answered", "answer_text", "recall")  # appended with --answer greedy
 HEADS_FILE = "retrieval_heads.csv"
 HEADS_COLUMNS = ("layer", "head", "layer_kind", "score", "n_answered", "score_all", "n_cells", "far_score",
                  "far_score_all", "rank")

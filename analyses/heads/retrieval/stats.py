@@ -26,10 +26,17 @@ haystacks are scored ("all haystacks") but do not enter the retrieval score ("an
 
 Answered = copied, a stricter criterion than Wu et al.'s half-of-the-words recall; the token
 accuracy (the fraction of answer rows predicted right, teacher forced) is reported beside it.
+
+`--answer greedy` takes Wu et al.'s criterion instead: the model's own greedy answer
+(`greedy_answer`: KV-cached greedy decoding, stopping after a newline or end token, that token
+kept) is the teacher-forced answer, so the answer rows are exactly their decode steps, and the
+haystack counts when its words recall more than half of the reference answer's (`word_recall`).
 """
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -39,6 +46,9 @@ import torch
 from bertscope.analyses.heads.retrieval.haystack import Haystack
 
 FAR = 512  # tokens: Gemma-3's sliding window; a hit whose key lies further back is "far"
+ANSWERS = ("reference", "greedy")  # --answer: what the teacher-forced pass appends to the prompt
+MAX_NEW_TOKENS = 50  # the longest greedy answer: Wu et al.'s decode_len
+RECALL = 0.5  # a greedy answer counts when its word recall of the reference is above this (Wu et al.'s 50)
 
 
 @dataclass
@@ -153,6 +163,78 @@ def answer_predictions(loaded, hidden: torch.Tensor, reference) -> tuple[tuple[i
     return predicted, float(logp.gather(1, target[:, None]).sum().cpu())
 
 
+# ----------------------------------------------------------------------------- the model's own answer
+
+
+def answer_words(text: str) -> list[str]:
+    """Lower-cased runs of letters and digits: punctuation and spacing dropped (rouge_score's
+    tokenizer, without its stemmer)."""
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def word_recall(reference: str, answer: str) -> float:
+    """ROUGE-1 recall as a fraction: the reference's words found in the answer, each counted at
+    most as often as the answer has it (Wu et al. use rouge_score's ROUGE-1 recall > 50; no
+    stemming here, and no dependency). 0 for a reference without words."""
+    ref = answer_words(reference)
+    if not ref:
+        return 0.0
+    left: dict[str, int] = {}
+    for w in answer_words(answer):
+        left[w] = left.get(w, 0) + 1
+    found = 0
+    for w in ref:
+        if left.get(w, 0):
+            left[w] -= 1
+            found += 1
+    return found / len(ref)
+
+
+def stop_tokens(loaded) -> tuple[set[int], Callable[[int], bool]]:
+    """(the end tokens, stop(token)): decoding stops after a token whose text holds a newline (Wu et
+    al. stop on their tokenizer's newline token; a byte-level BPE has "\n", ".\n" ...) or after
+    an end token: the tokenizer's EOS and the generation config's (a chat template's end of turn)."""
+    tok = loaded.tokenizer
+    ends = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    config = getattr(loaded.model, "generation_config", None)
+    extra = getattr(config, "eos_token_id", None)
+    ends |= set(extra if isinstance(extra, (list, tuple)) else [] if extra is None else [extra])
+    memo: dict[int, bool] = {}
+
+    def stop(token: int) -> bool:
+        if token not in memo:
+            memo[token] = token in ends or "\n" in tok.decode([token])
+        return memo[token]
+    return ends, stop
+
+
+def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[int, ...]:
+    """The model's greedy answer to `prompt_ids`, its stop token included (Wu et al. score the
+    step that produces it): the prompt prefilled into a KV cache, then one token per step. The
+    bertscope attention computes whole inputs, not cached steps, so the model decodes with
+    transformers' SDPA attention and gets bertscope's back after."""
+    from bertscope.engine.attention import ATTN_IMPLEMENTATION
+
+    model = loaded.model
+    _, stop = stop_tokens(loaded)
+    device = next(model.parameters()).device
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([list(prompt_ids)], device=device), use_cache=True)
+            generated = []
+            for _ in range(max_new_tokens):
+                token = int(out.logits[0, -1].argmax())
+                generated.append(token)
+                if stop(token):
+                    break
+                out = model(input_ids=torch.tensor([[token]], device=device), cache=out.cache,
+                            use_cache=True)
+    finally:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return tuple(generated)
+
+
 # ----------------------------------------------------------------------------- cells of the grid
 
 
@@ -169,9 +251,11 @@ class Cell:
         return f"{self.needle}_L{self.length}_d{self.depth}"
 
 
-def cell_record(cell: Cell, hay: Haystack, score: HaystackScore) -> dict:
-    """What a finished cell keeps (JSON): enough to rebuild every output without the model."""
-    return {"needle": cell.needle, "length": cell.length, "depth": cell.depth,
+def cell_record(cell: Cell, hay: Haystack, score: HaystackScore, greedy: dict | None = None) -> dict:
+    """What a finished cell keeps (JSON): enough to rebuild every output without the model.
+    greedy: with --answer greedy, {"answer_text", "recall", "answered"} (the record's "reference"
+    is then the model's own answer, the tokens scored)."""
+    return {**(greedy or {}), "needle": cell.needle, "length": cell.length, "depth": cell.depth,
             "needle_span": list(hay.needle), "answer_span": list(hay.answer), "distance": hay.distance,
             "needle_len": score.needle_len, "copied": score.copied, "answer_logprob": score.answer_logprob,
             "token_accuracy": score.token_accuracy, "predicted": list(score.predicted),
@@ -199,8 +283,9 @@ def load_cell(path: Path) -> dict | None:
 class GridScores:
     """Per-head retrieval scores over the cells of a grid (records of `cell_record`).
 
-    answered: mean over the copied cells of hits / |needle| (Wu et al.'s score); NaN-free, 0 with
-      no answered cell (n_answered says how many)
+    answered: mean over the answered cells of hits / |needle| (Wu et al.'s score); NaN-free, 0
+      with no answered cell (n_answered says how many). Answered: the record's "answered" (--answer
+      greedy: word recall above RECALL), else "copied" (the reference answer, exactly)
     all:      the same mean over every cell
     far:      the answered mean of the far hits (keys more than FAR tokens back)
     far_all:  the mean of the far hits over every cell
@@ -220,7 +305,7 @@ class GridScores:
             return cls(zero, zero.copy(), zero.copy(), 0, 0, zero.copy())
         per = np.stack([np.asarray(r["hits"], float) / max(1, r["needle_len"]) for r in records])  # (N, layers, H)
         far = np.stack([np.asarray(r["far_hits"], float) / max(1, r["needle_len"]) for r in records])
-        ok = np.array([bool(r["copied"]) for r in records])
+        ok = np.array([bool(r.get("answered", r["copied"])) for r in records])
         answered = per[ok].mean(0) if ok.any() else zero.copy()
         far_answered = far[ok].mean(0) if ok.any() else zero.copy()
         return cls(answered, per.mean(0), far_answered, int(ok.sum()), len(records), far.mean(0))
