@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from bertscope.analyses.heads.retrieval.haystack import ANSWERS, PROMPTS
 from bertscope.analyses.heads.retrieval.outputs import (
     ABLATION_COLUMNS,
     ABLATION_DIR,
@@ -104,12 +105,12 @@ def add_arguments(p):
                    metavar="D,...",
                    help="needle depths, percent of the haystack text (default: Wu et al.'s ten, "
                    + ",".join(map(str, DEFAULT_DEPTHS)) + ")")
-    p.add_argument("--prompt", choices=("auto", "plain", "chat"), default="auto",
+    p.add_argument("--prompt", choices=PROMPTS, default="auto",
                    help="how the question and answer are put: 'plain' (the text, then \"Based on the content of the "
                    "book, Question: ...\\nAnswer:\" and the answer, as Wu et al. do for base models), 'chat' (that "
                    "user turn in the tokenizer's chat template, the answer as the assistant's, as they do for "
                    "instruct models), 'auto' (chat when the tokenizer has a template; default)")
-    p.add_argument("--answer", choices=("reference", "greedy"), default="reference",
+    p.add_argument("--answer", choices=ANSWERS, default="reference",
                    help="the answer the teacher-forced pass appends to the prompt: 'reference' (the needle file's "
                    "answer; a haystack is answered when the model's argmax is the reference at every answer row; "
                    "default) or 'greedy' (the model's own greedy answer, up to 50 tokens, stopping after a newline "

@@ -37,6 +37,7 @@ from bertscope.errors import UserError
 
 NEEDLES_FILE = Path(__file__).with_name("needles.jsonl")  # the default needles (package data)
 PROMPTS = ("auto", "plain", "chat")
+ANSWERS = ("reference", "greedy")  # --answer: what the teacher-forced pass appends to the prompt
 QUESTION = "Based on the content of the book, Question: {question}\nAnswer:"  # Wu et al.'s wording
 NEEDLE_KEYS = ("name", "needle", "question", "answer")
 

@@ -46,7 +46,6 @@ import torch
 from bertscope.analyses.heads.retrieval.haystack import Haystack
 
 FAR = 512  # tokens: Gemma-3's sliding window; a hit whose key lies further back is "far"
-ANSWERS = ("reference", "greedy")  # --answer: what the teacher-forced pass appends to the prompt
 MAX_NEW_TOKENS = 50  # the longest greedy answer: Wu et al.'s decode_len
 RECALL = 0.5  # a greedy answer counts when its word recall of the reference is above this (Wu et al.'s 50)
 
