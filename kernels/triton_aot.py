@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the shipped Triton specialisations, without a GPU.
 
 Every constexpr combination `triton_attention` launches on a GPU (code path and block
-sizes as chosen by `kernel_config`, statistics switches, input dtype, head dimension) is
+tiles as `triton_config.forward_config` chooses them per target, statistics switches, input dtype, head dimension) is
 compiled for real targets (sm_80, sm_90) with `triton.compile`, and the PTX is assembled
 by Triton's bundled `ptxas -v` to read the registers per thread and the spill stores and
 loads; shared memory comes from the compiled metadata. A spill means the block sizes are
@@ -36,52 +36,68 @@ import torch
 ARCHS = (80, 90)
 # key class counts: the vocabulary's [CLS], [SEP], punctuation, other (4), 16 for classes from
 # tags (UPOS has 17 tags) and 32 (the features scheme's); the class count is a runtime argument,
-# but the class accumulator is (BLOCK_M, C_PAD) registers, C_PAD its padded width, compiled in
+# but the key-feature accumulator is (BLOCK_M, F_PAD) registers, F_PAD its padded width, compiled in
 CLASS_COUNTS = (4, 16, 32)
-# input dtypes (Triton's names); bf16 takes fp16's block sizes
+# input dtypes (Triton's names); bf16 takes fp16's tiles
 DTYPES = ("fp32", "fp16", "bf16")
-# head dimensions of the supported models: MiniLM (32), bert-base and larger (64)
-HEAD_DIMS = (32, 64)
-# head dimensions of the layout kernel: the encoders' and SmolLM2 / Llama-3.2's (32, 64), 128, Gemma-3's 256
+# head dimensions of the plain layout: MiniLM (32), bert-base and larger (64), 128
+HEAD_DIMS = (32, 64, 128)
+# head dimensions of the other layouts: the encoders' and SmolLM2 / Llama-3.2's (32, 64), 128, Gemma-3's 256
 LAYOUT_HEAD_DIMS = (32, 64, 128, 256)
 LAYOUT_MAP_HEAD_DIMS = (64, 256)
-# row lengths that select every shipped path / block size (kernel_config picks them by L and dtype)
-LENGTHS = (32, 128, 512)
+# the statistics `bertscope run` and the decoders' analyses ask for by default (offsets are a
+# runtime argument: the epilogue's loop), the ones the instruction budget is set for
+DEFAULT_STATS = ("entropy", "class_mass")
 
 
 @dataclass(frozen=True)
 class Specialisation:
-    L: int  # a row length that selects this configuration
+    """One specialisation of the fused forward (`triton_kernel.attn_stats_fwd`) as a launch
+    compiles it: the plain (encoder) layout, BANDED off and G = 1 (Triton's launcher specialises
+    an integer argument equal to 1 to a constant), or with `banded` the other layouts (causal,
+    windowed, grouped-query), whose band (win_left, win_right) and group size G are runtime
+    integers: one compiled kernel serves causal and windowed layouts alike; `group` "1" (G
+    specialised to 1) or "G" (any G >= 2: 3 for SmolLM2, 4 for Gemma-3 and Llama-3.2). Tiles
+    depend on the target (`triton_config.forward_config`)."""
+
     D: int
     dtype: str  # "fp32", "fp16" or "bf16"
-    entropy: bool
-    argmax: bool
+    stats: tuple[str, ...] = DEFAULT_STATS  # the statistics switched on (their constexpr switches)
     n_classes: int = 4
-    class_dot: bool = True  # class masses by a one-hot dot (shipped), or the masked loop
+    banded: bool = False
+    group: str = "1"  # "1" or "G" (banded only)
     uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the keys)
-    extra: tuple[str, ...] = ()  # further statistics of the table switched on (their constexpr switch)
 
-    def config(self) -> dict:
-        from .triton_attention import POSITION_STATS, kernel_config  # see the note above ARCHS
+    def config(self, arch: int) -> dict:
+        from .triton_config import POSITION_STATS, forward_config  # see the note above ARCHS
 
-        return kernel_config(self.L, self.D, torch_dtype(self.dtype), uniform=self.uniform,
-                             positions=bool(set(self.extra) & set(POSITION_STATS)))
+        return forward_config(self.D, torch_dtype(self.dtype), arch, bool(set(self.stats) & set(POSITION_STATS)))
 
     def switched_on(self) -> set[str]:
-        return _switched_on(self)
+        return set(self.stats)
 
-    def name(self) -> str:
-        c = self.config()
-        path = "single" if c["SINGLE_TILE"] else "online"
-        return (f"{path} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
-                f"{self.dtype} C{self.n_classes} {_flags(self)}" + ("" if self.class_dot else " loop")
-                + (" uniform" if self.uniform else ""))
+    def name(self, arch: int = 90) -> str:
+        c = self.config(arch)
+        kind = f"band G={self.group}" if self.banded else "plain"
+        return (f"{kind} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
+                f"{self.dtype} C{self.n_classes} {_flags(self)}" + (" uniform" if self.uniform else ""))
+
+    def ast_source(self, arch: int):
+        """(ASTSource, config) of this specialisation for sm_<arch> (`_forward_source`)."""
+        from .triton_config import feature_width  # see the note above ARCHS
+
+        c = self.config(arch)
+        constexprs = dict(BANDED=self.banded, F_PAD=feature_width(self.n_classes), HEAD_DIM=self.D,
+                          DOT_PRECISION="ieee" if self.dtype == "fp32" else "tf32", UNIFORM=self.uniform)
+        if not self.banded or self.group == "1":
+            constexprs["G"] = 1
+        return _forward_source(self, c, constexprs), c
 
 
-def _switched_on(spec) -> set[str]:
-    """The statistics a specialisation switches on: entropy and argmax by their fields, any other
-    of the table only when it is named in `extra` (a new switch is compiled off unless asked)."""
-    return {name for name, on in (("entropy", spec.entropy), ("argmax", spec.argmax)) if on} | set(spec.extra)
+def LayoutSpec(D: int, dtype: str, stats: tuple[str, ...] = DEFAULT_STATS, n_classes: int = 4, group: str = "G",
+               uniform: bool = False) -> Specialisation:
+    """A banded `Specialisation` (causal, windowed, grouped-query layouts)."""
+    return Specialisation(D, dtype, stats, n_classes, True, group, uniform)
 
 
 def _flags(spec) -> str:
@@ -90,49 +106,6 @@ def _flags(spec) -> str:
 
     on = spec.switched_on()
     return "+".join(s.name for s in ROW_STATS if s.name in on) or "-"
-
-
-@dataclass(frozen=True)
-class LayoutSpec:
-    """One specialisation of the fused kernel for the layouts other than the plain one
-    (`triton_attention._attn_stats_fwd` with BANDED on: causal, windowed, grouped-query). The
-    band (win_left, win_right) and the group size G are runtime integers, so one compiled
-    kernel serves causal and windowed layouts alike; a launch with
-    G = 1 (one query head per key/value head) is specialised by Triton's launcher (an integer
-    argument equal to 1 becomes a constant), any larger G (3: SmolLM2, 4: Gemma-3 and
-    Llama-3.2) is the same generic kernel: `group` is "1" or "G"."""
-
-    D: int
-    dtype: str  # "fp32", "fp16" or "bf16"
-    entropy: bool = True
-    argmax: bool = False
-    n_classes: int = 4
-    group: str = "G"  # "1" (G specialised to 1) or "G" (runtime G >= 2)
-    uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the band)
-    L: int = 4096  # the layout kernel has one path whatever L
-    extra: tuple[str, ...] = ()  # further statistics of the table switched on (their constexpr switch)
-
-    def config(self) -> dict:
-        from .triton_attention import layout_kernel_config  # see the note above ARCHS
-
-        return layout_kernel_config(self.L, self.D, torch_dtype(self.dtype))
-
-    def switched_on(self) -> set[str]:
-        return _switched_on(self)
-
-    def name(self) -> str:
-        c = self.config()
-        return (f"band M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
-                f"{self.dtype} C{self.n_classes} G={self.group} {_flags(self)}" + (" uniform" if self.uniform else ""))
-
-    def ast_source(self):
-        from . import triton_attention as ta
-
-        c = self.config()
-        constexprs = dict(BANDED=True, SINGLE_TILE=False, CLASS_DOT=True, C_PAD=ta.c_pad(self.n_classes))
-        if self.group == "1":
-            constexprs["G"] = 1
-        return _fused_source(self, c, constexprs), c
 
 
 @dataclass(frozen=True)
@@ -148,7 +121,7 @@ class AotSpec:
     W: int = 0  # units (word maps only)
     banded: bool = False  # the layout variant (BANDED: band skipping, key heads shared by query heads)
 
-    def config(self) -> dict:
+    def config(self, arch: int = 90) -> dict:  # the whole-map kernels' blocks do not depend on the target
         from .triton_js import js_config  # see the note above ARCHS
         from .triton_maps import column_mass_config, word_map_config
 
@@ -158,14 +131,14 @@ class AotSpec:
             return column_mass_config(self.L, self.D)
         return js_config(self.L, self.D)
 
-    def name(self) -> str:
+    def name(self, arch: int = 90) -> str:
         c = self.config()
         blocks = (f"M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']}" + (f" W{c['BLOCK_W']}" if "BLOCK_W" in c else "")
                   + (f" K{c['BLOCK_DK']}" if c.get("BLOCK_DK", c["BLOCK_D"]) < c["BLOCK_D"] else ""))
         return (f"{self.kernel.strip('_').removesuffix('_kernel')} {blocks} w{c['num_warps']}{_cap(c)} {self.dtype}"
                 + (" banded" if self.banded else ""))
 
-    def ast_source(self):
+    def ast_source(self, arch: int = 90):
         """(ASTSource, config with num_warps and num_stages) as a typical launch specialises
         it: unit strides of the innermost dimensions are constants, pointers and the q/k
         strides 16-divisible."""
@@ -201,8 +174,8 @@ class AotSpec:
 
 
 def position_stats() -> tuple[str, ...]:
-    """The position-dependent statistics (`triton_attention.POSITION_STATS`), switched on together."""
-    from .triton_attention import POSITION_STATS  # see the note above ARCHS
+    """The position-dependent statistics (`triton_config.POSITION_STATS`), switched on together."""
+    from .triton_config import POSITION_STATS  # see the note above ARCHS
 
     return POSITION_STATS
 
@@ -237,156 +210,108 @@ def aot_specialisations(dtypes=DTYPES, layouts: str = "all") -> list[AotSpec]:
     return specs
 
 
-def layout_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "all") -> list[LayoutSpec]:
-    """The layout kernel's specialisations. "all": every dtype x head dimension (32, 64: the
-    encoders' and SmolLM2 / Llama-3.2's; 128; 256: Gemma-3's) x group (G = 1 and G >= 2) with
-    the entropy, with and without the argmax, for 4 key classes; 16 and 32 classes, the
-    statistics-free forward, the uniform-gate epilogue and the position-dependent statistics
-    (`position_stats`) at D = 64 and 256. "core": the largest of each block configuration (what
-    the test suite compiles: each layout kernel takes ~10 s to compile on one core, the whole
-    matrix ~25 minutes), fp32 at D = 256 with 32 classes among them (it spilled before fp32
-    capped its registers, layout_kernel_config), and the position-dependent statistics in bf16
-    at D = 64 (255 registers on sm_80) and in fp32 at D = 256 (128, the cap)."""
+def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "all") -> list[Specialisation]:
+    """The fused forward's specialisations.
+
+    "all": for the plain layout and the banded one (G = 1 and G >= 2): every dtype x head
+    dimension with the default statistics (entropy, class masses), with and without the argmax,
+    for 4 key classes; 16 and 32 classes, the statistics-free forward, the uniform-gate epilogue
+    and the position-dependent statistics at D = 64 (and 256 banded). "core": the largest of each
+    tile configuration, what the test suite compiles (each takes ~10 s on one core)."""
+    default, argmax, positions = DEFAULT_STATS, (*DEFAULT_STATS, "argmax"), (*DEFAULT_STATS, "argmax", *position_stats())
     if which == "none":
         return []
     if which == "core":
-        specs = [LayoutSpec(64, "bf16", True, True, 4, "G"), LayoutSpec(64, "fp16", True, True, 32, "1"),
-                 LayoutSpec(256, "bf16", True, True, 32, "G"), LayoutSpec(128, "bf16", True, True, 4, "G"),
-                 LayoutSpec(64, "fp32", True, True, 32, "G"), LayoutSpec(256, "fp32", True, True, 32, "G"),
-                 LayoutSpec(64, "bf16", True, True, 4, "G", uniform=True),
-                 LayoutSpec(64, "bf16", True, True, 4, "G", extra=position_stats()),
-                 LayoutSpec(256, "fp32", True, True, 4, "G", extra=position_stats())]
+        specs = [Specialisation(64, "bf16", argmax, 32), Specialisation(128, "fp16", default, 4),
+                 Specialisation(64, "fp32", argmax, 32), Specialisation(64, "bf16", argmax, 4, uniform=True),
+                 Specialisation(64, "bf16", positions, 4),
+                 LayoutSpec(64, "bf16", argmax, 4), LayoutSpec(128, "bf16", default, 4, "G"),
+                 LayoutSpec(256, "bf16", argmax, 32), LayoutSpec(64, "fp16", argmax, 32, "1"),
+                 LayoutSpec(64, "fp32", argmax, 32), LayoutSpec(256, "fp32", argmax, 32),
+                 LayoutSpec(64, "bf16", argmax, 4, uniform=True), LayoutSpec(64, "bf16", positions, 4),
+                 LayoutSpec(256, "fp32", positions, 4)]
         return [s for s in specs if s.dtype in dtypes and s.n_classes in classes] or specs[:1]
-    specs = [LayoutSpec(D, t, True, argmax, 4, group) for t in dtypes for D in LAYOUT_HEAD_DIMS
-             for group in ("1", "G") for argmax in (False, True)]
-    specs += [LayoutSpec(D, t, True, True, C, "G") for t in dtypes for D in (64, 256) for C in classes if C != 4]
-    specs += [LayoutSpec(D, t, False, False, 4, "G") for t in dtypes for D in (64, 256)]
-    specs += [LayoutSpec(D, t, True, True, 4, "G", uniform=True) for t in dtypes for D in (64, 256)]
-    specs += [LayoutSpec(D, t, True, True, 4, "G", extra=position_stats()) for t in dtypes for D in (64, 256)]
+    specs = []
+    for t in dtypes:
+        for banded, dims in ((False, HEAD_DIMS), (True, LAYOUT_HEAD_DIMS)):
+            groups = ("1", "G") if banded else ("1",)
+            specs += [Specialisation(D, t, stats, 4, banded, group) for D in dims for group in groups
+                      for stats in (default, argmax)]
+            big = (64, 256) if banded else (64,)
+            specs += [Specialisation(D, t, argmax, C, banded, "G" if banded else "1") for D in big for C in classes
+                      if C != 4]
+            specs += [Specialisation(D, t, (), 4, banded, "G" if banded else "1") for D in big]
+            specs += [Specialisation(D, t, argmax, 4, banded, "G" if banded else "1", uniform=True) for D in big]
+            specs += [Specialisation(D, t, positions, 4, banded, "G" if banded else "1") for D in big]
     return [s for s in specs if s.n_classes in classes]
 
 
-def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, class_dot=True,
-                            layouts: str = "all") -> list[Specialisation]:
-    """Every specialisation a GPU run of bertscope launches with the default statistics.
-
-    The surface analysis (`bertscope run`) always asks for the entropy, and --argmax
-    switches the argmax on, so both are covered: (single-tile, online) x (fp32, fp16, bf16)
-    x (D 32, 64) x (argmax off, on), each for 4, 16 and 32 key classes, and each path and dtype
-    with uniform head gates (D = 64, the fewest classes asked). The probes' specs
-    (entropy and argmax off) also need word maps or column mass, which the fused forward
-    delegates to other kernels; the entropy-off, argmax-off forward is compiled once per
-    path, dtype and class count at D = 64. An analysis that asks for the position-dependent
-    statistics (`distance`, `position_mass`) switches their accumulators on, with their own
-    configurations (`kernel_config`'s positions): each path, dtype and head dimension with the
-    entropy and argmax, 4 classes. maps=False leaves the whole-map kernels out;
-    class_dot=False compiles the class masses' masked loop instead of the shipped one-hot dot.
-    """
-    specs = [Specialisation(L, D, dtype, True, argmax, C, class_dot) for C in classes
-             for dtype in dtypes for L in LENGTHS for D in HEAD_DIMS for argmax in (False, True)]
-    specs += [Specialisation(L, 64, dtype, False, False, C, class_dot)
-              for C in classes for dtype in dtypes for L in LENGTHS]
-    # a call with uniform head gates (head ablation) compiles the epilogue's second pass over the keys
-    specs += [Specialisation(L, 64, dtype, True, True, min(classes), class_dot, uniform=True)
-              for dtype in dtypes for L in LENGTHS]
-    # an analysis that asks for the position-dependent statistics (`distance`, `position_mass`) compiles
-    # their accumulators in, with their own configurations (kernel_config's positions)
-    specs += [Specialisation(L, D, dtype, True, True, min(classes), class_dot, extra=position_stats())
-              for dtype in dtypes for L in LENGTHS for D in HEAD_DIMS]
-    # one per distinct configuration (several L select the same one)
-    seen, unique = set(), []
-    for s in specs:
-        key = (s.name(), s.D)
-        if key not in seen:
-            seen.add(key)
-            unique.append(s)
-    # the layout kernel (causal, windowed, grouped-query); then column mass, word maps and JS
-    # (kernels/triton_maps.py, triton_js.py): their own LayoutSpec / AotSpec
-    if class_dot:
-        unique += layout_specialisations(classes, dtypes, layouts)
-    return unique + (aot_specialisations(dtypes, layouts) if maps else [])
+def shipped_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, maps=True, layouts: str = "all") -> list:
+    """Every specialisation a GPU run of bertscope launches: the fused forward's
+    (`forward_specialisations`), then column mass, word maps and JS (kernels/triton_maps.py,
+    triton_js.py: their own `AotSpec`). maps=False leaves the whole-map kernels out."""
+    return forward_specialisations(classes, dtypes, layouts) + (aot_specialisations(dtypes, layouts) if maps else [])
 
 
-def _ast_source(spec: Specialisation):
-    """The ASTSource of the fused kernel, specialised as a typical launch would be (see
-    `_fused_source`); the plain layout's: BANDED off and G = 1, a constant, as Triton's launcher
-    specialises an integer argument equal to 1."""
-    if isinstance(spec, (AotSpec, LayoutSpec)):  # they build their own (source, config)
-        return spec.ast_source()
-    from . import triton_attention as ta
+def _forward_source(spec: Specialisation, c: dict, constexprs: dict):
+    """`attn_stats_fwd`'s ASTSource for a specialisation: unit strides of the innermost
+    dimensions (q/k/v/out, the (B, L) masks, the key features) are constants, as Triton's launcher
+    specialises them; the pointers and the other strides get the 16-divisibility hint the launcher
+    derives for 16-aligned allocations and D % 16 == 0; the statistics' switches and outputs from
+    the table (`_forward_signature`); every other integer argument is an i32."""
+    from . import triton_kernel
 
-    c = spec.config()
-    constexprs = dict(BANDED=False, G=1, SINGLE_TILE=c["SINGLE_TILE"], CLASS_DOT=spec.class_dot,
-                      C_PAD=ta.c_pad(spec.n_classes, spec.class_dot))
-    return _fused_source(spec, c, constexprs), c
-
-
-def _fused_source(spec, c: dict, constexprs: dict):
-    """`_attn_stats_fwd`'s ASTSource for a specialisation: unit strides of the innermost
-    dimensions (q/k/v/out, the (B, L) masks) are constants, as Triton's launcher specialises
-    them; the pointers and the other strides get the 16-divisibility hint the launcher derives
-    for 16-aligned allocations and D % 16 == 0; the statistics' switches and outputs from the
-    table (`_forward_signature`); every other integer argument is an i32."""
-    from . import triton_attention as ta
-
-    fn = _compilable(ta._attn_stats_fwd)
+    fn = _compilable(triton_kernel.attn_stats_fwd)
     sig, flags = _forward_signature(spec, spec.dtype)
     constexprs = {**{name: 1 for name in UNIT_STRIDES}, **constexprs, "BLOCK_M": c["BLOCK_M"],
-                  "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"], **flags, "IS_FP32": spec.dtype == "fp32",
-                  "UNIFORM": spec.uniform}
+                  "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"], **flags}
     for name in fn.arg_names:
         sig.setdefault(name, "constexpr" if name in constexprs else "i32")
-    return _forward_source(fn, sig, constexprs)
+    for name in constexprs:
+        sig[name] = "constexpr"
+    aligned = [n for n in sig if sig[n].startswith("*")] + list(ALIGNED_STRIDES)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    sig = {name: sig[name] for name in fn.arg_names}
+    from triton.compiler import ASTSource  # see the note above ARCHS
+
+    return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
 
 
-# -- what the plain and the layout specialisations' sources share
-
-# unit strides (the innermost dimension of q/k/v/out, the (B, L) masks): constants, as Triton's
-# launcher specialises them
-UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml", "stride_cl")
+# unit strides (the innermost dimension of q/k/v/out, the (B, L) masks, the key features): constants, as
+# Triton's launcher specialises them
+UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_ml")
 # the strides (and D) a 16-aligned allocation with D % 16 == 0 makes divisible by 16, as the pointers
 ALIGNED_STRIDES = ("stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kl",
-                   "stride_vb", "stride_vh", "stride_vl", "stride_ob", "stride_oh", "stride_ol", "D")
+                   "stride_vb", "stride_vh", "stride_vl", "stride_ob", "stride_oh", "stride_ol", "stride_fb",
+                   "stride_fl")
 
 
 def _compilable(fn):
     """The kernel `fn`, or a RuntimeError when its module was imported under the interpreter."""
     if not isinstance(fn, __import__("triton").runtime.jit.JITFunction):
-        raise RuntimeError("bertscope.kernels.triton_attention was imported under TRITON_INTERPRET=1; "
+        raise RuntimeError("bertscope.kernels.triton_kernel was imported under TRITON_INTERPRET=1; "
                            "compile in a process without it (python -m bertscope.kernels.triton_aot)")
     return fn
 
 
 def _forward_signature(spec, t: str) -> tuple[dict, dict]:
     """(signature of the inputs and the statistics' outputs, the statistics' constexpr switches) of
-    the fused kernel in dtype `t`, from the kernel's table (`kernel_outputs`) as the launcher
-    passes them: a switched-off statistic gets the fp32 lse as a placeholder. Only what `spec`
-    switches on (`switched_on`) is compiled on: a new statistic's switch is off unless a
-    specialisation names it."""
-    from . import triton_attention as ta
+    the fused kernel in dtype `t`, from the kernel's table (`triton_launch.kernel_outputs`) as the
+    launcher passes them: statistics in fp32 (int64 for an index); a switched-off statistic gets the
+    fp32 lse as a placeholder. Only what `spec` switches on (`switched_on`) is compiled on: a new
+    statistic's switch is off unless a specialisation names it."""
+    from . import triton_launch
 
-    sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyClass": "*i32", "GateXi": "*fp32",
-           "GateUniform": "*i8", "Offsets": "*i32", "Out": f"*{t}", "Lse": "*fp32", "sm_scale": "fp32"}
+    sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyRange": "*i32", "KeyFeatures": f"*{t}",
+           "GateXi": "*fp32", "GateUniform": "*i8" if spec.uniform else "*fp32", "Offsets": "*i32", "Out": f"*{t}",
+           "Lse": "*fp32", "sm_scale": "fp32"}
     flags = {}
-    for stat, arg, flag in ta.kernel_outputs():
+    for stat, arg, flag in triton_launch.kernel_outputs():
         on = stat.name in spec.switched_on()
         if flag is not None:
             flags[flag] = on
-        sig[arg] = "*fp32" if flag is not None and not on else ("*i64" if stat.dtype == "int64" else f"*{t}")
+        sig[arg] = "*i64" if on and stat.dtype == "int64" else "*fp32"
     return sig, flags
-
-
-def _forward_source(fn, sig: dict, constexprs: dict):
-    """The ASTSource of `fn`: `constexprs` as constants, the pointers and ALIGNED_STRIDES with the
-    16-divisibility hint the launcher derives, the signature in the kernel's argument order."""
-    from triton.compiler import ASTSource  # see the note above ARCHS
-
-    for name in constexprs:
-        sig[name] = "constexpr"
-    aligned = [n for n in sig if sig[n].startswith("*")] + list(ALIGNED_STRIDES)
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    sig = {name: sig[name] for name in fn.arg_names}
-    return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
 
 
 def ptxas_path() -> Path:
@@ -424,14 +349,14 @@ def compile_one(spec: Specialisation, arch: int) -> dict:
 
     from .triton_tiles import launch_caps
 
-    src, c = _ast_source(spec)
+    src, c = spec.ast_source(arch)
     t0 = time.perf_counter()
     options = {"num_warps": c["num_warps"], "num_stages": c["num_stages"], **launch_caps(c)}  # as the launch
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     seconds = time.perf_counter() - t0
     usage = ptxas_usage(compiled.asm["ptx"], arch)
     return {
-        "kernel": compiled.metadata.name, "spec": spec.name(), "D": spec.D, "arch": f"sm_{arch}",
+        "kernel": compiled.metadata.name, "spec": spec.name(arch), "D": spec.D, "arch": f"sm_{arch}",
         **usage, "shared": compiled.metadata.shared, "cubin_bytes": len(compiled.asm["cubin"]),
         "compile_s": round(seconds, 2),
     }
@@ -470,8 +395,6 @@ def main(argv=None) -> int:
     parser.add_argument("--layouts", choices=("all", "core", "none"), default="all",
                         help="the layout kernel and the banded map kernels (causal / windowed / grouped-query): "
                              "every specialisation (default), the largest of each configuration, or none")
-    parser.add_argument("--class-loop", action="store_true",
-                        help="compile the class masses' masked loop instead of the one-hot dot (for comparison)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table instead")
     args = parser.parse_args(argv)
@@ -479,7 +402,7 @@ def main(argv=None) -> int:
     import triton  # see the note above ARCHS
 
     specs = shipped_specialisations(tuple(args.classes or CLASS_COUNTS), tuple(args.dtype or DTYPES),
-                                    maps=not args.forward_only, class_dot=not args.class_loop,
+                                    maps=not args.forward_only,
                                     layouts=args.layouts)
     rows = compile_all(tuple(args.arch or ARCHS), specs)
     if args.json:

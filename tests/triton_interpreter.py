@@ -37,3 +37,12 @@ def emulate_bf16_dots() -> None:
 
     create_dot._bf16_widened = True
     builder.create_dot = create_dot
+
+
+def one_block_cfg(one_block):
+    """The fused kernel's tiles for a test that runs both stages of its loop on the same inputs:
+    None the default (under the interpreter, blocks of 16: `triton_config.INTERPRETER_BLOCK`),
+    True one key block for a whole row of up to 128 keys, False blocks of 16 keys."""
+    if one_block is None:
+        return None
+    return dict(BLOCK_M=32, BLOCK_N=128) if one_block else dict(BLOCK_M=16, BLOCK_N=16)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from triton_interpreter import emulate_bf16_dots
+from triton_interpreter import emulate_bf16_dots, one_block_cfg
 
 import bertscope.kernels.triton_attention as ta
 from bertscope.kernels import (
@@ -120,9 +120,9 @@ def test_long_rows_take_the_online_path():
 def test_single_tile_and_online_paths_agree(L, dtype):
     """Both code paths forced on the same inputs (and by-length dispatch picks one of them)."""
     inputs = make_inputs(2, 2, L, 16, [L, L - 7], seed=L, dtype=dtype)
-    single, online = triton(*inputs, single_tile=True), triton(*inputs, single_tile=False)
-    _, s_single, lse_single = ta.fused_attention(*inputs, SPEC, single_tile=True)
-    _, s_online, lse_online = ta.fused_attention(*inputs, SPEC, single_tile=False)
+    single, online = triton(*inputs, blocks=one_block_cfg(True)), triton(*inputs, blocks=one_block_cfg(False))
+    _, s_single, lse_single = ta.fused_attention(*inputs, SPEC, blocks=one_block_cfg(True))
+    _, s_online, lse_online = ta.fused_attention(*inputs, SPEC, blocks=one_block_cfg(False))
     torch.testing.assert_close(lse_single, lse_online, atol=1e-5, rtol=1e-6)
     if dtype == torch.float32:  # the online path rescales per key block: a few ulps, more where the CPU's
         # BLAS sums the interpreter's tile products in another order (2e-6 seen on one x86-64 CPU)
@@ -144,8 +144,8 @@ def test_reference_statistics_from_first_principles():
     v = torch.tensor([[[[1.0], [2.0], [3.0]]]])
     key_valid, key_class = torch.ones(1, 3, dtype=torch.bool), torch.tensor([[0, 1, 1]])
     spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2, class_mass=True, entropy=True, argmax=True)
-    for single_tile in (True, False):
-        out, s = ta.attention_stats_triton(q, k, v, key_valid, key_class, spec, scale=1.0, single_tile=single_tile)
+    for one_block in (True, False):
+        out, s = ta.attention_stats_triton(q, k, v, key_valid, key_class, spec, scale=1.0, blocks=one_block_cfg(one_block))
         assert out[0, 0, 0, 0].item() == pytest.approx(0.25 * 1 + 0.5 * 2 + 0.25 * 3)
         assert s.entropy[0, 0, 0].item() == pytest.approx(1.5 * math.log(2))
         assert s.offset_mass[0, 0, 0].tolist() == pytest.approx([0.0, 0.25, 0.5])
@@ -155,10 +155,10 @@ def test_reference_statistics_from_first_principles():
         assert s.offset_mass[0, 0, 2].tolist() == pytest.approx([1 / 3, 1 / 3, 0.0])
 
 
-@pytest.mark.parametrize("single_tile", [True, False])
-def test_single_valid_key_rows(single_tile):
+@pytest.mark.parametrize("one_block", [True, False])
+def test_single_valid_key_rows(one_block):
     q, k, v, key_valid, key_class = make_inputs(2, 3, 9, 8, [9, 1])
-    out, s = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
+    out, s = triton(q, k, v, key_valid, key_class, blocks=one_block_cfg(one_block))
     assert torch.all(s.entropy[1, :, 0].abs() < 1e-6)
     torch.testing.assert_close(s.offset_mass[1, :, 0, SPEC.offsets.index(0)], torch.ones(3))
     assert torch.equal(s.argmax[1, :, 0], torch.zeros(3, dtype=torch.long))
@@ -167,30 +167,30 @@ def test_single_valid_key_rows(single_tile):
         assert t[1, :, 1:].abs().sum() == 0
 
 
-@pytest.mark.parametrize("single_tile", [True, False])
-def test_sequence_without_any_valid_key_is_uniform_like_eager(single_tile):
+@pytest.mark.parametrize("one_block", [True, False])
+def test_sequence_without_any_valid_key_is_uniform_like_eager(one_block):
     q, k, v, key_valid, key_class = make_inputs(2, 2, 6, 4, [6, 1])
     key_valid[1] = False
     ref = attention_stats_eager(q, k, v, key_valid, key_class, SPEC)
-    out, s = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
+    out, s = triton(q, k, v, key_valid, key_class, blocks=one_block_cfg(one_block))
     assert torch.isfinite(out).all() and torch.isfinite(s.entropy).all()
     torch.testing.assert_close(out[1], v[1].mean(1).expand(6, -1, -1))  # uniform over all L keys, as eager
     torch.testing.assert_close(out, ref[0], atol=1e-5, rtol=1e-5)  # every row, padding ones included
     assert_same(ref, (out, s), key_valid)
-    _, _, lse = ta.fused_attention(q, k, v, key_valid, key_class, SPEC, single_tile=single_tile)
+    _, _, lse = ta.fused_attention(q, k, v, key_valid, key_class, SPEC, blocks=one_block_cfg(one_block))
     assert torch.isfinite(lse).all() and (lse[1] < torch.finfo(torch.float32).min / 2).all()
 
 
-@pytest.mark.parametrize("single_tile", [True, False])
+@pytest.mark.parametrize("one_block", [True, False])
 @pytest.mark.parametrize("L", [5, 33, 70])
-def test_argmax_takes_the_lowest_index_on_ties(L, single_tile):
+def test_argmax_takes_the_lowest_index_on_ties(L, one_block):
     """Ties inside one key block and across blocks (online blocks are 32 keys for fp32)."""
     q, k, v, key_valid, key_class = make_inputs(1, 1, L, 4, [L])
     q = q.round()  # integer queries: a planted tie is exact whatever order a BLAS sums the dot products in
     q[..., 0, :] = 0.0  # row 0: uniform -> 0
     k[..., L // 2, :] = k[..., L - 1, :] = 100.0  # two identical dominant keys
     q[..., 1, :] = 1.0  # row 1: ties between L//2 and L-1 -> L//2
-    _, s = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
+    _, s = triton(q, k, v, key_valid, key_class, blocks=one_block_cfg(one_block))
     assert s.argmax[0, 0, 0].item() == 0
     assert s.argmax[0, 0, 1].item() == L // 2
     assert torch.equal(s.argmax, attention_stats_eager(q, k, v, key_valid, key_class, SPEC)[1].argmax)
@@ -201,18 +201,18 @@ def test_planted_ties_agree_with_eager():
     k[..., 7, :] = k[..., 30, :] = 5.0
     q = q.abs().round()  # integer queries: q . k_7 == q . k_30 exactly, whatever order a BLAS sums in
     eager = attention_stats_eager(q, k, v, key_valid, key_class, SPEC)[1].argmax
-    for single_tile in (True, False):
-        got = triton(q, k, v, key_valid, key_class, single_tile=single_tile)[1].argmax
+    for one_block in (True, False):
+        got = triton(q, k, v, key_valid, key_class, blocks=one_block_cfg(one_block))[1].argmax
         assert torch.equal(got, eager)
     assert (eager == 7).any() and not (eager == 30).any()
 
 
-@pytest.mark.parametrize("single_tile", [True, False])
-def test_gates_in_the_epilogue(single_tile):
+@pytest.mark.parametrize("one_block", [True, False])
+def test_gates_in_the_epilogue(one_block):
     q, k, v, key_valid, key_class = make_inputs(2, 3, 10, 4, [10, 6])
     gates = LayerGates.from_codes([Gate.KEEP, Gate.ZERO, Gate.UNIFORM])
-    kept, s_kept = triton(q, k, v, key_valid, key_class, single_tile=single_tile)
-    out, s = triton(q, k, v, key_valid, key_class, gates=gates, single_tile=single_tile)
+    kept, s_kept = triton(q, k, v, key_valid, key_class, blocks=one_block_cfg(one_block))
+    out, s = triton(q, k, v, key_valid, key_class, gates=gates, blocks=one_block_cfg(one_block))
     ref = attention_stats_eager(q, k, v, key_valid, key_class, SPEC, gates=gates)
     torch.testing.assert_close(out, ref[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[:, :, 0], kept[:, :, 0])
@@ -248,12 +248,12 @@ def test_class_masses_by_the_one_hot_dot_and_by_the_loop(C, dtype):
     ref = attention_stats_eager(*map(fp32, inputs), spec)[1].class_mass * rows
     tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-3, rtol=2**-6 + 2e-3)
     assert ta.c_pad(C) == max(16, triton_next_pow2(C)) and ta.c_pad(C, class_dot=False) == max(2, triton_next_pow2(C))
-    for single_tile in (True, False):
+    for one_block in (True, False):
         for class_dot in (True, False):
-            _, stats, _ = ta.fused_attention(*inputs, spec, single_tile=single_tile, class_dot=class_dot)
+            _, stats, _ = ta.fused_attention(*inputs, spec, blocks=one_block_cfg(one_block), class_dot=class_dot)
             got = stats["class_mass"].float() * rows  # (B, H, L, C)
             assert got.shape == ref.shape
-            torch.testing.assert_close(got, ref, **tol, msg=f"single_tile={single_tile} class_dot={class_dot}")
+            torch.testing.assert_close(got, ref, **tol, msg=f"one_block={one_block} class_dot={class_dot}")
             total = rows[..., 0].expand_as(got[..., 0]).float()  # every valid row gives away 1
             torch.testing.assert_close(got.sum(-1), total, atol=1e-5 if dtype == torch.float32 else 2**-6 + 1e-3,
                                        rtol=0)
@@ -278,10 +278,10 @@ def test_strided_views_of_the_projections_are_read_in_place():
     assert_same(attention_stats_eager(q, k, v, key_valid, key_class, SPEC), strided, key_valid)
 
 
-@pytest.mark.parametrize("single_tile", [True, False])
-def test_row_lse(single_tile):
+@pytest.mark.parametrize("one_block", [True, False])
+def test_row_lse(one_block):
     inputs = make_inputs(2, 2, 40, 8, [40, 25], seed=4)
-    _, _, lse = ta.fused_attention(*inputs, SPEC, single_tile=single_tile)
+    _, _, lse = ta.fused_attention(*inputs, SPEC, blocks=one_block_cfg(one_block))
     ref = torch.logsumexp(masked_scores(inputs[0], inputs[1], inputs[3], 8**-0.5), dim=-1)  # (B, H, L)
     assert lse.dtype == torch.float32 and lse.shape == (2, 2, 40)
     torch.testing.assert_close(lse, ref, atol=1e-5, rtol=1e-5)
@@ -325,11 +325,11 @@ def test_dispatcher(monkeypatch):
 
 @settings(max_examples=10, deadline=None)
 @given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 48), D=st.sampled_from([1, 4, 8, 17]),
-       single_tile=st.sampled_from(PATHS), dtype=st.sampled_from([torch.float32, *HALF]), data=st.data())
-def test_matches_eager_on_random_shapes(B, H, L, D, single_tile, dtype, data):
+       one_block=st.sampled_from(PATHS), dtype=st.sampled_from([torch.float32, *HALF]), data=st.data())
+def test_matches_eager_on_random_shapes(B, H, L, D, one_block, dtype, data):
     lengths = data.draw(st.lists(st.integers(1, L), min_size=B, max_size=B))
     inputs = make_inputs(B, H, L, D, lengths, seed=data.draw(st.integers(0, 10**6)), dtype=dtype)
-    ref, got = attention_stats_eager(*map(fp32, inputs), SPEC), triton(*inputs, single_tile=single_tile)
+    ref, got = attention_stats_eager(*map(fp32, inputs), SPEC), triton(*inputs, blocks=one_block_cfg(one_block))
     if dtype == torch.float32:
         assert_same(ref, got, inputs[3])
     else:

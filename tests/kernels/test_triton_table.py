@@ -24,9 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kernel_maps import random_units
 from test_layout import layouts, padded
+from triton_interpreter import one_block_cfg
 
 import bertscope.kernels.spec as spec_module
 import bertscope.kernels.triton_attention as ta
+import bertscope.kernels.triton_launch as launch
 from bertscope.kernels import PLAIN, AttentionLayout, StatsSpec, triton_aot, word_pooling
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import ROW_STATS, RowStat, asked_stats
@@ -45,9 +47,9 @@ LAYOUTS = {
     "gqa": AttentionLayout(n_key_value_heads=2),
     "causal-window-gqa": AttentionLayout(causal=True, window=(7, 0), n_key_value_heads=1),
 }
-# each layout's kernel paths: the plain layout's single tile and online blocks (`kernel_config`),
-# the other layouts' shipped blocks (`layout_kernel_config`) and small ones
-PATHS = {name: (("single", "online") if layout.is_plain else ("shipped", "small")) for name, layout in LAYOUTS.items()}
+# each layout's kernel tiles: the default (under the interpreter 16 x 16: several key blocks, both
+# stages of the loop), one key block per row (`one_block_cfg(True)`)
+PATHS = {name: ("default", "one-block") for name in LAYOUTS}
 
 
 @pytest.fixture(autouse=True)
@@ -79,17 +81,9 @@ def make_inputs(layout, H, L, pads, left, seed, D=8):
 
 
 def run_triton(inputs, spec, layout, path, pooling):
-    """The Triton backend on one of the layout's paths (blocks forced through `fused_attention_layout`)."""
-    if layout.is_plain:
-        return ta.attention_stats_triton(*inputs, spec, layout=layout, pooling=pooling, single_tile=path == "single")
-    if path == "shipped":
-        return ta.attention_stats_triton(*inputs, spec, layout=layout, pooling=pooling)
-    real = ta.fused_attention_layout
-    ta.fused_attention_layout = lambda *a, **kw: real(*a, **{**kw, "blocks": SMALL})
-    try:
-        return ta.attention_stats_triton(*inputs, spec, layout=layout, pooling=pooling)
-    finally:
-        ta.fused_attention_layout = real
+    """The Triton backend on one of the layout's tiles (`PATHS`)."""
+    return ta.attention_stats_triton(*inputs, spec, layout=layout, pooling=pooling,
+                                     blocks=one_block_cfg(path == "one-block"))
 
 
 def assert_table_matches(ref, got, spec, key_valid):
@@ -185,19 +179,19 @@ def new_statistic(monkeypatch):
 
 @pytest.mark.parametrize("name", ["plain", "causal-window-gqa"])
 def test_a_statistic_the_kernel_lacks_is_an_error_before_the_launch(name, monkeypatch):
-    """Compiled or interpreted: `check_computed` names it before `_attn_stats_fwd` is launched
+    """Compiled or interpreted: `check_computed` names it before `attn_stats_fwd` is launched
     (a launch here would fail the test with an AssertionError instead)."""
     NewSpec, _ = new_statistic(monkeypatch)
     layout = LAYOUTS[name]
     inputs, pooling = make_inputs(layout, 2, 9, [0], True, seed=0)
 
     class NoLaunch:
-        arg_names, fn = ta._attn_stats_fwd.arg_names, ta._attn_stats_fwd.fn
+        arg_names, fn = launch.attn_stats_fwd.arg_names, launch.attn_stats_fwd.fn
 
         def __getitem__(self, grid):
             raise AssertionError("the kernel was launched")
 
-    monkeypatch.setattr(ta, "_attn_stats_fwd", NoLaunch())
+    monkeypatch.setattr(launch, "attn_stats_fwd", NoLaunch())
     with pytest.raises(NotImplementedError, match="triton backend does not compute attention_rollout"):
         ta.attention_stats_triton(*inputs, NewSpec(n_key_classes=C, entropy=True, attention_rollout=True),
                                   layout=layout)
@@ -214,10 +208,10 @@ def test_an_output_the_kernel_declares_but_never_writes_is_an_error(monkeypatch)
         tl.store(Lse, 0.0)
 
     _, new = new_statistic(monkeypatch)
-    monkeypatch.setattr(ta, "ROW_STATS", ROW_STATS + (new,))
-    monkeypatch.setattr(ta, "_attn_stats_fwd", kernel)
+    monkeypatch.setattr(launch, "ROW_STATS", ROW_STATS + (new,))
+    monkeypatch.setattr(launch, "attn_stats_fwd", kernel)
     with pytest.raises(NotImplementedError, match=r"takes attention_rollout \(AttentionRollout\) but never writes it"):
-        ta.kernel_outputs.__wrapped__()
+        launch.kernel_outputs.__wrapped__()
 
 
 def test_the_kernel_writes_every_output_it_declares():
@@ -232,14 +226,14 @@ def test_the_aot_signature_switches_on_only_what_a_specialisation_asks(monkeypat
     """A new statistic's switch is compiled off unless a specialisation names it (`extra`); off, its
     pointer is the fp32 lse placeholder the launcher passes."""
     _, new = new_statistic(monkeypatch)
-    outputs = ta.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
-    monkeypatch.setattr(ta, "kernel_outputs", lambda: outputs)
+    outputs = launch.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
+    monkeypatch.setattr(launch, "kernel_outputs", lambda: outputs)
     plain = triton_aot.Specialisation(128, 64, "bf16", True, False)
     sig, flags = triton_aot._forward_signature(plain, "bf16")
     assert flags.pop("ENTROPY") and not any(flags.values())  # argmax, attention_rollout and any other: off
-    assert (sig["Entropy"], sig["Argmax"], sig["AttentionRollout"]) == ("*bf16", "*fp32", "*fp32")
+    assert (sig["Entropy"], sig["Argmax"], sig["AttentionRollout"]) == ("*fp32", "*fp32", "*fp32")
     sig, flags = triton_aot._forward_signature(dataclasses.replace(plain, extra=("attention_rollout",)), "bf16")
-    assert flags["ATTENTION_ROLLOUT"] and sig["AttentionRollout"] == "*bf16"
+    assert flags["ATTENTION_ROLLOUT"] and sig["AttentionRollout"] == "*fp32"  # statistics are written in fp32
     band = triton_aot.LayoutSpec(64, "fp32", True, True, extra=("attention_rollout",))
     flags = triton_aot._forward_signature(band, "fp32")[1]
     assert {flag for flag, on in flags.items() if on} == {"ENTROPY", "ARGMAX", "ATTENTION_ROLLOUT"}
@@ -251,8 +245,8 @@ def test_an_output_of_a_dimension_the_launcher_does_not_size_is_an_error(monkeyp
     a NotImplementedError naming both, not a KeyError."""
     _, new = new_statistic(monkeypatch)
     new = dataclasses.replace(new, shape=("B", "H", "L", "NB"))
-    outputs = ta.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
-    monkeypatch.setattr(ta, "kernel_outputs", lambda: outputs)
+    outputs = launch.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
+    monkeypatch.setattr(launch, "kernel_outputs", lambda: outputs)
 
     @dataclasses.dataclass(frozen=True)
     class Asks:
@@ -264,16 +258,16 @@ def test_an_output_of_a_dimension_the_launcher_does_not_size_is_an_error(monkeyp
         distance: bool = False
         position_mass: bool = False
 
-    lse = torch.zeros(1, 1, 4)
     with pytest.raises(NotImplementedError, match="attention_rollout has dimension NB"):
-        ta.allocate_outputs(Asks(), {"B": 1, "H": 1, "L": 4, "O": 0, "C": 1}, lse, torch.float32)
+        launch.allocate_outputs(Asks(), {"B": 1, "H": 1, "L": 4, "O": 0, "C": 1}, "cpu")
 
 
 def test_plain_left_padding_over_whole_key_blocks_is_finite():
     """A left-padded plain row whose first 32-key blocks are all padding: the entropy's running
-    shift from m = FMIN to a real score would be -inf * 0 (main before issue 35 gave NaN here)."""
+    shift from m = FMIN to a real score would be -inf * 0 (main before issue 35 gave NaN here).
+    Under the interpreter's 16-key blocks the first two are padding and take the masked stage."""
     inputs, pooling = make_inputs(PLAIN, 1, 70, [40], True, seed=0)
     spec = spec_asking(ROW_STATS)
-    got = run_triton(inputs, spec, PLAIN, "online", pooling)
+    got = run_triton(inputs, spec, PLAIN, "default", pooling)
     assert torch.isfinite(got[1].entropy).all()
     assert_table_matches(attention_stats_eager(*inputs, spec, pooling=pooling), got, spec, inputs[3])

@@ -14,6 +14,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest
 import torch
 from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
+from triton_interpreter import one_block_cfg
 from transformers import AutoModel
 
 from bertscope.engine.attention import HeadProbe
@@ -34,10 +35,10 @@ def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter reads it again while a kernel runs
 
 
-def triton_backend(single_tile):
+def triton_backend(one_block):
     from bertscope.kernels.triton_attention import attention_stats_triton
 
-    return functools.partial(attention_stats_triton, single_tile=single_tile)
+    return functools.partial(attention_stats_triton, blocks=one_block_cfg(one_block))
 
 
 BACKENDS = {

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from triton_interpreter import one_block_cfg
 
 import bertscope.kernels.triton_attention as ta
 from bertscope.kernels import StatsSpec
@@ -51,8 +52,8 @@ def chunked(row_pass):
     return functools.partial(attention_stats_chunked, row_pass=row_pass)
 
 
-def triton(single_tile):
-    return functools.partial(ta.attention_stats_triton, single_tile=single_tile)
+def triton(one_block):
+    return functools.partial(ta.attention_stats_triton, blocks=one_block_cfg(one_block))
 
 
 BACKENDS = {**{f"chunked-{r}": chunked(r) for r in ROW_PASSES},
@@ -146,9 +147,9 @@ def test_chunked_random_shapes_and_class_counts(row_pass, B, H, L, D, C, chunk_m
 
 @settings(max_examples=12, deadline=None)
 @given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 48), D=st.sampled_from([1, 4, 8, 17]),
-       C=st.sampled_from([1, 3, 4, 5, 16, 17, 20]), single_tile=st.sampled_from([None, True, False]), data=st.data())
-def test_triton_random_shapes_and_class_counts(B, H, L, D, C, single_tile, data):
+       C=st.sampled_from([1, 3, 4, 5, 16, 17, 20]), one_block=st.sampled_from([None, True, False]), data=st.data())
+def test_triton_random_shapes_and_class_counts(B, H, L, D, C, one_block, data):
     lengths = data.draw(st.lists(st.integers(1, L), min_size=B, max_size=B))
     inputs = make_inputs(B, H, L, D, lengths, C, seed=data.draw(st.integers(0, 10**6)))
     spec = spec_for(C)
-    assert_same(attention_stats_eager(*inputs, spec), triton(single_tile)(*inputs, spec), inputs[3], C)
+    assert_same(attention_stats_eager(*inputs, spec), triton(one_block)(*inputs, spec), inputs[3], C)

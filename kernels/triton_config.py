@@ -1,0 +1,76 @@
+"""Tiles, warps and stages of the fused forward (`triton_kernel.attn_stats_fwd`), per target.
+
+Chosen from the instruction budget `triton_aot` reads off the compiled SASS (warp-instructions
+of the main loop per 1,000 scores, against a plain flash-attention loop compiled the same way:
+bench/flash_baseline.py) with no register spill; the measured tables are in docs/kernels.md.
+
+    half precision (fp16, bf16), tensor-core dots with fp32 accumulation:
+        sm_90   BLOCK_M 128 x BLOCK_N 128 (D <= 64) or 64 (D = 128), 8 warps, 3 stages: two
+                warpgroups, each with 64 rows of its own, and wgmma N >= 64 for QK^T and P V
+        sm_80   128 x 64, 8 warps, 3 stages (D <= 128)
+        D = 256 (Gemma-3) 64 x 32, 8 warps, 2 stages on both
+    position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
+        accumulators and a loop over buckets): 64 x 64, 8 warps, 2 stages
+    fp32, exact IEEE dots (FMA loops, no tensor cores: far more registers per score):
+        32 x 32, 8 warps, 2 stages (D <= 64); 16 x 16, 8 warps, 1 stage, at most 128 registers
+        per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
+        "medium") take the half-precision tiles.
+
+Under Triton's interpreter (no GPU) every call takes 16 x 16 blocks: no register file to fit,
+and short test rows then span several blocks, so both stages of the loop and the band's edges
+are exercised on the CPU.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+# the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same tiles
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+# the statistics whose accumulators change which tiles fit in registers
+POSITION_STATS = ("distance_mass", "mean_distance", "position_mass")
+# the targets the tiles are chosen for (and `triton_aot` compiles)
+ARCHS = (80, 90)
+# the register cap of the fp32 blocks above D = 64 (see the module docstring)
+MAXNREG_FP32 = 128
+# the interpreter's blocks (see the module docstring)
+INTERPRETER_BLOCK = 16
+
+
+def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False,
+                   tf32: bool = False, interpreted: bool = False) -> dict:
+    """BLOCK_M, BLOCK_N, BLOCK_D, num_warps, num_stages (and `maxnreg` where it applies) of a
+    launch for head dimension D, input dtype, target sm_<arch> (80 or 90; newer targets take
+    sm_90's tiles), whether position statistics are asked, whether fp32 dots run on TF32
+    tensor cores. One configuration for every layout: BLOCK_M counts stacked rows (G heads x
+    BLOCK_M / G positions under grouped-query attention)."""
+    block_d = max(16, triton.next_power_of_2(D))
+    if interpreted:
+        return dict(BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK, BLOCK_D=block_d, num_warps=4,
+                    num_stages=1)
+    if dtype in HALF_DTYPES or tf32:
+        if block_d > 128:
+            return dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
+        if positions:
+            return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=8, num_stages=2)
+        block_n = 128 if arch >= 90 and block_d <= 64 else 64
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8, num_stages=3)
+    if block_d <= 64:
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
+                maxnreg=MAXNREG_FP32)
+
+
+@functools.cache
+def device_arch(device: torch.device) -> int:
+    """sm_<major><minor> of a CUDA device as an int (90 for an H100 or H200), read once per device."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def feature_width(n_classes: int) -> int:
+    """F_PAD, the key-feature matrix's width: the n_classes one-hot columns and the column of ones
+    whose dot with P is the softmax's row sum, a power of two >= 16 (tl.dot's smallest N)."""
+    return max(16, triton.next_power_of_2(n_classes + 1))

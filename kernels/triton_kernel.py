@@ -1,0 +1,350 @@
+"""The fused forward kernel: attention output and row statistics in one pass over K and V.
+
+Written in the shape of Triton's fused-attention tutorial: one online-softmax loop in the exp2
+domain over key blocks, an inner-loop helper (`_key_block`) with constexpr switches, few
+accumulators, and stages chosen per block (masked or not), then an epilogue. The host side
+(operands, outputs, launch) is `triton_launch.py`; tiles and warps per architecture are
+`triton_config.py`.
+
+One program holds BLOCK_M query rows of one key/value head: the G query heads that share it
+(grouped-query attention) stacked row by row, f = i * G + g (position i, head g of the group),
+so each K / V tile is loaded once for all of them. It visits the key blocks the rows' band
+[i - win_left, i + win_right] meets (`win_*` = L for no limit: the plain encoder layout), in
+two stages:
+
+- full blocks: inside every row's band, inside the sequence's valid keys (a contiguous run,
+  `KeyRange`) and the row end. No mask, no select: the loop `triton_aot` budgets (its SASS
+  warp-instructions per 1,000 scores against a plain flash loop);
+- masked blocks: the band's edges, padding keys, the row end. Keys a row may not see get
+  the most negative finite score FMIN (as `eager`: a row that sees no key is uniform, not
+  NaN), keys past the row end -inf (no key at all).
+
+The statistics, by kind (each a constexpr switch read off the table `spec.ROW_STATS`):
+
+- per score, in the softmax state `row = (m, l, t, arg)`: scores are z = s log2(e) (log2 e folded
+  into the scale: one FFMA and one MUFU.EX2 per score), m the running max, l = sum_j 2^(z_j - m),
+  t = sum_j 2^(z_j - m) (z_j - m), rescaled once per row and block, so that the entropy is
+  H = ln 2 (log2 l - t / l) with no log per key; arg the first key of the row's largest score;
+- per key feature, one tensor-core dot `feat += P @ U`: U (L, F) the keys' features, built once
+  per batch by the launcher and loaded like V (today the one-hot key classes: class masses);
+  any statistic that is a sum over keys of a per-key feature is a column of U;
+- per position bucket, `posn = (dist, dsum, pmass)`: the mass by log2 bucket of |i - j|, the sum
+  of p |i - j|, the mass by tenth of the row's context [0, i] (then "after the query"), exact
+  integer buckets, one masked row sum per bucket a block can reach (opt-in: they cost);
+- epilogue: lse = ln 2 (m + log2 l) (the passes of `triton_maps` / `triton_js` reuse it), the
+  entropy, p_{i, i+o} for each offset o from a shifted K row, and the head gates (xi scales a
+  head's output; a uniform head's output is the mean of V over the keys it sees, a second pass
+  compiled in only for calls with uniform gates). Statistics are always those of the head's own,
+  un-gated attention.
+
+Inputs are (B, H, L, D) views in fp32, fp16 or bf16, read through their strides. Everything is
+computed in fp32; a half-precision P V multiplies P cast to the input dtype, as FlashAttention
+does; fp32 dots follow torch's float32 matmul precision (DOT_PRECISION "ieee" or "tf32").
+Statistics are written in fp32. On a machine without a GPU the kernel runs on CPU tensors
+through Triton's interpreter when TRITON_INTERPRET=1 is set before this module is imported.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .spec import N_DISTANCE_BUCKETS, N_POSITION_BINS
+from .triton_tiles import FMIN
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+# the position statistics' widths (spec.FIXED_WIDTHS) and their accumulators' (powers of two)
+DB = tl.constexpr(N_DISTANCE_BUCKETS)  # 17 log2 buckets of |i - j|, the last one open
+DB_PAD = tl.constexpr(triton.next_power_of_2(N_DISTANCE_BUCKETS))  # 32
+NPB = tl.constexpr(N_POSITION_BINS)  # 10 tenths of [0, i], then one bin for keys after the query
+PB_PAD = tl.constexpr(triton.next_power_of_2(N_POSITION_BINS + 1))  # 16
+# a distance / scaled key position above any a sequence has (the open end of the last bucket or bin)
+OPEN_END = tl.constexpr(2147483647)
+
+
+@triton.jit
+def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale, L,  #
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, F_PAD: tl.constexpr,  #
+               MASKED: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
+               ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, CLASS_MASS: tl.constexpr,  #
+               DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr):
+    """One key block [start_n, start_n + BLOCK_N) for the tile's rows: the softmax state, P V,
+    the key-feature dot and the position sums, every statistic summed over keys written here once.
+
+    pos (BLOCK_M,) the rows' query positions, lo_m / hi_m their bands (BANDED only); keys =
+    (K, V, U, KeyValid pointers of this sequence and head, their key strides, K's and V's d stride).
+    MASKED: the block holds a key some row may not see (band edge, padding) or the row end; an
+    unmasked block loads no mask and selects nothing."""
+    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
+    offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    k_ptrs = K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
+    v_ptrs = V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
+    n_in = offs_n < L
+    if MASKED:
+        k = tl.load(k_ptrs, mask=n_in[None, :] & (offs_d < HEAD_DIM)[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=n_in[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    elif HEAD_DIM != BLOCK_D:
+        k = tl.load(k_ptrs, mask=(offs_d < HEAD_DIM)[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) fp32
+    m_i, t_i, arg_i = row
+    if MASKED:
+        seen = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,) padding keys
+        if BANDED:
+            seen = seen[None, :] & (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None])
+        else:
+            seen = seen[None, :]
+        # (BLOCK_M, BLOCK_N) log2 units; a key the row may not see, or past the row end, gets the finite
+        # fill: p = 2^(FMIN - m) = 0 for every row that sees a key, and x = FMIN - m stays finite (no
+        # 0 * inf in p x). A row that sees none (a padding query) is uniform over the keys that exist:
+        # past the row end U and V are loaded as 0, so they add nothing to l, the class masses or P V
+        z = tl.where(seen & n_in[None, :], qk * qk_scale, FMIN)
+        m_blk = tl.max(z, 1)
+        m_new = tl.maximum(m_i, m_blk)
+        x = z - m_new[:, None]
+        top = z == m_blk[:, None]  # (argmax) the block's largest scores
+    else:
+        q_max = tl.max(qk, 1)  # the raw max, scaled once per row
+        m_blk = q_max * qk_scale
+        m_new = tl.maximum(m_i, m_blk)
+        x = qk * qk_scale - m_new[:, None]  # one FFMA per score
+        top = qk == q_max[:, None]
+    p = tl.math.exp2(x)  # (BLOCK_M, BLOCK_N) unnormalised; 0 for unseen keys unless the row sees none
+    alpha = tl.math.exp2(m_i - m_new)  # (BLOCK_M,) 0 on a row's first block (m_i = FMIN)
+    if ARGMAX:
+        # the first key with the block's max; the running one changes to a strictly larger max, or an
+        # equal one at a lower index (the stages visit blocks out of key order)
+        arg_blk = tl.min(tl.where(top, offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
+        arg_i = tl.where((m_blk > m_i) | ((m_blk == m_i) & (arg_blk < arg_i)), arg_blk, arg_i)
+    if ENTROPY:
+        # t moves from m_i to m_new: t' = alpha (t + (m_i - m_new) l); alpha (m_i - m_new) is 0, not
+        # 0 * inf, when the old terms vanish (m_i = FMIN is finite)
+        t_i = t_i * alpha + (alpha * (m_i - m_new)) * _row_sum(feat, F_PAD) + tl.sum(p * x, 1)
+    row = (m_new, t_i, arg_i)
+    # -- P V, and the key features' dot with the same P (rescaled to the new max first): l = sum_j p_j
+    # is its last column, on the tensor cores instead of one FADD per score
+    pv = p.to(v.dtype)  # P in the input dtype, as FlashAttention's P V takes it
+    acc = tl.dot(pv, v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
+    u_ptrs = U_ptr + offs_n[:, None] * stride_fl + tl.arange(0, F_PAD)[None, :]  # (BLOCK_N, F_PAD)
+    if MASKED:
+        u = tl.load(u_ptrs, mask=n_in[:, None], other=0.0)
+    else:
+        u = tl.load(u_ptrs)
+    feat = tl.dot(pv, u, feat * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, F_PAD)
+    if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
+        posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, DISTANCE_MASS, MEAN_DISTANCE,
+                              POSITION_MASS)
+    return row, acc, feat, posn
+
+
+@triton.jit
+def _row_sum(feat, F_PAD: tl.constexpr):
+    """l = sum_j p_j of each row: the last column of the key-feature dot (the features' column of ones)."""
+    return tl.sum(tl.where(tl.arange(0, F_PAD)[None, :] == F_PAD - 1, feat, 0.0), 1)  # (BLOCK_M,)
+
+
+@triton.jit
+def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, DISTANCE_MASS: tl.constexpr,
+                   MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr):
+    """The position-dependent sums of one block (spec.py's `_distance_mass`, `_mean_distance`,
+    `_position_mass`), online like the class masses: rescaled by alpha, divided by l at the end.
+
+    dist (BLOCK_M, DB_PAD): mass per log2 bucket of |i - j|; dsum (BLOCK_M,): sum_j p_j |i - j|;
+    pmass (BLOCK_M, PB_PAD): mass per bin floor(NPB j / (i + 1)) of keys j <= i, then bin NPB for
+    j > i. Exact integer comparisons, one masked row sum per bucket or bin the block can reach: its
+    distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal)."""
+    dist_i, dsum_i, pmass_i = posn
+    i_lo = tl.min(pos, 0)
+    i_hi = tl.max(pos, 0)
+    if DISTANCE_MASS or MEAN_DISTANCE:
+        dist = tl.abs(pos[:, None] - offs_n[None, :])  # (BLOCK_M, BLOCK_N) |i - j|
+    if MEAN_DISTANCE:
+        dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
+    if DISTANCE_MASS:
+        d_lo = tl.maximum(tl.maximum(start_n - i_hi, i_lo - (start_n + BLOCK_N - 1)), 0)
+        d_hi = tl.maximum(i_hi - start_n, start_n + BLOCK_N - 1 - i_lo)
+        didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+        dist_i = dist_i * alpha[:, None]
+        for b in range(_distance_bucket(d_lo), _distance_bucket(d_hi) + 1):
+            lo = (1 << b) >> 1  # bucket b holds lo <= d < hi: 2^b / 2 (0 for b = 0) .. 2^b, the last one open
+            hi = tl.where(b == DB - 1, OPEN_END, 1 << b)
+            mass = tl.sum(tl.where((dist >= lo) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
+            dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)
+    if POSITION_MASS:
+        # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1); bin NPB holds j > i
+        j_lo = tl.min(offs_n, 0)
+        j_hi = tl.max(offs_n, 0)
+        b_lo = tl.minimum((j_lo * NPB) // (i_hi + 1), NPB)
+        b_hi = tl.where(j_hi > i_lo, NPB, (j_hi * NPB) // (i_lo + 1))
+        tj = offs_n * NPB  # (BLOCK_N,)
+        pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+        pmass_i = pmass_i * alpha[:, None]
+        for b in range(b_lo, b_hi + 1):
+            edge = b * (pos + 1)  # (BLOCK_M,) the bin's first scaled key position
+            hi = tl.where(b == NPB, OPEN_END, edge + pos + 1)
+            inside = (tj[None, :] >= edge[:, None]) & (tj[None, :] < hi[:, None])  # (BLOCK_M, BLOCK_N)
+            mass = tl.sum(tl.where(inside, p, 0.0), 1)  # (BLOCK_M,)
+            pmass_i = tl.where(pidx[None, :] == b, pmass_i + mass[:, None], pmass_i)
+    return dist_i, dsum_i, pmass_i
+
+
+@triton.jit
+def _distance_bucket(d):
+    """The log2 bucket of a distance d >= 0: the number of spec.DISTANCE_EDGES (1, 2, 4, ...,
+    2^(DB - 2)) that are <= d, by comparisons."""
+    b = (d >= 1).to(tl.int32)
+    for e in tl.static_range(1, DB - 1):
+        b += (d >= (1 << e)).to(tl.int32)
+    return b
+
+
+@triton.jit
+def attn_stats_fwd(
+    Q, K, V, KeyValid, KeyRange, KeyFeatures, GateXi, GateUniform, Offsets,  #
+    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax, DistanceMass, MeanDistance, PositionMass,  #
+    sm_scale,  #
+    stride_qb, stride_qh, stride_ql, stride_qd,  #
+    stride_kb, stride_kh, stride_kl, stride_kd,  #
+    stride_vb, stride_vh, stride_vl, stride_vd,  #
+    stride_ob, stride_oh, stride_ol, stride_od,  #
+    stride_mb, stride_ml, stride_fb, stride_fl, stride_xb, stride_ub,  #
+    H, L, n_offsets, n_classes, G, win_left, win_right,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,  #
+    F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
+    ENTROPY: tl.constexpr, CLASS_MASS: tl.constexpr, ARGMAX: tl.constexpr,  #
+    DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,
+):
+    """One program: BLOCK_M stacked rows (f = i * G + g) of the G query heads that share one
+    key/value head, against that head's keys. BANDED: the rows' bands are compared in masked
+    blocks (causal, windowed layouts); off (the plain layout: win_left = win_right = L, G = 1,
+    which Triton's launcher specialises to a constant) only padding and the row end are masked.
+    KeyRange (B, 2): the sequence's valid keys [lo, hi) when they are one contiguous run, else
+    (0, 0): blocks inside it (and inside every row's band) take the unmasked stage."""
+    start_m = tl.program_id(0)
+    off_bkv = tl.program_id(1)  # b * H_kv + key/value head
+    H_kv = H // G
+    off_b = (off_bkv // H_kv).to(tl.int64)
+    off_kv = (off_bkv % H_kv).to(tl.int64)
+    offs_f = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) stacked rows
+    f_in = offs_f < L * G
+    pos = offs_f // G  # (BLOCK_M,) query positions
+    g = offs_f % G  # (BLOCK_M,) query head within the group
+    bh0 = off_b * H + off_kv * G  # (b, first query head of the group) in the (B, H) flat index
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    d_in = offs_d < HEAD_DIM
+    Q_rows = Q + off_b * stride_qb + (off_kv * G) * stride_qh  # the group's first query head
+    q = tl.load(Q_rows + (g * stride_qh + pos * stride_ql)[:, None] + offs_d[None, :] * stride_qd,
+                mask=f_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+    keys = (K + off_b * stride_kb + off_kv * stride_kh, V + off_b * stride_vb + off_kv * stride_vh,
+            KeyFeatures + off_b * stride_fb, KeyValid + off_b * stride_mb,
+            stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd)
+    qk_scale = sm_scale * LOG2E
+    lo_m = pos - win_left  # (BLOCK_M,) each row's band, inclusive
+    hi_m = pos + win_right
+    # -- running state, by kind: softmax (m, t, arg), output, key features (l their last column), position sums
+    row = (tl.full([BLOCK_M], FMIN, dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+           tl.zeros([BLOCK_M], dtype=tl.int32))
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    feat = tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32)
+    posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+            tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32))
+    # -- the tile's key blocks [start_lo, end): those its band meets; the unmasked ones [full_lo, full_hi)
+    first = (start_m * BLOCK_M) // G
+    last = tl.minimum((start_m * BLOCK_M + BLOCK_M - 1) // G, L - 1)
+    start_lo = (tl.maximum(first - win_left, 0) // BLOCK_N) * BLOCK_N
+    end = tl.cdiv(tl.minimum(last + win_right + 1, L), BLOCK_N) * BLOCK_N
+    valid_lo = tl.load(KeyRange + off_b * 2)
+    valid_hi = tl.load(KeyRange + off_b * 2 + 1)
+    full_lo = tl.maximum(tl.cdiv(tl.maximum(tl.maximum(last - win_left, 0), valid_lo), BLOCK_N) * BLOCK_N, start_lo)
+    full_hi = (tl.minimum(tl.minimum(first + win_right + 1, L), valid_hi) // BLOCK_N) * BLOCK_N
+    full_hi = tl.maximum(full_hi, full_lo)
+    for start_n in range(full_lo, full_hi, BLOCK_N):  # the main loop: no mask
+        row, acc, feat, posn = _key_block(
+            row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale, L,  #
+            BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, False, BANDED, DOT_PRECISION,  #
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
+    n_left = (full_lo - start_lo) // BLOCK_N
+    for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the masked blocks: left of it, then right
+        start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
+        row, acc, feat, posn = _key_block(
+            row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale, L,  #
+            BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, True, BANDED, DOT_PRECISION,  #
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
+    # -- epilogue, from the final state; statistics stored in fp32
+    m_i, t_i, arg_i = row
+    l_i = _row_sum(feat, F_PAD)
+    inv_l = 1.0 / l_i
+    log2_l = tl.math.log2(l_i)
+    row_out = bh0 * L + g * L + pos  # (BLOCK_M,) flat (b, h, i) of the (B, H, L, ...) statistics
+    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
+    # -- the output first, so that acc's registers are free for the statistics: xi scales each row's
+    # head; a uniform head's rows get the mean of V over the keys they see
+    head = off_kv * G + g  # (BLOCK_M,) the rows' query heads
+    xi = tl.load(GateXi + off_b * stride_xb + head, mask=f_in, other=1.0)  # (BLOCK_M,) per head, or per sequence and head
+    O_ptrs = (Out + off_b * stride_ob + (off_kv * G) * stride_oh + (g * stride_oh + pos * stride_ol)[:, None]
+              + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
+    o_in = f_in[:, None] & d_in[None, :]
+    acc = acc * (inv_l * xi)[:, None]
+    if not UNIFORM:  # no uniform gate in this call: the common case carries no second pass
+        tl.store(O_ptrs, acc.to(Out.dtype.element_ty), mask=o_in)
+    else:
+        uniform = tl.load(GateUniform + off_b * stride_ub + head, mask=f_in, other=0)  # (BLOCK_M,) int8
+        tl.store(O_ptrs, acc.to(Out.dtype.element_ty), mask=o_in & (uniform == 0)[:, None])
+        if tl.max(uniform.to(tl.int32), 0) > 0:  # a second pass, only for tiles with a uniform row
+            u_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            n_vis = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for start_n in range(start_lo, end, BLOCK_N):  # the keys the tile's rows see
+                offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+                n_in = offs_n < L
+                kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
+                seen = (kv & n_in)[None, :] & (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None])
+                w = tl.where(seen, 1.0, 0.0)  # (BLOCK_M, BLOCK_N)
+                v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+                            mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+                u_acc = tl.dot(w.to(v.dtype), v, u_acc, input_precision=DOT_PRECISION)  # 0 / 1 exact in any dtype
+                n_vis += tl.sum(w, 1)
+            u_acc = u_acc / tl.maximum(n_vis, 1.0)[:, None] * xi[:, None]  # a row that sees no key: 0
+            tl.store(O_ptrs, u_acc.to(Out.dtype.element_ty), mask=o_in & (uniform != 0)[:, None])
+    # -- the row statistics
+    tl.store(Lse + row_out, (m_i + log2_l) * LN2, mask=f_in)
+    if ENTROPY:
+        tl.store(Entropy + row_out, (log2_l - t_i * inv_l) * LN2, mask=f_in)
+    if ARGMAX:
+        tl.store(Argmax + row_out, arg_i.to(tl.int64), mask=f_in)
+    if CLASS_MASS:
+        cidx = tl.arange(0, F_PAD)  # (F_PAD,)
+        tl.store(ClassMass + row_out[:, None] * n_classes + cidx[None, :], feat * inv_l[:, None],
+                 mask=f_in[:, None] & (cidx[None, :] < n_classes))
+    if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
+        dist_i, dsum_i, pmass_i = posn
+        if DISTANCE_MASS:
+            didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+            tl.store(DistanceMass + row_out[:, None] * DB + didx[None, :], dist_i * inv_l[:, None],
+                     mask=f_in[:, None] & (didx[None, :] < DB))
+        if MEAN_DISTANCE:
+            tl.store(MeanDistance + row_out, dsum_i * inv_l, mask=f_in)
+        if POSITION_MASS:
+            pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+            tl.store(PositionMass + row_out[:, None] * (NPB + 1) + pidx[None, :], pmass_i * inv_l[:, None],
+                     mask=f_in[:, None] & (pidx[None, :] <= NPB))
+    # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
+    # q again, from memory (once per tile): kept in registers through the loop it would cost ~32 of them
+    qf = tl.load(Q_rows + (g * stride_qh + pos * stride_ql)[:, None] + offs_d[None, :] * stride_qd,
+                 mask=f_in[:, None] & d_in[None, :], other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
+    for o in range(0, n_offsets):
+        kr = pos + tl.load(Offsets + o)  # (BLOCK_M,) key positions
+        inside = (kr >= 0) & (kr < L) & (kr >= lo_m) & (kr <= hi_m)
+        k_o = tl.load(K_ptr + kr[:, None] * stride_kl + offs_d[None, :] * stride_kd,
+                      mask=inside[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        z_o = tl.sum(qf * k_o.to(tl.float32), 1) * qk_scale  # (BLOCK_M,)
+        z_o = tl.where(tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0, z_o, FMIN)
+        tl.store(OffsetMass + row_out * n_offsets + o, tl.where(inside, tl.math.exp2(z_o - m_i) * inv_l, 0.0),
+                 mask=f_in)
+
+
+# True when this module was imported under TRITON_INTERPRET=1 (the kernel runs on CPU tensors)
+INTERPRETED = not isinstance(attn_stats_fwd, triton.runtime.jit.JITFunction)

@@ -1,0 +1,300 @@
+"""The host side of the fused forward: operands, outputs and the one launch of `attn_stats_fwd`.
+
+A layer call must cost the GPU nothing but the kernel: no host-device copy, no `.item()`,
+`.all()`, `.cpu()` or `.tolist()` (each one a device sync), nothing that a CUDA graph could not
+capture. So:
+
+- what is the same for every layer of a batch (the key mask as int8, the sequences' valid key
+  ranges, the one-hot key-feature matrix) is built once per batch, from the batch's own
+  `key_valid` / `key_class` tensors, on the device, and kept while the engine hands the same
+  tensors to the next layer (`OperandCache`);
+- the offsets are a device tensor cached per (offsets, device); head gates are read in place
+  (a per-head xi has batch stride 0);
+- the outputs are two allocations: the attention output, and one fp32 buffer holding every
+  statistic (lse included) as contiguous views, written by the kernel in fp32 (plus an int64
+  one when the argmax is asked).
+
+The statistics the kernel writes are read off the table (`kernel_outputs`): a statistic of
+`spec.ROW_STATS` with a pointer argument named after it (entropy -> Entropy) and, when the
+kernel has one, a constexpr switch named in capitals (ENTROPY).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import triton_maps
+from .spec import FIXED_WIDTHS, ROW_STATS, AttentionLayout, StatsSpec, asked_stats
+from .triton_config import POSITION_STATS, device_arch, feature_width, forward_config
+from .triton_kernel import INTERPRETED, attn_stats_fwd
+from .triton_tiles import DTYPES, launch_caps
+
+# statistics' buffers start at multiples of this many floats (64 bytes), so every view is 16-byte
+# aligned as the compiled specialisations assume
+ALIGN = 16
+
+
+def output_argument(stat) -> str:
+    """The kernel's pointer argument of a statistic of the table: its name in CamelCase
+    (entropy -> Entropy, offset_mass -> OffsetMass)."""
+    return "".join(w.capitalize() for w in stat.name.split("_"))
+
+
+@functools.cache
+def kernel_outputs() -> tuple:
+    """(RowStat, pointer argument, constexpr switch or None) for each statistic of the table the
+    fused kernel writes: those with a pointer argument named after them (`output_argument`). The
+    launcher, the check before a launch (`check_computed`) and `triton_aot` all read this.
+
+    A pointer argument the kernel's body never reads (an output declared and forgotten) is a
+    NotImplementedError here, before any launch: its tensor would come back as whatever memory
+    it was given."""
+    params = attn_stats_fwd.arg_names
+    found = []
+    for stat in ROW_STATS:
+        arg = output_argument(stat)
+        if arg in params:
+            found.append((stat, arg, stat.name.upper() if stat.name.upper() in params else None))
+    used = _names_used(attn_stats_fwd)
+    unused = [f"{stat.name} ({arg})" for stat, arg, _ in found if arg not in used]
+    if unused:
+        raise NotImplementedError(f"the triton kernel attn_stats_fwd takes {', '.join(unused)} but never writes it "
+                                  "(see docs/contributing.md)")
+    return tuple(found)
+
+
+def _names_used(kernel) -> set[str]:
+    """The names the body of a @triton.jit kernel reads (its source, compiled or interpreted)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(kernel.fn)))
+    body = tree.body[0].body
+    return {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+
+
+# -- operands built once per batch ------------------------------------------------------------------
+
+
+@dataclass
+class KeyOperands:
+    """The kernel's per-key operands of one batch, on its device.
+
+    valid:    (B, L) int8, 0 for padding keys (a view of a bool mask: no copy)
+    ranges:   (B, 2) int32, each sequence's valid keys [lo, hi) when they are one contiguous run
+              (left or right padding), else (0, 0): the kernel's unmasked stage lies inside it
+    features: (B, L, F) in the inputs' dtype (F = `feature_width`): the one-hot key classes, and a
+              last column of ones (its dot with P is the softmax's row sum l)
+    """
+
+    valid: torch.Tensor
+    ranges: torch.Tensor
+    features: torch.Tensor
+
+
+def key_ranges(valid: torch.Tensor) -> torch.Tensor:
+    """(B, 2) int32: [first valid key, last valid key + 1) of each sequence when its valid keys are
+    contiguous, else (0, 0). Computed on the device (argmax finds the first True), no sync."""
+    B, L = valid.shape
+    v = valid.to(torch.int32)
+    lo = v.argmax(-1)  # first valid key (0 when there is none)
+    hi = L - v.flip(-1).argmax(-1)  # one past the last one (L when there is none)
+    contiguous = (hi - lo) == v.sum(-1)  # no hole between them (false when there is no valid key)
+    return torch.where(contiguous[:, None], torch.stack([lo, hi], -1), 0).to(torch.int32)
+
+
+class OperandCache:
+    """The last batch's `KeyOperands`, kept while the engine hands every layer the same
+    `key_valid` and `key_class` tensors (compared by identity: a new batch is new tensors). A
+    call with other tensors rebuilds them: correct, a few more device ops."""
+
+    def __init__(self):
+        self._key = None
+        self._operands = None
+        self._offsets = {}
+
+    def keys(self, key_valid, key_class, n_classes: int, dtype, dev) -> KeyOperands:
+        key = (key_valid, key_class, n_classes, dtype, dev)
+        old = self._key
+        if old is not None and old[0] is key_valid and old[1] is key_class and old[2:] == key[2:]:
+            return self._operands
+        valid = key_valid.to(dev)
+        valid = valid.view(torch.int8) if valid.dtype == torch.bool else (valid != 0).view(torch.int8)
+        width = feature_width(n_classes)
+        feats = torch.nn.functional.one_hot(key_class.to(dev, torch.long), width)  # (B, L, F)
+        feats[..., -1] = 1  # the row sum's column
+        feats = feats.to(dtype)
+        self._key, self._operands = key, KeyOperands(valid, key_ranges(valid), feats)
+        return self._operands
+
+    def offsets(self, offsets: tuple, dev) -> torch.Tensor:
+        """The offsets as an int32 device tensor, made once per (offsets, device)."""
+        key = (offsets, str(dev))
+        if key not in self._offsets:
+            self._offsets[key] = torch.tensor(offsets or (0,), dtype=torch.int32, device=dev)
+        return self._offsets[key]
+
+
+CACHE = OperandCache()
+# a per-head xi of ones for calls without gates, per (H, device)
+_ONES: dict = {}
+
+
+def gate_operands(gates, H: int, dev) -> tuple[torch.Tensor, int, torch.Tensor | None, int]:
+    """(xi, its batch stride, uniform as int8 or None, its batch stride): read in place, a (H,)
+    gate with batch stride 0; fp32 xi and bool uniform on the device cost no op."""
+    xi = None if gates is None else gates.xi
+    if xi is None:
+        key = (H, str(dev))
+        if key not in _ONES:
+            _ONES[key] = torch.ones(H, dtype=torch.float32, device=dev)
+        xi = _ONES[key]
+    xi = xi.detach().to(dev, torch.float32)
+    uniform = None if gates is None else gates.uniform
+    if uniform is not None:
+        uniform = uniform.to(dev)
+        uniform = uniform.view(torch.int8) if uniform.dtype == torch.bool else (uniform != 0).view(torch.int8)
+    for t in (xi, uniform):
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError("head gates must be contiguous in the head dimension")
+    stride = lambda t: 0 if t is None or t.dim() == 1 else t.stride(0)  # noqa: E731
+    return xi, stride(xi), uniform, stride(uniform)
+
+
+# -- outputs ------------------------------------------------------------------------------------
+
+
+def allocate_outputs(spec: StatsSpec, dims: dict, dev) -> tuple[dict, dict, torch.Tensor]:
+    """(pointer arguments, constexpr switches, lse) of a launch: one fp32 buffer holds lse and
+    every float statistic the kernel writes that `spec` asks for, each a contiguous view; an
+    int64 statistic (the argmax) gets its own tensor; a statistic not asked for gets lse as a
+    placeholder pointer the kernel never writes. Under the interpreter the buffers start as NaN
+    (-2 for an index), so a value the kernel skips fails every comparison with eager; compiled,
+    they are left uninitialised."""
+    dims = {**FIXED_WIDTHS, **dims}
+    plan, flags = [], {}
+    for stat, arg, flag in kernel_outputs():
+        on = stat.asked(spec)
+        if flag is not None:
+            flags[flag] = on
+        if on:
+            unknown = [d for d in stat.shape if d not in dims]
+            if unknown:
+                raise NotImplementedError(f"{stat.name} has dimension {', '.join(unknown)}, which the triton launcher "
+                                          f"does not size (it knows {', '.join(dims)})")
+            plan.append((stat, arg, [dims[d] for d in stat.shape]))
+    lse_shape = [dims["B"], dims["H"], dims["L"]]
+    floats = [("lse", lse_shape)] + [(arg, shape) for stat, arg, shape in plan if stat.dtype == "float"]
+    sizes = [-(-_numel(shape) // ALIGN) * ALIGN for _, shape in floats]
+    make = torch.full if INTERPRETED else (lambda size, fill, **kw: torch.empty(size, **kw))
+    buf = make((sum(sizes),), float("nan"), dtype=torch.float32, device=dev)
+    views, at = {}, 0
+    for (arg, shape), size in zip(floats, sizes):
+        views[arg] = buf[at:at + _numel(shape)].view(shape)
+        at += size
+    lse = views.pop("lse")
+    for stat, arg, shape in plan:
+        if stat.dtype == "int64":
+            views[arg] = make(shape, -2, dtype=torch.int64, device=dev)
+    outputs = {arg: views.get(arg, lse) for _, arg, _ in kernel_outputs()}
+    return outputs, flags, lse
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# -- the launch -----------------------------------------------------------------------------------
+
+
+def dot_precision(dtype) -> str:
+    """The kernel's fp32 dot precision, as torch's own matmuls: "ieee" (exact) under
+    torch.get_float32_matmul_precision() "highest", "tf32" (tensor cores) under "high" or
+    "medium". Half-precision dots are tensor-core dots with fp32 accumulation either way."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
+
+
+def launch_config(q, spec: StatsSpec) -> dict:
+    """The tiles of a launch on q's device (`triton_config.forward_config`)."""
+    D = q.shape[-1]
+    interpreted = INTERPRETED or q.device.type != "cuda"
+    positions = any(stat.asked(spec) for stat in ROW_STATS if stat.name in POSITION_STATS)
+    arch = 90 if interpreted else device_arch(q.device)
+    return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
+                          interpreted=interpreted)
+
+
+def check_dtypes(q, k, v):
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the triton backend takes float32, float16 or bfloat16 inputs, not {q.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError("q, k and v must have the same dtype")
+
+
+def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None, scale=None,
+                  blocks: dict | None = None):
+    """One launch of `attn_stats_fwd` for any layout.
+
+    q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv = layout.n_key_value_heads or H; fp32, fp16 or
+    bf16, any strides (read in place). key_valid (B, L) bool; key_class (B, L) integer class ids.
+    gates: `LayerGates` or None. blocks: override the tiles (BLOCK_M, BLOCK_N, num_warps, ...).
+    Returns (out (B, L, H, D) in the input dtype, {statistic: fp32 (or int64) tensor} for the
+    statistics of `kernel_outputs` that spec asks for, lse (B, H, L) fp32). Rows of padding
+    queries are left as computed (finite).
+    """
+    check_dtypes(q, k, v)
+    B, H, L, D = q.shape
+    G = layout.group_size(H)
+    if k.shape != (B, H // G, L, D) or v.shape != k.shape:
+        raise ValueError(f"k and v must be (B, H_kv, L, D) = {(B, H // G, L, D)}; got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    cfg = {**launch_config(q, spec), **(blocks or {})}
+    band = triton_maps.band_args(layout, H, L)  # G, win_left, win_right (L: no limit), BANDED
+    scale = D**-0.5 if scale is None else float(scale)
+    dev = q.device
+    C, O = spec.n_key_classes, len(spec.offsets)
+    outputs, flags, lse = allocate_outputs(spec, {"B": B, "H": H, "L": L, "O": O, "C": C}, dev)
+    out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # written as (B, H, L, D) through strides
+    stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
+    if out.numel() == 0:
+        return out, stats, lse
+    keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev)
+    features = keys.features
+    xi, stride_xb, uniform, stride_ub = gate_operands(gates, H, dev)
+    grid = (triton.cdiv(L * G, cfg["BLOCK_M"]), B * (H // G))
+    attn_stats_fwd[grid](
+        q, k, v, keys.valid, keys.ranges, features, xi, xi if uniform is None else uniform,
+        CACHE.offsets(spec.offsets, dev), out, lse,  #
+        **{arg: t for arg, t in outputs.items() if arg != "Lse"}, sm_scale=scale,  #
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_ql=q.stride(2), stride_qd=q.stride(3),  #
+        stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kl=k.stride(2), stride_kd=k.stride(3),  #
+        stride_vb=v.stride(0), stride_vh=v.stride(1), stride_vl=v.stride(2), stride_vd=v.stride(3),  #
+        stride_ob=out.stride(0), stride_oh=out.stride(2), stride_ol=out.stride(1), stride_od=out.stride(3),  #
+        stride_mb=keys.valid.stride(0), stride_ml=keys.valid.stride(1),  #
+        stride_fb=features.stride(0), stride_fl=features.stride(1), stride_xb=stride_xb, stride_ub=stride_ub,  #
+        H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D,
+        F_PAD=feature_width(C), BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),
+        UNIFORM=uniform is not None, **flags,  #
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_caps(cfg),
+    )
+    return out, stats, lse
+
+
+def check_computed(spec: StatsSpec, extra: tuple = ()):
+    """A NotImplementedError naming every statistic `spec` asks for that neither the fused kernel
+    (`kernel_outputs`) nor a pass of `extra` computes: raised before a launch, so a statistic
+    added to the table but not to the kernel never comes back as garbage."""
+    done = {stat.name for stat, _, _ in kernel_outputs()} | set(extra)
+    missing = [stat.name for stat in asked_stats(spec) if stat.name not in done]
+    if missing:
+        raise NotImplementedError(f"the triton backend does not compute {', '.join(missing)} "
+                                  "(see docs/contributing.md); use another --backend")
