@@ -5,9 +5,9 @@ of the main loop per 1,000 scores, against a plain flash-attention loop compiled
 bench/flash_baseline.py) with no register spill; the measured tables are in docs/kernels.md.
 
     half precision (fp16, bf16), tensor-core dots with fp32 accumulation:
-        sm_90   BLOCK_M 128 x BLOCK_N 128 (D <= 64) or 64 (D = 128), 8 warps, 3 stages: two
-                warpgroups, each with 64 rows of its own, and wgmma N >= 64 for QK^T and P V
-        sm_80   128 x 64, 8 warps, 3 stages (D <= 128)
+        sm_90   BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (D <= 128): two warpgroups, each
+                with 64 rows of its own; wgmma N = 128 for QK^T and N = D for P V
+        sm_80   128 x 64, 8 warps, 2 stages (D <= 128)
         D = 256 (Gemma-3) 64 x 32, 8 warps, 2 stages on both
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
         accumulators and a loop over buckets): 64 x 64, 8 warps, 2 stages
@@ -55,8 +55,9 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
             return dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
         if positions:
             return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=8, num_stages=2)
-        block_n = 128 if arch >= 90 and block_d <= 64 else 64
-        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8, num_stages=3)
+        if arch >= 90:
+            return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_D=block_d, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_D=block_d, num_warps=8, num_stages=2)
     if block_d <= 64:
         return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
     return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,

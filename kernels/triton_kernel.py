@@ -60,6 +60,8 @@ NPB = tl.constexpr(N_POSITION_BINS)  # 10 tenths of [0, i], then one bin for key
 PB_PAD = tl.constexpr(triton.next_power_of_2(N_POSITION_BINS + 1))  # 16
 # a distance / scaled key position above any a sequence has (the open end of the last bucket or bin)
 OPEN_END = tl.constexpr(2147483647)
+# the width of the slices of D in which the epilogue computes the offsets' scores
+OFFSET_DK = tl.constexpr(32)
 
 
 @triton.jit
@@ -121,9 +123,9 @@ def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale
         arg_blk = tl.min(tl.where(top, offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
         arg_i = tl.where((m_blk > m_i) | ((m_blk == m_i) & (arg_blk < arg_i)), arg_blk, arg_i)
     if ENTROPY:
-        # t moves from m_i to m_new: t' = alpha (t + (m_i - m_new) l); alpha (m_i - m_new) is 0, not
-        # 0 * inf, when the old terms vanish (m_i = FMIN is finite)
-        t_i = t_i * alpha + (alpha * (m_i - m_new)) * _row_sum(feat, F_PAD) + tl.sum(p * x, 1)
+        # T = sum_j 2^(z_j - m) s_j, rescaled like l, with the raw scores s = q . k (finite everywhere:
+        # a key past the row end has k = 0); the epilogue's t = sum_j 2^(z_j - m) (z_j - m) = c T - m l
+        t_i = t_i * alpha + tl.sum(p * qk, 1)
     row = (m_new, t_i, arg_i)
     # -- P V, and the key features' dot with the same P (rescaled to the new max first): l = sum_j p_j
     # is its last column, on the tensor cores instead of one FADD per score
@@ -312,7 +314,8 @@ def attn_stats_fwd(
     # -- the row statistics
     tl.store(Lse + row_out, (m_i + log2_l) * LN2, mask=f_in)
     if ENTROPY:
-        tl.store(Entropy + row_out, (log2_l - t_i * inv_l) * LN2, mask=f_in)
+        # H = ln 2 (log2 l - t / l), t / l = c T / l - m
+        tl.store(Entropy + row_out, (log2_l + m_i - qk_scale * t_i * inv_l) * LN2, mask=f_in)
     if ARGMAX:
         tl.store(Argmax + row_out, arg_i.to(tl.int64), mask=f_in)
     if CLASS_MASS:
@@ -332,16 +335,22 @@ def attn_stats_fwd(
             tl.store(PositionMass + row_out[:, None] * (NPB + 1) + pidx[None, :], pmass_i * inv_l[:, None],
                      mask=f_in[:, None] & (pidx[None, :] <= NPB))
     # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
-    # q again, from memory (once per tile): kept in registers through the loop it would cost ~32 of them
-    qf = tl.load(Q_rows + (g * stride_qh + pos * stride_ql)[:, None] + offs_d[None, :] * stride_qd,
-                 mask=f_in[:, None] & d_in[None, :], other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
     for o in range(0, n_offsets):
         kr = pos + tl.load(Offsets + o)  # (BLOCK_M,) key positions
         inside = (kr >= 0) & (kr < L) & (kr >= lo_m) & (kr <= hi_m)
-        k_o = tl.load(K_ptr + kr[:, None] * stride_kl + offs_d[None, :] * stride_kd,
-                      mask=inside[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
-        z_o = tl.sum(qf * k_o.to(tl.float32), 1) * qk_scale  # (BLOCK_M,)
-        z_o = tl.where(tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0, z_o, FMIN)
+        # q . k_{i+o} in slices of OFFSET_DK columns, q again from memory: a whole (BLOCK_M, BLOCK_D) fp32 q
+        # and K row would take 2 BLOCK_M BLOCK_D / (32 num_warps) registers (128 at D = 128), or q's kept
+        # through the loop 32 more
+        z_o = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for d0 in tl.static_range(0, BLOCK_D, OFFSET_DK):
+            offs_dk = d0 + tl.arange(0, OFFSET_DK)
+            dk_in = offs_dk < HEAD_DIM
+            q_o = tl.load(Q_rows + (g * stride_qh + pos * stride_ql)[:, None] + offs_dk[None, :] * stride_qd,
+                          mask=f_in[:, None] & dk_in[None, :], other=0.0)  # (BLOCK_M, OFFSET_DK)
+            k_o = tl.load(K_ptr + kr[:, None] * stride_kl + offs_dk[None, :] * stride_kd,
+                          mask=inside[:, None] & dk_in[None, :], other=0.0)  # (BLOCK_M, OFFSET_DK)
+            z_o += tl.sum(q_o.to(tl.float32) * k_o.to(tl.float32), 1)
+        z_o = tl.where(tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0, z_o * qk_scale, FMIN)
         tl.store(OffsetMass + row_out * n_offsets + o, tl.where(inside, tl.math.exp2(z_o - m_i) * inv_l, 0.0),
                  mask=f_in)
 

@@ -207,22 +207,18 @@ def test_long_rows_against_the_oracle(backend, name):
 
 
 def test_the_position_statistics_take_their_own_configurations():
-    """Their accumulators do not fit the plain layout's register cap (the fp16 single tile at D = 64,
-    the fp32 online block at D = 32 spilled under it) nor the fp32 single tile (255 registers without
-    them): `kernel_config` drops the cap and sends fp32 rows online when a call asks for one of them,
-    and the ahead-of-time compile checks those configurations (`triton_aot`), not the others."""
+    """Their accumulators ((BLOCK_M, 32) and (BLOCK_M, 16) fp32) and bucket loops do not fit the default
+    statistics' tiles: `forward_config` gives half-precision calls that ask for one of them smaller
+    tiles on every target, and the ahead-of-time compile checks those configurations (`triton_aot`)."""
     import bertscope.kernels.triton_attention as ta
     from bertscope.kernels import triton_aot
+    from bertscope.kernels.triton_config import forward_config
 
     assert set(ta.POSITION_STATS) == {"distance_mass", "mean_distance", "position_mass"}
-    half, fp32 = ta.kernel_config(128, 64, torch.float16), ta.kernel_config(512, 32, torch.float32)
-    assert half["SINGLE_TILE"] and half["maxnreg"] == ta.MAXNREG_PLAIN and fp32["maxnreg"] == ta.MAXNREG_PLAIN
-    assert ta.kernel_config(32, 64, torch.float32)["SINGLE_TILE"]
-    half, fp32 = ta.kernel_config(128, 64, torch.float16, positions=True), ta.kernel_config(512, 32, positions=True)
-    assert half["SINGLE_TILE"] and "maxnreg" not in half and "maxnreg" not in fp32
-    assert not ta.kernel_config(32, 64, torch.float32, positions=True)["SINGLE_TILE"]
-    assert ta.kernel_config(32, 64, torch.float32, single_tile=True, positions=True)["SINGLE_TILE"]  # forced
-    on = [s for s in triton_aot.shipped_specialisations(layouts="core", maps=False) if s.extra]
-    assert {s.dtype for s in on} == {"fp32", "fp16", "bf16"} and all(set(s.extra) == set(ta.POSITION_STATS) for s in on)
-    assert any(s.name().startswith("single M32 N128 D64 w8s1 fp16") for s in on)  # uncapped
-    assert any(isinstance(s, triton_aot.LayoutSpec) for s in on)
+    for arch in (80, 90):
+        plain, positions = forward_config(64, torch.bfloat16, arch), forward_config(64, torch.bfloat16, arch, True)
+        assert positions["BLOCK_M"] * positions["BLOCK_N"] < plain["BLOCK_M"] * plain["BLOCK_N"]
+    on = [s for s in triton_aot.shipped_specialisations(layouts="core", maps=False)
+          if set(ta.POSITION_STATS) <= s.switched_on()]
+    assert {s.banded for s in on} == {False, True} and {s.dtype for s in on} >= {"fp32", "bf16"}
+    assert any(s.name(90).startswith("plain M64 N64 D64 w8s2 bf16") for s in on)

@@ -321,29 +321,31 @@ def test_triton_computes_every_layout():
 @pytest.mark.parametrize("layout,banded", [(PLAIN, False), (AttentionLayout(n_key_value_heads=1), True),
                                            (AttentionLayout(causal=True), True)], ids=["plain", "gqa", "causal"])
 def test_one_kernel_for_every_layout(layout, banded, monkeypatch):
-    """Every layout launches the one kernel, `_attn_stats_fwd`: the plain one with BANDED off and
-    G = 1 on `kernel_config`'s blocks (its single tile at short L), every other with BANDED on."""
-    launches, real = [], ta._attn_stats_fwd
+    """Every layout launches the one kernel, `attn_stats_fwd`: the plain one with BANDED off and
+    G = 1, every other with BANDED on, all on `forward_config`'s tiles."""
+    import bertscope.kernels.triton_launch as launch
+    from bertscope.kernels.triton_config import forward_config
+
+    launches, real = [], launch.attn_stats_fwd
 
     class Spy:
         arg_names = real.arg_names
         fn = real.fn
 
         def __getitem__(self, grid):
-            def launch(*a, **kw):
+            def run(*a, **kw):
                 launches.append(kw)
                 return real[grid](*a, **kw)
-            return launch
+            return run
 
-    monkeypatch.setattr(ta, "_attn_stats_fwd", Spy())
+    monkeypatch.setattr(launch, "attn_stats_fwd", Spy())
     H = 2
     inputs = make_inputs(2, H, 12, 8, layout, [0, 3], False)
     assert_same(attention_stats_eager(*inputs, SPEC, layout=layout), ta.attention_stats_triton(*inputs, SPEC,
                                                                                            layout=layout), inputs[3])
     (kw,) = launches
     assert kw["BANDED"] is banded and kw["G"] == layout.group_size(H)
-    assert kw["SINGLE_TILE"] is (not banded)  # L = 12: the plain layout's single tile
-    assert kw["BLOCK_M"] == (ta.layout_kernel_config if banded else ta.kernel_config)(12, 8)["BLOCK_M"]
+    assert kw["BLOCK_M"] == forward_config(8, torch.float32, interpreted=True)["BLOCK_M"]
 
 
 def test_a_tiny_llama_through_the_plugin_matches_eager():
