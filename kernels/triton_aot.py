@@ -69,9 +69,11 @@ class Specialisation:
     uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the keys)
 
     def config(self, arch: int) -> dict:
-        from .triton_config import POSITION_STATS, forward_config  # see the note above ARCHS
+        from .triton_config import POSITION_STATS, feature_width, forward_config  # see the note above ARCHS
 
-        return forward_config(self.D, torch_dtype(self.dtype), arch, bool(set(self.stats) & set(POSITION_STATS)))
+        return forward_config(self.D, torch_dtype(self.dtype), arch, bool(set(self.stats) & set(POSITION_STATS)),
+                              banded=self.banded, uniform=self.uniform,
+                              wide=feature_width(self.n_classes) > 32 or "argmax" in self.stats)
 
     def switched_on(self) -> set[str]:
         return set(self.stats)

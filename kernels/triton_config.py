@@ -4,15 +4,14 @@ Chosen from the instruction budget `triton_aot` reads off the compiled SASS (war
 of the main loop per 1,000 scores, against a plain flash-attention loop compiled the same way:
 bench/flash_baseline.py) with no register spill; the measured tables are in docs/kernels.md.
 
-    half precision (fp16, bf16), tensor-core dots with fp32 accumulation:
-        sm_90   BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (D <= 128): two warpgroups, each
-                with 64 rows of its own; wgmma N = 128 for QK^T and N = D for P V
-        sm_80   128 x 64, 8 warps, 2 stages (D <= 128)
-        D = 256 (Gemma-3) 64 x 32, 8 warps, 2 stages on both
+    half precision (fp16, bf16), tensor-core dots with fp32 accumulation: `HALF_TILES`, by target,
+        head dimension and layout (BLOCK_N at most 64 for a wide feature dot or the argmax); D = 256
+        (Gemma-3) 32 x 32, 4 warps, 2 stages; uniform head gates (a second pass in the epilogue)
+        64 x 64, 8 warps (sm_90) or 64 x 32, 4 warps (sm_80), 2 stages
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
-        accumulators and a loop over buckets): 64 x 64, 8 warps, 2 stages
+        accumulators and a loop over buckets): 64 x 32, 8 warps, 2 stages
     fp32, exact IEEE dots (FMA loops, no tensor cores: far more registers per score):
-        32 x 32, 8 warps, 2 stages (D <= 64); 16 x 16, 8 warps, 1 stage, at most 128 registers
+        16 x 32, 8 warps, 2 stages (D <= 64); 16 x 16, 8 warps, 1 stage, at most 128 registers
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
         "medium") take the half-precision tiles.
 
@@ -39,29 +38,47 @@ MAXNREG_FP32 = 128
 INTERPRETER_BLOCK = 16
 
 
-def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False,
-                   tf32: bool = False, interpreted: bool = False) -> dict:
+def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
+                   interpreted: bool = False, banded: bool = False, uniform: bool = False,
+                   wide: bool = False) -> dict:
     """BLOCK_M, BLOCK_N, BLOCK_D, num_warps, num_stages (and `maxnreg` where it applies) of a
     launch for head dimension D, input dtype, target sm_<arch> (80 or 90; newer targets take
     sm_90's tiles), whether position statistics are asked, whether fp32 dots run on TF32
-    tensor cores. One configuration for every layout: BLOCK_M counts stacked rows (G heads x
-    BLOCK_M / G positions under grouped-query attention)."""
+    tensor cores, and whether the layout is banded (causal, windowed or grouped-query: the band's
+    and the stacked heads' row vectors take registers the plain layout's largest tiles need), whether
+    the call has uniform head gates (the epilogue's second pass over the keys), and whether its
+    key-feature dot is wide (more than 31 key classes: 64 columns) or it asks for the argmax.
+    BLOCK_M counts stacked rows (G heads x BLOCK_M / G positions under grouped-query attention)."""
     block_d = max(16, triton.next_power_of_2(D))
     if interpreted:
         return dict(BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK, BLOCK_D=block_d, num_warps=4,
                     num_stages=1)
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
-            return dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
-        if positions:
-            return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=8, num_stages=2)
-        if arch >= 90:
-            return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_D=block_d, num_warps=8, num_stages=3)
-        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_D=block_d, num_warps=8, num_stages=2)
+            m, n, w, s = 32, 32, 4, 2
+        elif positions:
+            m, n, w, s = 64, 32, 8, 2
+        elif uniform:
+            m, n, w, s = (64, 64, 8, 2) if arch >= 90 else (64, 32, 4, 2)
+        else:
+            m, n, w, s = HALF_TILES[(90 if arch >= 90 else 80, block_d <= 64, banded)]
+            if wide and n > 64:
+                n, s = 64, 3
+        return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s)
     if block_d <= 64:
-        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
     return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
                 maxnreg=MAXNREG_FP32)
+
+
+# half precision, D <= 128: (target, D <= 64, banded) -> BLOCK_M, BLOCK_N, warps, stages; the fastest tiles
+# by the instruction budget that compile without a register spill (Triton 3.7.1; docs/kernels.md)
+HALF_TILES = {
+    (90, True, False): (128, 128, 8, 3), (90, True, True): (128, 64, 8, 2),
+    (90, False, False): (128, 64, 8, 3), (90, False, True): (128, 32, 8, 2),
+    (80, True, False): (128, 64, 8, 2), (80, True, True): (128, 32, 8, 2),
+    (80, False, False): (128, 32, 8, 2), (80, False, True): (32, 32, 4, 2),
+}
 
 
 @functools.cache

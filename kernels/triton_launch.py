@@ -222,14 +222,15 @@ def dot_precision(dtype) -> str:
     return "tf32"
 
 
-def launch_config(q, spec: StatsSpec) -> dict:
+def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = False) -> dict:
     """The tiles of a launch on q's device (`triton_config.forward_config`)."""
     D = q.shape[-1]
     interpreted = INTERPRETED or q.device.type != "cuda"
     positions = any(stat.asked(spec) for stat in ROW_STATS if stat.name in POSITION_STATS)
     arch = 90 if interpreted else device_arch(q.device)
     return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
-                          interpreted=interpreted)
+                          interpreted=interpreted, banded=not layout.is_plain, uniform=uniform,
+                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax)
 
 
 def check_dtypes(q, k, v):
@@ -256,7 +257,8 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     if k.shape != (B, H // G, L, D) or v.shape != k.shape:
         raise ValueError(f"k and v must be (B, H_kv, L, D) = {(B, H // G, L, D)}; got {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
-    cfg = {**launch_config(q, spec), **(blocks or {})}
+    uniform_gates = gates is not None and gates.uniform is not None
+    cfg = {**launch_config(q, spec, layout, uniform_gates), **(blocks or {})}
     band = triton_maps.band_args(layout, H, L)  # G, win_left, win_right (L: no limit), BANDED
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
