@@ -6,7 +6,7 @@ bench/flash_baseline.py) with no register spill; the measured tables are in docs
 
     half precision (fp16, bf16), tensor-core dots with fp32 accumulation: `HALF_TILES`, by target,
         head dimension and layout (BLOCK_N at most 64 for a wide feature dot or the argmax); D = 256
-        (Gemma-3) 32 x 32, 4 warps, 2 stages; uniform head gates (a second pass in the epilogue)
+        (Gemma-3) 32 x 32, 4 warps, 2 stages (16 x 32 wide); uniform head gates (a second pass in the epilogue)
         64 x 64, 8 warps (sm_90) or 64 x 32, 4 warps (sm_80), 2 stages
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
         accumulators and a loop over buckets): 64 x 32, 8 warps, 2 stages
@@ -47,7 +47,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     tensor cores, and whether the layout is banded (causal, windowed or grouped-query: the band's
     and the stacked heads' row vectors take registers the plain layout's largest tiles need), whether
     the call has uniform head gates (the epilogue's second pass over the keys), and whether its
-    key-feature dot is wide (more than 31 key classes: 64 columns) or it asks for the argmax.
+    key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax.
     BLOCK_M counts stacked rows (G heads x BLOCK_M / G positions under grouped-query attention)."""
     block_d = max(16, triton.next_power_of_2(D))
     if interpreted:
@@ -55,7 +55,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
                     num_stages=1)
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
-            m, n, w, s = 32, 32, 4, 2
+            m, n, w, s = (16, 32, 4, 2) if wide else (32, 32, 4, 2)
         elif positions:
             m, n, w, s = 64, 32, 8, 2
         elif uniform:
@@ -75,7 +75,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
 # by the instruction budget that compile without a register spill (Triton 3.7.1; docs/kernels.md)
 HALF_TILES = {
     (90, True, False): (128, 128, 8, 3), (90, True, True): (128, 64, 8, 2),
-    (90, False, False): (128, 64, 8, 3), (90, False, True): (128, 32, 8, 2),
+    (90, False, False): (128, 64, 8, 2), (90, False, True): (128, 32, 8, 2),
     (80, True, False): (128, 64, 8, 2), (80, True, True): (128, 32, 8, 2),
     (80, False, False): (128, 32, 8, 2), (80, False, True): (32, 32, 4, 2),
 }
@@ -89,6 +89,6 @@ def device_arch(device: torch.device) -> int:
 
 
 def feature_width(n_classes: int) -> int:
-    """F_PAD, the key-feature matrix's width: the n_classes one-hot columns and the column of ones
-    whose dot with P is the softmax's row sum, a power of two >= 16 (tl.dot's smallest N)."""
-    return max(16, triton.next_power_of_2(n_classes + 1))
+    """F_PAD, the key-feature matrix's width: the n_classes one-hot columns padded to a power of two
+    >= 16 (tl.dot's smallest N)."""
+    return max(16, triton.next_power_of_2(n_classes))

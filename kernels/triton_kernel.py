@@ -93,7 +93,7 @@ def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
     qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) fp32
-    m_i, t_i, arg_i = row
+    m_i, l_i, t_i, arg_i = row
     if MASKED:
         seen = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,) padding keys
         if BANDED:
@@ -123,30 +123,27 @@ def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale
         arg_blk = tl.min(tl.where(top, offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
         arg_i = tl.where((m_blk > m_i) | ((m_blk == m_i) & (arg_blk < arg_i)), arg_blk, arg_i)
     if ENTROPY:
-        # T = sum_j 2^(z_j - m) s_j, rescaled like l, with the raw scores s = q . k (finite everywhere:
-        # a key past the row end has k = 0); the epilogue's t = sum_j 2^(z_j - m) (z_j - m) = c T - m l
+        # T = sum_j p_j s_j, rescaled like l, with the raw scores s = q . k (finite everywhere: a key past
+        # the row end has k = 0): the epilogue's t = sum_j p_j (z_j - m) = c T - m l. One FFMA per score,
+        # and nothing kept beside p. T and l are fp32 sums of the same fp32 p, so c T / l - m cancels to
+        # t / l as far as fp32 goes (an l summed from P rounded to bf16 would move it by |m| 2^-9)
         t_i = t_i * alpha + tl.sum(p * qk, 1)
-    row = (m_new, t_i, arg_i)
-    # -- P V, and the key features' dot with the same P (rescaled to the new max first): l = sum_j p_j
-    # is its last column, on the tensor cores instead of one FADD per score
+    l_i = l_i * alpha + tl.sum(p, 1)
+    row = (m_new, l_i, t_i, arg_i)
+    # -- P V, and the key features' dot with the same P (rescaled to the new max first)
     pv = p.to(v.dtype)  # P in the input dtype, as FlashAttention's P V takes it
     acc = tl.dot(pv, v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
-    u_ptrs = U_ptr + offs_n[:, None] * stride_fl + tl.arange(0, F_PAD)[None, :]  # (BLOCK_N, F_PAD)
-    if MASKED:
-        u = tl.load(u_ptrs, mask=n_in[:, None], other=0.0)
-    else:
-        u = tl.load(u_ptrs)
-    feat = tl.dot(pv, u, feat * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, F_PAD)
+    if CLASS_MASS:
+        u_ptrs = U_ptr + offs_n[:, None] * stride_fl + tl.arange(0, F_PAD)[None, :]  # (BLOCK_N, F_PAD)
+        if MASKED:
+            u = tl.load(u_ptrs, mask=n_in[:, None], other=0.0)
+        else:
+            u = tl.load(u_ptrs)
+        feat = tl.dot(pv, u, feat * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, F_PAD)
     if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
         posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, DISTANCE_MASS, MEAN_DISTANCE,
                               POSITION_MASS)
     return row, acc, feat, posn
-
-
-@triton.jit
-def _row_sum(feat, F_PAD: tl.constexpr):
-    """l = sum_j p_j of each row: the last column of the key-feature dot (the features' column of ones)."""
-    return tl.sum(tl.where(tl.arange(0, F_PAD)[None, :] == F_PAD - 1, feat, 0.0), 1)  # (BLOCK_M,)
 
 
 @triton.jit
@@ -172,8 +169,7 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
         didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
         dist_i = dist_i * alpha[:, None]
         for b in range(_distance_bucket(d_lo), _distance_bucket(d_hi) + 1):
-            lo = (1 << b) >> 1  # bucket b holds lo <= d < hi: 2^b / 2 (0 for b = 0) .. 2^b, the last one open
-            hi = tl.where(b == DB - 1, OPEN_END, 1 << b)
+            lo, hi = _bucket_edges(b)
             mass = tl.sum(tl.where((dist >= lo) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
             dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)
     if POSITION_MASS:
@@ -202,6 +198,13 @@ def _distance_bucket(d):
     for e in tl.static_range(1, DB - 1):
         b += (d >= (1 << e)).to(tl.int32)
     return b
+
+
+@triton.jit
+def _bucket_edges(b):
+    """(lo, hi): distance bucket b holds lo <= d < hi; lo = 2^b / 2 (0 for b = 0), hi = 2^b, open
+    for the last bucket (2^(DB - 2) and beyond)."""
+    return (1 << b) >> 1, tl.where(b == DB - 1, OPEN_END, 1 << b)
 
 
 @triton.jit
@@ -247,9 +250,9 @@ def attn_stats_fwd(
     qk_scale = sm_scale * LOG2E
     lo_m = pos - win_left  # (BLOCK_M,) each row's band, inclusive
     hi_m = pos + win_right
-    # -- running state, by kind: softmax (m, t, arg), output, key features (l their last column), position sums
+    # -- running state, by kind: softmax (m, l, T, arg), output, key features, position sums
     row = (tl.full([BLOCK_M], FMIN, dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
-           tl.zeros([BLOCK_M], dtype=tl.int32))
+           tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.int32))
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     feat = tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32)
     posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
@@ -277,8 +280,7 @@ def attn_stats_fwd(
             BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, True, BANDED, DOT_PRECISION,  #
             ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
     # -- epilogue, from the final state; statistics stored in fp32
-    m_i, t_i, arg_i = row
-    l_i = _row_sum(feat, F_PAD)
+    m_i, l_i, t_i, arg_i = row
     inv_l = 1.0 / l_i
     log2_l = tl.math.log2(l_i)
     row_out = bh0 * L + g * L + pos  # (BLOCK_M,) flat (b, h, i) of the (B, H, L, ...) statistics

@@ -86,8 +86,7 @@ class KeyOperands:
     valid:    (B, L) int8, 0 for padding keys (a view of a bool mask: no copy)
     ranges:   (B, 2) int32, each sequence's valid keys [lo, hi) when they are one contiguous run
               (left or right padding), else (0, 0): the kernel's unmasked stage lies inside it
-    features: (B, L, F) in the inputs' dtype (F = `feature_width`): the one-hot key classes, and a
-              last column of ones (its dot with P is the softmax's row sum l)
+    features: (B, L, F) in the inputs' dtype (F = `feature_width`): the one-hot key classes
     """
 
     valid: torch.Tensor
@@ -124,9 +123,7 @@ class OperandCache:
         valid = key_valid.to(dev)
         valid = valid.view(torch.int8) if valid.dtype == torch.bool else (valid != 0).view(torch.int8)
         width = feature_width(n_classes)
-        feats = torch.nn.functional.one_hot(key_class.to(dev, torch.long), width)  # (B, L, F)
-        feats[..., -1] = 1  # the row sum's column
-        feats = feats.to(dtype)
+        feats = torch.nn.functional.one_hot(key_class.to(dev, torch.long), width).to(dtype)  # (B, L, F)
         self._key, self._operands = key, KeyOperands(valid, key_ranges(valid), feats)
         return self._operands
 

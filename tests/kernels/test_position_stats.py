@@ -23,7 +23,8 @@ from bertscope.kernels import AttentionLayout, StatsSpec
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import DISTANCE_EDGES, FIXED_WIDTHS, distance_bucket_names, position_bin_names
-from bertscope.kernels.triton_attention import DB, INTERPRETED, _bucket_edges, _distance_bucket, attention_stats_triton
+from bertscope.kernels.triton_attention import INTERPRETED, attention_stats_triton
+from bertscope.kernels.triton_kernel import DB, _bucket_edges, _distance_bucket
 
 if not INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)

@@ -19,9 +19,9 @@ import pytest
 from bertscope.kernels.triton_aot import (
     _REGS,
     _SPILL,
-    CLASS_COUNTS,
     DTYPES,
     format_table,
+    shipped_specialisations,
 )
 
 ARCHS = ("80", "90")
@@ -45,23 +45,26 @@ def rows():
 
 
 def test_every_specialisation_compiles_for_both_targets(rows):
-    by_arch = {arch: sorted((r["spec"], r["D"]) for r in rows if r["arch"] == arch) for arch in ("sm_80", "sm_90")}
-    assert by_arch["sm_80"] == by_arch["sm_90"] and len(by_arch["sm_80"]) >= 50
-    names = {name for name, _ in by_arch["sm_80"]}
-    for path in ("single", "online"):
-        for dtype, classes in ((d, c) for d in DTYPES for c in CLASS_COUNTS):  # 4 (vocabulary), 16 (tags), 32
-            for flags in ("entropy", "entropy+argmax", "-"):
-                assert any(n.startswith(path) and n.endswith(f"{dtype} C{classes} {flags}") for n in names), \
-                    (path, dtype, classes, flags)
+    """The rows are the declared specialisations (`shipped_specialisations`), named with each
+    target's tiles, and the core covers what a run launches: both layouts, every dtype, G = 1 and
+    G >= 2, uniform gates, the position statistics, every whole-map kernel."""
+    for arch in ARCHS:
+        want = {(s.name(int(arch)), s.D) for s in shipped_specialisations(layouts="core")}
+        assert {(r["spec"], r["D"]) for r in rows if r["arch"] == f"sm_{arch}"} == want
+    names = {r["spec"] for r in rows if r["arch"] == "sm_80"}
+    for dtype in DTYPES:
+        assert any(n.startswith("plain") and f" {dtype} " in n for n in names), dtype
+    band = {(D, name.split()[6], name.split()[1]) for name, D in ((r["spec"], r["D"]) for r in rows)
+            if name.startswith("band")}
+    assert {(64, "bf16", "G=G"), (64, "fp16", "G=1"), (128, "bf16", "G=G"), (256, "bf16", "G=G"),
+            (64, "fp32", "G=G"), (256, "fp32", "G=G")} <= band
+    for kind in ("plain", "band"):
+        assert any(n.startswith(kind) and n.endswith("uniform") for n in names), kind
+        assert any(n.startswith(kind) and "position_mass" in n for n in names), kind
     for kernel in ("column_mass", "row_lse", "js_pair", "word_map"):
         plain = {n.split()[-1] for n in names if n.startswith(kernel) and not n.endswith("banded")}
         assert plain == set(DTYPES), kernel
         assert {n.split()[-2] for n in names if n.startswith(kernel) and n.endswith("banded")} == {"fp32", "bf16"}
-    # the layout kernel: head dimensions 64 (SmolLM2, Llama-3.2), 128 and 256 (Gemma-3); G = 1 and G >= 2
-    band = {(D, name.split()[5], name.split()[7]) for name, D in by_arch["sm_80"] if name.startswith("band")}
-    assert {(64, "bf16", "G=G"), (64, "fp16", "G=1"), (128, "bf16", "G=G"), (256, "bf16", "G=G"),
-            (64, "fp32", "G=G"), (256, "fp32", "G=G")} <= band
-    assert any(n.startswith("band") and n.endswith("uniform") for n in names)
     assert all(r["cubin_bytes"] > 0 for r in rows)
 
 
@@ -77,7 +80,7 @@ def test_shared_memory_fits(rows):
 
 
 def test_ptxas_report_parsing():
-    log = ("ptxas info    : Function properties for _attn_stats_fwd\n"
+    log = ("ptxas info    : Function properties for attn_stats_fwd\n"
            "    0 bytes stack frame, 16 bytes spill stores, 24 bytes spill loads\n"
            "ptxas info    : Used 168 registers, used 1 barriers, 544 bytes cmem[0]\n")
     assert _REGS.search(log).group(1) == "168"
