@@ -21,10 +21,12 @@ two stages:
 
 The statistics, by kind (each a constexpr switch read off the table `spec.ROW_STATS`):
 
-- per score, in the softmax state `row = (m, l, t, arg)`: scores are z = s log2(e) (log2 e folded
-  into the scale: one FFMA and one MUFU.EX2 per score), m the running max, l = sum_j 2^(z_j - m),
-  t = sum_j 2^(z_j - m) (z_j - m), rescaled once per row and block, so that the entropy is
-  H = ln 2 (log2 l - t / l) with no log per key; arg the first key of the row's largest score;
+- per score, in the softmax state `row = (m, l, T, arg)`: scores are z = c s, c = scale log2(e)
+  (log2 e folded into the scale: one FFMA and one MUFU.EX2 per score), m the running max,
+  l = sum_j 2^(z_j - m) and T = sum_j 2^(z_j - m) s_j with the raw scores s (one FFMA per score),
+  both rescaled once per row and block, so that the entropy is H = ln 2 (log2 l - t / l) with
+  t / l = c T / l - m: no log per key, and nothing kept beside p; arg the first key of the row's
+  largest score;
 - per key feature, one tensor-core dot `feat += P @ U`: U (L, F) the keys' features, built once
   per batch by the launcher and loaded like V (today the one-hot key classes: class masses);
   any statistic that is a sum over keys of a per-key feature is a column of U;
@@ -100,11 +102,10 @@ def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale
             seen = seen[None, :] & (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None])
         else:
             seen = seen[None, :]
-        # (BLOCK_M, BLOCK_N) log2 units; a key the row may not see, or past the row end, gets the finite
-        # fill: p = 2^(FMIN - m) = 0 for every row that sees a key, and x = FMIN - m stays finite (no
-        # 0 * inf in p x). A row that sees none (a padding query) is uniform over the keys that exist:
-        # past the row end U and V are loaded as 0, so they add nothing to l, the class masses or P V
-        z = tl.where(seen & n_in[None, :], qk * qk_scale, FMIN)
+        # (BLOCK_M, BLOCK_N) log2 units; a key the row may not see gets the finite fill, so that a row that
+        # sees none (a padding query) is uniform over the sequence, as eager's; past the row end -inf,
+        # no key at all (p = 0; the entropy's T multiplies p by the raw score, 0 there: no 0 * inf)
+        z = tl.where(n_in[None, :], tl.where(seen, qk * qk_scale, FMIN), float("-inf"))
         m_blk = tl.max(z, 1)
         m_new = tl.maximum(m_i, m_blk)
         x = z - m_new[:, None]

@@ -222,4 +222,4 @@ def test_the_position_statistics_take_their_own_configurations():
     on = [s for s in triton_aot.shipped_specialisations(layouts="core", maps=False)
           if set(ta.POSITION_STATS) <= s.switched_on()]
     assert {s.banded for s in on} == {False, True} and {s.dtype for s in on} >= {"fp32", "bf16"}
-    assert any(s.name(90).startswith("plain M64 N64 D64 w8s2 bf16") for s in on)
+    assert any(s.name(90).startswith("plain M64 N32 D64 w8s2 bf16") for s in on)
