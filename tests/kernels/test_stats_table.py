@@ -415,7 +415,84 @@ def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
     assert torch.equal(sums["argmax_offset"][:, :, 0].sum(-1), valid.sum(-1)[:, None].expand(B, H))
 
 
+# fields of the two record types that are not the table's: what StatsSpec says beside the switches,
+# what RowStats hands on beside the statistics
+SPEC_EXTRA = ("offsets", "n_key_classes", "keep_qk")
+ROW_STATS_EXTRA = ("queries", "keys", "scale", "layout", "extras")
+
+
+def table_mismatch(record: str, fields: list[str], wanted: list[str], extra: tuple, declare: str) -> list[str]:
+    """What `record`'s fields lack of the table (or have that it does not), as instructions."""
+    have, table = [f for f in fields if f not in extra], wanted
+    problems = [f"{record} has no field {name!r} for ROW_STATS: add `{declare.format(name=name)}` (with a docstring) "
+                f"to {record} in kernels/spec.py" for name in table if name not in have]
+    problems += [f"{record}.{name} is in no entry of ROW_STATS: add the entry to the table, or remove the field"
+                 for name in have if name not in table]
+    if not problems and have != table:
+        problems.append(f"{record}'s fields are not in the table's order: {have} != {table}")
+    return problems
+
+
 def test_row_stats_has_one_attribute_per_entry():
+    """RowStats is written out: one `name: torch.Tensor | None = None` per entry, in the table's order,
+    before what it hands on beside them; an entry without its attribute (or the other way round) says
+    what to add."""
     names = [f.name for f in dataclasses.fields(RowStats)]
-    assert names[:len(ROW_STATS)] == [s.name for s in ROW_STATS]
-    assert "queries" in names and "keys" in names
+    assert table_mismatch("RowStats", names, [s.name for s in ROW_STATS], ROW_STATS_EXTRA,
+                          "{name}: torch.Tensor | None = None") == []
+    assert names[:len(ROW_STATS)] == [s.name for s in ROW_STATS] and names[len(ROW_STATS):] == list(ROW_STATS_EXTRA)
+    empty = RowStats()
+    assert all(getattr(empty, s.name) is None for s in ROW_STATS) and empty.layout == AttentionLayout()
+    assert empty.extras == {} and empty.extras is not RowStats().extras
+
+
+def test_stats_spec_has_one_switch_per_switch_of_the_table():
+    """StatsSpec is written out: one field per distinct `switch` of the table (offsets a tuple, the others
+    bools), off by default, in the table's order; a switch without its field (or the other way round)
+    says what to add."""
+    switches = list(dict.fromkeys(s.switch for s in ROW_STATS))
+    names = [f.name for f in dataclasses.fields(StatsSpec)]
+    assert table_mismatch("StatsSpec", names, [w for w in switches if w != "offsets"], SPEC_EXTRA,
+                          "{name}: bool = False") == []
+    assert "offsets" in switches and names == ["offsets", "n_key_classes"] + [w for w in switches if w != "offsets"] \
+        + ["keep_qk"]
+    spec = StatsSpec()
+    assert spec.offsets == () and spec.n_key_classes == 1 and asked_stats(spec) == ()
+    assert all(getattr(spec, w) is False for w in switches if w != "offsets") and spec.keep_qk is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.entropy = True
+    with pytest.raises(ValueError, match="distinct"):
+        StatsSpec(offsets=(1, 1))
+    with pytest.raises(ValueError, match="n_key_classes"):
+        StatsSpec(n_key_classes=0)
+
+
+def test_a_table_entry_without_its_fields_says_what_to_add():
+    """The two checks above, on a table that gained an entry the record types lack."""
+    new = RowStat("max_mass", ("B", "H", "L"), "max_mass")
+    table = [s.name for s in ROW_STATS + (new,)]
+    spec_names = [f.name for f in dataclasses.fields(StatsSpec)]
+    assert table_mismatch("RowStats", [f.name for f in dataclasses.fields(RowStats)], table, ROW_STATS_EXTRA,
+                          "{name}: torch.Tensor | None = None") == [
+        "RowStats has no field 'max_mass' for ROW_STATS: add `max_mass: torch.Tensor | None = None` (with a "
+        "docstring) to RowStats in kernels/spec.py"]
+    switches = [w for w in dict.fromkeys(s.switch for s in ROW_STATS + (new,)) if w != "offsets"]
+    assert table_mismatch("StatsSpec", spec_names, switches, SPEC_EXTRA, "{name}: bool = False") == [
+        "StatsSpec has no field 'max_mass' for ROW_STATS: add `max_mass: bool = False` (with a docstring) to "
+        "StatsSpec in kernels/spec.py"]
+    assert table_mismatch("StatsSpec", spec_names + ["rollout"], switches[:-1], SPEC_EXTRA, "") == [
+        "StatsSpec.rollout is in no entry of ROW_STATS: add the entry to the table, or remove the field"]
+
+
+@pytest.mark.parametrize("record", [StatsSpec, RowStats], ids=lambda r: r.__name__)
+def test_every_field_of_the_record_types_has_a_docstring(record):
+    """Each field is followed by its docstring (a string literal: what editors and Sphinx show)."""
+    import ast
+    import inspect
+
+    body = ast.parse(inspect.getsource(record)).body[0].body
+    documented = {node.target.id for node, after in zip(body, body[1:])
+                  if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
+                  and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
+    missing = [f.name for f in dataclasses.fields(record) if f.name not in documented]
+    assert missing == [], f"{record.__name__} fields without a docstring in kernels/spec.py: {missing}"
