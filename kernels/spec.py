@@ -4,11 +4,12 @@ Every backend (`eager`, `chunked`, `triton`) takes the same inputs and returns t
 same `RowStats`: statistics of each attention *row* (one query token of one head), never
 the L x L map itself. Each statistic is declared once, in the table `ROW_STATS` below (name,
 shape, dtype, the `StatsSpec` switch that asks for it, the value of a padding row and of a
-removed head, its segment sums); `StatsSpec`, `RowStats` and the plumbing around the
-backends (float32 cast, padding, head slots, segment sums, `HeadStats`, the selftest) are
-built from it; docs/contributing.md walks through adding one. Reducing rows to per-head
-sums is the accumulators' job (`bertscope.engine.accumulate`), so a backend stays a pure
-function of (q, k, v, masks).
+removed head, its segment sums); `StatsSpec` and `RowStats` are written out with one field per
+switch and per entry (tests/kernels/test_stats_table.py checks them against the table and says
+what to add), and the plumbing around the backends (float32 cast, padding, head slots, segment
+sums, `HeadStats`, the selftest) is built from it; docs/contributing.md walks through adding one.
+Reducing rows to per-head sums is the accumulators' job (`bertscope.engine.accumulate`), so a
+backend stays a pure function of (q, k, v, masks).
 
 Shapes used throughout:
     B batch, H heads, L padded sequence length, D head dimension,
@@ -18,7 +19,7 @@ Shapes used throughout:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields
 from enum import IntEnum
 
 import torch
@@ -223,7 +224,7 @@ class RowStat:
     rows:    per-row values of its segment sums, f(t, key_class, spec) -> {name: (B, H, L, F)};
              None: the value itself, (B, H, L) -> (B, H, L, 1), (B, H, L, F) as it is
     sums:    the `SegmentSum`s it feeds (none: not summed per segment, read by its analyses)
-    doc:     one line for `RowStats`' docstring
+    doc:     one line on what it is (the `RowStats` attribute's docstring says it too, with the shape)
     """
 
     name: str
@@ -292,7 +293,46 @@ def missing_stats(stats: RowStats, spec: StatsSpec) -> list[str]:
 # --- what to compute --------------------------------------------------------------------------
 
 
-class _StatsSpecChecks:
+@dataclass(frozen=True)
+class StatsSpec:
+    """Which row statistics to compute; every field defaults to off (an analysis says what it needs,
+    in its family's `stats.py`).
+
+    One switch per distinct `switch` of `ROW_STATS` (several entries may share one: `distance` asks
+    for `distance_mass` and `mean_distance`), in the table's order after `offsets` and
+    `n_key_classes`, then `keep_qk`. A statistic added to the table needs its switch here, written
+    out (tests/kernels/test_stats_table.py says which one when it is missing).
+    """
+
+    offsets: tuple = ()
+    """Relative key positions j - i whose attention mass is reported (`offset_mass`): -1 is the
+    previous token, 0 the token itself, +1 the next one; () for none. Distinct."""
+    n_key_classes: int = 1
+    """C, the number of key classes; a key's class id is in [0, C) (e.g. [CLS], [SEP], punctuation,
+    other). The argmax's class counts and `class_mass` use them. At least 1."""
+    entropy: bool = False
+    """`entropy`: each row's entropy -sum_j p_ij ln p_ij."""
+    class_mass: bool = False
+    """`class_mass`: the mass a row puts on each key class."""
+    argmax: bool = False
+    """`argmax`: each row's most-attended key (cheap but not free)."""
+    distance: bool = False
+    """`distance_mass` and `mean_distance`: each row's mass by query-key distance |i - j| in log2
+    buckets (`DISTANCE_EDGES`), and its mean distance."""
+    position_mass: bool = False
+    """`position_mass`: each row's mass by the key's place in the context [0, i], in tenths (the
+    positional profile behind "lost in the middle"), then the keys after the query."""
+    column_mass: bool = False
+    """`column_mass`: the attention mass each key *receives*, summed over the valid query rows
+    (Kovaleva et al.'s "vertical" pattern)."""
+    word_maps: bool = False
+    """`word_map` and `word_argmax`: the word-level map of every head and its row argmax, for the
+    probes that read attention between words; needs a `WordPooling` for the batch."""
+    keep_qk: bool = False
+    """Hand the layer's queries and keys on with the statistics (`RowStats.queries`, `.keys`: views,
+    no copy), for analyses that compare heads across layers (Jensen-Shannon clustering) by
+    recomputing attention tiles instead of keeping every map."""
+
     def __post_init__(self):
         if len(set(self.offsets)) != len(self.offsets):
             raise ValueError(f"offsets must be distinct, got {self.offsets}")
@@ -313,36 +353,6 @@ class _StatsSpecChecks:
             else:
                 values[f.name] = a or b
         return type(self)(**values)
-
-
-# the switches of the table, in its order (offsets is a tuple, every other one a bool), then keep_qk
-_SWITCHES = tuple(dict.fromkeys(s.switch for s in ROW_STATS))
-StatsSpec = make_dataclass(
-    "StatsSpec",
-    [("offsets", tuple, ()), ("n_key_classes", int, 1)]
-    + [(name, bool, False) for name in _SWITCHES if name != "offsets"]
-    + [("keep_qk", bool, False)],
-    bases=(_StatsSpecChecks,), frozen=True, namespace={"__module__": __name__},
-)
-StatsSpec.__doc__ = """Which row statistics to compute; every field defaults to off (an analysis
-says what it needs, in its family's `stats.py`).
-
-offsets: relative key positions j - i whose attention mass is reported (-1 is the
-    previous token, 0 the token itself, +1 the next one); () for none.
-n_key_classes: C, the number of key classes; a key's class id is in [0, C) (e.g. [CLS],
-    [SEP], punctuation, other). The argmax's class counts and `class_mass` use them.
-One bool per statistic of `ROW_STATS` that is switched by a flag: entropy, class_mass (the
-    mass a row puts on each key class), argmax (cheap but not free), column_mass (the
-    attention mass each key *receives*, summed over the valid query rows: Kovaleva et al.'s
-    "vertical" pattern), word_maps (the word-level map of every head and its row argmax,
-    for the probes that read attention between words; needs a `WordPooling` for the batch),
-    distance (each row's mass by query-key distance |i - j| in log2 buckets, and its mean
-    distance), position_mass (each row's mass by the key's place in the context [0, i], in
-    tenths: the positional profile behind "lost in the middle").
-keep_qk: hand the layer's queries and keys on with the statistics (as views, no copy),
-    for analyses that compare heads across layers (Jensen-Shannon clustering) by
-    recomputing attention tiles instead of keeping every map.
-"""
 
 
 @dataclass
@@ -487,7 +497,51 @@ def visible_counts(key_valid: torch.Tensor, layout: AttentionLayout) -> tuple[to
     return n_visible, n_seeing
 
 
-class _RowStatsMethods:
+@dataclass
+class RowStats:
+    """Per-row attention statistics of one layer call: one attribute per entry of `ROW_STATS`, in
+    the table's order (None when the spec did not ask for it; shapes as the table says, B batch,
+    H heads, L positions, O offsets, C key classes, DB / PB the fixed widths, W word units), then
+    what the call hands on beside them. Rows of padding queries hold the table's `padding`; a
+    removed head's slot its `removed`. A statistic added to the table needs its attribute here,
+    written out (tests/kernels/test_stats_table.py says which one when it is missing).
+    """
+
+    entropy: torch.Tensor | None = None
+    """(B, H, L): -sum_j p_ij ln p_ij, nats."""
+    offset_mass: torch.Tensor | None = None
+    """(B, H, L, O): p_{i, i+o} for each o in spec.offsets (0 when i+o is outside the sequence or a
+    padding key)."""
+    class_mass: torch.Tensor | None = None
+    """(B, H, L, C): sum of p_ij over the keys j of each class."""
+    argmax: torch.Tensor | None = None
+    """(B, H, L) int64: index of the most-attended key (ties: lowest index)."""
+    distance_mass: torch.Tensor | None = None
+    """(B, H, L, DB): sum of p_ij over the keys at distance |i - j| in each log2 bucket
+    (`DISTANCE_EDGES`)."""
+    mean_distance: torch.Tensor | None = None
+    """(B, H, L): sum_j p_ij |i - j|: how far back (or ahead) the row reads, in tokens."""
+    position_mass: torch.Tensor | None = None
+    """(B, H, L, PB): sum of p_ij over the keys j <= i in each bin floor(10 j / (i + 1)) of the
+    row's context, then over j > i."""
+    column_mass: torch.Tensor | None = None
+    """(B, H, L): sum over the valid query rows i of p_ij: the mass key j receives."""
+    word_map: torch.Tensor | None = None
+    """(B, H, W, W): the word-level map (see `WordPooling`); rows of real units sum to 1."""
+    word_argmax: torch.Tensor | None = None
+    """(B, H, W) int64: most-attended *other* candidate unit of each unit (ties: lowest index), -1
+    when there is none."""
+    queries: torch.Tensor | None = None
+    """(B, H, L, D): the layer's queries (spec.keep_qk), with `scale`."""
+    keys: torch.Tensor | None = None
+    """(B, H_kv, L, D): the layer's keys (spec.keep_qk)."""
+    scale: float | None = None
+    """The softmax scale of `queries` . `keys` (spec.keep_qk)."""
+    layout: AttentionLayout = field(default_factory=lambda: PLAIN)
+    """The call's `AttentionLayout` (which keys each row saw: `visible_counts`)."""
+    extras: dict = field(default_factory=dict)
+    """Anything else a backend hands on, by name (free-form; nothing in the table's plumbing reads it)."""
+
     def as_float32(self) -> RowStats:
         """The statistics in float32, in place: a model in float16 or bfloat16 gives its kernels
         half-precision q, k, v, and its statistics are summed from float32 (then float64)."""
@@ -496,21 +550,5 @@ class _RowStatsMethods:
             if s.dtype == "float" and t is not None and t.is_floating_point() and t.dtype != torch.float32:
                 setattr(self, s.name, t.float())
         return self
-
-
-RowStats = make_dataclass(
-    "RowStats",
-    [(s.name, torch.Tensor | None, None) for s in ROW_STATS]
-    + [("queries", torch.Tensor | None, None), ("keys", torch.Tensor | None, None), ("scale", float | None, None),
-       ("layout", AttentionLayout, field(default_factory=lambda: PLAIN)),
-       ("extras", dict, field(default_factory=dict))],
-    bases=(_RowStatsMethods,), namespace={"__module__": __name__},
-)
-RowStats.__doc__ = "Per-row attention statistics of one layer call, one attribute per entry of `ROW_STATS`\n" \
-    "(None when the spec did not ask for it). Rows of padding queries hold the table's `padding`.\n\n" + "\n".join(
-        f"    {s.name + ':':<14}({', '.join(s.shape)})  {s.doc}" + ("; int64" if s.dtype == "int64" else "")
-        for s in ROW_STATS) \
-    + "\n    queries, keys: (B, H, L, D) and (B, H_kv, L, D)  the layer's q and k (spec.keep_qk), with `scale`" \
-    + "\n    layout: the call's `AttentionLayout` (which keys each row saw: `visible_counts`)\n"
 
 

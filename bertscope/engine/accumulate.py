@@ -33,13 +33,23 @@ import torch
 
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
-from bertscope.kernels.spec import SEGMENT_SUMS, AttentionLayout, visible_counts
+from bertscope.kernels.spec import ROW_STATS, SEGMENT_SUMS, AttentionLayout, visible_counts
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 
 AVERAGES = ("tokens", "segments")
-# one array per segment sum of the kernels' table (BatchContext.segment_sums name -> HeadStats array)
-ARRAYS = ("n_rows", "n_tokens", "uniform_entropy_sum", *(m.array for m in SEGMENT_SUMS))
+# the arrays every accumulator holds
+COUNTS = ("n_rows", "n_tokens", "uniform_entropy_sum")
+# and one array per segment sum of the kernels' table (BatchContext.segment_sums name -> HeadStats
+# array): every array a HeadStats may hold; one holds those of the statistics its spec asks for
+ARRAYS = (*COUNTS, *(m.array for m in SEGMENT_SUMS))
+# the statistic of the table each sum array adds up (entropy_sum -> entropy, ...)
+STAT_OF_ARRAY = {m.array: s for s in ROW_STATS for m in s.sums}
+
+
+class NotComputedError(LookupError):
+    """A statistic the run's spec did not ask for: it was never computed, so it has no value
+    (never a measured 0)."""
 # sums a decoder's accumulator holds beside them (`HeadStats.layouts` not None), (layers, G) each
 LAYOUT_ARRAYS = ("visible_entropy_sum", "n_visible_sum")
 
@@ -65,6 +75,11 @@ class HeadStats:
                                              an encoder, whose rows all see every token)
     n_visible_sum       (layers, G)          sum over rows of n_visible(i), the keys each row sees
 
+    Missing, never 0: the array of a statistic the spec did not ask for (entropy_sum without
+    `entropy`, offset_mass_sum with no `offsets`, class_mass_sum without `class_mass`, the argmax
+    counts without `argmax`) is None, fresh and after `save`/`load` alike: it is not allocated,
+    not in `arrays` (so not merged, reduced or saved), and `mean` of it raises `NotComputedError`.
+
     `classes` is a `TokenClasses` scheme, or bare class names (every class but the last
     catch-all then gets a row group, as the vocabulary scheme does).
     """
@@ -83,8 +98,9 @@ class HeadStats:
         self.n_tokens = np.zeros(G)
         self.uniform_entropy_sum = np.zeros(G)
         width = {"O": O, "O+1": O + 1, "C": C}  # the table's symbolic widths
-        for m in SEGMENT_SUMS:  # entropy_sum (layers, H, G), offset_mass_sum (layers, H, G, O), ...
-            setattr(self, m.array, np.zeros((Ly, H, G, *(width[d] for d in m.width))))
+        for m in SEGMENT_SUMS:  # entropy_sum (layers, H, G), offset_mass_sum (layers, H, G, O), ...; None: not asked
+            asked = STAT_OF_ARRAY[m.array].asked(spec)
+            setattr(self, m.array, np.zeros((Ly, H, G, *(width[d] for d in m.width))) if asked else None)
         self.layouts: list[AttentionLayout] | None = None  # set by the first batch of a decoder
         self.n_segments = 0
         # batches of the engine's plan these sums cover: saved in the same file as the sums,
@@ -146,8 +162,14 @@ class HeadStats:
 
     @property
     def arrays(self) -> tuple[str, ...]:
-        """The names of the sums this accumulator holds."""
-        return ARRAYS + (LAYOUT_ARRAYS if self.layouts is not None else ())
+        """The names of the sums this accumulator holds: the counts, the sums of the statistics its
+        spec asks for (`computed`) and a decoder's visible sums."""
+        return COUNTS + self.computed + (LAYOUT_ARRAYS if self.layouts is not None else ())
+
+    @property
+    def computed(self) -> tuple[str, ...]:
+        """The sum arrays of the statistics the spec asks for, in the table's order; the others are None."""
+        return tuple(m.array for m in SEGMENT_SUMS if STAT_OF_ARRAY[m.array].asked(self.spec))
 
     @property
     def causal(self) -> bool:
@@ -179,6 +201,7 @@ class HeadStats:
             "row_groups": list(self.classes.row_groups),
             "class_source": self.classes.source,
             "entropy": self.spec.entropy,
+            "class_mass": self.spec.class_mass,
             "argmax": self.spec.argmax,
             "average": self.average,
             # a decoder's only: an encoder's meta (and file) stays what it was
@@ -186,16 +209,22 @@ class HeadStats:
         }
 
     def save(self, path: Path):
-        """Write all sums to an .npz atomically (a crash mid-write leaves the old file)."""
+        """Write all sums to an .npz atomically (a crash mid-write leaves the old file); a statistic
+        the spec did not ask for has no array in it (`load` gives it None again)."""
         write_npz(path, meta=json.dumps(self.meta()), n_segments=self.n_segments, batches_done=self.batches_done,
                   **{name: getattr(self, name) for name in self.arrays})
 
     @classmethod
     def load(cls, path: Path) -> HeadStats:
+        """The accumulator `save` wrote. A file of a version that saved every array (zeros for what
+        was not asked) and did not record class_mass: class mass was asked iff its sums are not all
+        0 (each row's class masses add up to 1), or no segment was seen."""
         with np.load(path) as f:
             meta = json.loads(str(f["meta"]))
+            class_mass = meta["class_mass"] if "class_mass" in meta else \
+                int(f["n_segments"]) == 0 or bool(np.any(f["class_mass_sum"] != 0))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
-                             entropy=meta["entropy"], class_mass=True, argmax=meta["argmax"])
+                             entropy=meta["entropy"], class_mass=class_mass, argmax=meta["argmax"])
             names = tuple(meta["class_names"])
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
                 else TokenClasses.of(names)
@@ -243,8 +272,13 @@ class HeadStats:
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
     def mean(self, name: str, group: str = "all") -> np.ndarray:
-        """Mean per row of a sum over the rows of `group`: shape (layers, H, ...); 0 where no rows."""
+        """Mean per row of a sum over the rows of `group`: shape (layers, H, ...); 0 where no rows.
+        A sum of a statistic the spec did not ask for raises `NotComputedError`."""
         gi = self.group_names.index(group)
+        if getattr(self, name) is None:
+            stat = STAT_OF_ARRAY[name]
+            raise NotComputedError(f"{name} was not computed: the run's spec did not ask for {stat.name} "
+                                   f"(StatsSpec.{stat.switch})")
         total = getattr(self, name)[:, :, gi]  # (layers, H, ...)
         n = self.n_rows[:, gi].reshape((-1, 1) + (1,) * (total.ndim - 2))
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)

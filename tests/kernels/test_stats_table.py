@@ -24,7 +24,14 @@ from bertscope.engine.batch import BatchContext
 from bertscope.kernels import BACKENDS, AttentionLayout, StatsSpec, word_pooling
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import ROW_STATS, RowStat, RowStats, asked_stats
+from bertscope.kernels.spec import (
+    DISTANCE_EDGES,
+    N_POSITION_BINS,
+    ROW_STATS,
+    RowStat,
+    RowStats,
+    asked_stats,
+)
 from bertscope.models import head_removal
 from bertscope.text.token_classes import TokenClasses
 
@@ -77,13 +84,45 @@ def only(stat: RowStat, spec_type=StatsSpec) -> StatsSpec:
 
 # --- every entry x every path x every case, against the oracle ---------------------------------------
 
+# Lengths: long enough to cross the table's own edges, which a length of a dozen tokens never
+# reaches (an off-by-one at distance 16 or 32, or at the decile boundaries of a row of 20 or 30
+# keys, passed with rows of at most 12), and Triton's key/query tiles (32 rows, fp32).
+MAX_L = 40
+
+
+def _around(edges, max_l: int, lo: int = 1) -> list[int]:
+    """e - 1, e and e + 1 for every edge e, within [lo, max_l], longest first."""
+    return sorted({e + d for e in edges for d in (-1, 0, 1) if lo <= e + d <= max_l}, reverse=True)
+
+
+# a sequence of n tokens has rows that reach distance n - 1 and see contexts of 1 .. n keys, so
+# n = 2^k - 1, 2^k, 2^k + 1 puts its last row just below, at and past a distance bucket edge, and
+# a multiple of the position bins (10, 20, 30, 40 keys) makes every decile boundary of its last row
+# exact; derived from the table's constants, so a new edge is drawn without editing this file
+EDGE_LENGTHS = _around(set(DISTANCE_EDGES) | set(range(N_POSITION_BINS, MAX_L + 1, N_POSITION_BINS)), MAX_L)
+# window radii at the distance edges: the band's last key just inside or just past a bucket edge
+EDGE_RADII = _around(DISTANCE_EDGES, MAX_L - 1, lo=0)
+
+
+def test_edge_lengths_include_every_edge_of_the_table():
+    assert {15, 16, 31, 32} <= set(EDGE_LENGTHS) and max(EDGE_LENGTHS) == MAX_L >= 40
+    assert {e for e in DISTANCE_EDGES if e < MAX_L} <= set(EDGE_LENGTHS)
+    assert {e - 1 for e in DISTANCE_EDGES if e < MAX_L} <= set(EDGE_RADII)
+
+
+def length_strategy(lo: int = 1) -> st.SearchStrategy[int]:
+    """A padded length L in [lo, MAX_L]: an edge length (above) or any. The edges come first, longest
+    first: hypothesis's first, simplest example of every test is then the longest row."""
+    return st.one_of(st.sampled_from([n for n in EDGE_LENGTHS if n >= lo]), st.integers(lo, MAX_L))
+
+
 # the cases every statistic must hold on: (layout, padding) strategies. A layout's key heads are
 # drawn with it; "single-key rows": a sequence of one token and rows whose window is themselves.
 CASES = {
     "plain": dict(layout=st.just(AttentionLayout()), pad="none"),
     "causal": dict(layout=st.just(AttentionLayout(causal=True)), pad="none"),
-    "causal+window": dict(layout=st.integers(0, 4).map(lambda w: AttentionLayout(causal=True, window=(w, 0))),
-                          pad="none"),
+    "causal+window": dict(layout=st.one_of(st.integers(0, 4), st.sampled_from(EDGE_RADII)).map(
+        lambda w: AttentionLayout(causal=True, window=(w, 0))), pad="none"),
     "gqa": dict(layout=st.tuples(st.booleans(), st.sampled_from([1, 2])).map(
         lambda c: AttentionLayout(causal=c[0], n_key_value_heads=c[1])), pad="none"),
     "left-padding": dict(layout=st.sampled_from([AttentionLayout(causal=True), AttentionLayout(
@@ -96,15 +135,22 @@ CASES = {
 }
 # hypothesis examples per test: Triton's interpreter is slow
 EXAMPLES = {"chunked-compiled": 6, "chunked-torch": 6, "triton": 2}
+# query rows x heads of one call at most (None: no limit): the interpreter's time grows with them,
+# so a long row is drawn with fewer sequences (and heads) in Triton, as many rows as 3 x 4 x 12
+ROWS = {"chunked-compiled": None, "chunked-torch": None, "triton": 3 * 4 * 12}
 
 
-def draw_case(data, case: str, heads: int = 4, dim: int = 8):
-    """(layout, (q, k, v, key_valid, key_class), pooling) of a drawn case: 1-3 sequences of 1-12
-    tokens, 4 query heads, key heads as the layout says."""
+def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = None):
+    """(layout, (q, k, v, key_valid, key_class), pooling) of a drawn case: 1-3 sequences of 1-MAX_L
+    tokens (`length_strategy`), 4 query heads, key heads as the layout says; with `rows`, fewer sequences,
+    then 2 heads, when sequences x heads x L would be more."""
     layout = data.draw(CASES[case]["layout"], label="layout")
     pad = CASES[case]["pad"]
-    n_seq = data.draw(st.integers(1, 3), label="sequences")
-    L = data.draw(st.integers(2 if pad == "single" else 1, 12), label="L")
+    L = data.draw(length_strategy(2 if pad == "single" else 1), label="L")
+    if rows is not None and heads * L > rows:
+        heads = 2  # the layouts' key heads (1 or 2) still divide it
+    most = 3 if rows is None else max(1, min(3, rows // (heads * L)))
+    n_seq = data.draw(st.integers(1, most), label="sequences")
     if pad == "none":
         lengths = [L] * n_seq
     elif pad == "single":
@@ -127,10 +173,15 @@ def draw_case(data, case: str, heads: int = 4, dim: int = 8):
 def check_entry(stat: RowStat, path: str, case: str, data, spec=None):
     """One entry of the table from one path on one drawn case: the table's shape and dtype, the
     oracle's values, padding rows set, nothing that was not asked for."""
-    layout, args, pooling = draw_case(data, case)
+    layout, args, pooling = draw_case(data, case, rows=ROWS[path])
     spec = only(stat) if spec is None else spec
     _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout)
     _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout)
+    check_result(stat, path, got, ref, args, pooling, spec, layout)
+
+
+def check_result(stat: RowStat, path: str, got: RowStats, ref: RowStats, args, pooling, spec, layout):
+    """`check_entry`'s checks of one statistic of a path's result against the oracle's."""
     t, want = getattr(got, stat.name), getattr(ref, stat.name)
     assert t is not None, f"{path} did not compute {stat.name}"
     (q, _, _, key_valid, _) = args
@@ -163,6 +214,46 @@ def _entry_test(path: str, case: str):
 for _path in PATHS:
     for _case in CASES:
         globals()[f"test_{_path}_{_case}".replace("-", "_").replace("+", "_")] = _entry_test(_path, _case)
+
+
+def edge_case(L: int, index: int):
+    """(layout, args, pooling) of the `index`-th edge length L, without hypothesis: two sequences of L
+    and L // 2 tokens (right padding), 2 query heads; the layout cycles through plain, causal, a causal
+    window and a bidirectional one whose radius is the distance edge below L (or one less), and
+    grouped-query causal."""
+    edge = max([e for e in DISTANCE_EDGES if e < L], default=0) - index % 2
+    layout = [AttentionLayout(), AttentionLayout(causal=True), AttentionLayout(causal=True, window=(max(edge, 0), 0)),
+              AttentionLayout(window=(max(edge, 0), max(edge, 0) + 1)),
+              AttentionLayout(causal=True, n_key_value_heads=1)][index % 5]
+    g = torch.Generator().manual_seed(index)
+    heads, H_kv = 2, layout.n_key_value_heads or 2
+    q = torch.randn(2, heads, L, 8, generator=g) * 1.5
+    k, v = (torch.randn(2, H_kv, L, 8, generator=g) * 1.5 for _ in range(2))
+    pos = torch.arange(L)[None, :]
+    key_valid = pos < torch.tensor([L, max(1, L // 2)])[:, None]  # (2, L)
+    key_class = torch.randint(0, C, (2, L), generator=g)
+    pooling = word_pooling(torch.where(key_valid, pos // 2, -1), torch.rand(2, (L + 1) // 2, generator=g) < 0.8)
+    return layout, (q, k, v, key_valid, key_class), pooling
+
+
+def _edge_test(path: str):
+    @pytest.mark.parametrize("L", EDGE_LENGTHS)
+    def test(L):
+        """Every entry of the table at once, at every edge length: the long rows and the edges
+        (`EDGE_LENGTHS`) are checked in every path whatever hypothesis draws."""
+        layout, args, pooling = edge_case(L, EDGE_LENGTHS.index(L))
+        spec = all_on()
+        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout)
+        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout)
+        for stat in ROW_STATS:
+            check_result(stat, path, got, ref, args, pooling, spec, layout)
+
+    return test
+
+
+# generated: test_<path>_edge_lengths[<L>] for every path
+for _path in PATHS:
+    globals()[f"test_{_path}_edge_lengths".replace("-", "_")] = _edge_test(_path)
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -324,7 +415,84 @@ def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
     assert torch.equal(sums["argmax_offset"][:, :, 0].sum(-1), valid.sum(-1)[:, None].expand(B, H))
 
 
+# fields of the two record types that are not the table's: what StatsSpec says beside the switches,
+# what RowStats hands on beside the statistics
+SPEC_EXTRA = ("offsets", "n_key_classes", "keep_qk")
+ROW_STATS_EXTRA = ("queries", "keys", "scale", "layout", "extras")
+
+
+def table_mismatch(record: str, fields: list[str], wanted: list[str], extra: tuple, declare: str) -> list[str]:
+    """What `record`'s fields lack of the table (or have that it does not), as instructions."""
+    have, table = [f for f in fields if f not in extra], wanted
+    problems = [f"{record} has no field {name!r} for ROW_STATS: add `{declare.format(name=name)}` (with a docstring) "
+                f"to {record} in kernels/spec.py" for name in table if name not in have]
+    problems += [f"{record}.{name} is in no entry of ROW_STATS: add the entry to the table, or remove the field"
+                 for name in have if name not in table]
+    if not problems and have != table:
+        problems.append(f"{record}'s fields are not in the table's order: {have} != {table}")
+    return problems
+
+
 def test_row_stats_has_one_attribute_per_entry():
+    """RowStats is written out: one `name: torch.Tensor | None = None` per entry, in the table's order,
+    before what it hands on beside them; an entry without its attribute (or the other way round) says
+    what to add."""
     names = [f.name for f in dataclasses.fields(RowStats)]
-    assert names[:len(ROW_STATS)] == [s.name for s in ROW_STATS]
-    assert "queries" in names and "keys" in names
+    assert table_mismatch("RowStats", names, [s.name for s in ROW_STATS], ROW_STATS_EXTRA,
+                          "{name}: torch.Tensor | None = None") == []
+    assert names[:len(ROW_STATS)] == [s.name for s in ROW_STATS] and names[len(ROW_STATS):] == list(ROW_STATS_EXTRA)
+    empty = RowStats()
+    assert all(getattr(empty, s.name) is None for s in ROW_STATS) and empty.layout == AttentionLayout()
+    assert empty.extras == {} and empty.extras is not RowStats().extras
+
+
+def test_stats_spec_has_one_switch_per_switch_of_the_table():
+    """StatsSpec is written out: one field per distinct `switch` of the table (offsets a tuple, the others
+    bools), off by default, in the table's order; a switch without its field (or the other way round)
+    says what to add."""
+    switches = list(dict.fromkeys(s.switch for s in ROW_STATS))
+    names = [f.name for f in dataclasses.fields(StatsSpec)]
+    assert table_mismatch("StatsSpec", names, [w for w in switches if w != "offsets"], SPEC_EXTRA,
+                          "{name}: bool = False") == []
+    assert "offsets" in switches and names == ["offsets", "n_key_classes"] + [w for w in switches if w != "offsets"] \
+        + ["keep_qk"]
+    spec = StatsSpec()
+    assert spec.offsets == () and spec.n_key_classes == 1 and asked_stats(spec) == ()
+    assert all(getattr(spec, w) is False for w in switches if w != "offsets") and spec.keep_qk is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.entropy = True
+    with pytest.raises(ValueError, match="distinct"):
+        StatsSpec(offsets=(1, 1))
+    with pytest.raises(ValueError, match="n_key_classes"):
+        StatsSpec(n_key_classes=0)
+
+
+def test_a_table_entry_without_its_fields_says_what_to_add():
+    """The two checks above, on a table that gained an entry the record types lack."""
+    new = RowStat("max_mass", ("B", "H", "L"), "max_mass")
+    table = [s.name for s in ROW_STATS + (new,)]
+    spec_names = [f.name for f in dataclasses.fields(StatsSpec)]
+    assert table_mismatch("RowStats", [f.name for f in dataclasses.fields(RowStats)], table, ROW_STATS_EXTRA,
+                          "{name}: torch.Tensor | None = None") == [
+        "RowStats has no field 'max_mass' for ROW_STATS: add `max_mass: torch.Tensor | None = None` (with a "
+        "docstring) to RowStats in kernels/spec.py"]
+    switches = [w for w in dict.fromkeys(s.switch for s in ROW_STATS + (new,)) if w != "offsets"]
+    assert table_mismatch("StatsSpec", spec_names, switches, SPEC_EXTRA, "{name}: bool = False") == [
+        "StatsSpec has no field 'max_mass' for ROW_STATS: add `max_mass: bool = False` (with a docstring) to "
+        "StatsSpec in kernels/spec.py"]
+    assert table_mismatch("StatsSpec", spec_names + ["rollout"], switches[:-1], SPEC_EXTRA, "") == [
+        "StatsSpec.rollout is in no entry of ROW_STATS: add the entry to the table, or remove the field"]
+
+
+@pytest.mark.parametrize("record", [StatsSpec, RowStats], ids=lambda r: r.__name__)
+def test_every_field_of_the_record_types_has_a_docstring(record):
+    """Each field is followed by its docstring (a string literal: what editors and Sphinx show)."""
+    import ast
+    import inspect
+
+    body = ast.parse(inspect.getsource(record)).body[0].body
+    documented = {node.target.id for node, after in zip(body, body[1:])
+                  if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
+                  and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
+    missing = [f.name for f in dataclasses.fields(record) if f.name not in documented]
+    assert missing == [], f"{record.__name__} fields without a docstring in kernels/spec.py: {missing}"
