@@ -23,6 +23,7 @@ from .chunked import attention_stats_chunked
 from .eager import attention_grad_eager, attention_stats_eager
 from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
 from .pooling import word_pooling
+from .precision import fp32_dot_precision
 
 # PLAIN and AttentionLayout: the attention's shape (causal, window, key/value heads)
 from .spec import (
@@ -84,7 +85,9 @@ def resolve_backend(name: str, device) -> str:
 
 
 def describe_backend(name: str, device) -> dict:
-    """What `name` runs on `device`, for run.json: the backend and, for chunked, its row pass."""
+    """What `name` runs on `device`, for run.json: the backend and, for chunked, its row pass; for
+    triton its mode, version and the precision of its float32 dots (`fp32_dot_precision`: "ieee"
+    or "tf32", as torch's float32 matmul precision says when the run starts)."""
     backend = resolve_backend(name, device)
     info = {"backend": backend}
     if backend == "chunked":
@@ -97,6 +100,7 @@ def describe_backend(name: str, device) -> dict:
 
         info["mode"] = "interpreter (TRITON_INTERPRET=1)" if triton_attention.INTERPRETED else "compiled"
         info["triton"] = triton.__version__
+        info["fp32_dot"] = fp32_dot_precision()
     return info
 
 
@@ -150,6 +154,7 @@ def output_path(backend: str, grad: bool) -> str:
 
 
 __all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend",
+           "fp32_dot_precision",
            "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling",
            "BACKENDS", "BACKEND_CHOICES",
            "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "visible_counts",

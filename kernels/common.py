@@ -2,6 +2,10 @@
 depend on the contract, not on the reference they are tested against."""
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import torch
 
 from . import spec as _spec
@@ -30,27 +34,73 @@ def keep_qk(stats: RowStats, q, k, scale, spec: StatsSpec):
         stats.queries, stats.keys, stats.scale = q, k, scale
 
 
-def finish_stats(stats: RowStats, spec: StatsSpec, query_valid, backend: str) -> RowStats:
+def finish_stats(stats: RowStats, spec: StatsSpec, query_valid, backend: str, rows_zeroed: bool = False) -> RowStats:
     """Every backend's last step: fail loudly when a statistic of the table that `spec` asks
-    for was not computed (a backend someone forgot), then set padding rows."""
+    for was not computed (a backend someone forgot), then set padding rows (unless the backend
+    wrote them itself: rows_zeroed)."""
     missing = missing_stats(stats, spec)
     if missing:
         raise NotImplementedError(f"the {backend} backend does not compute {', '.join(missing)} "
                                   "(see docs/contributing.md); use another --backend")
-    return zero_padding_rows(stats, query_valid)
+    return stats if rows_zeroed else zero_padding_rows(stats, query_valid)
+
+
+@dataclass(frozen=True)
+class PaddingRows:
+    """The padding rows of one (B, L) `query_valid`, worked out once for every layer call that gets
+    that very tensor (the engine: once per mask of a forward pass, `known_padding`), not once per
+    call. `padded` says whether it has any: the host knows it from the batch it collated, where
+    reading the tensor (`bool(query_valid.all())`) would wait for the device. `fill[n]` is the
+    mask a statistic of n + 3 dimensions is filled through, (B, 1, L) then (B, 1, L, 1): True on
+    padding rows. Not padded: nothing to fill."""
+
+    query_valid: torch.Tensor
+    padded: bool
+    fill: tuple[torch.Tensor, ...] = ()
+
+    @classmethod
+    def of(cls, query_valid: torch.Tensor, padded: bool | None = None) -> PaddingRows:
+        """padded: what the caller knows; None when it does not (the rows are filled then: right
+        whatever the tensor holds, with no read of it)."""
+        if padded is False:
+            return cls(query_valid, False)
+        pad = ~query_valid[:, None, :]  # (B, 1, L)
+        return cls(query_valid, True, (pad, pad[..., None]))
+
+    def mask(self, dim: int) -> torch.Tensor:
+        """The fill mask of a statistic of `dim` dimensions (B, H, L, ...)."""
+        if dim - 3 < len(self.fill):
+            return self.fill[dim - 3]
+        return self.fill[0].view(*self.fill[0].shape, *(1,) * (dim - 3))
+
+
+_PADDING: contextvars.ContextVar[PaddingRows | None] = contextvars.ContextVar("bertscope_padding", default=None)
+
+
+@contextmanager
+def known_padding(rows: PaddingRows):
+    """Within this block, `zero_padding_rows` of a call whose query_valid is `rows.query_valid`
+    (the same tensor, not an equal one) takes `rows` instead of working them out again."""
+    token = _PADDING.set(rows)
+    try:
+        yield rows
+    finally:
+        _PADDING.reset(token)
 
 
 def zero_padding_rows(stats: RowStats, query_valid):
     """Set every per-row statistic of padding queries to the table's `padding` value (0), so
-    that no consumer can trip on them."""
-    if bool(query_valid.all()):
+    that no consumer can trip on them. Never reads query_valid on the host (on a GPU that would
+    wait for the device): a batch known to have no padding (`known_padding`) is left as it is,
+    any other is filled through the mask, one masked_fill per statistic."""
+    known = _PADDING.get()
+    rows = known if known is not None and known.query_valid is query_valid else PaddingRows.of(query_valid)
+    if not rows.padded:
         return stats
-    keep = query_valid[:, None, :]  # (B, 1, L)
     for stat in _spec.ROW_STATS:
         t = getattr(stats, stat.name, None)
         if t is not None and stat.padding is not None:
-            mask = keep.view(*keep.shape, *(1,) * (t.dim() - 3))  # (B, 1, L, 1...)
-            setattr(stats, stat.name, torch.where(mask, t, torch.full_like(t, stat.padding)))
+            setattr(stats, stat.name, t.masked_fill(rows.mask(t.dim()), stat.padding))
     return stats
 
 

@@ -18,6 +18,7 @@ Shapes used throughout:
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
@@ -179,13 +180,21 @@ def _position_mass(p, i0, k0, keys):
 
 
 
+@functools.cache
+def offsets_on(offsets: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The offsets (O,) int64 on `device`, copied there once, not on every layer of every batch (on a
+    GPU a copy from a Python list waits for the device)."""
+    with torch.inference_mode(False):  # usable in and out of inference mode
+        return torch.tensor(offsets, dtype=torch.long, device=device)
+
+
 def _argmax_rows(am, key_class, spec):
     """Rows whose argmax key is at each offset (then "elsewhere"), and of each key class:
     0/1 per row, NaN on a removed head's rows (argmax -1)."""
     missing = (am < 0)[..., None]  # (B, H, L, 1) a removed head's rows (bertscope.models.head_removal)
     am = am.clamp_min(0)  # (B, H, L)
     rel = am - torch.arange(am.shape[-1], device=am.device)  # (B, H, L) offset of the argmax key
-    at = rel[..., None] == torch.tensor(spec.offsets, device=am.device)  # (B, H, L, O)
+    at = rel[..., None] == offsets_on(tuple(spec.offsets), am.device)  # (B, H, L, O)
     at = torch.cat([at, ~at.any(-1, keepdim=True)], dim=-1).double()  # (B, H, L, O+1)
     cls = key_class[:, None, :].expand_as(am).gather(-1, am)  # (B, H, L) class of the argmax key
     one_hot = torch.nn.functional.one_hot(cls, spec.n_key_classes).double()  # (B, H, L, C)

@@ -22,6 +22,14 @@ per layer (Gemma-3 alternates windowed and global layers), so the accumulator al
 layer and row group, ln n_visible(i) and n_visible(i) over the rows (`visible_entropy_sum`,
 `n_visible_sum`, from `kernels.visible_counts`: O(L) per segment, no map). An encoder's
 accumulator never holds them: its sums, and the file it saves, are what they always were.
+
+Where the sums live. The arrays are numpy float64 on the host, and that is what every reader
+gets (`hs.entropy_sum`, `save`, `merge`, `all_reduce_stats`). `add` never copies a batch to the
+host: on the CPU it adds in place into those very arrays (through `torch.from_numpy`, the same
+float64 additions in the same order as numpy's `+=`, so the sums are what they always were);
+on a GPU it adds into float64 sums on the device, which reach the host arrays (added to them)
+only when an array is read: a checkpoint, a merge, the results. A forward pass on a GPU then
+never waits for the host between batches.
 """
 from __future__ import annotations
 
@@ -93,6 +101,8 @@ class HeadStats:
         self.n_layers, self.n_heads, self.spec, self.classes, self.average = n_layers, n_heads, spec, classes, average
         self.class_names = classes.names
         self.group_names = classes.group_names
+        self._host: dict[str, np.ndarray] = {}  # every array, on the host (what readers get)
+        self._device: dict[str, torch.Tensor] = {}  # sums on a GPU not yet added to the host arrays
         Ly, H, G, O, C = n_layers, n_heads, len(self.group_names), len(spec.offsets), spec.n_key_classes
         self.n_rows = np.zeros((Ly, G))
         self.n_tokens = np.zeros(G)
@@ -111,28 +121,31 @@ class HeadStats:
 
     def add(self, batch: BatchContext):
         """Fold every layer of one batch into the sums: the per-segment sums, added up, or
-        (average="segments") each divided by its segment's rows of the group first."""
+        (average="segments") each divided by its segment's rows of the group first. Nothing is
+        copied to the host (see the module docstring)."""
+        device = batch.key_valid.device
         rows = batch.group_rows  # (B, G) rows of each group in each segment
-        self.n_tokens += rows.sum(0).cpu().numpy()
+        self._sum("n_tokens", device).add_(rows.sum(0))
         if self.average == "segments":  # each segment's rows of a group weigh 1 in all
             weight = 1 / rows.clamp_min(1)  # (B, G)
-            counted = (rows > 0).double().sum(0).cpu().numpy()  # (G,) segments with such rows
+            counted = (rows > 0).double().sum(0)  # (G,) segments with such rows
         else:
             weight = torch.ones_like(rows)
-            counted = rows.sum(0).cpu().numpy()  # (G,) the same for every layer
+            counted = rows.sum(0)  # (G,) the same for every layer
         log_len = torch.log(batch.n_tokens.double().clamp_min(1))  # (B,)
-        self.uniform_entropy_sum += (log_len[:, None] * rows * weight).sum(0).cpu().numpy()
+        self._sum("uniform_entropy_sum", device).add_((log_len[:, None] * rows * weight).sum(0))
         self.n_segments += batch.size
         w = weight[:, None, :, None]  # (B, 1, G, 1)
         if any(not stats.layout.is_plain for stats in batch.layers):
             self._add_visible(batch, weight)
+        self._sum("n_rows", device)[:len(batch.layers)].add_(counted)  # (layers, G): one add per layer
+        sums = {m.array: self._sum(m.array, device) for m in SEGMENT_SUMS}
         for layer in range(len(batch.layers)):
-            self.n_rows[layer] += counted
             for m in SEGMENT_SUMS:
                 s = batch.segment_sums(layer).get(m.name)  # (B, H, G, F)
                 if s is not None:
-                    total = getattr(self, m.array)[layer]
-                    total += (s * w).sum(0).reshape(total.shape).cpu().numpy()
+                    total = sums[m.array][layer]
+                    total.add_((s * w).sum(0).reshape(total.shape))
 
     def _add_visible(self, batch: BatchContext, weight: torch.Tensor):
         """A decoder's per-layer sums of ln n_visible(i) and n_visible(i) over each group's rows."""
@@ -141,16 +154,37 @@ class HeadStats:
             self.init_layouts(layouts)
         elif layouts != self.layouts:
             raise ValueError("the layers' attention layouts changed between batches")
+        device = batch.key_valid.device
+        log_sums, n_sums = self._sum("visible_entropy_sum", device), self._sum("n_visible_sum", device)
         groups = batch.row_groups * weight[:, None, :]  # (B, L, G) rows of each group, weighted
         cache = {}
         for layer, layout in enumerate(layouts):
             if layout not in cache:  # layers of the same layout (every global one) share the counts
                 n_visible = visible_counts(batch.key_valid, layout)[0].double()  # (B, L)
-                cache[layout] = (torch.einsum("bl,blg->g", torch.log(n_visible.clamp_min(1)), groups).cpu().numpy(),
-                                 torch.einsum("bl,blg->g", n_visible, groups).cpu().numpy())
+                cache[layout] = (torch.einsum("bl,blg->g", torch.log(n_visible.clamp_min(1)), groups),
+                                 torch.einsum("bl,blg->g", n_visible, groups))
             log_sum, n_sum = cache[layout]
-            self.visible_entropy_sum[layer] += log_sum
-            self.n_visible_sum[layer] += n_sum
+            log_sums[layer].add_(log_sum)
+            n_sums[layer].add_(n_sum)
+
+    # device types whose sums `add` adds straight into the host arrays (they share the memory)
+    HOST_DEVICES = ("cpu",)
+
+    def _sum(self, name: str, device: torch.device) -> torch.Tensor:
+        """The float64 tensor `add` adds `name`'s sums into on `device`: on the CPU the host array
+        itself (shared memory), elsewhere a sum on the device that reaches the host when read."""
+        if device.type in self.HOST_DEVICES:
+            return torch.from_numpy(self._host[name])
+        if name not in self._device:
+            self._device[name] = torch.zeros(self._host[name].shape, dtype=torch.float64, device=device)
+        return self._device[name]
+
+    def _to_host(self):
+        """Add the sums still on a device into the host arrays (the only device-to-host copies)."""
+        if self._device:
+            pending, self._device = self._device, {}
+            for name, t in pending.items():
+                self._host[name] += t.cpu().numpy()
 
     def init_layouts(self, layouts):
         """Make this a decoder's accumulator: one `AttentionLayout` per layer, zero visible sums."""
@@ -284,6 +318,24 @@ class HeadStats:
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
 
+def _host_array(name: str) -> property:
+    """`HeadStats.<name>`: the host array, with the sums still on a device added in first."""
+
+    def get(self) -> np.ndarray:
+        self._to_host()
+        if name not in self._host:  # a decoder's array on an encoder's accumulator
+            raise AttributeError(f"{type(self).__name__} has no {name}")
+        return self._host[name]
+
+    def set(self, value: np.ndarray):
+        self._to_host()
+        self._host[name] = value
+
+    return property(get, set, doc=f"{name}: numpy float64 on the host (see `HeadStats`)")
+
+
+for _name in ARRAYS + LAYOUT_ARRAYS:
+    setattr(HeadStats, _name, _host_array(_name))
 
 
 def layout_dict(layout: AttentionLayout) -> dict:

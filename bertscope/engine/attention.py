@@ -50,7 +50,7 @@ import contextvars
 import numbers
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
@@ -78,6 +78,7 @@ from bertscope.kernels import (
     output_path,
     resolve_backend,
 )
+from bertscope.kernels.common import PaddingRows, known_padding
 from bertscope.models.gates import layer_gates
 from bertscope.models.head_removal import head_slots, spread_grad_sums, spread_heads
 
@@ -85,6 +86,52 @@ ATTN_IMPLEMENTATION = "bertscope"
 
 # (layer, row statistics, key_valid (B, L)) -> None
 Sink = Callable[[int, RowStats, torch.Tensor], None]
+
+
+class _Masks:
+    """The masks of one forward pass, each read once for all its layers: the (B, L) key_valid
+    every layer call gets (the same tensor each time, so what a backend prepares from it can be
+    kept), whether its query rows differ (`rows_differ`, which reads the mask on the host) and
+    its padding rows (`kernels.common.PaddingRows`). A mask is known by identity: transformers
+    builds each of a forward's masks once and hands the same object to every layer.
+
+    padded: whether the batch has padding, as the host knows it (`BatchContext.padded`), or None
+    when the caller did not say (padding rows are then always filled: right either way)."""
+
+    def __init__(self, padded: bool | None = None):
+        self.padded = padded
+        self._read = []  # [mask, rows_differ or None, key_valid, PaddingRows] per mask object seen
+        self._ones = {}  # (B, L, device) -> (key_valid, PaddingRows) of a call without a mask
+
+    def _entry(self, attention_mask) -> list:
+        for entry in self._read:
+            if entry[0] is attention_mask:
+                return entry
+        entry = [attention_mask, None, None, None]  # the mask is held: its id stays its own
+        self._read.append(entry)
+        return entry
+
+    def rows_differ(self, attention_mask) -> bool:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
+            return False
+        entry = self._entry(attention_mask)
+        if entry[1] is None:
+            entry[1] = rows_differ(attention_mask)
+        return entry[1]
+
+    def key_valid(self, attention_mask, query) -> tuple[torch.Tensor, PaddingRows]:
+        """(key_valid (B, L) bool, its PaddingRows): read from the mask on its first call."""
+        if attention_mask is None or (isinstance(attention_mask, KeyBand) and attention_mask.key_valid is None):
+            key = (query.shape[0], query.shape[-2], query.device)
+            if key not in self._ones:
+                key_valid = key_valid_from_mask(None, query)
+                self._ones[key] = key_valid, PaddingRows.of(key_valid, padded=False)
+            return self._ones[key]
+        entry = self._entry(attention_mask.key_valid if isinstance(attention_mask, KeyBand) else attention_mask)
+        if entry[2] is None:
+            entry[2] = key_valid_from_mask(attention_mask, query)
+            entry[3] = PaddingRows.of(entry[2], padded=self.padded)
+        return entry[2], entry[3]
 
 
 @dataclass
@@ -96,6 +143,7 @@ class _Forward:
     sink: Sink
     pooling: WordPooling | None = None
     layer: int = 0
+    masks: _Masks = field(default_factory=_Masks)
 
 
 _ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("bertscope_forward", default=None)
@@ -116,9 +164,13 @@ class HeadProbe:
         self.output_paths: set[str] = set()  # where layer outputs came from (`output_path`), for run.json
 
     @contextmanager
-    def active(self, key_class: torch.Tensor, sink: Sink, pooling: WordPooling | None = None):
-        """Run one forward pass of the model inside this block; `pooling` for spec.word_maps."""
-        fwd = _Forward(self, key_class, sink, pooling)
+    def active(self, key_class: torch.Tensor, sink: Sink, pooling: WordPooling | None = None,
+               padded: bool | None = None):
+        """Run one forward pass of the model inside this block; `pooling` for spec.word_maps;
+        `padded`: whether the batch has padding, when the caller knows it on the host
+        (`BatchContext.padded`): a batch without is then never filled, and nothing is read off
+        the device to learn it (None: padding rows are always filled)."""
+        fwd = _Forward(self, key_class, sink, pooling, masks=_Masks(padded))
         token = _ACTIVE.set(fwd)
         try:
             yield
@@ -265,7 +317,7 @@ def check_kwargs(module, kwargs):
         raise UserError(f"{_model_name(module)} passes its attention {what}, which bertscope does not compute")
 
 
-def call_layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
+def call_layout(module, query, key, attention_mask, kwargs, masks: _Masks | None = None) -> AttentionLayout:
     """The `AttentionLayout` of one attention call, or a one-line UserError for a call bertscope
     cannot read as padding + causal / window + grouped-query attention.
 
@@ -287,7 +339,7 @@ def call_layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
             raise UserError(f"an attention call of {_model_name(module)} says sliding_window={window_arg}, its mask is "
                             f"{band.describe()}: bertscope cannot tell which it computes")
         causal, window = band.causal, band.window
-    elif rows_differ(attention_mask):
+    elif (rows_differ if masks is None else masks.rows_differ)(attention_mask):
         raise UserError(f"{_model_name(module)} hands its attention a prepared 4-D mask that differs between query "
                         "rows, which bertscope does not read (pass a 2-D attention_mask)")
     else:
@@ -306,12 +358,20 @@ def call_layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
 
 
 def bertscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None)."""
-    layout = call_layout(module, query, key, attention_mask, kwargs)  # refuses what would be misread
-    key_valid = key_valid_from_mask(attention_mask, query)  # (B, L)
+    """query, key, value: (B, H, L, D). Returns (out (B, L, H, D), None).
+
+    Inside an analysis (`HeadProbe.active`) a layer call reads nothing off the device and makes
+    no host-to-device copy: its masks are read once per forward pass (`_Masks`), the statistics
+    go to the sink as the backend wrote them."""
+    fwd = _ACTIVE.get()
+    layout = call_layout(module, query, key, attention_mask, kwargs,  # refuses what would be misread
+                         masks=None if fwd is None else fwd.masks)
+    if fwd is None:
+        key_valid, padding = key_valid_from_mask(attention_mask, query), None  # (B, L)
+    else:
+        key_valid, padding = fwd.masks.key_valid(attention_mask, query)  # (B, L), read once per forward
     slots = head_slots(module)  # a pruned layer's original head of each head it computes, else None
     gates = layer_gates(query, slots)  # this call's LayerGates from the model's HeadGates, or None
-    fwd = _ACTIVE.get()
     if fwd is None:
         grads = _GRADS.get()
         if grads is not None:  # -- plain attention, its backward measuring |dL/dP| (GradProbe)
@@ -333,10 +393,11 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
     fwd.layer += 1
     probe.output_paths.add(output_path(probe.backend, needs_grad(query, key, value, gates)))
-    out, stats = attention_stats(
-        query, key, value, key_valid, fwd.key_class, probe.spec,
-        gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling, layout=layout,
-    )
+    with known_padding(padding):
+        out, stats = attention_stats(
+            query, key, value, key_valid, fwd.key_class, probe.spec,
+            gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling, layout=layout,
+        )
     if slots is not None:  # statistics back in the original head slots, pruned heads missing (NaN)
         stats = spread_heads(stats, slots, probe.n_heads)
     fwd.sink(layer, stats, key_valid)

@@ -38,6 +38,8 @@ class BatchContext:
     layers:    one `RowStats` per layer, filled by the forward pass
     outputs:   the model's output object (hidden states, logits, ...)
     number:    1-based position of the batch in the engine's plan (checkpoints count these)
+    padded:    whether any segment is shorter than the batch (key_valid holds False), as the host
+               knew it when it collated the batch (no read of the device); None: not known
     """
 
     indices: list[int]
@@ -51,6 +53,7 @@ class BatchContext:
     layers: list[RowStats] = field(default_factory=list)
     outputs: Any = None
     number: int = 0
+    padded: bool | None = None
     _sums: dict = field(default_factory=dict, repr=False)
 
     @property

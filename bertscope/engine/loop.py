@@ -161,7 +161,9 @@ def _collate(loaded: LoadedModel, batch: list[Segment], indices: Sequence[int], 
     if classes.n_classes != spec.n_key_classes:
         raise ValueError(f"the spec counts {spec.n_key_classes} key classes, the class scheme "
                          f"{classes.source!r} has {classes.n_classes}")
-    inputs = {k: t.to(device) for k, t in collate(batch, loaded.tokenizer.pad_token_id or 0).items()}
+    collated = collate(batch, loaded.tokenizer.pad_token_id or 0)  # on the host
+    padded = not bool(collated["attention_mask"].all())  # read here, before it is on the device
+    inputs = {k: t.to(device) for k, t in collated.items()}
     if not loaded.takes_token_types:
         inputs.pop("token_type_ids", None)
     key_valid = inputs["attention_mask"].bool()  # (B, L)
@@ -182,7 +184,8 @@ def _collate(loaded: LoadedModel, batch: list[Segment], indices: Sequence[int], 
         if from_word is None:
             raise ValueError("spec.word_maps needs from_word ('mean' or 'first')")
         pooling = _to(batch_pooling(batch, from_word), device)
-    return BatchContext(list(indices), batch, inputs, key_valid, key_class, classes, spec, pooling, number=number)
+    return BatchContext(list(indices), batch, inputs, key_valid, key_class, classes, spec, pooling, number=number,
+                        padded=padded)
 
 
 def is_causal(loaded: LoadedModel) -> bool:
@@ -209,7 +212,7 @@ def forward(loaded: LoadedModel, probe: HeadProbe, batch: BatchContext,
             on_layer(len(batch.layers))
     if batch.inputs["input_ids"].shape[-1] >= LONG_INPUT:
         map_large_allocations()
-    with probe.active(batch.key_class, sink, batch.pooling):
+    with probe.active(batch.key_class, sink, batch.pooling, padded=batch.padded):
         batch.outputs = loaded.model(**batch.inputs, **loaded.forward_options)
     return batch
 

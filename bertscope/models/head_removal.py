@@ -49,6 +49,7 @@ shares it prunes the same heads; anything else is a ValueError.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -354,15 +355,23 @@ def _spread(t: torch.Tensor, slots: tuple[int, ...], n_heads: int, dim: int, fil
     """t with its `dim` (the physical heads) spread to `n_heads` original slots; the rest
     `fill` (the statistic's `removed` value in the kernels' table), by default NaN (float)
     or -1 (int)."""
-    src = [i for i, s in enumerate(slots) if s != PLACEHOLDER]
-    dst = [slots[i] for i in src]
+    src, dst = _slot_indices(tuple(slots), t.device)
     shape = (*t.shape[:dim], n_heads, *t.shape[dim + 1:])
     if fill is None:
         fill = float("nan") if t.is_floating_point() else -1
     full = torch.full(shape, fill, dtype=t.dtype, device=t.device)
-    full.index_copy_(dim, torch.tensor(dst, dtype=torch.long, device=t.device),
-                     t.index_select(dim, torch.tensor(src, dtype=torch.long, device=t.device)))
+    full.index_copy_(dim, dst, t.index_select(dim, src))
     return full
+
+
+@functools.cache
+def _slot_indices(slots: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src, dst) int64 on `device`: the physical heads a pruned layer keeps and their original
+    slots. Made once per layer and device, not copied to the device on every call."""
+    src = [i for i, s in enumerate(slots) if s != PLACEHOLDER]
+    with torch.inference_mode(False):  # usable in and out of inference mode
+        return (torch.tensor(src, dtype=torch.long, device=device),
+                torch.tensor([slots[i] for i in src], dtype=torch.long, device=device))
 
 
 def _from_one(index) -> str:
