@@ -60,10 +60,11 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
     """
     check_computed(spec)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks)
+    need_lse = any(stat.name in EXTRA_PASSES for stat in asked_stats(spec))  # a pass after the kernel reads it
+    out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks, need_lse)
     stats = RowStats(**rows, layout=layout)
     _extras(spec, stats, q, k, key_valid, lse, scale, pooling, layout)
-    return out, finish_stats(stats, spec, key_valid, "triton")
+    return out, finish_stats(stats, spec, key_valid, "triton", rows_zeroed=True)  # the kernel wrote padding rows
 
 
 def _column_mass(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):

@@ -217,7 +217,7 @@ def attn_stats_fwd(
     stride_kb, stride_kh, stride_kl, stride_kd,  #
     stride_vb, stride_vh, stride_vl, stride_vd,  #
     stride_ob, stride_oh, stride_ol, stride_od,  #
-    stride_mb, stride_ml, stride_fb, stride_fl, stride_xb, stride_ub,  #
+    stride_mb, stride_ml, stride_fb, stride_fl, stride_xb, stride_ub, stride_sr,  #
     H, L, n_offsets, n_classes, G, win_left, win_right,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,  #
     F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
@@ -285,6 +285,9 @@ def attn_stats_fwd(
     inv_l = 1.0 / l_i
     log2_l = tl.math.log2(l_i)
     row_out = bh0 * L + g * L + pos  # (BLOCK_M,) flat (b, h, i) of the (B, H, L, ...) statistics
+    stat_row = row_out * stride_sr  # (BLOCK_M,) their rows in the statistics buffer (B, H, L, F)
+    # padding queries' statistics are the table's padding value, 0: written here, not by a pass after
+    q_ok = tl.load(KeyValid + off_b * stride_mb + pos * stride_ml, mask=f_in, other=0) != 0  # (BLOCK_M,)
     K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
     # -- the output first, so that acc's registers are free for the statistics: xi scales each row's
     # head; a uniform head's rows get the mean of V over the keys they see
@@ -318,24 +321,24 @@ def attn_stats_fwd(
     tl.store(Lse + row_out, (m_i + log2_l) * LN2, mask=f_in)
     if ENTROPY:
         # H = ln 2 (log2 l - t / l), t / l = c T / l - m
-        tl.store(Entropy + row_out, (log2_l + m_i - qk_scale * t_i * inv_l) * LN2, mask=f_in)
+        tl.store(Entropy + stat_row, tl.where(q_ok, (log2_l + m_i - qk_scale * t_i * inv_l) * LN2, 0.0), mask=f_in)
     if ARGMAX:
-        tl.store(Argmax + row_out, arg_i.to(tl.int64), mask=f_in)
+        tl.store(Argmax + row_out, tl.where(q_ok, arg_i, 0).to(tl.int64), mask=f_in)
     if CLASS_MASS:
         cidx = tl.arange(0, F_PAD)  # (F_PAD,)
-        tl.store(ClassMass + row_out[:, None] * n_classes + cidx[None, :], feat * inv_l[:, None],
+        tl.store(ClassMass + stat_row[:, None] + cidx[None, :], tl.where(q_ok[:, None], feat * inv_l[:, None], 0.0),
                  mask=f_in[:, None] & (cidx[None, :] < n_classes))
     if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
         dist_i, dsum_i, pmass_i = posn
         if DISTANCE_MASS:
             didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
-            tl.store(DistanceMass + row_out[:, None] * DB + didx[None, :], dist_i * inv_l[:, None],
+            tl.store(DistanceMass + stat_row[:, None] + didx[None, :], tl.where(q_ok[:, None], dist_i * inv_l[:, None], 0.0),
                      mask=f_in[:, None] & (didx[None, :] < DB))
         if MEAN_DISTANCE:
-            tl.store(MeanDistance + row_out, dsum_i * inv_l, mask=f_in)
+            tl.store(MeanDistance + stat_row, tl.where(q_ok, dsum_i * inv_l, 0.0), mask=f_in)
         if POSITION_MASS:
             pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
-            tl.store(PositionMass + row_out[:, None] * (NPB + 1) + pidx[None, :], pmass_i * inv_l[:, None],
+            tl.store(PositionMass + stat_row[:, None] + pidx[None, :], tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
                      mask=f_in[:, None] & (pidx[None, :] <= NPB))
     # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
     for o in range(0, n_offsets):
@@ -354,8 +357,7 @@ def attn_stats_fwd(
                           mask=inside[:, None] & dk_in[None, :], other=0.0)  # (BLOCK_M, OFFSET_DK)
             z_o += tl.sum(q_o.to(tl.float32) * k_o.to(tl.float32), 1)
         z_o = tl.where(tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0, z_o * qk_scale, FMIN)
-        tl.store(OffsetMass + row_out * n_offsets + o, tl.where(inside, tl.math.exp2(z_o - m_i) * inv_l, 0.0),
-                 mask=f_in)
+        tl.store(OffsetMass + stat_row + o, tl.where(inside & q_ok, tl.math.exp2(z_o - m_i) * inv_l, 0.0), mask=f_in)
 
 
 # True when this module was imported under TRITON_INTERPRET=1 (the kernel runs on CPU tensors)

@@ -30,14 +30,12 @@ import torch
 import triton
 
 from . import triton_maps
+from .precision import TF32, fp32_dot_precision
 from .spec import FIXED_WIDTHS, ROW_STATS, AttentionLayout, StatsSpec, asked_stats
 from .triton_config import POSITION_STATS, device_arch, feature_width, forward_config
 from .triton_kernel import INTERPRETED, attn_stats_fwd
 from .triton_tiles import DTYPES, launch_caps
 
-# statistics' buffers start at multiples of this many floats (64 bytes), so every view is 16-byte
-# aligned as the compiled specialisations assume
-ALIGN = 16
 
 
 def output_argument(stat) -> str:
@@ -149,7 +147,10 @@ def gate_operands(gates, H: int, dev) -> tuple[torch.Tensor, int, torch.Tensor |
         if key not in _ONES:
             _ONES[key] = torch.ones(H, dtype=torch.float32, device=dev)
         xi = _ONES[key]
-    xi = xi.detach().to(dev, torch.float32)
+    if xi.requires_grad:
+        xi = xi.detach()
+    if xi.device != dev or xi.dtype != torch.float32:
+        xi = xi.to(dev, torch.float32)
     uniform = None if gates is None else gates.uniform
     if uniform is not None:
         uniform = uniform.to(dev)
@@ -164,59 +165,66 @@ def gate_operands(gates, H: int, dev) -> tuple[torch.Tensor, int, torch.Tensor |
 # -- outputs ------------------------------------------------------------------------------------
 
 
-def allocate_outputs(spec: StatsSpec, dims: dict, dev) -> tuple[dict, dict, torch.Tensor]:
-    """(pointer arguments, constexpr switches, lse) of a launch: one fp32 buffer holds lse and
-    every float statistic the kernel writes that `spec` asks for, each a contiguous view; an
-    int64 statistic (the argmax) gets its own tensor; a statistic not asked for gets lse as a
-    placeholder pointer the kernel never writes. Under the interpreter the buffers start as NaN
-    (-2 for an index), so a value the kernel skips fails every comparison with eager; compiled,
-    they are left uninitialised."""
+def allocate_outputs(spec: StatsSpec, dims: dict, dev, need_lse: bool = True) -> tuple[dict, dict, torch.Tensor, int]:
+    """(pointer arguments, constexpr switches, lse, the buffer's row stride) of a launch. One fp32
+    buffer (B, H, L, F) holds every float statistic the kernel writes that `spec` asks for, each a
+    view of its columns (a per-row value a (B, H, L) view, a width one (B, H, L, width)), each view
+    starting on a 16-byte boundary; an int64 statistic (the argmax) gets its own tensor; a statistic
+    not asked for gets lse as a placeholder pointer the kernel never writes. lse (B, H, L) fp32 is a
+    fresh tensor when a pass after the kernel reads it (`need_lse`), else a scratch buffer kept per
+    shape and device. So a call allocates the output, this buffer, and the argmax when asked. Under
+    the interpreter the buffers start as NaN (-2 for an index), so a value the kernel skips fails
+    every comparison with eager; compiled, they are left uninitialised."""
     dims = {**FIXED_WIDTHS, **dims}
-    plan, flags = [], {}
+    make = torch.full if INTERPRETED else (lambda size, fill, **kw: torch.empty(size, **kw))
+    B, H, L = dims["B"], dims["H"], dims["L"]
+    if need_lse:
+        lse = make((B, H, L), float("nan"), dtype=torch.float32, device=dev)
+    else:
+        key = ((B, H, L), str(dev))
+        if key not in _SCRATCH:
+            _SCRATCH.clear()  # one shape at a time: the engine's batches share theirs
+            _SCRATCH[key] = torch.empty(B, H, L, dtype=torch.float32, device=dev)
+        lse = _SCRATCH[key]
+    outputs, flags, columns, width = {}, {}, {}, 0
     for stat, arg, flag in kernel_outputs():
         on = stat.asked(spec)
         if flag is not None:
             flags[flag] = on
-        if on:
-            unknown = [d for d in stat.shape if d not in dims]
-            if unknown:
-                raise NotImplementedError(f"{stat.name} has dimension {', '.join(unknown)}, which the triton launcher "
-                                          f"does not size (it knows {', '.join(dims)})")
-            plan.append((stat, arg, [dims[d] for d in stat.shape]))
-    lse_shape = [dims["B"], dims["H"], dims["L"]]
-    floats = [("lse", lse_shape)] + [(arg, shape) for stat, arg, shape in plan if stat.dtype == "float"]
-    sizes = [-(-_numel(shape) // ALIGN) * ALIGN for _, shape in floats]
-    make = torch.full if INTERPRETED else (lambda size, fill, **kw: torch.empty(size, **kw))
-    buf = make((sum(sizes),), float("nan"), dtype=torch.float32, device=dev)
-    views, at = {}, 0
-    for (arg, shape), size in zip(floats, sizes):
-        views[arg] = buf[at:at + _numel(shape)].view(shape)
-        at += size
-    lse = views.pop("lse")
-    for stat, arg, shape in plan:
+        if not on:
+            outputs[arg] = lse
+            continue
+        unknown = [d for d in stat.shape if d not in dims]
+        if unknown:
+            raise NotImplementedError(f"{stat.name} has dimension {', '.join(unknown)}, which the triton launcher "
+                                      f"does not size (it knows {', '.join(dims)})")
         if stat.dtype == "int64":
-            views[arg] = make(shape, -2, dtype=torch.int64, device=dev)
-    outputs = {arg: views.get(arg, lse) for _, arg, _ in kernel_outputs()}
-    return outputs, flags, lse
+            outputs[arg] = make([dims[d] for d in stat.shape], -2, dtype=torch.int64, device=dev)
+            continue
+        trailing = [dims[d] for d in stat.shape[3:]]  # () or (width,)
+        columns[arg] = (width, trailing)
+        width += -(-max([1, *trailing]) // ALIGN) * ALIGN
+    if columns:
+        buf = make((B, H, L, width), float("nan"), dtype=torch.float32, device=dev)
+        for arg, (at, trailing) in columns.items():
+            outputs[arg] = buf[..., at:at + trailing[0]] if trailing else buf[..., at]
+    return outputs, flags, lse, max(width, 1)
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+# each statistic's columns in the buffer start at a multiple of this many floats (16 bytes)
+ALIGN = 4
+# the lse of launches whose lse nobody reads, per (shape, device)
+_SCRATCH: dict = {}
 
 
 # -- the launch -----------------------------------------------------------------------------------
 
 
 def dot_precision(dtype) -> str:
-    """The kernel's fp32 dot precision, as torch's own matmuls: "ieee" (exact) under
-    torch.get_float32_matmul_precision() "highest", "tf32" (tensor cores) under "high" or
-    "medium". Half-precision dots are tensor-core dots with fp32 accumulation either way."""
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
-        return "ieee"
-    return "tf32"
+    """The kernel's dot precision: fp32 dots as torch's own matmuls (`precision.fp32_dot_precision`:
+    exact IEEE under "highest", TF32 tensor cores under "high" or "medium"); half-precision dots are
+    tensor-core dots with fp32 accumulation either way (Triton's default name for them, "tf32")."""
+    return fp32_dot_precision() if dtype == torch.float32 else TF32
 
 
 def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = False) -> dict:
@@ -238,12 +246,14 @@ def check_dtypes(q, k, v):
 
 
 def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None, scale=None,
-                  blocks: dict | None = None):
+                  blocks: dict | None = None, need_lse: bool = True):
     """One launch of `attn_stats_fwd` for any layout.
 
     q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv = layout.n_key_value_heads or H; fp32, fp16 or
     bf16, any strides (read in place). key_valid (B, L) bool; key_class (B, L) integer class ids.
     gates: `LayerGates` or None. blocks: override the tiles (BLOCK_M, BLOCK_N, num_warps, ...).
+    need_lse: False when nothing reads the lse it returns (it is then a scratch buffer the next
+    launch of the same shape overwrites).
     Returns (out (B, L, H, D) in the input dtype, {statistic: fp32 (or int64) tensor} for the
     statistics of `kernel_outputs` that spec asks for, lse (B, H, L) fp32). Rows of padding
     queries are left as computed (finite).
@@ -260,7 +270,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
     C, O = spec.n_key_classes, len(spec.offsets)
-    outputs, flags, lse = allocate_outputs(spec, {"B": B, "H": H, "L": L, "O": O, "C": C}, dev)
+    outputs, flags, lse, stat_stride = allocate_outputs(spec, {"B": B, "H": H, "L": L, "O": O, "C": C}, dev, need_lse)
     out = torch.empty(B, L, H, D, dtype=q.dtype, device=dev)  # written as (B, H, L, D) through strides
     stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
     if out.numel() == 0:
@@ -278,7 +288,8 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_vl=v.stride(2), stride_vd=v.stride(3),  #
         stride_ob=out.stride(0), stride_oh=out.stride(2), stride_ol=out.stride(1), stride_od=out.stride(3),  #
         stride_mb=keys.valid.stride(0), stride_ml=keys.valid.stride(1),  #
-        stride_fb=features.stride(0), stride_fl=features.stride(1), stride_xb=stride_xb, stride_ub=stride_ub,  #
+        stride_fb=features.stride(0), stride_fl=features.stride(1), stride_xb=stride_xb, stride_ub=stride_ub,
+        stride_sr=stat_stride,  #
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D,
         F_PAD=feature_width(C), BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),

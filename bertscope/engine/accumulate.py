@@ -139,9 +139,10 @@ class HeadStats:
         if any(not stats.layout.is_plain for stats in batch.layers):
             self._add_visible(batch, weight)
         self._sum("n_rows", device)[:len(batch.layers)].add_(counted)  # (layers, G): one add per layer
-        sums = {m.array: self._sum(m.array, device) for m in SEGMENT_SUMS}
+        computed = [m for m in SEGMENT_SUMS if self._host.get(m.array) is not None]  # the spec's (the others: None)
+        sums = {m.array: self._sum(m.array, device) for m in computed}
         for layer in range(len(batch.layers)):
-            for m in SEGMENT_SUMS:
+            for m in computed:
                 s = batch.segment_sums(layer).get(m.name)  # (B, H, G, F)
                 if s is not None:
                     total = sums[m.array][layer]
