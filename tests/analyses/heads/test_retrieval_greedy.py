@@ -132,3 +132,33 @@ def test_reference_mode_unchanged(tiny_llama_lm_dir, files, tmp_path):  # noqa: 
         assert (a / name).read_bytes() == (b / name).read_bytes()
     assert "answer_text" not in read_csv(a / "retrieval_cells.csv")[0]
     assert all("answer" not in json.loads(p.read_text())["setup"] for p in (a / "retrieval_cells").glob("*.json"))
+
+
+def test_greedy_prefill_keeps_one_row_of_logits(tiny_llama_lm_dir, files):  # noqa: F811
+    """The greedy decode's prefill asks the model for the last row's logits only (logits_to_keep=1):
+    no (prompt x vocabulary) logits, which on Gemma-3 at 2k tokens doubled the decode's peak memory.
+    Every call (prefill and steps) returns logits of one row."""
+    from bertscope.models.loading import load_model
+
+    loaded = load_model(tiny_llama_lm_dir, task="causal-lm")
+    corpus, _ = files
+    needle = Needle("dog", "The dog ran far away and then came back home.", "Where was the dog?",
+                    "ran far away and then came back home")
+    hay = HaystackBuilder(loaded.tokenizer, corpus_texts(str(corpus)), "plain").build(needle, 48, 50)
+    calls = []
+
+    def spy(module, args, kwargs, output):
+        calls.append((kwargs.get("logits_to_keep"), kwargs["input_ids"].shape[1], tuple(output.logits.shape)))
+
+    handle = loaded.model.register_forward_hook(spy, with_kwargs=True)
+    try:
+        answer = greedy_answer(loaded, hay.prompt_ids)
+    finally:
+        handle.remove()
+    vocab = loaded.model.config.vocab_size
+    prefill = calls[0]
+    assert prefill[1] == len(hay.prompt_ids) > 1  # the first call is the whole prompt
+    assert prefill[0] == 1 and prefill[2] == (1, 1, vocab)  # one row of logits, not one per prompt token
+    assert len(calls) in (len(answer), len(answer) + 1)  # a call per token (and one past the last at the cap)
+    assert all(c[0] == 1 and c[2] == (1, 1, vocab) for c in calls)
+    # the answer is the decode loop's (test_greedy_cell_hits_equal_the_decode_loop: against eager attention)
