@@ -38,6 +38,8 @@ from bertscope.analyses.heads.retrieval.outputs import (
     HEADS_FILE,
     NAME,
     NEEDLE_FIGURE,
+    escape_text,
+    ranked_score,
 )
 from bertscope.cli.args import add_common_arguments, non_negative_int, positive_int
 from bertscope.errors import UserError
@@ -233,9 +235,10 @@ def retrieval(run: ModelRun, args, needles):
                   "needle_start": r["needle_span"][0], "needle_len": r["needle_len"],
                   "answer_start": r["answer_span"][0], "distance": r["distance"], "copied": int(r["copied"]),
                   "token_accuracy": r["token_accuracy"], "answer_logprob": r["answer_logprob"],
-                  "predicted": tok.decode(r["predicted"]),
+                  "predicted": escape_text(tok.decode(r["predicted"])),  # one line per row
                   "max_head_score": float(np.max(np.asarray(r["hits"])) / max(1, r["needle_len"])),
-                  **({"answered": int(r["answered"]), "answer_text": r["answer_text"], "recall": r["recall"]}
+                  **({"answered": int(r["answered"]), "answer_text": escape_text(r["answer_text"]),
+                      "recall": r["recall"]}
                      if args.answer == "greedy" else {})}
                  for r in ordered]
     run.write_csv(CELLS_FILE, cell_rows, CELLS_COLUMNS + (GREEDY_COLUMNS if args.answer == "greedy" else ()))
@@ -483,17 +486,25 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
 
     L, H = grid.answered.shape
     score = grid.answered if grid.n_answered else grid.all
+    # the heads that score (> 0) only: past them the ranking is ties at 0 in layer-major order
     top = [{"head": f"{lay + 1}-{h + 1}", "layer_kind": kinds[lay], "score": float(grid.answered[lay, h]),
-            "score_all": float(grid.all[lay, h])} for lay, h in ranked[:10]]
+            "score_all": float(grid.all[lay, h]), "ranked_score": float(score[lay, h])}
+           for lay, h in ranked[:10] if score[lay, h] > 0]
+    greedy = args.answer == "greedy"
     accuracy = {}
     for r in cell_rows:
-        a = accuracy.setdefault(str(r["length"]), {"cells": 0, "copied": 0, "answer_logprob": 0.0})
+        a = accuracy.setdefault(str(r["length"]), {"cells": 0, "copied": 0, "answer_logprob": 0.0,
+                                                   **({"recall": 0.0} if greedy else {})})
         a["cells"] += 1
-        a["copied"] += r.get("answered", r["copied"])
+        a["copied"] += r.get("answered", r["copied"])  # greedy: answered (word recall), not copied
         a["answer_logprob"] += r["answer_logprob"]
+        if greedy:
+            a["recall"] += r["recall"]
     for a in accuracy.values():
         a["accuracy"] = a["copied"] / a["cells"]
         a["answer_logprob"] /= a["cells"]
+        if greedy:
+            a["recall"] /= a["cells"]
     far = grid.far if grid.n_answered else grid.far_all  # no answered haystack: the far hits of all of them
     far_heads = [(lay, h) for lay in range(L) for h in range(H) if far[lay, h] > 0]
     far_layers = sorted({lay for lay, _ in far_heads})
@@ -536,18 +547,28 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
     return results
 
 
+def layer_list(layers: dict, windowed: int) -> str:
+    """"6 (global), 12 (global)" where the model has windowed layers; "18, 19" where every layer
+    is global (the kind would say nothing)."""
+    return ", ".join(f"{k} ({v})" if windowed else k for k, v in layers.items())
+
+
+def top_list(r: dict, n: int = 5) -> str:
+    """The top heads that score, "19-8 0.68, 21-7 0.54", or "none scores above 0"."""
+    return ", ".join(f"{t['head']} {ranked_score(t, r):.2f}" for t in r["top_heads"][:n]) or "none scores above 0"
+
+
 def log_summary(run, r: dict):
     how = r.get("answered_by", "exact copy")
     run.log(f"{r['cells']} haystacks ({r['prompt']} prompt), {r['answered']} answered ({how}): "
             + ", ".join(f"{length} tokens {a['copied']}/{a['cells']}" for length, a in r["accuracy_by_length"].items()))
     run.log(f"retrieval score > 0.1: {r['heads_above_0.1']} of {r['heads']} heads ({r['fraction_above_0.1']:.1%}); "
-            "top: " + ", ".join(f"{t['head']} {t['score']:.2f}" for t in r["top_heads"][:5])
+            f"top: {top_list(r)}"
             + ("" if r["answered"] else " (no haystack answered: ranked by the score over all haystacks)"))
     far = r["far"]
     if far["heads"]:
         run.log(f"heads that retrieve from more than {far['tokens']} tokens back ({far['over']}): "
-                f"{' '.join(far['heads'])}, in "
-                "layers " + ", ".join(f"{k} ({v})" for k, v in far["layers"].items()))
+                f"{' '.join(far['heads'])}, in layers {layer_list(far['layers'], far['windowed_layers'])}")
     for k, a in (r.get("ablation") or {}).get("by_k", {}).items():
         run.log(f"top {k} zeroed: accuracy {a['top']['accuracy']:.2f}, log-prob {a['top']['answer_logprob']:.2f}; "
                 f"{k} random: accuracy {a['random']['accuracy']:.2f}, log-prob {a['random']['answer_logprob']:.2f}")

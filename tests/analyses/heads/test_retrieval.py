@@ -428,3 +428,45 @@ def test_haystack_is_frozen_api():
     assert list(hay.answer_rows) == [2] and hay.needle_len == 1
     with pytest.raises(AttributeError):
         hay.length = 5
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_top_lists_hold_scoring_heads_and_kinds_only_with_windows(family, tiny_llama_lm_dir, tiny_gemma3_lm_dir,
+                                                                   files, tmp_path, monkeypatch, capsys):
+    """The top lists (log, run.json, the report's findings and table) hold only the heads that score
+    (> 0), with the score they were ranked by (here over all haystacks: none is answered), never
+    "1-1 0.00" padding; the layer kind follows a layer or head only where the model has windowed
+    layers (tiny Gemma-3), not on a model whose layers are all global (tiny Llama, as SmolLM2).
+    The far distance is cut from 512 to 4 tokens so that the tiny haystacks have far hits."""
+    from bertscope.analyses.heads.retrieval import section
+    from bertscope.report.page import RunFiles
+
+    real = retrieval_stats.score_haystack
+    monkeypatch.setattr(retrieval_stats, "score_haystack", lambda *a, **k: real(*a, **{**k, "far": 4}))
+    monkeypatch.setattr(retrieval_stats, "FAR", 4)
+    out = tmp_path / "run"
+    argv = [a for a in grid_args(tiny_llama_lm_dir if family == "llama" else tiny_gemma3_lm_dir, files, out,
+                                 "--ablate", "0") if a != "--quiet"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    log = capsys.readouterr().out.splitlines()
+    heads = sorted(read_csv(out / "retrieval_heads.csv"), key=lambda h: int(h["rank"]))
+    scoring = [h for h in heads if float(h["score_all"]) > 0]
+    assert 0 < len(scoring) < len(heads)  # some heads score 0: a padded list would show them
+    name = lambda h: f"{h['layer']}-{h['head']}"  # noqa: E731
+    want = ", ".join(f"{name(h)} {float(h['score_all']):.2f}" for h in scoring[:5])
+    (top_line,) = [line for line in log if line.startswith("retrieval score > 0.1")]
+    assert f"top: {want} (no haystack answered" in top_line, top_line
+    results = json.loads((out / "run.json").read_text())["analyses"]["retrieval"]["results"]
+    assert [t["head"] for t in results["top_heads"]] == [name(h) for h in scoring[:10]]
+    assert all(t["ranked_score"] > 0 for t in results["top_heads"])
+    (far_line,) = [line for line in log if line.startswith("heads that retrieve from more than 4 tokens back")]
+    report = section.build(RunFiles(out))
+    (top_finding,) = [f for f in report.findings if f.startswith("Retrieval score above 0.1")]
+    table = report.tables[0]
+    assert [f"{row[0]}-{row[1]}" for row in table.rows] == [name(h) for h in scoring[:10]]
+    if family == "gemma3":  # window 4, then global: kinds said
+        assert "(global)" in far_line and "global)" in top_finding and "layer kind" in table.columns
+    else:  # every layer global: no "(global)" anywhere
+        assert "global" not in far_line and "global" not in top_finding and "layer kind" not in table.columns
+        assert far_line.endswith("in layers 2"), far_line
