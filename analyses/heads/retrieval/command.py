@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from bertscope.analyses.heads.retrieval.haystack import ANSWERS, PROMPTS
 from bertscope.analyses.heads.retrieval.outputs import (
@@ -61,7 +62,8 @@ DESCRIPTION = (
     "must produce; its score on a haystack is the number of such rows over the span's length, and its retrieval "
     "score the mean over the haystacks the model answers (its argmax prediction is the reference at every answer "
     "row). The grid: --needles x --lengths x --depths, resumable per haystack and sharded under torchrun. Then the "
-    "top-k heads zeroed against k random heads (--ablate). Needs a decoder (an encoder is refused). Writes "
+    "top-k heads zeroed against k random heads (--ablate). Needs a causal model, a decoder (an encoder, the "
+    "default model included, is refused; `bertscope data install-decoders` installs two). Writes "
     "retrieval_cells.csv, retrieval_heads.csv, retrieval_ablation.csv, figures and "
     "run.json['analyses']['retrieval'].")
 
@@ -154,6 +156,7 @@ def main(args) -> int:
     if args.resume:
         args = ModelRun.resumed_args(NAME, args, add_arguments, command=COMMAND)
     needles = load_needles(args.needles)  # a bad needles file is refused before the model loads
+    refuse_encoder(args.model, getattr(args, "revision", None))
     length_from = None
     if args.lengths is not None:
         needed = max(ints(args.lengths))
@@ -168,6 +171,33 @@ def main(args) -> int:
                   length_from=length_from) as run:
         retrieval(run, args, needles)
     return 0
+
+
+def refuse_encoder(model: str | None, revision: str | None = None):
+    """An encoder (the default model, or a local folder or converted name that holds one) refused in
+    one line saying what this command needs and how to get it, before the model loads. A Hub id is
+    left to the loader (resolving it here would ask the Hub twice); whatever does not resolve or
+    read here is left to the loader too, which says why in its own words."""
+    from bertscope.data.decoders import DECODERS, INSTALL_COMMAND
+    from bertscope.models.source import looks_like_path, resolve_model
+
+    if model is not None and not (Path(model).exists() or looks_like_path(model) or model in DECODERS):
+        return
+    try:
+        from transformers import AutoConfig
+
+        from bertscope.models.loading import check_supported
+
+        path = resolve_model(model, revision).path
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        causal = check_supported(config).is_causal(config)
+    except (UserError, ValueError, OSError):
+        return
+    if not causal:
+        which = "the default model (no --model given)" if model is None else path.name
+        raise UserError(f"bertscope {COMMAND} needs a causal language model (a decoder) for the needle test, and "
+                        f"{which} is a {config.model_type} encoder: `{INSTALL_COMMAND}` installs "
+                        f"{' and '.join(DECODERS)}; then pass --model {next(iter(DECODERS))}")
 
 
 def layer_kinds(loaded) -> list[str]:

@@ -470,3 +470,23 @@ def test_top_lists_hold_scoring_heads_and_kinds_only_with_windows(family, tiny_l
     else:  # every layer global: no "(global)" anywhere
         assert "global" not in far_line and "global" not in top_finding and "layer kind" not in table.columns
         assert far_line.endswith("in layers 2"), far_line
+
+
+def test_an_encoder_is_refused_saying_what_the_command_needs(tiny_checkpoint, files, tmp_path, capsys):
+    """Without --model (the default encoder, all-MiniLM-L6-v2) or with an encoder's folder: one line
+    saying that the needle test needs a causal model and how to get one, not the loader's words about
+    the language-modelling loss; no run directory."""
+    from bertscope.data.decoders import INSTALL_COMMAND
+
+    corpus, needles = files
+    cases = {"the default model (no --model given)": [], tiny_checkpoint.name: ["--model", str(tiny_checkpoint)]}
+    for i, (which, model) in enumerate(cases.items()):
+        out = tmp_path / f"run{i}"
+        capsys.readouterr()
+        assert main(["heads", "retrieval", *model, "--corpus", str(corpus), "--needles", str(needles), "--lengths",
+                     "40", "--quiet", "--out", str(out)]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert "needs a causal language model (a decoder) for the needle test" in err, err
+        assert f"{which} is a bert encoder" in err and f"`{INSTALL_COMMAND}`" in err, err
+        assert "--model smollm2-135m-instruct-q4_1" in err and "language-modelling loss" not in err
+        assert not out.exists()
