@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from pathlib import Path
 
 from bertscope.analyses.heads.retrieval.haystack import ANSWERS, PROMPTS
@@ -235,24 +236,26 @@ def retrieval(run: ModelRun, args, needles):
         setup["answer"] = args.answer
     cells = [Cell(n.name, length, depth) for n in needles for length in lengths for depth in depths]
     by_name = {n.name: n for n in needles}
-    records = run_cells(run, args, builder, by_name, cells, setup)  # every rank's, on every rank
+    L, H = loaded.n_layers, loaded.n_heads
+    ks = [k for k in ablate if k > 0]
+    if ks and ks[-1] > L * H // 2:  # said before the grid, not after hours of it
+        raise UserError(f"--ablate {ks[-1]}: k random heads are drawn outside the top k, so k can be at most "
+                        f"half of the model's {L * H} heads ({L * H // 2})")
+    ab_lengths = ints(args.ablate_lengths) or [min(lengths)]
+    ab_cells = [Cell(n.name, length, depth) for n in needles for length in ab_lengths for depth in depths] \
+        if ks else []
+    kinds = layer_kinds(loaded)
+    forecast = plan_call(run, args, cells, ab_cells, ks, len(needles), lengths, depths, kinds)
+    records = run_cells(run, args, builder, by_name, cells, setup, forecast)  # every rank's, on every rank
     records = {**earlier_records(run, setup), **records}  # cells of earlier calls into this --out too
     ordered = sorted(records.values(), key=lambda r: (r["needle"], r["length"], r["depth"]))
-    L, H = loaded.n_layers, loaded.n_heads
     grid = GridScores.of(ordered, L, H)
-    kinds = layer_kinds(loaded)
     ranking = grid.answered if grid.n_answered else grid.all  # no answered haystack: the all-haystack score ranks
     ranked = rank_heads(ranking)
 
     ablation_rows = []
-    ks = [k for k in ablate if k > 0]
     if ks:
-        if ks[-1] > L * H // 2:
-            raise UserError(f"--ablate {ks[-1]}: k random heads are drawn outside the top k, so k can be at most "
-                            f"half of the model's {L * H} heads ({L * H // 2})")
-        ab_lengths = ints(args.ablate_lengths) or [min(lengths)]
-        ab_cells = [Cell(n.name, length, depth) for n in needles for length in ab_lengths for depth in depths]
-        ablation_rows = run_ablation(run, args, builder, by_name, ab_cells, records, ranked, ks, setup)
+        ablation_rows = run_ablation(run, args, builder, by_name, ab_cells, records, ranked, ks, setup, forecast)
     elif (run.dir / ABLATION_FILE).is_file():  # --ablate 0 into a run that has one: the earlier call's stays
         ablation_rows = read_ablation(run.dir / ABLATION_FILE)
         run.log(f"the ablation of an earlier call into {run.dir} is kept ({ABLATION_FILE}; its ranking was that "
@@ -286,6 +289,103 @@ def retrieval(run: ModelRun, args, needles):
         if ablation_rows:
             run.save_figure(plots.plot_ablation(ablation_rows, label), ABLATION_FIGURE)
     run.finish(results)
+
+
+# ----------------------------------------------------------------------------- the plan and its time
+
+
+def pass_work(loaded, kinds: list[str], length: int) -> float:
+    """Multiply-adds of one forward pass over `length` tokens, roughly: every weight of the base
+    model but the embeddings once per token, and per layer and head the causal attention's scores
+    and weighted values, head_dim each per (query, key) pair, a windowed layer's keys bounded by
+    its window."""
+    config = loaded.model.config
+    base = loaded.model.base_model
+    weights = sum(p.numel() for p in base.parameters()) - loaded.model.get_input_embeddings().weight.numel()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    pairs = 0.0
+    for kind in kinds:
+        w = int(kind.split()[1]) if kind.startswith("window") else length
+        w = min(w, length)
+        pairs += w * length - w * (w - 1) / 2  # query i sees min(i + 1, w) keys
+    return float(weights) * length + 2.0 * loaded.n_heads * head_dim * pairs
+
+
+def duration(seconds: float) -> str:
+    """'40 s', '12 min', '3 h 05 min'."""
+    if seconds < 60:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class Forecast:
+    """The time this call's passes will take: logged once, after the first pass run (`timed`), as
+    that pass's time scaled to every pass left by its multiply-adds (`pass_work`); per rank
+    under torchrun (the passes are dealt out evenly)."""
+
+    def __init__(self, run, loaded, kinds: list[str], greedy: bool, passes: list[int], size: int = 1):
+        self.run, self.loaded, self.kinds, self.greedy, self.size = run, loaded, kinds, greedy, size
+        self.total = sum(passes)  # the work of every pass of this call (`cell_work` or `work` each)
+        self.said = False
+        self._memo: dict[int, float] = {}
+
+    def work(self, length: int) -> float:
+        """One forward pass over `length` tokens (an ablation pass: no decoding)."""
+        if length not in self._memo:
+            self._memo[length] = pass_work(self.loaded, self.kinds, length)
+        return self._memo[length]
+
+    def cell_work(self, length: int) -> float:
+        """A haystack of the grid: its forward pass; with --answer greedy also the decode, counted
+        as a second pass (the prefill over the prompt; the 50 steps at most are small beside it)."""
+        return self.work(length) * (2 if self.greedy else 1)
+
+    def timed(self, seconds: float, work: float, what: str):
+        if self.said:
+            return
+        self.said = True
+        eta = seconds * max(0.0, self.total / self.size - work) / work  # this rank's share of the work, less this pass
+        from tqdm.auto import tqdm
+
+        with tqdm.external_write_mode():  # the line above the progress bar, not through it
+            self.run.log(f"the first {what} took {duration(seconds)}: the rest of this call, about {duration(eta)} "
+                         "(an estimate: that time scaled to each pass left by its multiply-adds, the weights' per "
+                         "token and the attention's per query-key pair; a first pass may also pay warm-up)")
+
+
+def plan_call(run, args, cells: list, ab_cells: list, ks: list[int], n_needles: int, lengths: list[int],
+              depths: list[int], kinds: list[str]) -> Forecast:
+    """Log what this call will run (the grid's haystacks, the ablation's passes) and how to cut it,
+    before any pass; the Forecast that logs the time once the first pass is timed."""
+    greedy = args.answer == "greedy"
+    size = 1 if run.world is None else run.world.size
+    forecast = Forecast(run, run.loaded, kinds, greedy, [], size)
+    done = {c.key for c in cells if (run.dir / CELLS_DIR / f"{c.key}.json").is_file()}
+    grid_todo = [c for c in cells if c.key not in done]
+    n_variants = len(ks) * (1 + args.draws)  # top k and the random draws; `none` is read off the grid
+    ab_todo = [c for c in ab_cells for _ in range(n_variants)] + [c for c in ab_cells if c.key not in
+                                                                  {x.key for x in cells}]
+    forecast.total = sum(forecast.cell_work(c.length) for c in grid_todo) + \
+        sum(forecast.work(c.length) for c in ab_todo)
+    tokens = sum(c.length for c in cells)
+    plural = lambda n, word: f"{n:,} {word}{'' if n == 1 else 'es' if word.endswith('s') else 's'}"  # noqa: E731
+    grid = (f"{plural(len(cells), 'haystack')} ({plural(n_needles, 'needle')} x {plural(len(lengths), 'length')} "
+            f"x {plural(len(depths), 'depth')}; lengths {', '.join(f'{n:,}' for n in lengths)} tokens, {tokens:,} "
+            "in all), one forward pass each" + (" after a greedy decode of the answer" if greedy else ""))
+    if done:
+        grid += f", {len(done)} of them done before"
+    ab_lengths = ", ".join(f"{n:,}" for n in sorted({c.length for c in ab_cells}))
+    ablation = (f"; then the ablation, {plural(len(ab_todo), 'pass')} (the top k and "
+                f"{plural(args.draws, 'random draw')} of k heads zeroed, k = {', '.join(map(str, ks))}, over "
+                f"{plural(len(ab_cells), 'haystack')} of {ab_lengths} tokens; passes saved by an earlier call "
+                "are not run again)" if ks else "; no ablation")
+    run.log(f"planned: {grid}{ablation}. To cut it: fewer --lengths, --depths or --needles (e.g. --lengths "
+            "1024,2048 --depths 10,50,90 --needles san-francisco), --ablate 0 (no ablation) or fewer k "
+            "(--ablate 5), fewer --draws")
+    if not grid_todo and not ab_todo:
+        forecast.said = True  # nothing to time
+    return forecast
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -358,9 +458,11 @@ def gather(run: ModelRun, mine: dict) -> dict:
     return {k: v for part in everyone for k, v in part.items()}
 
 
-def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: dict) -> dict[str, dict]:
+def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: dict,
+              forecast: Forecast | None = None) -> dict[str, dict]:
     """Score this rank's share of the cells, each saved as it finishes; cells saved before are
-    read back, not run. Returns every rank's records, by cell key."""
+    read back, not run. Returns every rank's records, by cell key. `forecast`: told the time of
+    the first haystack run (it then logs the estimate of the rest)."""
     from tqdm.auto import tqdm
 
     from bertscope.analyses.heads.retrieval.stats import cell_record, load_cell, save_cell, score_haystack
@@ -384,6 +486,7 @@ def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: d
               desc="haystacks") as bar:
         for c in todo:
             bar.set_postfix_str(f"{c.needle}, {c.length} tokens, depth {c.depth}%")
+            t0 = time.perf_counter()
             hay = builder.build(needles[c.needle], c.length, c.depth)
             greedy = None
             if args.answer == "greedy":
@@ -392,6 +495,8 @@ def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: d
             record = {**cell_record(c, hay, score, greedy), "setup": setup}
             save_cell(folder / f"{c.key}.json", record)
             records[c.key] = record
+            if forecast is not None:
+                forecast.timed(time.perf_counter() - t0, forecast.cell_work(c.length), f"haystack ({c.length} tokens)")
             bar.update()
     return gather(run, records)
 
@@ -411,7 +516,7 @@ def own_answer(loaded, hay, needle) -> tuple:
 
 
 def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, records: dict, ranked: list, ks: list,
-                 setup: dict) -> list[dict]:
+                 setup: dict, forecast: Forecast | None = None) -> list[dict]:
     """The needle test with the top-k heads zeroed and with k random heads zeroed: one row per
     gating (`none` first, read off the grid's cells where they were run), each (gating, cell)
     saved as it finishes."""
@@ -454,6 +559,7 @@ def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, recor
               desc="ablation") as bar:
         for v, c in todo:
             bar.set_postfix_str(f"{v[0]} {v[1]}, {c.length} tokens, depth {c.depth}%")
+            t0 = time.perf_counter()
             hay = builder.build(needles[c.needle], c.length, c.depth)
             if args.answer == "greedy":  # the cell's own answer, teacher forced under the gates
                 hay = hay.with_answer(records[c.key]["reference"]) if c.key in records else \
@@ -464,6 +570,8 @@ def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, recor
                       "heads": [list(h) for h in v[3]], "setup": setup}
             save_cell(folder / f"{name(v, c)}.json", record)
             results[name(v, c)] = record
+            if forecast is not None:
+                forecast.timed(time.perf_counter() - t0, forecast.work(c.length), f"ablation pass ({c.length} tokens)")
             bar.update()
     results = gather(run, results)
     if not run.is_main:

@@ -490,3 +490,59 @@ def test_an_encoder_is_refused_saying_what_the_command_needs(tiny_checkpoint, fi
         assert f"{which} is a bert encoder" in err and f"`{INSTALL_COMMAND}`" in err, err
         assert "--model smollm2-135m-instruct-q4_1" in err and "language-modelling loss" not in err
         assert not out.exists()
+
+
+def test_pass_work_counts_weights_and_query_key_pairs(tiny_llama_lm_dir, tiny_gemma3_lm_dir):
+    """The estimate's unit: per token every weight of the base model but the embeddings, and per layer
+    and head 2 x head_dim per (query, key) pair seen (a window of 4 keys on Gemma-3's first layer),
+    counted here pair by pair."""
+    from bertscope.analyses.heads.retrieval.command import pass_work
+    from bertscope.models.loading import load_model
+
+    for path, windows in ((tiny_llama_lm_dir, [None, None]), (tiny_gemma3_lm_dir, [4, None])):
+        loaded = load_model(path, task="causal-lm")
+        base = loaded.model.base_model
+        weights = sum(p.numel() for name, p in base.named_parameters() if "embed_tokens" not in name)
+        head_dim = loaded.model.config.head_dim if path == tiny_gemma3_lm_dir else 32 // 4
+        for length in (3, 40):
+            pairs = sum(min(i + 1, w or length) for w in windows for i in range(length))
+            assert pass_work(loaded, layer_kinds(loaded), length) == weights * length + 2 * 4 * head_dim * pairs
+
+
+def test_plan_and_time_estimate_logged_before_the_grid(tiny_llama_lm_dir, files, tmp_path, monkeypatch, capsys):
+    """Before any pass the log (INFO: shown without --quiet) says the cells planned, the ablation's
+    passes and how to cut them; after the first haystack, its time (a clock that advances 10 s a
+    reading) and the rest's estimate: 10 s x the multiply-adds left over the first pass's. A rerun
+    into the finished directory says they are done and estimates nothing."""
+    from types import SimpleNamespace
+
+    import bertscope.analyses.heads.retrieval.command as command
+    from bertscope.models.loading import load_model
+
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(command, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    out = tmp_path / "run"
+    argv = [a for a in grid_args(tiny_llama_lm_dir, files, out) if a != "--quiet"]  # --ablate 1,2 --draws 2
+    capsys.readouterr()
+    assert main(argv) == 0
+    log = capsys.readouterr().out.splitlines()
+    plan = [i for i, line in enumerate(log) if line.startswith("planned: ")]
+    first = [i for i, line in enumerate(log) if line.startswith("the first haystack (40 tokens) took 10 s: ")]
+    result = [i for i, line in enumerate(log) if line.startswith("6 haystacks (plain prompt)")]
+    assert len(plan) == len(first) == len(result) == 1 and plan[0] < first[0] < result[0], log
+    planned = log[plan[0]]
+    assert planned.startswith("planned: 6 haystacks (1 needle x 2 lengths x 3 depths; lengths 40, 56 tokens, 288 in "
+                              "all), one forward pass each; then the ablation, 18 passes (the top k and 2 random "
+                              "draws of k heads zeroed, k = 1, 2, over 3 haystacks of 40 tokens"), planned
+    for option in ("--lengths", "--depths", "--needles", "--ablate 0", "--draws"):
+        assert option in planned
+    loaded = load_model(tiny_llama_lm_dir, task="causal-lm")
+    work = lambda n: command.pass_work(loaded, ["global", "global"], n)  # noqa: E731
+    rest = 2 * work(40) + 3 * work(56) + 18 * work(40)  # the grid's other 5 haystacks, the ablation's 18 passes
+    assert f"the rest of this call, about {command.duration(10 * rest / work(40))} (an estimate" in log[first[0]]
+    assert command.duration(10 * rest / work(40)) == "4 min"  # 23 passes, the 56-token ones ~1.4 x the first
+    capsys.readouterr()
+    assert main(argv) == 0
+    log = capsys.readouterr().out
+    assert "6 haystacks (1 needle x 2 lengths x 3 depths; lengths 40, 56 tokens, 288 in all), one forward pass " \
+        "each, 6 of them done before" in log and "the first" not in log
