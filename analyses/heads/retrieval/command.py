@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
+from pathlib import Path
 
 from bertscope.analyses.heads.retrieval.haystack import ANSWERS, PROMPTS
 from bertscope.analyses.heads.retrieval.outputs import (
@@ -38,6 +40,8 @@ from bertscope.analyses.heads.retrieval.outputs import (
     HEADS_FILE,
     NAME,
     NEEDLE_FIGURE,
+    escape_text,
+    ranked_score,
 )
 from bertscope.cli.args import add_common_arguments, non_negative_int, positive_int
 from bertscope.errors import UserError
@@ -59,7 +63,8 @@ DESCRIPTION = (
     "must produce; its score on a haystack is the number of such rows over the span's length, and its retrieval "
     "score the mean over the haystacks the model answers (its argmax prediction is the reference at every answer "
     "row). The grid: --needles x --lengths x --depths, resumable per haystack and sharded under torchrun. Then the "
-    "top-k heads zeroed against k random heads (--ablate). Needs a decoder (an encoder is refused). Writes "
+    "top-k heads zeroed against k random heads (--ablate). Needs a causal model, a decoder (an encoder, the "
+    "default model included, is refused; `bertscope data install-decoders` installs two). Writes "
     "retrieval_cells.csv, retrieval_heads.csv, retrieval_ablation.csv, figures and "
     "run.json['analyses']['retrieval'].")
 
@@ -152,6 +157,7 @@ def main(args) -> int:
     if args.resume:
         args = ModelRun.resumed_args(NAME, args, add_arguments, command=COMMAND)
     needles = load_needles(args.needles)  # a bad needles file is refused before the model loads
+    refuse_encoder(args.model, getattr(args, "revision", None))
     length_from = None
     if args.lengths is not None:
         needed = max(ints(args.lengths))
@@ -166,6 +172,33 @@ def main(args) -> int:
                   length_from=length_from) as run:
         retrieval(run, args, needles)
     return 0
+
+
+def refuse_encoder(model: str | None, revision: str | None = None):
+    """An encoder (the default model, or a local folder or converted name that holds one) refused in
+    one line saying what this command needs and how to get it, before the model loads. A Hub id is
+    left to the loader (resolving it here would ask the Hub twice); whatever does not resolve or
+    read here is left to the loader too, which says why in its own words."""
+    from bertscope.data.decoders import DECODERS, INSTALL_COMMAND
+    from bertscope.models.source import looks_like_path, resolve_model
+
+    if model is not None and not (Path(model).exists() or looks_like_path(model) or model in DECODERS):
+        return
+    try:
+        from transformers import AutoConfig
+
+        from bertscope.models.loading import check_supported
+
+        path = resolve_model(model, revision).path
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        causal = check_supported(config).is_causal(config)
+    except (UserError, ValueError, OSError):
+        return
+    if not causal:
+        which = "the default model (no --model given)" if model is None else path.name
+        raise UserError(f"bertscope {COMMAND} needs a causal language model (a decoder) for the needle test, and "
+                        f"{which} is a {config.model_type} encoder: `{INSTALL_COMMAND}` installs "
+                        f"{' and '.join(DECODERS)}; then pass --model {next(iter(DECODERS))}")
 
 
 def layer_kinds(loaded) -> list[str]:
@@ -203,24 +236,26 @@ def retrieval(run: ModelRun, args, needles):
         setup["answer"] = args.answer
     cells = [Cell(n.name, length, depth) for n in needles for length in lengths for depth in depths]
     by_name = {n.name: n for n in needles}
-    records = run_cells(run, args, builder, by_name, cells, setup)  # every rank's, on every rank
+    L, H = loaded.n_layers, loaded.n_heads
+    ks = [k for k in ablate if k > 0]
+    if ks and ks[-1] > L * H // 2:  # said before the grid, not after hours of it
+        raise UserError(f"--ablate {ks[-1]}: k random heads are drawn outside the top k, so k can be at most "
+                        f"half of the model's {L * H} heads ({L * H // 2})")
+    ab_lengths = ints(args.ablate_lengths) or [min(lengths)]
+    ab_cells = [Cell(n.name, length, depth) for n in needles for length in ab_lengths for depth in depths] \
+        if ks else []
+    kinds = layer_kinds(loaded)
+    forecast = plan_call(run, args, cells, ab_cells, ks, len(needles), lengths, depths, kinds)
+    records = run_cells(run, args, builder, by_name, cells, setup, forecast)  # every rank's, on every rank
     records = {**earlier_records(run, setup), **records}  # cells of earlier calls into this --out too
     ordered = sorted(records.values(), key=lambda r: (r["needle"], r["length"], r["depth"]))
-    L, H = loaded.n_layers, loaded.n_heads
     grid = GridScores.of(ordered, L, H)
-    kinds = layer_kinds(loaded)
     ranking = grid.answered if grid.n_answered else grid.all  # no answered haystack: the all-haystack score ranks
     ranked = rank_heads(ranking)
 
     ablation_rows = []
-    ks = [k for k in ablate if k > 0]
     if ks:
-        if ks[-1] > L * H // 2:
-            raise UserError(f"--ablate {ks[-1]}: k random heads are drawn outside the top k, so k can be at most "
-                            f"half of the model's {L * H} heads ({L * H // 2})")
-        ab_lengths = ints(args.ablate_lengths) or [min(lengths)]
-        ab_cells = [Cell(n.name, length, depth) for n in needles for length in ab_lengths for depth in depths]
-        ablation_rows = run_ablation(run, args, builder, by_name, ab_cells, records, ranked, ks, setup)
+        ablation_rows = run_ablation(run, args, builder, by_name, ab_cells, records, ranked, ks, setup, forecast)
     elif (run.dir / ABLATION_FILE).is_file():  # --ablate 0 into a run that has one: the earlier call's stays
         ablation_rows = read_ablation(run.dir / ABLATION_FILE)
         run.log(f"the ablation of an earlier call into {run.dir} is kept ({ABLATION_FILE}; its ranking was that "
@@ -233,9 +268,10 @@ def retrieval(run: ModelRun, args, needles):
                   "needle_start": r["needle_span"][0], "needle_len": r["needle_len"],
                   "answer_start": r["answer_span"][0], "distance": r["distance"], "copied": int(r["copied"]),
                   "token_accuracy": r["token_accuracy"], "answer_logprob": r["answer_logprob"],
-                  "predicted": tok.decode(r["predicted"]),
+                  "predicted": escape_text(tok.decode(r["predicted"])),  # one line per row
                   "max_head_score": float(np.max(np.asarray(r["hits"])) / max(1, r["needle_len"])),
-                  **({"answered": int(r["answered"]), "answer_text": r["answer_text"], "recall": r["recall"]}
+                  **({"answered": int(r["answered"]), "answer_text": escape_text(r["answer_text"]),
+                      "recall": r["recall"]}
                      if args.answer == "greedy" else {})}
                  for r in ordered]
     run.write_csv(CELLS_FILE, cell_rows, CELLS_COLUMNS + (GREEDY_COLUMNS if args.answer == "greedy" else ()))
@@ -253,6 +289,103 @@ def retrieval(run: ModelRun, args, needles):
         if ablation_rows:
             run.save_figure(plots.plot_ablation(ablation_rows, label), ABLATION_FIGURE)
     run.finish(results)
+
+
+# ----------------------------------------------------------------------------- the plan and its time
+
+
+def pass_work(loaded, kinds: list[str], length: int) -> float:
+    """Multiply-adds of one forward pass over `length` tokens, roughly: every weight of the base
+    model but the embeddings once per token, and per layer and head the causal attention's scores
+    and weighted values, head_dim each per (query, key) pair, a windowed layer's keys bounded by
+    its window."""
+    config = loaded.model.config
+    base = loaded.model.base_model
+    weights = sum(p.numel() for p in base.parameters()) - loaded.model.get_input_embeddings().weight.numel()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    pairs = 0.0
+    for kind in kinds:
+        w = int(kind.split()[1]) if kind.startswith("window") else length
+        w = min(w, length)
+        pairs += w * length - w * (w - 1) / 2  # query i sees min(i + 1, w) keys
+    return float(weights) * length + 2.0 * loaded.n_heads * head_dim * pairs
+
+
+def duration(seconds: float) -> str:
+    """'40 s', '12 min', '3 h 05 min'."""
+    if seconds < 60:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class Forecast:
+    """The time this call's passes will take: logged once, after the first pass run (`timed`), as
+    that pass's time scaled to every pass left by its multiply-adds (`pass_work`); per rank
+    under torchrun (the passes are dealt out evenly)."""
+
+    def __init__(self, run, loaded, kinds: list[str], greedy: bool, passes: list[int], size: int = 1):
+        self.run, self.loaded, self.kinds, self.greedy, self.size = run, loaded, kinds, greedy, size
+        self.total = sum(passes)  # the work of every pass of this call (`cell_work` or `work` each)
+        self.said = False
+        self._memo: dict[int, float] = {}
+
+    def work(self, length: int) -> float:
+        """One forward pass over `length` tokens (an ablation pass: no decoding)."""
+        if length not in self._memo:
+            self._memo[length] = pass_work(self.loaded, self.kinds, length)
+        return self._memo[length]
+
+    def cell_work(self, length: int) -> float:
+        """A haystack of the grid: its forward pass; with --answer greedy also the decode, counted
+        as a second pass (the prefill over the prompt; the 50 steps at most are small beside it)."""
+        return self.work(length) * (2 if self.greedy else 1)
+
+    def timed(self, seconds: float, work: float, what: str):
+        if self.said:
+            return
+        self.said = True
+        eta = seconds * max(0.0, self.total / self.size - work) / work  # this rank's share of the work, less this pass
+        from tqdm.auto import tqdm
+
+        with tqdm.external_write_mode():  # the line above the progress bar, not through it
+            self.run.log(f"the first {what} took {duration(seconds)}: the rest of this call, about {duration(eta)} "
+                         "(an estimate: that time scaled to each pass left by its multiply-adds, the weights' per "
+                         "token and the attention's per query-key pair; a first pass may also pay warm-up)")
+
+
+def plan_call(run, args, cells: list, ab_cells: list, ks: list[int], n_needles: int, lengths: list[int],
+              depths: list[int], kinds: list[str]) -> Forecast:
+    """Log what this call will run (the grid's haystacks, the ablation's passes) and how to cut it,
+    before any pass; the Forecast that logs the time once the first pass is timed."""
+    greedy = args.answer == "greedy"
+    size = 1 if run.world is None else run.world.size
+    forecast = Forecast(run, run.loaded, kinds, greedy, [], size)
+    done = {c.key for c in cells if (run.dir / CELLS_DIR / f"{c.key}.json").is_file()}
+    grid_todo = [c for c in cells if c.key not in done]
+    n_variants = len(ks) * (1 + args.draws)  # top k and the random draws; `none` is read off the grid
+    ab_todo = [c for c in ab_cells for _ in range(n_variants)] + [c for c in ab_cells if c.key not in
+                                                                  {x.key for x in cells}]
+    forecast.total = sum(forecast.cell_work(c.length) for c in grid_todo) + \
+        sum(forecast.work(c.length) for c in ab_todo)
+    tokens = sum(c.length for c in cells)
+    plural = lambda n, word: f"{n:,} {word}{'' if n == 1 else 'es' if word.endswith('s') else 's'}"  # noqa: E731
+    grid = (f"{plural(len(cells), 'haystack')} ({plural(n_needles, 'needle')} x {plural(len(lengths), 'length')} "
+            f"x {plural(len(depths), 'depth')}; lengths {', '.join(f'{n:,}' for n in lengths)} tokens, {tokens:,} "
+            "in all), one forward pass each" + (" after a greedy decode of the answer" if greedy else ""))
+    if done:
+        grid += f", {len(done)} of them done before"
+    ab_lengths = ", ".join(f"{n:,}" for n in sorted({c.length for c in ab_cells}))
+    ablation = (f"; then the ablation, {plural(len(ab_todo), 'pass')} (the top k and "
+                f"{plural(args.draws, 'random draw')} of k heads zeroed, k = {', '.join(map(str, ks))}, over "
+                f"{plural(len(ab_cells), 'haystack')} of {ab_lengths} tokens; passes saved by an earlier call "
+                "are not run again)" if ks else "; no ablation")
+    run.log(f"planned: {grid}{ablation}. To cut it: fewer --lengths, --depths or --needles (e.g. --lengths "
+            "1024,2048 --depths 10,50,90 --needles san-francisco), --ablate 0 (no ablation) or fewer k "
+            "(--ablate 5), fewer --draws")
+    if not grid_todo and not ab_todo:
+        forecast.said = True  # nothing to time
+    return forecast
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -325,9 +458,11 @@ def gather(run: ModelRun, mine: dict) -> dict:
     return {k: v for part in everyone for k, v in part.items()}
 
 
-def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: dict) -> dict[str, dict]:
+def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: dict,
+              forecast: Forecast | None = None) -> dict[str, dict]:
     """Score this rank's share of the cells, each saved as it finishes; cells saved before are
-    read back, not run. Returns every rank's records, by cell key."""
+    read back, not run. Returns every rank's records, by cell key. `forecast`: told the time of
+    the first haystack run (it then logs the estimate of the rest)."""
     from tqdm.auto import tqdm
 
     from bertscope.analyses.heads.retrieval.stats import cell_record, load_cell, save_cell, score_haystack
@@ -351,6 +486,7 @@ def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: d
               desc="haystacks") as bar:
         for c in todo:
             bar.set_postfix_str(f"{c.needle}, {c.length} tokens, depth {c.depth}%")
+            t0 = time.perf_counter()
             hay = builder.build(needles[c.needle], c.length, c.depth)
             greedy = None
             if args.answer == "greedy":
@@ -359,6 +495,8 @@ def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: d
             record = {**cell_record(c, hay, score, greedy), "setup": setup}
             save_cell(folder / f"{c.key}.json", record)
             records[c.key] = record
+            if forecast is not None:
+                forecast.timed(time.perf_counter() - t0, forecast.cell_work(c.length), f"haystack ({c.length} tokens)")
             bar.update()
     return gather(run, records)
 
@@ -378,7 +516,7 @@ def own_answer(loaded, hay, needle) -> tuple:
 
 
 def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, records: dict, ranked: list, ks: list,
-                 setup: dict) -> list[dict]:
+                 setup: dict, forecast: Forecast | None = None) -> list[dict]:
     """The needle test with the top-k heads zeroed and with k random heads zeroed: one row per
     gating (`none` first, read off the grid's cells where they were run), each (gating, cell)
     saved as it finishes."""
@@ -421,6 +559,7 @@ def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, recor
               desc="ablation") as bar:
         for v, c in todo:
             bar.set_postfix_str(f"{v[0]} {v[1]}, {c.length} tokens, depth {c.depth}%")
+            t0 = time.perf_counter()
             hay = builder.build(needles[c.needle], c.length, c.depth)
             if args.answer == "greedy":  # the cell's own answer, teacher forced under the gates
                 hay = hay.with_answer(records[c.key]["reference"]) if c.key in records else \
@@ -431,6 +570,8 @@ def run_ablation(run: ModelRun, args, builder, needles: dict, cells: list, recor
                       "heads": [list(h) for h in v[3]], "setup": setup}
             save_cell(folder / f"{name(v, c)}.json", record)
             results[name(v, c)] = record
+            if forecast is not None:
+                forecast.timed(time.perf_counter() - t0, forecast.work(c.length), f"ablation pass ({c.length} tokens)")
             bar.update()
     results = gather(run, results)
     if not run.is_main:
@@ -483,17 +624,25 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
 
     L, H = grid.answered.shape
     score = grid.answered if grid.n_answered else grid.all
+    # the heads that score (> 0) only: past them the ranking is ties at 0 in layer-major order
     top = [{"head": f"{lay + 1}-{h + 1}", "layer_kind": kinds[lay], "score": float(grid.answered[lay, h]),
-            "score_all": float(grid.all[lay, h])} for lay, h in ranked[:10]]
+            "score_all": float(grid.all[lay, h]), "ranked_score": float(score[lay, h])}
+           for lay, h in ranked[:10] if score[lay, h] > 0]
+    greedy = args.answer == "greedy"
     accuracy = {}
     for r in cell_rows:
-        a = accuracy.setdefault(str(r["length"]), {"cells": 0, "copied": 0, "answer_logprob": 0.0})
+        a = accuracy.setdefault(str(r["length"]), {"cells": 0, "copied": 0, "answer_logprob": 0.0,
+                                                   **({"recall": 0.0} if greedy else {})})
         a["cells"] += 1
-        a["copied"] += r.get("answered", r["copied"])
+        a["copied"] += r.get("answered", r["copied"])  # greedy: answered (word recall), not copied
         a["answer_logprob"] += r["answer_logprob"]
+        if greedy:
+            a["recall"] += r["recall"]
     for a in accuracy.values():
         a["accuracy"] = a["copied"] / a["cells"]
         a["answer_logprob"] /= a["cells"]
+        if greedy:
+            a["recall"] /= a["cells"]
     far = grid.far if grid.n_answered else grid.far_all  # no answered haystack: the far hits of all of them
     far_heads = [(lay, h) for lay in range(L) for h in range(H) if far[lay, h] > 0]
     far_layers = sorted({lay for lay, _ in far_heads})
@@ -536,18 +685,28 @@ def summarise(grid, kinds, ranked, cell_rows, ablation_rows, prompt, args, needl
     return results
 
 
+def layer_list(layers: dict, windowed: int) -> str:
+    """"6 (global), 12 (global)" where the model has windowed layers; "18, 19" where every layer
+    is global (the kind would say nothing)."""
+    return ", ".join(f"{k} ({v})" if windowed else k for k, v in layers.items())
+
+
+def top_list(r: dict, n: int = 5) -> str:
+    """The top heads that score, "19-8 0.68, 21-7 0.54", or "none scores above 0"."""
+    return ", ".join(f"{t['head']} {ranked_score(t, r):.2f}" for t in r["top_heads"][:n]) or "none scores above 0"
+
+
 def log_summary(run, r: dict):
     how = r.get("answered_by", "exact copy")
     run.log(f"{r['cells']} haystacks ({r['prompt']} prompt), {r['answered']} answered ({how}): "
             + ", ".join(f"{length} tokens {a['copied']}/{a['cells']}" for length, a in r["accuracy_by_length"].items()))
     run.log(f"retrieval score > 0.1: {r['heads_above_0.1']} of {r['heads']} heads ({r['fraction_above_0.1']:.1%}); "
-            "top: " + ", ".join(f"{t['head']} {t['score']:.2f}" for t in r["top_heads"][:5])
+            f"top: {top_list(r)}"
             + ("" if r["answered"] else " (no haystack answered: ranked by the score over all haystacks)"))
     far = r["far"]
     if far["heads"]:
         run.log(f"heads that retrieve from more than {far['tokens']} tokens back ({far['over']}): "
-                f"{' '.join(far['heads'])}, in "
-                "layers " + ", ".join(f"{k} ({v})" for k, v in far["layers"].items()))
+                f"{' '.join(far['heads'])}, in layers {layer_list(far['layers'], far['windowed_layers'])}")
     for k, a in (r.get("ablation") or {}).get("by_k", {}).items():
         run.log(f"top {k} zeroed: accuracy {a['top']['accuracy']:.2f}, log-prob {a['top']['answer_logprob']:.2f}; "
                 f"{k} random: accuracy {a['random']['accuracy']:.2f}, log-prob {a['random']['answer_logprob']:.2f}")

@@ -23,8 +23,13 @@ def plot_needle(cell_rows: list[dict], title: str):
     """The classic needle-in-a-haystack map, one panel per needle: depth (rows) x length
     (columns), colored by the token accuracy (the fraction of answer rows whose prediction is the
     reference token, teacher forced), each cell annotated with the answer's log-probability and a
-    star where the model copies the whole answer (greedy decoding gives the reference)."""
+    star where the model copies the whole answer (greedy decoding gives the reference).
+
+    Rows with "recall" (--answer greedy: the teacher-forced answer is the model's own, so its token
+    accuracy is 1 by construction) are colored and annotated by the word recall of the reference
+    answer instead, a star where the haystack counts as answered (recall above 0.5)."""
     plt = _plt()
+    greedy = bool(cell_rows) and "recall" in cell_rows[0]
     needles = sorted({r["needle"] for r in cell_rows})
     lengths = sorted({r["length"] for r in cell_rows})
     depths = sorted({r["depth"] for r in cell_rows})
@@ -38,19 +43,28 @@ def plot_needle(cell_rows: list[dict], title: str):
         for r in cell_rows:
             if r["needle"] == needle:
                 i, j = depths.index(r["depth"]), lengths.index(r["length"])
-                grid[i, j], logp[i, j], copied[i, j] = r["token_accuracy"], r["answer_logprob"], bool(r["copied"])
+                if greedy:
+                    grid[i, j], logp[i, j], copied[i, j] = r["recall"], r["recall"], bool(r["answered"])
+                else:
+                    grid[i, j], logp[i, j], copied[i, j] = r["token_accuracy"], r["answer_logprob"], bool(r["copied"])
         im = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
         for i, j in zip(*np.nonzero(np.isfinite(logp))):
-            ax.text(j, i, f"{logp[i, j]:.1f}" + (" *" if copied[i, j] else ""), ha="center", va="center", fontsize=7)
+            ax.text(j, i, f"{logp[i, j]:.{2 if greedy else 1}f}" + (" *" if copied[i, j] else ""), ha="center",
+                    va="center", fontsize=7)
         ax.set_xticks(range(len(lengths)), [f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in lengths],
                       fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d}%" for d in depths], fontsize=8)
         ax.set_xlabel("haystack length (tokens)")
         ax.set_ylabel("needle depth")
         ax.set_title(needle, fontsize=9)
-    fig.colorbar(im, ax=axes[0].tolist(), label="token accuracy (teacher forced)", shrink=0.8)
-    fig.suptitle("Needle in a haystack: answer tokens predicted right (color), answer log-probability (nats), "
-                 f"* = exact copy\n{title}", fontsize=9)
+    if greedy:
+        fig.colorbar(im, ax=axes[0].tolist(), label="word recall of the reference answer", shrink=0.8)
+        fig.suptitle("Needle in a haystack, the model's own greedy answer: word recall of the reference answer "
+                     f"(color and value), * = answered (recall > 0.5)\n{title}", fontsize=9)
+    else:
+        fig.colorbar(im, ax=axes[0].tolist(), label="token accuracy (teacher forced)", shrink=0.8)
+        fig.suptitle("Needle in a haystack: answer tokens predicted right (color), answer log-probability (nats), "
+                     f"* = exact copy\n{title}", fontsize=9)
     return fig
 
 

@@ -9,6 +9,7 @@ from bertscope.analyses.heads.retrieval.outputs import (
     HEADS_FILE,
     NAME,
     NEEDLE_FIGURE,
+    ranked_score,
 )
 from bertscope.report.page import RunFiles, Section, Table, num
 
@@ -21,12 +22,22 @@ def build(run: RunFiles) -> Section | None:
         return None
     r = (run.record["analyses"].get(NAME) or {}).get("results") or {}
     findings = []
+    greedy = r.get("answer") == "greedy"
+    windowed = any(h["layer_kind"] != "global" for h in heads)  # else every layer's kind says "global"
     if r:
-        acc = "; ".join(f"{length} tokens {a['copied']}/{a['cells']} (mean log-prob {a['answer_logprob']:.2f})"
-                        for length, a in r["accuracy_by_length"].items())
-        findings.append(f"{r['cells']} haystacks ({r['prompt']} prompt, needles {', '.join(r['needles'])}); the model "
-                        f"copies the reference answer in {r['answered']}: {acc}.")
-        top = ", ".join(f"{t['head']} ({t['score']:.2f}, {t['layer_kind']})" for t in r["top_heads"][:5])
+        haystacks = f"{r['cells']} haystacks ({r['prompt']} prompt, needles {', '.join(r['needles'])})"
+        if greedy:  # the teacher-forced answer is the model's own: counted by its word recall of the reference
+            acc = "; ".join(f"{length} tokens {a['copied']}/{a['cells']} (mean recall {a['recall']:.2f})"
+                            for length, a in r["accuracy_by_length"].items())
+            findings.append(f"{haystacks}, each answered in the model's own words (--answer greedy): its answer "
+                            "recalls more than half of the reference answer's words (Wu et al.'s criterion) in "
+                            f"{r['answered']}: {acc}.")
+        else:
+            acc = "; ".join(f"{length} tokens {a['copied']}/{a['cells']} (mean log-prob {a['answer_logprob']:.2f})"
+                            for length, a in r["accuracy_by_length"].items())
+            findings.append(f"{haystacks}; the model copies the reference answer in {r['answered']}: {acc}.")
+        top = ", ".join(f"{t['head']} ({ranked_score(t, r):.2f}" + (f", {t['layer_kind']})" if windowed else ")")
+                        for t in r["top_heads"][:5]) or "none scores above 0"
         findings.append(f"Retrieval score above 0.1: {r['heads_above_0.1']} of {r['heads']} heads "
                         f"({r['fraction_above_0.1']:.1%}); highest ({r['ranked_by']}): {top}. Wu et al.: "
                         f"{paper.WU_TEXT['sparse']} [{paper.WU_RETRIEVAL.short}].")
@@ -50,11 +61,16 @@ def build(run: RunFiles) -> Section | None:
         if r.get("ablation"):
             findings.append(f"Wu et al.: {paper.WU_TEXT['masking']} [{paper.WU_RETRIEVAL.short}].")
     ablation = run.csv(ABLATION_FILE) or []
-    ranked = sorted(heads, key=lambda h: int(h["rank"]))[:10]
-    tables = [Table("The ten highest retrieval scores", ["layer", "head", "layer kind", "score", "answered",
-                                                         "score (all)", "far score"],
-                    [[int(h["layer"]), int(h["head"]), h["layer_kind"], num(h["score"]), int(h["n_answered"]),
-                      num(h["score_all"]), num(h["far_score"])] for h in ranked], digits=3)]
+    by = "score" if int(heads[0]["n_answered"]) else "score_all"  # the ranking's score
+    ranked = [h for h in sorted(heads, key=lambda h: int(h["rank"])) if float(h[by]) > 0][:10]  # those that score
+    tables = []
+    if ranked:
+        kind = lambda h: [h["layer_kind"]] if windowed else []  # noqa: E731
+        tables.append(Table("The highest retrieval scores (at most ten; heads that score above 0)",
+                            ["layer", "head", *(["layer kind"] if windowed else []), "score", "answered",
+                             "score (all)", "far score"],
+                            [[int(h["layer"]), int(h["head"]), *kind(h), num(h["score"]), int(h["n_answered"]),
+                              num(h["score_all"]), num(h["far_score"])] for h in ranked], digits=3))
     if ablation:
         tables.append(Table("The needle test with heads zeroed (xi = 0)",
                             ["ablation", "k", "draw", "heads", "haystacks", "copied", "token accuracy", "log-prob",
@@ -62,9 +78,12 @@ def build(run: RunFiles) -> Section | None:
                             [[a["ablation"], int(a["k"]), int(a["draw"]), a["heads"], int(a["cells"]),
                               num(a["accuracy"]), num(a["token_accuracy"]), num(a["answer_logprob"]),
                               num(a["delta_logprob"])] for a in ablation], digits=3))
-    figures = [run.figure(NEEDLE_FIGURE, "Needle in a haystack at each depth and length: the fraction of the "
-                          "answer's tokens the model predicts (color), the answer's log-probability, and a star "
-                          "where it copies the whole answer."),
+    needle = ("Needle in a haystack at each depth and length, answered in the model's own words (--answer "
+              "greedy): the word recall of the reference answer by the model's greedy answer (color and value), "
+              "and a star where the haystack counts as answered (recall above 0.5)." if greedy else
+              "Needle in a haystack at each depth and length: the fraction of the answer's tokens the model "
+              "predicts (color), the answer's log-probability, and a star where it copies the whole answer.")
+    figures = [run.figure(NEEDLE_FIGURE, needle),
                run.figure(HEADS_FIGURE, "Retrieval score per head: the mean over answered haystacks of the "
                           "fraction of the needle's tokens the head's most-attended key copies."),
                run.figure(ABLATION_FIGURE, "The needle test with the top-k retrieval heads zeroed (red) against k "

@@ -211,7 +211,9 @@ def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> t
     """The model's greedy answer to `prompt_ids`, its stop token included (Wu et al. score the
     step that produces it): the prompt prefilled into a KV cache, then one token per step. The
     bertscope attention computes whole inputs, not cached steps, so the model decodes with
-    transformers' SDPA attention and gets bertscope's back after."""
+    transformers' SDPA attention and gets bertscope's back after. Every call keeps the logits of
+    the last row only (`logits_to_keep=1`): the prefill never builds logits for every prompt row
+    (a prompt-length x vocabulary tensor)."""
     from bertscope.engine.attention import ATTN_IMPLEMENTATION
 
     model = loaded.model
@@ -220,7 +222,8 @@ def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> t
     model.set_attn_implementation("sdpa")
     try:
         with torch.no_grad():
-            out = model(input_ids=torch.tensor([list(prompt_ids)], device=device), use_cache=True)
+            out = model(input_ids=torch.tensor([list(prompt_ids)], device=device), use_cache=True,
+                        logits_to_keep=1)
             generated = []
             for _ in range(max_new_tokens):
                 token = int(out.logits[0, -1].argmax())
@@ -228,7 +231,7 @@ def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> t
                 if stop(token):
                     break
                 out = model(input_ids=torch.tensor([[token]], device=device), cache=out.cache,
-                            use_cache=True)
+                            use_cache=True, logits_to_keep=1)
     finally:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return tuple(generated)

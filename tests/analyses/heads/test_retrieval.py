@@ -428,3 +428,121 @@ def test_haystack_is_frozen_api():
     assert list(hay.answer_rows) == [2] and hay.needle_len == 1
     with pytest.raises(AttributeError):
         hay.length = 5
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_top_lists_hold_scoring_heads_and_kinds_only_with_windows(family, tiny_llama_lm_dir, tiny_gemma3_lm_dir,
+                                                                   files, tmp_path, monkeypatch, capsys):
+    """The top lists (log, run.json, the report's findings and table) hold only the heads that score
+    (> 0), with the score they were ranked by (here over all haystacks: none is answered), never
+    "1-1 0.00" padding; the layer kind follows a layer or head only where the model has windowed
+    layers (tiny Gemma-3), not on a model whose layers are all global (tiny Llama, as SmolLM2).
+    The far distance is cut from 512 to 4 tokens so that the tiny haystacks have far hits."""
+    from bertscope.analyses.heads.retrieval import section
+    from bertscope.report.page import RunFiles
+
+    real = retrieval_stats.score_haystack
+    monkeypatch.setattr(retrieval_stats, "score_haystack", lambda *a, **k: real(*a, **{**k, "far": 4}))
+    monkeypatch.setattr(retrieval_stats, "FAR", 4)
+    out = tmp_path / "run"
+    argv = [a for a in grid_args(tiny_llama_lm_dir if family == "llama" else tiny_gemma3_lm_dir, files, out,
+                                 "--ablate", "0") if a != "--quiet"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    log = capsys.readouterr().out.splitlines()
+    heads = sorted(read_csv(out / "retrieval_heads.csv"), key=lambda h: int(h["rank"]))
+    scoring = [h for h in heads if float(h["score_all"]) > 0]
+    assert 0 < len(scoring) < len(heads)  # some heads score 0: a padded list would show them
+    name = lambda h: f"{h['layer']}-{h['head']}"  # noqa: E731
+    want = ", ".join(f"{name(h)} {float(h['score_all']):.2f}" for h in scoring[:5])
+    (top_line,) = [line for line in log if line.startswith("retrieval score > 0.1")]
+    assert f"top: {want} (no haystack answered" in top_line, top_line
+    results = json.loads((out / "run.json").read_text())["analyses"]["retrieval"]["results"]
+    assert [t["head"] for t in results["top_heads"]] == [name(h) for h in scoring[:10]]
+    assert all(t["ranked_score"] > 0 for t in results["top_heads"])
+    (far_line,) = [line for line in log if line.startswith("heads that retrieve from more than 4 tokens back")]
+    report = section.build(RunFiles(out))
+    (top_finding,) = [f for f in report.findings if f.startswith("Retrieval score above 0.1")]
+    table = report.tables[0]
+    assert [f"{row[0]}-{row[1]}" for row in table.rows] == [name(h) for h in scoring[:10]]
+    if family == "gemma3":  # window 4, then global: kinds said
+        assert "(global)" in far_line and "global)" in top_finding and "layer kind" in table.columns
+    else:  # every layer global: no "(global)" anywhere
+        assert "global" not in far_line and "global" not in top_finding and "layer kind" not in table.columns
+        assert far_line.endswith("in layers 2"), far_line
+
+
+def test_an_encoder_is_refused_saying_what_the_command_needs(tiny_checkpoint, files, tmp_path, capsys):
+    """Without --model (the default encoder, all-MiniLM-L6-v2) or with an encoder's folder: one line
+    saying that the needle test needs a causal model and how to get one, not the loader's words about
+    the language-modelling loss; no run directory."""
+    from bertscope.data.decoders import INSTALL_COMMAND
+
+    corpus, needles = files
+    cases = {"the default model (no --model given)": [], tiny_checkpoint.name: ["--model", str(tiny_checkpoint)]}
+    for i, (which, model) in enumerate(cases.items()):
+        out = tmp_path / f"run{i}"
+        capsys.readouterr()
+        assert main(["heads", "retrieval", *model, "--corpus", str(corpus), "--needles", str(needles), "--lengths",
+                     "40", "--quiet", "--out", str(out)]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert "needs a causal language model (a decoder) for the needle test" in err, err
+        assert f"{which} is a bert encoder" in err and f"`{INSTALL_COMMAND}`" in err, err
+        assert "--model smollm2-135m-instruct-q4_1" in err and "language-modelling loss" not in err
+        assert not out.exists()
+
+
+def test_pass_work_counts_weights_and_query_key_pairs(tiny_llama_lm_dir, tiny_gemma3_lm_dir):
+    """The estimate's unit: per token every weight of the base model but the embeddings, and per layer
+    and head 2 x head_dim per (query, key) pair seen (a window of 4 keys on Gemma-3's first layer),
+    counted here pair by pair."""
+    from bertscope.analyses.heads.retrieval.command import pass_work
+    from bertscope.models.loading import load_model
+
+    for path, windows in ((tiny_llama_lm_dir, [None, None]), (tiny_gemma3_lm_dir, [4, None])):
+        loaded = load_model(path, task="causal-lm")
+        base = loaded.model.base_model
+        weights = sum(p.numel() for name, p in base.named_parameters() if "embed_tokens" not in name)
+        head_dim = loaded.model.config.head_dim if path == tiny_gemma3_lm_dir else 32 // 4
+        for length in (3, 40):
+            pairs = sum(min(i + 1, w or length) for w in windows for i in range(length))
+            assert pass_work(loaded, layer_kinds(loaded), length) == weights * length + 2 * 4 * head_dim * pairs
+
+
+def test_plan_and_time_estimate_logged_before_the_grid(tiny_llama_lm_dir, files, tmp_path, monkeypatch, capsys):
+    """Before any pass the log (INFO: shown without --quiet) says the cells planned, the ablation's
+    passes and how to cut them; after the first haystack, its time (a clock that advances 10 s a
+    reading) and the rest's estimate: 10 s x the multiply-adds left over the first pass's. A rerun
+    into the finished directory says they are done and estimates nothing."""
+    from types import SimpleNamespace
+
+    import bertscope.analyses.heads.retrieval.command as command
+    from bertscope.models.loading import load_model
+
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(command, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    out = tmp_path / "run"
+    argv = [a for a in grid_args(tiny_llama_lm_dir, files, out) if a != "--quiet"]  # --ablate 1,2 --draws 2
+    capsys.readouterr()
+    assert main(argv) == 0
+    log = capsys.readouterr().out.splitlines()
+    plan = [i for i, line in enumerate(log) if line.startswith("planned: ")]
+    first = [i for i, line in enumerate(log) if line.startswith("the first haystack (40 tokens) took 10 s: ")]
+    result = [i for i, line in enumerate(log) if line.startswith("6 haystacks (plain prompt)")]
+    assert len(plan) == len(first) == len(result) == 1 and plan[0] < first[0] < result[0], log
+    planned = log[plan[0]]
+    assert planned.startswith("planned: 6 haystacks (1 needle x 2 lengths x 3 depths; lengths 40, 56 tokens, 288 in "
+                              "all), one forward pass each; then the ablation, 18 passes (the top k and 2 random "
+                              "draws of k heads zeroed, k = 1, 2, over 3 haystacks of 40 tokens"), planned
+    for option in ("--lengths", "--depths", "--needles", "--ablate 0", "--draws"):
+        assert option in planned
+    loaded = load_model(tiny_llama_lm_dir, task="causal-lm")
+    work = lambda n: command.pass_work(loaded, ["global", "global"], n)  # noqa: E731
+    rest = 2 * work(40) + 3 * work(56) + 18 * work(40)  # the grid's other 5 haystacks, the ablation's 18 passes
+    assert f"the rest of this call, about {command.duration(10 * rest / work(40))} (an estimate" in log[first[0]]
+    assert command.duration(10 * rest / work(40)) == "4 min"  # 23 passes, the 56-token ones ~1.4 x the first
+    capsys.readouterr()
+    assert main(argv) == 0
+    log = capsys.readouterr().out
+    assert "6 haystacks (1 needle x 2 lengths x 3 depths; lengths 40, 56 tokens, 288 in all), one forward pass " \
+        "each, 6 of them done before" in log and "the first" not in log

@@ -14,8 +14,10 @@ import pytest
 from retrieval_decode import decode_score, rouge1_recall
 from test_retrieval import files, grid_args  # noqa: F401  (the fixture and the argv of the grid)
 
+from bertscope.analyses.heads.retrieval import plots, section
 from bertscope.analyses.heads.retrieval.command import own_answer
 from bertscope.analyses.heads.retrieval.haystack import HaystackBuilder, Needle, corpus_texts
+from bertscope.analyses.heads.retrieval.outputs import escape_text, unescape_text
 from bertscope.analyses.heads.retrieval.stats import (
     MAX_NEW_TOKENS,
     greedy_answer,
@@ -24,6 +26,7 @@ from bertscope.analyses.heads.retrieval.stats import (
     word_recall,
 )
 from bertscope.cli.main import main
+from bertscope.report.page import RunFiles
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -94,14 +97,46 @@ def test_command_greedy_end_to_end(tiny_llama_lm_dir, files, tmp_path, monkeypat
         hay2, rec = real(loaded, hay, needle)
         assert rec["answered"] == (rec["recall"] > 0.5)
         recall = 0.75 if hay.depth == 50 else 0.25
-        return hay2, {**rec, "recall": recall, "answered": recall > 0.5}
+        # a real model's answer ends with its stop token's newline (the tiny word tokenizer has none)
+        return hay2, {**rec, "recall": recall, "answered": recall > 0.5, "answer_text": rec["answer_text"] + ".\n"}
+
+    needle_maps = []
+    real_plot = plots.plot_needle
+
+    def plot_needle(rows, title):
+        needle_maps.append(real_plot(rows, title))
+        return needle_maps[-1]
 
     monkeypatch.setattr(command, "own_answer", answering)
+    monkeypatch.setattr(plots, "plot_needle", plot_needle)
     out = tmp_path / "run"
-    assert main(grid_args(tiny_llama_lm_dir, files, out, "--answer", "greedy", "--ablate", "1")) == 0
+    argv = [a for a in grid_args(tiny_llama_lm_dir, files, out, "--answer", "greedy", "--ablate", "1")
+            if a != "--no-figures"]
+    assert main(argv) == 0
     cells = read_csv(out / "retrieval_cells.csv")
     assert list(cells[0])[-3:] == ["answered", "answer_text", "recall"]
     assert [c["answered"] for c in cells] == ["0", "1", "0"] * 2
+    # answer_text on one line: the newline escaped as backslash-n, so the file has a line per row
+    text = (out / "retrieval_cells.csv").read_text(encoding="utf-8")
+    assert len(text.splitlines()) == len(cells) + 1
+    by_cell = {(c["length"], c["depth"]): c for c in cells}
+    for p in (out / "retrieval_cells").glob("*.json"):
+        r = json.loads(p.read_text())
+        got = by_cell[(str(r["length"]), str(r["depth"]))]["answer_text"]
+        assert r["answer_text"].endswith(".\n") and got == r["answer_text"][:-1] + "\\n"
+        assert "\n" not in got and unescape_text(got) == r["answer_text"]
+    # the needle map shows the word recall of the reference (not the token accuracy of the model's own
+    # answer, 1 everywhere by construction) and a star on the answered haystacks
+    (fig,) = needle_maps
+    shown = np.ma.getdata(fig.axes[0].images[0].get_array())  # depths 0, 50, 100 x lengths 40, 56
+    np.testing.assert_array_equal(shown, [[0.25, 0.25], [0.75, 0.75], [0.25, 0.25]])
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == ["0.25"] * 4 + ["0.75 *"] * 2
+    # the report says what was counted: recall of the model's own words, not a copy of the reference
+    report = section.build(RunFiles(out))
+    assert "copies the reference" not in report.findings[0]
+    assert "own words" in report.findings[0] and "recalls more than half of the reference answer's words" in \
+        report.findings[0] and "40 tokens 1/3 (mean recall 0.42)" in report.findings[0], report.findings[0]
+    assert "word recall" in report.figures[0].caption
     records = {p.stem: json.loads(p.read_text()) for p in (out / "retrieval_cells").glob("*.json")}
     assert all(r["setup"]["answer"] == "greedy" for r in records.values())
     assert all(r["answer_span"][1] - r["answer_span"][0] == len(r["reference"]) for r in records.values())
@@ -132,3 +167,41 @@ def test_reference_mode_unchanged(tiny_llama_lm_dir, files, tmp_path):  # noqa: 
         assert (a / name).read_bytes() == (b / name).read_bytes()
     assert "answer_text" not in read_csv(a / "retrieval_cells.csv")[0]
     assert all("answer" not in json.loads(p.read_text())["setup"] for p in (a / "retrieval_cells").glob("*.json"))
+
+
+def test_greedy_prefill_keeps_one_row_of_logits(tiny_llama_lm_dir, files):  # noqa: F811
+    """The greedy decode's prefill asks the model for the last row's logits only (logits_to_keep=1):
+    no (prompt x vocabulary) logits, which on Gemma-3 at 2k tokens doubled the decode's peak memory.
+    Every call (prefill and steps) returns logits of one row."""
+    from bertscope.models.loading import load_model
+
+    loaded = load_model(tiny_llama_lm_dir, task="causal-lm")
+    corpus, _ = files
+    needle = Needle("dog", "The dog ran far away and then came back home.", "Where was the dog?",
+                    "ran far away and then came back home")
+    hay = HaystackBuilder(loaded.tokenizer, corpus_texts(str(corpus)), "plain").build(needle, 48, 50)
+    calls = []
+
+    def spy(module, args, kwargs, output):
+        calls.append((kwargs.get("logits_to_keep"), kwargs["input_ids"].shape[1], tuple(output.logits.shape)))
+
+    handle = loaded.model.register_forward_hook(spy, with_kwargs=True)
+    try:
+        answer = greedy_answer(loaded, hay.prompt_ids)
+    finally:
+        handle.remove()
+    vocab = loaded.model.config.vocab_size
+    prefill = calls[0]
+    assert prefill[1] == len(hay.prompt_ids) > 1  # the first call is the whole prompt
+    assert prefill[0] == 1 and prefill[2] == (1, 1, vocab)  # one row of logits, not one per prompt token
+    assert len(calls) in (len(answer), len(answer) + 1)  # a call per token (and one past the last at the cap)
+    assert all(c[0] == 1 and c[2] == (1, 1, vocab) for c in calls)
+    # the answer is the decode loop's (test_greedy_cell_hits_equal_the_decode_loop: against eager attention)
+
+
+def test_escape_text_round_trip():
+    """A decoded text in a CSV cell: one line (every break str.splitlines knows escaped), and the text back."""
+    for text in [" Eat a sandwich.\n", "a\\nb", "x\r\ny\u2028z\x85", "back\\slash\\", "", "plain"]:
+        once = escape_text(text)
+        assert len(once.splitlines()) <= 1 and unescape_text(once) == text
+    assert escape_text(" Eat.\n") == " Eat.\\n" and escape_text("a\\nb") == "a\\\\nb"
