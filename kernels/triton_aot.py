@@ -220,7 +220,8 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
     for 4 key classes; 16 and 32 classes, the statistics-free forward, the uniform-gate epilogue
     and the position-dependent statistics at D = 64 (and 256 banded). "core": the largest of each
     tile configuration, what the test suite compiles (each takes ~10 s on one core)."""
-    default, argmax, positions = DEFAULT_STATS, (*DEFAULT_STATS, "argmax"), (*DEFAULT_STATS, "argmax", *position_stats())
+    default, argmax = DEFAULT_STATS, (*DEFAULT_STATS, "argmax")
+    positions = (*argmax, *position_stats())
     if which == "none":
         return []
     if which == "core":
@@ -344,11 +345,14 @@ def ptxas_usage(ptx: str, arch: int) -> dict:
     return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2))}
 
 
-def compile_one(spec: Specialisation, arch: int) -> dict:
-    """Compile one specialisation for sm_<arch>; its resource usage as a table row."""
+def compile_one(spec, arch: int, dump: Path | None = None) -> dict:
+    """Compile one specialisation for sm_<arch>; its resources and its main loop's budget as a row
+    (`triton_sass.loop_metrics`: warp-instructions per 1,000 scores, MUFU per score, barriers, MMAs).
+    dump: a folder to write its cubin, its SASS and a JSON of its tiles, layout and statistics to."""
     import triton  # see the note above ARCHS
     from triton.backends.compiler import GPUTarget
 
+    from . import triton_sass
     from .triton_tiles import launch_caps
 
     src, c = spec.ast_source(arch)
@@ -357,34 +361,154 @@ def compile_one(spec: Specialisation, arch: int) -> dict:
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     seconds = time.perf_counter() - t0
     usage = ptxas_usage(compiled.asm["ptx"], arch)
-    return {
+    row = {
         "kernel": compiled.metadata.name, "spec": spec.name(arch), "D": spec.D, "arch": f"sm_{arch}",
         **usage, "shared": compiled.metadata.shared, "cubin_bytes": len(compiled.asm["cubin"]),
         "compile_s": round(seconds, 2),
     }
+    sass = None
+    if isinstance(spec, (Specialisation, BaselineSpec)):  # the attention loops: their budget
+        sass = triton_sass.disassemble(compiled.asm["cubin"])
+        row.update(triton_sass.loop_metrics(triton_sass.main_loop(triton_sass.parse(sass)), c))
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        stem = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", f"{row['spec']}_D{spec.D}_sm{arch}")
+        (dump / f"{stem}.cubin").write_bytes(compiled.asm["cubin"])
+        if sass is not None:
+            (dump / f"{stem}.sass").write_text(sass)
+        meta = {"config": c, "layout": getattr(spec, "layout_name", lambda: "map kernel")(),
+                "statistics": sorted(spec.switched_on()) if hasattr(spec, "switched_on") else [], **row}
+        (dump / f"{stem}.json").write_text(json.dumps(meta, indent=1))
+    return row
 
 
-def compile_all(archs=ARCHS, specs=None) -> list[dict]:
+def compile_all(archs=ARCHS, specs=None, dump: Path | None = None) -> list[dict]:
     specs = shipped_specialisations() if specs is None else specs
-    return [compile_one(s, a) for a in archs for s in specs]
+    return [compile_one(s, a, dump) for a in archs for s in specs]
+
+
+# -- the baseline and the budget
+
+
+@dataclass(frozen=True)
+class BaselineSpec:
+    """The plain flash-attention forward of bench/flash_baseline.py (no statistics), compiled as the
+    fused forward is: the budget's yardstick."""
+
+    D: int
+    dtype: str
+    causal: bool
+    tiles: tuple[int, int, int, int]  # BLOCK_M, BLOCK_N, num_warps, num_stages
+
+    def config(self, arch: int = 90) -> dict:
+        m, n, w, st = self.tiles
+        return dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+
+    def name(self, arch: int = 90) -> str:
+        m, n, w, st = self.tiles
+        return f"flash{' causal' if self.causal else ''} M{m} N{n} D{self.D} w{w}s{st} {self.dtype}"
+
+    def layout_name(self) -> str:
+        return "causal" if self.causal else "plain"
+
+    def ast_source(self, arch: int = 90):
+        m, n, _, _ = self.tiles
+        return _baseline_module().ast_source(self.D, self.dtype, self.causal, m, n), self.config(arch)
+
+
+def _baseline_module():
+    """bench/flash_baseline.py of the checkout (the baseline is a benchmark, not part of the package)."""
+    import importlib.util
+
+    path = Path(os.environ.get("BERTSCOPE_FLASH_BASELINE", "bench/flash_baseline.py"))
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run from a checkout of bertscope, or set BERTSCOPE_FLASH_BASELINE")
+    spec = importlib.util.spec_from_file_location("flash_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def baseline_specialisations(dims=(64, 128), dtypes=("fp16", "bf16")) -> list[BaselineSpec]:
+    """The baseline at each of its tutorial tiles, plain and causal, per head dimension and dtype."""
+    return [BaselineSpec(D, t, causal, tiles) for t in dtypes for D in dims for causal in (False, True)
+            for tiles in _baseline_module().TILES]
+
+
+# What the fused forward's main loop may cost, for the default statistics (entropy, offsets, class
+# masses), against the best (fewest instructions per score, no spill) of the baseline's tiles for the
+# same head dimension, dtype, target and causal-ness: the issue's targets. `budget_rows` says, per
+# specialisation, whether each holds.
+BUDGET_RATIO = 1.3  # main loop warp-instructions per 1,000 scores, at most this times the baseline's best
+BUDGET_MUFU = 1.1  # MUFU instructions per score (the exp2 of the softmax, one per score)
+BUDGET_WGMMA_N = 64  # on sm_90, the QK^T and P V wgmma's N at least this
+
+
+def budget_specialisations(dims=(64, 128), dtypes=("fp16", "bf16")) -> list[Specialisation]:
+    """The fused forward's specialisations the budget is declared for: the default statistics, plain
+    (encoders) and causal grouped-query (decoders), each head dimension and dtype."""
+    return [Specialisation(D, t, DEFAULT_STATS, 4, banded, "G" if banded else "1") for t in dtypes for D in dims
+            for banded in (False, True)]
+
+
+def budget_rows(rows: list[dict], baseline: list[dict]) -> list[dict]:
+    """Each fused-forward row of `rows` against the baseline's best for its D, dtype, target and
+    causal-ness (a banded specialisation against the causal baseline): the ratio and each check."""
+    out = []
+    for r in rows:
+        if not r["spec"].startswith(("plain", "band")):
+            continue
+        causal = r["spec"].startswith("band")
+        dtype = r["spec"].split()[6 if causal else 5]
+        same = [b for b in baseline if b["arch"] == r["arch"] and b["D"] == r["D"] and f" {dtype}" in b["spec"]
+                and (" causal " in b["spec"]) == causal and not (b["spill_stores"] or b["spill_loads"])]
+        best = min(b["insn_per_1k_scores"] for b in same)
+        qk_pv = [m["N"] for m in r["mma"] if m["op"] == "HGMMA" and m["N"] >= min(r["D"], 64)]
+        out.append({**r, "baseline_best": best, "ratio": round(r["insn_per_1k_scores"] / best, 3),
+                    "within_ratio": r["insn_per_1k_scores"] <= BUDGET_RATIO * best,
+                    "within_mufu": r["mufu_per_score"] <= BUDGET_MUFU,
+                    "wgmma_n_ok": r["arch"] != "sm_90" or (len(qk_pv) >= 1 and min(qk_pv) >= BUDGET_WGMMA_N),
+                    "no_spill": not (r["spill_stores"] or r["spill_loads"])})
+    return out
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'kernel':<20} {'spec':<58} {'arch':<6} {'regs':>5} {'spills (st/ld B)':>16} {'shared B':>9} "
-            f"{'compile s':>9}")
+    head = (f"{'kernel':<16} {'spec':<62} {'arch':<6} {'regs':>5} {'spills (st/ld B)':>16} {'shared B':>9} "
+            f"{'insn/1k':>8} {'MUFU/sc':>8} {'MMA N':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['kernel']:<20} {r['spec']:<58} {r['arch']:<6} {r['registers']:>5} "
-                     f"{str(r['spill_stores']) + '/' + str(r['spill_loads']):>16} {r['shared']:>9} {r['compile_s']:>9}")
+        loop = (f"{r['insn_per_1k_scores']:>8} {r['mufu_per_score']:>8} "
+                f"{'/'.join(str(m['N']) for m in r['mma']):>10}") if "mma" in r else f"{'':>8} {'':>8} {'':>10}"
+        lines.append(f"{r['kernel'][:16]:<16} {r['spec'][:62]:<62} {r['arch']:<6} {r['registers']:>5} "
+                     f"{str(r['spill_stores']) + '/' + str(r['spill_loads']):>16} {r['shared']:>9} {loop}")
     return "\n".join(lines)
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """The rows as bench/results_triton.md's markdown table."""
-    lines = ["| kernel | specialisation | D | arch | registers | spill st/ld (B) | shared (B) |",
-             "|---|---|---:|---|---:|---:|---:|"]
-    lines += [f"| {r['kernel']} | {r['spec']} | {r['D']} | {r['arch']} | {r['registers']} | "
-              f"{r['spill_stores']}/{r['spill_loads']} | {r['shared']} |" for r in rows]
+    """The rows as a markdown table (the main loop's budget where the kernel has one)."""
+    lines = ["| kernel | specialisation | D | arch | registers | spill st/ld (B) | shared (B) "
+             "| main loop insn / 1k scores "
+             "| MUFU / score | barriers / iter | MMA (N) |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        loop = (f"{r['insn_per_1k_scores']} | {r['mufu_per_score']} | {r['barriers']} | "
+                + ", ".join(f"{m['op']} {m['M']}x{m['N']}x{m['K']} x{m['count']}" for m in r["mma"])) \
+            if "mma" in r else " | | | "
+        lines.append(f"| {r['kernel']} | {r['spec']} | {r['D']} | {r['arch']} | {r['registers']} | "
+                     f"{r['spill_stores']}/{r['spill_loads']} | {r['shared']} | {loop} |")
+    return "\n".join(lines)
+
+
+def budget_table(rows: list[dict]) -> str:
+    """`budget_rows` as a markdown table."""
+    yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
+    lines = [f"| specialisation | D | arch | insn / 1k scores | baseline best | ratio (<= {BUDGET_RATIO}) | "
+             f"MUFU / score (<= {BUDGET_MUFU}) | wgmma N >= {BUDGET_WGMMA_N} | spills |",
+             "|---|---:|---|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['spec']} | {r['D']} | {r['arch']} | {r['insn_per_1k_scores']} | {r['baseline_best']} | "
+                     f"{r['ratio']} ({yes(r['within_ratio'])}) | {r['mufu_per_score']} ({yes(r['within_mufu'])}) | "
+                     f"{yes(r['wgmma_n_ok'])} | {r['spill_stores']}/{r['spill_loads']} |")
     return "\n".join(lines)
 
 
@@ -397,6 +521,14 @@ def main(argv=None) -> int:
     parser.add_argument("--layouts", choices=("all", "core", "none"), default="all",
                         help="the layout kernel and the banded map kernels (causal / windowed / grouped-query): "
                              "every specialisation (default), the largest of each configuration, or none")
+    parser.add_argument("--budget", action="store_true",
+                        help="the instruction budget only: the default statistics' specialisations "
+                             "(D 64 and 128, plain "
+                             "and causal GQA, fp16 and bf16) against the flash baseline (bench/flash_baseline.py)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="add the flash baseline (bench/flash_baseline.py) at its tutorial tiles")
+    parser.add_argument("--dump", type=Path, default=None, metavar="DIR",
+                        help="write each specialisation's cubin, SASS and a JSON of its tiles and statistics to DIR")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table instead")
     args = parser.parse_args(argv)
@@ -406,14 +538,23 @@ def main(argv=None) -> int:
     specs = shipped_specialisations(tuple(args.classes or CLASS_COUNTS), tuple(args.dtype or DTYPES),
                                     maps=not args.forward_only,
                                     layouts=args.layouts)
-    rows = compile_all(tuple(args.arch or ARCHS), specs)
+    archs = tuple(args.arch or ARCHS)
+    if args.budget:
+        specs = budget_specialisations(dtypes=tuple(d for d in (args.dtype or ("fp16", "bf16")) if d != "fp32"))
+    rows = compile_all(archs, specs, args.dump)
+    baseline = compile_all(archs, baseline_specialisations(), args.dump) if args.budget or args.baseline else []
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"rows": rows, "baseline": baseline, "budget": budget_rows(rows, baseline)} if baseline
+                         else rows))
     elif args.markdown:
-        print(markdown_table(rows))
+        print(markdown_table(rows + baseline))
+        if baseline:
+            print("\n" + budget_table(budget_rows(rows, baseline)))
     else:
         print(f"Triton {triton.__version__} ({Path(triton.__file__).parent})")
-        print(format_table(rows))
+        print(format_table(rows + baseline))
+        if baseline:
+            print("\n" + budget_table(budget_rows(rows, baseline)))
         spilled = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
         print(f"\n{len(rows)} kernels, {len(spilled)} with spills (compile s is ~0 when Triton's cache had the kernel)")
     return 0

@@ -68,7 +68,8 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
 
 
 def _column_mass(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):
-    stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=torch.float32, layout=layout)
+    stats.column_mass = triton_maps.column_mass_triton(q, k, key_valid, lse, scale, out_dtype=torch.float32,
+                                                       layout=layout)
 
 
 def _word_maps(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):

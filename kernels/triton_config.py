@@ -74,7 +74,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
 # half precision, D <= 128: (target, D <= 64, banded) -> BLOCK_M, BLOCK_N, warps, stages; the fastest tiles
 # by the instruction budget that compile without a register spill (Triton 3.7.1; docs/kernels.md)
 HALF_TILES = {
-    (90, True, False): (128, 128, 8, 3), (90, True, True): (128, 64, 8, 2),
+    (90, True, False): (128, 64, 8, 2), (90, True, True): (128, 64, 8, 2),
     (90, False, False): (128, 64, 8, 2), (90, False, True): (128, 32, 8, 2),
     (80, True, False): (128, 64, 8, 2), (80, True, True): (128, 32, 8, 2),
     (80, False, False): (128, 32, 8, 2), (80, False, True): (32, 32, 4, 2),

@@ -292,7 +292,8 @@ def attn_stats_fwd(
     # -- the output first, so that acc's registers are free for the statistics: xi scales each row's
     # head; a uniform head's rows get the mean of V over the keys they see
     head = off_kv * G + g  # (BLOCK_M,) the rows' query heads
-    xi = tl.load(GateXi + off_b * stride_xb + head, mask=f_in, other=1.0)  # (BLOCK_M,) per head, or per sequence and head
+    # (BLOCK_M,) per head, or per sequence and head
+    xi = tl.load(GateXi + off_b * stride_xb + head, mask=f_in, other=1.0)
     O_ptrs = (Out + off_b * stride_ob + (off_kv * G) * stride_oh + (g * stride_oh + pos * stride_ol)[:, None]
               + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
     o_in = f_in[:, None] & d_in[None, :]
@@ -321,7 +322,8 @@ def attn_stats_fwd(
     tl.store(Lse + row_out, (m_i + log2_l) * LN2, mask=f_in)
     if ENTROPY:
         # H = ln 2 (log2 l - t / l), t / l = c T / l - m
-        tl.store(Entropy + stat_row, tl.where(q_ok, (log2_l + m_i - qk_scale * t_i * inv_l) * LN2, 0.0), mask=f_in)
+        entropy = (log2_l + m_i - qk_scale * t_i * inv_l) * LN2
+        tl.store(Entropy + stat_row, tl.where(q_ok, entropy, 0.0), mask=f_in)
     if ARGMAX:
         tl.store(Argmax + row_out, tl.where(q_ok, arg_i, 0).to(tl.int64), mask=f_in)
     if CLASS_MASS:
@@ -332,13 +334,14 @@ def attn_stats_fwd(
         dist_i, dsum_i, pmass_i = posn
         if DISTANCE_MASS:
             didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
-            tl.store(DistanceMass + stat_row[:, None] + didx[None, :], tl.where(q_ok[:, None], dist_i * inv_l[:, None], 0.0),
-                     mask=f_in[:, None] & (didx[None, :] < DB))
+            tl.store(DistanceMass + stat_row[:, None] + didx[None, :],
+                     tl.where(q_ok[:, None], dist_i * inv_l[:, None], 0.0), mask=f_in[:, None] & (didx[None, :] < DB))
         if MEAN_DISTANCE:
             tl.store(MeanDistance + stat_row, tl.where(q_ok, dsum_i * inv_l, 0.0), mask=f_in)
         if POSITION_MASS:
             pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
-            tl.store(PositionMass + stat_row[:, None] + pidx[None, :], tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
+            tl.store(PositionMass + stat_row[:, None] + pidx[None, :],
+                     tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
                      mask=f_in[:, None] & (pidx[None, :] <= NPB))
     # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
     for o in range(0, n_offsets):

@@ -37,7 +37,6 @@ from .triton_kernel import INTERPRETED, attn_stats_fwd
 from .triton_tiles import DTYPES, launch_caps
 
 
-
 def output_argument(stat) -> str:
     """The kernel's pointer argument of a statistic of the table: its name in CamelCase
     (entropy -> Entropy, offset_mass -> OffsetMass)."""

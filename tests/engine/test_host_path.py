@@ -11,10 +11,10 @@ their own on a CPU (`.cpu()`, `.numpy()`, `.tolist()`).
 
 What is asserted: the engine side of every layer call syncs nothing and, after a warm-up call,
 dispatches no op at all, padded or not (the Triton kernel writes padding rows' statistics itself;
-another backend's are filled with one masked_fill per statistic); `HeadStats.add` reads nothing off the device. The issue's budget, at most
-`OPS_PER_LAYER` ops per layer call all told and no syncing op in the launcher either, is
-`test_a_layer_call_fits_the_budget`, expected to fail until the launcher is rewritten (its
-message lists every op it saw and where from).
+another backend's are filled with one masked_fill per statistic); `HeadStats.add` reads nothing
+off the device. The issue's budget, at most `OPS_PER_LAYER` ops per layer call all told, views of
+the launcher's statistics buffer aside, and no syncing op in the launcher either, is
+`test_a_layer_call_fits_the_budget` (its message lists every op it saw and where from).
 """
 from __future__ import annotations
 

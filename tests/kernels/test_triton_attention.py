@@ -145,7 +145,8 @@ def test_reference_statistics_from_first_principles():
     key_valid, key_class = torch.ones(1, 3, dtype=torch.bool), torch.tensor([[0, 1, 1]])
     spec = StatsSpec(offsets=(-1, 0, 1), n_key_classes=2, class_mass=True, entropy=True, argmax=True)
     for one_block in (True, False):
-        out, s = ta.attention_stats_triton(q, k, v, key_valid, key_class, spec, scale=1.0, blocks=one_block_cfg(one_block))
+        out, s = ta.attention_stats_triton(q, k, v, key_valid, key_class, spec, scale=1.0,
+                                           blocks=one_block_cfg(one_block))
         assert out[0, 0, 0, 0].item() == pytest.approx(0.25 * 1 + 0.5 * 2 + 0.25 * 3)
         assert s.entropy[0, 0, 0].item() == pytest.approx(1.5 * math.log(2))
         assert s.offset_mass[0, 0, 0].tolist() == pytest.approx([0.0, 0.25, 0.5])

@@ -14,8 +14,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest
 import torch
 from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
-from triton_interpreter import one_block_cfg
 from transformers import AutoModel
+from triton_interpreter import one_block_cfg
 
 from bertscope.engine.attention import HeadProbe
 from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats

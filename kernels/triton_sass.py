@@ -1,0 +1,143 @@
+"""What a compiled kernel's main loop issues, read from its SASS: the instruction budget, without a GPU.
+
+A fused attention kernel on a GPU is bound by instruction issue long before memory or tensor cores
+when it does too much per score (the first fused forward issued about 8x a flash loop's
+instructions and ran at about a tenth of its FLOP rate on an H100). So the budget is counted where
+it is spent: the SASS of the loop over key blocks, disassembled with the `cuobjdump` Triton ships.
+
+    metrics = loop_metrics(main_loop(parse(disassemble(compiled.asm["cubin"]))), cfg)
+
+- `parse`: SASS text -> `Instruction`s (address, opcode with its modifiers, operands); NOPs are
+  dropped (padding after branches, never issued in the loop's steady state).
+- `loops`: every backward branch `BRA target` with target < its own address closes a loop whose
+  body is [target, branch].
+- `main_loop`: the first loop in program order whose body holds a tensor-core MMA (HMMA on sm_80,
+  HGMMA on sm_90) and an MUFU.EX2. Both the fused forward and a flash loop put the unmasked key
+  blocks first (the fused forward's masked band edges and padding come after), so the first such
+  loop is the one that runs for almost every block.
+- `loop_metrics`: per iteration of that loop (one key block of BLOCK_M x BLOCK_N scores), per warp:
+  warp-instructions per 1,000 scores = instructions x num_warps / (BLOCK_M BLOCK_N) x 1000; MUFU per
+  score = MUFU instructions x 32 threads x num_warps / (BLOCK_M BLOCK_N); barriers (BAR.*); shared
+  memory loads and stores; the MMA instructions with their shapes (HGMMA.64x128x16.F32.BF16: M 64,
+  N 128, K 16) and operand types.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# one instruction line of cuobjdump -sass: /*0a40*/   @!P0 HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ ;
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
+_TARGET = re.compile(r"0x([0-9a-f]+)")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    opcode: str  # with its modifiers: "HGMMA.64x128x16.F32.BF16", "MUFU.EX2", "BAR.SYNC.DEFER_BLOCKING"
+    operands: str
+
+    @property
+    def base(self) -> str:
+        """The opcode without modifiers: "HGMMA", "MUFU", "BAR"."""
+        return self.opcode.split(".")[0]
+
+
+@dataclass(frozen=True)
+class Loop:
+    start: int  # the branch target
+    end: int  # the backward branch's address
+    body: tuple[Instruction, ...]
+
+
+def tool_path(name: str) -> Path:
+    """A binary of the CUDA toolkit Triton ships (cuobjdump, nvdisasm, ptxas)."""
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
+def disassemble(cubin: bytes) -> str:
+    """The SASS text of a cubin (`cuobjdump -sass`)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([str(tool_path("cuobjdump")), "-sass", f.name], capture_output=True, text=True,
+                              check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def parse(sass: str) -> list[Instruction]:
+    """The instructions of SASS text, in address order, NOPs left out."""
+    found = [Instruction(int(m.group(1), 16), m.group(3), m.group(4).strip()) for m in _LINE.finditer(sass)]
+    return [i for i in found if i.opcode != "NOP"]
+
+
+def loops(instructions: list[Instruction]) -> list[Loop]:
+    """Every loop closed by a backward branch, in the order of their branches."""
+    out = []
+    for ins in instructions:
+        if ins.base != "BRA":
+            continue
+        target = _TARGET.search(ins.operands)
+        if target is None or int(target.group(1), 16) >= ins.address:
+            continue
+        start = int(target.group(1), 16)
+        out.append(Loop(start, ins.address, tuple(i for i in instructions if start <= i.address <= ins.address)))
+    return out
+
+
+def is_mma(ins: Instruction) -> bool:
+    return ins.base in ("HMMA", "HGMMA", "IMMA", "IGMMA")
+
+
+def main_loop(instructions: list[Instruction]) -> Loop:
+    """The first loop (by address) with a tensor-core MMA and an MUFU.EX2 in its body (see the module
+    docstring); a ValueError when there is none."""
+    found = [lp for lp in loops(instructions)
+             if any(is_mma(i) for i in lp.body) and any(i.opcode.startswith("MUFU.EX2") for i in lp.body)]
+    if not found:
+        raise ValueError("no loop with an MMA and an MUFU.EX2: not an attention kernel's SASS?")
+    return min(found, key=lambda lp: lp.start)
+
+
+def mma_shape(opcode: str) -> dict:
+    """{"op", "M", "N", "K", "types"} of an MMA opcode: HGMMA.64x128x16.F32.BF16 (sm_90, M x N x K
+    written out), HMMA.16816.F32.BF16 (sm_80: m16 n8 k16; HMMA.1688: k8)."""
+    parts = opcode.split(".")
+    shape = parts[1] if len(parts) > 1 else ""
+    if "x" in shape:
+        M, N, K = (int(d) for d in shape.split("x"))
+    elif shape.startswith("16") and len(shape) >= 4:
+        M, N, K = 16, int(shape[2]), int(shape[3:])
+    else:
+        M = N = K = None
+    return {"op": parts[0], "M": M, "N": N, "K": K, "types": ".".join(parts[2:])}
+
+
+def loop_metrics(loop: Loop, cfg: dict) -> dict:
+    """What one iteration of `loop` issues for BLOCK_M x BLOCK_N scores with num_warps warps."""
+    scores = cfg["BLOCK_M"] * cfg["BLOCK_N"]
+    warps = cfg["num_warps"]
+    body = loop.body
+    mufu = sum(i.base == "MUFU" for i in body)
+    mmas = sorted({i.opcode for i in body if is_mma(i)})
+    return {
+        "loop_instructions": len(body),
+        "insn_per_1k_scores": round(len(body) * warps / scores * 1000, 1),
+        "mufu_per_score": round(mufu * 32 * warps / scores, 3),
+        "barriers": sum(i.base == "BAR" for i in body),
+        "shared_ld_st": sum(i.base in ("LDS", "STS", "LDSM") for i in body),
+        "local_ld_st": sum(i.base in ("LDL", "STL") for i in body),
+        "mma": [{**mma_shape(op), "count": sum(i.opcode == op for i in body)} for op in mmas],
+    }
+
+
+def kernel_metrics(cubin: bytes, cfg: dict) -> dict:
+    """`loop_metrics` of a cubin's main loop."""
+    return loop_metrics(main_loop(parse(disassemble(cubin))), cfg)
