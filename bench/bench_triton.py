@@ -117,30 +117,6 @@ def gpu_table() -> str:
     return "\n".join(lines)
 
 
-def class_path_table() -> str:
-    """Median ms of the fused forward with the class masses by the one-hot dot (shipped) and
-    by C masked passes (CLASS_DOT=False), 4x12x512, at 4, 16 and 32 key classes."""
-    import dataclasses
-
-    import triton
-
-    from bertscope.kernels.triton_attention import fused_attention
-
-    B, H, L = 4, 12, 512
-    lines = ["| dtype | C | one-hot dot | masked loop | loop / dot |", "|---|---:|---:|---:|---:|"]
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
-        key_valid = torch.ones(B, L, dtype=torch.bool, device="cuda")
-        for C in (4, 16, 32):
-            spec = dataclasses.replace(SPEC, n_key_classes=C)
-            key_class = torch.randint(0, C, (B, L), device="cuda", generator=g)
-            ms = [triton.testing.do_bench(lambda: fused_attention(q, k, v, key_valid, key_class, spec, class_dot=dot))  # noqa: B023  (do_bench calls it at once)
-                  for dot in (True, False)]
-            lines.append(f"| {str(dtype)[6:]} | {C} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[1] / ms[0]:.2f}x |")
-    return "\n".join(lines)
-
-
 def triton_version() -> str:
     import triton
 
@@ -168,9 +144,7 @@ def main(argv=None) -> int:
     if not args.no_aot:
         parts += ["\n## Ahead-of-time compilation (triton.compile + ptxas -v, no GPU needed)\n", aot_table()]
     if gpu:
-        parts += [f"\n## Measured on {gpu} (triton.testing.do_bench, median ms per call)\n", gpu_table(),
-                  f"\n## Class masses: one-hot dot vs masked loop, 4x12x512, {gpu} (median ms per call)\n",
-                  class_path_table()]
+        parts += [f"\n## Measured on {gpu} (triton.testing.do_bench, median ms per call)\n", gpu_table()]
     else:
         parts += ["\n## Measured timings\n",
                   "No GPU here: run `python bench/bench_triton.py` on a GPU machine for the measured table "

@@ -369,7 +369,10 @@ def compile_one(spec, arch: int, dump: Path | None = None) -> dict:
     sass = None
     if isinstance(spec, (Specialisation, BaselineSpec)):  # the attention loops: their budget
         sass = triton_sass.disassemble(compiled.asm["cubin"])
-        row.update(triton_sass.loop_metrics(triton_sass.main_loop(triton_sass.parse(sass)), c))
+        try:
+            row.update(triton_sass.loop_metrics(triton_sass.main_loop(triton_sass.parse(sass)), c))
+        except ValueError:  # exact fp32 dots are FMA loops, no tensor-core MMA: no budget row
+            pass
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", f"{row['spec']}_D{spec.D}_sm{arch}")

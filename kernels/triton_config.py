@@ -7,11 +7,11 @@ bench/flash_baseline.py) with no register spill; the measured tables are in docs
     half precision (fp16, bf16), tensor-core dots with fp32 accumulation: `HALF_TILES`, by target,
         head dimension and layout (BLOCK_N at most 64 for a wide feature dot or the argmax); D = 256
         (Gemma-3) 32 x 32, 4 warps, 2 stages (16 x 32 wide); uniform head gates (a second pass in the epilogue)
-        64 x 64, 8 warps (sm_90) or 64 x 32, 4 warps (sm_80), 2 stages
+        64 x 64 (sm_90) or 64 x 32 (sm_80), 8 warps, 2 stages
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
         accumulators and a loop over buckets): 64 x 32, 8 warps, 2 stages
     fp32, exact IEEE dots (FMA loops, no tensor cores: far more registers per score):
-        16 x 32, 8 warps, 2 stages (D <= 64); 16 x 16, 8 warps, 1 stage, at most 128 registers
+        16 x 32, 8 warps, 2 stages (D <= 64), 16 x 16, 8 warps, 1 stage above, at most 128 registers
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
         "medium") take the half-precision tiles.
 
@@ -59,14 +59,14 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
         elif positions:
             m, n, w, s = 64, 32, 8, 2
         elif uniform:
-            m, n, w, s = (64, 64, 8, 2) if arch >= 90 else (64, 32, 4, 2)
+            m, n, w, s = (64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)
         else:
             m, n, w, s = HALF_TILES[(90 if arch >= 90 else 80, block_d <= 64, banded)]
             if wide and n > 64:
                 n, s = 64, 3
         return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s)
     if block_d <= 64:
-        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2)
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32)
     return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
                 maxnreg=MAXNREG_FP32)
 
