@@ -18,7 +18,7 @@ from collections import defaultdict
 def load(paths):
     rows = []
     for p in paths:
-        rows += [r for r in json.load(open(p)) if r["kernel"] == "_attn_stats_fwd"]
+        rows += [r for r in json.load(open(p)) if r["kernel"] in ("attn_stats_fwd", "_attn_stats_fwd")]  # new, old name
     return rows
 
 
