@@ -228,13 +228,14 @@ def test_the_aot_signature_switches_on_only_what_a_specialisation_asks(monkeypat
     _, new = new_statistic(monkeypatch)
     outputs = launch.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
     monkeypatch.setattr(launch, "kernel_outputs", lambda: outputs)
-    plain = triton_aot.Specialisation(128, 64, "bf16", True, False)
+    plain = triton_aot.Specialisation(64, "bf16", ("entropy",))
     sig, flags = triton_aot._forward_signature(plain, "bf16")
     assert flags.pop("ENTROPY") and not any(flags.values())  # argmax, attention_rollout and any other: off
     assert (sig["Entropy"], sig["Argmax"], sig["AttentionRollout"]) == ("*fp32", "*fp32", "*fp32")
-    sig, flags = triton_aot._forward_signature(dataclasses.replace(plain, extra=("attention_rollout",)), "bf16")
+    sig, flags = triton_aot._forward_signature(dataclasses.replace(plain, stats=("entropy", "attention_rollout")),
+                                               "bf16")
     assert flags["ATTENTION_ROLLOUT"] and sig["AttentionRollout"] == "*fp32"  # statistics are written in fp32
-    band = triton_aot.LayoutSpec(64, "fp32", True, True, extra=("attention_rollout",))
+    band = triton_aot.LayoutSpec(64, "fp32", ("entropy", "argmax", "attention_rollout"))
     flags = triton_aot._forward_signature(band, "fp32")[1]
     assert {flag for flag, on in flags.items() if on} == {"ENTROPY", "ARGMAX", "ATTENTION_ROLLOUT"}
     assert band.name().endswith("entropy+argmax+attention_rollout")
