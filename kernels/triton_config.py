@@ -30,8 +30,6 @@ import triton
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # the statistics whose accumulators change which tiles fit in registers
 POSITION_STATS = ("distance_mass", "mean_distance", "position_mass")
-# the targets the tiles are chosen for (and `triton_aot` compiles)
-ARCHS = (80, 90)
 # the register cap of the fp32 blocks above D = 64 (see the module docstring)
 MAXNREG_FP32 = 128
 # the interpreter's blocks (see the module docstring)
