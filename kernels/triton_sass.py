@@ -7,14 +7,16 @@ it is spent: the SASS of the loop over key blocks, disassembled with the `cuobjd
 
     metrics = loop_metrics(main_loop(parse(disassemble(compiled.asm["cubin"]))), cfg)
 
-- `parse`: SASS text -> `Instruction`s (address, opcode with its modifiers, operands); NOPs are
-  dropped (padding after branches, never issued in the loop's steady state).
+- `parse`: SASS text -> `Instruction`s (address, predicate, opcode with its modifiers, operands);
+  NOPs and instructions predicated on `!PT` (never true: ptxas's placeholders) are dropped, as
+  padding that does no work.
 - `loops`: every backward branch `BRA target` with target < its own address closes a loop whose
   body is [target, branch].
 - `main_loop`: the first loop in program order whose body holds a tensor-core MMA (HMMA on sm_80,
-  HGMMA on sm_90) and an MUFU.EX2. Both the fused forward and a flash loop put the unmasked key
-  blocks first (the fused forward's masked band edges and padding come after), so the first such
-  loop is the one that runs for almost every block.
+  HGMMA on sm_90) and an MUFU.EX2, and holds no other such loop (the innermost, where loops nest).
+  Both the fused forward and a flash loop put the unmasked key blocks first (the fused forward's
+  masked band edges and padding come after), so the first such loop is the one that runs for
+  almost every block.
 - `loop_metrics`: per iteration of that loop (one key block of BLOCK_M x BLOCK_N scores), per warp:
   warp-instructions per 1,000 scores = instructions x num_warps / (BLOCK_M BLOCK_N) x 1000; MUFU per
   score = MUFU instructions x 32 threads x num_warps / (BLOCK_M BLOCK_N); barriers (BAR.*); shared
@@ -39,6 +41,7 @@ class Instruction:
     address: int
     opcode: str  # with its modifiers: "HGMMA.64x128x16.F32.BF16", "MUFU.EX2", "BAR.SYNC.DEFER_BLOCKING"
     operands: str
+    predicate: str = ""  # "@P0", "@!P1", "" when unpredicated
 
     @property
     def base(self) -> str:
@@ -73,9 +76,10 @@ def disassemble(cubin: bytes) -> str:
 
 
 def parse(sass: str) -> list[Instruction]:
-    """The instructions of SASS text, in address order, NOPs left out."""
-    found = [Instruction(int(m.group(1), 16), m.group(3), m.group(4).strip()) for m in _LINE.finditer(sass)]
-    return [i for i in found if i.opcode != "NOP"]
+    """The instructions of SASS text, in address order, NOPs and `@!PT` placeholders left out."""
+    found = [Instruction(int(m.group(1), 16), m.group(3), m.group(4).strip(), (m.group(2) or "").strip())
+             for m in _LINE.finditer(sass)]
+    return [i for i in found if i.opcode != "NOP" and i.predicate != "@!PT"]
 
 
 def loops(instructions: list[Instruction]) -> list[Loop]:
@@ -97,13 +101,15 @@ def is_mma(ins: Instruction) -> bool:
 
 
 def main_loop(instructions: list[Instruction]) -> Loop:
-    """The first loop (by address) with a tensor-core MMA and an MUFU.EX2 in its body (see the module
-    docstring); a ValueError when there is none."""
+    """The first loop (by address) with a tensor-core MMA and an MUFU.EX2 in its body and no other such
+    loop inside it (see the module docstring); a ValueError when there is none."""
     found = [lp for lp in loops(instructions)
              if any(is_mma(i) for i in lp.body) and any(i.opcode.startswith("MUFU.EX2") for i in lp.body)]
-    if not found:
+    innermost = [lp for lp in found
+                 if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in found)]
+    if not innermost:
         raise ValueError("no loop with an MMA and an MUFU.EX2: not an attention kernel's SASS?")
-    return min(found, key=lambda lp: lp.start)
+    return min(innermost, key=lambda lp: lp.start)
 
 
 def mma_shape(opcode: str) -> dict:
