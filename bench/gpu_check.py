@@ -3,6 +3,9 @@
     python bench/gpu_check.py [--python PYTHON] [--out bench/results_gpu.md] [--steps NAME ...]
 
 Steps, each in its own process with a time limit, its output captured:
+    kernel_probe  python bench/kernel_probe.py (first, a minute: the fused forward against the flash baseline
+                  and SDPA, kernel only, D 64 and 128, plain and causal GQA, bf16, L = 4k: the number the
+                  instruction budget predicts, docs/gpu.md)
     selftest      bertscope selftest (every backend against eager on the GPU, fp16/bf16 too)
     aot           python -m bertscope.kernels.triton_aot --layouts core (registers, spills, shared memory
                   of every shipped kernel, the layout kernel's largest specialisations, for the device's
@@ -30,15 +33,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("selftest", "aot", "bench_triton", "bench_gpu", "bench_decoder", "pytest_gpu")
+STEPS = ("kernel_probe", "selftest", "aot", "bench_triton", "bench_gpu", "bench_decoder", "pytest_gpu")
 # seconds per step: the whole check is meant to stay under 10 minutes on one H100
-LIMITS = {"selftest": 150, "aot": 240, "bench_triton": 60, "bench_gpu": 180, "bench_decoder": 150, "pytest_gpu": 100}
+LIMITS = {"kernel_probe": 90, "selftest": 150, "aot": 240, "bench_triton": 60, "bench_gpu": 180, "bench_decoder": 150,
+          "pytest_gpu": 100}
 OUTPUT_TAIL = 150  # lines of a step's output kept in the report (a markdown table in full)
 
 
 def commands(py: str, arch: int | None, tmp: Path) -> dict[str, list[str]]:
     cli = "import sys; from bertscope.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return {
+        "kernel_probe": [py, "bench/kernel_probe.py", "--out", str(tmp / "kernel_probe.md")],
         "selftest": [py, "-c", cli, "selftest", "--device", "cuda"],
         "aot": [py, "-m", "bertscope.kernels.triton_aot", "--layouts", "core",
                 *(["--arch", str(arch)] if arch else [])],

@@ -42,6 +42,27 @@ def test_bench_gpu_code_paths_in_a_cpu_dry_run(minilm_path, tmp_path):
 
 
 @no_gpu
+def test_kernel_probe_refuses_without_a_gpu():
+    p = run("bench/kernel_probe.py")
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "needs a CUDA GPU" in p.stderr, p.stderr
+
+
+@no_gpu
+def test_kernel_probe_in_a_cpu_dry_run(tmp_path):
+    """Every case's three forwards run (the fused one and the flash baseline through Triton's interpreter)
+    and agree with SDPA: the table a lent GPU fills is the one the code paths write."""
+    out = tmp_path / "probe.md"
+    p = run("-W", "ignore", "bench/kernel_probe.py", "--dry-run-cpu", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| 64 |")
+            or line.startswith("| 128 |")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("64", "plain"), ("64", "causal GQA"),
+                                                            ("128", "plain"), ("128", "causal GQA")]
+    assert all(float(r[-1]) < 1e-4 for r in rows), rows  # fp32 on the CPU: max |out - SDPA|
+
+
+@no_gpu
 def test_gpu_check_reports_failed_steps(tmp_path):
     out = tmp_path / "results_gpu.md"
     p = run("bench/gpu_check.py", "--steps", "bench_gpu", "--out", str(out))
@@ -63,6 +84,7 @@ def test_gpu_check_steps_import_the_installed_package(tmp_path):
     finally:
         sys.path.remove(str(ROOT / "bench"))
     cmds = gpu_check.commands(sys.executable, None, tmp_path)
+    assert gpu_check.STEPS[0] == "kernel_probe" and set(cmds) == set(gpu_check.STEPS) == set(gpu_check.LIMITS)
     assert [cmds[s][1] for s in ("selftest", "aot", "pytest_gpu")] == ["-c", "-m", "-m"]
     probe = f"import sys; print('' in sys.path or {str(ROOT)!r} in sys.path)"
     r = gpu_check.run_step("probe", [sys.executable, "-c", probe], 60)
