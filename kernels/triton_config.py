@@ -5,7 +5,8 @@ of the main loop per 1,000 scores, against a plain flash-attention loop compiled
 bench/flash_baseline.py) with no register spill; the measured tables are in docs/kernels.md.
 
     half precision (fp16, bf16), tensor-core dots with fp32 accumulation: `HALF_TILES`, by target,
-        head dimension and layout (BLOCK_N at most 64 for a wide feature dot or the argmax); D = 256
+        head dimension and layout (on sm_90 at D <= 64: 128 x 128, 8 warps, 3 stages with the row sums
+        on the tensor cores, `SUMS_BY_DOT`, below) (BLOCK_N at most 64 for a wide feature dot or the argmax); D = 256
         (Gemma-3) 32 x 32, 4 warps, 2 stages (16 x 32 wide); uniform head gates (a second pass in the epilogue)
         64 x 64 (sm_90) or 64 x 32 (sm_80), 8 warps, 2 stages
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
@@ -15,9 +16,21 @@ bench/flash_baseline.py) with no register spill; the measured tables are in docs
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
         "medium") take the half-precision tiles.
 
+SUMS_BY_DOT (a constexpr of the kernel, in the config): the softmax's row sum l and the entropy's T
+come from tensor-core dots with the P that P V takes (l from a ones column of the key features, T
+as q . (P K)) instead of an FADD and an FFMA per score and two row reductions per block. It takes
+a (BLOCK_M, D) accumulator but frees the raw scores beside P; on sm_90 at D <= 64 that fits
+128 x 128 tiles without a spill and brings the main loop to about 1.07x the flash baseline's
+instructions (from 1.63x at 128 x 64 with the row sums). On sm_80 (mma.sync keeps P in registers
+in another layout) and at D = 128 it costs more than it saves, so it is off there; it needs a free
+column in the key features (at most 15 classes), no argmax, no position statistics and no uniform
+gate (those keep the tiles they had).
+
 Under Triton's interpreter (no GPU) every call takes 16 x 16 blocks: no register file to fit,
 and short test rows then span several blocks, so both stages of the loop and the band's edges
-are exercised on the CPU.
+are exercised on the CPU, with SUMS_BY_DOT where a GPU would take it for the dtype (half precision,
+TF32: a P rounded to the input dtype anyway; with exact fp32 dots the row sums per score are the more
+accurate, about 3x on the entropy), and tests force each way through `blocks` on the same inputs.
 """
 from __future__ import annotations
 
@@ -38,19 +51,21 @@ INTERPRETER_BLOCK = 16
 
 def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
                    interpreted: bool = False, banded: bool = False, uniform: bool = False,
-                   wide: bool = False) -> dict:
+                   wide: bool = False, n_classes: int = 4) -> dict:
     """BLOCK_M, BLOCK_N, BLOCK_D, num_warps, num_stages (and `maxnreg` where it applies) of a
     launch for head dimension D, input dtype, target sm_<arch> (80 or 90; newer targets take
     sm_90's tiles), whether position statistics are asked, whether fp32 dots run on TF32
     tensor cores, and whether the layout is banded (causal, windowed or grouped-query: the band's
     and the stacked heads' row vectors take registers the plain layout's largest tiles need), whether
     the call has uniform head gates (the epilogue's second pass over the keys), and whether its
-    key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax.
+    key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax, and its
+    number of key classes (whether the features have a free column for SUMS_BY_DOT's ones).
     BLOCK_M counts stacked rows (G heads x BLOCK_M / G positions under grouped-query attention)."""
     block_d = max(16, triton.next_power_of_2(D))
+    ones_fit = feature_width(n_classes, ones=True) == feature_width(n_classes)
     if interpreted:
         return dict(BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK, BLOCK_D=block_d, num_warps=4,
-                    num_stages=1)
+                    num_stages=1, SUMS_BY_DOT=ones_fit and (dtype in HALF_DTYPES or tf32))
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
             m, n, w, s = (16, 32, 4, 2) if wide else (32, 32, 4, 2)
@@ -58,15 +73,19 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
             m, n, w, s = 64, 32, 8, 2
         elif uniform:
             m, n, w, s = (64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)
+        elif not wide and ones_fit and (90 if arch >= 90 else 80, block_d <= 64) in SUMS_BY_DOT_TILES:
+            m, n, w, s = SUMS_BY_DOT_TILES[(90 if arch >= 90 else 80, block_d <= 64)]
+            return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=True)
         else:
             m, n, w, s = HALF_TILES[(90 if arch >= 90 else 80, block_d <= 64, banded)]
             if wide and n > 64:
                 n, s = 64, 3
-        return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s)
+        return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False)
     if block_d <= 64:
-        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32)
+            return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32,
+                    SUMS_BY_DOT=False)
     return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
-                maxnreg=MAXNREG_FP32)
+                maxnreg=MAXNREG_FP32, SUMS_BY_DOT=False)
 
 
 # half precision, D <= 128: (target, D <= 64, banded) -> BLOCK_M, BLOCK_N, warps, stages; the fastest tiles
@@ -77,6 +96,9 @@ HALF_TILES = {
     (80, True, False): (128, 64, 8, 2), (80, True, True): (128, 32, 8, 2),
     (80, False, False): (128, 32, 8, 2), (80, False, True): (32, 32, 4, 2),
 }
+# half precision with SUMS_BY_DOT (module docstring): (target, D <= 64) -> BLOCK_M, BLOCK_N, warps, stages,
+# plain and banded alike; only where it beats the row sums without a spill
+SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
 
 
 @functools.cache
@@ -86,7 +108,7 @@ def device_arch(device: torch.device) -> int:
     return 10 * major + minor
 
 
-def feature_width(n_classes: int) -> int:
-    """F_PAD, the key-feature matrix's width: the n_classes one-hot columns padded to a power of two
-    >= 16 (tl.dot's smallest N)."""
-    return max(16, triton.next_power_of_2(n_classes))
+def feature_width(n_classes: int, ones: bool = False) -> int:
+    """F_PAD, the key-feature matrix's width: the n_classes one-hot columns (and with `ones` a column of
+    ones, the last: SUMS_BY_DOT's row sum) padded to a power of two >= 16 (tl.dot's smallest N)."""
+    return max(16, triton.next_power_of_2(n_classes + int(ones)))

@@ -26,7 +26,11 @@ The statistics, by kind (each a constexpr switch read off the table `spec.ROW_ST
   l = sum_j 2^(z_j - m) and T = sum_j 2^(z_j - m) s_j with the raw scores s (one FFMA per score),
   both rescaled once per row and block, so that the entropy is H = ln 2 (log2 l - t / l) with
   t / l = c T / l - m: no log per key, and nothing kept beside p; arg the first key of the row's
-  largest score;
+  largest score. With SUMS_BY_DOT (`triton_config`) l and T come from the tensor cores instead, from
+  the same rounded P that P V takes: l is the last column of the key-feature dot (a column of ones
+  in U) and T = q . (P K), with P K a (BLOCK_M, D) accumulator beside the output's. No FADD or FFMA
+  per score, no row reduction per block, and the raw scores need not stay live beside P: on sm_90
+  that is what lets 128 x 128 tiles fit;
 - per key feature, one tensor-core dot `feat += P @ U`: U (L, F) the keys' features, built once
   per batch by the launcher and loaded like V (today the one-hot key classes: class masses);
   any statistic that is a sum over keys of a per-key feature is a column of U;
@@ -67,15 +71,17 @@ OFFSET_DK = tl.constexpr(32)
 
 
 @triton.jit
-def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale, L,  #
+def _key_block(row, acc, feat, posn, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, F_PAD: tl.constexpr,  #
                MASKED: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
                ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, CLASS_MASS: tl.constexpr,  #
-               DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr):
+               DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
+               SUMS_BY_DOT: tl.constexpr):
     """One key block [start_n, start_n + BLOCK_N) for the tile's rows: the softmax state, P V,
     the key-feature dot and the position sums, every statistic summed over keys written here once.
 
-    pos (BLOCK_M,) the rows' query positions, lo_m / hi_m their bands (BANDED only); keys =
+    pos (BLOCK_M,) the rows' query positions, whose bands are pos - win_left .. pos + win_right (BANDED
+    only; read from pos and two scalars: no band vectors kept through the loop); keys =
     (K, V, U, KeyValid pointers of this sequence and head, their key strides, K's and V's d stride).
     MASKED: the block holds a key some row may not see (band edge, padding) or the row end; an
     unmasked block loads no mask and selects nothing."""
@@ -99,7 +105,8 @@ def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale
     if MASKED:
         seen = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,) padding keys
         if BANDED:
-            seen = seen[None, :] & (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None])
+            rel = offs_n[None, :] - pos[:, None]  # (BLOCK_M, BLOCK_N) j - i
+            seen = seen[None, :] & (rel >= -win_left) & (rel <= win_right)
         else:
             seen = seen[None, :]
         # (BLOCK_M, BLOCK_N) log2 units; a key the row may not see gets the finite fill, so that a row that
@@ -123,18 +130,22 @@ def _key_block(row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale
         # equal one at a lower index (the stages visit blocks out of key order)
         arg_blk = tl.min(tl.where(top, offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
         arg_i = tl.where((m_blk > m_i) | ((m_blk == m_i) & (arg_blk < arg_i)), arg_blk, arg_i)
-    if ENTROPY:
-        # T = sum_j p_j s_j, rescaled like l, with the raw scores s = q . k (finite everywhere: a key past
-        # the row end has k = 0): the epilogue's t = sum_j p_j (z_j - m) = c T - m l. One FFMA per score,
-        # and nothing kept beside p. T and l are fp32 sums of the same fp32 p, so c T / l - m cancels to
-        # t / l as far as fp32 goes (an l summed from P rounded to bf16 would move it by |m| 2^-9)
-        t_i = t_i * alpha + tl.sum(p * qk, 1)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    row = (m_new, l_i, t_i, arg_i)
+    if not SUMS_BY_DOT:
+        if ENTROPY:
+            # T = sum_j p_j s_j, rescaled like l, with the raw scores s = q . k (finite everywhere: a key past
+            # the row end has k = 0): the epilogue's t = sum_j p_j (z_j - m) = c T - m l. One FFMA per score,
+            # and nothing kept beside p. T and l are fp32 sums of the same fp32 p, so c T / l - m cancels to
+            # t / l as far as fp32 goes (an l summed from P rounded to bf16 would move it by |m| 2^-9)
+            t_i = t_i * alpha + tl.sum(p * qk, 1)
+        l_i = l_i * alpha + tl.sum(p, 1)
     # -- P V, and the key features' dot with the same P (rescaled to the new max first)
     pv = p.to(v.dtype)  # P in the input dtype, as FlashAttention's P V takes it
     acc = tl.dot(pv, v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
-    if CLASS_MASS:
+    if SUMS_BY_DOT and ENTROPY:
+        # T = q . (P K) on the tensor cores, from the same rounded P as l (the features' ones column)
+        t_i = tl.dot(pv, tl.trans(k), t_i * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
+    row = (m_new, l_i, t_i, arg_i)
+    if CLASS_MASS or SUMS_BY_DOT:
         u_ptrs = U_ptr + offs_n[:, None] * stride_fl + tl.arange(0, F_PAD)[None, :]  # (BLOCK_N, F_PAD)
         if MASKED:
             u = tl.load(u_ptrs, mask=n_in[:, None], other=0.0)
@@ -223,6 +234,7 @@ def attn_stats_fwd(
     F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
     ENTROPY: tl.constexpr, CLASS_MASS: tl.constexpr, ARGMAX: tl.constexpr,  #
     DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,
+    SUMS_BY_DOT: tl.constexpr,
 ):
     """One program: BLOCK_M stacked rows (f = i * G + g) of the G query heads that share one
     key/value head, against that head's keys. BANDED: the rows' bands are compared in masked
@@ -249,11 +261,13 @@ def attn_stats_fwd(
             KeyFeatures + off_b * stride_fb, KeyValid + off_b * stride_mb,
             stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd)
     qk_scale = sm_scale * LOG2E
-    lo_m = pos - win_left  # (BLOCK_M,) each row's band, inclusive
-    hi_m = pos + win_right
     # -- running state, by kind: softmax (m, l, T, arg), output, key features, position sums
+    if SUMS_BY_DOT and ENTROPY:
+        t_init = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    else:
+        t_init = tl.zeros([BLOCK_M], dtype=tl.float32)
     row = (tl.full([BLOCK_M], FMIN, dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
-           tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.int32))
+           t_init, tl.zeros([BLOCK_M], dtype=tl.int32))
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     feat = tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32)
     posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
@@ -270,18 +284,28 @@ def attn_stats_fwd(
     full_hi = tl.maximum(full_hi, full_lo)
     for start_n in range(full_lo, full_hi, BLOCK_N):  # the main loop: no mask
         row, acc, feat, posn = _key_block(
-            row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale, L,  #
+            row, acc, feat, posn, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
             BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, False, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, SUMS_BY_DOT)
     n_left = (full_lo - start_lo) // BLOCK_N
     for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the masked blocks: left of it, then right
         start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
         row, acc, feat, posn = _key_block(
-            row, acc, feat, posn, q, pos, lo_m, hi_m, start_n, keys, qk_scale, L,  #
+            row, acc, feat, posn, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
             BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, True, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS)
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, SUMS_BY_DOT)
     # -- epilogue, from the final state; statistics stored in fp32
     m_i, l_i, t_i, arg_i = row
+    if SUMS_BY_DOT:
+        fidx = tl.arange(0, F_PAD)  # (F_PAD,)
+        l_i = tl.sum(tl.where(fidx[None, :] == F_PAD - 1, feat, 0.0), 1)  # the ones column: sum_j P_j
+        if ENTROPY:  # T = q . (P K), q again from memory: neither q nor its addresses kept through the loop
+            # (the address written per query head, not as the prologue's, so that the compiler does not keep
+            # the prologue's 64-bit pointers live through both loops to reuse them here)
+            q_t = tl.load(Q + off_b * stride_qb + ((off_kv * G + g) * stride_qh + pos * stride_ql)[:, None]
+                          + offs_d[None, :] * stride_qd,
+                          mask=f_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+            t_i = tl.sum(q_t.to(tl.float32) * t_i, 1)
     inv_l = 1.0 / l_i
     log2_l = tl.math.log2(l_i)
     row_out = bh0 * L + g * L + pos  # (BLOCK_M,) flat (b, h, i) of the (B, H, L, ...) statistics
@@ -310,7 +334,8 @@ def attn_stats_fwd(
                 offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
                 n_in = offs_n < L
                 kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-                seen = (kv & n_in)[None, :] & (offs_n[None, :] >= lo_m[:, None]) & (offs_n[None, :] <= hi_m[:, None])
+                rel = offs_n[None, :] - pos[:, None]  # (BLOCK_M, BLOCK_N) j - i
+                seen = (kv & n_in)[None, :] & (rel >= -win_left) & (rel <= win_right)
                 w = tl.where(seen, 1.0, 0.0)  # (BLOCK_M, BLOCK_N)
                 v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
                             mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
@@ -345,8 +370,9 @@ def attn_stats_fwd(
                      mask=f_in[:, None] & (pidx[None, :] <= NPB))
     # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
     for o in range(0, n_offsets):
-        kr = pos + tl.load(Offsets + o)  # (BLOCK_M,) key positions
-        inside = (kr >= 0) & (kr < L) & (kr >= lo_m) & (kr <= hi_m)
+        off = tl.load(Offsets + o)
+        kr = pos + off  # (BLOCK_M,) key positions
+        inside = (kr >= 0) & (kr < L) & (off >= -win_left) & (off <= win_right)
         # q . k_{i+o} in slices of OFFSET_DK columns, q again from memory: a whole (BLOCK_M, BLOCK_D) fp32 q
         # and K row would take 2 BLOCK_M BLOCK_D / (32 num_warps) registers (128 at D = 128), or q's kept
         # through the loop 32 more

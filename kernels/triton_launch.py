@@ -83,7 +83,8 @@ class KeyOperands:
     valid:    (B, L) int8, 0 for padding keys (a view of a bool mask: no copy)
     ranges:   (B, 2) int32, each sequence's valid keys [lo, hi) when they are one contiguous run
               (left or right padding), else (0, 0): the kernel's unmasked stage lies inside it
-    features: (B, L, F) in the inputs' dtype (F = `feature_width`): the one-hot key classes
+    features: (B, L, F) in the inputs' dtype (F = `feature_width`): the one-hot key classes, and with
+              `ones` a last column of ones (SUMS_BY_DOT: the softmax's row sum as a column of P U)
     """
 
     valid: torch.Tensor
@@ -112,8 +113,8 @@ class OperandCache:
         self._operands = None
         self._offsets = {}
 
-    def keys(self, key_valid, key_class, n_classes: int, dtype, dev) -> KeyOperands:
-        key = (key_valid, key_class, n_classes, dtype, dev)
+    def keys(self, key_valid, key_class, n_classes: int, dtype, dev, ones: bool = False) -> KeyOperands:
+        key = (key_valid, key_class, n_classes, dtype, dev, ones)
         old = self._key
         if old is not None and old[0] is key_valid and old[1] is key_class and old[2:] == key[2:]:
             return self._operands
@@ -121,6 +122,8 @@ class OperandCache:
         valid = valid.view(torch.int8) if valid.dtype == torch.bool else (valid != 0).view(torch.int8)
         width = feature_width(n_classes)
         feats = torch.nn.functional.one_hot(key_class.to(dev, torch.long), width).to(dtype)  # (B, L, F)
+        if ones:  # the config put SUMS_BY_DOT on only where this column is free (n_classes < F)
+            feats[..., width - 1] = 1
         self._key, self._operands = key, KeyOperands(valid, key_ranges(valid), feats)
         return self._operands
 
@@ -234,7 +237,7 @@ def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = F
     arch = 90 if interpreted else device_arch(q.device)
     return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
                           interpreted=interpreted, banded=not layout.is_plain, uniform=uniform,
-                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax)
+                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax, n_classes=spec.n_key_classes)
 
 
 def check_dtypes(q, k, v):
@@ -274,7 +277,10 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
     if out.numel() == 0:
         return out, stats, lse
-    keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev)
+    sums_by_dot = bool(cfg.get("SUMS_BY_DOT", False))
+    if sums_by_dot and feature_width(C, ones=True) != feature_width(C):
+        raise ValueError(f"SUMS_BY_DOT needs a free key-feature column: {C} key classes fill all {feature_width(C)}")
+    keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev, ones=sums_by_dot)
     features = keys.features
     xi, stride_xb, uniform, stride_ub = gate_operands(gates, H, dev)
     grid = (triton.cdiv(L * G, cfg["BLOCK_M"]), B * (H // G))
@@ -292,7 +298,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D,
         F_PAD=feature_width(C), BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),
-        UNIFORM=uniform is not None, **flags,  #
+        UNIFORM=uniform is not None, SUMS_BY_DOT=sums_by_dot, **flags,  #
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_caps(cfg),
     )
     return out, stats, lse

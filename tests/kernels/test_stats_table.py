@@ -53,12 +53,20 @@ def triton(*args, **kw):
     return ta.attention_stats_triton(*args, **kw)
 
 
+def triton_sums_by_dot(*args, **kw):
+    """The fused kernel with its softmax row sums on the tensor cores (`SUMS_BY_DOT`: sm_90, half
+    precision, D <= 64), which the fp32 inputs here would not take by default (`triton_config`)."""
+    return triton(*args, blocks={"SUMS_BY_DOT": True}, **kw)
+
+
 def chunked(row_pass):
     return lambda *a, **kw: attention_stats_chunked(*a, row_pass=row_pass, **kw)
 
 
-# every path of every backend of `kernels.BACKENDS` but the oracle: the chunked one with each row pass
-PATHS = {"chunked-compiled": chunked("compiled"), "chunked-torch": chunked("torch"), "triton": triton}
+# every path of every backend of `kernels.BACKENDS` but the oracle: the chunked one with each row pass, the
+# fused kernel with each way of summing its rows (per score; on the tensor cores)
+PATHS = {"chunked-compiled": chunked("compiled"), "chunked-torch": chunked("torch"), "triton": triton,
+         "triton-sums-by-dot": triton_sums_by_dot}
 RUNS = {"eager": attention_stats_eager, **PATHS}
 
 
@@ -134,10 +142,11 @@ CASES = {
                             pad="single"),
 }
 # hypothesis examples per test: Triton's interpreter is slow
-EXAMPLES = {"chunked-compiled": 6, "chunked-torch": 6, "triton": 2}
+EXAMPLES = {"chunked-compiled": 6, "chunked-torch": 6, "triton": 2, "triton-sums-by-dot": 1}
 # query rows x heads of one call at most (None: no limit): the interpreter's time grows with them,
 # so a long row is drawn with fewer sequences (and heads) in Triton, as many rows as 3 x 4 x 12
-ROWS = {"chunked-compiled": 3 * 4 * 24, "chunked-torch": 3 * 4 * 24, "triton": 3 * 4 * 12}
+ROWS = {"chunked-compiled": 3 * 4 * 24, "chunked-torch": 3 * 4 * 24, "triton": 3 * 4 * 12,
+        "triton-sums-by-dot": 3 * 4 * 12}
 
 
 def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = None):
