@@ -247,7 +247,7 @@ def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = F
     arch = 90 if interpreted else device_arch(q.device)
     return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
                           interpreted=interpreted, banded=not layout.is_plain, uniform=uniform,
-                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax)
+                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax, tokens=spec.token_relations)
 
 
 def check_dtypes(q, k, v):
