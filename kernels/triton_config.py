@@ -11,7 +11,9 @@ bench/flash_baseline.py) with no register spill; the measured tables are in docs
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
         accumulators and a loop over buckets): 64 x 32, 8 warps, 2 stages
     token relations on (duplicate, prefix-match mass: two id loads and two (BLOCK_M, BLOCK_N) matches
-        per block): the position statistics' tiles; D = 256 16 x 32, 8 warps, 2 stages
+        per block): the position statistics' tiles; D = 256 16 x 16, 4 warps, 2 stages. Not yet spill-free
+        everywhere (Triton 3.7.1, ptxas -v): D = 128 on sm_80 and D = 256 on sm_90 spill 8-28 bytes, so
+        `triton_aot` ships them at D = 64 only (docs/contributing.md, closing note)
     fp32, exact IEEE dots (FMA loops, no tensor cores: far more registers per score):
         16 x 32, 8 warps, 2 stages (D <= 64), 16 x 16, 8 warps, 1 stage above, at most 128 registers
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
@@ -58,7 +60,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
                     num_stages=1)
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
-            m, n, w, s = (16, 32, 8, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)
+            m, n, w, s = (16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)
         elif positions or tokens:
             m, n, w, s = 64, 32, 8, 2
         elif uniform:
