@@ -74,6 +74,12 @@ FULL = [Case(2, 3, 1, 32), Case(3, 4, 37, 32), Case(2, 12, 128, 64), Case(2, 4, 
 QUICK = [Case(2, 3, 1, 16), Case(2, 3, 37, 16), Case(1, 3, 130, 16, C=16)]
 
 
+def token_ids(case: Case, seed=0) -> torch.Tensor:
+    """(B, L) token ids of a case from 5 tokens: repeats everywhere, for the token relations
+    (duplicate and prefix-match mass)."""
+    return torch.randint(0, 5, (case.B, case.L), generator=torch.Generator().manual_seed(seed + 1))
+
+
 def inputs(case: Case, seed=0):
     """Random CPU q, k, v (k and v with the layout's key heads) with padding on the layout's side,
     a single-key sequence and uniform, zero and float gates (per sequence); words of two tokens."""
@@ -108,12 +114,14 @@ def check(backend: str, case: Case, device) -> dict:
     spec = replace(SPEC, n_key_classes=case.C)
     layout = case.attention
     ref_args = [a.double() if a.is_floating_point() else a for a in args]
+    ids = token_ids(case)
     out_ref, ref = attention_stats(*ref_args, spec, gates=gates, backend="eager", pooling=word_pooling(unit, candidate),
-                                   layout=layout)
+                                   layout=layout, token_ids=ids)
     dev_args = [a.to(device, case.dtype) if a.is_floating_point() else a.to(device) for a in args]
     out, got = attention_stats(*dev_args, spec, gates=LayerGates(gates.xi.to(device), gates.uniform.to(device)),
                                backend=backend,
-                               pooling=word_pooling(unit.to(device), candidate.to(device)), layout=layout)
+                               pooling=word_pooling(unit.to(device), candidate.to(device)), layout=layout,
+                               token_ids=ids.to(device))
     valid = args[3]
     err = {"out": scaled_error(out.cpu().double() * valid[:, :, None, None], out_ref * valid[:, :, None, None])}
     agree = []

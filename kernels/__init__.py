@@ -105,7 +105,7 @@ def describe_backend(name: str, device) -> dict:
 
 
 def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto",
-                    pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN):
+                    pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, token_ids=None):
     """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D).
 
     gates: the layer's `LayerGates` (head scale xi, uniform heads), or None. They change the
@@ -121,17 +121,21 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
 
     layout: which keys each query may see and how q and k heads pair up (`AttentionLayout`);
     k and v have layout.n_key_value_heads heads (H without grouped-query attention).
+
+    token_ids: (B, L) int64 token ids of the batch, needed when spec.token_relations (queries and
+    keys are the same tokens: one tensor per batch, handed to every layer).
     """
     name = resolve_backend(backend, q.device)
     check_layout(layout, q, k)
     check_layer_gates(gates, q.shape[0], q.shape[1])
     fn = BACKENDS[name]
     if not needs_grad(q, k, v, gates):
-        out, stats = fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling, layout=layout)
+        out, stats = fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling, layout=layout,
+                        token_ids=token_ids)
         return out, stats.as_float32()
     with torch.no_grad():
         _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling,
-                      layout=layout)
+                      layout=layout, token_ids=token_ids)
     return gated_sdpa(q, k, v, key_valid, gates, scale, layout=layout), stats.as_float32()
 
 

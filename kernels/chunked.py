@@ -65,7 +65,7 @@ from . import spec as _spec
 from .common import finish_stats, keep_qk, query_blocks, require_pooling
 from .gates import apply_gates
 from .pooling import word_argmax
-from .spec import PLAIN, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling
+from .spec import PLAIN, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling, padded_ids
 
 # the scores of one block: whole maps of a few heads (plain layout: at L = 128, a sequence's 12
 # heads), or a query block against its band, large enough for a block's matmuls to stay efficient
@@ -89,7 +89,7 @@ ROW_PASSES = ("auto", "compiled", "torch")
 
 def attention_stats_chunked(
     q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, pooling: WordPooling | None = None,
-    chunk_bytes=None, row_pass="auto", layout: AttentionLayout = PLAIN,
+    chunk_bytes=None, row_pass="auto", layout: AttentionLayout = PLAIN, token_ids=None,
 ):
     """Same contract as `attention_stats_eager`; never holds more than one block of scores.
 
@@ -102,7 +102,7 @@ def attention_stats_chunked(
         raise ValueError(f"row_pass must be one of {ROW_PASSES}, not {row_pass!r}")
     if row_pass != "torch" and q.dtype in HALF:  # widened on every device (module docstring)
         out, stats = attention_stats_chunked(q.float(), k.float(), v.float(), key_valid, key_class, spec, gates,
-                                             scale, pooling, chunk_bytes, row_pass, layout=layout)
+                                             scale, pooling, chunk_bytes, row_pass, layout=layout, token_ids=token_ids)
         return out.to(v.dtype), stats
     compiled_fits = q.dtype == torch.float32 and q.device.type == "cpu"
     if row_pass == "compiled" and not compiled_fits:
@@ -111,7 +111,7 @@ def attention_stats_chunked(
         raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
     compiled = row_pass != "torch" and compiled_fits and cpu_rows.load() is not None
     blocks = (DEFAULT_CHUNK_BYTES, BLOCK_MIN_ROWS) if chunk_bytes is None else (chunk_bytes, 1)
-    return _chunked(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout)
+    return _chunked(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout, token_ids)
 
 
 def by_block(spec: StatsSpec) -> list:
@@ -122,7 +122,7 @@ def by_block(spec: StatsSpec) -> list:
 
 
 def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes, min_rows: int,
-             compiled: bool, layout: AttentionLayout):
+             compiled: bool, layout: AttentionLayout, token_ids=None):
     """The one loop (module docstring): blocks of (sequence b, key heads kh0 .. kh1 - 1 with their
     G query heads each, query rows i0 .. i1 - 1, keys k0 .. k1 - 1).
 
@@ -169,6 +169,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
         word_map = torch.zeros(B, H, W, W, dtype=acc_dtype, device=dev)
         from_word, to_word = pooling.from_word.to(dtype), pooling.to_word.to(dtype)  # (B, W, L), (B, L, W)
     per_block = by_block(spec)
+    ids = None if token_ids is None else padded_ids(token_ids, key_valid)  # (B, L), padding -1
     per_block_out = {}  # name -> (B, H, L, ...), allocated on the first block (its width is the function's)
 
     budget = max(1, chunk_bytes // q.element_size())
@@ -227,7 +228,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
                 tw = to_word[b, None, k0:k1].expand(n, bk, -1)  # (n, bk, W)
                 word_map[b, hs] += torch.matmul(torch.matmul(fw, s), tw).to(acc_dtype)
             if per_block:
-                keys = KeyBlock(key_valid[b, k0:k1], key_class[b, k0:k1], L, spec)
+                keys = KeyBlock(key_valid[b, k0:k1], key_class[b, k0:k1], L, spec, None if ids is None else ids[b])
                 for stat in per_block:
                     per_block_out[stat.name][b, hs, i0:i1] = stat.from_probs(s, i0, k0, keys)  # (n, bq, ...)
 
@@ -235,7 +236,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
              for block in blocks]
     if per_block:  # each definition's output width: from a call on a one-row block
         probe = torch.full((1, 1, 1), 1.0, dtype=dtype, device=dev)
-        keys = KeyBlock(key_valid[0, :1], key_class[0, :1], L, spec)
+        keys = KeyBlock(key_valid[0, :1], key_class[0, :1], L, spec, None if ids is None else ids[0])
         for stat in per_block:
             t = stat.from_probs(probe, 0, 0, keys)  # (1, 1, ...)
             per_block_out[stat.name] = torch.zeros(B, H, L, *t.shape[2:], dtype=t.dtype, device=dev)

@@ -16,7 +16,7 @@ from .spec import PLAIN, AttentionLayout, StatsSpec, WordPooling
 
 
 def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
-                          pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN):
+                          pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, token_ids=None):
     """Attention output and per-row statistics from the full probability maps.
 
     q:         (B, H, L, D)
@@ -28,6 +28,8 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
     pooling:   word pooling of the batch, needed when spec.word_maps
     layout:    which keys each query sees (`AttentionLayout`: causal, window, key/value heads);
                every statistic is over the keys a row sees (the others have p = 0)
+    token_ids: (B, L) int64 token ids (>= 0; queries and keys are the same tokens), needed when
+               spec.token_relations (duplicate and prefix-match mass); padding positions are ignored
     Returns (out (B, L, H, D), RowStats); rows of padding queries are all zero.
     """
     D = q.shape[-1]
@@ -35,7 +37,7 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
     p = visible_probs(q, k, key_valid, layout, scale)  # (B, H, L, L)
     v_h = v.repeat_interleave(layout.group_size(q.shape[1]), dim=1)  # (B, H, L, D): head h's values
     out = apply_gates(torch.matmul(p, v_h), v, key_valid, gates, layout)  # (B, H, L, D)
-    stats = stats_from_probs(p, key_valid, key_class, spec, layout, pooling)
+    stats = stats_from_probs(p, key_valid, key_class, spec, layout, pooling, token_ids=token_ids)
     keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), stats
 

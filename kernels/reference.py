@@ -19,7 +19,7 @@ import torch
 from . import spec as _spec
 from .common import finish_stats, require_pooling
 from .pooling import pool_map, word_argmax
-from .spec import PLAIN, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling, visible_mask
+from .spec import PLAIN, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling, padded_ids, visible_mask
 
 
 def visible_probs(q, k, key_valid, layout: AttentionLayout = PLAIN, scale=None) -> torch.Tensor:
@@ -38,19 +38,22 @@ def visible_probs(q, k, key_valid, layout: AttentionLayout = PLAIN, scale=None) 
 
 
 def stats_from_probs(p, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout = PLAIN,
-                     pooling: WordPooling | None = None, backend: str = "eager") -> RowStats:
+                     pooling: WordPooling | None = None, backend: str = "eager", token_ids=None) -> RowStats:
     """Every statistic of the table that `spec` asks for, read off the maps p (B, H, L, L).
 
-    key_valid: (B, L) bool; key_class: (B, L) int64; pooling: needed when spec.word_maps.
+    key_valid: (B, L) bool; key_class: (B, L) int64; pooling: needed when spec.word_maps;
+    token_ids: (B, L) int64, needed when spec.token_relations.
     Rows of padding queries hold the table's `padding` value; a statistic of the table with no
     definition (neither `from_probs` nor a whole-map one below) is a NotImplementedError.
     """
     B, H, L, _ = p.shape
     stats = RowStats(layout=layout)
+    ids = None if token_ids is None else padded_ids(token_ids, key_valid)  # (B, L), padding -1
     for stat in _spec.ROW_STATS:
         if stat.from_probs is None or not stat.asked(spec):
             continue
-        rows = [stat.from_probs(p[b], 0, 0, KeyBlock(key_valid[b], key_class[b], L, spec)) for b in range(B)]
+        rows = [stat.from_probs(p[b], 0, 0, KeyBlock(key_valid[b], key_class[b], L, spec, _row(ids, b)))
+                for b in range(B)]
         setattr(stats, stat.name, torch.stack(rows))  # (B, H, L, ...)
     if spec.column_mass:
         stats.column_mass = (p * key_valid[:, None, :, None]).sum(-2)  # (B, H, L): over valid query rows
@@ -58,3 +61,7 @@ def stats_from_probs(p, key_valid, key_class, spec: StatsSpec, layout: Attention
         stats.word_map = pool_map(p, require_pooling(pooling))  # (B, H, W, W)
         stats.word_argmax = word_argmax(stats.word_map, pooling.candidate)  # (B, H, W)
     return finish_stats(stats, spec, key_valid, backend)
+
+
+def _row(t, b):
+    return None if t is None else t[b]

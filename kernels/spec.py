@@ -83,12 +83,17 @@ class KeyBlock:
     klass:  (bk,) int64 key classes in [0, spec.n_key_classes)
     length: L, the padded sequence length (positions i0 + r and k0 + c are indices of it)
     spec:   the `StatsSpec` of the call (offsets, number of classes, ...)
+    ids:    (L,) int64 token ids of the whole sequence (queries and keys are the same tokens),
+            -1 on padding positions (`padded_ids`), or None when the call has none; the whole
+            row, not the block's keys, because a token relation compares a query's id (i0 + r)
+            with a key's (k0 + c) or with its predecessor's (k0 + c - 1, outside the block for c = 0)
     """
 
     valid: torch.Tensor
     klass: torch.Tensor
     length: int
     spec: StatsSpec
+    ids: torch.Tensor | None = None
 
 
 # Each per-row statistic is defined once, as a function of a block of probabilities:
@@ -154,6 +159,65 @@ def _block_positions(p, i0, k0):
     i = torch.arange(i0, i0 + bq, device=p.device)[:, None]  # (bq, 1)
     j = torch.arange(k0, k0 + bk, device=p.device)[None, :]  # (1, bk)
     return i, j
+
+
+def _token_match_mass(p, i0, k0, keys, shift: int):
+    """(n, bq): each row's mass on the keys j whose token at j - shift is the query's own token, j - shift
+    >= 0 (shift 0: j < i, the earlier copies of the query's token; shift 1: j <= i, the keys right after
+    one). Padding ids are -1 (`padded_ids`): a padding key, or one whose predecessor is padding, never
+    matches."""
+    if keys.ids is None:
+        raise ValueError("spec.token_relations needs the batch's token ids (token_ids=...)")
+    i, j = _block_positions(p, i0, k0)
+    query = keys.ids[i0:i0 + p.shape[1], None]  # (bq, 1) the rows' tokens
+    src = j - shift  # (1, bk) the position whose token is compared
+    key = torch.where(src >= 0, keys.ids[src.clamp_min(0)], -1)  # (1, bk)
+    match = (key == query) & (query >= 0) & (j < i + shift)  # (bq, bk)
+    return (p * match.to(p.dtype)).sum(-1)
+
+
+def _duplicate_mass(p, i0, k0, keys):
+    return _token_match_mass(p, i0, k0, keys, 0)  # (n, bq) sum over j < i, ids[j] == ids[i]
+
+
+def _prefix_match_mass(p, i0, k0, keys):
+    return _token_match_mass(p, i0, k0, keys, 1)  # (n, bq) sum over 1 <= j <= i, ids[j - 1] == ids[i]
+
+
+def padded_ids(token_ids: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+    """(B, L) int64: the token ids with every padding position -1, an id no token has, so that no
+    relation runs through padding (a key after a left-padding run does not match through its padding
+    predecessor). Token ids are >= 0."""
+    return torch.where(key_valid, token_ids.to(key_valid.device).long(), -1)
+
+
+def token_relation_rows(token_ids: torch.Tensor, key_valid: torch.Tensor,
+                        layout: AttentionLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """(duplicate (B, L) bool, prefix (B, L) bool): the real rows that have at least one visible real
+    key for `duplicate_mass` (j < i, ids[j] == ids[i]) and for `prefix_match_mass` (j <= i, j - 1 real,
+    ids[j - 1] == ids[i]). Exact from the ids and the layout, no attention: O(L log L), no map.
+
+    With m(i) the last earlier position that could serve (real, holding ids[i]; for prefix also with
+    m + 1 real), a row is eligible iff m(i) exists and its key, m(i) (duplicate) or m(i) + 1 (prefix),
+    is at or after lo(i), the first key the layout lets row i see: the key is <= i <= hi(i) anyway,
+    and the latest candidate is the one most inside the band. Found by a sorted search of
+    id * (L + 1) + position (tests/kernels/test_token_relations.py checks it against brute force)."""
+    B, L = key_valid.shape
+    ids = padded_ids(token_ids, key_valid)  # (B, L)
+    pos = torch.arange(L, device=ids.device)
+    lo = layout.key_band(pos, L)[0]  # (L,)
+    after_real = torch.cat([key_valid[:, 1:], key_valid.new_zeros(B, 1)], dim=-1)  # (B, L): position m + 1 is real
+    out = []
+    for usable, shift in ((key_valid, 0), (key_valid & after_real, 1)):
+        keyed = torch.where(usable, ids * (L + 1) + pos, -1)  # (B, L) candidates m; -1: none
+        ordered, order = keyed.sort(-1)  # (B, L)
+        want = ids * (L + 1) + pos  # (B, L) a query's own key: candidates of its id before it sort below
+        at = torch.searchsorted(ordered, want) - 1  # (B, L) the largest candidate below it
+        found = ordered.gather(-1, at.clamp_min(0))  # (B, L)
+        m = order.gather(-1, at.clamp_min(0))  # (B, L) its position
+        ok = (at >= 0) & (found >= 0) & (torch.div(found, L + 1, rounding_mode="floor") == ids)
+        out.append(ok & key_valid & (m + shift >= lo))
+    return out[0], out[1]
 
 
 def _bucket_sums(p, bucket, n_buckets):
@@ -278,6 +342,12 @@ ROW_STATS: tuple[RowStat, ...] = (
             doc="sum_j p_ij |i - j|: how far back (or ahead) the row reads, in tokens"),
     RowStat("position_mass", ("B", "H", "L", "PB"), "position_mass", from_probs=_position_mass,
             doc="sum of p_ij over keys j <= i in each bin floor(10 j / (i + 1)) of the row's context, then j > i"),
+    RowStat("duplicate_mass", ("B", "H", "L"), "token_relations", from_probs=_duplicate_mass,
+            sums=(SegmentSum("duplicate_mass", "duplicate_mass_sum"),),
+            doc="sum of p_ij over earlier keys j < i holding the query's own token (ids[j] == ids[i])"),
+    RowStat("prefix_match_mass", ("B", "H", "L"), "token_relations", from_probs=_prefix_match_mass,
+            sums=(SegmentSum("prefix_match_mass", "prefix_match_mass_sum"),),
+            doc="sum of p_ij over keys 1 <= j <= i whose previous token is the query's (ids[j - 1] == ids[i])"),
     RowStat("column_mass", ("B", "H", "L"), "column_mass", padding=None,
             doc="sum over valid query rows i of p_ij: mass key j receives"),
     RowStat("word_map", ("B", "H", "W", "W"), "word_maps", padding=None,
@@ -331,6 +401,10 @@ class StatsSpec:
     position_mass: bool = False
     """`position_mass`: each row's mass by the key's place in the context [0, i], in tenths (the
     positional profile behind "lost in the middle"), then the keys after the query."""
+    token_relations: bool = False
+    """`duplicate_mass` and `prefix_match_mass`: each row's mass on earlier copies of its own token
+    (duplicate-token heads) and on the keys right after one (prefix matching, Olsson et al. 2022's
+    induction on any text). Needs the batch's token ids (`token_ids=` of the backends)."""
     column_mass: bool = False
     """`column_mass`: the attention mass each key *receives*, summed over the valid query rows
     (Kovaleva et al.'s "vertical" pattern)."""
@@ -533,6 +607,12 @@ class RowStats:
     position_mass: torch.Tensor | None = None
     """(B, H, L, PB): sum of p_ij over the keys j <= i in each bin floor(10 j / (i + 1)) of the
     row's context, then over j > i."""
+    duplicate_mass: torch.Tensor | None = None
+    """(B, H, L): sum of p_ij over the earlier keys j < i holding the query's own token
+    (ids[j] == ids[i]); 0 on rows with none (`token_relation_rows` says which rows have one)."""
+    prefix_match_mass: torch.Tensor | None = None
+    """(B, H, L): sum of p_ij over the keys 1 <= j <= i whose previous token is the query's
+    (ids[j - 1] == ids[i], both real); 0 on rows with none (`token_relation_rows`)."""
     column_mass: torch.Tensor | None = None
     """(B, H, L): sum over the valid query rows i of p_ij: the mass key j receives."""
     word_map: torch.Tensor | None = None

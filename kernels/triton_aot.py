@@ -48,6 +48,8 @@ LAYOUT_MAP_HEAD_DIMS = (64, 256)
 # the statistics `bertscope run` and the decoders' analyses ask for by default (offsets are a
 # runtime argument: the epilogue's loop), the ones the instruction budget is set for
 DEFAULT_STATS = ("entropy", "class_mass")
+# the token relations (StatsSpec.token_relations): switched on together, on top of the argmax specialisations
+TOKEN_STATS = ("duplicate_mass", "prefix_match_mass")
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,12 @@ class Specialisation:
     uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the keys)
 
     def config(self, arch: int) -> dict:
-        from .triton_config import POSITION_STATS, feature_width, forward_config  # see the note above ARCHS
+        from .triton_config import POSITION_STATS, TOKEN_STATS, feature_width, forward_config  # see above ARCHS
 
         return forward_config(self.D, torch_dtype(self.dtype), arch, bool(set(self.stats) & set(POSITION_STATS)),
                               banded=self.banded, uniform=self.uniform,
                               wide=feature_width(self.n_classes) > 32 or "argmax" in self.stats,
-                              n_classes=self.n_classes)
+                              n_classes=self.n_classes, tokens=bool(set(self.stats) & set(TOKEN_STATS)))
 
     def switched_on(self) -> set[str]:
         return set(self.stats)
@@ -221,10 +223,11 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
     "all": for the plain layout and the banded one (G = 1 and G >= 2): every dtype x head
     dimension with the default statistics (entropy, class masses), with and without the argmax,
     for 4 key classes; 16 and 32 classes, the statistics-free forward, the uniform-gate epilogue
-    and the position-dependent statistics at D = 64 (and 256 banded). "core": the largest of each
-    tile configuration, what the test suite compiles (each takes ~10 s on one core)."""
+    and the position-dependent statistics at D = 64 (and 256 banded), the token relations at D = 64. "core":
+    the largest of each tile configuration, what the test suite compiles (each takes ~10 s on one core)."""
     default, argmax = DEFAULT_STATS, (*DEFAULT_STATS, "argmax")
     positions = (*argmax, *position_stats())
+    tokens = (*argmax, *TOKEN_STATS)
     if which == "none":
         return []
     if which == "core":
@@ -235,7 +238,9 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
                  LayoutSpec(256, "bf16", argmax, 32), LayoutSpec(64, "fp16", argmax, 32, "1"),
                  LayoutSpec(64, "fp32", argmax, 32), LayoutSpec(256, "fp32", argmax, 32),
                  LayoutSpec(64, "bf16", argmax, 4, uniform=True), LayoutSpec(64, "bf16", positions, 4),
-                 LayoutSpec(256, "fp32", positions, 4)]
+                 LayoutSpec(256, "fp32", positions, 4),
+                 Specialisation(64, "bf16", tokens, 32), Specialisation(64, "fp32", tokens, 4),
+                 LayoutSpec(64, "bf16", tokens, 4), LayoutSpec(256, "fp32", tokens, 4)]
         return [s for s in specs if s.dtype in dtypes and s.n_classes in classes] or specs[:1]
     specs = []
     for t in dtypes:
@@ -249,6 +254,8 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
             specs += [Specialisation(D, t, (), 4, banded, "G" if banded else "1") for D in big]
             specs += [Specialisation(D, t, argmax, 4, banded, "G" if banded else "1", uniform=True) for D in big]
             specs += [Specialisation(D, t, positions, 4, banded, "G" if banded else "1") for D in big]
+            # the token relations at D = 64 only: larger heads still spill (triton_config's docstring)
+            specs += [Specialisation(64, t, tokens, 4, banded, "G" if banded else "1")]
     return [s for s in specs if s.n_classes in classes]
 
 
@@ -310,7 +317,7 @@ def _forward_signature(spec, t: str) -> tuple[dict, dict]:
 
     sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyRange": "*i32", "KeyFeatures": f"*{t}",
            "GateXi": "*fp32", "GateUniform": "*i8" if spec.uniform else "*fp32", "Offsets": "*i32", "Out": f"*{t}",
-           "Lse": "*fp32", "sm_scale": "fp32"}
+           "Lse": "*fp32", "TokenIds": "*i32", "sm_scale": "fp32"}
     flags = {}
     for stat, arg, flag in triton_launch.kernel_outputs():
         on = stat.name in spec.switched_on()

@@ -48,7 +48,7 @@ def check_computed(spec: StatsSpec):
 
 def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
                            pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN,
-                           blocks: dict | None = None):
+                           blocks: dict | None = None, token_ids=None):
     """Same contract as `attention_stats_eager`: (out (B, L, H, D), RowStats), padding-query
     rows of every row statistic zeroed. Statistics are those of the un-gated attention.
     One kernel for every layout (`triton_kernel.attn_stats_fwd`); blocks overrides its tiles
@@ -61,7 +61,8 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
     check_computed(spec)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     need_lse = any(stat.name in EXTRA_PASSES for stat in asked_stats(spec))  # a pass after the kernel reads it
-    out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks, need_lse)
+    out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks, need_lse,
+                                   token_ids)
     stats = RowStats(**rows, layout=layout)
     _extras(spec, stats, q, k, key_valid, lse, scale, pooling, layout)
     return out, finish_stats(stats, spec, key_valid, "triton", rows_zeroed=True)  # the kernel wrote padding rows

@@ -11,6 +11,10 @@ bench/flash_baseline.py) with no register spill; the measured tables are in docs
         64 x 64 (sm_90) or 64 x 32 (sm_80), 8 warps, 2 stages
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
         accumulators and a loop over buckets): 64 x 32, 8 warps, 2 stages
+    token relations on (duplicate, prefix-match mass: two id loads and two (BLOCK_M, BLOCK_N) matches
+        per block): the position statistics' tiles; D = 256 16 x 16, 4 warps, 2 stages. Not yet spill-free
+        everywhere (Triton 3.7.1, ptxas -v): D = 128 on sm_80 and D = 256 on sm_90 spill 8-28 bytes, so
+        `triton_aot` ships them at D = 64 only (docs/contributing.md, closing note)
     fp32, exact IEEE dots (FMA loops, no tensor cores: far more registers per score):
         16 x 32, 8 warps, 2 stages (D <= 64), 16 x 16, 8 warps, 1 stage above, at most 128 registers
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
@@ -43,6 +47,8 @@ import triton
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # the statistics whose accumulators change which tiles fit in registers
 POSITION_STATS = ("distance_mass", "mean_distance", "position_mass")
+# the token relations (StatsSpec.token_relations): their own tiles too
+TOKEN_STATS = ("duplicate_mass", "prefix_match_mass")
 # the register cap of the fp32 blocks above D = 64 (see the module docstring)
 MAXNREG_FP32 = 128
 # the interpreter's blocks (see the module docstring)
@@ -51,15 +57,16 @@ INTERPRETER_BLOCK = 16
 
 def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
                    interpreted: bool = False, banded: bool = False, uniform: bool = False,
-                   wide: bool = False, n_classes: int = 4) -> dict:
+                   wide: bool = False, n_classes: int = 4, tokens: bool = False) -> dict:
     """BLOCK_M, BLOCK_N, BLOCK_D, num_warps, num_stages (and `maxnreg` where it applies) of a
     launch for head dimension D, input dtype, target sm_<arch> (80 or 90; newer targets take
     sm_90's tiles), whether position statistics are asked, whether fp32 dots run on TF32
     tensor cores, and whether the layout is banded (causal, windowed or grouped-query: the band's
     and the stacked heads' row vectors take registers the plain layout's largest tiles need), whether
     the call has uniform head gates (the epilogue's second pass over the keys), and whether its
-    key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax, and its
-    number of key classes (whether the features have a free column for SUMS_BY_DOT's ones).
+    key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax, its
+    number of key classes (whether the features have a free column for SUMS_BY_DOT's ones), and
+    whether it asks for the token relations.
     BLOCK_M counts stacked rows (G heads x BLOCK_M / G positions under grouped-query attention)."""
     block_d = max(16, triton.next_power_of_2(D))
     ones_fit = feature_width(n_classes, ones=True) == feature_width(n_classes)
@@ -68,8 +75,8 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
                     num_stages=1, SUMS_BY_DOT=ones_fit and (dtype in HALF_DTYPES or tf32))
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
-            m, n, w, s = (16, 32, 4, 2) if wide else (32, 32, 4, 2)
-        elif positions:
+            m, n, w, s = (16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)
+        elif positions or tokens:
             m, n, w, s = 64, 32, 8, 2
         elif uniform:
             m, n, w, s = (64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)
@@ -82,7 +89,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
                 n, s = 64, 3
         return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False)
     if block_d <= 64:
-            return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32,
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32,
                     SUMS_BY_DOT=False)
     return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
                 maxnreg=MAXNREG_FP32, SUMS_BY_DOT=False)

@@ -71,12 +71,12 @@ OFFSET_DK = tl.constexpr(32)
 
 
 @triton.jit
-def _key_block(row, acc, feat, posn, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
+def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, F_PAD: tl.constexpr,  #
                MASKED: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
                ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, CLASS_MASS: tl.constexpr,  #
                DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
-               SUMS_BY_DOT: tl.constexpr):
+               TOKENS: tl.constexpr, SUMS_BY_DOT: tl.constexpr):
     """One key block [start_n, start_n + BLOCK_N) for the tile's rows: the softmax state, P V,
     the key-feature dot and the position sums, every statistic summed over keys written here once.
 
@@ -155,7 +155,16 @@ def _key_block(row, acc, feat, posn, q, pos, win_left, win_right, start_n, keys,
     if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
         posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, DISTANCE_MASS, MEAN_DISTANCE,
                               POSITION_MASS)
-    return row, acc, feat, posn
+    if TOKENS:  # spec.py's `_duplicate_mass`, `_prefix_match_mass`: online like the class masses
+        dup_i, pre_i, qid, Ids = tok  # qid (BLOCK_M,) the rows' tokens; Ids the sequence's, -1 on padding
+        kid = tl.load(Ids + offs_n, mask=n_in, other=-1)  # (BLOCK_N,)
+        prev = tl.load(Ids + offs_n - 1, mask=n_in & (offs_n >= 1), other=-1)  # (BLOCK_N,) the tokens before
+        before = offs_n[None, :] < pos[:, None]  # (BLOCK_M, BLOCK_N) j < i
+        dup_i = dup_i * alpha + tl.sum(tl.where(before & (kid[None, :] == qid[:, None]), p, 0.0), 1)
+        pre = (before | (offs_n[None, :] == pos[:, None])) & (prev[None, :] == qid[:, None])  # j <= i
+        pre_i = pre_i * alpha + tl.sum(tl.where(pre, p, 0.0), 1)
+        tok = (dup_i, pre_i, qid, Ids)
+    return row, acc, feat, posn, tok
 
 
 @triton.jit
@@ -223,6 +232,7 @@ def _bucket_edges(b):
 def attn_stats_fwd(
     Q, K, V, KeyValid, KeyRange, KeyFeatures, GateXi, GateUniform, Offsets,  #
     Out, Lse, Entropy, OffsetMass, ClassMass, Argmax, DistanceMass, MeanDistance, PositionMass,  #
+    DuplicateMass, PrefixMatchMass, TokenIds,  #
     sm_scale,  #
     stride_qb, stride_qh, stride_ql, stride_qd,  #
     stride_kb, stride_kh, stride_kl, stride_kd,  #
@@ -233,15 +243,17 @@ def attn_stats_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,  #
     F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
     ENTROPY: tl.constexpr, CLASS_MASS: tl.constexpr, ARGMAX: tl.constexpr,  #
-    DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,
-    SUMS_BY_DOT: tl.constexpr,
+    DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
+    DUPLICATE_MASS: tl.constexpr, PREFIX_MATCH_MASS: tl.constexpr, SUMS_BY_DOT: tl.constexpr,
 ):
     """One program: BLOCK_M stacked rows (f = i * G + g) of the G query heads that share one
     key/value head, against that head's keys. BANDED: the rows' bands are compared in masked
     blocks (causal, windowed layouts); off (the plain layout: win_left = win_right = L, G = 1,
     which Triton's launcher specialises to a constant) only padding and the row end are masked.
     KeyRange (B, 2): the sequence's valid keys [lo, hi) when they are one contiguous run, else
-    (0, 0): blocks inside it (and inside every row's band) take the unmasked stage."""
+    (0, 0): blocks inside it (and inside every row's band) take the unmasked stage. TokenIds (B, L)
+    int32, contiguous, -1 on padding: the token ids the token relations compare (DUPLICATE_MASS,
+    PREFIX_MATCH_MASS, switched on together)."""
     start_m = tl.program_id(0)
     off_bkv = tl.program_id(1)  # b * H_kv + key/value head
     H_kv = H // G
@@ -272,6 +284,9 @@ def attn_stats_fwd(
     feat = tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32)
     posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
             tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32))
+    TOKENS: tl.constexpr = DUPLICATE_MASS or PREFIX_MATCH_MASS
+    tok = (tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+           tl.load(TokenIds + off_b * L + pos, mask=f_in, other=-1) if TOKENS else 0, TokenIds + off_b * L)
     # -- the tile's key blocks [start_lo, end): those its band meets; the unmasked ones [full_lo, full_hi)
     first = (start_m * BLOCK_M) // G
     last = tl.minimum((start_m * BLOCK_M + BLOCK_M - 1) // G, L - 1)
@@ -283,17 +298,17 @@ def attn_stats_fwd(
     full_hi = (tl.minimum(tl.minimum(first + win_right + 1, L), valid_hi) // BLOCK_N) * BLOCK_N
     full_hi = tl.maximum(full_hi, full_lo)
     for start_n in range(full_lo, full_hi, BLOCK_N):  # the main loop: no mask
-        row, acc, feat, posn = _key_block(
-            row, acc, feat, posn, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
+        row, acc, feat, posn, tok = _key_block(
+            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
             BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, False, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, SUMS_BY_DOT)
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
     n_left = (full_lo - start_lo) // BLOCK_N
     for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the masked blocks: left of it, then right
         start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
-        row, acc, feat, posn = _key_block(
-            row, acc, feat, posn, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
+        row, acc, feat, posn, tok = _key_block(
+            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
             BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, True, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, SUMS_BY_DOT)
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
     # -- epilogue, from the final state; statistics stored in fp32
     m_i, l_i, t_i, arg_i = row
     if SUMS_BY_DOT:
@@ -368,6 +383,10 @@ def attn_stats_fwd(
             tl.store(PositionMass + stat_row[:, None] + pidx[None, :],
                      tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
                      mask=f_in[:, None] & (pidx[None, :] <= NPB))
+    if DUPLICATE_MASS:
+        tl.store(DuplicateMass + stat_row, tl.where(q_ok, tok[0] * inv_l, 0.0), mask=f_in)
+    if PREFIX_MATCH_MASS:
+        tl.store(PrefixMatchMass + stat_row, tl.where(q_ok, tok[1] * inv_l, 0.0), mask=f_in)
     # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
     for o in range(0, n_offsets):
         off = tl.load(Offsets + o)

@@ -7,7 +7,8 @@ capture. So:
 - what is the same for every layer of a batch (the key mask as int8, the sequences' valid key
   ranges, the one-hot key-feature matrix) is built once per batch, from the batch's own
   `key_valid` / `key_class` tensors, on the device, and kept while the engine hands the same
-  tensors to the next layer (`OperandCache`);
+  tensors to the next layer (`OperandCache`); so are the token ids the token relations compare
+  (int32, -1 on padding), from the batch's `token_ids`;
 - the offsets are a device tensor cached per (offsets, device); head gates are read in place
   (a per-head xi has batch stride 0);
 - the outputs are two allocations: the attention output, and one fp32 buffer holding every
@@ -31,7 +32,7 @@ import triton
 
 from . import triton_maps
 from .precision import TF32, fp32_dot_precision
-from .spec import FIXED_WIDTHS, ROW_STATS, AttentionLayout, StatsSpec, asked_stats
+from .spec import FIXED_WIDTHS, ROW_STATS, AttentionLayout, StatsSpec, asked_stats, padded_ids
 from .triton_config import POSITION_STATS, device_arch, feature_width, forward_config
 from .triton_kernel import INTERPRETED, attn_stats_fwd
 from .triton_tiles import DTYPES, launch_caps
@@ -112,6 +113,7 @@ class OperandCache:
         self._key = None
         self._operands = None
         self._offsets = {}
+        self._ids = (None, None, None)  # (token_ids, key_valid, (B, L) int32 ids): the last batch's
 
     def keys(self, key_valid, key_class, n_classes: int, dtype, dev, ones: bool = False) -> KeyOperands:
         key = (key_valid, key_class, n_classes, dtype, dev, ones)
@@ -126,6 +128,17 @@ class OperandCache:
             feats[..., width - 1] = 1
         self._key, self._operands = key, KeyOperands(valid, key_ranges(valid), feats)
         return self._operands
+
+    def token_ids(self, token_ids, key_valid, dev) -> torch.Tensor:
+        """(B, L) int32 contiguous on `dev`: the batch's token ids, -1 on padding (`spec.padded_ids`),
+        made once per batch (the same `token_ids` and `key_valid` tensors)."""
+        if token_ids is None:
+            raise ValueError("spec.token_relations needs the batch's token ids (token_ids=...)")
+        old_ids, old_valid, ids = self._ids
+        if old_ids is not token_ids or old_valid is not key_valid:
+            ids = padded_ids(token_ids.to(dev), key_valid.to(dev)).to(torch.int32).contiguous()
+            self._ids = (token_ids, key_valid, ids)
+        return ids
 
     def offsets(self, offsets: tuple, dev) -> torch.Tensor:
         """The offsets as an int32 device tensor, made once per (offsets, device)."""
@@ -237,7 +250,8 @@ def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = F
     arch = 90 if interpreted else device_arch(q.device)
     return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
                           interpreted=interpreted, banded=not layout.is_plain, uniform=uniform,
-                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax, n_classes=spec.n_key_classes)
+                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax, n_classes=spec.n_key_classes,
+                          tokens=spec.token_relations)
 
 
 def check_dtypes(q, k, v):
@@ -248,14 +262,15 @@ def check_dtypes(q, k, v):
 
 
 def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None, scale=None,
-                  blocks: dict | None = None, need_lse: bool = True):
+                  blocks: dict | None = None, need_lse: bool = True, token_ids=None):
     """One launch of `attn_stats_fwd` for any layout.
 
     q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv = layout.n_key_value_heads or H; fp32, fp16 or
     bf16, any strides (read in place). key_valid (B, L) bool; key_class (B, L) integer class ids.
     gates: `LayerGates` or None. blocks: override the tiles (BLOCK_M, BLOCK_N, num_warps, ...).
     need_lse: False when nothing reads the lse it returns (it is then a scratch buffer the next
-    launch of the same shape overwrites).
+    launch of the same shape overwrites). token_ids: (B, L) integer token ids, needed when
+    spec.token_relations.
     Returns (out (B, L, H, D) in the input dtype, {statistic: fp32 (or int64) tensor} for the
     statistics of `kernel_outputs` that spec asks for, lse (B, H, L) fp32). Rows of padding
     queries are left as computed (finite).
@@ -283,10 +298,11 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev, ones=sums_by_dot)
     features = keys.features
     xi, stride_xb, uniform, stride_ub = gate_operands(gates, H, dev)
+    ids = CACHE.token_ids(token_ids, key_valid, dev) if spec.token_relations else keys.ranges  # (B, L) int32
     grid = (triton.cdiv(L * G, cfg["BLOCK_M"]), B * (H // G))
     attn_stats_fwd[grid](
         q, k, v, keys.valid, keys.ranges, features, xi, xi if uniform is None else uniform,
-        CACHE.offsets(spec.offsets, dev), out, lse,  #
+        CACHE.offsets(spec.offsets, dev), out, lse, TokenIds=ids,  #
         **{arg: t for arg, t in outputs.items() if arg != "Lse"}, sm_scale=scale,  #
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_ql=q.stride(2), stride_qd=q.stride(3),  #
         stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kl=k.stride(2), stride_kd=k.stride(3),  #

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,7 +39,8 @@ def differences(ref, hidden, layers, valid, key_class, pooling, heads: int) -> d
     out["hidden"] = float((hidden[valid] - ref.last_hidden_state[valid]).abs().max())
     wrong = clear_total = 0
     for stats, p in zip(layers, ref.attentions):
-        want = stats_from_probs(p.float(), valid, key_class, SPEC, pooling=pooling)  # the oracle, off eager maps
+        # the oracle, off eager maps (the token relations are not among STATS: no ids needed)
+        want = stats_from_probs(p.float(), valid, key_class, replace(SPEC, token_relations=False), pooling=pooling)
         for name in STATS:
             got, exp = getattr(stats, name), getattr(want, name)
             if name in ("entropy", "offset_mass", "class_mass"):
@@ -94,7 +96,7 @@ def real(name: str, backend: str, L: int = 700) -> dict:
         config = model.config
         layers = []
         probe = HeadProbe(config.num_hidden_layers, config.num_attention_heads, SPEC, backend=backend)
-        with probe.active(key_class, lambda layer, stats, kv: layers.append(stats), pooling):
+        with probe.active(key_class, lambda layer, stats, kv: layers.append(stats), pooling, token_ids=input_ids):
             hidden = model(**inputs).last_hidden_state
     return differences(ref, hidden, layers, valid, key_class, pooling, config.num_attention_heads)
 

@@ -41,7 +41,7 @@ import torch
 
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
-from bertscope.kernels.spec import ROW_STATS, SEGMENT_SUMS, AttentionLayout, visible_counts
+from bertscope.kernels.spec import ROW_STATS, SEGMENT_SUMS, AttentionLayout, token_relation_rows, visible_counts
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 
@@ -60,6 +60,11 @@ class NotComputedError(LookupError):
     (never a measured 0)."""
 # sums a decoder's accumulator holds beside them (`HeadStats.layouts` not None), (layers, G) each
 LAYOUT_ARRAYS = ("visible_entropy_sum", "n_visible_sum")
+# the rows that have a key for each token relation (spec.token_relations), (layers, G) each, and the
+# statistic whose mean over them each one gives (`HeadStats.token_relation_means`)
+TOKEN_ARRAYS = ("duplicate_rows", "prefix_match_rows")
+TOKEN_RELATIONS = {"duplicate_mass": ("duplicate_mass_sum", "duplicate_rows"),
+                   "prefix_match_mass": ("prefix_match_mass_sum", "prefix_match_rows")}
 
 
 class HeadStats:
@@ -82,6 +87,13 @@ class HeadStats:
                                              uniform baseline (what uniform_entropy_sum is for
                                              an encoder, whose rows all see every token)
     n_visible_sum       (layers, G)          sum over rows of n_visible(i), the keys each row sees
+    and, with spec.token_relations (beside duplicate_mass_sum and prefix_match_mass_sum, (layers, H, G)):
+    duplicate_rows      (layers, G)          rows with at least one visible earlier copy of their
+                                             token (`kernels.spec.token_relation_rows`: exact from the
+                                             ids and each layer's layout, the same for every head)
+    prefix_match_rows   (layers, G)          rows with at least one visible key right after one
+    so that `token_relation_means` is each head's mean mass over the rows that could put any there
+    (a row with no such key has 0 mass anyway).
 
     Missing, never 0: the array of a statistic the spec did not ask for (entropy_sum without
     `entropy`, offset_mass_sum with no `offsets`, class_mass_sum without `class_mass`, the argmax
@@ -111,6 +123,8 @@ class HeadStats:
         for m in SEGMENT_SUMS:  # entropy_sum (layers, H, G), offset_mass_sum (layers, H, G, O), ...; None: not asked
             asked = STAT_OF_ARRAY[m.array].asked(spec)
             setattr(self, m.array, np.zeros((Ly, H, G, *(width[d] for d in m.width))) if asked else None)
+        for name in TOKEN_ARRAYS:
+            setattr(self, name, np.zeros((Ly, G)) if spec.token_relations else None)
         self.layouts: list[AttentionLayout] | None = None  # set by the first batch of a decoder
         self.n_segments = 0
         # batches of the engine's plan these sums cover: saved in the same file as the sums,
@@ -138,6 +152,8 @@ class HeadStats:
         w = weight[:, None, :, None]  # (B, 1, G, 1)
         if any(not stats.layout.is_plain for stats in batch.layers):
             self._add_visible(batch, weight)
+        if self.spec.token_relations:
+            self._add_token_rows(batch, weight)
         self._sum("n_rows", device)[:len(batch.layers)].add_(counted)  # (layers, G): one add per layer
         computed = [m for m in SEGMENT_SUMS if self._host.get(m.array) is not None]  # the spec's (the others: None)
         sums = {m.array: self._sum(m.array, device) for m in computed}
@@ -167,6 +183,22 @@ class HeadStats:
             log_sum, n_sum = cache[layout]
             log_sums[layer].add_(log_sum)
             n_sums[layer].add_(n_sum)
+
+    def _add_token_rows(self, batch: BatchContext, weight: torch.Tensor):
+        """Per layer, the rows of each group that have a key for each token relation (`TOKEN_ARRAYS`)."""
+        if batch.token_ids is None:
+            raise ValueError("spec.token_relations needs the batch's token ids (BatchContext.token_ids)")
+        device = batch.key_valid.device
+        dup_sums, pre_sums = self._sum("duplicate_rows", device), self._sum("prefix_match_rows", device)
+        groups = batch.row_groups * weight[:, None, :]  # (B, L, G)
+        cache = {}
+        for layer, stats in enumerate(batch.layers):
+            if stats.layout not in cache:  # layers of the same layout share the rows
+                dup, pre = token_relation_rows(batch.token_ids, batch.key_valid, stats.layout)  # (B, L) each
+                cache[stats.layout] = (torch.einsum("bl,blg->g", dup.double(), groups),
+                                       torch.einsum("bl,blg->g", pre.double(), groups))
+            dup_sums[layer].add_(cache[stats.layout][0])
+            pre_sums[layer].add_(cache[stats.layout][1])
 
     # device types whose sums `add` adds straight into the host arrays (they share the memory)
     HOST_DEVICES = ("cpu",)
@@ -199,7 +231,8 @@ class HeadStats:
     def arrays(self) -> tuple[str, ...]:
         """The names of the sums this accumulator holds: the counts, the sums of the statistics its
         spec asks for (`computed`) and a decoder's visible sums."""
-        return COUNTS + self.computed + (LAYOUT_ARRAYS if self.layouts is not None else ())
+        return (COUNTS + self.computed + (TOKEN_ARRAYS if self.spec.token_relations else ())
+                + (LAYOUT_ARRAYS if self.layouts is not None else ()))
 
     @property
     def computed(self) -> tuple[str, ...]:
@@ -239,6 +272,7 @@ class HeadStats:
             "class_mass": self.spec.class_mass,
             "argmax": self.spec.argmax,
             "average": self.average,
+            **({"token_relations": True} if self.spec.token_relations else {}),  # older files: absent
             # a decoder's only: an encoder's meta (and file) stays what it was
             **({"layouts": [layout_dict(layout) for layout in self.layouts]} if self.layouts is not None else {}),
         }
@@ -259,7 +293,8 @@ class HeadStats:
             class_mass = meta["class_mass"] if "class_mass" in meta else \
                 int(f["n_segments"]) == 0 or bool(np.any(f["class_mass_sum"] != 0))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
-                             entropy=meta["entropy"], class_mass=class_mass, argmax=meta["argmax"])
+                             entropy=meta["entropy"], class_mass=class_mass, argmax=meta["argmax"],
+                             token_relations=meta.get("token_relations", False))
             names = tuple(meta["class_names"])
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
                 else TokenClasses.of(names)
@@ -318,6 +353,23 @@ class HeadStats:
         n = self.n_rows[:, gi].reshape((-1, 1) + (1,) * (total.ndim - 2))
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
+    def token_relation_means(self, group: str = "all") -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """{"duplicate_mass": (mean, rows), "prefix_match_mass": (mean, rows)}, each (layers, H) float64:
+        each head's mean mass over the rows of `group` that have at least one visible key of the
+        relation (an earlier copy of the row's token; a key right after one), and how many such rows
+        there were (the same for every head of a layer; 0 rows: mean 0). A removed head's mean is NaN.
+        Without spec.token_relations: `NotComputedError`."""
+        if not self.spec.token_relations:
+            raise NotComputedError("the token relations were not computed: the run's spec did not ask for "
+                                   "duplicate_mass and prefix_match_mass (StatsSpec.token_relations)")
+        gi = self.group_names.index(group)
+        out = {}
+        for stat, (sum_name, rows_name) in TOKEN_RELATIONS.items():
+            total = getattr(self, sum_name)[:, :, gi]  # (layers, H)
+            rows = np.broadcast_to(getattr(self, rows_name)[:, gi, None], total.shape).copy()  # (layers, H)
+            out[stat] = (np.divide(total, rows, out=np.zeros_like(total), where=rows > 0), rows)
+        return out
+
 
 def _host_array(name: str) -> property:
     """`HeadStats.<name>`: the host array, with the sums still on a device added in first."""
@@ -335,7 +387,7 @@ def _host_array(name: str) -> property:
     return property(get, set, doc=f"{name}: numpy float64 on the host (see `HeadStats`)")
 
 
-for _name in ARRAYS + LAYOUT_ARRAYS:
+for _name in ARRAYS + LAYOUT_ARRAYS + TOKEN_ARRAYS:
     setattr(HeadStats, _name, _host_array(_name))
 
 

@@ -144,6 +144,7 @@ class _Forward:
     pooling: WordPooling | None = None
     layer: int = 0
     masks: _Masks = field(default_factory=_Masks)
+    token_ids: torch.Tensor | None = None  # (B, L) int64, for spec.token_relations
 
 
 _ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("bertscope_forward", default=None)
@@ -165,12 +166,14 @@ class HeadProbe:
 
     @contextmanager
     def active(self, key_class: torch.Tensor, sink: Sink, pooling: WordPooling | None = None,
-               padded: bool | None = None):
-        """Run one forward pass of the model inside this block; `pooling` for spec.word_maps;
+               padded: bool | None = None, token_ids: torch.Tensor | None = None):
+        """Run one forward pass of the model inside this block; `pooling` for spec.word_maps,
+        `token_ids` (B, L) (the model's input_ids) for spec.token_relations, handed to every layer as
+        `key_class` is (the kernels build their operands from them once per batch);
         `padded`: whether the batch has padding, when the caller knows it on the host
         (`BatchContext.padded`): a batch without is then never filled, and nothing is read off
         the device to learn it (None: padding rows are always filled)."""
-        fwd = _Forward(self, key_class, sink, pooling, masks=_Masks(padded))
+        fwd = _Forward(self, key_class, sink, pooling, masks=_Masks(padded), token_ids=token_ids)
         token = _ACTIVE.set(fwd)
         try:
             yield
@@ -397,6 +400,7 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
         out, stats = attention_stats(
             query, key, value, key_valid, fwd.key_class, probe.spec,
             gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling, layout=layout,
+            token_ids=fwd.token_ids,
         )
     if slots is not None:  # statistics back in the original head slots, pruned heads missing (NaN)
         stats = spread_heads(stats, slots, probe.n_heads)

@@ -40,6 +40,8 @@ class BatchContext:
     number:    1-based position of the batch in the engine's plan (checkpoints count these)
     padded:    whether any segment is shorter than the batch (key_valid holds False), as the host
                knew it when it collated the batch (no read of the device); None: not known
+    token_ids: (B, L) int64 token ids (the model's input_ids), handed to the kernels as `key_class`
+               is (spec.token_relations compares them); None when the batch has none
     """
 
     indices: list[int]
@@ -54,6 +56,7 @@ class BatchContext:
     outputs: Any = None
     number: int = 0
     padded: bool | None = None
+    token_ids: torch.Tensor | None = None
     _sums: dict = field(default_factory=dict, repr=False)
 
     @property

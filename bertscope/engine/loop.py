@@ -185,7 +185,7 @@ def _collate(loaded: LoadedModel, batch: list[Segment], indices: Sequence[int], 
             raise ValueError("spec.word_maps needs from_word ('mean' or 'first')")
         pooling = _to(batch_pooling(batch, from_word), device)
     return BatchContext(list(indices), batch, inputs, key_valid, key_class, classes, spec, pooling, number=number,
-                        padded=padded)
+                        padded=padded, token_ids=inputs["input_ids"])
 
 
 def is_causal(loaded: LoadedModel) -> bool:
@@ -212,7 +212,7 @@ def forward(loaded: LoadedModel, probe: HeadProbe, batch: BatchContext,
             on_layer(len(batch.layers))
     if batch.inputs["input_ids"].shape[-1] >= LONG_INPUT:
         map_large_allocations()
-    with probe.active(batch.key_class, sink, batch.pooling, padded=batch.padded):
+    with probe.active(batch.key_class, sink, batch.pooling, padded=batch.padded, token_ids=batch.token_ids):
         batch.outputs = loaded.model(**batch.inputs, **loaded.forward_options)
     return batch
 

@@ -144,6 +144,7 @@ def run_both(kind: str, lengths, L: int, backend: str, left: bool | None = None,
         ref = build(kind, "eager", make_config=make_config)(**inputs, output_attentions=True, use_cache=False)
     layers = []
     probe = HeadProbe(LAYERS, HEADS, SPEC, backend=backend)
-    with torch.no_grad(), probe.active(key_class, lambda layer, stats, kv: layers.append(stats), pooling):
+    with torch.no_grad(), probe.active(key_class, lambda layer, stats, kv: layers.append(stats), pooling,
+                                           token_ids=inputs["input_ids"]):
         out = build(kind, make_config=make_config)(**inputs, use_cache=False)
     return ref, out.last_hidden_state, layers, valid, key_class, pooling

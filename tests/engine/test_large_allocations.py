@@ -48,8 +48,8 @@ def test_no_mallopt_no_change(monkeypatch):
 @pytest.mark.parametrize("length,mapped", [(loop.LONG_INPUT - 1, False), (loop.LONG_INPUT, True)])
 def test_only_a_long_input_maps_its_allocations(libc, length, mapped):
     loaded = SimpleNamespace(model=lambda **inputs: "outputs", forward_options={})
-    probe = SimpleNamespace(active=lambda key_class, sink, pooling, padded=None: nullcontext())
+    probe = SimpleNamespace(active=lambda key_class, sink, pooling, padded=None, token_ids=None: nullcontext())
     batch = SimpleNamespace(inputs={"input_ids": torch.zeros(2, length, dtype=torch.long)}, key_class=None,
-                            pooling=None, layers=[], padded=False)
+                            token_ids=None, pooling=None, layers=[], padded=False)
     assert loop.forward(loaded, probe, batch).outputs == "outputs"
     assert (libc == [(-3, 1 << 20)]) is mapped

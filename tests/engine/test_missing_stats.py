@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.engine.accumulate import ARRAYS, COUNTS, HeadStats, NotComputedError
+from bertscope.engine.accumulate import ARRAYS, COUNTS, TOKEN_ARRAYS, HeadStats, NotComputedError
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels import StatsSpec
 from bertscope.kernels.eager import attention_stats_eager
@@ -37,15 +37,17 @@ def batch(spec: StatsSpec) -> BatchContext:
     q, k, v = (torch.randn(B, H, L, D, generator=g) for _ in range(3))
     key_valid = torch.arange(L)[None, :] < torch.tensor([L, 4])[:, None]
     key_class = torch.randint(0, C, (B, L), generator=g)
-    _, stats = attention_stats_eager(q, k, v, key_valid, key_class, spec)
+    ids = torch.randint(0, 3, (B, L), generator=g)  # token ids with repeats (the token relations)
+    _, stats = attention_stats_eager(q, k, v, key_valid, key_class, spec, token_ids=ids)
     return BatchContext(indices=[0, 1], segments=[None, None], inputs={}, key_valid=key_valid, key_class=key_class,
-                        classes=CLASSES, spec=spec, layers=[stats, stats])
+                        classes=CLASSES, spec=spec, layers=[stats, stats], token_ids=ids)
 
 
 def check_missing(acc: HeadStats, asked: list):
     """The arrays of `asked` hold sums (rows were seen: not all 0); every other one is missing."""
     have = arrays_of(asked)
-    assert set(acc.arrays) == set(COUNTS) | have
+    # the token relations' eligible-row counts come with their sums
+    assert set(acc.arrays) == set(COUNTS) | have | (set(TOKEN_ARRAYS) if acc.spec.token_relations else set())
     assert set(acc.computed) == have
     for name in ARRAYS:
         if name in COUNTS:
@@ -71,7 +73,7 @@ def test_a_statistic_not_asked_for_is_missing_fresh_and_after_save_and_load(stat
     acc.save(tmp_path / "stats.npz")
     with np.load(tmp_path / "stats.npz") as f:
         saved = set(f.files)
-    assert saved & set(ARRAYS) == set(acc.arrays)  # a missing statistic has no array in the file
+    assert saved & (set(ARRAYS) | set(TOKEN_ARRAYS)) == set(acc.arrays)  # a missing statistic has no array in the file
     back = HeadStats.load(tmp_path / "stats.npz")
     assert back.meta() == acc.meta()
     assert all(getattr(back.spec, w) == getattr(spec, w) for w in switches)

@@ -106,8 +106,9 @@ def check_forward(L, dtype, C, seed, layout=None):
     stats = [stat for stat, _, _ in kernel_outputs()]
     spec = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=C,
                      **{s.switch: True for s in stats if s.switch != "offsets"})
-    out_ref, ref = attention_stats_eager(*double(inputs), spec, gates=gates, layout=layout)
-    out, got = attention_stats_triton(*inputs, spec, gates=gates, layout=layout)
+    ids = torch.randint(0, 5, key_valid.shape, generator=torch.Generator().manual_seed(seed)).to(key_valid.device)
+    out_ref, ref = attention_stats_eager(*double(inputs), spec, gates=gates, layout=layout, token_ids=ids)
+    out, got = attention_stats_triton(*inputs, spec, gates=gates, layout=layout, token_ids=ids)
     sync()
     errors, agree = {"out": scaled_error(out, out_ref, key_valid)}, True  # (B, L) rows of the (B, L, H, D) output
     clear = clear_rows(q, inputs[1], key_valid, layout) & key_valid[:, None, :]

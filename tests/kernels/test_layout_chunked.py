@@ -51,7 +51,9 @@ def make(layout, B, G, L, D, lengths, left, seed, C, dtype=torch.float32, scale=
     key_class = torch.randint(0, C, (B, L), generator=g)
     words = torch.cumsum(torch.rand(B, L, generator=g) < 0.6, dim=1) - 1  # (B, L): 1-3 tokens per unit
     unit = torch.where(valid, words - words.masked_fill(~valid, 10**6).amin(1, keepdim=True), -1)
-    pool = word_pooling(unit, torch.rand(B, L, generator=g) < 0.8)
+    # the per-batch keyword arguments: word pooling, and token ids from 3 tokens (the token relations)
+    pool = dict(pooling=word_pooling(unit, torch.rand(B, L, generator=g) < 0.8),
+                token_ids=torch.randint(0, 3, (B, L), generator=g))
     return (q.to(dtype), k.to(dtype), v.to(dtype), valid, key_class), pool
 
 
@@ -82,8 +84,8 @@ def test_chunked_matches_eager_under_every_layout(row_pass, layout, B, G, L, D, 
     # tiny blocks: many query blocks, band edges inside blocks, often one row per block
     G_all = inputs[0].shape[1] // inputs[1].shape[1]
     chunk_bytes = 4 * G_all * data.draw(st.integers(1, 3 * L))
-    ref = attention_stats_eager(*inputs, spec, pooling=pool, layout=layout)
-    got = attention_stats_chunked(*inputs, spec, pooling=pool, layout=layout, chunk_bytes=chunk_bytes,
+    ref = attention_stats_eager(*inputs, spec, **pool, layout=layout)
+    got = attention_stats_chunked(*inputs, spec, **pool, layout=layout, chunk_bytes=chunk_bytes,
                                   row_pass=row_pass)
     assert_matches(ref, got, inputs[3], spec)
 
@@ -98,10 +100,10 @@ def test_chunked_at_odd_lengths_with_default_blocks(layout, left, row_pass):
     """The default block sizes (what `attention_stats` runs), several blocks at L = 301."""
     spec = StatsSpec(n_key_classes=4, **FULL)
     inputs, pool = make(layout, 2, 3, 301, 16, [301, 118], left, seed=3, C=4)
-    ref = attention_stats_eager(*inputs, spec, pooling=pool, layout=layout)
-    got = attention_stats_chunked(*inputs, spec, pooling=pool, layout=layout, row_pass=row_pass)
+    ref = attention_stats_eager(*inputs, spec, **pool, layout=layout)
+    got = attention_stats_chunked(*inputs, spec, **pool, layout=layout, row_pass=row_pass)
     assert_matches(ref, got, inputs[3], spec)
-    out, stats = attention_stats(*inputs, spec, pooling=pool, backend="chunked", layout=layout)
+    out, stats = attention_stats(*inputs, spec, **pool, backend="chunked", layout=layout)
     valid = inputs[3]
     torch.testing.assert_close(out[valid], got[0][valid])  # padding rows: any finite value
 
@@ -119,7 +121,7 @@ def test_worker_threads_agree_with_one(row_pass):
         for n in (1, 2):
             torch.set_num_threads(n)
             with torch.inference_mode():
-                results.append(attention_stats_chunked(*inputs, spec, pooling=pool, layout=layout, chunk_bytes=4000,
+                results.append(attention_stats_chunked(*inputs, spec, **pool, layout=layout, chunk_bytes=4000,
                                                        row_pass=row_pass))
     finally:
         torch.set_num_threads(threads)
@@ -133,7 +135,7 @@ def test_single_key_rows(row_pass):
     layout = AttentionLayout(window=(0, 0), n_key_value_heads=1)
     spec = StatsSpec(n_key_classes=2, **FULL)
     inputs, pool = make(layout, 2, 2, 9, 4, [9, 4], False, seed=1, C=2)
-    out, stats = attention_stats_chunked(*inputs, spec, pooling=pool, layout=layout, chunk_bytes=24,
+    out, stats = attention_stats_chunked(*inputs, spec, **pool, layout=layout, chunk_bytes=24,
                                          row_pass=row_pass)
     valid = inputs[3]
     rows = valid[:, None, :].expand_as(stats.entropy)
@@ -149,7 +151,7 @@ def test_causal_left_padding_rows_stay_finite(row_pass):
     layout = AttentionLayout(causal=True, window=(3, 0), n_key_value_heads=1)
     spec = StatsSpec(n_key_classes=3, **FULL)
     inputs, pool = make(layout, 2, 4, 12, 8, [12, 5], True, seed=2, C=3)
-    out, stats = attention_stats_chunked(*inputs, spec, pooling=pool, layout=layout, chunk_bytes=64,
+    out, stats = attention_stats_chunked(*inputs, spec, **pool, layout=layout, chunk_bytes=64,
                                          row_pass=row_pass)
     assert bool(torch.isfinite(out).all())
     for name in ("entropy", "offset_mass", "class_mass", "column_mass", "word_map"):
@@ -168,10 +170,10 @@ def test_half_precision_is_widened(dtype, layout, L, left, seed):
     """The compiled pass widens half-precision q, k, v: the statistics of the rounded inputs, in float32."""
     spec = StatsSpec(n_key_classes=3, **FULL)
     inputs, pool = make(layout, 2, 2, L, 8, [L, max(1, L // 2)], left, seed, C=3, dtype=dtype)
-    got = attention_stats_chunked(*inputs, spec, pooling=pool, layout=layout, chunk_bytes=200, row_pass="compiled")
+    got = attention_stats_chunked(*inputs, spec, **pool, layout=layout, chunk_bytes=200, row_pass="compiled")
     assert got[0].dtype == dtype and got[1].entropy.dtype == torch.float32
     wide = tuple(t.float() for t in inputs[:3]) + inputs[3:]
-    ref = attention_stats_eager(*wide, spec, pooling=pool, layout=layout)
+    ref = attention_stats_eager(*wide, spec, **pool, layout=layout)
     assert_matches(ref, (got[0].float(), got[1]), inputs[3], spec, atol=1e-2, rtol=1e-2, argmax=False)
     torch.testing.assert_close(got[1].entropy, ref[1].entropy, atol=1e-4, rtol=1e-4)
 

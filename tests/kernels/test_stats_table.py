@@ -84,6 +84,11 @@ def inputs(seed=0):
     return (q, k, v, key_valid, key_class), pooling
 
 
+def input_ids(seed=0):
+    """(B, L) token ids of `inputs()`' batch, from 4 tokens: repeats, so the token relations have mass."""
+    return torch.randint(0, 4, (B, L), generator=torch.Generator().manual_seed(seed + 1))
+
+
 def only(stat: RowStat, spec_type=StatsSpec) -> StatsSpec:
     """A spec that asks for `stat` and nothing else."""
     value = OFFSETS if stat.switch == "offsets" else True
@@ -150,9 +155,10 @@ ROWS = {"chunked-compiled": 3 * 4 * 24, "chunked-torch": 3 * 4 * 24, "triton": 3
 
 
 def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = None):
-    """(layout, (q, k, v, key_valid, key_class), pooling) of a drawn case: 1-3 sequences of 1-MAX_L
+    """(layout, (q, k, v, key_valid, key_class), pooling, token_ids) of a drawn case: 1-3 sequences of 1-MAX_L
     tokens (`length_strategy`), 4 query heads, key heads as the layout says; with `rows`, fewer sequences,
-    then 2 heads, when sequences x heads x L would be more."""
+    then 2 heads, when sequences x heads x L would be more. Token ids from a vocabulary of 1-6 tokens
+    (repeats, and rows with no earlier copy of their token, in every sequence)."""
     layout = data.draw(CASES[case]["layout"], label="layout")
     pad = CASES[case]["pad"]
     L = data.draw(length_strategy(2 if pad == "single" else 1), label="L")
@@ -176,16 +182,17 @@ def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = 
     key_class = torch.randint(0, C, (n_seq, L), generator=g)
     unit = torch.where(key_valid, (pos - (L - n if pad == "left" else 0)) // 2, -1)  # words of two tokens
     pooling = word_pooling(unit, torch.rand(n_seq, (L + 1) // 2, generator=g) < 0.8)
-    return layout, (q, k, v, key_valid, key_class), pooling
+    token_ids = torch.randint(0, data.draw(st.integers(1, 6), label="vocabulary"), (n_seq, L), generator=g)
+    return layout, (q, k, v, key_valid, key_class), pooling, token_ids
 
 
 def check_entry(stat: RowStat, path: str, case: str, data, spec=None):
     """One entry of the table from one path on one drawn case: the table's shape and dtype, the
     oracle's values, padding rows set, nothing that was not asked for."""
-    layout, args, pooling = draw_case(data, case, rows=ROWS[path])
+    layout, args, pooling, ids = draw_case(data, case, rows=ROWS[path])
     spec = only(stat) if spec is None else spec
-    _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout)
-    _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout)
+    _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids)
+    _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids)
     check_result(stat, path, got, ref, args, pooling, spec, layout)
 
 
@@ -242,7 +249,8 @@ def edge_case(L: int, index: int, n_seq: int = 2):
     key_valid = pos < torch.tensor([L, max(1, L // 2)][:n_seq])[:, None]  # (n_seq, L)
     key_class = torch.randint(0, C, (n_seq, L), generator=g)
     pooling = word_pooling(torch.where(key_valid, pos // 2, -1), torch.rand(n_seq, (L + 1) // 2, generator=g) < 0.8)
-    return layout, (q, k, v, key_valid, key_class), pooling
+    token_ids = torch.randint(0, 3, (n_seq, L), generator=g)
+    return layout, (q, k, v, key_valid, key_class), pooling, token_ids
 
 
 def _edge_test(path: str):
@@ -252,10 +260,10 @@ def _edge_test(path: str):
         (`EDGE_LENGTHS`) are checked in every path whatever hypothesis draws."""
         # Triton: the full-length sequence only (the interpreter's time grows with the rows; its
         # padding rows at these lengths come from the drawn cases)
-        layout, args, pooling = edge_case(L, EDGE_LENGTHS.index(L), n_seq=1 if path == "triton" else 2)
+        layout, args, pooling, ids = edge_case(L, EDGE_LENGTHS.index(L), n_seq=1 if path == "triton" else 2)
         spec = all_on()
-        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout)
-        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout)
+        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids)
+        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids)
         for stat in ROW_STATS:
             check_result(stat, path, got, ref, args, pooling, spec, layout)
 
@@ -314,7 +322,7 @@ def test_a_position_dependent_statistic_written_once_holds_on_every_layout(path,
         mp.setattr(spec_module, "ROW_STATS", ROW_STATS + (NEAR,))
         spec = NearSpec(n_key_classes=C, near_mass=True)
         check_entry(NEAR, path, case, data, spec=spec)
-        layout, args, pooling = draw_case(data, case)
+        layout, args, pooling, _ = draw_case(data, case)
         _, ref = attention_stats_eager(*args, spec, layout=layout)
     from bertscope.kernels.reference import visible_probs
 
@@ -360,7 +368,7 @@ def test_as_float32_widens_the_float_statistics_of_the_table_only():
     """In place, each half-precision statistic becomes the float32 of the same values; indices and
     float32 ones are left as they are (the same tensors)."""
     args, pooling = inputs()
-    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling)
+    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling, token_ids=input_ids())
     half = RowStats(**{s.name: getattr(stats, s.name).to(torch.bfloat16) if s.dtype == "float"
                        else getattr(stats, s.name) for s in ROW_STATS})
     before = {s.name: getattr(half, s.name) for s in ROW_STATS}
@@ -379,7 +387,7 @@ def test_as_float32_widens_the_float_statistics_of_the_table_only():
 
 def test_removed_heads_hold_the_table_value():
     args, pooling = inputs()
-    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling)
+    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling, token_ids=input_ids())
     spread = head_removal.spread_heads(stats, (0, 2, 3), 5)  # physical heads 0, 1, 2 -> slots 0, 2, 3 of 5
     for s in ROW_STATS:
         t = getattr(spread, s.name)
@@ -396,11 +404,11 @@ def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
     HeadStats array adds them up; the argmax's counts are checked against the argmax by hand."""
     args, pooling = inputs()
     spec = all_on()
-    _, stats = attention_stats_eager(*args, spec, pooling=pooling)
+    _, stats = attention_stats_eager(*args, spec, pooling=pooling, token_ids=input_ids())
     classes = TokenClasses.of(("a", "b", "c"))
     key_valid, key_class = args[3], args[4]
     batch = BatchContext(indices=[0, 1], segments=[None, None], inputs={}, key_valid=key_valid, key_class=key_class,
-                         classes=classes, spec=spec, layers=[stats])
+                         classes=classes, spec=spec, layers=[stats], token_ids=input_ids())
     sums = batch.segment_sums(0)
     valid = key_valid.double()  # (B, L): group 0 is every valid row
     acc = HeadStats(1, H, spec, classes)

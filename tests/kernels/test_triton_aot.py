@@ -61,6 +61,7 @@ def test_every_specialisation_compiles_for_both_targets(rows):
     for kind in ("plain", "band"):
         assert any(n.startswith(kind) and n.endswith("uniform") for n in names), kind
         assert any(n.startswith(kind) and "position_mass" in n for n in names), kind
+        assert any(n.startswith(kind) and "prefix_match_mass" in n for n in names), kind
     for kernel in ("column_mass", "row_lse", "js_pair", "word_map"):
         plain = {n.split()[-1] for n in names if n.startswith(kernel) and not n.endswith("banded")}
         assert plain == set(DTYPES), kernel

@@ -55,8 +55,10 @@ def check_parity(kind, lengths, L, backend, left=None, atol=2e-5, make_config=pa
     ref, hidden, layers, valid, key_class, pooling = run_both(kind, lengths, L, backend, left, make_config)
     torch.testing.assert_close(hidden[valid], ref.last_hidden_state[valid], atol=atol, rtol=1e-4)
     rows = valid[:, None, :].expand(-1, HEADS, -1)  # (B, H, L) the valid query rows
+    # the batch run_both ran (its token ids: the token relations)
+    ids = padded_batch(lengths, L, ARCHITECTURES[kind].causal if left is None else left)["input_ids"]
     for layer, (stats, p) in enumerate(zip(layers, ref.attentions)):
-        want = stats_from_probs(p, valid, key_class, SPEC, pooling=pooling)  # the oracle, off HF eager maps
+        want = stats_from_probs(p, valid, key_class, SPEC, pooling=pooling, token_ids=ids)  # the oracle, off HF maps
         for stat in ROW_STATS:  # every entry of the table; indices below, where no near-tie decides them
             if stat.dtype == "float":
                 got, ref_t = getattr(stats, stat.name), getattr(want, stat.name)
