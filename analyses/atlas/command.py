@@ -69,6 +69,7 @@ DEFAULT_LIMIT = (100, 16)
 DEFAULT_MAX_LEN = (128, 1024)
 DEFAULT_NEEDLES = "san-francisco"
 DEFAULT_DEPTHS = "10,50,90"
+MIN_INDUCTION_LEN = 3  # analyses/heads/induction's MIN_SEQ_LEN (said here without importing torch)
 RETRIEVAL_LENGTH = 1024  # the haystack length (at most the model's limit)
 SETTINGS_KEYS = ("model", "revision", "corpus", "text_field", "limit", "max_len", "seed", "batch_size", "backend",
                  "device", "dtype", "induction_sequences", "induction_len", "needles", "retrieval_lengths",
@@ -132,6 +133,9 @@ def main(args) -> int:
         return compare.main(args)
     if args.resume:
         args = ModelRun.resumed_args(NAME, args, add_arguments, keys=SETTINGS_KEYS, command=COMMAND)
+    if args.induction_len < MIN_INDUCTION_LEN:
+        raise UserError(f"--induction-len must be at least {MIN_INDUCTION_LEN} (at T = 2 the induction key is the "
+                        f"previous token), not {args.induction_len}")
     causal = model_is_causal(args.model, getattr(args, "revision", None))
     from bertscope.analyses.heads.retrieval.haystack import load_needles
 
@@ -208,6 +212,9 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     if first is None:
         raise UserError(f"no usable segments in corpus {args.corpus!r}: {report.as_dict()}")
     stream = chain([first], stream)
+    if 2 * args.induction_len + 1 > loaded.max_len:
+        raise UserError(f"--induction-len {args.induction_len} makes sequences of {2 * args.induction_len + 1} "
+                        f"tokens: more than the model allows ({loaded.max_len})")
     run.open(args.out)
     run.announce()
     world = run.world
@@ -386,9 +393,6 @@ def induction_probe(run, args, loaded, causal, state, state_path) -> dict:
 
     T = args.induction_len
     score_offsets(T)
-    if 2 * T + 1 > loaded.max_len:
-        raise UserError(f"--induction-len {T} makes sequences of {2 * T + 1} tokens: more than the model allows "
-                        f"({loaded.max_len})")
     bos = bos_token(loaded, False) if causal else getattr(loaded.tokenizer, "cls_token_id", None)
     vocab = min(len(loaded.tokenizer), loaded.model.config.vocab_size)
     ids = random_sequences(args.induction_sequences, T, token_pool(loaded.tokenizer, vocab), bos, args.seed)
@@ -474,7 +478,7 @@ def write_outputs(run, args, table: dict, about: dict):
     from bertscope.analyses.atlas import card
     from bertscope.analyses.atlas import stats as A
 
-    rows = A.rows_of(table)
+    rows = [{k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in A.rows_of(table)]
     columns = A.column_order()
     run.write_csv(HEADS_FILE, rows, columns)
     write_parquet(run, table, columns)
