@@ -323,12 +323,13 @@ def log_plan(run, args, loaded, kinds, causal, state, lengths, n_needles, retrie
                        3.0, "importance"))
     base = loaded.model.base_model
     device = next(base.parameters()).device
-    ids = torch.randint(0, min(100, loaded.model.config.vocab_size), (1, 128), device=device)
+    n = min(CALIBRATION_TOKENS, loaded.max_len)
+    ids = torch.randint(0, min(100, loaded.model.config.vocab_size), (1, n), device=device)
     with torch.inference_mode():
         base(input_ids=ids)  # warm-up
         t0 = time.perf_counter()
         base(input_ids=ids)
-        rate = (time.perf_counter() - t0) / pass_work(loaded, kinds, 128)
+        rate = (time.perf_counter() - t0) / pass_work(loaded, kinds, n)
     size = 1 if run.world is None else run.world.size
     total = 0.0
     for what, work, factor, key in stages:
@@ -344,6 +345,7 @@ def log_plan(run, args, loaded, kinds, causal, state, lengths, n_needles, retrie
             "--no-retrieval, --no-importance")
 
 
+CALIBRATION_TOKENS = 128  # the timed forward pass of the estimate (at most the model's limit)
 STREAM_FACTOR = 3.0  # the streamed pass's statistics (distance, position, class masses) beside the forward, on a CPU
 
 
