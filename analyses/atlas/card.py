@@ -72,7 +72,8 @@ def headline(table: dict, about: dict) -> dict:
             "pending_columns": [c for c in PENDING if not np.isfinite(_col(table, c)).any()],
             "thresholds": {r.name: {"column": r.column, "threshold": r.threshold,
                                     "at_most" if r.below else "at_least": True} for r in T.RULES},
-            "top": {name: top_heads(table, name) for name in T.TYPES if not why[name]}}
+            "top": {name: top_heads(table, name) for name in T.TYPES if not why[name]},
+            "stage_seconds": about.get("seconds", {})}
 
 
 def summary_lines(results: dict) -> list[str]:
@@ -153,9 +154,7 @@ def markdown(table: dict, about: dict, results: dict, figures: dict[str, str]) -
                 "above; the letters are all its types; grey: none.*", ""]
     if "layers" in figures:
         out += ["## Per layer", "", f"![layers]({figures['layers']})", "",
-                "*Per layer, mean over its heads: the mass on the first token and on the previous token, the local "
-                "mass, the entropy over its uniform baseline (left); the mean distance (middle, log scale); the heads "
-                "of each type (right).*", ""]
+                f"*{LAYERS_CAPTION}*", ""]
     out += ["## Top heads of each type", "", "Layer-head from 1; the score is the type's rule column; a * marks a "
             "head over the threshold.", "", "| type | heads (score) |", "|---|---|"]
     for name in T.TYPES:
@@ -195,8 +194,9 @@ def grid_html(table: dict) -> str:
     return f'<table class="grid">{"".join(rows)}</table>'
 
 
-LAYERS_CAPTION = ("Per layer, mean over its heads: first-token, previous-token and local mass and the entropy over its "
-                  "uniform baseline (left); the mean distance (middle); the heads of each type (right).")
+LAYERS_CAPTION = ("Per layer, mean over its heads: the sink, previous-token and local (distance < 8) mass and the "
+                  "entropy over its uniform baseline (left); the mean distance (middle; log scale when it spans a "
+                  "decade); the heads of each type (right; a head of several types counts in each).")
 
 
 def _figure(path, caption: str) -> str:

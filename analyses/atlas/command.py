@@ -225,6 +225,8 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     lengths = retrieval_lengths(args, loaded) if retrieval_on else []
     log_plan(run, args, loaded, kinds, causal, state, lengths, len(needles), retrieval_on, importance_on)
 
+    seconds = {}  # each stage's wall time in this call (0: done before)
+    t0 = time.perf_counter()
     # 1. the streamed pass
     spec = A.stream_spec(windows, causal, (args.streaming_sink, args.streaming_recent))
     acc = A.StreamStats(loaded.n_layers, loaded.n_heads, windows, spec, plan[0][0], S.n_buckets(loaded.max_len))
@@ -237,11 +239,15 @@ def atlas_run(run: ModelRun, args, needles) -> int:
             state["stream"] = True
             A.write_state(state_path, state)
 
+    seconds["stream"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
     # 2. induction
     scores = induction_probe(run, args, loaded, causal, state, state_path)
+    seconds["induction"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
 
     # 3. retrieval (decoders)
     retrieval = retrieval_probe(run, args, loaded, needles, lengths) if retrieval_on else None
+    if retrieval_on:
+        seconds["retrieval"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
     run.shutdown()
     if not run.is_main:
         return 0
@@ -252,6 +258,7 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     # 4. LM importance (decoders, rank 0)
     importance = importance_probe(run, args, loaded) if importance_on else None
     if importance_on:
+        seconds["importance"] = round(time.perf_counter() - t0, 1)
         state["importance"] = True
         A.write_state(state_path, state)
 
@@ -271,7 +278,7 @@ def atlas_run(run: ModelRun, args, needles) -> int:
                             "answered": retrieval_answered(run)} if retrieval_on else None),
              "importance": ({"segments": args.importance_segments, "max_len": args.importance_len}
                             if importance_on else None),
-             "streaming": [args.streaming_sink, args.streaming_recent]}
+             "streaming": [args.streaming_sink, args.streaming_recent], "seconds": seconds}
     write_outputs(run, args, table, about)
     return 0
 

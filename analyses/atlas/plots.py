@@ -63,8 +63,10 @@ def plot_layers(rows: list[dict], about: dict):
     ax.set_ylabel("mean over heads")
     ax.legend(fontsize=7)
     ax = axes[1]
-    ax.plot(layers, [max(r["mean_distance"], 1e-3) for r in rows], marker="o", ms=3, color="k")
-    ax.set_yscale("log")
+    dist = np.array([max(r["mean_distance"], 1e-3) for r in rows])
+    ax.plot(layers, dist, marker="o", ms=3, color="k")
+    if dist.max() > 10 * dist.min():
+        ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("mean query-key distance (tokens)")
     for r in rows:
@@ -78,9 +80,10 @@ def plot_layers(rows: list[dict], about: dict):
             ax.bar(layers, n, bottom=bottom, color=rule.colour, label=rule.name)
             bottom += n
     ax.set_xlabel("layer")
-    ax.set_ylabel("heads of each type (a head may count twice)")
+    ax.set_ylabel("heads of each type")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Per-layer profiles (grey: sliding-window layers)\n{_title(about)}", fontsize=9)
+    fig.suptitle(f"Per-layer profiles (grey: sliding-window layers; right: a head of several types counts in each)"
+                 f"\n{_title(about)}", fontsize=9)
     return fig
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from bertscope.analyses.atlas import paper
+from bertscope.analyses.atlas.card import LAYERS_CAPTION
 from bertscope.analyses.atlas.outputs import (
     COMPARE_FIGURE,
     COMPARE_NAME,
@@ -38,8 +39,7 @@ def build(run: RunFiles) -> Section | None:
     figures = [
         run.figure(GRID_FIGURE, "Every head (columns) of every layer (rows), coloured by its first type; the letters "
                    "are all its types (atlas_card.html has the same grid with each head's numbers)."),
-        run.figure(LAYERS_FIGURE, "Per layer, mean over its heads: masses and entropy ratio (left), mean distance "
-                   "(middle, log scale), heads of each type (right)."),
+        run.figure(LAYERS_FIGURE, LAYERS_CAPTION),
     ]
     return Section("Head atlas: every head typed",
                    intro="One streamed pass and short probes type every head by fixed thresholds "
