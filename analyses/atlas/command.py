@@ -65,7 +65,7 @@ DESCRIPTION = (
     "one table and one figure (standardised features, PCA).")
 CHECKPOINT_TOKENS = 65536  # padded tokens between two checkpoints of the streamed sums (at most 20 batches)
 # the defaults that depend on the model: (encoder, decoder)
-DEFAULT_LIMIT = (100, 16)
+DEFAULT_LIMIT = (100, 32)
 DEFAULT_MAX_LEN = (128, 1024)
 DEFAULT_NEEDLES = "san-francisco"
 DEFAULT_DEPTHS = "10,50,90"
@@ -353,7 +353,7 @@ def log_plan(run, args, loaded, kinds, causal, state, lengths, n_needles, retrie
 
 
 CALIBRATION_TOKENS = 128  # the timed forward pass of the estimate (at most the model's limit)
-STREAM_FACTOR = 3.0  # the streamed pass's statistics (distance, position, class masses) beside the forward, on a CPU
+STREAM_FACTOR = 2.0  # the streamed pass's statistics (distance, position, class masses) beside the forward, on a CPU
 
 
 # --- the stages ------------------------------------------------------------------------------------

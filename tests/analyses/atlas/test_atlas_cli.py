@@ -194,3 +194,21 @@ def test_user_mistakes_are_one_line(tiny_llama_lm_dir, files, tmp_path, capsys):
     assert "--induction-len must be at least 3" in one_line_error(capsys, base + ["--induction-len", "2"])
     assert "at least two" in one_line_error(capsys, ["atlas", "compare", str(tmp_path)])
     assert not (tmp_path / "x").exists()  # nothing left behind by a refused run
+
+
+def test_two_torchrun_ranks_equal_one_process(tiny_llama_lm_dir, files, tmp_path):
+    from conftest import run_one_and_two_ranks
+
+    corpus, needles = files
+    args = ["atlas", "--model", str(tiny_llama_lm_dir), "--corpus", str(corpus), "--limit", "6", "--max-len", "24",
+            "--batch-size", "1", "--induction-sequences", "3", "--induction-len", "8", "--needles", str(needles),
+            "--retrieval-lengths", "48", "--depths", "0,50", "--importance-segments", "2", "--importance-len", "24",
+            "--quiet", "--no-figures"]
+    one, two = run_one_and_two_ranks(args, tmp_path, port=29571)
+    assert (two / "atlas_stream_heads.rank1.npz").is_file()  # each rank folded its own share
+    a, b = rows_of(one / HEADS_FILE), rows_of(two / HEADS_FILE)
+    assert [r["types"] for r in a] == [r["types"] for r in b]
+    for x, y in zip(a, b):
+        for k, v in x.items():
+            if v not in ("", x["model"], x["attention"], x["types"]):
+                assert float(y[k]) == pytest.approx(float(v), rel=1e-6, abs=1e-9), k
