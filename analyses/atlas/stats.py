@@ -92,8 +92,17 @@ def streaming_spec(causal: bool, sink: int = STREAMING_SINK, recent: int = STREA
 def streaming_columns(heads: HeadStats, n_kv_heads: int) -> dict[str, np.ndarray]:
     """ADAPTER (branch `stream`): per head (Ly, H) `streaming_error`, sqrt(sum ||o - o_L||^2 / sum ||o||^2)
     over the corpus's rows (the pooled relative error), and `streaming_error_kv`, the same pooled over
-    the query heads of each KV group; NaN where not computed."""
+    the query heads of each KV group; NaN where not computed. Read by `HeadStats.streaming_error`
+    where it exists (the branch adds it), else from the two sums by name."""
     shape = (heads.n_layers, heads.n_heads)
+    if callable(getattr(type(heads), "streaming_error", None)):  # HeadStats's own reader (branch `stream`)
+        from bertscope.engine.accumulate import NotComputedError
+
+        try:
+            per, kv = heads.streaming_error(), heads.streaming_error(kv_heads=True)  # (Ly, H), (Ly, KV)
+        except NotComputedError:
+            return {"streaming_error": np.full(shape, np.nan), "streaming_error_kv": np.full(shape, np.nan)}
+        return {"streaming_error": per, "streaming_error_kv": np.repeat(kv, heads.n_heads // kv.shape[1], axis=1)}
     err = getattr(heads, "streaming_error_sq_sum", None) if _has_array(heads, "streaming_error_sq_sum") else None
     out = getattr(heads, "output_sq_sum", None) if _has_array(heads, "output_sq_sum") else None
     if err is None or out is None:

@@ -81,3 +81,41 @@ def test_pca_separates_two_clusters_and_drops_empty_or_flat_features():
     assert explained[0] > 0.9
     side = np.sign(pts[:, 0])
     assert (side[:10] == side[0]).all() and (side[10:] == -side[0]).all()
+
+
+def test_the_streaming_adapter_pools_per_head_and_per_kv_group():
+    """Hand-built sums (2 layers, 4 query heads in 2 KV groups, one row group): the error of a head is
+    sqrt(sum err^2 / sum out^2), of a group the same over its heads' sums."""
+    from types import SimpleNamespace
+
+    from bertscope.analyses.atlas.stats import streaming_columns
+
+    err = np.array([[1.0, 4.0, 0.0, 9.0], [0.0, 0.0, 1.0, 1.0]])[..., None]  # (Ly, H, G)
+    out = np.array([[4.0, 4.0, 1.0, 9.0], [1.0, 1.0, 4.0, 4.0]])[..., None]
+    heads = SimpleNamespace(n_layers=2, n_heads=4, streaming_error_sq_sum=err, output_sq_sum=out)
+    cols = streaming_columns(heads, n_kv_heads=2)
+    np.testing.assert_allclose(cols["streaming_error"], [[0.5, 1.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.5]])
+    np.testing.assert_allclose(cols["streaming_error_kv"], np.sqrt([[5 / 8, 5 / 8, 9 / 10, 9 / 10],
+                                                                    [0, 0, 2 / 8, 2 / 8]]))
+    missing = streaming_columns(SimpleNamespace(n_layers=2, n_heads=4), n_kv_heads=2)
+    assert np.isnan(missing["streaming_error"]).all() and missing["streaming_error"].shape == (2, 4)
+
+
+def test_the_token_match_adapter_reads_a_statistic_once_the_table_has_it(monkeypatch):
+    """With a duplicate_mass entry in the kernels' table (mass summed over the rows that have an earlier
+    copy, then those rows), the column is their ratio; without one, NaN."""
+    from types import SimpleNamespace
+
+    from bertscope.analyses.atlas import stats as A
+    from bertscope.kernels import spec as kernel_spec
+
+    heads = SimpleNamespace(n_layers=1, n_heads=2, n_rows=np.array([[10.0]]),
+                            dup_sum=np.array([[[3.0], [0.0]]]), dup_rows=np.array([[[6.0], [0.0]]]))
+    assert np.isnan(A.token_match_columns(heads)["duplicate_mass"]).all() or "duplicate_mass" in kernel_spec.STAT
+    fake = SimpleNamespace(switch="token_match", sums=(SimpleNamespace(array="dup_sum"),
+                                                       SimpleNamespace(array="dup_rows")))
+    monkeypatch.setitem(kernel_spec.STAT, "duplicate_mass", fake)
+    assert A.token_match_spec()["token_match"] is True
+    cols = A.token_match_columns(heads)
+    np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, np.nan]])
+    np.testing.assert_allclose(cols["duplicate_rows"], [[6.0, 0.0]])
