@@ -60,23 +60,34 @@ def token_match_spec() -> dict:
 
 
 def token_match_columns(heads: HeadStats) -> dict[str, np.ndarray]:
-    """ADAPTER (branch `tok`): per head (Ly, H), `<name>` (the mean over the rows that have such a key)
-    and `<name>_rows` (those rows) for duplicate_mass and prefix_match (columns duplicate_mass,
-    duplicate_rows, prefix_match_mass, prefix_match_rows); NaN where the statistic is not computed.
-    Assumed: the statistic's first segment sum is the mass summed over such rows, its second the
-    count of those rows (the row statistic is 0 on rows without such a key)."""
+    """ADAPTER (branch `tok`): per head (Ly, H), `<name>` (the mean over the rows that have such a key;
+    NaN where none has) and `<short>_rows` (those rows) for duplicate_mass and prefix_match_mass
+    (columns duplicate_mass, duplicate_rows, prefix_match_mass, prefix_match_rows); NaN where not
+    computed. Read by `HeadStats.token_relation_means` where it exists (the branch adds it), else
+    from the statistic's segment sum and a `<short>_rows` array by name."""
     shape = (heads.n_layers, heads.n_heads)
-    out = {}
+    nan = np.full(shape, np.nan)
+    out = {name: nan for name in TOKEN_MATCH} | {f"{n.removesuffix('_mass')}_rows": nan for n in TOKEN_MATCH}
+    if callable(getattr(type(heads), "token_relation_means", None)):
+        from bertscope.engine.accumulate import NotComputedError
+
+        try:
+            means = heads.token_relation_means()
+        except NotComputedError:
+            return out
+        for name, (mean, rows) in means.items():
+            out[name] = np.where(rows > 0, mean, np.nan)
+            out[f"{name.removesuffix('_mass')}_rows"] = rows
+        return out
     for name in TOKEN_MATCH:
         short = name.removesuffix("_mass")
-        mass = rows = np.full(shape, np.nan)
         stat = kernel_spec.STAT.get(name)
-        sums = [getattr(heads, m.array, None) for m in stat.sums] if stat is not None else []
-        if sums and all(s is not None for s in sums):
-            total = sums[0][:, :, 0].reshape(shape)  # group "all"
-            rows = sums[1][:, :, 0].reshape(shape) if len(sums) > 1 else np.broadcast_to(heads.n_rows[:, :1], shape)
-            mass = _div(total, rows)
-        out[name] = mass
+        total = getattr(heads, stat.sums[0].array, None) if stat is not None and stat.sums else None
+        rows = getattr(heads, f"{short}_rows", None)
+        if total is None or rows is None:
+            continue
+        rows = np.broadcast_to(np.asarray(rows)[:, :1], shape) if np.ndim(rows) == 2 else rows[:, :, 0]
+        out[name] = _div(total[:, :, 0].reshape(shape), rows)  # row group "all"
         out[f"{short}_rows"] = rows
     return out
 

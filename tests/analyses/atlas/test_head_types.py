@@ -102,20 +102,21 @@ def test_the_streaming_adapter_pools_per_head_and_per_kv_group():
 
 
 def test_the_token_match_adapter_reads_a_statistic_once_the_table_has_it(monkeypatch):
-    """With a duplicate_mass entry in the kernels' table (mass summed over the rows that have an earlier
-    copy, then those rows), the column is their ratio; without one, NaN."""
+    """With a duplicate_mass entry in the kernels' table (its mass summed over rows) and the rows that have
+    an earlier copy (`duplicate_rows`, per layer and row group), the column is their ratio, NaN where no
+    row has one; without the entry, NaN."""
     from types import SimpleNamespace
 
     from bertscope.analyses.atlas import stats as A
     from bertscope.kernels import spec as kernel_spec
 
-    heads = SimpleNamespace(n_layers=1, n_heads=2, n_rows=np.array([[10.0]]),
-                            dup_sum=np.array([[[3.0], [0.0]]]), dup_rows=np.array([[[6.0], [0.0]]]))
-    assert np.isnan(A.token_match_columns(heads)["duplicate_mass"]).all() or "duplicate_mass" in kernel_spec.STAT
-    fake = SimpleNamespace(switch="token_match", sums=(SimpleNamespace(array="dup_sum"),
-                                                       SimpleNamespace(array="dup_rows")))
+    heads = SimpleNamespace(n_layers=2, n_heads=2, dup_sum=np.array([[[3.0], [1.5]], [[0.0], [0.0]]]),
+                            duplicate_rows=np.array([[6.0], [0.0]]))
+    if "duplicate_mass" not in kernel_spec.STAT:
+        assert np.isnan(A.token_match_columns(heads)["duplicate_mass"]).all()
+    fake = SimpleNamespace(switch="token_match", sums=(SimpleNamespace(array="dup_sum"),))
     monkeypatch.setitem(kernel_spec.STAT, "duplicate_mass", fake)
     assert A.token_match_spec()["token_match"] is True
     cols = A.token_match_columns(heads)
-    np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, np.nan]])
-    np.testing.assert_allclose(cols["duplicate_rows"], [[6.0, 0.0]])
+    np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, 0.25], [np.nan, np.nan]])
+    np.testing.assert_allclose(cols["duplicate_rows"], [[6.0, 6.0], [0.0, 0.0]])
