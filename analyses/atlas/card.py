@@ -69,7 +69,8 @@ def headline(table: dict, about: dict) -> dict:
                                       "max_len", "quantised")},
             "n_heads": n, "typed": int(sum(1 for t in table["types"] if t)), "counts": counts,
             "not_measured": {k: v for k, v in why.items() if v},
-            "pending_columns": [c for c in PENDING if not np.isfinite(_col(table, c)).any()],
+            "pending_columns": [c for c in PENDING if not np.isfinite(_col(table, c)).any()
+                                and (about["decoder"] or c != "streaming_error")],
             "thresholds": {r.name: {"column": r.column, "threshold": r.threshold,
                                     "at_most" if r.below else "at_least": True} for r in T.RULES},
             "top": {name: top_heads(table, name) for name in T.TYPES if not why[name]},
@@ -131,8 +132,11 @@ def type_rows(table: dict, about: dict) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def pending_lines(table: dict) -> list[str]:
-    return [f"`{c}` ({what}): {NOT_MEASURED}" for c, what in PENDING.items() if not np.isfinite(_col(table, c)).any()]
+def pending_lines(table: dict, about: dict, code: str = "`") -> list[str]:
+    """The pending columns that are empty in this run (an encoder's streaming error is not applicable,
+    and said so above, not here)."""
+    return [f"{code}{c}{code} ({what}): {NOT_MEASURED}" for c, what in PENDING.items()
+            if not np.isfinite(_col(table, c)).any() and (about["decoder"] or c != "streaming_error")]
 
 
 def markdown(table: dict, about: dict, results: dict, figures: dict[str, str]) -> str:
@@ -145,7 +149,7 @@ def markdown(table: dict, about: dict, results: dict, figures: dict[str, str]) -
     out += ["## Types", "", "Fixed thresholds (analyses/atlas/head_types.py says why each has its value); a head "
             "may carry several types.", "", "| type | rule | heads | what |", "|---|---|---|---|"]
     out += [f"| {a} | `{b}` | {c} | {d} |" for a, b, c, d in type_rows(table, about)] + [""]
-    pend = pending_lines(table)
+    pend = pending_lines(table, about)
     if pend:
         out += ["Columns of atlas_heads.csv left empty:", ""] + [f"- {p}" for p in pend] + [""]
     if "grid" in figures:
@@ -225,7 +229,7 @@ def html(table: dict, about: dict, results: dict, run_dir: Path, figures: dict) 
         cell = why[name] if top is None else \
             ", ".join(f"{t['head']} ({t['score']:.3f}{'*' if t['typed'] else ''})" for t in top)
         tops += f"<tr><td>{H.escape(name)}</td><td>{H.escape(cell)}</td></tr>"
-    pend = "".join(f"<li>{H.escape(p)}</li>" for p in pending_lines(table))
+    pend = "".join(f"<li>{H.escape(p)}</li>" for p in pending_lines(table, about, code=""))
     encoder = ("<p>An encoder: its first token is [CLS] and the sink type reads the [CLS] + [SEP] mass; retrieval "
                "and LM importance are decoders' probes and are not run; the streaming error is a causal cache's and "
                "is not measured.</p>" if not about["decoder"] else "")

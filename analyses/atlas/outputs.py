@@ -63,13 +63,13 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "reach_90": ("tokens", "largest distance of the log2 bucket by which 90% of the mass is gathered (empty: "
                  "32768+)"),
     "duplicate_mass": (PROB, "corpus: mass on earlier copies of the query's token, mean over rows that have one "
-                       "(branch `tok`; empty until merged)"),
+                       "(empty where none has, or where this bertscope does not compute it)"),
     "duplicate_rows": ("rows", "the rows duplicate_mass averages"),
     "prefix_match_mass": (PROB, "corpus: mass on keys that follow an earlier copy of the query's token, mean over "
-                          "rows that have one (branch `tok`; empty until merged)"),
+                          "rows that have one (empty as duplicate_mass is)"),
     "prefix_match_rows": ("rows", "the rows prefix_match_mass averages"),
     "streaming_error": ("ratio", "||o - o_L|| / ||o||: the head's output against its output over the first S and "
-                        "last W keys only, pooled over rows (decoders; branch `stream`; empty until merged)"),
+                        "last W keys only, pooled over rows (decoders; empty where not computed)"),
     "streaming_error_kv": ("ratio", "the same pooled over the query heads of the head's KV group"),
     "induction_score": (PROB, "probe: repeated random tokens, mean mass of the repeated half's rows on i - T + 1 "
                         "(Olsson et al.)"),
