@@ -144,5 +144,6 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "heads.positions.paper:LOST",
     _ + "heads.positions.paper:FOUND",
     _ + "heads.retrieval.paper:WU_RETRIEVAL",
-    _ + "atlas.paper:ATLAS",
+    _ + "atlas.paper:DUO",
+    _ + "atlas.paper:VOITA",
 )

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from bertscope.report.quotes import Source
 
-ATLAS = Source("Olsson et al. (2022); Xiao et al. (2023, 2024); Gu et al. (2024); Wu et al. (2024); Clark et "
-               "al. (2019); Voita et al. (2019)",
-               "the definitions of the head types the atlas assigns",
-               "their models (Anthropic's transformers; Llama-2; BERT-base; Transformer NMT), not the ones here",
-               "see each statement")
+DUO = Source("Xiao et al. (2024)", "DuoAttention (ICLR 2025), abstract and 'Optimization-based Identification'",
+             "Llama-2-7B, Llama-3-8B/70B and Mistral-7B instruct models and their long-context variants",
+             "synthetic data for the gates; Needle-in-a-Haystack, LongBench, MMLU, MBPP, MT-Bench for evaluation")
+VOITA = Source("Voita et al. (2019)", "specialised heads and pruning (as Clark et al. 2019's related work sums it up)",
+               "Transformer translation models", "their translation data")
+SOURCES = (DUO, VOITA)  # the other papers the atlas quotes are registered by their own analyses
+
 TEXT = {
     "induction": "Olsson et al. (2022): an induction head attends from a token A to the token after an earlier A "
                  "and copies it ([A][B] ... [A] -> [B]); on repeated random tokens such heads are read off the "
@@ -25,7 +27,7 @@ TEXT = {
                  "optimising a gate per KV head, not by a threshold.",
     "positional": "Clark et al. (2019), BERT-base: four heads (layers 2, 4, 7, 8) put over 50% of their attention "
                   "on the previous token and five (layers 1, 2, 2, 3, 6) on the next; broad heads in the lower "
-                  "layers; over half of the attention of layers 6-10 on [SEP]. Voita et al. (2019) find positional "
-                  "heads (attending to an adjacent token) among the few heads that survive pruning in a Transformer "
-                  "translation model.",
+                  "layers; over half of the attention of layers 6-10 on [SEP]. Voita et al. (2019) find syntactic, "
+                  "positional and rare-word heads in Transformer translation models, and that most other heads can "
+                  "be pruned.",
 }
