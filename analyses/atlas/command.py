@@ -119,7 +119,7 @@ def add_arguments(p):
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings; finished stages are not run "
                    "again")
-    sub = p.add_subparsers(dest="atlas_command", metavar="compare", required=False)
+    sub = p.add_subparsers(dest="atlas_command", metavar="[compare RUN ...]", required=False)
     from bertscope.analyses.atlas import compare  # no torch either
 
     c = sub.add_parser("compare", help=compare.HELP, description=compare.DESCRIPTION)
@@ -189,6 +189,7 @@ def segment_limit(args) -> int | None:
 
 def atlas_run(run: ModelRun, args, needles) -> int:
     from bertscope.analyses.atlas import stats as A
+    from bertscope.analyses.heads.positions.command import check_backend
     from bertscope.analyses.sinks import stats as S
     from bertscope.analyses.sinks.command import bos_plan, sink_segments
     from bertscope.text.corpus import open_corpus
@@ -212,6 +213,8 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     if first is None:
         raise UserError(f"no usable segments in corpus {args.corpus!r}: {report.as_dict()}")
     stream = chain([first], stream)
+    spec = A.stream_spec(windows, causal, (args.streaming_sink, args.streaming_recent))
+    check_backend(args, spec)  # a Triton kernel without a statistic: refused in one line, before anything is written
     if 2 * args.induction_len + 1 > loaded.max_len:
         raise UserError(f"--induction-len {args.induction_len} makes sequences of {2 * args.induction_len + 1} "
                         f"tokens: more than the model allows ({loaded.max_len})")
@@ -228,7 +231,6 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     seconds = {}  # each stage's wall time in this call (0: done before)
     t0 = time.perf_counter()
     # 1. the streamed pass
-    spec = A.stream_spec(windows, causal, (args.streaming_sink, args.streaming_recent))
     acc = A.StreamStats(loaded.n_layers, loaded.n_heads, windows, spec, plan[0][0], S.n_buckets(loaded.max_len))
     if state.get("stream") and acc.load_into(run.dir, STREAM_FILES):
         run.log("the streamed pass was done before: its sums are read back")
