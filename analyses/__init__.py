@@ -86,6 +86,7 @@ COMMANDS: dict[str, str] = {
     "heads positions": _ + "heads.positions.command",
     "heads retrieval": _ + "heads.retrieval.command",
     "finetune": _ + "finetune.command",
+    "atlas": _ + "atlas.command",  # and `atlas compare RUN...`, its own subcommand (analyses/atlas/compare.py)
 }
 
 # the report's sections, in page order (the report adds its provenance first and the figures
@@ -112,6 +113,8 @@ SECTIONS: tuple[SectionEntry, ...] = (
     SectionEntry("induction", _ + "heads.induction.section:build"),
     SectionEntry("positions", _ + "heads.positions.section:build"),
     SectionEntry("retrieval", _ + "heads.retrieval.section:build"),
+    SectionEntry("atlas", _ + "atlas.section:build"),
+    SectionEntry("atlas_compare", _ + "atlas.section:build_compare"),
 )
 
 # the sources of the papers' numbers the sections quote, each a "module:NAME" of a family's
@@ -141,4 +144,6 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "heads.positions.paper:LOST",
     _ + "heads.positions.paper:FOUND",
     _ + "heads.retrieval.paper:WU_RETRIEVAL",
+    _ + "atlas.paper:DUO",
+    _ + "atlas.paper:VOITA",
 )

@@ -11,6 +11,8 @@ goes through:
     sinks              with the massive-activation hook on every family whose layers are one module
                        each (the table's `layer_list`; it was silently off for GPT-2 and ModernBERT)
     heads positions    every family: each head's distance profile sums to 1
+    atlas              every family: one row per head, its entropy the API's; a decoder's probes run, an
+                       encoder's retrieval and importance are empty
     probe cluster, view, compare (the run against a copy of itself: every difference 0)
     heads induction, heads importance --task lm, heads prune --task lm, heads retrieval: decoders (the table's
                        `causal`); an encoder is refused in one line, exit 2
@@ -157,6 +159,19 @@ def test_every_command_on_every_family(model_type, corpus, tmp_path, capsys):
     assert len(distance) == LAYERS * HEADS
     np.testing.assert_allclose([sum(float(v) for k, v in r.items() if k.startswith("d_")) for r in distance], 1,
                                atol=1e-5)
+
+    # atlas: every family; a decoder's probes (retrieval, LM importance) too, an encoder's rows empty there
+    atlas_needles = tmp_path / "atlas_needles.jsonl"  # a needle in the word tokenizer's vocabulary
+    atlas_needles.write_text('{"name": "dog", "needle": "The dog ran far away and then came back home.", "question": '
+                             '"Where was the dog?", "answer": "ran far away and then came back home"}\n')
+    code, err = cli(capsys, "atlas", *common, "--limit", "all", "--batch-size", 2, "--induction-sequences", 2,
+                    "--induction-len", 4, "--needles", atlas_needles, "--retrieval-lengths", 40, "--depths", 50,
+                    "--importance-segments", 2, "--importance-len", MAX_LEN, "--out", tmp_path / "atlas")
+    assert code == 0, err
+    atlas = read_csv(tmp_path / "atlas" / "atlas_heads.csv")
+    assert len(atlas) == LAYERS * HEADS
+    np.testing.assert_allclose([float(r["entropy"]) for r in atlas], want["entropy"], atol=2e-5)
+    assert all((r["retrieval_score"] != "") == decoder and (r["importance"] != "") == decoder for r in atlas)
 
     # probe cluster, view, compare
     code, err = cli(capsys, "probe", "cluster", *common, "--limit", 4, "--out", tmp_path / "cluster")

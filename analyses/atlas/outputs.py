@@ -1,0 +1,108 @@
+"""What `bertscope atlas` and `bertscope atlas compare` write, the columns of the per-head table
+with their units, and the one reader of it; the names the command, the card and the report
+section share (no torch here: building the parser imports this module).
+
+atlas_heads.csv / atlas_heads.parquet: one row per head of the model, layer-major, `layer, head`
+from 1; `COLUMNS` below names every column with its unit and where it comes from (docs/atlas.md
+prints the same table). A statistic the run did not measure is empty in the CSV and NaN in the
+Parquet file (never a measured 0): an encoder's retrieval and LM importance, and the statistics
+whose kernels are not in this bertscope yet (the card says "not measured in this run").
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from bertscope.errors import UserError
+
+NAME = "atlas"  # run.json["analyses"][NAME]
+COMPARE_NAME = "atlas_compare"  # run.json["analyses"][COMPARE_NAME] of `bertscope atlas compare`
+
+HEADS_FILE = "atlas_heads.csv"
+PARQUET_FILE = "atlas_heads.parquet"
+LAYERS_FILE = "atlas_layers.csv"  # one row per layer: the means of the profile columns, and type counts
+CARD_MD = "atlas_card.md"
+CARD_HTML = "atlas_card.html"
+GRID_FIGURE = "fig_atlas_grid.png"  # every head, coloured by its first type, letters for all of them
+LAYERS_FIGURE = "fig_atlas_layers.png"  # per-layer profiles
+
+# checkpoints (resume): the streamed pass's sums, the probes' sums, the retrieval cells (one JSON each)
+STATE_FILE = "atlas_state.json"  # the stages done, the settings they were made with
+STREAM_FILES = {"heads": "atlas_stream_heads{suffix}.npz", "sinks": "atlas_stream_sinks{suffix}.npz",
+                "positions": "atlas_stream_positions{suffix}.npz"}
+INDUCTION_FILE = "atlas_induction{suffix}.npz"
+IMPORTANCE_STATE = "atlas_importance.npz"
+
+COMPARE_FILE = "atlas_compare.csv"  # every head of every run: model, layer, head, types, features, PCs
+COMPARE_FIGURE = "fig_atlas_compare.png"
+
+# -- the per-head table: name -> (unit, what it is) ------------------------------------------------
+
+PROB = "probability mass, 0-1"
+COLUMNS: dict[str, tuple[str, str]] = {
+    "model": ("text", "the model's name"),
+    "layer": ("index from 1", "the layer"),
+    "head": ("index from 1", "the query head"),
+    "kv_head": ("index from 1", "the key/value head it reads (grouped-query attention; = head without GQA)"),
+    "attention": ("text", "the layer's attention: global, or 'window N' for a sliding window of N keys"),
+    "entropy": ("nats", "mean entropy of the head's attention rows over the corpus"),
+    "entropy_ratio": ("ratio, 0-1", "entropy over the layer's uniform baseline, mean ln(keys a row sees): 1 is "
+                      "uniform"),
+    "prev_mass": (PROB, "mean mass on the previous token (offset -1)"),
+    "self_mass": (PROB, "mean mass on the query token itself"),
+    "next_mass": (PROB, "mean mass on the next token (offset +1; 0 by construction in a decoder)"),
+    "first_mass": (PROB, "mean mass on the segment's first token over every row (a decoder's BOS or first word, an "
+                   "encoder's [CLS])"),
+    "alpha_1": (PROB, "Gu et al.'s alpha_1: mass on the first token over the rows that can see it"),
+    "initial_mass": (PROB, "mass on the first 4 tokens (StreamingLLM's initial tokens) over the rows that see them"),
+    "sep_mass": (PROB, "mean mass on [SEP] (encoders; empty for a decoder)"),
+    "sink_mass": (PROB, "what the sink type reads: alpha_1 (decoder), [CLS] + [SEP] mass (encoder)"),
+    "mean_distance": ("tokens", "mean query-key distance sum_j p_ij |i - j|"),
+    "local_mass": (PROB, "mass at distance 0-7"),
+    "reach_90": ("tokens", "largest distance of the log2 bucket by which 90% of the mass is gathered (empty: "
+                 "32768+)"),
+    "duplicate_mass": (PROB, "corpus: mass on earlier copies of the query's token, mean over rows that have one "
+                       "(empty where none has, or where this bertscope does not compute it)"),
+    "duplicate_rows": ("rows", "the rows duplicate_mass averages"),
+    "prefix_match_mass": (PROB, "corpus: mass on keys that follow an earlier copy of the query's token, mean over "
+                          "rows that have one (empty as duplicate_mass is)"),
+    "prefix_match_rows": ("rows", "the rows prefix_match_mass averages"),
+    "streaming_error": ("ratio", "||o - o_L|| / ||o||: the head's output against its output over the first S and "
+                        "last W keys only, pooled over rows (decoders; empty where not computed)"),
+    "streaming_error_kv": ("ratio", "the same pooled over the query heads of the head's KV group"),
+    "induction_score": (PROB, "probe: repeated random tokens, mean mass of the repeated half's rows on i - T + 1 "
+                        "(Olsson et al.)"),
+    "duplicate_score": (PROB, "probe: the same rows' mass on i - T, the earlier copy of the token"),
+    "previous_score": (PROB, "probe: the same rows' mass on i - 1"),
+    "retrieval_score": ("ratio, 0-1", "probe (decoders): Wu et al.'s retrieval score, the share of needle tokens "
+                        "the head's argmax copies at the answer rows, mean over the answered haystacks (over every "
+                        "haystack when none was answered)"),
+    "importance": ("ratio, 0-1", "probe (decoders): Michel et al.'s I_h = E|dL/dxi_h| with the LM loss, "
+                   "L2-normalised per layer"),
+    "importance_raw": ("nats per unit gate", "I_h before the normalisation"),
+    "types": ("text", "the head's types, '+'-joined ('' for none)"),
+}
+DISTANCE_PREFIX = "d_"  # then the 17 log2 distance buckets, "d_0" .. "d_32768+": the distance profile (PROB)
+
+
+def read_heads(run_dir) -> list[dict]:
+    """The rows of a run's atlas_heads.csv, numbers as floats (empty: NaN), text as text; a
+    one-line error when the run has none."""
+    path = Path(run_dir)
+    path = path / HEADS_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no {HEADS_FILE}: give run directories of `bertscope atlas`")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise UserError(f"{path} has no heads")
+    text = {"model", "attention", "types"}
+    return [{k: (v if k in text else _float(v)) for k, v in r.items()} for r in rows]
+
+
+def _float(v: str) -> float:
+    try:
+        return float(v) if v != "" else math.nan
+    except ValueError:
+        return math.nan

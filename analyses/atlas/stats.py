@@ -1,0 +1,362 @@
+"""The atlas's numbers: one streamed pass serving three existing accumulators, and the per-head
+table built from them and from the probes, every number computed by the analysis that owns it.
+
+The streamed pass. One engine pass (`engine.fold`) over the corpus feeds, by the union of their
+`StatsSpec`s, the accumulators of three analyses, unchanged:
+    `HeadStats` (bertscope.engine.accumulate; `bertscope run`'s): entropy and its per-layer uniform
+        baseline, the mass at offsets -1, 0, +1;
+    `SinkStats` (analyses/sinks): alpha_1, the first-token, initial and [SEP] masses;
+    `PositionStats` (analyses/heads/positions): the distance profile and the mean distance.
+They share one key-class scheme, the sinks' (`SINK_CLASSES`: class 0 is the segment's first token,
+which is what `PositionStats` reads as its own class 0), and each segment carries its classes
+(`sinks.stats.segment_classes`). The sinks' accumulator indexes the offsets of the spec it is
+handed, so it is given the union spec (`StreamStats`).
+
+The probes' numbers come from their own analyses too: `InductionScores` (analyses/heads/induction),
+`GridScores` (analyses/heads/retrieval), `lm_importance` (analyses/heads/lm_task). This module only
+puts them side by side (`head_table`).
+
+Three statistics are being built elsewhere (kernels on the branches `tok` and `stream`): the
+ADAPTERS section below feature-detects them, one small function each, and writes NaN where they
+are absent. Wiring them after the merge touches only those functions.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from bertscope.analyses.heads.positions import stats as P
+from bertscope.analyses.sinks import stats as S
+from bertscope.engine.accumulate import HeadStats
+from bertscope.kernels import StatsSpec
+from bertscope.kernels import spec as kernel_spec
+
+OFFSETS = (-1, 0, 1)  # previous token, the token itself, the next token
+STREAMING_SINK = 4  # S: StreamingLLM's initial tokens kept (Xiao et al. 2023)
+STREAMING_RECENT = 256  # W: recent keys kept; DuoAttention's streaming heads keep a few hundred
+
+
+# ====================================================================================================
+# ADAPTERS: statistics not on main yet. Each function feature-detects its statistic and is the only
+# place that knows its name; after the merge the lead adjusts these functions only.
+# ====================================================================================================
+
+TOKEN_MATCH = ("duplicate_mass", "prefix_match_mass")  # branch `tok`: row statistics of kernels/spec.py's table
+
+
+def token_match_spec() -> dict:
+    """ADAPTER (branch `tok`): the `StatsSpec` fields that ask for duplicate_mass and prefix_match_mass,
+    {} while the kernels' table (`ROW_STATS`) has neither."""
+    out = {}
+    for name in TOKEN_MATCH:
+        stat = kernel_spec.STAT.get(name)
+        if stat is not None:
+            out[stat.switch] = True
+    return out
+
+
+def token_match_columns(heads: HeadStats) -> dict[str, np.ndarray]:
+    """ADAPTER (branch `tok`): per head (Ly, H), `<name>` (the mean over the rows that have such a key;
+    NaN where none has) and `<short>_rows` (those rows) for duplicate_mass and prefix_match_mass
+    (columns duplicate_mass, duplicate_rows, prefix_match_mass, prefix_match_rows); NaN where not
+    computed. Read by `HeadStats.token_relation_means` where it exists (the branch adds it), else
+    from the statistic's segment sum and a `<short>_rows` array by name."""
+    shape = (heads.n_layers, heads.n_heads)
+    nan = np.full(shape, np.nan)
+    out = {name: nan for name in TOKEN_MATCH} | {f"{n.removesuffix('_mass')}_rows": nan for n in TOKEN_MATCH}
+    if callable(getattr(type(heads), "token_relation_means", None)):
+        from bertscope.engine.accumulate import NotComputedError
+
+        try:
+            means = heads.token_relation_means()
+        except NotComputedError:
+            return out
+        for name, (mean, rows) in means.items():
+            out[name] = np.where(rows > 0, mean, np.nan)
+            out[f"{name.removesuffix('_mass')}_rows"] = rows
+        return out
+    for name in TOKEN_MATCH:
+        short = name.removesuffix("_mass")
+        stat = kernel_spec.STAT.get(name)
+        total = getattr(heads, stat.sums[0].array, None) if stat is not None and stat.sums else None
+        rows = getattr(heads, f"{short}_rows", None)
+        if total is None or rows is None:
+            continue
+        rows = np.broadcast_to(np.asarray(rows)[:, :1], shape) if np.ndim(rows) == 2 else rows[:, :, 0]
+        out[name] = _div(total[:, :, 0].reshape(shape), rows)  # row group "all"
+        out[f"{short}_rows"] = rows
+    return out
+
+
+def streaming_spec(causal: bool, sink: int = STREAMING_SINK, recent: int = STREAMING_RECENT) -> dict:
+    """ADAPTER (branch `stream`): {"streaming": (S, W)} where `StatsSpec` has the switch and the model is a
+    decoder (StreamingLLM's sink and recent window are a causal cache's), else {}."""
+    if not causal or "streaming" not in {f.name for f in fields(StatsSpec)}:
+        return {}
+    return {"streaming": (int(sink), int(recent))}
+
+
+def streaming_columns(heads: HeadStats, n_kv_heads: int) -> dict[str, np.ndarray]:
+    """ADAPTER (branch `stream`): per head (Ly, H) `streaming_error`, sqrt(sum ||o - o_L||^2 / sum ||o||^2)
+    over the corpus's rows (the pooled relative error), and `streaming_error_kv`, the same pooled over
+    the query heads of each KV group; NaN where not computed. Read by `HeadStats.streaming_error`
+    where it exists (the branch adds it), else from the two sums by name."""
+    shape = (heads.n_layers, heads.n_heads)
+    if callable(getattr(type(heads), "streaming_error", None)):  # HeadStats's own reader (branch `stream`)
+        from bertscope.engine.accumulate import NotComputedError
+
+        try:
+            per, kv = heads.streaming_error(), heads.streaming_error(kv_heads=True)  # (Ly, H), (Ly, KV)
+        except NotComputedError:
+            return {"streaming_error": np.full(shape, np.nan), "streaming_error_kv": np.full(shape, np.nan)}
+        return {"streaming_error": per, "streaming_error_kv": np.repeat(kv, heads.n_heads // kv.shape[1], axis=1)}
+    err = getattr(heads, "streaming_error_sq_sum", None) if _has_array(heads, "streaming_error_sq_sum") else None
+    out = getattr(heads, "output_sq_sum", None) if _has_array(heads, "output_sq_sum") else None
+    if err is None or out is None:
+        return {"streaming_error": np.full(shape, np.nan), "streaming_error_kv": np.full(shape, np.nan)}
+    e, o = err[:, :, 0].reshape(shape), out[:, :, 0].reshape(shape)  # row group "all"
+    per = np.sqrt(_div(e, o))
+    g = heads.n_heads // max(1, n_kv_heads)
+    ge, go = e.reshape(shape[0], -1, g).sum(-1), o.reshape(shape[0], -1, g).sum(-1)  # (Ly, KV)
+    kv = np.repeat(np.sqrt(_div(ge, go)), g, axis=1)
+    return {"streaming_error": per, "streaming_error_kv": kv}
+
+
+def _has_array(heads: HeadStats, name: str) -> bool:
+    try:
+        return getattr(heads, name, None) is not None
+    except AttributeError:
+        return False
+
+
+# ====================================================================================================
+
+
+def stream_spec(windows, causal: bool, streaming: tuple[int, int] = (STREAMING_SINK, STREAMING_RECENT)) -> StatsSpec:
+    """The union of what the three accumulators need (and the adapters' statistics, where they exist)."""
+    sinks, positions = S.spec_for(windows), P.spec_for()
+    values = {"offsets": tuple(sorted(set(sinks.offsets) | set(OFFSETS))), "n_key_classes": S.SINK_CLASSES.n_classes,
+              "entropy": True, "class_mass": True, "distance": positions.distance,
+              "position_mass": positions.position_mass}
+    values.update(token_match_spec())
+    values.update(streaming_spec(causal, *streaming))
+    return StatsSpec(**values)
+
+
+class StreamStats:
+    """The streamed pass's three accumulators as one engine `Accumulator`: every batch goes to each,
+    they are saved together and resume together."""
+
+    PARTS = ("heads", "sinks", "positions")
+
+    def __init__(self, n_layers: int, n_heads: int, windows, spec: StatsSpec, variant: str, buckets: int):
+        self.spec = spec
+        self.heads = HeadStats(n_layers, n_heads, spec, S.SINK_CLASSES)
+        self.sinks = S.SinkStats(n_layers, n_heads, windows, [variant], buckets, hidden_size=1)
+        self.sinks.spec = spec  # it reads offset_mass by the spec's offsets: the union's, not its own
+        self.positions = P.PositionStats(n_layers, n_heads, windows)
+
+    @property
+    def batches_done(self) -> int:
+        return self.heads.batches_done
+
+    @batches_done.setter
+    def batches_done(self, n: int):
+        for part in self.PARTS:
+            getattr(self, part).batches_done = n
+
+    def add(self, batch) -> None:
+        for part in self.PARTS:
+            getattr(self, part).add(batch)
+
+    def save(self, folder: Path, files: dict[str, str], suffix: str = "") -> None:
+        for part in self.PARTS:
+            getattr(self, part).save(Path(folder) / files[part].format(suffix=suffix))
+
+    def load_into(self, folder: Path, files: dict[str, str], suffix: str = "") -> bool:
+        """Take the saved sums when all three are there, of these settings and the same batches;
+        False (nothing taken) otherwise: the pass then starts over."""
+        paths = {part: Path(folder) / files[part].format(suffix=suffix) for part in self.PARTS}
+        if not all(p.is_file() for p in paths.values()):
+            return False
+        try:
+            heads = HeadStats.load(paths["heads"])
+            sinks = S.SinkStats.load(paths["sinks"])
+            positions = P.PositionStats.load(paths["positions"])
+        except (ValueError, KeyError, OSError):
+            return False
+        fresh = HeadStats(self.heads.n_layers, self.heads.n_heads, self.spec, S.SINK_CLASSES)
+        if heads.layouts is not None:
+            fresh.init_layouts(heads.layouts)
+        if (heads.meta() != fresh.meta() or sinks.meta() != self.sinks.meta()
+                or positions.meta() != self.positions.meta()
+                or not heads.batches_done == sinks.batches_done == positions.batches_done):
+            return False
+        heads.spec, sinks.spec = self.spec, self.spec
+        self.heads, self.sinks, self.positions = heads, sinks, positions
+        return True
+
+    def all_reduce(self, world) -> None:
+        """Every rank's sums added into each rank's copy (torchrun: each rank folded its shard)."""
+        if world is None or world.size == 1:
+            return
+        import torch
+        import torch.distributed as dist
+
+        from bertscope.analyses.heads.positions.command import all_reduce as positions_all_reduce
+        from bertscope.engine.distributed import all_reduce_stats
+
+        self.heads = all_reduce_stats(world, self.heads)
+        self.positions = positions_all_reduce(world, self.positions)
+        for name, (_, dtype) in S.ARRAYS.items():
+            a = getattr(self.sinks, name)
+            t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            a[...] = t.numpy().astype(dtype)
+
+
+# --- the per-head table ------------------------------------------------------------------------------
+
+
+def stream_columns(stream: StreamStats, causal: bool, n_kv_heads: int) -> dict[str, np.ndarray]:
+    """The streamed pass's columns, each (Ly, H): read off the three accumulators' own readers."""
+    hs = stream.heads
+    Ly, H = hs.n_layers, hs.n_heads
+    entropy = hs.mean("entropy_sum")  # (Ly, H)
+    baseline = hs.layer_uniform_entropy()  # (Ly,) ln of the keys a row sees
+    om = hs.mean("offset_mass_sum")  # (Ly, H, O)
+    at = {o: om[..., list(hs.spec.offsets).index(o)] for o in OFFSETS}
+    sink_rows = S.head_rows(stream.sinks)  # one variant: Ly x H rows, layer-major
+    grid = lambda key: np.array([r[key] for r in sink_rows], dtype=float).reshape(Ly, H)  # noqa: E731
+    alpha, first, initial, sep = grid("alpha_1"), grid("first_mass"), grid("initial_mass"), grid("sep_mass")
+    profile = stream.positions.distance_profile()  # (Ly, H, DB)
+    cols = {
+        "entropy": entropy,
+        "entropy_ratio": _div(entropy, np.broadcast_to(baseline[:, None], (Ly, H))),
+        "prev_mass": at[-1], "self_mass": at[0], "next_mass": at[1],
+        "first_mass": first, "alpha_1": alpha, "initial_mass": initial,
+        "sep_mass": np.full((Ly, H), np.nan) if causal else sep,
+        "sink_mass": alpha if causal else alpha + sep,
+        "mean_distance": stream.positions.mean_distance(),
+        "local_mass": profile[..., :LOCAL_BUCKETS].sum(-1),
+        "reach_90": np.array([[_reach(profile[i, h]) for h in range(H)] for i in range(Ly)], dtype=float),
+    }
+    for b, name in enumerate(P.distance_columns()):
+        cols[name] = profile[..., b]
+    cols.update(token_match_columns(hs))
+    cols.update(streaming_columns(hs, n_kv_heads))
+    return cols
+
+
+LOCAL_BUCKETS = 4  # the distance buckets 0, 1, 2-3, 4-7: distance below 8
+
+
+def _reach(profile: np.ndarray) -> float:
+    r = P.reach(profile, 0.9)
+    return math.nan if r is None else float(r)
+
+
+def probe_columns(shape, induction: dict | None = None, retrieval: np.ndarray | None = None,
+                  importance=None) -> dict[str, np.ndarray]:
+    """The probes' columns, each (Ly, H), NaN for a probe not run (an encoder's retrieval and importance)."""
+    nan = np.full(shape, np.nan)
+    induction = induction or {}
+    return {"induction_score": induction.get("induction", nan), "duplicate_score": induction.get("duplicate", nan),
+            "previous_score": induction.get("previous", nan),
+            "retrieval_score": nan if retrieval is None else retrieval,
+            "importance": nan if importance is None else importance.scores,
+            "importance_raw": nan if importance is None else importance.raw}
+
+
+def head_table(model: str, kinds: list[str], n_kv_heads: int, columns: dict[str, np.ndarray]) -> dict[str, list]:
+    """The per-head table, one entry per column of `outputs.COLUMNS` (and the distance profile), each a
+    list in layer-major order, with the types (`head_types.assign`) appended."""
+    from bertscope.analyses.atlas import head_types as T
+
+    Ly, H = next(iter(columns.values())).shape
+    g = H // max(1, n_kv_heads)
+    table: dict[str, list] = {
+        "model": [model] * (Ly * H),
+        "layer": [i + 1 for i in range(Ly) for _ in range(H)],
+        "head": [h + 1 for _ in range(Ly) for h in range(H)],
+        "kv_head": [h // g + 1 for _ in range(Ly) for h in range(H)],
+        "attention": [kinds[i] for i in range(Ly) for _ in range(H)],
+    }
+    for name, grid in columns.items():
+        table[name] = [float(x) for x in np.asarray(grid, dtype=float).reshape(-1)]
+    flat = {k: np.asarray(v, dtype=float) for k, v in table.items() if k not in ("model", "attention")}
+    types = T.assign(flat)
+    table["types"] = T.type_strings(types)
+    for name in T.TYPES:
+        table[f"type_{name}"] = [int(x) for x in types[name]]
+    return table
+
+
+def type_columns() -> tuple[str, ...]:
+    from bertscope.analyses.atlas import head_types as T
+
+    return tuple(f"type_{name}" for name in T.TYPES)
+
+
+def column_order() -> tuple[str, ...]:
+    """Every column of atlas_heads.csv in order: `outputs.COLUMNS`, the distance profile, the type flags."""
+    from bertscope.analyses.atlas.outputs import COLUMNS
+
+    names = list(COLUMNS)
+    at = names.index("reach_90") + 1
+    return tuple(names[:at] + list(P.distance_columns()) + names[at:]) + type_columns()
+
+
+def rows_of(table: dict[str, list]) -> list[dict]:
+    n = len(table["layer"])
+    return [{k: v[i] for k, v in table.items()} for i in range(n)]
+
+
+def layer_rows(table: dict[str, list]) -> list[dict]:
+    """One row per layer: the mean over its heads of the profile columns, and its heads of each type."""
+    from bertscope.analyses.atlas import head_types as T
+
+    rows = []
+    layers = np.asarray(table["layer"])
+    for layer in sorted(set(table["layer"])):
+        sel = layers == layer
+        row = {"layer": int(layer), "attention": table["attention"][int(np.argmax(sel))]}
+        for name in LAYER_MEANS:
+            x = np.asarray(table[name], dtype=float)[sel]
+            row[name] = float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
+        for name in T.TYPES:
+            row[f"n_{name}"] = int(np.asarray(table[f"type_{name}"])[sel].sum())
+        rows.append(row)
+    return rows
+
+
+LAYER_MEANS = ("entropy_ratio", "prev_mass", "first_mass", "sink_mass", "mean_distance", "local_mass",
+               "induction_score", "retrieval_score", "streaming_error", "importance")
+
+
+def layer_columns() -> tuple[str, ...]:
+    from bertscope.analyses.atlas import head_types as T
+
+    return ("layer", "attention", *LAYER_MEANS, *(f"n_{name}" for name in T.TYPES))
+
+
+def write_state(path: Path, state: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_state(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(b > 0, a / np.where(b > 0, b, 1), np.nan)

@@ -1,0 +1,122 @@
+"""The atlas's typing rules and comparison maths on hand-built inputs whose answer is known."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from bertscope.analyses.atlas import card
+from bertscope.analyses.atlas import head_types as T
+from bertscope.analyses.atlas.compare import pca
+
+NAN = math.nan
+
+
+def table(**columns):
+    return {k: np.asarray(v, dtype=float) for k, v in columns.items()}
+
+
+def test_each_rule_at_its_threshold_and_nan_types_nothing():
+    t = table(sink_mass=[T.SINK, T.SINK - 1e-9, NAN, 0.9], prev_mass=[T.PREVIOUS, 0.49, 0.0, NAN],
+              induction_score=[0.0, T.INDUCTION, NAN, 0.0], duplicate_score=[T.DUPLICATE, 0.0, 0.0, 0.0],
+              retrieval_score=[NAN] * 4, local_mass=[0.9, 0.9, 0.1, 0.0], entropy_ratio=[0.1, 0.1, T.BROAD, 1.0],
+              streaming_error=[T.STREAMING_SAFE, 0.2, NAN, 0.0])
+    types = T.assign(t)
+    assert types["sink"].tolist() == [True, False, False, True]
+    assert types["previous-token"].tolist() == [True, False, False, False]
+    assert types["induction"].tolist() == [False, True, False, False]
+    assert types["duplicate"].tolist() == [True, False, False, False]
+    assert not types["retrieval"].any()  # NaN: not measured, never typed
+    assert types["local"].tolist() == [False, True, False, False]  # head 0 is local by mass but a sink
+    assert types["broad"].tolist() == [False, False, True, True]
+    assert types["streaming-safe"].tolist() == [True, False, False, True]  # an error: at or below
+    assert T.type_strings(types) == ["duplicate+previous-token+sink+streaming-safe", "induction+local", "broad",
+                                     "sink+broad+streaming-safe"]
+    assert T.first_type(types) == ["duplicate", "induction", "broad", "sink"]
+    measured = T.measured(t)
+    assert not measured["retrieval"] and measured["sink"]
+
+
+def test_a_missing_column_types_nothing():
+    types = T.assign(table(sink_mass=[0.5, 0.1]))
+    assert types["sink"].tolist() == [True, False]
+    assert not any(types[n].any() for n in T.TYPES if n != "sink")
+
+
+def test_every_threshold_is_documented_in_one_place():
+    import inspect
+
+    source = inspect.getsource(T)
+    for name in ("SINK", "PREVIOUS", "DUPLICATE", "INDUCTION", "RETRIEVAL", "STREAMING_SAFE", "BROAD", "LOCAL"):
+        assert f'{name} = {getattr(T, name)}\n"""' in source, name
+    assert {r.threshold for r in T.RULES} == {T.SINK, T.PREVIOUS, T.DUPLICATE, T.INDUCTION, T.RETRIEVAL,
+                                              T.STREAMING_SAFE, T.BROAD, T.LOCAL}
+
+
+@pytest.mark.parametrize("decoder", [True, False])
+def test_the_card_says_what_was_not_measured_and_why(decoder):
+    n = 4
+    cols = {name: [0.0] * n for name in ("sink_mass", "prev_mass", "induction_score", "duplicate_score",
+                                          "local_mass", "entropy_ratio")}
+    cols.update(retrieval_score=[NAN] * n, streaming_error=[NAN] * n)
+    tab = {**cols, "layer": [1, 1, 2, 2], "head": [1, 2, 1, 2]}
+    types = T.assign({k: np.asarray(v, float) for k, v in tab.items()})
+    tab.update({f"type_{k}": v.astype(int).tolist() for k, v in types.items()})
+    why = card.status(tab, {"decoder": decoder})
+    assert why["sink"] == ""
+    if decoder:
+        assert why["retrieval"] == why["streaming-safe"] == card.NOT_MEASURED
+    else:
+        assert why["retrieval"].startswith("not applicable") and why["streaming-safe"].startswith("not applicable")
+
+
+def test_pca_separates_two_clusters_and_drops_empty_or_flat_features():
+    rng = np.random.default_rng(0)
+    a = rng.normal(0, 0.01, (10, 3)) + [1, 0, 1]
+    b = rng.normal(0, 0.01, (10, 3)) + [0, 1, 0]
+    X = np.concatenate([np.concatenate([a, b]), np.full((20, 1), np.nan), np.ones((20, 1))], 1)
+    pts, explained, used = pca(X)
+    assert used.tolist() == [True, True, True, False, False]
+    assert explained[0] > 0.9
+    side = np.sign(pts[:, 0])
+    assert (side[:10] == side[0]).all() and (side[10:] == -side[0]).all()
+
+
+def test_the_streaming_adapter_pools_per_head_and_per_kv_group():
+    """Hand-built sums (2 layers, 4 query heads in 2 KV groups, one row group): the error of a head is
+    sqrt(sum err^2 / sum out^2), of a group the same over its heads' sums."""
+    from types import SimpleNamespace
+
+    from bertscope.analyses.atlas.stats import streaming_columns
+
+    err = np.array([[1.0, 4.0, 0.0, 9.0], [0.0, 0.0, 1.0, 1.0]])[..., None]  # (Ly, H, G)
+    out = np.array([[4.0, 4.0, 1.0, 9.0], [1.0, 1.0, 4.0, 4.0]])[..., None]
+    heads = SimpleNamespace(n_layers=2, n_heads=4, streaming_error_sq_sum=err, output_sq_sum=out)
+    cols = streaming_columns(heads, n_kv_heads=2)
+    np.testing.assert_allclose(cols["streaming_error"], [[0.5, 1.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.5]])
+    np.testing.assert_allclose(cols["streaming_error_kv"], np.sqrt([[5 / 8, 5 / 8, 9 / 10, 9 / 10],
+                                                                    [0, 0, 2 / 8, 2 / 8]]))
+    missing = streaming_columns(SimpleNamespace(n_layers=2, n_heads=4), n_kv_heads=2)
+    assert np.isnan(missing["streaming_error"]).all() and missing["streaming_error"].shape == (2, 4)
+
+
+def test_the_token_match_adapter_reads_a_statistic_once_the_table_has_it(monkeypatch):
+    """With a duplicate_mass entry in the kernels' table (its mass summed over rows) and the rows that have
+    an earlier copy (`duplicate_rows`, per layer and row group), the column is their ratio, NaN where no
+    row has one; without the entry, NaN."""
+    from types import SimpleNamespace
+
+    from bertscope.analyses.atlas import stats as A
+    from bertscope.kernels import spec as kernel_spec
+
+    heads = SimpleNamespace(n_layers=2, n_heads=2, dup_sum=np.array([[[3.0], [1.5]], [[0.0], [0.0]]]),
+                            duplicate_rows=np.array([[6.0], [0.0]]))
+    if "duplicate_mass" not in kernel_spec.STAT:
+        assert np.isnan(A.token_match_columns(heads)["duplicate_mass"]).all()
+    fake = SimpleNamespace(switch="token_match", sums=(SimpleNamespace(array="dup_sum"),))
+    monkeypatch.setitem(kernel_spec.STAT, "duplicate_mass", fake)
+    assert A.token_match_spec()["token_match"] is True
+    cols = A.token_match_columns(heads)
+    np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, 0.25], [np.nan, np.nan]])
+    np.testing.assert_allclose(cols["duplicate_rows"], [[6.0, 6.0], [0.0, 0.0]])
