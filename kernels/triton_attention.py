@@ -18,6 +18,7 @@ import torch
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
 from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats
+from .streaming import add_streaming_stats
 from .triton_config import HALF_DTYPES, POSITION_STATS, forward_config
 from .triton_kernel import INTERPRETED, attn_stats_fwd
 from .triton_launch import check_computed as _check_computed
@@ -64,6 +65,7 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
     out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks, need_lse)
     stats = RowStats(**rows, layout=layout)
     _extras(spec, stats, q, k, key_valid, lse, scale, pooling, layout)
+    add_streaming_stats(stats, spec, q, k, v, out.transpose(1, 2), key_valid, layout, scale, gates)
     return out, finish_stats(stats, spec, key_valid, "triton", rows_zeroed=True)  # the kernel wrote padding rows
 
 
@@ -80,7 +82,9 @@ def _word_maps(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):
 # the statistics of the table that passes of their own compute from the fused kernel's lse
 # (kernels/triton_maps.py), each with its pass (one pass may give several)
 EXTRA_PASSES = {"column_mass": _column_mass, "word_map": _word_maps, "word_argmax": _word_maps}
-EXTRA_STATS = tuple(EXTRA_PASSES)
+# and those computed after the kernel from its output (`kernels.streaming`: the gathered sink + recent keys)
+STREAMING_STATS = ("streaming_error_sq", "output_sq")
+EXTRA_STATS = tuple(EXTRA_PASSES) + STREAMING_STATS
 
 
 def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling, layout: AttentionLayout = PLAIN):
