@@ -23,7 +23,6 @@ from .chunked import attention_stats_chunked
 from .eager import attention_grad_eager, attention_stats_eager
 from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
 from .pooling import word_pooling
-from .streaming import apply_streaming, streaming_output
 from .precision import fp32_dot_precision
 
 # PLAIN and AttentionLayout: the attention's shape (causal, window, key/value heads)
@@ -38,6 +37,7 @@ from .spec import (
     visible_counts,
     visible_mask,
 )
+from .streaming import apply_streaming, streaming_output
 
 
 def attention_stats_triton(*args, **kwargs):

@@ -6,11 +6,11 @@ statistic off them with `kernels.reference`, where each one is defined.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .attention_grad import GradSums
-import dataclasses
-
 from .common import finish_stats, keep_qk, masked_scores
 from .gates import apply_gates
 from .reference import stats_from_probs, visible_probs

@@ -59,7 +59,6 @@ def interpreter(monkeypatch):
 
 def spec_asking(stats) -> StatsSpec:
     """The spec that switches on exactly the given entries of the table (offsets gets OFFSETS)."""
-    fields = StatsSpec.__dataclass_fields__
     on = {s.switch: OFFSETS if s.switch == "offsets" else True for s in stats}  # streaming=True: STREAMING_ON
     return StatsSpec(n_key_classes=C, **on)
 
