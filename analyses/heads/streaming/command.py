@@ -242,9 +242,10 @@ def streaming(run: ModelRun, args, needles, depths):
     ranked = rank_groups(kv_error)
     run.log(f"error pass: {time.perf_counter() - t0:.0f} s")
 
-    batches = lm_batches(held, args.batch_size, pad_id(loaded.tokenizer), device=loaded.device)
+    batches = lm_batches(held, args.batch_size, pad_id(loaded.tokenizer), next(loaded.model.parameters()).device)
     setup = {"model": loaded.record(), "sink": args.sink, "recent": args.recent, "corpus": args.corpus,
              "needles": [n.name for n in needles], "depths": depths, "length": length, "prompt": prompt}
+    setup = json.loads(json.dumps(setup))  # as a saved variant holds it
     results = {}
     first = None
     with tqdm(total=len(variants), initial=len(done), unit="variant", disable=not run.progress,
@@ -275,7 +276,7 @@ def streaming(run: ModelRun, args, needles, depths):
                     run.log(f"the first variant took {first:.0f} s: the rest, about {first * left:.0f} s")
             bar.update()
 
-    base = results["none"]
+    base = results[variant_name("none", 0, 0)]
     rows = []
     for order, k, draw in variants:
         r = results[variant_name(order, k, draw)]
