@@ -130,8 +130,6 @@ def main(args) -> int:
         raise UserError("--sink 0 --recent 0 leaves a streaming head nothing to attend to")
     needles = load_needles(args.needles)
     refuse_encoder(args.model, getattr(args, "revision", None), command=COMMAND)
-    if args.needle_length is not None and args.needle_length > args.max_len:
-        args.max_len = args.needle_length
     with ModelRun(NAME, args, task="causal-lm", command=COMMAND, resumable=True) as run:
         streaming(run, args, needles, depths)
     return 0
@@ -223,6 +221,8 @@ def streaming(run: ModelRun, args, needles, depths):
     prompt = resolve_prompt(args.prompt, loaded.tokenizer)
     builder = HaystackBuilder(loaded.tokenizer, corpus_texts(args.corpus), prompt)
     length = args.needle_length or args.max_len
+    if length > loaded.max_len:
+        raise UserError(f"--needle-length {length} is longer than the model allows ({loaded.max_len})")
     haystacks = [builder.build(n, length, d) for n in needles for d in depths]
     variants = [("none", 0, 0)] + [(o, k, d) for k in ks for o, d in [("error", 0)] +
                                    [("random", r + 1) for r in range(args.draws)]]

@@ -163,14 +163,14 @@ def test_real_smollm2_slice(smollm2_dir, tmp_path):
     out = tmp_path / "run"
     argv = ["heads", "streaming", "--model", str(smollm2_dir), "--max-len", "96", "--limit", "1", "--eval-limit",
             "1", "--sink", "4", "--recent", "16", "--fractions", "1", "--draws", "0", "--depths", "50",
-            "--needle-length", "96", "--no-figures", "--quiet", "--out", str(out)]
+            "--needle-length", "160", "--no-figures", "--quiet", "--out", str(out)]
     assert main(argv) == 0
     heads = read_csv(out / "streaming_heads.csv")
     assert len(heads) == 30 * 9
     acc = HeadStats.load(out / "streaming_stats.npz")
     kv = acc.streaming_error(kv_heads=True)  # (30, 3)
     assert kv.shape == (30, 3) and np.all((kv >= 0) & (kv <= 1.5))
-    np.testing.assert_allclose([float(h["kv_error"]) for h in heads[::3]], kv.ravel(), rtol=1e-6)
+    np.testing.assert_allclose([float(h["kv_error"]) for h in heads[::3]], kv.ravel(), rtol=1e-5)  # the CSV rounds
     full, _, _ = read_pattern(out / "duo_attention")
     assert full.shape == (30, 3)
     torch.testing.assert_close(torch.tensor(acc.streaming_error()).isnan().any(), torch.tensor(False))
