@@ -104,7 +104,8 @@ def add_arguments(p):
                    help="the fraction of key/value groups kept full in the DuoAttention pattern written (default: "
                    "the smallest whose curve point loses nothing: see --tolerance)")
     p.add_argument("--tolerance", type=float, default=0.02, metavar="NATS",
-                   help="a loss change up to this many nats (and no needle lost) counts as no loss (default: 0.02)")
+                   help="a loss change up to this many nats (and no needle answer token lost) counts as no loss "
+                   "(default: 0.02)")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
     add_common_arguments(p, from_word=False, overrides={
@@ -160,8 +161,15 @@ def error_pass(run: ModelRun, args, segments):
 
 
 def kv_heads(loaded) -> int:
-    n = getattr(loaded.model.config, "num_key_value_heads", None) or loaded.n_heads
-    return int(n)
+    """Key/value heads per layer, as the architecture table says the attention is handed them."""
+    try:
+        counts = {lay.n_key_value_heads or loaded.n_heads for lay in loaded.architecture.layouts(loaded.model.config)}
+    except (AttributeError, UserError):
+        counts = {getattr(loaded.model.config, "num_key_value_heads", None) or loaded.n_heads}
+    if len(counts) != 1:
+        raise UserError(f"the layers of {loaded.path.name} have different numbers of key/value heads "
+                        f"({sorted(counts)}): the groups of `heads streaming` need one")
+    return int(counts.pop())
 
 
 def variant_name(order: str, k: int, draw: int) -> str:
@@ -224,8 +232,9 @@ def streaming(run: ModelRun, args, needles, depths):
     if length > loaded.max_len:
         raise UserError(f"--needle-length {length} is longer than the model allows ({loaded.max_len})")
     haystacks = [builder.build(n, length, d) for n in needles for d in depths]
+    # every group streaming is one variant: random draws of all of them would repeat it
     variants = [("none", 0, 0)] + [(o, k, d) for k in ks for o, d in [("error", 0)] +
-                                   [("random", r + 1) for r in range(args.draws)]]
+                                   [("random", r + 1) for r in range(args.draws if k < n_groups else 0)]]
     folder = run.dir / VARIANTS_DIR
     done = {v for v in variants if (folder / f"{variant_name(*v)}.json").is_file()}
     passes = (len(variants) - len(done)) * (len(held) + len(haystacks))
@@ -286,7 +295,10 @@ def streaming(run: ModelRun, args, needles, depths):
                      "needle_token_accuracy": float(np.mean(r["token_accuracy"])),
                      "answer_logprob": float(np.mean(r["answer_logprob"]))})
     run.write_csv(CURVE_FILE, rows, CURVE_COLUMNS)
-    safe = {o: no_loss_fraction(rows, args.tolerance, o) for o in ("error", "random")}
+    safe = {"error": no_loss_fraction(rows, args.tolerance, "error"),
+            "random": no_loss_fraction([r for r in rows if r["k"] < n_groups or r["order"] != "error"]
+                                       + [{**r, "order": "random"} for r in rows
+                                          if r["order"] == "error" and r["k"] == n_groups], args.tolerance, "random")}
     keep = args.keep_fraction if args.keep_fraction is not None else 1 - safe["error"]
     n_stream = n_groups - int(round(keep * n_groups))
     full = kv_full(ranked, n_stream, Ly, n_kv)
@@ -304,7 +316,8 @@ def streaming(run: ModelRun, args, needles, depths):
     results_out = {"sink": args.sink, "recent": args.recent, "segments": len(fit), "eval_segments": len(held),
                    "max_len": args.max_len, "groups": n_groups, "kv_heads": n_kv, "haystacks": len(haystacks),
                    "haystack_length": length, "tolerance": args.tolerance, "loss": base["loss"],
-                   "needle_accuracy": float(np.mean(base["copied"])), "no_loss_fraction": safe,
+                   "needle_accuracy": float(np.mean(base["copied"])),
+                   "needle_token_accuracy": float(np.mean(base["token_accuracy"])), "no_loss_fraction": safe,
                    "pattern_full_fraction": float(full.mean()),
                    "mean_error": float(np.nanmean(kv_error)),
                    "lowest_error": [group(g) for g in ranked[:5]],

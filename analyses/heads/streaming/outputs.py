@@ -9,7 +9,8 @@ whether the DuoAttention pattern written keeps it full (`full`, 1) or streams it
 
 streaming_curve.csv: one row per variant: `order` "none" (every head full), "error" (the k key/value
 groups of lowest error streaming) or "random" (k random groups, one row per draw), k, the fraction
-k / all groups, the mean next-token loss on the evaluation segments and its change against none,
+k / all groups (no random draw when k is every group: it would repeat the lowest-error row), the
+mean next-token loss on the evaluation segments and its change against none,
 the needle test's accuracy (haystacks whose every answer token is the argmax), its token accuracy
 and mean answer log-probability.
 

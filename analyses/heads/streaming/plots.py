@@ -33,19 +33,20 @@ def plot_error(error: np.ndarray, title: str):
 
 
 def plot_curve(rows: list[dict], title: str):
-    """Loss change (left) and needle accuracy (right) against the fraction of key/value groups
+    """Loss change (left) and needle token accuracy (right) against the fraction of key/value groups
     streaming: lowest error first (red) and random (blue: mean; dots: draws)."""
     plt = _plt()
     none = next(r for r in rows if r["order"] == "none")
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.3), constrained_layout=True)
     for ax, col, label in ((axes[0], "delta_loss", "loss change (nats)"),
-                           (axes[1], "needle_accuracy", "needle accuracy")):
+                           (axes[1], "needle_token_accuracy", "needle answer tokens predicted")):
         err = sorted((r for r in rows if r["order"] == "error"), key=lambda r: r["k"])
         ax.plot([0] + [r["fraction"] for r in err], [none[col]] + [r[col] for r in err], "o-", color="tab:red",
                 label="lowest error first")
         fr = sorted({r["fraction"] for r in rows if r["order"] == "random"})
         means = [np.mean([r[col] for r in rows if r["order"] == "random" and r["fraction"] == f]) for f in fr]
-        ax.plot([0] + fr, [none[col]] + means, "s--", color="tab:blue", label="random")
+        if fr:
+            ax.plot([0] + fr, [none[col]] + means, "s--", color="tab:blue", label="random")
         pts = [(r["fraction"], r[col]) for r in rows if r["order"] == "random"]
         if pts:
             ax.scatter(*zip(*pts), color="tab:blue", s=8, alpha=0.6)

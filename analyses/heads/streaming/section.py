@@ -9,9 +9,10 @@ from bertscope.report.page import RunFiles, Section, Table, num
 def curve_finding(r: dict) -> str:
     """run.json's results in words (the report's finding and the terminal's line)."""
     return (f"Streaming by lowest error, up to {r['no_loss_fraction']['error']:.0%} of the {r['groups']} key/value "
-            f"groups stream with a loss change of at most {r['tolerance']} nats and no needle accuracy lost "
+            f"groups stream with a loss change of at most {r['tolerance']} nats and no needle answer token lost "
             f"(random groups: {r['no_loss_fraction']['random']:.0%}); as trained: loss {r['loss']:.3f}, needle "
-            f"accuracy {r['needle_accuracy']:.2f} over {r['haystacks']} haystacks")
+            f"token accuracy {r['needle_token_accuracy']:.2f}, needle accuracy {r['needle_accuracy']:.2f} over "
+            f"{r['haystacks']} haystacks")
 
 
 def build(run: RunFiles) -> Section | None:

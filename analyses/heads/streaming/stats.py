@@ -96,13 +96,17 @@ def read_pattern(folder: Path) -> tuple[np.ndarray, int, int]:
 
 def no_loss_fraction(rows: list[dict], tolerance: float, order: str = "error") -> float:
     """The largest fraction of groups streaming (by `order`) whose loss change is at most `tolerance`
-    nats and whose needle accuracy is at least the unablated one's, every smaller fraction too; 0.0
-    when the first already loses."""
+    nats and whose needle token accuracy (teacher-forced answer tokens predicted) is at least the
+    unablated one's, every smaller fraction too; 0.0 when the first already loses. Several rows of one
+    k (random draws) count by their mean."""
     none = next(r for r in rows if r["order"] == "none")
     best = 0.0
-    for r in sorted((r for r in rows if r["order"] == order), key=lambda r: r["k"]):
-        if r["delta_loss"] <= tolerance and r["needle_accuracy"] >= none["needle_accuracy"]:
-            best = r["fraction"]
+    for k in sorted({r["k"] for r in rows if r["order"] == order}):
+        at = [r for r in rows if r["order"] == order and r["k"] == k]
+        loss = float(np.mean([r["delta_loss"] for r in at]))
+        token = float(np.mean([r["needle_token_accuracy"] for r in at]))
+        if loss <= tolerance and token >= none["needle_token_accuracy"]:
+            best = at[0]["fraction"]
         else:
             break
     return best
