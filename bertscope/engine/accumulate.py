@@ -76,6 +76,8 @@ class HeadStats:
     class_mass_sum      (layers, H, G, C)    sum of mass on each key class
     argmax_offset_count (layers, H, G, O+1)  rows whose argmax is at offset o; last: elsewhere
     argmax_class_count  (layers, H, G, C)    rows whose argmax key is of class c
+    streaming_error_sq_sum (layers, H, G)    sum of ||o_i - o_L,i||^2 (spec.streaming: (sink, recent))
+    output_sq_sum       (layers, H, G)       sum of ||o_i||^2; `streaming_error` reads the two
     and, once a layer's attention is not plain (a decoder: `layouts` is then one
     `AttentionLayout` per layer, else None):
     visible_entropy_sum (layers, G)          sum over rows of ln n_visible(i): each row's own
