@@ -256,7 +256,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
         stats.word_argmax = word_argmax(word_map, pooling.candidate)
     for name, t in per_block_out.items():
         setattr(stats, name, t)
-    add_streaming_stats(stats, spec, q, k, v, o, key_valid, layout, scale, gates)
+    add_streaming_stats(stats, spec, q, k, v, o, key_valid, layout, scale)
     keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
 

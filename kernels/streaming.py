@@ -124,18 +124,13 @@ def streaming_row_stats(o, o_L, covered):
     return err, o.pow(2).sum(-1)
 
 
-def add_streaming_stats(stats, spec, q, k, v, o, key_valid, layout: AttentionLayout, scale, gates=None):
+def add_streaming_stats(stats, spec, q, k, v, o, key_valid, layout: AttentionLayout, scale):
     """Fill `stats.streaming_error_sq` and `stats.output_sq` when `spec.streaming` asks for them:
-    every fast backend's step (eager has its own oracle). o: the backend's output, (B, H, L, D)
-    un-gated; when the call had gates that change it (xi, uniform) the un-gated output is
-    recomputed (blocked SDPA, no map), since the statistics describe the head as trained."""
+    every fast backend's step (eager has its own oracle). o: the head's un-gated output (B, H, L, D)
+    (the statistics describe the head as trained, whatever its gates)."""
     if not spec.streaming:
         return stats
     sink, recent = spec.streaming
-    if gates is not None and (gates.xi is not None or gates.uniform is not None):
-        from .gates import gated_sdpa  # gates imports this module
-
-        o = gated_sdpa(q, k, v, key_valid, None, scale, layout=layout).transpose(1, 2)  # (B, H, L, D)
     o_L = streaming_output(q, k, v, key_valid, layout, scale, sink, recent)
     err, out = streaming_row_stats(o, o_L, covered_rows(key_valid, layout, sink, recent))
     pad = ~key_valid[:, None, :]  # (B, 1, L): padding rows hold 0 (the triton backend zeroes none after this)

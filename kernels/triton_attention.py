@@ -17,6 +17,7 @@ import torch
 
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
+from .gates import gated_sdpa
 from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats
 from .streaming import add_streaming_stats
 from .triton_config import HALF_DTYPES, POSITION_STATS, forward_config
@@ -65,7 +66,10 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
     out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks, need_lse)
     stats = RowStats(**rows, layout=layout)
     _extras(spec, stats, q, k, key_valid, lse, scale, pooling, layout)
-    add_streaming_stats(stats, spec, q, k, v, out.transpose(1, 2), key_valid, layout, scale, gates)
+    if spec.streaming:  # from the un-gated output: the kernel's when no gate changed it, else SDPA's (no map)
+        gated = gates is not None and (gates.xi is not None or gates.uniform is not None)
+        o = gated_sdpa(q, k, v, key_valid, None, scale, layout=layout) if gated else out
+        add_streaming_stats(stats, spec, q, k, v, o.transpose(1, 2), key_valid, layout, scale)
     return out, finish_stats(stats, spec, key_valid, "triton", rows_zeroed=True)  # the kernel wrote padding rows
 
 

@@ -231,3 +231,19 @@ def test_every_head_streaming_on_a_tiny_decoder(tiny_llama_lm_dir):
     with torch.no_grad():
         want = ref(input_ids=ids).logits
     torch.testing.assert_close(small, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["eager", "chunked", "triton"])
+def test_the_error_describes_the_head_as_trained_whatever_its_gates(backend):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 3, 13, 8, generator=g) for _ in range(3))
+    key_valid = torch.ones(1, 13, dtype=torch.bool)
+    kc = torch.zeros(1, 13, dtype=torch.long)
+    spec = StatsSpec(streaming=(1, 4))
+    layout = AttentionLayout(causal=True)
+    _, plain = attention_stats(q, k, v, key_valid, kc, spec, backend=backend, layout=layout)
+    gates = LayerGates(xi=torch.tensor([0.0, 0.5, 1.0]), uniform=torch.tensor([False, True, False]),
+                       streaming=torch.tensor([False, False, True]), streaming_span=(1, 1))
+    _, gated = attention_stats(q, k, v, key_valid, kc, spec, gates=gates, backend=backend, layout=layout)
+    torch.testing.assert_close(gated.streaming_error_sq, plain.streaming_error_sq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gated.output_sq, plain.output_sq, atol=1e-5, rtol=1e-5)
