@@ -121,6 +121,8 @@ def test_command_end_to_end(tiny_llama_lm_dir, files, tmp_path):
     result = json.loads((out / "run.json").read_text())["analyses"]["streaming"]
     assert result["status"] == "complete" and result["results"]["groups"] == 4
     assert (out / "fig_streaming_error.png").is_file() and (out / "fig_streaming_curve.png").is_file()
+    page = (out / "index.html").read_text(encoding="utf-8")  # the report's section
+    assert "Streaming and retrieval heads" in page and "key/value groups stream" in page
 
     # killed after the error pass and one variant: resumed, the same outputs
     variants = sorted((out / "streaming_variants").glob("*.json"))
