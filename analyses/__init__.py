@@ -51,13 +51,14 @@ GROUPS: dict[str, Group] = {
         help="what heads are worth to a fine-tuned model's task or a language model's loss: disable (Kovaleva et "
         "al. 2019, section 4.6); importance, ablate, prune, remove (Michel et al. 2019); attention-grad (Clark et "
         "al. 2019, section 3); induction (Olsson et al. 2022); positions (attention by distance and place in the "
-        "context); retrieval (Wu et al. 2024)",
+        "context); retrieval (Wu et al. 2024); streaming (Xiao et al. 2024)",
         description="what heads are worth to a fine-tuned model's task or a language model's loss: disable "
         "(Kovaleva et al. 2019, section 4.6); importance, ablate, prune, remove (Michel et al. 2019, with --task lm "
         "on a decoder); attention-grad (Clark et al. 2019, section 3); induction, duplicate-token and "
         "previous-token heads (Olsson et al. 2022); positions: attention by query-key distance and by the key's "
         "place in the context (Liu et al. 2023, Hsieh et al. 2024); retrieval: retrieval heads on needle-in-a-haystack "
-        "inputs (Wu et al. 2024)",
+        "inputs (Wu et al. 2024); streaming: streaming heads (attention sink + recent window) against retrieval heads "
+        "(DuoAttention, Xiao et al. 2024)",
         metavar="WHAT"),
 }
 
@@ -85,6 +86,7 @@ COMMANDS: dict[str, str] = {
     "heads induction": _ + "heads.induction.command",
     "heads positions": _ + "heads.positions.command",
     "heads retrieval": _ + "heads.retrieval.command",
+    "heads streaming": _ + "heads.streaming.command",
     "finetune": _ + "finetune.command",
     "atlas": _ + "atlas.command",  # and `atlas compare RUN...`, its own subcommand (analyses/atlas/compare.py)
 }
@@ -113,6 +115,7 @@ SECTIONS: tuple[SectionEntry, ...] = (
     SectionEntry("induction", _ + "heads.induction.section:build"),
     SectionEntry("positions", _ + "heads.positions.section:build"),
     SectionEntry("retrieval", _ + "heads.retrieval.section:build"),
+    SectionEntry("streaming", _ + "heads.streaming.section:build"),
     SectionEntry("atlas", _ + "atlas.section:build"),
     SectionEntry("atlas_compare", _ + "atlas.section:build_compare"),
 )
@@ -144,6 +147,7 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "heads.positions.paper:LOST",
     _ + "heads.positions.paper:FOUND",
     _ + "heads.retrieval.paper:WU_RETRIEVAL",
+    _ + "heads.streaming.paper:DUO_ATTENTION",
     _ + "atlas.paper:DUO",
     _ + "atlas.paper:VOITA",
 )

@@ -37,6 +37,7 @@ from .spec import (
     visible_counts,
     visible_mask,
 )
+from .streaming import apply_streaming, streaming_output
 
 
 def attention_stats_triton(*args, **kwargs):
@@ -108,8 +109,9 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
                     pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, token_ids=None):
     """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D).
 
-    gates: the layer's `LayerGates` (head scale xi, uniform heads), or None. They change the
-    output only; the statistics describe the un-gated heads.
+    gates: the layer's `LayerGates` (head scale xi, uniform heads, streaming heads), or None.
+    They change the output only; the statistics describe the un-gated heads. Streaming heads
+    (`kernels.streaming.apply_streaming`) are applied here, after whichever backend ran.
 
     The output has q's dtype; the statistics are float32 whatever it is (half-precision
     backends' statistics are cast here, before any accumulator sees them).
@@ -132,6 +134,8 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
     if not needs_grad(q, k, v, gates):
         out, stats = fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling, layout=layout,
                         token_ids=token_ids)
+        if gates is not None and gates.streaming is not None:  # streaming heads: after every backend, in one place
+            out = apply_streaming(out.transpose(1, 2), q, k, v, key_valid, gates, scale, layout).transpose(1, 2)
         return out, stats.as_float32()
     with torch.no_grad():
         _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling,
@@ -163,4 +167,4 @@ __all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "at
            "BACKENDS", "BACKEND_CHOICES",
            "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "visible_counts",
            "visible_mask", "Gate", "LayerGates", "RowStats", "StatsSpec",
-           "WordPooling"]
+           "WordPooling", "apply_streaming", "streaming_output"]

@@ -66,6 +66,7 @@ from .common import finish_stats, keep_qk, query_blocks, require_pooling
 from .gates import apply_gates
 from .pooling import word_argmax
 from .spec import PLAIN, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling, padded_ids
+from .streaming import add_streaming_stats
 
 # the scores of one block: whole maps of a few heads (plain layout: at L = 128, a sequence's 12
 # heads), or a query block against its band, large enough for a block's matmuls to stay efficient
@@ -246,6 +247,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
     else:
         _in_threads(work, items, n_workers, column_mass, word_map)
 
+    o = out  # (B, H, L, D) un-gated, for the streaming error
     out = apply_gates(out, v, key_valid, gates, layout)  # (B, H, L, D)
     stats = RowStats(entropy=entropy, offset_mass=offset_mass if O else None,
                      class_mass=class_mass if spec.class_mass else None, argmax=argmax, column_mass=column_mass,
@@ -255,6 +257,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
         stats.word_argmax = word_argmax(word_map, pooling.candidate)
     for name, t in per_block_out.items():
         setattr(stats, name, t)
+    add_streaming_stats(stats, spec, q, k, v, o, key_valid, layout, scale)
     keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
 

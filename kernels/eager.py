@@ -6,13 +6,16 @@ statistic off them with `kernels.reference`, where each one is defined.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .attention_grad import GradSums
-from .common import keep_qk, masked_scores
+from .common import finish_stats, keep_qk, masked_scores
 from .gates import apply_gates
 from .reference import stats_from_probs, visible_probs
 from .spec import PLAIN, AttentionLayout, StatsSpec, WordPooling
+from .streaming import covered_rows_reference, streaming_output_reference, streaming_row_stats
 
 
 def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
@@ -36,8 +39,18 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
     scale = D**-0.5 if scale is None else scale
     p = visible_probs(q, k, key_valid, layout, scale)  # (B, H, L, L)
     v_h = v.repeat_interleave(layout.group_size(q.shape[1]), dim=1)  # (B, H, L, D): head h's values
-    out = apply_gates(torch.matmul(p, v_h), v, key_valid, gates, layout)  # (B, H, L, D)
-    stats = stats_from_probs(p, key_valid, key_class, spec, layout, pooling, token_ids=token_ids)
+    o = torch.matmul(p, v_h)  # (B, H, L, D): the un-gated output
+    out = apply_gates(o, v, key_valid, gates, layout)  # (B, H, L, D)
+    if not spec.streaming:
+        stats = stats_from_probs(p, key_valid, key_class, spec, layout, pooling, token_ids=token_ids)
+    else:  # the streaming error by its definition: the explicit sink + recent mask (kernels.streaming)
+        stats = stats_from_probs(p, key_valid, key_class, dataclasses.replace(spec, streaming=()), layout, pooling,
+                                 token_ids=token_ids)
+        sink, recent = spec.streaming
+        o_L = streaming_output_reference(q, k, v, key_valid, layout, scale, sink, recent)  # (B, H, L, D)
+        covered = covered_rows_reference(key_valid, layout, sink, recent)  # (B, L)
+        stats.streaming_error_sq, stats.output_sq = streaming_row_stats(o, o_L, covered)
+        stats = finish_stats(stats, spec, key_valid, "eager")
     keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), stats
 

@@ -7,6 +7,7 @@ import torch
 
 from .common import query_blocks
 from .spec import PLAIN, AttentionLayout, LayerGates
+from .streaming import apply_streaming, check_span
 
 
 def uniform_output(v, key_valid, layout: AttentionLayout = PLAIN):
@@ -74,6 +75,11 @@ def check_layer_gates(gates, batch: int, heads: int):
                                       or tuple(gates.uniform.shape) not in ((heads,), (batch, heads))):
         raise ValueError(f"uniform gates of a layer must be a bool tensor of shape ({heads},) or ({batch}, {heads}), "
                          f"not {gates.uniform.dtype} {tuple(gates.uniform.shape)}")
+    if gates.streaming is not None:
+        if gates.streaming.dtype != torch.bool or tuple(gates.streaming.shape) not in ((heads,), (batch, heads)):
+            raise ValueError(f"streaming gates of a layer must be a bool tensor of shape ({heads},) or "
+                             f"({batch}, {heads}), not {gates.streaming.dtype} {tuple(gates.streaming.shape)}")
+        check_span(gates.streaming_span)
 
 
 def needs_grad(q, k, v, gates: LayerGates | None) -> bool:
@@ -119,4 +125,5 @@ def gated_sdpa(q, k, v, key_valid, gates: LayerGates | None, scale=None, dropout
             parts.append(sdpa(q[:, :, i0:i1], k[:, :, k0:k1], v[:, :, k0:k1], attn_mask=mask[:, None],
                               dropout_p=dropout, scale=scale, enable_gqa=gqa))  # (B, H, bq, D)
         out = torch.cat(parts, dim=2)  # (B, H, L, D)
-    return apply_gates(out, v, key_valid, gates, layout).transpose(1, 2).contiguous()
+    out = apply_streaming(apply_gates(out, v, key_valid, gates, layout), q, k, v, key_valid, gates, scale, layout)
+    return out.transpose(1, 2).contiguous()

@@ -53,12 +53,19 @@ class LayerGates:
     uniform: (H,) or (B, H) bool, or None for none: heads whose attention is replaced by the
              uniform distribution over valid keys before xi scales them (Kovaleva et al.); a
              (B, H) one chooses per sequence (several model variants in one batch).
+    streaming: (H,) or (B, H) bool, or None for none: heads restricted to StreamingLLM's
+             attention sink + recent window (`streaming_span`: (sink, recent)); such a head's
+             output becomes xi_h * o_L,h, its attention over the first `sink` keys and the last
+             `recent` ones only (`kernels.streaming`, applied after every backend). DuoAttention's
+             "streaming heads"; a head both uniform and streaming is streaming.
     Statistics are always those of the head's own, un-gated attention: a gate changes what
     the head passes on to later layers, not what we report it attends to.
     """
 
     xi: torch.Tensor | None = None
     uniform: torch.Tensor | None = None
+    streaming: torch.Tensor | None = None
+    streaming_span: tuple = ()
 
     @classmethod
     def from_codes(cls, codes) -> LayerGates:
@@ -68,7 +75,7 @@ class LayerGates:
 
     @property
     def is_identity(self) -> bool:
-        return self.xi is None and self.uniform is None
+        return self.xi is None and self.uniform is None and self.streaming is None
 
 
 # --- the statistics: one table ------------------------------------------------------------
@@ -354,6 +361,13 @@ ROW_STATS: tuple[RowStat, ...] = (
             doc="word-level map (see `WordPooling`); rows of real units sum to 1"),
     RowStat("word_argmax", ("B", "H", "W"), "word_maps", dtype="int64", removed=-1, padding=None,
             doc="most-attended *other* candidate unit of each unit (ties: lowest index), -1 when there is none"),
+    RowStat("streaming_error_sq", ("B", "H", "L"), "streaming",
+            sums=(SegmentSum("streaming_error_sq", "streaming_error_sq_sum"),),
+            doc="||o_i - o_L,i||^2: the head's un-gated output against its output over the streaming set "
+                "(sink + recent, `kernels.streaming`); exactly 0 where every visible key is streaming"),
+    RowStat("output_sq", ("B", "H", "L"), "streaming",
+            sums=(SegmentSum("output_sq", "output_sq_sum"),),
+            doc="||o_i||^2 of the head's un-gated output: the denominator of the relative streaming error"),
 )
 STAT = {s.name: s for s in ROW_STATS}
 SEGMENT_SUMS: tuple[SegmentSum, ...] = tuple(m for s in ROW_STATS for m in s.sums)
@@ -367,6 +381,11 @@ def asked_stats(spec: StatsSpec) -> tuple[RowStat, ...]:
 def missing_stats(stats: RowStats, spec: StatsSpec) -> list[str]:
     """Statistics `spec` asks for that `stats` lacks: a backend that forgot one."""
     return [s.name for s in ROW_STATS if s.asked(spec) and getattr(stats, s.name, None) is None]
+
+
+# `StatsSpec(streaming=True)`: a span for specs that turn every switch on (tests, selftests), short
+# enough that the rows of a short sequence are streamed; analyses give their own (sink, recent)
+STREAMING_ON = (2, 8)
 
 
 # --- what to compute --------------------------------------------------------------------------
@@ -411,6 +430,12 @@ class StatsSpec:
     word_maps: bool = False
     """`word_map` and `word_argmax`: the word-level map of every head and its row argmax, for the
     probes that read attention between words; needs a `WordPooling` for the batch."""
+    streaming: tuple = ()
+    """`streaming_error_sq` and `output_sq`: (sink, recent), StreamingLLM's attention sink and recent
+    window; each head's output against its output over the first `sink` and the last `recent` keys
+    (`kernels.streaming`; DuoAttention's streaming / retrieval heads). () for off; True means
+    `STREAMING_ON` (what a spec that turns every switch on gets: a span short enough that rows of a
+    short test sequence are streamed)."""
     keep_qk: bool = False
     """Hand the layer's queries and keys on with the statistics (`RowStats.queries`, `.keys`: views,
     no copy), for analyses that compare heads across layers (Jensen-Shannon clustering) by
@@ -421,6 +446,16 @@ class StatsSpec:
             raise ValueError(f"offsets must be distinct, got {self.offsets}")
         if self.n_key_classes < 1:
             raise ValueError("n_key_classes must be >= 1")
+        if self.streaming is True:
+            object.__setattr__(self, "streaming", STREAMING_ON)
+        elif self.streaming is False or self.streaming is None:
+            object.__setattr__(self, "streaming", ())
+        if self.streaming != ():
+            if isinstance(self.streaming, list):
+                object.__setattr__(self, "streaming", tuple(self.streaming))
+            if (not isinstance(self.streaming, tuple) or len(self.streaming) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.streaming)):
+                raise ValueError(f"streaming must be () or (sink, recent), whole numbers >= 0, not {self.streaming!r}")
 
     def union(self, other: StatsSpec) -> StatsSpec:
         """The smallest spec that serves both: what the engine computes for several analyses."""
@@ -431,6 +466,10 @@ class StatsSpec:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name == "n_key_classes":
                 values[f.name] = a
+            elif f.name == "streaming":
+                if a and b and a != b:
+                    raise ValueError(f"analyses disagree on the streaming span: {a} and {b}")
+                values[f.name] = a or b
             elif isinstance(a, tuple):
                 values[f.name] = tuple(sorted(set(a) | set(b)))
             else:
@@ -620,6 +659,12 @@ class RowStats:
     word_argmax: torch.Tensor | None = None
     """(B, H, W) int64: most-attended *other* candidate unit of each unit (ties: lowest index), -1
     when there is none."""
+    streaming_error_sq: torch.Tensor | None = None
+    """(B, H, L): ||o_i - o_L,i||^2, the head's un-gated output o against o_L, its output over the
+    streaming set of `spec.streaming` (sink + recent); exactly 0 on rows whose every visible key is
+    streaming, ||o_i||^2 on rows with no streaming key (o_L = 0)."""
+    output_sq: torch.Tensor | None = None
+    """(B, H, L): ||o_i||^2 of the head's un-gated output (the relative error's denominator)."""
     queries: torch.Tensor | None = None
     """(B, H, L, D): the layer's queries (spec.keep_qk), with `scale`."""
     keys: torch.Tensor | None = None

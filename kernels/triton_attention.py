@@ -17,7 +17,9 @@ import torch
 
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
+from .gates import gated_sdpa
 from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats
+from .streaming import add_streaming_stats
 from .triton_config import HALF_DTYPES, POSITION_STATS, forward_config
 from .triton_kernel import INTERPRETED, attn_stats_fwd
 from .triton_launch import check_computed as _check_computed
@@ -65,6 +67,10 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
                                    token_ids)
     stats = RowStats(**rows, layout=layout)
     _extras(spec, stats, q, k, key_valid, lse, scale, pooling, layout)
+    if spec.streaming:  # from the un-gated output: the kernel's when no gate changed it, else SDPA's (no map)
+        gated = gates is not None and (gates.xi is not None or gates.uniform is not None)
+        o = gated_sdpa(q, k, v, key_valid, None, scale, layout=layout) if gated else out
+        add_streaming_stats(stats, spec, q, k, v, o.transpose(1, 2), key_valid, layout, scale)
     return out, finish_stats(stats, spec, key_valid, "triton", rows_zeroed=True)  # the kernel wrote padding rows
 
 
@@ -81,7 +87,9 @@ def _word_maps(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):
 # the statistics of the table that passes of their own compute from the fused kernel's lse
 # (kernels/triton_maps.py), each with its pass (one pass may give several)
 EXTRA_PASSES = {"column_mass": _column_mass, "word_map": _word_maps, "word_argmax": _word_maps}
-EXTRA_STATS = tuple(EXTRA_PASSES)
+# and those computed after the kernel from its output (`kernels.streaming`: the gathered sink + recent keys)
+STREAMING_STATS = ("streaming_error_sq", "output_sq")
+EXTRA_STATS = tuple(EXTRA_PASSES) + STREAMING_STATS
 
 
 def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling, layout: AttentionLayout = PLAIN):

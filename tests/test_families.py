@@ -14,8 +14,8 @@ goes through:
     atlas              every family: one row per head, its entropy the API's; a decoder's probes run, an
                        encoder's retrieval and importance are empty
     probe cluster, view, compare (the run against a copy of itself: every difference 0)
-    heads induction, heads importance --task lm, heads prune --task lm, heads retrieval: decoders (the table's
-                       `causal`); an encoder is refused in one line, exit 2
+    heads induction, heads importance --task lm, heads prune --task lm, heads retrieval, heads streaming:
+                       decoders (the table's `causal`); an encoder is refused in one line, exit 2
     heads remove       families with head removal (the table's `removal`): the pruned checkpoint loads
                        back pruned; the others are refused in one line naming why, exit 2
 
@@ -201,9 +201,12 @@ def test_every_command_on_every_family(model_type, corpus, tmp_path, capsys):
                   "--random-seeds", 1, "--out", tmp_path / "prune"],
         "retrieval": ["heads", "retrieval", "--model", model, "--corpus", corpus, "--needles", needles, "--lengths", 40,
                       "--depths", 50, "--ablate", 1, "--draws", 1, "--no-figures", "--out", tmp_path / "retrieval"],
+        "streaming": ["heads", "streaming", "--model", model, "--corpus", corpus, "--needles", needles, "--max-len",
+                      MAX_LEN, "--limit", 2, "--eval-limit", 1, "--needle-length", 40, "--depths", 50, "--sink", 1,
+                      "--recent", 4, "--fractions", 1, "--draws", 1, "--no-figures", "--out", tmp_path / "streaming"],
     }
     outputs = {"induction": "induction.csv", "importance": "importance.csv", "prune": "prune.csv",
-               "retrieval": "retrieval_heads.csv"}
+               "retrieval": "retrieval_heads.csv", "streaming": "streaming_heads.csv"}
     for name, argv in commands.items():
         code, err = cli(capsys, *argv)
         if decoder:

@@ -81,6 +81,8 @@ class HeadStats:
     class_mass_sum      (layers, H, G, C)    sum of mass on each key class
     argmax_offset_count (layers, H, G, O+1)  rows whose argmax is at offset o; last: elsewhere
     argmax_class_count  (layers, H, G, C)    rows whose argmax key is of class c
+    streaming_error_sq_sum (layers, H, G)    sum of ||o_i - o_L,i||^2 (spec.streaming: (sink, recent))
+    output_sq_sum       (layers, H, G)       sum of ||o_i||^2; `streaming_error` reads the two
     and, once a layer's attention is not plain (a decoder: `layouts` is then one
     `AttentionLayout` per layer, else None):
     visible_entropy_sum (layers, G)          sum over rows of ln n_visible(i): each row's own
@@ -271,6 +273,8 @@ class HeadStats:
             "entropy": self.spec.entropy,
             "class_mass": self.spec.class_mass,
             "argmax": self.spec.argmax,
+            # only when asked: an older meta (and file) stays what it was
+            **({"streaming": list(self.spec.streaming)} if self.spec.streaming else {}),
             "average": self.average,
             **({"token_relations": True} if self.spec.token_relations else {}),  # older files: absent
             # a decoder's only: an encoder's meta (and file) stays what it was
@@ -294,7 +298,8 @@ class HeadStats:
                 int(f["n_segments"]) == 0 or bool(np.any(f["class_mass_sum"] != 0))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
                              entropy=meta["entropy"], class_mass=class_mass, argmax=meta["argmax"],
-                             token_relations=meta.get("token_relations", False))
+                             token_relations=meta.get("token_relations", False),
+                             streaming=tuple(meta.get("streaming", ())))
             names = tuple(meta["class_names"])
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
                 else TokenClasses.of(names)
@@ -340,6 +345,29 @@ class HeadStats:
         gi = self.group_names.index(group)
         total, n = self.n_visible_sum[:, gi], self.n_rows[:, gi]
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
+
+    def streaming_error(self, group: str = "all", kv_heads: bool = False) -> np.ndarray:
+        """The relative streaming error sqrt(sum_i ||o_i - o_L,i||^2 / sum_i ||o_i||^2) over the rows of
+        `group`: (layers, H) per query head, or with kv_heads (layers, H_kv) per key/value head group
+        (the G query heads that share one key/value head summed together, as DuoAttention decides per
+        KV head; H_kv from the layers' `AttentionLayout`, H for a model without grouped-query
+        attention). 0 is a head whose output the sink + recent window gives exactly, 1 one whose
+        streaming set is empty; NaN where no rows (or a removed head). `NotComputedError` unless the
+        spec asked for it (`StatsSpec.streaming`, (sink, recent))."""
+        if self.streaming_error_sq_sum is None:
+            raise NotComputedError("the streaming error was not computed: the run's spec did not ask for it "
+                                   "(StatsSpec.streaming = (sink, recent))")
+        gi = self.group_names.index(group)
+        err, out = self.streaming_error_sq_sum[:, :, gi], self.output_sq_sum[:, :, gi]  # (layers, H) each
+        if kv_heads:
+            kv = {layout.n_key_value_heads for layout in (self.layouts or [])} - {None}
+            if len(kv) > 1:
+                raise ValueError(f"the layers have different numbers of key/value heads: {sorted(kv)}")
+            n_kv = kv.pop() if kv else self.n_heads
+            err = err.reshape(self.n_layers, n_kv, -1).sum(-1)  # (layers, H_kv)
+            out = out.reshape(self.n_layers, n_kv, -1).sum(-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.sqrt(np.where(out > 0, err / np.where(out > 0, out, 1), np.nan))
 
     def mean(self, name: str, group: str = "all") -> np.ndarray:
         """Mean per row of a sum over the rows of `group`: shape (layers, H, ...); 0 where no rows.

@@ -70,6 +70,7 @@ from bertscope.kernels import (
     StatsSpec,
     WordPooling,
     apply_gates,
+    apply_streaming,
     attention_grad,
     attention_grad_eager,
     attention_stats,
@@ -246,7 +247,8 @@ def _grad_attention(fwd: _GradForward, query, key, value, key_valid, gates, scal
         sink(layer, sums if slots is None else spread_grad_sums(sums, slots, module.bertscope_n_heads))
     out = GRAD_BACKENDS[probe.backend](query, key, value, key_valid, fwd.key_class, probe.n_classes,
                                        layer_sink, scaling)  # (B, H, L, D)
-    return apply_gates(out, value, key_valid, gates).transpose(1, 2).contiguous()
+    out = apply_streaming(apply_gates(out, value, key_valid, gates), query, key, value, key_valid, gates, scaling)
+    return out.transpose(1, 2).contiguous()
 
 
 @dataclass(frozen=True)

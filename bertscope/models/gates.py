@@ -11,6 +11,10 @@ et al. (2019) "disable" a head by giving it uniform attention over the valid key
              output (the mean of V) is still scaled by xi. Per-sequence xi and uniform let one
              batch hold several variants of the model (`bertscope.analyses.heads.variants`): each sequence gated
              its own way, no model copies.
+    streaming (layers, H) bool, with `streaming_span` (sink, recent): heads restricted to
+             StreamingLLM's attention sink + recent window (DuoAttention's streaming heads); such
+             a head's output is its attention over the first `sink` and the last `recent` keys
+             only (`bertscope.kernels.streaming`), still scaled by xi.
 
 `attach_gates(model)` hangs one on the model's encoder (`model.base_model`, so a task head
 around it changes nothing) with a forward pre-hook that starts each forward at layer 0 and
@@ -38,6 +42,8 @@ class HeadGates:
         self.n_layers, self.n_heads = n_layers, n_heads
         self._xi = torch.ones(n_layers, n_heads)
         self._uniform = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+        self._streaming = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+        self.streaming_span: tuple = ()  # (sink, recent) of the streaming heads
         self._checked = None  # (tensors, versions) last validated; in-place edits bump _version
         self._tokens = []  # contextvar tokens of the forwards in flight (nested calls)
         # per-sequence gates may hold more rows than a layer's batch, the layer taking the first
@@ -66,10 +72,39 @@ class HeadGates:
         self._uniform = value
         self._checked = None
 
+    @property
+    def streaming(self) -> torch.Tensor:
+        return self._streaming
+
+    @streaming.setter
+    def streaming(self, value: torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or \
+                tuple(value.shape) != (self.n_layers, self.n_heads):
+            got = f"{getattr(value, 'dtype', type(value).__name__)} {tuple(getattr(value, 'shape', ()))}"
+            raise ValueError(f"gates.streaming must be a bool tensor of shape ({self.n_layers}, {self.n_heads}) "
+                             f"(layers, heads), not {got}")
+        self._streaming = value
+        self._checked = None
+
+    def set_streaming(self, heads, sink: int, recent: int):
+        """Make `heads` streaming (a (layers, H) bool tensor, or (layer, head) pairs), every other head
+        full, with the span (sink, recent)."""
+        from bertscope.kernels.streaming import check_span
+
+        span = check_span((sink, recent))
+        if not isinstance(heads, torch.Tensor):
+            mask = torch.zeros(self.n_layers, self.n_heads, dtype=torch.bool)
+            for layer, head in heads:
+                mask[layer, head] = True
+            heads = mask
+        self.streaming = heads
+        self.streaming_span = span
+
     def reset(self):
-        """Every head as trained: xi = 1 (a fresh tensor, not requiring grad), none uniform."""
+        """Every head as trained: xi = 1 (a fresh tensor, not requiring grad), none uniform or streaming."""
         self.xi = torch.ones(self.n_layers, self.n_heads)
         self.uniform = torch.zeros(self.n_layers, self.n_heads, dtype=torch.bool)
+        self.streaming = torch.zeros(self.n_layers, self.n_heads, dtype=torch.bool)
 
     def set(self, layer: int, head: int, gate: Gate):
         """One head to a `Gate` shorthand: KEEP (xi 1), ZERO (xi 0), UNIFORM (uniform, xi 1)."""
@@ -108,12 +143,17 @@ class HeadGates:
         """(xi is all ones, some head is uniform), validated once per change of the tensors
         (in-place edits bump their _version), not once per forward: on a GPU each check
         synchronises."""
-        key = (id(self._xi), self._xi._version, id(self._uniform), self._uniform._version)
+        key = (id(self._xi), self._xi._version, id(self._uniform), self._uniform._version, id(self._streaming),
+               self._streaming._version)
         if self._checked is None or self._checked[0] != key:
             self._check_xi(self._xi)
             self._check_uniform(self._uniform)
-            self._checked = (key, bool((self._xi == 1).all()), bool(self._uniform.any()))
-        return self._checked[1:]
+            self._checked = (key, bool((self._xi == 1).all()), bool(self._uniform.any()), bool(self._streaming.any()))
+        return self._checked[1:3]
+
+    def _any_streaming(self) -> bool:
+        self._check()
+        return self._checked[3]
 
     # -- the forward hooks
 
@@ -124,7 +164,8 @@ class HeadGates:
             # the layers would be re-run during backward, after this forward's gates are gone
             raise RuntimeError("bertscope's head gates do not work with activation (gradient) checkpointing "
                                "(model.activation_checkpointing_disable(), or reset the gates)")
-        state = _GateForward(self, xi=None if identity_xi else self._xi, uniform=self._uniform if any_uniform else None)
+        state = _GateForward(self, xi=None if identity_xi else self._xi, uniform=self._uniform if any_uniform else None,
+                             streaming=self._streaming if self._any_streaming() else None)
         self._tokens.append(_CURRENT.set(state))
 
     def _exit(self, module, args, output):
@@ -139,6 +180,7 @@ class _GateForward:
     gates: HeadGates
     xi: torch.Tensor | None
     uniform: torch.Tensor | None
+    streaming: torch.Tensor | None = None
     layer: int = 0
     moved: dict = field(default_factory=dict)
 
@@ -157,10 +199,16 @@ class _GateForward:
             t = getattr(self.gates, name)
             if t.dim() == 3 and t.shape[0] != B and not (self.gates.prefix_rows and t.shape[0] > B):
                 raise ValueError(f"gates.{name} holds {t.shape[0]} sequences, the batch {B}")
-        if self.xi is None and self.uniform is None:
+        if self.xi is None and self.uniform is None and self.streaming is None:
             return None
         xi = None if self.xi is None else self._layer(query.device, "xi", self.xi, layer, B, slots)
         uniform = None if self.uniform is None else self._layer(query.device, "uniform", self.uniform, layer, B, slots)
+        streaming = None if self.streaming is None or not bool(self.streaming[layer].any()) else \
+            self._layer(query.device, "streaming", self.streaming, layer, B, slots)  # (host tensor: no sync)
+        if xi is None and uniform is None and streaming is None:
+            return None
+        if streaming is not None:
+            return LayerGates(xi=xi, uniform=uniform, streaming=streaming, streaming_span=self.gates.streaming_span)
         return LayerGates(xi=xi, uniform=uniform)
 
     def _layer(self, device, name, t, layer, B, slots=None):

@@ -437,6 +437,8 @@ def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
 # fields of the two record types that are not the table's: what StatsSpec says beside the switches,
 # what RowStats hands on beside the statistics
 SPEC_EXTRA = ("offsets", "n_key_classes", "keep_qk")
+# switches that are tuples, () for off (offsets; streaming's (sink, recent), which True turns on as STREAMING_ON)
+TUPLE_SWITCHES = ("offsets", "streaming")
 ROW_STATS_EXTRA = ("queries", "keys", "scale", "layout", "extras")
 
 
@@ -477,7 +479,8 @@ def test_stats_spec_has_one_switch_per_switch_of_the_table():
         + ["keep_qk"]
     spec = StatsSpec()
     assert spec.offsets == () and spec.n_key_classes == 1 and asked_stats(spec) == ()
-    assert all(getattr(spec, w) is False for w in switches if w != "offsets") and spec.keep_qk is False
+    assert all(getattr(spec, w) is False for w in switches if w not in TUPLE_SWITCHES) and spec.keep_qk is False
+    assert all(getattr(spec, w) == () for w in TUPLE_SWITCHES)
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.entropy = True
     with pytest.raises(ValueError, match="distinct"):

@@ -58,9 +58,8 @@ def interpreter(monkeypatch):
 
 
 def spec_asking(stats) -> StatsSpec:
-    """The spec that switches on exactly the given entries of the table (a tuple switch gets OFFSETS)."""
-    fields = StatsSpec.__dataclass_fields__
-    on = {s.switch: OFFSETS if isinstance(fields[s.switch].default, tuple) else True for s in stats}
+    """The spec that switches on exactly the given entries of the table (offsets gets OFFSETS)."""
+    on = {s.switch: OFFSETS if s.switch == "offsets" else True for s in stats}  # streaming=True: STREAMING_ON
     return StatsSpec(n_key_classes=C, **on)
 
 
@@ -82,7 +81,8 @@ def make_inputs(layout, H, L, pads, left, seed, D=8):
 
 def run_triton(inputs, spec, layout, path, pooling):
     """The Triton backend on one of the layout's tiles (`PATHS`)."""
-    return ta.attention_stats_triton(*inputs, spec, layout=layout, pooling=pooling,
+    # token ids: the key classes, a vocabulary of C tokens, so that the token relations have many matches
+    return ta.attention_stats_triton(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4],
                                      blocks=one_block_cfg(path == "one-block"))
 
 
@@ -115,7 +115,7 @@ def test_every_statistic_of_the_table_under_every_layout_and_path(name, path, le
     layout = LAYOUTS[name]
     spec = spec_asking(ROW_STATS)
     inputs, pooling = make_inputs(layout, 4, 37, [0, 6, 36], left, seed=len(name) + left)
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling)
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
     assert_table_matches(ref, run_triton(inputs, spec, layout, path, pooling), spec, inputs[3])
 
 
@@ -130,7 +130,7 @@ def test_each_statistic_alone(stat, name, path):
     layout = LAYOUTS[name]
     spec = spec_asking([stat])
     inputs, pooling = make_inputs(layout, 2, 21, [0, 5], True, seed=3)
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling)
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
     got = run_triton(inputs, spec, layout, path, pooling)
     assert_table_matches(ref, got, spec, inputs[3])
     for other in ROW_STATS:  # nothing asked for comes back
@@ -144,7 +144,7 @@ def test_single_key_rows_of_every_statistic():
     layout = LAYOUTS["causal-window-gqa"]
     spec = spec_asking(ROW_STATS)
     inputs, pooling = make_inputs(layout, 2, 20, [0, 13], True, seed=1)
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling)
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
     got = run_triton(inputs, spec, layout, "small", pooling)
     assert_table_matches(ref, got, spec, inputs[3])
     assert got[1].entropy[1, :, 13].abs().max() < 1e-6 and torch.all(got[1].argmax[1, :, 13] == 13)
@@ -158,7 +158,7 @@ def test_every_statistic_on_random_layouts(layout, L, pads, left, small, seed):
     H = 2 * (layout.n_key_value_heads or 1)
     inputs, pooling = make_inputs(layout, H, L, pads, left, seed, D=4)
     path = ("single" if small else "online") if layout.is_plain else ("small" if small else "shipped")
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling)
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
     assert_table_matches(ref, run_triton(inputs, spec, layout, path, pooling), spec, inputs[3])
 
 
@@ -249,15 +249,9 @@ def test_an_output_of_a_dimension_the_launcher_does_not_size_is_an_error(monkeyp
     outputs = launch.kernel_outputs() + ((new, "AttentionRollout", "ATTENTION_ROLLOUT"),)
     monkeypatch.setattr(launch, "kernel_outputs", lambda: outputs)
 
-    @dataclasses.dataclass(frozen=True)
-    class Asks:
-        attention_rollout: bool = True
-        entropy: bool = False
-        offsets: tuple = ()
-        class_mass: bool = False
-        argmax: bool = False
-        distance: bool = False
-        position_mass: bool = False
+    # every switch of StatsSpec off (its defaults, whatever the table holds by then), the new one on
+    Asks = dataclasses.make_dataclass("Asks", [("attention_rollout", bool, dataclasses.field(default=True))],
+                                      bases=(StatsSpec,), frozen=True)
 
     with pytest.raises(NotImplementedError, match="attention_rollout has dimension NB"):
         launch.allocate_outputs(Asks(), {"B": 1, "H": 1, "L": 4, "O": 0, "C": 1}, "cpu")
@@ -271,4 +265,5 @@ def test_plain_left_padding_over_whole_key_blocks_is_finite():
     spec = spec_asking(ROW_STATS)
     got = run_triton(inputs, spec, PLAIN, "default", pooling)
     assert torch.isfinite(got[1].entropy).all()
-    assert_table_matches(attention_stats_eager(*inputs, spec, pooling=pooling), got, spec, inputs[3])
+    assert_table_matches(attention_stats_eager(*inputs, spec, pooling=pooling, token_ids=inputs[4]), got, spec,
+                         inputs[3])

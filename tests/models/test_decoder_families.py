@@ -60,6 +60,8 @@ def check_parity(kind, lengths, L, backend, left=None, atol=2e-5, make_config=pa
     for layer, (stats, p) in enumerate(zip(layers, ref.attentions)):
         want = stats_from_probs(p, valid, key_class, SPEC, pooling=pooling, token_ids=ids)  # the oracle, off HF maps
         for stat in ROW_STATS:  # every entry of the table; indices below, where no near-tie decides them
+            if not stat.asked(SPEC):  # the streaming error: not read off a map (tiny.SPEC says why)
+                continue
             if stat.dtype == "float":
                 got, ref_t = getattr(stats, stat.name), getattr(want, stat.name)
                 if stat.padding is not None:  # per query row: the valid rows

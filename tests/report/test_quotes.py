@@ -64,4 +64,4 @@ def test_the_footer_lists_the_sources_in_the_registry_order(tmp_path):
     # the 2019 papers first, then the decoders' in the order their commands were added
     assert [item.split(" (")[0] for item in items[michel + 1:]] == [
         "Xiao et al.", "Gu et al.", "Sun et al.", "Olsson et al.", "Liu et al.", "Hsieh et al.", "Wu et al.",
-        "Xiao et al.", "Voita et al."]
+        "Xiao et al.", "Xiao et al.", "Voita et al."]  # DuoAttention's README (heads streaming), its paper (atlas)

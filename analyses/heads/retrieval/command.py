@@ -174,7 +174,7 @@ def main(args) -> int:
     return 0
 
 
-def refuse_encoder(model: str | None, revision: str | None = None):
+def refuse_encoder(model: str | None, revision: str | None = None, command: str = COMMAND):
     """An encoder (the default model, or a local folder or converted name that holds one) refused in
     one line saying what this command needs and how to get it, before the model loads. A Hub id is
     left to the loader (resolving it here would ask the Hub twice); whatever does not resolve or
@@ -196,7 +196,7 @@ def refuse_encoder(model: str | None, revision: str | None = None):
         return
     if not causal:
         which = "the default model (no --model given)" if model is None else path.name
-        raise UserError(f"bertscope {COMMAND} needs a causal language model (a decoder) for the needle test, and "
+        raise UserError(f"bertscope {command} needs a causal language model (a decoder) for the needle test, and "
                         f"{which} is a {config.model_type} encoder: `{INSTALL_COMMAND}` installs "
                         f"{' and '.join(DECODERS)}; then pass --model {next(iter(DECODERS))}")
 
