@@ -16,124 +16,70 @@ The probes' numbers come from their own analyses too: `InductionScores` (analyse
 `GridScores` (analyses/heads/retrieval), `lm_importance` (analyses/heads/lm_task). This module only
 puts them side by side (`head_table`).
 
-Three statistics are being built elsewhere (kernels on the branches `tok` and `stream`): the
-ADAPTERS section below feature-detects them, one small function each, and writes NaN where they
-are absent. Wiring them after the merge touches only those functions.
+The token relations (duplicate and prefix-match mass) and the streaming error are row statistics of
+the kernels' table, asked for in the same pass (`token_match_spec`, `streaming_spec`) and read from
+`HeadStats`'s own accessors (`token_match_columns`, `streaming_columns`).
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
 from bertscope.analyses.heads.positions import stats as P
 from bertscope.analyses.sinks import stats as S
-from bertscope.engine.accumulate import HeadStats
+from bertscope.engine.accumulate import HeadStats, NotComputedError
 from bertscope.kernels import StatsSpec
-from bertscope.kernels import spec as kernel_spec
 
 OFFSETS = (-1, 0, 1)  # previous token, the token itself, the next token
 STREAMING_SINK = 4  # S: StreamingLLM's initial tokens kept (Xiao et al. 2023)
 STREAMING_RECENT = 256  # W: recent keys kept; DuoAttention's streaming heads keep a few hundred
 
 
-# ====================================================================================================
-# ADAPTERS: statistics not on main yet. Each function feature-detects its statistic and is the only
-# place that knows its name; after the merge the lead adjusts these functions only.
-# ====================================================================================================
-
-TOKEN_MATCH = ("duplicate_mass", "prefix_match_mass")  # branch `tok`: row statistics of kernels/spec.py's table
+TOKEN_MATCH = ("duplicate_mass", "prefix_match_mass")  # the token relations of kernels/spec.py's table
 
 
 def token_match_spec() -> dict:
-    """ADAPTER (branch `tok`): the `StatsSpec` fields that ask for duplicate_mass and prefix_match_mass,
-    {} while the kernels' table (`ROW_STATS`) has neither."""
-    out = {}
-    for name in TOKEN_MATCH:
-        stat = kernel_spec.STAT.get(name)
-        if stat is not None:
-            out[stat.switch] = True
-    return out
+    """The `StatsSpec` fields that ask for duplicate_mass and prefix_match_mass."""
+    return {"token_relations": True}
 
 
 def token_match_columns(heads: HeadStats) -> dict[str, np.ndarray]:
-    """ADAPTER (branch `tok`): per head (Ly, H), `<name>` (the mean over the rows that have such a key;
-    NaN where none has) and `<short>_rows` (those rows) for duplicate_mass and prefix_match_mass
-    (columns duplicate_mass, duplicate_rows, prefix_match_mass, prefix_match_rows); NaN where not
-    computed. Read by `HeadStats.token_relation_means` where it exists (the branch adds it), else
-    from the statistic's segment sum and a `<short>_rows` array by name."""
+    """Per head (Ly, H): `<name>`, the mean over the rows that have such a key (NaN where none has), and
+    `<short>_rows`, those rows, for duplicate_mass and prefix_match_mass (columns duplicate_mass,
+    duplicate_rows, prefix_match_mass, prefix_match_rows), from `HeadStats.token_relation_means`; NaN
+    where the run did not compute them."""
     shape = (heads.n_layers, heads.n_heads)
-    nan = np.full(shape, np.nan)
-    out = {name: nan for name in TOKEN_MATCH} | {f"{n.removesuffix('_mass')}_rows": nan for n in TOKEN_MATCH}
-    if callable(getattr(type(heads), "token_relation_means", None)):
-        from bertscope.engine.accumulate import NotComputedError
-
-        try:
-            means = heads.token_relation_means()
-        except NotComputedError:
-            return out
-        for name, (mean, rows) in means.items():
-            out[name] = np.where(rows > 0, mean, np.nan)
-            out[f"{name.removesuffix('_mass')}_rows"] = rows
+    out = {name: np.full(shape, np.nan) for name in TOKEN_MATCH}
+    out |= {f"{name.removesuffix('_mass')}_rows": np.full(shape, np.nan) for name in TOKEN_MATCH}
+    try:
+        means = heads.token_relation_means()
+    except NotComputedError:
         return out
-    for name in TOKEN_MATCH:
-        short = name.removesuffix("_mass")
-        stat = kernel_spec.STAT.get(name)
-        total = getattr(heads, stat.sums[0].array, None) if stat is not None and stat.sums else None
-        rows = getattr(heads, f"{short}_rows", None)
-        if total is None or rows is None:
-            continue
-        rows = np.broadcast_to(np.asarray(rows)[:, :1], shape) if np.ndim(rows) == 2 else rows[:, :, 0]
-        out[name] = _div(total[:, :, 0].reshape(shape), rows)  # row group "all"
-        out[f"{short}_rows"] = rows
+    for name, (mean, rows) in means.items():
+        out[name] = np.where(rows > 0, mean, np.nan)
+        out[f"{name.removesuffix('_mass')}_rows"] = rows
     return out
 
 
 def streaming_spec(causal: bool, sink: int = STREAMING_SINK, recent: int = STREAMING_RECENT) -> dict:
-    """ADAPTER (branch `stream`): {"streaming": (S, W)} where `StatsSpec` has the switch and the model is a
-    decoder (StreamingLLM's sink and recent window are a causal cache's), else {}."""
-    if not causal or "streaming" not in {f.name for f in fields(StatsSpec)}:
-        return {}
-    return {"streaming": (int(sink), int(recent))}
+    """{"streaming": (S, W)} for a decoder (StreamingLLM's sink and recent window are a causal cache's),
+    {} for an encoder."""
+    return {"streaming": (int(sink), int(recent))} if causal else {}
 
 
 def streaming_columns(heads: HeadStats, n_kv_heads: int) -> dict[str, np.ndarray]:
-    """ADAPTER (branch `stream`): per head (Ly, H) `streaming_error`, sqrt(sum ||o - o_L||^2 / sum ||o||^2)
-    over the corpus's rows (the pooled relative error), and `streaming_error_kv`, the same pooled over
-    the query heads of each KV group; NaN where not computed. Read by `HeadStats.streaming_error`
-    where it exists (the branch adds it), else from the two sums by name."""
+    """Per head (Ly, H): `streaming_error`, sqrt(sum ||o - o_L||^2 / sum ||o||^2) over the corpus's rows
+    (the pooled relative error, `HeadStats.streaming_error`), and `streaming_error_kv`, the same pooled
+    over the query heads of the head's KV group, repeated over them; NaN where not computed."""
     shape = (heads.n_layers, heads.n_heads)
-    if callable(getattr(type(heads), "streaming_error", None)):  # HeadStats's own reader (branch `stream`)
-        from bertscope.engine.accumulate import NotComputedError
-
-        try:
-            per, kv = heads.streaming_error(), heads.streaming_error(kv_heads=True)  # (Ly, H), (Ly, KV)
-        except NotComputedError:
-            return {"streaming_error": np.full(shape, np.nan), "streaming_error_kv": np.full(shape, np.nan)}
-        return {"streaming_error": per, "streaming_error_kv": np.repeat(kv, heads.n_heads // kv.shape[1], axis=1)}
-    err = getattr(heads, "streaming_error_sq_sum", None) if _has_array(heads, "streaming_error_sq_sum") else None
-    out = getattr(heads, "output_sq_sum", None) if _has_array(heads, "output_sq_sum") else None
-    if err is None or out is None:
-        return {"streaming_error": np.full(shape, np.nan), "streaming_error_kv": np.full(shape, np.nan)}
-    e, o = err[:, :, 0].reshape(shape), out[:, :, 0].reshape(shape)  # row group "all"
-    per = np.sqrt(_div(e, o))
-    g = heads.n_heads // max(1, n_kv_heads)
-    ge, go = e.reshape(shape[0], -1, g).sum(-1), o.reshape(shape[0], -1, g).sum(-1)  # (Ly, KV)
-    kv = np.repeat(np.sqrt(_div(ge, go)), g, axis=1)
-    return {"streaming_error": per, "streaming_error_kv": kv}
-
-
-def _has_array(heads: HeadStats, name: str) -> bool:
     try:
-        return getattr(heads, name, None) is not None
-    except AttributeError:
-        return False
-
-
-# ====================================================================================================
+        per, kv = heads.streaming_error(), heads.streaming_error(kv_heads=True)  # (Ly, H), (Ly, KV)
+    except NotComputedError:
+        return {"streaming_error": np.full(shape, np.nan), "streaming_error_kv": np.full(shape, np.nan)}
+    return {"streaming_error": per, "streaming_error_kv": np.repeat(kv, heads.n_heads // kv.shape[1], axis=1)}
 
 
 def stream_spec(windows, causal: bool, streaming: tuple[int, int] = (STREAMING_SINK, STREAMING_RECENT)) -> StatsSpec:

@@ -83,40 +83,50 @@ def test_pca_separates_two_clusters_and_drops_empty_or_flat_features():
     assert (side[:10] == side[0]).all() and (side[10:] == -side[0]).all()
 
 
-def test_the_streaming_adapter_pools_per_head_and_per_kv_group():
-    """Hand-built sums (2 layers, 4 query heads in 2 KV groups, one row group): the error of a head is
-    sqrt(sum err^2 / sum out^2), of a group the same over its heads' sums."""
+def test_the_streaming_columns_repeat_each_kv_groups_error_over_its_heads():
+    """`HeadStats.streaming_error` per query head and per KV group (2 layers, 4 query heads in 2 groups):
+    the columns are the per-head errors and each group's, repeated over its heads; NaN when the run did
+    not compute the statistic."""
     from types import SimpleNamespace
 
     from bertscope.analyses.atlas.stats import streaming_columns
+    from bertscope.engine.accumulate import NotComputedError
 
-    err = np.array([[1.0, 4.0, 0.0, 9.0], [0.0, 0.0, 1.0, 1.0]])[..., None]  # (Ly, H, G)
-    out = np.array([[4.0, 4.0, 1.0, 9.0], [1.0, 1.0, 4.0, 4.0]])[..., None]
-    heads = SimpleNamespace(n_layers=2, n_heads=4, streaming_error_sq_sum=err, output_sq_sum=out)
+    per = np.array([[0.5, 1.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.5]])
+    kv = np.array([[0.8, 0.9], [0.0, 0.5]])
+    heads = SimpleNamespace(n_layers=2, n_heads=4, streaming_error=lambda kv_heads=False: kv if kv_heads else per)
     cols = streaming_columns(heads, n_kv_heads=2)
-    np.testing.assert_allclose(cols["streaming_error"], [[0.5, 1.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.5]])
-    np.testing.assert_allclose(cols["streaming_error_kv"], np.sqrt([[5 / 8, 5 / 8, 9 / 10, 9 / 10],
-                                                                    [0, 0, 2 / 8, 2 / 8]]))
-    missing = streaming_columns(SimpleNamespace(n_layers=2, n_heads=4), n_kv_heads=2)
+    np.testing.assert_array_equal(cols["streaming_error"], per)
+    np.testing.assert_array_equal(cols["streaming_error_kv"], [[0.8, 0.8, 0.9, 0.9], [0.0, 0.0, 0.5, 0.5]])
+
+    def not_computed(kv_heads=False):
+        raise NotComputedError("streaming_error")
+
+    missing = streaming_columns(SimpleNamespace(n_layers=2, n_heads=4, streaming_error=not_computed), n_kv_heads=2)
     assert np.isnan(missing["streaming_error"]).all() and missing["streaming_error"].shape == (2, 4)
 
 
-def test_the_token_match_adapter_reads_a_statistic_once_the_table_has_it(monkeypatch):
-    """With a duplicate_mass entry in the kernels' table (its mass summed over rows) and the rows that have
-    an earlier copy (`duplicate_rows`, per layer and row group), the column is their ratio, NaN where no
-    row has one; without the entry, NaN."""
+def test_the_token_match_columns_are_nan_where_no_row_has_such_a_key():
+    """`HeadStats.token_relation_means` gives each head's mean over its rows that have an earlier copy of
+    their token, and those rows per layer: a layer with no such row is NaN, not 0; the statistic not
+    computed is NaN throughout."""
     from types import SimpleNamespace
 
     from bertscope.analyses.atlas import stats as A
-    from bertscope.kernels import spec as kernel_spec
+    from bertscope.engine.accumulate import NotComputedError
 
-    heads = SimpleNamespace(n_layers=2, n_heads=2, dup_sum=np.array([[[3.0], [1.5]], [[0.0], [0.0]]]),
-                            duplicate_rows=np.array([[6.0], [0.0]]))
-    if "duplicate_mass" not in kernel_spec.STAT:
-        assert np.isnan(A.token_match_columns(heads)["duplicate_mass"]).all()
-    fake = SimpleNamespace(switch="token_match", sums=(SimpleNamespace(array="dup_sum"),))
-    monkeypatch.setitem(kernel_spec.STAT, "duplicate_mass", fake)
-    assert A.token_match_spec()["token_match"] is True
+    mean = np.array([[0.5, 0.25], [0.0, 0.0]])
+    rows = np.array([[6.0, 6.0], [0.0, 0.0]])
+    means = {"duplicate_mass": (mean, rows), "prefix_match_mass": (mean / 2, rows)}
+    heads = SimpleNamespace(n_layers=2, n_heads=2, token_relation_means=lambda: means)
+    assert A.token_match_spec() == {"token_relations": True}
     cols = A.token_match_columns(heads)
     np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, 0.25], [np.nan, np.nan]])
-    np.testing.assert_allclose(cols["duplicate_rows"], [[6.0, 6.0], [0.0, 0.0]])
+    np.testing.assert_allclose(cols["prefix_match_mass"], [[0.25, 0.125], [np.nan, np.nan]])
+    np.testing.assert_allclose(cols["duplicate_rows"], rows)
+
+    def not_computed():
+        raise NotComputedError("duplicate_mass")
+
+    missing = A.token_match_columns(SimpleNamespace(n_layers=2, n_heads=2, token_relation_means=not_computed))
+    assert all(np.isnan(v).all() for v in missing.values())
