@@ -19,7 +19,7 @@ TOP = 5  # heads listed per type
 DECODER_ONLY = {"retrieval": "decoders only (needle-in-a-haystack answers)",
                 "streaming-safe": "decoders only (StreamingLLM's sink and recent window are a causal cache's)"}
 NOT_MEASURED = "not measured in this run"
-PENDING = {  # the columns whose statistics are not in this bertscope yet, and where they come from
+PENDING = {  # the columns of the kernels' newest statistics, which a run may lack, and where they come from
     "duplicate_mass": "the duplicate-token mass on the corpus",
     "prefix_match_mass": "the prefix-match mass on the corpus",
     "streaming_error": "the streaming error",

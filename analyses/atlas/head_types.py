@@ -1,7 +1,7 @@
 """The head types of the atlas, and the thresholds that assign them: every constant here, each with
 why it has its value. A head carries every type whose rule it meets (several, or none); a rule on
-a column the run did not measure (NaN: an encoder's retrieval score, a statistic not in this
-bertscope yet) types no head, and the card says "not measured in this run".
+a column the run did not measure (NaN: an encoder's retrieval score and streaming error, a
+statistic its backend did not compute) types no head, and the card says "not measured in this run".
 
 No numpy beyond comparisons: `assign` takes the per-head table as columns of arrays and returns
 one boolean array per type, so the rules are tested on hand-built tables (tests/analyses/atlas).

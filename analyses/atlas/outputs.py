@@ -5,8 +5,8 @@ section share (no torch here: building the parser imports this module).
 atlas_heads.csv / atlas_heads.parquet: one row per head of the model, layer-major, `layer, head`
 from 1; `COLUMNS` below names every column with its unit and where it comes from (docs/atlas.md
 prints the same table). A statistic the run did not measure is empty in the CSV and NaN in the
-Parquet file (never a measured 0): an encoder's retrieval and LM importance, and the statistics
-whose kernels are not in this bertscope yet (the card says "not measured in this run").
+Parquet file (never a measured 0): an encoder's retrieval, LM importance and streaming error, and
+any statistic the run's backend did not compute (the card says "not measured in this run").
 """
 from __future__ import annotations
 
