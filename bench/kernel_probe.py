@@ -83,24 +83,26 @@ def forwards(D: int, layout_name: str, B: int, L: int, device, dtype, flash_bloc
     }
 
 
-def median_ms(fn, repeats: int, cuda: bool) -> float:
+def median_ms(fn, repeats: int, cuda: bool):
+    """(median milliseconds of `repeats` calls of fn, its output); on a GPU one call first compiles and
+    warms up, untimed; in the CPU dry run (the interpreter, slow) there is nothing to warm."""
     import torch
 
-    fn()  # compile and warm up
+    out = fn() if cuda else None  # compile and warm up
     times = []
     for _ in range(repeats):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            out = fn()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
-            fn()
+            out = fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), out
 
 
 def main(argv=None) -> int:
@@ -127,9 +129,10 @@ def main(argv=None) -> int:
     for L in lengths:
         for D, layout_name in CASES:
             fns = forwards(D, layout_name, B, L, device, dtype, flash_tiles(arch, D) if cuda else INTERPRETED_TILES)
-            ms = {k: median_ms(fn, repeats, cuda) for k, fn in fns.items()}
-            want = fns["sdpa"]().float()
-            err = max((fns[k]().float() - want).abs().max().item() for k in ("flash", "fused"))
+            timed = {k: median_ms(fn, repeats, cuda) for k, fn in fns.items()}
+            ms = {k: t for k, (t, _) in timed.items()}
+            want = timed["sdpa"][1].float()
+            err = max((timed[k][1].float() - want).abs().max().item() for k in ("flash", "fused"))
             flop = 4.0 * B * HEADS * L * L * D / (2 if layout_name != "plain" else 1)
             tf = {k: flop / (t * 1e-3) / 1e12 for k, t in ms.items()}
             lines.append(f"| {D} | {layout_name} | {L} | {ms['sdpa']:.3f} | {ms['flash']:.3f} | {ms['fused']:.3f} | "
