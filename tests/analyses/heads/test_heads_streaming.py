@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_retrieval import refused_in_one_line
 
 from bertscope.analyses.heads.streaming.stats import (
     counts,
@@ -138,15 +139,7 @@ def test_command_end_to_end(tiny_llama_lm_dir, files, tmp_path):
 
 def test_user_mistakes_are_one_line(tiny_llama_lm_dir, tiny_checkpoint, files, tmp_path, capsys):
     def refused(argv, *parts):
-        capsys.readouterr()
-        try:
-            code = main(argv)
-        except SystemExit as e:  # argparse's refusal of an option's value
-            code = e.code
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and len(err) == 1 and err[0].startswith("bertscope"), (code, err)
-        for part in parts:
-            assert part in err[0], err[0]
+        refused_in_one_line(capsys, argv, *parts)
 
     refused(cli_args(tiny_checkpoint, files, tmp_path / "a"), "causal language model", "install-decoders")
     refused(cli_args(tiny_llama_lm_dir, files, tmp_path / "b", "--fractions", "0.5,2"), "fractions")

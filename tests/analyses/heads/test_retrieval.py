@@ -379,17 +379,23 @@ def test_grid_killed_then_resumed_equals_uninterrupted(tiny_llama_lm_dir, files,
     assert read_csv(out / "retrieval_heads.csv") == read_csv(whole / "retrieval_heads.csv")
 
 
+def refused_in_one_line(capsys, argv, *parts):
+    """`bertscope argv` exits 2 with one line on stderr that starts with "bertscope" and holds every part
+    (the heads commands' user-mistake tests share it: test_heads_streaming imports it)."""
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's refusal of an option's value
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("bertscope"), (code, err)
+    for part in parts:
+        assert part in err[0], err[0]
+
+
 def test_user_mistakes_are_one_line(tiny_llama_lm_dir, tiny_checkpoint, files, tmp_path, capsys):
     def refused(argv, *parts):
-        capsys.readouterr()
-        try:
-            code = main(argv)
-        except SystemExit as e:  # argparse's refusal of an option's value
-            code = e.code
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and len(err) == 1 and err[0].startswith("bertscope"), (code, err)
-        for part in parts:
-            assert part in err[0], err[0]
+        refused_in_one_line(capsys, argv, *parts)
 
     refused(grid_args(tiny_llama_lm_dir, files, tmp_path / "a", "--depths", "10,120"), "depth", "0 to 100")
     refused(grid_args(tiny_llama_lm_dir, files, tmp_path / "b", "--lengths", "40,4096"), "--lengths 4096",
