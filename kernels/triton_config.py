@@ -30,6 +30,20 @@ in another layout) and at D = 128 it costs more than it saves, so it is off ther
 column in the key features (at most 15 classes), no argmax, no position statistics and no uniform
 gate (those keep the tiles they had).
 
+MASKED_FIRST (a constexpr of the kernel, in the config): the masked key blocks (band edges, padding,
+the row end) run before the main loop instead of after it, so that what only their masks need holds
+no register through the main loop.
+
+The default statistics (entropy, class masses, offsets: the calls of `bertscope run` and of most
+analyses) have their own tiles and stage order, `DEFAULT_TILES`, chosen from the budget table
+(docs/kernels.md) where they fit a wider tile than `HALF_TILES` without a spill: on sm_80 at D = 64,
+128 x 128 with the masked stage first, about 1.18x the flash baseline's instructions (from 1.33x
+plain and 1.62x causal); on sm_90 at D = 128, 128 x 128 plain (1.32x, from 1.71x) and 128 x 64
+causal with the masked stage first (1.61x, from 2.5x). Which tiles fit in 255 registers is ptxas's
+outcome and is not monotone in the work: with fewer statistics (none at all, the entropy alone) the
+same tiles spilled 8-16 B, with the argmax or at D = 32 and 256 more; so every other call keeps
+`HALF_TILES` with the masked stage last, as AOT-checked before.
+
 Under Triton's interpreter (no GPU) every call takes 16 x 16 blocks: no register file to fit,
 and short test rows then span several blocks, so both stages of the loop and the band's edges
 are exercised on the CPU, with SUMS_BY_DOT where a GPU would take it for the dtype (half precision,
@@ -57,7 +71,8 @@ INTERPRETER_BLOCK = 16
 
 def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
                    interpreted: bool = False, banded: bool = False, uniform: bool = False,
-                   wide: bool = False, n_classes: int = 4, tokens: bool = False) -> dict:
+                   wide: bool = False, n_classes: int = 4, tokens: bool = False,
+                   switched_on: frozenset | None = None) -> dict:
     """BLOCK_M, BLOCK_N, BLOCK_D, num_warps, num_stages (and `maxnreg` where it applies) of a
     launch for head dimension D, input dtype, target sm_<arch> (80 or 90; newer targets take
     sm_90's tiles), whether position statistics are asked, whether fp32 dots run on TF32
@@ -66,13 +81,15 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     the call has uniform head gates (the epilogue's second pass over the keys), and whether its
     key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax, its
     number of key classes (whether the features have a free column for SUMS_BY_DOT's ones), and
-    whether it asks for the token relations.
+    whether it asks for the token relations, and the statistics whose kernel switches are on (names of
+    the table, `triton_launch.kernel_outputs`: the default statistics have their own tiles).
     BLOCK_M counts stacked rows (G heads x BLOCK_M / G positions under grouped-query attention)."""
     block_d = max(16, triton.next_power_of_2(D))
+    target = 90 if arch >= 90 else 80  # newer targets take sm_90's tiles
     ones_fit = feature_width(n_classes, ones=True) == feature_width(n_classes)
     if interpreted:
         return dict(BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK, BLOCK_D=block_d, num_warps=4,
-                    num_stages=1, SUMS_BY_DOT=ones_fit and (dtype in HALF_DTYPES or tf32))
+                    num_stages=1, SUMS_BY_DOT=ones_fit and (dtype in HALF_DTYPES or tf32), MASKED_FIRST=False)
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
             m, n, w, s = (16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)
@@ -82,17 +99,23 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
             m, n, w, s = (64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)
         elif not wide and ones_fit and (90 if arch >= 90 else 80, block_d <= 64) in SUMS_BY_DOT_TILES:
             m, n, w, s = SUMS_BY_DOT_TILES[(90 if arch >= 90 else 80, block_d <= 64)]
-            return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=True)
+            return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=True,
+                        MASKED_FIRST=False)
+        elif not wide and switched_on == DEFAULT_SWITCHES and (target, block_d, banded) in DEFAULT_TILES:
+            m, n, w, s, masked_first = DEFAULT_TILES[(target, block_d, banded)]
+            return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False,
+                        MASKED_FIRST=masked_first)
         else:
             m, n, w, s = HALF_TILES[(90 if arch >= 90 else 80, block_d <= 64, banded)]
             if wide and n > 64:
                 n, s = 64, 3
-        return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False)
+        return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False,
+                    MASKED_FIRST=False)
     if block_d <= 64:
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32,
-                    SUMS_BY_DOT=False)
+                    SUMS_BY_DOT=False, MASKED_FIRST=False)
     return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
-                maxnreg=MAXNREG_FP32, SUMS_BY_DOT=False)
+                maxnreg=MAXNREG_FP32, SUMS_BY_DOT=False, MASKED_FIRST=False)
 
 
 # half precision, D <= 128: (target, D <= 64, banded) -> BLOCK_M, BLOCK_N, warps, stages; the fastest tiles
@@ -106,6 +129,15 @@ HALF_TILES = {
 # half precision with SUMS_BY_DOT (module docstring): (target, D <= 64) -> BLOCK_M, BLOCK_N, warps, stages,
 # plain and banded alike; only where it beats the row sums without a spill
 SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
+# half precision, the default statistics' calls (module docstring): kernel switches exactly DEFAULT_SWITCHES
+# (offsets have none), no wide feature dot, no uniform gates, no SUMS_BY_DOT (which goes first):
+# (target, BLOCK_D, banded) -> BLOCK_M, BLOCK_N, warps, stages, MASKED_FIRST
+DEFAULT_SWITCHES = frozenset({"entropy", "class_mass"})
+DEFAULT_TILES = {
+    (80, 64, False): (128, 128, 8, 2, True), (80, 64, True): (128, 128, 8, 2, True),
+    (80, 128, True): (64, 32, 8, 1, False),
+    (90, 128, False): (128, 128, 8, 2, False), (90, 128, True): (128, 64, 8, 1, True),
+}
 
 
 @functools.cache

@@ -13,11 +13,17 @@ so each K / V tile is loaded once for all of them. It visits the key blocks the 
 two stages:
 
 - full blocks: inside every row's band, inside the sequence's valid keys (a contiguous run,
-  `KeyRange`) and the row end. No mask, no select: the loop `triton_aot` budgets (its SASS
-  warp-instructions per 1,000 scores against a plain flash loop);
+  `KeyRange`) and the row end. No mask, no select: the main loop, the one `triton_aot` budgets
+  (its SASS warp-instructions per 1,000 scores against a plain flash loop);
 - masked blocks: the band's edges, padding keys, the row end. Keys a row may not see get
   the most negative finite score FMIN (as `eager`: a row that sees no key is uniform, not
   NaN), keys past the row end -inf (no key at all).
+
+The masked stage runs after the main loop, or before it (MASKED_FIRST, `triton_config`): then
+what only the masks need dies before the main loop and holds no register through it, which is
+what lets the widest tiles of some targets compile without a spill (sm_80 at D = 64: 128 x 128);
+elsewhere the other order spills less. The online softmax does not care about the order of the
+blocks (the argmax keeps the lowest index among equal maxima).
 
 The statistics, by kind (each a constexpr switch read off the table `spec.ROW_STATS`):
 
@@ -168,6 +174,25 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
 
 
 @triton.jit
+def _masked_blocks(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
+                   qk_scale, L, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,  #
+                   F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
+                   ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, CLASS_MASS: tl.constexpr,  #
+                   DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
+                   TOKENS: tl.constexpr, SUMS_BY_DOT: tl.constexpr):
+    """The masked stage: the key blocks of [start_lo, end) outside the full ones [full_lo, full_hi),
+    left of them, then right."""
+    n_left = (full_lo - start_lo) // BLOCK_N
+    for blk in range(0, n_left + (end - full_hi) // BLOCK_N):
+        start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
+        row, acc, feat, posn, tok = _key_block(
+            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
+            BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, True, BANDED, DOT_PRECISION,  #
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
+    return row, acc, feat, posn, tok
+
+
+@triton.jit
 def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, DISTANCE_MASS: tl.constexpr,
                    MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr):
     """The position-dependent sums of one block (spec.py's `_distance_mass`, `_mean_distance`,
@@ -212,6 +237,16 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
+def _after_loops(x, l_i):
+    """x, computed from the loops' result: l_i (a sum of exponentials, or NaN) is never negative, so
+    this is x itself; but the compiler cannot know it, so it neither computes from x before the loops
+    what the epilogue needs (the rows' 64-bit output and statistics addresses) nor holds those through
+    the loops, where registers are short: on sm_80 at 128 x 128 tiles (D = 64, causal) that is what
+    spilled (a comparison NaN < 0 is false as well: a NaN row still writes its own row)."""
+    return tl.where(l_i < 0.0, 0, x)
+
+
+@triton.jit
 def _distance_bucket(d):
     """The log2 bucket of a distance d >= 0: the number of spec.DISTANCE_EDGES (1, 2, 4, ...,
     2^(DB - 2)) that are <= d, by comparisons."""
@@ -244,7 +279,8 @@ def attn_stats_fwd(
     F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
     ENTROPY: tl.constexpr, CLASS_MASS: tl.constexpr, ARGMAX: tl.constexpr,  #
     DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
-    DUPLICATE_MASS: tl.constexpr, PREFIX_MATCH_MASS: tl.constexpr, SUMS_BY_DOT: tl.constexpr,
+    DUPLICATE_MASS: tl.constexpr, PREFIX_MATCH_MASS: tl.constexpr, SUMS_BY_DOT: tl.constexpr,  #
+    MASKED_FIRST: tl.constexpr,
 ):
     """One program: BLOCK_M stacked rows (f = i * G + g) of the G query heads that share one
     key/value head, against that head's keys. BANDED: the rows' bands are compared in masked
@@ -297,17 +333,20 @@ def attn_stats_fwd(
     full_lo = tl.maximum(tl.cdiv(tl.maximum(tl.maximum(last - win_left, 0), valid_lo), BLOCK_N) * BLOCK_N, start_lo)
     full_hi = (tl.minimum(tl.minimum(first + win_right + 1, L), valid_hi) // BLOCK_N) * BLOCK_N
     full_hi = tl.maximum(full_hi, full_lo)
+    if MASKED_FIRST:  # the masked blocks before the main loop (module docstring)
+        row, acc, feat, posn, tok = _masked_blocks(
+            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
+            qk_scale, L, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, BANDED, DOT_PRECISION,  #
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
     for start_n in range(full_lo, full_hi, BLOCK_N):  # the main loop: no mask
         row, acc, feat, posn, tok = _key_block(
             row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
             BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, False, BANDED, DOT_PRECISION,  #
             ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
-    n_left = (full_lo - start_lo) // BLOCK_N
-    for blk in range(0, n_left + (end - full_hi) // BLOCK_N):  # the masked blocks: left of it, then right
-        start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
-        row, acc, feat, posn, tok = _key_block(
-            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
-            BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, True, BANDED, DOT_PRECISION,  #
+    if not MASKED_FIRST:  # the masked blocks after it
+        row, acc, feat, posn, tok = _masked_blocks(
+            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
+            qk_scale, L, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, BANDED, DOT_PRECISION,  #
             ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
     # -- epilogue, from the final state; statistics stored in fp32
     m_i, l_i, t_i, arg_i = row
@@ -333,8 +372,10 @@ def attn_stats_fwd(
     head = off_kv * G + g  # (BLOCK_M,) the rows' query heads
     # (BLOCK_M,) per head, or per sequence and head
     xi = tl.load(GateXi + off_b * stride_xb + head, mask=f_in, other=1.0)
-    O_ptrs = (Out + off_b * stride_ob + (off_kv * G) * stride_oh + (g * stride_oh + pos * stride_ol)[:, None]
-              + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
+    o_rows = g * stride_oh + pos * stride_ol  # (BLOCK_M,)
+    if MASKED_FIRST:  # (in the other order ptxas keeps these rows' addresses out of the loops anyway)
+        o_rows = _after_loops(o_rows, l_i)
+    O_ptrs = Out + off_b * stride_ob + (off_kv * G) * stride_oh + o_rows[:, None] + offs_d[None, :] * stride_od
     o_in = f_in[:, None] & d_in[None, :]
     acc = acc * (inv_l * xi)[:, None]
     if not UNIFORM:  # no uniform gate in this call: the common case carries no second pass

@@ -251,7 +251,8 @@ def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = F
     return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
                           interpreted=interpreted, banded=not layout.is_plain, uniform=uniform,
                           wide=feature_width(spec.n_key_classes) > 32 or spec.argmax, n_classes=spec.n_key_classes,
-                          tokens=spec.token_relations)
+                          tokens=spec.token_relations,
+                          switched_on=frozenset(s.name for s, _, flag in kernel_outputs() if flag and s.asked(spec)))
 
 
 def check_dtypes(q, k, v):
@@ -314,7 +315,8 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D,
         F_PAD=feature_width(C), BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),
-        UNIFORM=uniform is not None, SUMS_BY_DOT=sums_by_dot, **flags,  #
+        UNIFORM=uniform is not None, SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
+        **flags,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_caps(cfg),
     )
     return out, stats, lse

@@ -12,11 +12,13 @@ it is spent: the SASS of the loop over key blocks, disassembled with the `cuobjd
   padding that does no work.
 - `loops`: every backward branch `BRA target` with target < its own address closes a loop whose
   body is [target, branch].
-- `main_loop`: the first loop in program order whose body holds a tensor-core MMA (HMMA on sm_80,
-  HGMMA on sm_90) and an MUFU.EX2, and holds no other such loop (the innermost, where loops nest).
-  Both the fused forward and a flash loop put the unmasked key blocks first (the fused forward's
-  masked band edges and padding come after), so the first such loop is the one that runs for
-  almost every block.
+- `main_loop`: the loop whose body holds a tensor-core MMA (HMMA on sm_80, HGMMA on sm_90) and an
+  MUFU.EX2, and holds no other such loop (the innermost, where loops nest): the first such loop in
+  program order, or the last (`stage="last"`). Which one is the kernel's to declare, by the order of
+  its stages: a flash loop (the tutorial's) puts the unmasked key blocks first and the causal diagonal
+  after; the fused forward visits its masked blocks first and the unmasked ones last
+  (`triton_kernel`'s docstring). Never the smallest: a rule by size would read whichever loop a
+  change made shorter.
 - `loop_metrics`: per iteration of that loop (one key block of BLOCK_M x BLOCK_N scores), per warp:
   warp-instructions per 1,000 scores = instructions x num_warps / (BLOCK_M BLOCK_N) x 1000; MUFU per
   score = MUFU instructions x 32 threads x num_warps / (BLOCK_M BLOCK_N); barriers (BAR.*); shared
@@ -100,16 +102,20 @@ def is_mma(ins: Instruction) -> bool:
     return ins.base in ("HMMA", "HGMMA", "IMMA", "IGMMA")
 
 
-def main_loop(instructions: list[Instruction]) -> Loop:
-    """The first loop (by address) with a tensor-core MMA and an MUFU.EX2 in its body and no other such
-    loop inside it (see the module docstring); a ValueError when there is none."""
+def main_loop(instructions: list[Instruction], stage: str = "first") -> Loop:
+    """The first (or, with stage="last", the last) loop by address with a tensor-core MMA and an
+    MUFU.EX2 in its body and no other such loop inside it (see the module docstring); a ValueError
+    when there is none."""
+    if stage not in ("first", "last"):
+        raise ValueError(f"stage is 'first' or 'last', not {stage!r}")
     found = [lp for lp in loops(instructions)
              if any(is_mma(i) for i in lp.body) and any(i.opcode.startswith("MUFU.EX2") for i in lp.body)]
     innermost = [lp for lp in found
                  if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in found)]
     if not innermost:
         raise ValueError("no loop with an MMA and an MUFU.EX2: not an attention kernel's SASS?")
-    return min(innermost, key=lambda lp: lp.start)
+    pick = min if stage == "first" else max
+    return pick(innermost, key=lambda lp: lp.start)
 
 
 def mma_shape(opcode: str) -> dict:
@@ -144,6 +150,6 @@ def loop_metrics(loop: Loop, cfg: dict) -> dict:
     }
 
 
-def kernel_metrics(cubin: bytes, cfg: dict) -> dict:
-    """`loop_metrics` of a cubin's main loop."""
-    return loop_metrics(main_loop(parse(disassemble(cubin))), cfg)
+def kernel_metrics(cubin: bytes, cfg: dict, stage: str = "first") -> dict:
+    """`loop_metrics` of a cubin's main loop (`main_loop`'s stage)."""
+    return loop_metrics(main_loop(parse(disassemble(cubin)), stage), cfg)

@@ -1,6 +1,8 @@
 """kernels/triton_sass.py on hand-written SASS listings whose answers are known: the parser, the loops,
 the choice of the main loop and the budget figures read from it. (The real compiles are
 tests/kernels/test_triton_budget.py's.)"""
+import pytest
+
 from bertscope.kernels import triton_sass as ts
 
 
@@ -73,14 +75,41 @@ def test_main_loop_and_its_metrics():
     assert m["mma"] == [{"op": "HMMA", "M": 16, "N": 8, "K": 16, "types": "F32.BF16", "count": 2}]
 
 
-def test_main_loop_is_the_first_not_the_smallest():
-    """A first loop longer than the second stays the main loop: the rule is program order (the
-    fused forward's unmasked stage comes before its masked one)."""
+def test_main_loop_is_the_declared_stage_not_the_smallest():
+    """The main loop is the first loop in program order, or the last one when the kernel declares its
+    unmasked stage last (the fused forward), whatever their sizes: a rule by size would read whichever
+    loop a change made shorter."""
     first = ["BAR.SYNC 0x0", "HMMA.16816.F32 R8, R4, R6, RZ", "MUFU.EX2 R9, R8", "FADD R1, R1, R9",
              "FADD R1, R1, R9", "@P0 BRA 0x0"]
     second = ["HMMA.16816.F32 R8, R4, R6, RZ", "MUFU.EX2 R9, R8", "@P0 BRA 0x60"]
-    main = ts.main_loop(ts.parse(sass(*first, *second)))
+    third = ["HMMA.16816.F32 R8, R4, R6, RZ", "MUFU.EX2 R9, R8", "FADD R1, R1, R9", "FADD R1, R1, R9",
+             "@P0 BRA 0x90"]
+    ins = ts.parse(sass(*first, *second, *third))
+    main = ts.main_loop(ins)
     assert (main.start, len(main.body)) == (0x0, 6)
+    last = ts.main_loop(ins, stage="last")
+    assert (last.start, len(last.body)) == (0x90, 5)
+    with pytest.raises(ValueError, match="first' or 'last"):
+        ts.main_loop(ins, stage="smallest")
+
+
+def test_each_kernel_declares_its_main_stage():
+    """The tutorial's flash loop runs its unmasked blocks first; the fused forward runs them first, or
+    last where its config puts the masked stage first (MASKED_FIRST): the stage each declares is the one
+    its kernel source runs the main loop in (a reorder of either must move its declaration)."""
+    import inspect
+
+    from bertscope.kernels import triton_aot, triton_kernel
+
+    src = inspect.getsource(triton_kernel)
+    src = src[src.index("def attn_stats_fwd("):]
+    assert src.index("if MASKED_FIRST:") < src.index("# the main loop: no mask") < src.index("if not MASKED_FIRST:")
+    specs = triton_aot.budget_specialisations()
+    for arch in triton_aot.ARCHS:
+        for spec in specs:
+            assert spec.main_stage(arch) == ("last" if spec.config(arch)["MASKED_FIRST"] else "first")
+    assert {spec.main_stage(80) for spec in specs} == {"first", "last"}  # both orders are budgeted
+    assert {b.main_stage() for b in triton_aot.baseline_specialisations()} == {"first"}
 
 
 def test_nested_loops_keep_the_innermost():
