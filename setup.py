@@ -75,8 +75,8 @@ setup(
         # .ci/run installs Debian's chromium)
         # (the Makefile pins triton==3.7.1 for the tests, beside its torch==2.13.0);
         # ruff: `make test` lints first (ruff.toml); gguf and accelerate: the SmolLM2 conversion tests
-        "test": ["pytest", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright", "ruff>=0.5",
-                 "gguf>=0.10", "accelerate>=1.1"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "pytest-benchmark", "triton>=3.6", "datasets", "playwright",
+                 "ruff>=0.5", "gguf>=0.10", "accelerate>=1.1"],
     },
     entry_points={"console_scripts": ["bertscope=bertscope.cli.main:main"]},
 )
