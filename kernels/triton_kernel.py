@@ -240,9 +240,11 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
 def _after_loops(x, l_i):
     """x, computed from the loops' result: l_i (a sum of exponentials, or NaN) is never negative, so
     this is x itself; but the compiler cannot know it, so it neither computes from x before the loops
-    what the epilogue needs (the rows' 64-bit output and statistics addresses) nor holds those through
-    the loops, where registers are short: on sm_80 at 128 x 128 tiles (D = 64, causal) that is what
-    spilled (a comparison NaN < 0 is false as well: a NaN row still writes its own row)."""
+    what the epilogue needs (the rows' 64-bit output addresses, their 64-bit statistics rows) nor holds
+    those through the loops, where registers are short: on sm_80 at 128 x 128 tiles (D = 64, causal)
+    and 128 x 32 (D = 128, causal) that is what spilled (a comparison NaN < 0 is false as well: a NaN
+    row still writes its own row). Used with the masked stage first only: in the other order the
+    same dependency made ptxas spill other specialisations."""
     return tl.where(l_i < 0.0, 0, x)
 
 
@@ -362,7 +364,10 @@ def attn_stats_fwd(
             t_i = tl.sum(q_t.to(tl.float32) * t_i, 1)
     inv_l = 1.0 / l_i
     log2_l = tl.math.log2(l_i)
-    row_out = bh0 * L + g * L + pos  # (BLOCK_M,) flat (b, h, i) of the (B, H, L, ...) statistics
+    if MASKED_FIRST:  # (`_after_loops`)
+        row_out = bh0 * L + _after_loops(g * L + pos, l_i)
+    else:
+        row_out = bh0 * L + g * L + pos  # (BLOCK_M,) flat (b, h, i) of the (B, H, L, ...) statistics
     stat_row = row_out * stride_sr  # (BLOCK_M,) their rows in the statistics buffer (B, H, L, F)
     # padding queries' statistics are the table's padding value, 0: written here, not by a pass after
     q_ok = tl.load(KeyValid + off_b * stride_mb + pos * stride_ml, mask=f_in, other=0) != 0  # (BLOCK_M,)
@@ -373,7 +378,7 @@ def attn_stats_fwd(
     # (BLOCK_M,) per head, or per sequence and head
     xi = tl.load(GateXi + off_b * stride_xb + head, mask=f_in, other=1.0)
     o_rows = g * stride_oh + pos * stride_ol  # (BLOCK_M,)
-    if MASKED_FIRST:  # (in the other order ptxas keeps these rows' addresses out of the loops anyway)
+    if MASKED_FIRST:  # (`_after_loops`)
         o_rows = _after_loops(o_rows, l_i)
     O_ptrs = Out + off_b * stride_ob + (off_kv * G) * stride_oh + o_rows[:, None] + offs_d[None, :] * stride_od
     o_in = f_in[:, None] & d_in[None, :]
