@@ -23,7 +23,6 @@ import logging
 import math
 import time
 from argparse import Namespace
-from itertools import chain
 from pathlib import Path
 
 from bertscope.analyses.atlas.outputs import (
@@ -191,9 +190,7 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     from bertscope.analyses.atlas import stats as A
     from bertscope.analyses.heads.positions.command import check_backend
     from bertscope.analyses.sinks import stats as S
-    from bertscope.analyses.sinks.command import bos_plan, sink_segments
-    from bertscope.text.corpus import open_corpus
-    from bertscope.text.segments import SegmentReport
+    from bertscope.analyses.sinks.command import bos_plan, checked_sink_segments
 
     loaded = run.loaded
     config = loaded.model.config
@@ -203,16 +200,9 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     kinds = ["global" if w is None else f"window {w + 1}" for w in windows]
     n_kv = layouts[0].n_key_value_heads or loaded.n_heads
     seg_args = Namespace(max_len=args.max_len, limit=segment_limit(args), seed=args.seed, initial=S.INITIAL, bos="auto",
-                         bos_token=None)
+                         bos_token=None, corpus=args.corpus, text_field=args.text_field)
     plan = bos_plan(loaded, seg_args, causal)
-    corpus = open_corpus(args.corpus, args.text_field)
-    len(corpus)  # a text file is indexed (so checked) before anything is written
-    report = SegmentReport()
-    stream = sink_segments(corpus, loaded, seg_args, causal, report, plan)
-    first = next(stream, None)
-    if first is None:
-        raise UserError(f"no usable segments in corpus {args.corpus!r}: {report.as_dict()}")
-    stream = chain([first], stream)
+    stream, report = checked_sink_segments(loaded, seg_args, causal, plan)
     spec = A.stream_spec(windows, causal, (args.streaming_sink, args.streaming_recent))
     check_backend(args, spec)  # a Triton kernel without a statistic: refused in one line, before anything is written
     if 2 * args.induction_len + 1 > loaded.max_len:

@@ -169,16 +169,13 @@ def hidden_layers(loaded) -> list | None:
 # --- the run ------------------------------------------------------------------------------------
 
 
-def sink_run(run: ModelRun, args) -> int:
-    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
-    from bertscope.engine.loop import EngineOptions, fold
+def checked_sink_segments(loaded, args, causal: bool, plan):
+    """(stream, report): `sink_segments` of the corpus args.corpus names, its first segment already
+    drawn, so that a corpus with no usable segment is one UserError before anything is written; the
+    SegmentReport fills as the stream is read."""
     from bertscope.text.corpus import open_corpus
     from bertscope.text.segments import SegmentReport
 
-    loaded = run.loaded
-    config = loaded.model.config
-    causal = loaded.architecture.is_causal(config)
-    plan = bos_plan(loaded, args, causal)
     corpus = open_corpus(args.corpus, args.text_field)
     len(corpus)  # a text file is indexed (so checked) before anything is written
     report = SegmentReport()
@@ -186,7 +183,18 @@ def sink_run(run: ModelRun, args) -> int:
     first = next(stream, None)
     if first is None:
         raise UserError(f"no usable segments in corpus {args.corpus!r}: {report.as_dict()}")
-    stream = chain([first], stream)
+    return chain([first], stream), report
+
+
+def sink_run(run: ModelRun, args) -> int:
+    from bertscope.analyses.sinks import stats as S  # see the note above `logger`
+    from bertscope.engine.loop import EngineOptions, fold
+
+    loaded = run.loaded
+    config = loaded.model.config
+    causal = loaded.architecture.is_causal(config)
+    plan = bos_plan(loaded, args, causal)
+    stream, report = checked_sink_segments(loaded, args, causal, plan)
     run.open(args.out)  # the input is good: only now is anything written
     run.announce()
 
