@@ -282,3 +282,13 @@ def tiny_gemma3_lm_dir(tmp_path_factory) -> Path:
     from tiny_decoders import gemma3_config, save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny-gemma3-lm"), gemma3_config(), causal_lm=True)
+
+
+def corpus_and_needles(root: Path, lines, needles) -> tuple[Path, Path]:
+    """corpus.txt (one text per line) and needles.jsonl (one needle dict per line) in root: the input
+    files of the needle commands' tests (heads retrieval, heads streaming, atlas)."""
+    corpus, path = root / "corpus.txt", root / "needles.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text("".join(json.dumps(n) + "\n" for n in needles), encoding="utf-8")
+    return corpus, path
+

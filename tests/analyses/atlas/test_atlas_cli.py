@@ -31,12 +31,9 @@ def rows_of(path):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("atlas-files")
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    needles = root / "needles.jsonl"
-    needles.write_text(json.dumps(NEEDLE) + "\n", encoding="utf-8")
-    return corpus, needles
+    from conftest import corpus_and_needles
+
+    return corpus_and_needles(tmp_path_factory.mktemp("atlas-files"), LINES, [NEEDLE])
 
 
 def decoder_args(model, files, out):

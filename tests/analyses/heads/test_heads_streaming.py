@@ -86,12 +86,9 @@ def test_no_loss_fraction():
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("streaming-files")
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS_LINES) + "\n", encoding="utf-8")
-    needles = root / "needles.jsonl"
-    needles.write_text(json.dumps(DOG) + "\n", encoding="utf-8")
-    return corpus, needles
+    from conftest import corpus_and_needles
+
+    return corpus_and_needles(tmp_path_factory.mktemp("streaming-files"), CORPUS_LINES, [DOG])
 
 
 def cli_args(model, files, out, *more):

@@ -53,13 +53,10 @@ def word_tokenizer():
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("retrieval-files")
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS_LINES) + "\n", encoding="utf-8")
-    needles = root / "needles.jsonl"
-    needles.write_text(json.dumps({k: getattr(DOG, k) for k in ("name", "needle", "question", "answer")}) + "\n",
-                       encoding="utf-8")
-    return corpus, needles
+    from conftest import corpus_and_needles
+
+    needle = {k: getattr(DOG, k) for k in ("name", "needle", "question", "answer")}
+    return corpus_and_needles(tmp_path_factory.mktemp("retrieval-files"), CORPUS_LINES, [needle])
 
 
 # ----------------------------------------------------------------------------- the score
