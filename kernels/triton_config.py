@@ -90,7 +90,8 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     ones_fit = feature_width(n_classes, ones=True) == feature_width(n_classes)
     if interpreted:
         return dict(BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK, BLOCK_D=block_d, num_warps=4,
-                    num_stages=1, SUMS_BY_DOT=ones_fit and (dtype in HALF_DTYPES or tf32), MASKED_FIRST=False)
+                    num_stages=1, SUMS_BY_DOT=ones_fit and (dtype in HALF_DTYPES or tf32), MASKED_FIRST=False,
+                    FIXED_G=False)
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
             m, n, w, s = (16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)
@@ -101,22 +102,22 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
         elif not wide and ones_fit and (90 if arch >= 90 else 80, block_d <= 64) in SUMS_BY_DOT_TILES:
             m, n, w, s = SUMS_BY_DOT_TILES[(90 if arch >= 90 else 80, block_d <= 64)]
             return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=True,
-                        MASKED_FIRST=False)
+                        MASKED_FIRST=False, FIXED_G=False)
         elif not wide and switched_on == DEFAULT_SWITCHES and (target, block_d, banded) in DEFAULT_TILES:
-            m, n, w, s, masked_first = DEFAULT_TILES[(target, block_d, banded)]
+            m, n, w, s, masked_first, fixed_g = DEFAULT_TILES[(target, block_d, banded)]
             return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False,
-                        MASKED_FIRST=masked_first)
+                        MASKED_FIRST=masked_first, FIXED_G=fixed_g)
         else:
             m, n, w, s = HALF_TILES[(90 if arch >= 90 else 80, block_d <= 64, banded)]
             if wide and n > 64:
                 n, s = 64, 3
         return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False,
-                    MASKED_FIRST=False)
+                    MASKED_FIRST=False, FIXED_G=False)
     if block_d <= 64:
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32,
-                    SUMS_BY_DOT=False, MASKED_FIRST=False)
+                    SUMS_BY_DOT=False, MASKED_FIRST=False, FIXED_G=False)
     return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
-                maxnreg=MAXNREG_FP32, SUMS_BY_DOT=False, MASKED_FIRST=False)
+                maxnreg=MAXNREG_FP32, SUMS_BY_DOT=False, MASKED_FIRST=False, FIXED_G=False)
 
 
 # half precision, D <= 128: (target, D <= 64, banded) -> BLOCK_M, BLOCK_N, warps, stages; the fastest tiles
@@ -132,12 +133,12 @@ HALF_TILES = {
 SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
 # half precision, the default statistics' calls (module docstring): kernel switches exactly DEFAULT_SWITCHES
 # (offsets have none), no wide feature dot, no uniform gates, no SUMS_BY_DOT (which goes first):
-# (target, BLOCK_D, banded) -> BLOCK_M, BLOCK_N, warps, stages, MASKED_FIRST
+# (target, BLOCK_D, banded) -> BLOCK_M, BLOCK_N, warps, stages, MASKED_FIRST, FIXED_G
 DEFAULT_SWITCHES = frozenset({"entropy", "class_mass"})
 DEFAULT_TILES = {
-    (80, 64, False): (128, 128, 8, 2, True), (80, 64, True): (128, 128, 8, 2, True),
-    (80, 128, True): (128, 32, 8, 1, True),
-    (90, 128, False): (128, 128, 8, 2, False), (90, 128, True): (128, 64, 8, 1, True),
+    (80, 64, False): (128, 128, 8, 2, True, False), (80, 64, True): (128, 128, 8, 2, True, False),
+    (80, 128, False): (64, 64, 4, 2, True, False), (80, 128, True): (64, 64, 4, 1, False, True),
+    (90, 128, False): (128, 128, 8, 2, False, False), (90, 128, True): (128, 128, 8, 2, True, True),
 }
 
 

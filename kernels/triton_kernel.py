@@ -282,16 +282,21 @@ def attn_stats_fwd(
     ENTROPY: tl.constexpr, CLASS_MASS: tl.constexpr, ARGMAX: tl.constexpr,  #
     DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
     DUPLICATE_MASS: tl.constexpr, PREFIX_MATCH_MASS: tl.constexpr, SUMS_BY_DOT: tl.constexpr,  #
-    MASKED_FIRST: tl.constexpr,
+    MASKED_FIRST: tl.constexpr, GROUP: tl.constexpr,
 ):
     """One program: BLOCK_M stacked rows (f = i * G + g) of the G query heads that share one
     key/value head, against that head's keys. BANDED: the rows' bands are compared in masked
     blocks (causal, windowed layouts); off (the plain layout: win_left = win_right = L, G = 1,
     which Triton's launcher specialises to a constant) only padding and the row end are masked.
+    GROUP > 0: G compiled in (= GROUP, `triton_config`): the stacked rows' divisions by G are then a
+    multiply and a shift, and no runtime G, H // G or divisor is held through the loops; that is what
+    lets the decoders' widest tiles at D = 128 compile without a spill. 0: G read at run time.
     KeyRange (B, 2): the sequence's valid keys [lo, hi) when they are one contiguous run, else
     (0, 0): blocks inside it (and inside every row's band) take the unmasked stage. TokenIds (B, L)
     int32, contiguous, -1 on padding: the token ids the token relations compare (DUPLICATE_MASS,
     PREFIX_MATCH_MASS, switched on together)."""
+    if GROUP > 0:
+        G = GROUP
     start_m = tl.program_id(0)
     off_bkv = tl.program_id(1)  # b * H_kv + key/value head
     H_kv = H // G

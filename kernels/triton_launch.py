@@ -316,6 +316,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D,
         F_PAD=feature_width(C), BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),
         UNIFORM=uniform is not None, SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
+        GROUP=G if band["BANDED"] and cfg.get("FIXED_G", False) else 0,
         **flags,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_caps(cfg),
     )

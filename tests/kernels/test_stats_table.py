@@ -65,6 +65,12 @@ def triton_masked_first(*args, **kw):
     return triton(*args, blocks={"MASKED_FIRST": True}, **kw)
 
 
+def triton_fixed_group(*args, **kw):
+    """The fused kernel with the layout's group size G compiled in (`FIXED_G`: the decoders' tiles at
+    D = 128 on a GPU take it) instead of read at run time."""
+    return triton(*args, blocks={"FIXED_G": True}, **kw)
+
+
 def chunked(row_pass):
     return lambda *a, **kw: attention_stats_chunked(*a, row_pass=row_pass, **kw)
 
@@ -72,7 +78,8 @@ def chunked(row_pass):
 # every path of every backend of `kernels.BACKENDS` but the oracle: the chunked one with each row pass, the
 # fused kernel with each way of summing its rows (per score; on the tensor cores) and each order of its stages
 PATHS = {"chunked-compiled": chunked("compiled"), "chunked-torch": chunked("torch"), "triton": triton,
-         "triton-sums-by-dot": triton_sums_by_dot, "triton-masked-first": triton_masked_first}
+         "triton-sums-by-dot": triton_sums_by_dot, "triton-masked-first": triton_masked_first,
+         "triton-fixed-group": triton_fixed_group}
 RUNS = {"eager": attention_stats_eager, **PATHS}
 
 
@@ -153,11 +160,13 @@ CASES = {
                             pad="single"),
 }
 # hypothesis examples per test: Triton's interpreter is slow
-EXAMPLES = {"chunked-compiled": 6, "chunked-torch": 6, "triton": 2, "triton-sums-by-dot": 1, "triton-masked-first": 1}
+EXAMPLES = {"chunked-compiled": 6, "chunked-torch": 6, "triton": 2, "triton-sums-by-dot": 1, "triton-masked-first": 1,
+            "triton-fixed-group": 1}
 # query rows x heads of one call at most (None: no limit): the interpreter's time grows with them,
 # so a long row is drawn with fewer sequences (and heads) in Triton, as many rows as 3 x 4 x 12
 ROWS = {"chunked-compiled": 3 * 4 * 24, "chunked-torch": 3 * 4 * 24, "triton": 3 * 4 * 12,
-        "triton-sums-by-dot": 3 * 4 * 12, "triton-masked-first": 3 * 4 * 12}
+        "triton-sums-by-dot": 3 * 4 * 12, "triton-masked-first": 3 * 4 * 12,
+        "triton-fixed-group": 3 * 4 * 12}
 
 
 def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = None):

@@ -364,30 +364,30 @@ def test_sums_by_dot_where_it_pays():
 
 
 def test_default_tiles_only_for_the_default_statistics(monkeypatch):
-    """The budget's tiles and stage order for the default statistics (`DEFAULT_TILES`) go to a call whose
+    """The budget's tiles, stage order and compiled-in G for the default statistics (`DEFAULT_TILES`) go to a call whose
     kernel switches are exactly those (entropy, class masses; offsets have no switch), in half precision,
     and to no other: with fewer, more or wider statistics the same tiles spilled, so those keep HALF_TILES
     with the masked stage last. A launch computes its switches from its spec the same way."""
     from bertscope.kernels.triton_config import DEFAULT_SWITCHES, DEFAULT_TILES, forward_config
 
-    for (arch, block_d, banded), (m, n, w, stages, first) in DEFAULT_TILES.items():
+    for (arch, block_d, banded), (m, n, w, stages, first, fixed_g) in DEFAULT_TILES.items():
         got = forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES)
-        assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"], got["MASKED_FIRST"]) == (
-            m, n, w, stages, first)
-        for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"}):
-            assert not forward_config(block_d, torch.float16, arch, banded=banded, switched_on=other)["MASKED_FIRST"]
-        assert not forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES,
-                                  wide=True)["MASKED_FIRST"]
-        assert not forward_config(block_d, torch.float32, arch, banded=banded, switched_on=DEFAULT_SWITCHES)[
-            "MASKED_FIRST"]
-    assert {first for *_, first in DEFAULT_TILES.values()} == {True, False}  # both orders are chosen somewhere
+        assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"], got["MASKED_FIRST"],
+                got["FIXED_G"]) == (m, n, w, stages, first, fixed_g)
+        others = [forward_config(block_d, torch.float16, arch, banded=banded, switched_on=other)
+                  for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"})]
+        others += [forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES, wide=True),
+                   forward_config(block_d, torch.float32, arch, banded=banded, switched_on=DEFAULT_SWITCHES)]
+        assert not any(c["MASKED_FIRST"] or c["FIXED_G"] for c in others)
+    assert {first for *_, first, _ in DEFAULT_TILES.values()} == {True, False}  # both orders are chosen somewhere
+    assert {fixed for *_, fixed in DEFAULT_TILES.values()} == {True, False}  # G compiled in somewhere, not everywhere
     import bertscope.kernels.triton_launch as launch
 
     seen = {}
     monkeypatch.setattr(launch, "forward_config", lambda *a, **kw: seen.update(kw) or forward_config(*a, **kw))
     spec = StatsSpec(n_key_classes=4, entropy=True, offsets=(-1, 0, 1), class_mass=True)
     cfg = launch.launch_config(torch.zeros(1, 2, 8, 64, dtype=torch.float16), spec, AttentionLayout())
-    assert seen["switched_on"] == DEFAULT_SWITCHES and not cfg["MASKED_FIRST"]  # the interpreter: its own blocks
+    assert seen["switched_on"] == DEFAULT_SWITCHES and not cfg["MASKED_FIRST"] and not cfg["FIXED_G"]  # the interpreter
 
 
 def test_sums_by_dot_needs_a_free_feature_column():

@@ -344,7 +344,7 @@ def test_one_kernel_for_every_layout(layout, banded, monkeypatch):
     assert_same(attention_stats_eager(*inputs, SPEC, layout=layout), ta.attention_stats_triton(*inputs, SPEC,
                                                                                            layout=layout), inputs[3])
     (kw,) = launches
-    assert kw["BANDED"] is banded and kw["G"] == layout.group_size(H)
+    assert kw["BANDED"] is banded and kw["G"] == layout.group_size(H) and kw["GROUP"] == 0  # G read at run time
     assert kw["BLOCK_M"] == forward_config(8, torch.float32, interpreted=True)["BLOCK_M"]
 
 
