@@ -68,6 +68,10 @@ TOKEN_STATS = ("duplicate_mass", "prefix_match_mass")
 MAXNREG_FP32 = 128
 # the interpreter's blocks (see the module docstring)
 INTERPRETER_BLOCK = 16
+# SUMS_BY_DOT, how the kernel takes the softmax's row sum l and the entropy's sum (module docstring)
+PER_SCORE = 0  # l and T per score, in fp32: an FADD and an FFMA per score
+L_AND_T = 1  # l from the key features' ones column and T = q . (P K): both on the tensor cores
+L_ONLY = 2  # l from the ones column; the entropy's t = sum p (z - m) per score, relative to the running max
 
 
 def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
@@ -89,35 +93,35 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     target = 90 if arch >= 90 else 80  # newer targets take sm_90's tiles
     ones_fit = feature_width(n_classes, ones=True) == feature_width(n_classes)
     if interpreted:
-        return dict(BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK, BLOCK_D=block_d, num_warps=4,
-                    num_stages=1, SUMS_BY_DOT=ones_fit and (dtype in HALF_DTYPES or tf32), MASKED_FIRST=False,
-                    FIXED_G=False)
+        return _config(INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1, block_d,
+                       sums_by_dot=L_AND_T if ones_fit and (dtype in HALF_DTYPES or tf32) else PER_SCORE)
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
-            m, n, w, s = (16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)
-        elif positions or tokens:
-            m, n, w, s = 64, 32, 8, 2
-        elif uniform:
-            m, n, w, s = (64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)
-        elif not wide and ones_fit and (90 if arch >= 90 else 80, block_d <= 64) in SUMS_BY_DOT_TILES:
-            m, n, w, s = SUMS_BY_DOT_TILES[(90 if arch >= 90 else 80, block_d <= 64)]
-            return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=True,
-                        MASKED_FIRST=False, FIXED_G=False)
-        elif not wide and switched_on == DEFAULT_SWITCHES and (target, block_d, banded) in DEFAULT_TILES:
-            m, n, w, s, masked_first, fixed_g = DEFAULT_TILES[(target, block_d, banded)]
-            return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False,
-                        MASKED_FIRST=masked_first, FIXED_G=fixed_g)
-        else:
-            m, n, w, s = HALF_TILES[(90 if arch >= 90 else 80, block_d <= 64, banded)]
-            if wide and n > 64:
-                n, s = 64, 3
-        return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=w, num_stages=s, SUMS_BY_DOT=False,
-                    MASKED_FIRST=False, FIXED_G=False)
+            return _config(*((16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)), block_d)
+        if positions or tokens:
+            return _config(64, 32, 8, 2, block_d)
+        if uniform:
+            return _config(*((64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)), block_d)
+        if not wide and ones_fit and (target, block_d <= 64) in SUMS_BY_DOT_TILES:
+            return _config(*SUMS_BY_DOT_TILES[(target, block_d <= 64)], block_d, sums_by_dot=L_AND_T)
+        tiles = DEFAULT_TILES.get((target, block_d, banded))
+        if not wide and switched_on == DEFAULT_SWITCHES and tiles is not None and (
+                ones_fit or tiles.get("sums_by_dot", PER_SCORE) == PER_SCORE):
+            return _config(*tiles["tiles"], block_d, **{k: v for k, v in tiles.items() if k != "tiles"})
+        m, n, w, s = HALF_TILES[(target, block_d <= 64, banded)]
+        if wide and n > 64:
+            n, s = 64, 3
+        return _config(m, n, w, s, block_d)
     if block_d <= 64:
-        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=8, num_stages=2, maxnreg=MAXNREG_FP32,
-                    SUMS_BY_DOT=False, MASKED_FIRST=False, FIXED_G=False)
-    return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=8 if block_d <= 128 else 16, num_stages=1,
-                maxnreg=MAXNREG_FP32, SUMS_BY_DOT=False, MASKED_FIRST=False, FIXED_G=False)
+        return _config(16, 32, 8, 2, block_d, maxnreg=MAXNREG_FP32)
+    return _config(16, 16, 8 if block_d <= 128 else 16, 1, block_d, maxnreg=MAXNREG_FP32)
+
+
+def _config(m: int, n: int, warps: int, stages: int, block_d: int, sums_by_dot: int = 0, masked_first: bool = False,
+            fixed_g: bool = False, **caps) -> dict:
+    """One launch config: tiles, warps, stages and the kernel's constexpr switches (module docstring)."""
+    return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=warps, num_stages=stages, SUMS_BY_DOT=sums_by_dot,
+                MASKED_FIRST=masked_first, FIXED_G=fixed_g, **caps)
 
 
 # half precision, D <= 128: (target, D <= 64, banded) -> BLOCK_M, BLOCK_N, warps, stages; the fastest tiles
@@ -133,12 +137,16 @@ HALF_TILES = {
 SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
 # half precision, the default statistics' calls (module docstring): kernel switches exactly DEFAULT_SWITCHES
 # (offsets have none), no wide feature dot, no uniform gates, no SUMS_BY_DOT (which goes first):
-# (target, BLOCK_D, banded) -> BLOCK_M, BLOCK_N, warps, stages, MASKED_FIRST, FIXED_G
+# (target, BLOCK_D, banded) -> tiles (BLOCK_M, BLOCK_N, warps, stages) and the switches that differ from their
+# defaults (`_config`); one with L_ONLY needs a free key-feature column (else HALF_TILES)
 DEFAULT_SWITCHES = frozenset({"entropy", "class_mass"})
 DEFAULT_TILES = {
-    (80, 64, False): (128, 128, 8, 2, True, False), (80, 64, True): (128, 128, 8, 2, True, False),
-    (80, 128, False): (64, 64, 4, 2, True, False), (80, 128, True): (64, 64, 4, 1, False, True),
-    (90, 128, False): (128, 128, 8, 2, False, False), (90, 128, True): (128, 128, 8, 2, True, True),
+    (80, 64, False): dict(tiles=(128, 128, 8, 2), masked_first=True),
+    (80, 64, True): dict(tiles=(128, 128, 8, 2), masked_first=True),
+    (80, 128, False): dict(tiles=(64, 64, 4, 2), masked_first=True),
+    (80, 128, True): dict(tiles=(64, 64, 4, 1), fixed_g=True),
+    (90, 128, False): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
+    (90, 128, True): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
 }
 
 

@@ -60,6 +60,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import triton_config
 from .spec import N_DISTANCE_BUCKETS, N_POSITION_BINS
 from .triton_tiles import FMIN
 
@@ -74,6 +75,10 @@ PB_PAD = tl.constexpr(triton.next_power_of_2(N_POSITION_BINS + 1))  # 16
 OPEN_END = tl.constexpr(2147483647)
 # the width of the slices of D in which the epilogue computes the offsets' scores
 OFFSET_DK = tl.constexpr(32)
+# SUMS_BY_DOT's modes, how the softmax's row sum l and the entropy's sum are taken (`triton_config`)
+PER_SCORE = tl.constexpr(triton_config.PER_SCORE)
+L_AND_T = tl.constexpr(triton_config.L_AND_T)
+L_ONLY = tl.constexpr(triton_config.L_ONLY)
 
 
 @triton.jit
@@ -94,10 +99,15 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    k_ptrs = K_ptr + offs_n[None, :] * stride_kl + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
-    v_ptrs = V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
     n_in = offs_n < L
-    if MASKED:
+    # the key rows read: in the plain layout's masked blocks, those past the row end are clamped to the last
+    # row (finite, and given no weight below: p = 0) instead of a masked load. Both are exact; which one lets
+    # the widest tiles compile without a spill is ptxas's call (Triton 3.7.1: the clamp in the plain layout,
+    # the masked load in the banded one, sm_90 at D = 128, docs/kernels.md)
+    rows = tl.minimum(offs_n, L - 1) if MASKED and not BANDED else offs_n
+    k_ptrs = K_ptr + rows[None, :] * stride_kl + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
+    v_ptrs = V_ptr + rows[:, None] * stride_vl + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
+    if MASKED and BANDED:
         k = tl.load(k_ptrs, mask=n_in[None, :] & (offs_d < HEAD_DIM)[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=n_in[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
     elif HEAD_DIM != BLOCK_D:
@@ -117,7 +127,7 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
             seen = seen[None, :]
         # (BLOCK_M, BLOCK_N) log2 units; a key the row may not see gets the finite fill, so that a row that
         # sees none (a padding query) is uniform over the sequence, as eager's; past the row end -inf,
-        # no key at all (p = 0; the entropy's T multiplies p by the raw score, 0 there: no 0 * inf)
+        # no key at all (p = 0; the entropy's T multiplies p by the raw score, finite there: no 0 * inf)
         z = tl.where(n_in[None, :], tl.where(seen, qk * qk_scale, FMIN), float("-inf"))
         m_blk = tl.max(z, 1)
         m_new = tl.maximum(m_i, m_blk)
@@ -136,7 +146,7 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
         # equal one at a lower index (the stages visit blocks out of key order)
         arg_blk = tl.min(tl.where(top, offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
         arg_i = tl.where((m_blk > m_i) | ((m_blk == m_i) & (arg_blk < arg_i)), arg_blk, arg_i)
-    if not SUMS_BY_DOT:
+    if SUMS_BY_DOT == PER_SCORE:
         if ENTROPY:
             # T = sum_j p_j s_j, rescaled like l, with the raw scores s = q . k (finite everywhere: a key past
             # the row end has k = 0): the epilogue's t = sum_j p_j (z_j - m) = c T - m l. One FFMA per score,
@@ -144,14 +154,24 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
             # t / l as far as fp32 goes (an l summed from P rounded to bf16 would move it by |m| 2^-9)
             t_i = t_i * alpha + tl.sum(p * qk, 1)
         l_i = l_i * alpha + tl.sum(p, 1)
+    if SUMS_BY_DOT == L_ONLY and ENTROPY:
+        # t = sum_j p_j (z_j - m) itself, relative to the running max (the exp2's argument x: one FFMA per
+        # score, no FADD for l). When the max moves, p scales by alpha and each z_j - m by m_old - m_new:
+        # t <- alpha (t + (m_old - m_new) l_old), l_old the ones column so far (one row sum per block). alpha = 0
+        # (a first block; a row that saw only filled keys) takes nothing from before, and no 0 * inf
+        fidx = tl.arange(0, F_PAD)  # (F_PAD,)
+        l_old = tl.sum(tl.where(fidx[None, :] == F_PAD - 1, feat, 0.0), 1)  # (BLOCK_M,)
+        if MASKED:  # past the row end x = -inf and p = 0
+            x = tl.where(n_in[None, :], x, 0.0)
+        t_i = tl.where(alpha > 0.0, alpha * (t_i + (m_i - m_new) * l_old), 0.0) + tl.sum(p * x, 1)
     # -- P V, and the key features' dot with the same P (rescaled to the new max first)
     pv = p.to(v.dtype)  # P in the input dtype, as FlashAttention's P V takes it
     acc = tl.dot(pv, v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
-    if SUMS_BY_DOT and ENTROPY:
+    if SUMS_BY_DOT == L_AND_T and ENTROPY:
         # T = q . (P K) on the tensor cores, from the same rounded P as l (the features' ones column)
         t_i = tl.dot(pv, tl.trans(k), t_i * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
     row = (m_new, l_i, t_i, arg_i)
-    if CLASS_MASS or SUMS_BY_DOT:
+    if CLASS_MASS or SUMS_BY_DOT != PER_SCORE:
         u_ptrs = U_ptr + offs_n[:, None] * stride_fl + tl.arange(0, F_PAD)[None, :]  # (BLOCK_N, F_PAD)
         if MASKED:
             u = tl.load(u_ptrs, mask=n_in[:, None], other=0.0)
@@ -317,7 +337,7 @@ def attn_stats_fwd(
             stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd)
     qk_scale = sm_scale * LOG2E
     # -- running state, by kind: softmax (m, l, T, arg), output, key features, position sums
-    if SUMS_BY_DOT and ENTROPY:
+    if SUMS_BY_DOT == L_AND_T and ENTROPY:
         t_init = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     else:
         t_init = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -357,10 +377,11 @@ def attn_stats_fwd(
             ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
     # -- epilogue, from the final state; statistics stored in fp32
     m_i, l_i, t_i, arg_i = row
-    if SUMS_BY_DOT:
+    if SUMS_BY_DOT != PER_SCORE:
         fidx = tl.arange(0, F_PAD)  # (F_PAD,)
         l_i = tl.sum(tl.where(fidx[None, :] == F_PAD - 1, feat, 0.0), 1)  # the ones column: sum_j P_j
-        if ENTROPY:  # T = q . (P K), q again from memory: neither q nor its addresses kept through the loop
+        if SUMS_BY_DOT == L_AND_T and ENTROPY:
+            # T = q . (P K), q again from memory: neither q nor its addresses kept through the loop
             # (the address written per query head, not as the prologue's, so that the compiler does not keep
             # the prologue's 64-bit pointers live through both loops to reuse them here)
             q_t = tl.load(Q + off_b * stride_qb + ((off_kv * G + g) * stride_qh + pos * stride_ql)[:, None]
@@ -412,8 +433,10 @@ def attn_stats_fwd(
     # -- the row statistics
     tl.store(Lse + row_out, (m_i + log2_l) * LN2, mask=f_in)
     if ENTROPY:
-        # H = ln 2 (log2 l - t / l), t / l = c T / l - m
-        entropy = (log2_l + m_i - qk_scale * t_i * inv_l) * LN2
+        if SUMS_BY_DOT == L_ONLY:  # H = ln 2 (log2 l - t / l)
+            entropy = (log2_l - t_i * inv_l) * LN2
+        else:  # H = ln 2 (log2 l - t / l), t / l = c T / l - m
+            entropy = (log2_l + m_i - qk_scale * t_i * inv_l) * LN2
         tl.store(Entropy + stat_row, tl.where(q_ok, entropy, 0.0), mask=f_in)
     if ARGMAX:
         tl.store(Argmax + row_out, tl.where(q_ok, arg_i, 0).to(tl.int64), mask=f_in)

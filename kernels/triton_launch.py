@@ -293,10 +293,10 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     stats = {stat.name: outputs[arg] for stat, arg, _ in kernel_outputs() if stat.asked(spec)}
     if out.numel() == 0:
         return out, stats, lse
-    sums_by_dot = bool(cfg.get("SUMS_BY_DOT", False))
+    sums_by_dot = int(cfg.get("SUMS_BY_DOT", 0))  # a mode of `triton_config` (True: L_AND_T)
     if sums_by_dot and feature_width(C, ones=True) != feature_width(C):
         raise ValueError(f"SUMS_BY_DOT needs a free key-feature column: {C} key classes fill all {feature_width(C)}")
-    keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev, ones=sums_by_dot)
+    keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev, ones=sums_by_dot != 0)
     features = keys.features
     xi, stride_xb, uniform, stride_ub = gate_operands(gates, H, dev)
     ids = CACHE.token_ids(token_ids, key_valid, dev) if spec.token_relations else keys.ranges  # (B, L) int32

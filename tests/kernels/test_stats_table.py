@@ -32,6 +32,7 @@ from bertscope.kernels.spec import (
     RowStats,
     asked_stats,
 )
+from bertscope.kernels.triton_config import L_AND_T, L_ONLY
 from bertscope.models import head_removal
 from bertscope.text.token_classes import TokenClasses
 
@@ -56,7 +57,13 @@ def triton(*args, **kw):
 def triton_sums_by_dot(*args, **kw):
     """The fused kernel with its softmax row sums on the tensor cores (`SUMS_BY_DOT`: sm_90, half
     precision, D <= 64), which the fp32 inputs here would not take by default (`triton_config`)."""
-    return triton(*args, blocks={"SUMS_BY_DOT": True}, **kw)
+    return triton(*args, blocks={"SUMS_BY_DOT": L_AND_T}, **kw)
+
+
+def triton_l_by_dot(*args, **kw):
+    """The fused kernel with the row sum l on the tensor cores and the entropy's sum per score, relative to
+    the running max (`SUMS_BY_DOT` = L_ONLY: sm_90 at D = 128, the default statistics)."""
+    return triton(*args, blocks={"SUMS_BY_DOT": L_ONLY}, **kw)
 
 
 def triton_masked_first(*args, **kw):
@@ -79,7 +86,7 @@ def chunked(row_pass):
 # fused kernel with each way of summing its rows (per score; on the tensor cores) and each order of its stages
 PATHS = {"chunked-compiled": chunked("compiled"), "chunked-torch": chunked("torch"), "triton": triton,
          "triton-sums-by-dot": triton_sums_by_dot, "triton-masked-first": triton_masked_first,
-         "triton-fixed-group": triton_fixed_group}
+         "triton-fixed-group": triton_fixed_group, "triton-l-by-dot": triton_l_by_dot}
 RUNS = {"eager": attention_stats_eager, **PATHS}
 
 
@@ -161,12 +168,12 @@ CASES = {
 }
 # hypothesis examples per test: Triton's interpreter is slow
 EXAMPLES = {"chunked-compiled": 6, "chunked-torch": 6, "triton": 2, "triton-sums-by-dot": 1, "triton-masked-first": 1,
-            "triton-fixed-group": 1}
+            "triton-fixed-group": 1, "triton-l-by-dot": 1}
 # query rows x heads of one call at most (None: no limit): the interpreter's time grows with them,
 # so a long row is drawn with fewer sequences (and heads) in Triton, as many rows as 3 x 4 x 12
 ROWS = {"chunked-compiled": 3 * 4 * 24, "chunked-torch": 3 * 4 * 24, "triton": 3 * 4 * 12,
         "triton-sums-by-dot": 3 * 4 * 12, "triton-masked-first": 3 * 4 * 12,
-        "triton-fixed-group": 3 * 4 * 12}
+        "triton-fixed-group": 3 * 4 * 12, "triton-l-by-dot": 3 * 4 * 12}
 
 
 def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = None):

@@ -31,6 +31,7 @@ from bertscope.kernels import (
 from bertscope.kernels.common import masked_scores
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import asked_stats
+from bertscope.kernels.triton_config import L_AND_T, L_ONLY, PER_SCORE
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
@@ -342,6 +343,24 @@ def test_matches_eager_on_random_shapes(B, H, L, D, one_block, dtype, data):
         assert_half_close(ref, got, inputs, dtype)
 
 
+@pytest.mark.parametrize("mode", [PER_SCORE, L_AND_T, L_ONLY], ids=["per-score", "l-and-t", "l-only"])
+@pytest.mark.parametrize("dtype", HALF)
+def test_each_way_of_summing_rows_on_half_inputs_far_from_zero(dtype, mode):
+    """Every SUMS_BY_DOT mode against eager on half inputs whose scores sit far from 0: a key offset k0
+    shared by every key adds q_i . k0 (up to about 100) to all of row i's scores, which moves no
+    probability. With l from P rounded to the input dtype (relative error d), L_ONLY's entropy keeps
+    t = sum p (z - m) relative to the running max, so it moves by about d log2 n, not d |m| as a sum of
+    raw scores would (c T / l - m)."""
+    inputs = make_inputs(2, 2, 70, 32, [70, 41], seed=5, dtype=torch.float32)
+    g = torch.Generator().manual_seed(6)
+    k0 = torch.randn(32, generator=g) * 6.0
+    inputs = (inputs[0].to(dtype), (inputs[1] + k0).to(dtype), inputs[2].to(dtype), *inputs[3:])
+    assert float((fp32(inputs[0]) @ fp32(k0)).abs().max()) > 60  # the rows' offsets are large
+    ref = attention_stats_eager(*map(fp32, inputs), SPEC)
+    got = triton(*inputs, blocks={"SUMS_BY_DOT": mode})
+    assert_half_close(ref, got, inputs, dtype)
+
+
 def test_sums_by_dot_where_it_pays():
     """`forward_config` puts the row sums on the tensor cores (SUMS_BY_DOT) exactly where the budget
     measured it to pay without a spill: sm_90 (and newer), half precision or TF32, D <= 64, a free
@@ -364,23 +383,33 @@ def test_sums_by_dot_where_it_pays():
 
 
 def test_default_tiles_only_for_the_default_statistics(monkeypatch):
-    """The budget's tiles, stage order and compiled-in G for the default statistics (`DEFAULT_TILES`) go to a call whose
-    kernel switches are exactly those (entropy, class masses; offsets have no switch), in half precision,
-    and to no other: with fewer, more or wider statistics the same tiles spilled, so those keep HALF_TILES
-    with the masked stage last. A launch computes its switches from its spec the same way."""
+    """The budget's tiles and switches for the default statistics (`DEFAULT_TILES`: stage order, G compiled
+    in, how rows are summed) go to a call whose kernel switches are exactly those (entropy, class masses;
+    offsets have no switch), in half precision, and to no other: with fewer, more or wider statistics the
+    same tiles spilled, so those keep HALF_TILES with every switch off; a call whose key classes fill the
+    features leaves no column for L_ONLY's ones and keeps HALF_TILES too. A launch computes its switches
+    from its spec the same way."""
     from bertscope.kernels.triton_config import DEFAULT_SWITCHES, DEFAULT_TILES, forward_config
 
-    for (arch, block_d, banded), (m, n, w, stages, first, fixed_g) in DEFAULT_TILES.items():
+    for (arch, block_d, banded), entry in DEFAULT_TILES.items():
         got = forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES)
-        assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"], got["MASKED_FIRST"],
-                got["FIXED_G"]) == (m, n, w, stages, first, fixed_g)
+        assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"]) == entry["tiles"]
+        assert (got["MASKED_FIRST"], got["FIXED_G"], got["SUMS_BY_DOT"]) == (
+            entry.get("masked_first", False), entry.get("fixed_g", False), entry.get("sums_by_dot", PER_SCORE))
         others = [forward_config(block_d, torch.float16, arch, banded=banded, switched_on=other)
                   for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"})]
         others += [forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES, wide=True),
                    forward_config(block_d, torch.float32, arch, banded=banded, switched_on=DEFAULT_SWITCHES)]
-        assert not any(c["MASKED_FIRST"] or c["FIXED_G"] for c in others)
-    assert {first for *_, first, _ in DEFAULT_TILES.values()} == {True, False}  # both orders are chosen somewhere
-    assert {fixed for *_, fixed in DEFAULT_TILES.values()} == {True, False}  # G compiled in somewhere, not everywhere
+        assert not any(c["MASKED_FIRST"] or c["FIXED_G"] or c["SUMS_BY_DOT"] for c in others)
+        full = forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES, n_classes=16)
+        if entry.get("sums_by_dot", PER_SCORE) == PER_SCORE:
+            assert full == got
+        else:  # no free column for the ones
+            assert full == forward_config(block_d, torch.float16, arch, banded=banded, n_classes=16)
+            assert full["SUMS_BY_DOT"] == PER_SCORE
+    for switch in ("masked_first", "fixed_g"):  # each switch chosen somewhere, not everywhere
+        assert {entry.get(switch, False) for entry in DEFAULT_TILES.values()} == {True, False}, switch
+    assert {entry.get("sums_by_dot", PER_SCORE) for entry in DEFAULT_TILES.values()} == {PER_SCORE, L_ONLY}
     import bertscope.kernels.triton_launch as launch
 
     seen = {}
