@@ -20,30 +20,35 @@ bench/flash_baseline.py) with no register spill; the measured tables are in docs
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
         "medium") take the half-precision tiles.
 
-SUMS_BY_DOT (a constexpr of the kernel, in the config): the softmax's row sum l and the entropy's T
-come from tensor-core dots with the P that P V takes (l from a ones column of the key features, T
-as q . (P K)) instead of an FADD and an FFMA per score and two row reductions per block. It takes
-a (BLOCK_M, D) accumulator but frees the raw scores beside P; on sm_90 at D <= 64 that fits
-128 x 128 tiles without a spill and brings the main loop to about 1.07x the flash baseline's
-instructions (from 1.63x at 128 x 64 with the row sums). On sm_80 (mma.sync keeps P in registers
-in another layout) and at D = 128 it costs more than it saves, so it is off there; it needs a free
-column in the key features (at most 15 classes), no argmax, no position statistics and no uniform
-gate (those keep the tiles they had).
+SUMS_BY_DOT (a constexpr of the kernel, in the config; its modes below): how the softmax's row sum l
+and the entropy's sum are taken. PER_SCORE: an FADD and an FFMA per score, fp32. L_AND_T: both from
+tensor-core dots with the P that P V takes (l from a ones column of the key features, T as
+q . (P K)); it takes a (BLOCK_M, D) accumulator but frees the raw scores beside P, and on sm_90 at
+D <= 64 that fits 128 x 128 tiles (about 1.07x the flash baseline's instructions, from 1.63x at
+128 x 64 per score). L_ONLY: l from the ones column, the entropy's t = sum p (z - m) per score,
+relative to the running max (no D-wide accumulator): sm_90 at D = 128 for the default statistics.
+On sm_80 (mma.sync keeps P in registers in another layout) neither pays. A ones column needs a free
+column in the key features (at most 15 classes); L_AND_T also no argmax, no position statistics and
+no uniform gate (those keep the tiles they had).
 
 MASKED_FIRST (a constexpr of the kernel, in the config): the masked key blocks (band edges, padding,
 the row end) run before the main loop instead of after it, so that what only their masks need holds
 no register through the main loop.
 
+FIXED_G (in the config; the kernel's constexpr GROUP = G): the group size compiled in instead of
+read at run time, one compile per model; the stacked rows' divisions by G are then a multiply and a
+shift.
+
 The default statistics (entropy, class masses, offsets: the calls of `bertscope run` and of most
-analyses) have their own tiles and stage order, `DEFAULT_TILES`, chosen from the budget table
-(docs/kernels.md) where they fit a wider tile than `HALF_TILES` without a spill: on sm_80 at D = 64,
-128 x 128 with the masked stage first, about 1.17x the flash baseline's instructions (from 1.33x
-plain and 1.62x causal); on sm_80 at D = 128 causal, 128 x 32 with the masked stage first (1.37x,
-from 2.89x at 32 x 32); on sm_90 at D = 128, 128 x 128 plain (1.32x, from 1.71x) and 128 x 64
-causal with the masked stage first (1.61x, from 2.5x). Which tiles fit in 255 registers is ptxas's
+analyses) have their own tiles and switches, `DEFAULT_TILES`, chosen from the budget table
+(docs/kernels.md) where they fit a wider tile than `HALF_TILES` without a spill; every row of the
+budget then meets its targets (at most 1.25x the flash baseline's instructions): sm_80 at D = 64,
+128 x 128 with the masked stage first (1.17x); sm_80 at D = 128, 64 x 64 with 4 warps, plain with
+the masked stage first, causal with G compiled in (1.22x, 1.21x); sm_90 at D = 128, 128 x 128 with
+L_ONLY and the masked stage first (1.23x, 1.25x). Which tiles fit in 255 registers is ptxas's
 outcome and is not monotone in the work: with fewer statistics (none at all, the entropy alone) the
 same tiles spilled 8-16 B, with the argmax or at D = 32 and 256 more; so every other call keeps
-`HALF_TILES` with the masked stage last, as AOT-checked before.
+`HALF_TILES` with every switch off, as AOT-checked before.
 
 Under Triton's interpreter (no GPU) every call takes 16 x 16 blocks: no register file to fit,
 and short test rows then span several blocks, so both stages of the loop and the band's edges

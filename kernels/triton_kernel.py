@@ -36,7 +36,10 @@ The statistics, by kind (each a constexpr switch read off the table `spec.ROW_ST
   the same rounded P that P V takes: l is the last column of the key-feature dot (a column of ones
   in U) and T = q . (P K), with P K a (BLOCK_M, D) accumulator beside the output's. No FADD or FFMA
   per score, no row reduction per block, and the raw scores need not stay live beside P: on sm_90
-  that is what lets 128 x 128 tiles fit;
+  that is what lets 128 x 128 tiles fit at D <= 64 (L_AND_T). At D = 128 the (BLOCK_M, D) accumulator
+  does not fit; there l alone comes from the ones column and the entropy's sum stays per score as
+  t = sum_j p_j (z_j - m), relative to the running max, rescaled with the ones column so far when the
+  max moves (L_ONLY): an error d in the rounded l then moves the entropy by about d log2 n, not d |m|;
 - per key feature, one tensor-core dot `feat += P @ U`: U (L, F) the keys' features, built once
   per batch by the launcher and loaded like V (today the one-hot key classes: class masses);
   any statistic that is a sum over keys of a per-key feature is a column of U;
