@@ -152,9 +152,10 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     if SUMS_BY_DOT == PER_SCORE:
         if ENTROPY:
             # T = sum_j p_j s_j, rescaled like l, with the raw scores s = q . k (finite everywhere: a key past
-            # the row end has k = 0): the epilogue's t = sum_j p_j (z_j - m) = c T - m l. One FFMA per score,
-            # and nothing kept beside p. T and l are fp32 sums of the same fp32 p, so c T / l - m cancels to
-            # t / l as far as fp32 goes (an l summed from P rounded to bf16 would move it by |m| 2^-9)
+            # the row end reads k = 0, or the last row): the epilogue's t = sum_j p_j (z_j - m) = c T - m l.
+            # One FFMA per score, and nothing kept beside p. T and l are fp32 sums of the same fp32 p, so
+            # c T / l - m cancels to t / l as far as fp32 goes (an l summed from P rounded to bf16 would move
+            # it by |m| 2^-9: L_ONLY keeps t relative to m instead)
             t_i = t_i * alpha + tl.sum(p * qk, 1)
         l_i = l_i * alpha + tl.sum(p, 1)
     if SUMS_BY_DOT == L_ONLY and ENTROPY:
