@@ -78,7 +78,7 @@ class Specialisation:
                               banded=self.banded, uniform=self.uniform,
                               wide=feature_width(self.n_classes) > 32 or "argmax" in self.stats,
                               n_classes=self.n_classes, tokens=bool(set(self.stats) & set(TOKEN_STATS)),
-                              switched_on=frozenset(self.stats))
+                              switched_on=frozenset(self.stats), grouped=self.banded and self.group > 1)
 
     def switched_on(self) -> set[str]:
         return set(self.stats)
@@ -229,7 +229,7 @@ def aot_specialisations(dtypes=DTYPES, layouts: str = "all") -> list[AotSpec]:
 def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "all") -> list[Specialisation]:
     """The fused forward's specialisations.
 
-    "all": for the plain layout and the banded one (G = 1, 3 and 4): every dtype x head
+    "all": for the plain layout and the banded one (G = 1 and 4): every dtype x head
     dimension with the default statistics (entropy, class masses), with and without the argmax,
     for 4 key classes; 16 and 32 classes, the statistics-free forward, the uniform-gate epilogue
     and the position-dependent statistics at D = 64 (and 256 banded), the token relations at D = 64. "core":
@@ -244,6 +244,7 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
                  Specialisation(64, "fp32", argmax, 32), Specialisation(64, "bf16", argmax, 4, uniform=True),
                  Specialisation(64, "bf16", positions, 4),
                  LayoutSpec(64, "bf16", argmax, 4), LayoutSpec(128, "bf16", default, 4, 3),
+                 LayoutSpec(128, "fp16", default, 4, 1),
                  LayoutSpec(256, "bf16", argmax, 32), LayoutSpec(64, "fp16", argmax, 32, 1),
                  LayoutSpec(64, "fp32", argmax, 32), LayoutSpec(256, "fp32", argmax, 32),
                  LayoutSpec(64, "bf16", argmax, 4, uniform=True), LayoutSpec(64, "bf16", positions, 4),
@@ -254,7 +255,7 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
     specs = []
     for t in dtypes:
         for banded, dims in ((False, HEAD_DIMS), (True, LAYOUT_HEAD_DIMS)):
-            groups = (1, 3, 4) if banded else (1,)
+            groups = (1, 4) if banded else (1,)
             specs += [Specialisation(D, t, stats, 4, banded, group) for D in dims for group in groups
                       for stats in (default, argmax)]
             big = (64, 256) if banded else (64,)

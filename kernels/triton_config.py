@@ -82,7 +82,7 @@ L_ONLY = 2  # l from the ones column; the entropy's t = sum p (z - m) per score,
 def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
                    interpreted: bool = False, banded: bool = False, uniform: bool = False,
                    wide: bool = False, n_classes: int = 4, tokens: bool = False,
-                   switched_on: frozenset | None = None) -> dict:
+                   switched_on: frozenset | None = None, grouped: bool = False) -> dict:
     """BLOCK_M, BLOCK_N, BLOCK_D, num_warps, num_stages (and `maxnreg` where it applies) of a
     launch for head dimension D, input dtype, target sm_<arch> (80 or 90; newer targets take
     sm_90's tiles), whether position statistics are asked, whether fp32 dots run on TF32
@@ -92,7 +92,8 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax, its
     number of key classes (whether the features have a free column for SUMS_BY_DOT's ones), and
     whether it asks for the token relations, and the statistics whose kernel switches are on (names of
-    the table, `triton_launch.kernel_outputs`: the default statistics have their own tiles).
+    the table, `triton_launch.kernel_outputs`: the default statistics have their own tiles, per layout:
+    plain, banded with one query head per key/value head, or `grouped`, banded with G >= 2).
     BLOCK_M counts stacked rows (G heads x BLOCK_M / G positions under grouped-query attention)."""
     block_d = max(16, triton.next_power_of_2(D))
     target = 90 if arch >= 90 else 80  # newer targets take sm_90's tiles
@@ -109,7 +110,8 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
             return _config(*((64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)), block_d)
         if not wide and ones_fit and (target, block_d <= 64) in SUMS_BY_DOT_TILES:
             return _config(*SUMS_BY_DOT_TILES[(target, block_d <= 64)], block_d, sums_by_dot=L_AND_T)
-        tiles = DEFAULT_TILES.get((target, block_d, banded))
+        kind = "grouped" if banded and grouped else "banded" if banded else "plain"
+        tiles = DEFAULT_TILES.get((target, block_d, kind))
         if not wide and switched_on == DEFAULT_SWITCHES and tiles is not None and (
                 ones_fit or tiles.get("sums_by_dot", PER_SCORE) == PER_SCORE):
             return _config(*tiles["tiles"], block_d, **{k: v for k, v in tiles.items() if k != "tiles"})
@@ -142,16 +144,20 @@ HALF_TILES = {
 SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
 # half precision, the default statistics' calls (module docstring): kernel switches exactly DEFAULT_SWITCHES
 # (offsets have none), no wide feature dot, no uniform gates, no SUMS_BY_DOT (which goes first):
-# (target, BLOCK_D, banded) -> tiles (BLOCK_M, BLOCK_N, warps, stages) and the switches that differ from their
+# (target, BLOCK_D, layout: "plain", "banded" with G = 1 (causal or windowed multi-head attention) or "grouped"
+# (banded, G >= 2)) -> tiles (BLOCK_M, BLOCK_N, warps, stages) and the switches that differ from their
 # defaults (`_config`); one with L_ONLY needs a free key-feature column (else HALF_TILES)
 DEFAULT_SWITCHES = frozenset({"entropy", "class_mass"})
 DEFAULT_TILES = {
-    (80, 64, False): dict(tiles=(128, 128, 8, 2), masked_first=True),
-    (80, 64, True): dict(tiles=(128, 128, 8, 2), masked_first=True),
-    (80, 128, False): dict(tiles=(64, 64, 4, 2), masked_first=True),
-    (80, 128, True): dict(tiles=(64, 64, 4, 1), fixed_g=True),
-    (90, 128, False): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
-    (90, 128, True): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
+    (80, 64, "plain"): dict(tiles=(128, 128, 8, 2), masked_first=True),
+    (80, 64, "banded"): dict(tiles=(128, 128, 8, 2), masked_first=True),
+    (80, 64, "grouped"): dict(tiles=(128, 128, 8, 2), masked_first=True),
+    (80, 128, "plain"): dict(tiles=(64, 64, 4, 2), masked_first=True),
+    (80, 128, "banded"): dict(tiles=(64, 64, 4, 2), masked_first=True),
+    (80, 128, "grouped"): dict(tiles=(64, 64, 4, 1), fixed_g=True),
+    (90, 128, "plain"): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
+    (90, 128, "banded"): dict(tiles=(128, 64, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
+    (90, 128, "grouped"): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
 }
 
 

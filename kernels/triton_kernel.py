@@ -103,14 +103,15 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     n_in = offs_n < L
-    # the key rows read: in the plain layout's masked blocks, those past the row end are clamped to the last
-    # row (finite, and given no weight below: p = 0) instead of a masked load. Both are exact; which one lets
-    # the widest tiles compile without a spill is ptxas's call (Triton 3.7.1: the clamp in the plain layout,
-    # the masked load in the banded one, sm_90 at D = 128, docs/kernels.md)
-    rows = tl.minimum(offs_n, L - 1) if MASKED and not BANDED else offs_n
+    # the key rows read. With L_ONLY in the plain layout's masked blocks, those past the row end are clamped to
+    # the last row (finite, and given no weight below: p = 0) instead of a masked load. Both are exact; which
+    # one lets a tile compile without a spill is ptxas's call (Triton 3.7.1: the clamp for sm_90's plain
+    # D = 128 tile, the masked load everywhere else, docs/kernels.md)
+    clamp: tl.constexpr = MASKED and not BANDED and SUMS_BY_DOT == L_ONLY
+    rows = tl.minimum(offs_n, L - 1) if clamp else offs_n
     k_ptrs = K_ptr + rows[None, :] * stride_kl + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = V_ptr + rows[:, None] * stride_vl + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
-    if MASKED and BANDED:
+    if MASKED and not clamp:
         k = tl.load(k_ptrs, mask=n_in[None, :] & (offs_d < HEAD_DIM)[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=n_in[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
     elif HEAD_DIM != BLOCK_D:
@@ -130,7 +131,7 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
             seen = seen[None, :]
         # (BLOCK_M, BLOCK_N) log2 units; a key the row may not see gets the finite fill, so that a row that
         # sees none (a padding query) is uniform over the sequence, as eager's; past the row end -inf,
-        # no key at all (p = 0; the entropy's T multiplies p by the raw score, finite there: no 0 * inf)
+        # no key at all (p = 0; the entropy's T multiplies p by the raw score, 0 there: no 0 * inf)
         z = tl.where(n_in[None, :], tl.where(seen, qk * qk_scale, FMIN), float("-inf"))
         m_blk = tl.max(z, 1)
         m_new = tl.maximum(m_i, m_blk)
@@ -152,7 +153,7 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     if SUMS_BY_DOT == PER_SCORE:
         if ENTROPY:
             # T = sum_j p_j s_j, rescaled like l, with the raw scores s = q . k (finite everywhere: a key past
-            # the row end reads k = 0, or the last row): the epilogue's t = sum_j p_j (z_j - m) = c T - m l.
+            # the row end reads k = 0): the epilogue's t = sum_j p_j (z_j - m) = c T - m l.
             # One FFMA per score, and nothing kept beside p. T and l are fp32 sums of the same fp32 p, so
             # c T / l - m cancels to t / l as far as fp32 goes (an l summed from P rounded to bf16 would move
             # it by |m| 2^-9: L_ONLY keeps t relative to m instead)

@@ -251,7 +251,7 @@ def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = F
     return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
                           interpreted=interpreted, banded=not layout.is_plain, uniform=uniform,
                           wide=feature_width(spec.n_key_classes) > 32 or spec.argmax, n_classes=spec.n_key_classes,
-                          tokens=spec.token_relations,
+                          tokens=spec.token_relations, grouped=layout.group_size(q.shape[1]) > 1,
                           switched_on=frozenset(s.name for s, _, flag in kernel_outputs() if flag and s.asked(spec)))
 
 

@@ -391,21 +391,23 @@ def test_default_tiles_only_for_the_default_statistics(monkeypatch):
     from its spec the same way."""
     from bertscope.kernels.triton_config import DEFAULT_SWITCHES, DEFAULT_TILES, forward_config
 
-    for (arch, block_d, banded), entry in DEFAULT_TILES.items():
-        got = forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES)
+    assert {kind for *_, kind in DEFAULT_TILES} == {"plain", "banded", "grouped"}
+    for (arch, block_d, kind), entry in DEFAULT_TILES.items():
+        banded = dict(banded=kind != "plain", grouped=kind == "grouped")
+        got = forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, **banded)
         assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"]) == entry["tiles"]
         assert (got["MASKED_FIRST"], got["FIXED_G"], got["SUMS_BY_DOT"]) == (
             entry.get("masked_first", False), entry.get("fixed_g", False), entry.get("sums_by_dot", PER_SCORE))
-        others = [forward_config(block_d, torch.float16, arch, banded=banded, switched_on=other)
+        others = [forward_config(block_d, torch.float16, arch, switched_on=other, **banded)
                   for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"})]
-        others += [forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES, wide=True),
-                   forward_config(block_d, torch.float32, arch, banded=banded, switched_on=DEFAULT_SWITCHES)]
+        others += [forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, wide=True, **banded),
+                   forward_config(block_d, torch.float32, arch, switched_on=DEFAULT_SWITCHES, **banded)]
         assert not any(c["MASKED_FIRST"] or c["FIXED_G"] or c["SUMS_BY_DOT"] for c in others)
-        full = forward_config(block_d, torch.float16, arch, banded=banded, switched_on=DEFAULT_SWITCHES, n_classes=16)
+        full = forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, n_classes=16, **banded)
         if entry.get("sums_by_dot", PER_SCORE) == PER_SCORE:
             assert full == got
         else:  # no free column for the ones
-            assert full == forward_config(block_d, torch.float16, arch, banded=banded, n_classes=16)
+            assert full == forward_config(block_d, torch.float16, arch, n_classes=16, **banded)
             assert full["SUMS_BY_DOT"] == PER_SCORE
     for switch in ("masked_first", "fixed_g"):  # each switch chosen somewhere, not everywhere
         assert {entry.get(switch, False) for entry in DEFAULT_TILES.values()} == {True, False}, switch
