@@ -102,7 +102,6 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    n_in = offs_n < L
     # the key rows read. With L_ONLY in the plain layout's masked blocks, those past the row end are clamped to
     # the last row (finite, and given no weight below: p = 0) instead of a masked load. Both are exact; which
     # one lets a tile compile without a spill is ptxas's call (Triton 3.7.1: the clamp for sm_90's plain
@@ -111,6 +110,7 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     rows = tl.minimum(offs_n, L - 1) if clamp else offs_n
     k_ptrs = K_ptr + rows[None, :] * stride_kl + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = V_ptr + rows[:, None] * stride_vl + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
+    n_in = offs_n < L
     if MASKED and not clamp:
         k = tl.load(k_ptrs, mask=n_in[None, :] & (offs_d < HEAD_DIM)[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=n_in[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
