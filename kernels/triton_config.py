@@ -143,7 +143,7 @@ HALF_TILES = {
 # plain and banded alike; only where it beats the row sums without a spill
 SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
 # half precision, the default statistics' calls (module docstring): kernel switches exactly DEFAULT_SWITCHES
-# (offsets have none), no wide feature dot, no uniform gates, no SUMS_BY_DOT (which goes first):
+# (offsets have none), no wide feature dot, no uniform gates, no SUMS_BY_DOT_TILES entry (checked first):
 # (target, BLOCK_D, layout: "plain", "banded" with G = 1 (causal or windowed multi-head attention) or "grouped"
 # (banded, G >= 2)) -> tiles (BLOCK_M, BLOCK_N, warps, stages) and the switches that differ from their
 # defaults (`_config`); one with L_ONLY needs a free key-feature column (else HALF_TILES)
