@@ -89,11 +89,13 @@ class Specialisation:
         return "last" if self.config(arch)["MASKED_FIRST"] else "first"
 
     def name(self, arch: int = 90) -> str:
+        from .triton_config import L_AND_T, L_ONLY, PER_SCORE  # see the note above ARCHS
+
         c = self.config(arch)
         kind = f"band G={self.group if c['FIXED_G'] or self.group == 1 else 'G'}" if self.banded else "plain"
         return (f"{kind} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
                 f"{self.dtype} C{self.n_classes} {_flags(self)}" + (" uniform" if self.uniform else "")
-                + {0: "", 1: " sums-by-dot", 2: " l-by-dot"}[int(c["SUMS_BY_DOT"])]
+                + {PER_SCORE: "", L_AND_T: " sums-by-dot", L_ONLY: " l-by-dot"}[int(c["SUMS_BY_DOT"])]
                 + (" masked-first" if c["MASKED_FIRST"] else ""))
 
     def ast_source(self, arch: int):
@@ -255,17 +257,17 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
     specs = []
     for t in dtypes:
         for banded, dims in ((False, HEAD_DIMS), (True, LAYOUT_HEAD_DIMS)):
-            groups = (1, 4) if banded else (1,)
-            specs += [Specialisation(D, t, stats, 4, banded, group) for D in dims for group in groups
+            group = 4 if banded else 1  # the budget's decoder G; the default statistics also at G = 1
+            specs += [Specialisation(D, t, stats, 4, banded, g) for D in dims for g in sorted({1, group})
                       for stats in (default, argmax)]
             big = (64, 256) if banded else (64,)
-            specs += [Specialisation(D, t, argmax, C, banded, 4 if banded else 1) for D in big for C in classes
+            specs += [Specialisation(D, t, argmax, C, banded, group) for D in big for C in classes
                       if C != 4]
-            specs += [Specialisation(D, t, (), 4, banded, 4 if banded else 1) for D in big]
-            specs += [Specialisation(D, t, argmax, 4, banded, 4 if banded else 1, uniform=True) for D in big]
-            specs += [Specialisation(D, t, positions, 4, banded, 4 if banded else 1) for D in big]
+            specs += [Specialisation(D, t, (), 4, banded, group) for D in big]
+            specs += [Specialisation(D, t, argmax, 4, banded, group, uniform=True) for D in big]
+            specs += [Specialisation(D, t, positions, 4, banded, group) for D in big]
             # the token relations at D = 64 only: larger heads still spill (triton_config's docstring)
-            specs += [Specialisation(64, t, tokens, 4, banded, 4 if banded else 1)]
+            specs += [Specialisation(64, t, tokens, 4, banded, group)]
     return [s for s in specs if s.n_classes in classes]
 
 
