@@ -1,14 +1,17 @@
 """bertscope: what every attention head of a transformer (encoder or decoder) does, over a whole corpus.
 
-The source tree keeps the design's top-level folders (`kernels/`, `analyses/`) readable,
-but installs them *inside* the bertscope package (`bertscope.kernels`,
-`bertscope.analyses`) so site-packages never gains bare top-level packages with
-generic names.
+The source tree keeps the design's top-level folders (`kernels/`, `analyses/`), and they are
+only ever imported as `bertscope.kernels` and `bertscope.analyses`: neither folder has an
+`__init__.py` (so neither is a package at the top of the checkout, and neither can shadow an
+installed package of the same name, such as Hugging Face's `kernels`), and the links
+`bertscope/kernels -> ../kernels` and `bertscope/analyses -> ../analyses` put them inside the
+bertscope package, for the checkout, an editable install and a wheel alike
+(docs/architecture.md, "The top-level folders").
 """
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
-# one package per analysis folder (analyses/<family>/..., installed as bertscope.analyses.<family>)
-ANALYSES = ["bertscope.analyses"] + [f"bertscope.analyses.{p}" for p in find_packages("analyses")]
+# bertscope and every folder below it, bertscope.kernels and bertscope.analyses (through their links) included
+PACKAGES = ["bertscope", *(f"bertscope.{p}" for p in find_namespace_packages("bertscope", exclude=["*__pycache__*"]))]
 
 setup(
     name="bertscope",
@@ -17,12 +20,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["bertscope", *[f"bertscope.{p}" for p in find_packages("bertscope")], "bertscope.kernels", *ANALYSES],
-    package_dir={
-        "bertscope": "bertscope",
-        "bertscope.kernels": "kernels",
-        "bertscope.analyses": "analyses",
-    },
+    packages=PACKAGES,
     # the compiled row pass is built from its C source on first use (kernels/cpu_rows.py)
     # the viewer's page template (bertscope view) is read at run time
     # the data sets' checksums (bertscope data download) too

@@ -60,7 +60,7 @@ def main() -> int:
     )
     from bertscope.data.paths import seeded_sample
     from bertscope.data.readers.tasks import read_task
-    from bertscope.kernels import Gate
+    from bertscope.kernels.spec import Gate
     from bertscope.models.loading import load_model
     from bertscope.tasks.inputs import encode_task
 

@@ -164,7 +164,7 @@ class MapStats:
     def __init__(self, n_layers, n_heads, offsets, n_classes, device):
         import torch
 
-        from bertscope.kernels import StatsSpec
+        from bertscope.kernels.spec import StatsSpec
 
         self.offsets, self.C = tuple(offsets), n_classes
         self.spec = StatsSpec(offsets=self.offsets, n_key_classes=n_classes, entropy=True, class_mass=True)
@@ -353,7 +353,7 @@ class Heavy:
         from bertscope.analyses.probes.cluster.stats import spec_for
         from bertscope.engine.attention import HeadProbe
         from bertscope.engine.loop import word_map_spec
-        from bertscope.kernels import StatsSpec
+        from bertscope.kernels.spec import StatsSpec
         from bertscope.models.loading import load_model
 
         self.env = env
@@ -465,7 +465,7 @@ class Decoder:
 
         import bertscope.engine.attention  # noqa: F401  registers attn_implementation="bertscope"
         from bertscope.engine.attention import HeadProbe
-        from bertscope.kernels import StatsSpec
+        from bertscope.kernels.spec import StatsSpec
 
         self.env = env
         self.config = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_1B))
@@ -511,7 +511,8 @@ def attention_only(env: Env, config, L: int, B: int, repeats: int) -> list[str]:
     against SDPA's causal grouped-query forward (flash), median ms over `repeats`."""
     import torch
 
-    from bertscope.kernels import AttentionLayout, StatsSpec, attention_stats
+    from bertscope.kernels.backends import attention_stats
+    from bertscope.kernels.spec import AttentionLayout, StatsSpec
 
     H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     g = torch.Generator(device=env.device).manual_seed(1)

@@ -43,7 +43,7 @@ def uptime() -> str:
 
 
 def case_inputs(name: str, L: int, seed=0):
-    from bertscope.kernels import AttentionLayout
+    from bertscope.kernels.spec import AttentionLayout
 
     H, H_kv, D, kw = SHAPES[name]
     layout = AttentionLayout(n_key_value_heads=H_kv, **kw)
@@ -68,7 +68,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     from bertscope.analyses.surface.command import RunSettings
-    from bertscope.kernels import attention_stats
+    from bertscope.kernels.backends import attention_stats
     from bertscope.kernels.chunked import attention_stats_chunked
     from bertscope.kernels.gates import gated_sdpa
 

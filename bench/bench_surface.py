@@ -65,7 +65,7 @@ class MapStats:
     def __init__(self, n_layers, n_heads, offsets, n_classes):
         import torch
 
-        from bertscope.kernels import StatsSpec
+        from bertscope.kernels.spec import StatsSpec
 
         self.offsets, self.C = tuple(offsets), n_classes
         self.spec = StatsSpec(offsets=self.offsets, n_key_classes=n_classes, entropy=True, class_mass=True)
@@ -312,7 +312,7 @@ def profile(runner, batches, repeats=3, rows=16):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
-    import bertscope.kernels as K
+    import bertscope.kernels.backends as K
     from bertscope.engine.accumulate import HeadStats
 
     timers = defaultdict(float)

@@ -95,7 +95,7 @@ def gpu_table() -> str:
     """Median ms per call on the GPU: eager, chunked (torch row pass), triton, and bare SDPA."""
     import triton
 
-    from bertscope.kernels import attention_stats
+    from bertscope.kernels.backends import attention_stats
 
     lines = ["| B x H x L | dtype | sdpa (no stats) | eager | chunked | triton | triton vs eager | triton vs sdpa |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]

@@ -29,7 +29,7 @@ from bertscope.analyses.surface import stats as surface
 from bertscope.analyses.surface.command import RunSettings
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE
 from bertscope.engine.loop import EngineOptions, fold, iter_word_maps, run_stats
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 from bertscope.models.loading import load_model, model_name
 from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, make_segments

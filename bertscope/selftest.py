@@ -18,18 +18,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from bertscope.kernels import (
-    BACKENDS,
-    AttentionLayout,
-    Gate,
-    LayerGates,
-    StatsSpec,
-    attention_stats,
-    resolve_backend,
-    word_pooling,
-)
+from bertscope.kernels.backends import BACKENDS, attention_stats, resolve_backend
 from bertscope.kernels.js import pairwise_js
-from bertscope.kernels.spec import ROW_STATS
+from bertscope.kernels.pooling import word_pooling
+from bertscope.kernels.spec import ROW_STATS, AttentionLayout, Gate, LayerGates, StatsSpec
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from bertscope.cli.args import VIEW_MAX_LEN
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import segment_units, stream_batches
 from bertscope.errors import UserError
-from bertscope.kernels import StatsSpec, visible_mask
 from bertscope.kernels.common import masked_scores
+from bertscope.kernels.spec import StatsSpec, visible_mask
 from bertscope.models.loading import model_name
 
 TEMPLATE = Path(__file__).with_name("view_template.html")

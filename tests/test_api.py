@@ -6,7 +6,7 @@ import pytest
 
 import bertscope
 from bertscope.cli.main import main
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 from tiny_decoders import TEXTS, gemma3_config, llama_config, save_tiny
 
-from bertscope.kernels import StatsSpec
 from bertscope.kernels.reference import stats_from_probs
+from bertscope.kernels.spec import StatsSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

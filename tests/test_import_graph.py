@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from bertscope import analyses
+from bertscope.analyses import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"bertscope": ROOT / "bertscope", "bertscope.kernels": ROOT / "kernels",
@@ -57,9 +57,9 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 def import_graph() -> dict[str, set[str]]:
     modules = project_modules()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    graph["bertscope.cli.main"] |= set(analyses.COMMANDS.values())
-    graph["bertscope.report.writer"] |= {s.builder.split(":")[0] for s in analyses.SECTIONS}
-    graph["bertscope.report.writer"] |= {s.split(":")[0] for s in analyses.PAPER_SOURCES}
+    graph["bertscope.cli.main"] |= set(registry.COMMANDS.values())
+    graph["bertscope.report.writer"] |= {s.builder.split(":")[0] for s in registry.SECTIONS}
+    graph["bertscope.report.writer"] |= {s.split(":")[0] for s in registry.PAPER_SOURCES}
     return graph
 
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 from test_view_browser import browser, open_page  # noqa: F401  (the browser fixture)
 
-from bertscope.kernels import AttentionLayout, StatsSpec, attention_stats
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.reference import stats_from_probs
+from bertscope.kernels.spec import AttentionLayout, StatsSpec
 from bertscope.view import SCALE, bands, quantize_rows, render, token_map
 
 CAUSAL = AttentionLayout(causal=True)

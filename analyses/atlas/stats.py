@@ -31,7 +31,7 @@ import numpy as np
 from bertscope.analyses.heads.positions import stats as P
 from bertscope.analyses.sinks import stats as S
 from bertscope.engine.accumulate import HeadStats, NotComputedError
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 
 OFFSETS = (-1, 0, 1)  # previous token, the token itself, the next token
 STREAMING_SINK = 4  # S: StreamingLLM's initial tokens kept (Xiao et al. 2023)

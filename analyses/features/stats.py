@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses, tag_ids, tag_scheme
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from bertscope.engine.attention import HeadProbe
-from bertscope.kernels import StatsSpec
 from bertscope.kernels.common import masked_scores
+from bertscope.kernels.spec import StatsSpec
 
 QK_SPEC = StatsSpec(offsets=(), n_key_classes=1, entropy=False, argmax=False, keep_qk=True)
 

@@ -19,7 +19,7 @@ from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
 if TYPE_CHECKING:
-    from bertscope.kernels import Gate
+    from bertscope.kernels.spec import Gate
 
 # numpy, torch and what imports them (the variants, the paired tests, the kernels' Gate, the task
 # inputs) are imported inside the functions that run the analysis: the `heads` commands import this

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bertscope.kernels import Gate
+from bertscope.kernels.spec import Gate
 from bertscope.models.architectures import architecture_of
 from bertscope.tasks.inputs import EncodedTask
 

@@ -41,7 +41,7 @@ from bertscope.analyses.relations.outputs import (  # here for the parser, witho
     MAX_WORDS,
     MIN_DISTANCE,
 )
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 from bertscope.run.rundir import write_npz
 
 

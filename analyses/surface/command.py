@@ -53,7 +53,7 @@ from bertscope.version import __version__
 
 if TYPE_CHECKING:
     from bertscope.engine.accumulate import HeadStats
-    from bertscope.kernels import StatsSpec
+    from bertscope.kernels.spec import StatsSpec
     from bertscope.text.segments import SegmentOptions, SegmentReport
 
 # torch, transformers and everything that imports them (the engine, the kernels, the model loader,
@@ -196,7 +196,7 @@ class RunSettings:
 
     def spec(self) -> StatsSpec:
         from bertscope.analyses.surface import stats as surface  # see the note above `logger`
-        from bertscope.kernels import StatsSpec
+        from bertscope.kernels.spec import StatsSpec
 
         own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4,
                         entropy=True, class_mass=True, argmax=self.argmax)
@@ -264,7 +264,7 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
     from bertscope.engine.accumulate import HeadStats
     from bertscope.engine.distributed import all_reduce_stats
     from bertscope.engine.loop import EngineOptions, fold
-    from bertscope.kernels import describe_backend, output_path, resolve_backend
+    from bertscope.kernels.backends import describe_backend, output_path, resolve_backend
     from bertscope.report.writer import REPORT_NAME, write_report
     from bertscope.text.segments import SegmentOptions, SegmentReport
 

@@ -57,7 +57,7 @@ import pyarrow.parquet as pq
 import torch
 
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import StatsSpec, visible_counts
+from bertscope.kernels.spec import StatsSpec, visible_counts
 from bertscope.text.token_classes import TokenClasses
 
 PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")

@@ -46,7 +46,7 @@ import warnings
 import numpy as np
 
 from bertscope.engine.accumulate import HeadStats
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 
 NAME = "surface"
 NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, class_mass=True)

@@ -57,7 +57,7 @@ def check_device(device: str, backend: str):
     """A `UserError` unless `device` exists here and `backend` can run on it."""
     import torch  # see the note above whole_number
 
-    from bertscope.kernels import resolve_backend
+    from bertscope.kernels.backends import resolve_backend
 
     try:
         dev = torch.device(device)

@@ -1,7 +1,7 @@
 """The `bertscope` command line. User mistakes end in one line on stderr and exit code 2; Ctrl-C
 ends in one line saying what was saved and how to resume, and exit code 130 (128 + SIGINT).
 
-The analyses' commands come from the registry (`bertscope.analyses.COMMANDS`); `data`,
+The analyses' commands come from the registry (`bertscope.registry.COMMANDS`); `data`,
 `report`, `view` and `selftest` are the core's own."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from bertscope import analyses
+from bertscope.analyses import registry
 from bertscope.cli.args import (
     VIEW_MAX_LEN,
     add_model_arguments,
@@ -96,10 +96,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         help="print bertscope's version (and torch's and transformers') and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups = {}
-    for name, module_name in analyses.COMMANDS.items():
+    for name, module_name in registry.COMMANDS.items():
         group, _, subname = name.rpartition(" ")
         if group and group not in groups:
-            g = analyses.GROUPS[group]
+            g = registry.GROUPS[group]
             groups[group] = sub.add_parser(group, help=g.help, description=g.description).add_subparsers(
                 dest=group, metavar=g.metavar, required=True)
         where = groups[group] if group else sub
@@ -124,7 +124,7 @@ def named_command(argv: list[str]) -> str | None:
     words = [a for a in argv if not a.startswith("-")]
     if not words:
         return None
-    if words[0] in analyses.GROUPS and len(words) > 1:
+    if words[0] in registry.GROUPS and len(words) > 1:
         return f"{words[0]} {words[1]}"
     return words[0]
 
@@ -242,9 +242,9 @@ def command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentPa
 def command_module(args):
     """The registry's module of the command `args` asks for, or None for a core command."""
     name = args.command
-    if name in analyses.GROUPS:
+    if name in registry.GROUPS:
         name = f"{name} {getattr(args, name)}"
-    module_name = analyses.COMMANDS.get(name)
+    module_name = registry.COMMANDS.get(name)
     return importlib.import_module(module_name) if module_name else None
 
 

@@ -40,8 +40,14 @@ import numpy as np
 import torch
 
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import StatsSpec
-from bertscope.kernels.spec import ROW_STATS, SEGMENT_SUMS, AttentionLayout, token_relation_rows, visible_counts
+from bertscope.kernels.spec import (
+    ROW_STATS,
+    SEGMENT_SUMS,
+    AttentionLayout,
+    StatsSpec,
+    token_relation_rows,
+    visible_counts,
+)
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 

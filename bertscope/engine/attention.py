@@ -62,24 +62,13 @@ from transformers.masking_utils import (
 )
 
 from bertscope.errors import UserError
-from bertscope.kernels import (
-    PLAIN,
-    AttentionLayout,
-    GradSums,
-    RowStats,
-    StatsSpec,
-    WordPooling,
-    apply_gates,
-    apply_streaming,
-    attention_grad,
-    attention_grad_eager,
-    attention_stats,
-    gated_sdpa,
-    needs_grad,
-    output_path,
-    resolve_backend,
-)
+from bertscope.kernels.attention_grad import GradSums, attention_grad
+from bertscope.kernels.backends import attention_stats, output_path, resolve_backend
 from bertscope.kernels.common import PaddingRows, known_padding
+from bertscope.kernels.eager import attention_grad_eager
+from bertscope.kernels.gates import apply_gates, gated_sdpa, needs_grad
+from bertscope.kernels.spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling
+from bertscope.kernels.streaming import apply_streaming
 from bertscope.models.gates import layer_gates
 from bertscope.models.head_removal import head_slots, spread_grad_sums, spread_heads
 

@@ -18,8 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from bertscope.kernels import RowStats, StatsSpec, WordPooling
-from bertscope.kernels.spec import ROW_STATS
+from bertscope.kernels.spec import ROW_STATS, RowStats, StatsSpec, WordPooling
 from bertscope.text.token_classes import TokenClasses
 
 

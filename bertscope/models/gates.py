@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bertscope.kernels import Gate, LayerGates
+from bertscope.kernels.spec import Gate, LayerGates
 
 _CURRENT: contextvars.ContextVar[_GateForward | None] = contextvars.ContextVar("bertscope_gates", default=None)
 

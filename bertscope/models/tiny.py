@@ -19,8 +19,8 @@ import torch
 import transformers
 
 from bertscope.engine.attention import ATTN_IMPLEMENTATION, HeadProbe
-from bertscope.kernels import StatsSpec, word_pooling
-from bertscope.kernels.spec import ROW_STATS
+from bertscope.kernels.pooling import word_pooling
+from bertscope.kernels.spec import ROW_STATS, StatsSpec
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES
 
 LAYERS, HEADS, KV_HEADS, HIDDEN = 2, 4, 2, 32

@@ -6,7 +6,7 @@ needs nothing beside it: figures are embedded as base64 data URIs, the CSS is in
 is no script and no network access, so the one file can be mailed or archived on its own.
 
 Each analysis contributes a section (`bertscope.report.page` is the contract): a function,
-listed in the registry `bertscope.analyses.SECTIONS`, that looks for its files in the run
+listed in the registry `bertscope.registry.SECTIONS`, that looks for its files in the run
 directory and returns a `Section` (intro, findings, tables, figures with captions), or None
 when its files are absent. The report adds its own two: the provenance first, and last the
 figures no section claimed, in "Other figures". Its footer lists the sources of the papers'
@@ -21,7 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-from bertscope import analyses
+from bertscope.analyses import registry
 from bertscope.errors import UserError
 from bertscope.report.page import Figure, RunFiles, Section, Table
 from bertscope.text.segments import describe_lengths
@@ -37,7 +37,7 @@ def build_sections(run_dir: Path) -> list[tuple[str, Section]]:
     section as the registry lists them, then the figures no section claimed."""
     files = RunFiles(run_dir)
     out = [("provenance", provenance(files))]
-    for entry in analyses.SECTIONS:
+    for entry in registry.SECTIONS:
         module, function = entry.builder.split(":")
         s = getattr(importlib.import_module(module), function)(files)
         if s is not None:
@@ -50,9 +50,9 @@ def build_sections(run_dir: Path) -> list[tuple[str, Section]]:
 
 def paper_sources() -> list:
     """The sources of the papers' numbers the sections quote (`bertscope.report.quotes.Source`),
-    in the registry's order (`bertscope.analyses.PAPER_SOURCES`): the page's footer."""
+    in the registry's order (`bertscope.registry.PAPER_SOURCES`): the page's footer."""
     out = []
-    for entry in analyses.PAPER_SOURCES:
+    for entry in registry.PAPER_SOURCES:
         module, name = entry.split(":")
         out.append(getattr(importlib.import_module(module), name))
     return out

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bertscope import analyses
+from bertscope.analyses import registry
 from bertscope.cli.main import build_parser, command_help, main, named_command
 
 HEAVY = {"torch", "transformers", "numpy", "huggingface_hub", "scipy", "tokenizers"}
@@ -54,13 +54,13 @@ def test_the_help_is_the_fully_built_parsers(monkeypatch):
     full = build_parser()
     assert printed(["--help"]) == full.format_help()
     sub = next(a for a in full._actions if a.dest == "command")  # argparse keeps subparsers here
-    for group in analyses.GROUPS:
+    for group in registry.GROUPS:
         assert printed([group, "--help"]) == sub.choices[group].format_help(), group
     assert printed(["run", "--help"]) == sub.choices["run"].format_help()
 
 
 def test_every_commands_help_is_read_without_importing_it():
-    for name, module_name in analyses.COMMANDS.items():
+    for name, module_name in registry.COMMANDS.items():
         assert command_help(module_name) == __import__(module_name, fromlist=["HELP"]).HELP, name
 
 

@@ -1,4 +1,4 @@
-"""Every registered command keeps the command contract (analyses/__init__.py).
+"""Every registered command keeps the command contract (analyses/registry.py).
 
 A command module is `HELP` (one line for `bertscope --help`), `DESCRIPTION`, `add_arguments(parser)`
 and `main(args) -> int`, and nothing more is asked of it: the run set-up (the model on every rank,
@@ -13,7 +13,7 @@ import inspect
 
 import pytest
 
-from bertscope import analyses
+from bertscope.analyses import registry
 
 EVERY_COMMAND = ("--out", "--quiet")
 MODEL_COMMAND = ("--model", "--revision", "--threads")
@@ -33,9 +33,9 @@ def options(module) -> dict[str, argparse.Action]:
     return {o: a for a in parser._actions for o in a.option_strings}
 
 
-@pytest.fixture(scope="module", params=list(analyses.COMMANDS), ids=lambda n: n.replace(" ", "-"))
+@pytest.fixture(scope="module", params=list(registry.COMMANDS), ids=lambda n: n.replace(" ", "-"))
 def command(request):
-    return request.param, importlib.import_module(analyses.COMMANDS[request.param])
+    return request.param, importlib.import_module(registry.COMMANDS[request.param])
 
 
 def test_the_module_is_help_description_arguments_and_main(command):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bertscope import analyses
+from bertscope.analyses import registry
 from bertscope.cli.main import CORE_COMMANDS, build_parser, main
 
 HEAVY = {"torch", "transformers", "numpy"}
@@ -37,7 +37,7 @@ def cli(*argv: str, python: tuple[str, ...] = ("-m", "bertscope.cli"), **env
 
 def every_command() -> list[list[str]]:
     """Every command the registry and the core declare, as typed."""
-    return [name.split() for name in analyses.COMMANDS] + [[name] for name in CORE_COMMANDS]
+    return [name.split() for name in registry.COMMANDS] + [[name] for name in CORE_COMMANDS]
 
 
 @pytest.mark.parametrize("words", every_command(), ids=" ".join)
@@ -64,7 +64,7 @@ def test_a_missing_or_wrong_word_names_its_commands_help(argv, prog, capsys):
 
 def every_parser() -> list[tuple[list[str], argparse.ArgumentParser]]:
     """Every command and subcommand of the fully built parser, as typed, with its parser: the
-    registry's commands (`bertscope.analyses.COMMANDS`, their groups) and the core's (`data` and
+    registry's commands (`bertscope.registry.COMMANDS`, their groups) and the core's (`data` and
     its subcommands, `report`, `view`, `selftest`), found by walking the parser the command line
     builds from them."""
     found = []
@@ -110,7 +110,7 @@ def test_every_command_is_checked_for_a_bad_option():
     """The walk above reaches every command the registry and the core declare (and a bad value,
     not only an unknown option, for the commands the issue names)."""
     walked = {" ".join(words): parser for words, parser in every_parser()}
-    assert set(analyses.COMMANDS) | set(analyses.GROUPS) | set(CORE_COMMANDS) <= set(walked)
+    assert set(registry.COMMANDS) | set(registry.GROUPS) | set(CORE_COMMANDS) <= set(walked)
     assert {"data list", "data download"} <= set(walked)
     for name in ("run", "sinks", "heads induction", "probe syntax", "patterns", "finetune", "view"):
         assert bad_option(walked[name])[1] is not None, name
@@ -124,7 +124,7 @@ def test_the_import_check_sees_torch():
 
 def test_the_command_lines_backend_names_are_the_kernels():
     from bertscope.cli.args import BACKEND_CHOICES
-    from bertscope.kernels import BACKENDS
+    from bertscope.kernels.backends import BACKENDS
 
     assert BACKEND_CHOICES == ("auto", *BACKENDS)
 

@@ -13,7 +13,7 @@ import torch
 from bertscope.analyses.surface.stats import head_table
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import RowStats, StatsSpec
+from bertscope.kernels.spec import RowStats, StatsSpec
 from bertscope.text.token_classes import TokenClasses
 
 CLASSES = ("cls", "sep", "punct", "other")

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from bertscope.analyses.surface.stats import head_table, summary
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import AttentionLayout, StatsSpec, attention_stats, visible_mask
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.reference import stats_from_probs, visible_probs
+from bertscope.kernels.spec import AttentionLayout, StatsSpec, visible_mask
 from bertscope.text.token_classes import VOCAB, first_token_class
 
 SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=4, entropy=True, class_mass=True, argmax=True)

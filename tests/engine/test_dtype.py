@@ -17,16 +17,14 @@ import pandas as pd
 import pytest
 import torch
 
-from bertscope import analyses
+from bertscope.analyses import registry
 from bertscope.cli.args import check_dtype
 from bertscope.cli.main import build_parser, main
 from bertscope.errors import UserError
-from bertscope.kernels import (
-    StatsSpec,
-    attention_stats,
-    attention_stats_chunked,
-    attention_stats_eager,
-)
+from bertscope.kernels.backends import attention_stats
+from bertscope.kernels.chunked import attention_stats_chunked
+from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import StatsSpec
 from bertscope.models.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -101,7 +99,7 @@ def test_a_dtype_torch_cannot_multiply_is_one_user_error(monkeypatch):
 def test_every_command_that_runs_a_model_takes_dtype():
     parser = build_parser()
     no_model = {"compare", "cues", "heads remove"}  # read runs or data, or only rewrite a checkpoint
-    for name in analyses.COMMANDS:
+    for name in registry.COMMANDS:
         if name in no_model:
             continue
         actions = [a for a in subparser(parser, name)._actions if "--dtype" in a.option_strings]

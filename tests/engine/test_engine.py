@@ -25,8 +25,8 @@ from bertscope.engine.loop import (
     windowed_batches,
 )
 from bertscope.errors import UserError
-from bertscope.kernels import Gate, StatsSpec
 from bertscope.kernels.reference import stats_from_probs
+from bertscope.kernels.spec import Gate, StatsSpec
 from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_model
 from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, collate, make_segments

@@ -33,8 +33,8 @@ from bertscope.engine import attention
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.attention import HeadProbe, KeyBand, bertscope_attention
 from bertscope.engine.loop import collate_batch, forward
-from bertscope.kernels import AttentionLayout, StatsSpec
 from bertscope.kernels.common import PaddingRows, known_padding, zero_padding_rows
+from bertscope.kernels.spec import AttentionLayout, StatsSpec
 from bertscope.models.loading import wrap_model
 
 pytest.importorskip("triton")

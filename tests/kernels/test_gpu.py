@@ -55,7 +55,8 @@ def fresh_seed() -> int:
 def make_case(L, dtype, C, seed):
     """Random inputs on the GPU: q, k, v (B, H, L, D) in `dtype`, padding, key classes,
     per-sequence float gates with a ZERO and a UNIFORM head, words of two tokens."""
-    from bertscope.kernels import Gate, LayerGates, word_pooling
+    from bertscope.kernels.pooling import word_pooling
+    from bertscope.kernels.spec import Gate, LayerGates
 
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     q, k, v = (torch.randn(B, H, L, D, generator=g, device=DEVICE) * 1.5 for _ in range(3))
@@ -81,7 +82,7 @@ def scaled_error(got, ref, rows=None) -> float:
 
 def clear_rows(q, k, key_valid, layout=None):
     """(B, H, L): rows whose two largest scores (of the keys they see) are not within rounding of a tie."""
-    from bertscope.kernels import PLAIN, visible_mask
+    from bertscope.kernels.spec import PLAIN, visible_mask
 
     layout = layout or PLAIN
     k = k.repeat_interleave(layout.group_size(q.shape[1]), dim=1)  # (B, H, L, D): each query head's keys
@@ -95,8 +96,8 @@ def check_forward(L, dtype, C, seed, layout=None):
     """The fused forward against eager: the output and every row statistic of the table the
     kernel computes (`kernel_outputs`: entropy, offset / class masses, argmax ...), under
     `layout` (default the plain one; k and v keep its key/value heads, the first of make_case's)."""
-    from bertscope.kernels import PLAIN, StatsSpec
     from bertscope.kernels.eager import attention_stats_eager
+    from bertscope.kernels.spec import PLAIN, StatsSpec
     from bertscope.kernels.triton_attention import attention_stats_triton, kernel_outputs
 
     layout = layout or PLAIN
@@ -124,8 +125,8 @@ def check_forward(L, dtype, C, seed, layout=None):
 
 def check_maps(L, dtype, seed):
     """Column mass and word maps (fed by the fused forward's lse) against eager."""
-    from bertscope.kernels import StatsSpec
     from bertscope.kernels.eager import attention_stats_eager
+    from bertscope.kernels.spec import StatsSpec
     from bertscope.kernels.triton_attention import attention_stats_triton
 
     inputs, gates, pooling = make_case(L, dtype, 4, seed)
@@ -165,7 +166,7 @@ def test_fused_forward_on_cuda(kernels, L, dtype, C):
 
 
 def decoder_layouts():
-    from bertscope.kernels import AttentionLayout
+    from bertscope.kernels.spec import AttentionLayout
 
     return {"causal-gqa": AttentionLayout(causal=True, n_key_value_heads=2),
             "causal-window-gqa": AttentionLayout(causal=True, window=(100, 0), n_key_value_heads=1),

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_layout import padded
 
-from bertscope.kernels import AttentionLayout, RowStats, StatsSpec, attention_stats
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.js import pairwise_js, stack_layers
+from bertscope.kernels.spec import AttentionLayout, RowStats, StatsSpec
 
 
 def js_of_maps(maps, rows):
@@ -29,7 +30,7 @@ def maps_of_layer(q, k, valid, layout, scale):
     over the visible keys, key head h // G)."""
     G = layout.group_size(q.shape[1])
     s = torch.matmul(q.double(), k.double().repeat_interleave(G, 1).transpose(-1, -2)) * scale  # (B, H, L, L)
-    from bertscope.kernels import visible_mask
+    from bertscope.kernels.spec import visible_mask
 
     s = s.masked_fill(~visible_mask(valid, layout), torch.finfo(s.dtype).min)
     return torch.softmax(s, -1).transpose(0, 1)

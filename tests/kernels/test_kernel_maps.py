@@ -6,10 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertscope.kernels import StatsSpec, word_pooling
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.pooling import word_argmax
+from bertscope.kernels.pooling import word_argmax, word_pooling
+from bertscope.kernels.spec import StatsSpec
 
 MAP_SPEC = StatsSpec(offsets=(0,), n_key_classes=2, entropy=False, argmax=False, column_mass=True,
                      word_maps=True, class_mass=True)

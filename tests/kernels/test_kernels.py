@@ -11,9 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertscope.kernels import Gate, LayerGates, StatsSpec, attention_stats, cpu_rows
+from bertscope.kernels import cpu_rows
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.chunked import CLASS_MATMUL_MIN, attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import Gate, LayerGates, StatsSpec
 
 SPEC = StatsSpec(offsets=(-3, -1, 0, 1, 2), n_key_classes=4, class_mass=True, entropy=True, argmax=True)
 

@@ -12,8 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertscope.kernels import AttentionLayout, LayerGates, StatsSpec, attention_stats, visible_counts, visible_mask
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.gates import gated_sdpa
+from bertscope.kernels.spec import AttentionLayout, LayerGates, StatsSpec, visible_counts, visible_mask
 
 
 @st.composite

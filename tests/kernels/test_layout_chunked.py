@@ -13,14 +13,14 @@ from test_layout import padded
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from bertscope.kernels import AttentionLayout, LayerGates, StatsSpec, attention_stats, visible_mask
 from bertscope.kernels import gates as gates_module
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.chunked import CLASS_MATMUL_MIN, attention_stats_chunked
 from bertscope.kernels.common import query_blocks
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.gates import gated_sdpa, uniform_output
 from bertscope.kernels.pooling import word_pooling
-from bertscope.kernels.spec import ROW_STATS
+from bertscope.kernels.spec import ROW_STATS, AttentionLayout, LayerGates, StatsSpec, visible_mask
 
 ROW_PASSES = ["compiled", "torch"]
 # every statistic of the kernels' table, switched on

@@ -19,10 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from bertscope.kernels import AttentionLayout, StatsSpec
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import DISTANCE_EDGES, FIXED_WIDTHS, distance_bucket_names, position_bin_names
+from bertscope.kernels.spec import (
+    DISTANCE_EDGES,
+    FIXED_WIDTHS,
+    AttentionLayout,
+    StatsSpec,
+    distance_bucket_names,
+    position_bin_names,
+)
 from bertscope.kernels.triton_attention import INTERPRETED, attention_stats_triton
 from bertscope.kernels.triton_kernel import DB, _bucket_edges, _distance_bucket
 

@@ -7,7 +7,8 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (tests/conftes
 import pytest
 import torch
 
-from bertscope.kernels import describe_backend, fp32_dot_precision
+from bertscope.kernels.backends import describe_backend
+from bertscope.kernels.precision import fp32_dot_precision
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bertscope import selftest
-from bertscope.kernels import BACKENDS
+from bertscope.kernels.backends import BACKENDS
 
 
 def test_selftest_passes_on_this_machine(monkeypatch):

@@ -21,15 +21,18 @@ from hypothesis import strategies as st
 import bertscope.kernels.spec as spec_module
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import BACKENDS, AttentionLayout, StatsSpec, word_pooling
+from bertscope.kernels.backends import BACKENDS
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.pooling import word_pooling
 from bertscope.kernels.spec import (
     DISTANCE_EDGES,
     N_POSITION_BINS,
     ROW_STATS,
+    AttentionLayout,
     RowStat,
     RowStats,
+    StatsSpec,
     asked_stats,
 )
 from bertscope.kernels.triton_config import L_AND_T, L_ONLY

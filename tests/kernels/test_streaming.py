@@ -17,9 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bertscope.engine.accumulate import HeadStats
-from bertscope.kernels import AttentionLayout, LayerGates, StatsSpec, attention_stats, gated_sdpa
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.gates import gated_sdpa
+from bertscope.kernels.spec import AttentionLayout, LayerGates, StatsSpec
 from bertscope.kernels.streaming import (
     apply_streaming,
     covered_rows,

@@ -16,11 +16,10 @@ from hypothesis import strategies as st
 
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import AttentionLayout, StatsSpec
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.reference import visible_probs
-from bertscope.kernels.spec import token_relation_rows
+from bertscope.kernels.spec import AttentionLayout, StatsSpec, token_relation_rows
 from bertscope.text.token_classes import TokenClasses
 
 SPEC = StatsSpec(token_relations=True)
@@ -237,7 +236,7 @@ def test_equal_to_the_induction_analysis_scores_on_repeated_random_tokens():
     no row of the first half has either, so the eligible rows are exactly the repeated ones.
     (`random_sequences` draws with replacement: a token repeated inside a half would add mass at
     other keys to the token relations and not to the offset scores.)"""
-    from analyses.heads.induction.stats import InductionScores, RepeatedSequence, induction_spec
+    from bertscope.analyses.heads.induction.stats import InductionScores, RepeatedSequence, induction_spec
     from bertscope.engine.attention import HeadProbe
     from bertscope.models.tiny import HEADS, LAYERS, PARITY_VOCAB, build
 

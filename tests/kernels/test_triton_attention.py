@@ -19,18 +19,10 @@ from hypothesis import strategies as st
 from triton_interpreter import emulate_bf16_dots, one_block_cfg
 
 import bertscope.kernels.triton_attention as ta
-from bertscope.kernels import (
-    AttentionLayout,
-    Gate,
-    LayerGates,
-    StatsSpec,
-    attention_stats,
-    describe_backend,
-    resolve_backend,
-)
+from bertscope.kernels.backends import attention_stats, describe_backend, resolve_backend
 from bertscope.kernels.common import masked_scores
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import asked_stats
+from bertscope.kernels.spec import AttentionLayout, Gate, LayerGates, StatsSpec, asked_stats
 from bertscope.kernels.triton_config import L_AND_T, L_ONLY, PER_SCORE
 
 if not ta.INTERPRETED:

@@ -23,18 +23,11 @@ from test_triton_attention import fp32
 from triton_interpreter import emulate_bf16_dots
 
 import bertscope.kernels.triton_attention as ta
-from bertscope.kernels import (
-    PLAIN,
-    AttentionLayout,
-    LayerGates,
-    StatsSpec,
-    attention_stats,
-    triton_maps,
-    visible_mask,
-    word_pooling,
-)
+from bertscope.kernels import triton_maps
+from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import asked_stats
+from bertscope.kernels.pooling import word_pooling
+from bertscope.kernels.spec import PLAIN, AttentionLayout, LayerGates, StatsSpec, asked_stats, visible_mask
 from bertscope.kernels.triton_js import pairwise_js_triton
 
 if not ta.INTERPRETED:

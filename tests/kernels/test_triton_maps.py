@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from test_kernel_maps import MAP_SPEC, make_inputs
 from triton_interpreter import emulate_bf16_dots
 
-from bertscope.kernels import StatsSpec, word_pooling
 from bertscope.kernels.common import masked_scores
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import WordPooling
+from bertscope.kernels.pooling import word_pooling
+from bertscope.kernels.spec import StatsSpec, WordPooling
 from bertscope.kernels.triton_maps import (
     INTERPRETED,
     column_mass_triton,
@@ -211,7 +211,7 @@ def test_maps_match_eager_on_random_shapes(B, H, L, D, data, from_word, dtype):
 def test_through_the_triton_backend_with_the_fused_lse():
     """attention_stats(backend="triton"): the fused forward's lse feeds both passes; a
     key-less sequence with units on it (uniform rows in eager) included."""
-    from bertscope.kernels import attention_stats
+    from bertscope.kernels.backends import attention_stats
 
     inputs, unit, candidate = make_inputs(3, 2, 37, 16, [37, 1, 0], seed=21)
     unit[2, :5] = torch.tensor([0, 1, 1, 2, 3])

@@ -29,9 +29,10 @@ from triton_interpreter import one_block_cfg
 import bertscope.kernels.spec as spec_module
 import bertscope.kernels.triton_attention as ta
 import bertscope.kernels.triton_launch as launch
-from bertscope.kernels import PLAIN, AttentionLayout, StatsSpec, triton_aot, word_pooling
+from bertscope.kernels import triton_aot
 from bertscope.kernels.eager import attention_stats_eager
-from bertscope.kernels.spec import ROW_STATS, RowStat, asked_stats
+from bertscope.kernels.pooling import word_pooling
+from bertscope.kernels.spec import PLAIN, ROW_STATS, AttentionLayout, RowStat, StatsSpec, asked_stats
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)

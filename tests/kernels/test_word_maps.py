@@ -5,7 +5,7 @@ import torch
 from test_engine import eager_twin, hand_segments, inputs_of
 
 from bertscope.engine.loop import iter_word_maps, segment_units, stream_batches
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -23,7 +23,8 @@ from transformers.masking_utils import (
 
 from bertscope.engine.attention import KeyBand, bertscope_attention, key_padding_mask, key_valid_from_mask
 from bertscope.errors import UserError
-from bertscope.kernels import PLAIN, AttentionLayout, StatsSpec, attention_stats
+from bertscope.kernels.backends import attention_stats
+from bertscope.kernels.spec import PLAIN, AttentionLayout, StatsSpec
 from bertscope.models import head_removal
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_of
 from bertscope.models.loading import load_model
@@ -276,7 +277,7 @@ def test_the_mask_function_hands_over_padding_and_the_band(mask_function, layout
     # what transformers would have built, row by row, is the band and the padding
     from transformers.masking_utils import sdpa_mask
 
-    from bertscope.kernels import visible_mask
+    from bertscope.kernels.spec import visible_mask
     full = sdpa_mask(2, 7, 7, mask_function=mask_function, attention_mask=padding, allow_is_causal_skip=False)
     assert torch.equal(full, visible_mask(padding, layout))
 

@@ -24,9 +24,9 @@ from transformers import AutoModel, Gemma2Config, Gemma3TextConfig, MistralConfi
 
 from bertscope.engine.attention import ATTN_IMPLEMENTATION, GradProbe, HeadProbe
 from bertscope.errors import UserError
-from bertscope.kernels import BACKENDS, AttentionLayout, StatsSpec, visible_mask
+from bertscope.kernels.backends import BACKENDS
 from bertscope.kernels.reference import stats_from_probs
-from bertscope.kernels.spec import ROW_STATS
+from bertscope.kernels.spec import ROW_STATS, AttentionLayout, StatsSpec, visible_mask
 from bertscope.models import head_removal
 from bertscope.models.architectures import ARCHITECTURES, architecture_of
 from bertscope.models.gates import attach_gates

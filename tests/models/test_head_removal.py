@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from bertscope.engine.loop import EngineOptions, run_stats
-from bertscope.kernels import Gate, StatsSpec
+from bertscope.kernels.spec import Gate, StatsSpec
 from bertscope.models import head_removal
 from bertscope.models.architectures import ARCHITECTURES
 from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_model
@@ -274,7 +274,7 @@ def test_run_statistics_of_a_pruned_model(family, kind, backend):
 
 
 def test_spread_heads_puts_heads_back():
-    from bertscope.kernels import RowStats
+    from bertscope.kernels.spec import RowStats
 
     stats = RowStats(entropy=torch.tensor([[[1.0], [2.0]]]), argmax=torch.tensor([[[0], [1]]]), scale=0.5)  # (1, 2, 1)
     out = head_removal.spread_heads(stats, (3, 1), 4)

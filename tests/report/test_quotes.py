@@ -6,7 +6,8 @@ import html
 import importlib
 import pkgutil
 
-from bertscope import analyses
+import bertscope.analyses as analyses
+from bertscope.analyses import registry
 from bertscope.report.quotes import Number, Source
 from bertscope.report.writer import paper_sources, render
 
@@ -32,10 +33,10 @@ def test_every_source_a_family_defines_is_in_the_footer_once():
     modules = paper_modules()
     # the walk finds every paper.py, and each is one the registry names (nothing defined and never listed)
     assert len(modules) >= 16
-    assert {m.__name__ for m in modules} == {entry.split(":")[0] for entry in analyses.PAPER_SOURCES}
+    assert {m.__name__ for m in modules} == {entry.split(":")[0] for entry in registry.PAPER_SOURCES}
     defined = {id(v) for m in modules for v in vars(m).values() if isinstance(v, Source)}
     listed = [id(s) for s in paper_sources()]
-    assert len(listed) == len(set(listed)) == len(analyses.PAPER_SOURCES)
+    assert len(listed) == len(set(listed)) == len(registry.PAPER_SOURCES)
     assert set(listed) == defined
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bertscope import analyses
+from bertscope.analyses import registry
 from bertscope.cli.main import main
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "decoders.md"
@@ -36,7 +36,7 @@ def decoder_table() -> dict[str, bool]:
 
 def test_every_command_says_whether_it_runs_on_decoders_and_the_docs_agree():
     table = decoder_table()
-    for name, path in analyses.COMMANDS.items():
+    for name, path in registry.COMMANDS.items():
         module = importlib.import_module(path)
         encoder_only = hasattr(module, "ENCODERS_ONLY") or "run_variants(" in inspect.getsource(module)
         assert name in table, f"docs/decoders.md does not say whether `bertscope {name}` runs on decoders"

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from triton_interpreter import one_block_cfg
 
 import bertscope.kernels.triton_attention as ta
-from bertscope.kernels import StatsSpec
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import StatsSpec
 
 CLASS_COUNTS = [1, 2, 4, 16, 20]
 ROW_PASSES = ["compiled", "torch"]

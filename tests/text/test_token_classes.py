@@ -9,7 +9,7 @@ from test_engine import eager_twin, inputs_of
 
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import EngineOptions, collate_batch, fold
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 from bertscope.text.token_classes import (
     PARTS,
     TokenClasses,

@@ -52,7 +52,7 @@ def add_arguments(p):
 
 def main(args) -> int:
     from bertscope.analyses.heads.importance.outputs import IMPORTANCE_FILE, read_importance
-    from bertscope.kernels import Gate
+    from bertscope.kernels.spec import Gate
 
     importance, source = None, args.importance
     if source is None and args.out and (Path(args.out) / IMPORTANCE_FILE).is_file():
@@ -74,7 +74,7 @@ def variant_set(which: str, importance=None):
     model's shape first, so a file of another model fails before the evaluation, not after."""
     from bertscope.analyses.heads import variants as V
     from bertscope.analyses.heads.importance.outputs import importance_grid
-    from bertscope.kernels import Gate
+    from bertscope.kernels.spec import Gate
 
     def make(n_layers: int, n_heads: int):
         if importance is not None:

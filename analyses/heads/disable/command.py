@@ -36,7 +36,7 @@ def add_arguments(p):
 
 
 def main(args) -> int:
-    from bertscope.kernels import Gate  # torch: imported when the command runs, not when its parser is built
+    from bertscope.kernels.spec import Gate  # torch: imported when the command runs, not when its parser is built
 
     run_variants(args, "disable", Gate.UNIFORM, outputs=disable_figures, table=DISABLE_FILE)
     return 0

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from bertscope.errors import UserError
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 from bertscope.run.rundir import write_npz
 
 SCORES = ("induction", "duplicate", "previous")

@@ -96,7 +96,7 @@ def check_backend(args, spec) -> None:
     """A one-line refusal, before anything is written, where the backend chosen does not compute the
     statistics (a Triton kernel without the distance and position statistics: they came to it later
     than to the CPU backends)."""
-    from bertscope.kernels import resolve_backend
+    from bertscope.kernels.backends import resolve_backend
 
     try:
         backend = resolve_backend(args.backend, args.device)

@@ -39,12 +39,12 @@ import torch
 
 from bertscope.analyses.heads.positions.outputs import LATE, NAME  # noqa: F401 (P.NAME, as the command reads it)
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import StatsSpec
 from bertscope.kernels.spec import (
     DISTANCE_EDGES,
     N_DISTANCE_BUCKETS,
     N_POSITION_BINS,
     N_POSITION_BUCKETS,
+    StatsSpec,
     distance_bucket_names,
     position_bin_names,
 )

@@ -14,7 +14,7 @@ import numpy as np
 
 from bertscope.analyses.heads import variants as V
 from bertscope.analyses.heads.importance.stats import head_importance, least_important
-from bertscope.kernels import Gate
+from bertscope.kernels.spec import Gate
 
 
 def prune_counts(n_heads: int, step: float, max_fraction: float) -> list[int]:

@@ -105,7 +105,7 @@ def row_hits(argmax: np.ndarray, input_ids, rows, needle: tuple[int, int], far: 
 
 
 def retrieval_spec(loaded):
-    from bertscope.kernels import StatsSpec
+    from bertscope.kernels.spec import StatsSpec
 
     return StatsSpec(argmax=True, n_key_classes=loaded.classes.n_classes)
 

@@ -25,7 +25,7 @@ import torch
 
 def streaming_spec(loaded, sink: int, recent: int):
     """The statistics the error pass needs: the streaming error alone."""
-    from bertscope.kernels import StatsSpec
+    from bertscope.kernels.spec import StatsSpec
 
     return StatsSpec(streaming=(sink, recent), n_key_classes=loaded.classes.n_classes)
 

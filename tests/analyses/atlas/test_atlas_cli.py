@@ -79,8 +79,7 @@ def test_a_decoder_gets_every_column_and_a_card(gemma_run):
 def test_the_pending_statistics_are_empty_until_their_kernels_exist(gemma_run):
     from dataclasses import fields
 
-    from bertscope.kernels import StatsSpec
-    from bertscope.kernels.spec import STAT
+    from bertscope.kernels.spec import STAT, StatsSpec
 
     rows = rows_of(gemma_run / HEADS_FILE)
     streaming = "streaming" in {f.name for f in fields(StatsSpec)}

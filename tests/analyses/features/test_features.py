@@ -22,8 +22,8 @@ from bertscope.analyses.features.stats import (
 )
 from bertscope.cli.main import main
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import RowStats, StatsSpec
 from bertscope.kernels.eager import attention_stats_eager
+from bertscope.kernels.spec import RowStats, StatsSpec
 from bertscope.text.word_segments import word_segment
 
 pytestmark = pytest.mark.usefixtures("single_thread")

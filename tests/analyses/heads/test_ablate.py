@@ -31,7 +31,7 @@ from bertscope.analyses.heads.variants import (
     single_heads,
 )
 from bertscope.errors import UserError
-from bertscope.kernels import Gate
+from bertscope.kernels.spec import Gate
 from bertscope.models.loading import wrap_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForSequenceClassification
 
-from bertscope.kernels import GradSums, attention_grad, attention_grad_eager
+from bertscope.kernels.attention_grad import GradSums, attention_grad
+from bertscope.kernels.eager import attention_grad_eager
 
 C = 4
 pytestmark = pytest.mark.usefixtures("single_thread")

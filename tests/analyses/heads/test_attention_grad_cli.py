@@ -163,7 +163,7 @@ def test_user_errors(mlm_checkpoint, tiny_checkpoint, corpus, tmp_path, capsys):
 
 
 def test_gradstats_save_load_merge(tmp_path):
-    from bertscope.kernels import GradSums
+    from bertscope.kernels.attention_grad import GradSums
 
     a, b = GradStats(2, 3), GradStats(2, 3)
     g = torch.Generator().manual_seed(0)

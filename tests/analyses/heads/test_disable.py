@@ -28,7 +28,7 @@ from bertscope.analyses.heads.variants import (
     variant_gates,
     whole_layers,
 )
-from bertscope.kernels import Gate
+from bertscope.kernels.spec import Gate
 from bertscope.models.loading import wrap_model
 from bertscope.tasks.inputs import EncodedTask, encode_task
 

@@ -32,7 +32,8 @@ from bertscope.analyses.heads.induction.stats import (
 )
 from bertscope.cli.main import main
 from bertscope.errors import UserError
-from bertscope.kernels import AttentionLayout, RowStats, attention_stats
+from bertscope.kernels.backends import attention_stats
+from bertscope.kernels.spec import AttentionLayout, RowStats
 
 TOL = 2e-5
 

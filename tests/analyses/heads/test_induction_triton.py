@@ -20,7 +20,8 @@ from bertscope.analyses.heads.induction.stats import (
     induction_spec,
     score_offsets,
 )
-from bertscope.kernels import AttentionLayout, attention_stats
+from bertscope.kernels.backends import attention_stats
+from bertscope.kernels.spec import AttentionLayout
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)

@@ -15,9 +15,8 @@ import torch
 
 from bertscope.analyses.heads.positions import stats as P
 from bertscope.engine.batch import BatchContext
-from bertscope.kernels import AttentionLayout
 from bertscope.kernels.reference import stats_from_probs
-from bertscope.kernels.spec import distance_bucket_names, position_bin_names, visible_mask
+from bertscope.kernels.spec import AttentionLayout, distance_bucket_names, position_bin_names, visible_mask
 from bertscope.text.segments import Segment
 
 pytestmark = pytest.mark.usefixtures("single_thread")

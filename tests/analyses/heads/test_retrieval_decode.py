@@ -32,7 +32,7 @@ from retrieval_decode import (
 
 from bertscope.analyses.heads.retrieval.haystack import Haystack, HaystackBuilder, corpus_texts, load_needles
 from bertscope.analyses.heads.retrieval.stats import score_haystack
-from bertscope.kernels import BACKENDS
+from bertscope.kernels.backends import BACKENDS
 from bertscope.models.architectures import ARCHITECTURES
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -164,7 +164,7 @@ def test_row_predictions_are_the_engines_word_argmax(tiny_checkpoint, ewt_availa
 
     from bertscope.data.readers.treebank import read_ewt_dev
     from bertscope.engine.loop import stream_batches
-    from bertscope.kernels import StatsSpec
+    from bertscope.kernels.spec import StatsSpec
     from bertscope.models.loading import load_model
     from bertscope.text.word_segments import word_segment
 

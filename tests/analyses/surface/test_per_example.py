@@ -23,7 +23,7 @@ from bertscope.analyses.surface.stats import head_table
 from bertscope.cli.main import main
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import EngineOptions, fold
-from bertscope.kernels import StatsSpec
+from bertscope.kernels.spec import StatsSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,14 +1,18 @@
-"""Attention-statistics kernels: one contract (`spec.py`), several backends.
+"""The backends of the attention statistics, and the one entry point that picks between them.
 
-    eager    materialises every map; the oracle the others are tested against
+bertscope.kernels is a folder of modules, not a package with an `__init__`: the contract
+is `spec.py`, and each backend has its own module:
+
+    eager    materialises every map; the oracle the others are tested against (`eager.py`)
     chunked  the CPU fast path: one loop over blocks of scores (whole maps of a few heads for an
              encoder, query blocks against their key band under a causal / windowed /
-             grouped-query layout), statistics fused into the row pass
+             grouped-query layout), statistics fused into the row pass (`chunked.py`)
     triton   the fused GPU kernel (`triton_attention.py`); on a CPU only through Triton's
              interpreter (TRITON_INTERPRET=1, slow: for tests)
 
 `attention_stats` picks one by name; "auto" takes the fastest one available for the
-tensors' device: triton on CUDA when triton is installed, chunked otherwise.
+tensors' device: triton on CUDA when triton is installed, chunked otherwise. Why the folder
+has no `__init__.py`: docs/architecture.md ("The top-level folders").
 """
 from __future__ import annotations
 
@@ -18,26 +22,12 @@ import os
 import torch
 
 from . import cpu_rows
-from .attention_grad import GradSink, GradSums, attention_grad
 from .chunked import attention_stats_chunked
-from .eager import attention_grad_eager, attention_stats_eager
-from .gates import apply_gates, check_layer_gates, gated_sdpa, needs_grad
-from .pooling import word_pooling
+from .eager import attention_stats_eager
+from .gates import check_layer_gates, gated_sdpa, needs_grad
 from .precision import fp32_dot_precision
-
-# PLAIN and AttentionLayout: the attention's shape (causal, window, key/value heads)
-from .spec import (
-    PLAIN,
-    AttentionLayout,
-    Gate,
-    LayerGates,
-    RowStats,
-    StatsSpec,
-    WordPooling,
-    visible_counts,
-    visible_mask,
-)
-from .streaming import apply_streaming, streaming_output
+from .spec import PLAIN, AttentionLayout, StatsSpec, WordPooling
+from .streaming import apply_streaming
 
 
 def attention_stats_triton(*args, **kwargs):
@@ -161,10 +151,5 @@ def output_path(backend: str, grad: bool) -> str:
     return f"{backend} (output fused with the statistics)"
 
 
-__all__ = ["attention_grad", "attention_grad_eager", "GradSink", "GradSums", "attention_stats", "describe_backend",
-           "fp32_dot_precision",
-           "gated_sdpa", "needs_grad", "output_path", "resolve_backend", "triton_unavailable_reason", "word_pooling",
-           "BACKENDS", "BACKEND_CHOICES",
-           "apply_gates", "check_layout", "AttentionLayout", "PLAIN", "visible_counts",
-           "visible_mask", "Gate", "LayerGates", "RowStats", "StatsSpec",
-           "WordPooling", "apply_streaming", "streaming_output"]
+__all__ = ["BACKENDS", "BACKEND_CHOICES", "attention_stats", "attention_stats_triton", "check_layout",
+           "describe_backend", "output_path", "resolve_backend", "triton_unavailable_reason"]
