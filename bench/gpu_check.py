@@ -94,9 +94,10 @@ print(json.dumps(info))
 
 def step_env(cmd: list[str]) -> dict[str, str]:
     """The environment of a step. `python -c` and `python -m` put the working directory, ROOT, first on
-    sys.path, and ROOT/bertscope is the source folder without `kernels` and `analyses` (setup.py installs
-    ROOT/kernels and ROOT/analyses as bertscope.kernels and bertscope.analyses): it would shadow the
-    installed package. PYTHONSAFEPATH=1 (Python 3.11 and later) leaves ROOT off sys.path for those steps.
+    sys.path, and ROOT/bertscope, the source folder, would then stand in for the package that
+    `pip install --no-deps .` installed: the check is of the installed package (on the first lent GPU,
+    before bertscope/kernels and bertscope/analyses were links, the source folder lacked both and every
+    such step failed). PYTHONSAFEPATH=1 (Python 3.11 and later) leaves ROOT off sys.path for those steps.
     A script (bench/*.py) puts its own folder first instead, not ROOT, and is left as it is."""
     env = dict(os.environ)
     if len(cmd) > 1 and cmd[1] in ("-c", "-m"):

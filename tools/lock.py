@@ -1,7 +1,7 @@
 """The lock file of `make run` and `make test`: every package of the test environment, at one version.
 
-    python tools/lock.py write     # a fresh venv, the newest releases setup.py allows, frozen into requirements-lock.txt
-    python tools/lock.py check     # the venv at hand holds exactly the lock (make's last install step)
+    python tools/lock.py write    # a fresh venv with the newest releases setup.py allows -> requirements-lock.txt
+    python tools/lock.py check    # the venv at hand holds exactly the lock (a step of make's install)
 
 setup.py keeps ranges, so that bertscope installs beside a user's own torch; the lock pins what CI
 and a fresh clone test with, so a clone next month tests what CI tested today. `write` is how the

