@@ -44,13 +44,13 @@ def main(args) -> int:
     runs = [Path(r) for r in args.runs]
     if len(runs) < 2:
         raise UserError("atlas compare needs at least two run directories")
+    tables = [read_heads(r) for r in runs]  # a run without atlas_heads.csv: one line, before anything is written
     seen = {}
     for r in runs:  # the same run twice would count one model as two and weigh its heads twice in the PCA
         key = r.resolve()
         if key in seen:
             raise UserError(f"atlas compare: {r} is given twice ({seen[key]} and {r}): give each run once")
         seen[key] = r
-    tables = [read_heads(r) for r in runs]  # a run without atlas_heads.csv: one line, before anything is written
     with AnalysisRun(COMPARE_NAME, args, command="atlas compare") as run:
         write_comparison(run, args, runs, tables)
     return 0
