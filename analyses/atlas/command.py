@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -39,7 +40,7 @@ from bertscope.analyses.atlas.outputs import (
     STATE_FILE,
     STREAM_FILES,
 )
-from bertscope.cli.args import add_common_arguments, positive_int
+from bertscope.cli.args import add_common_arguments, check_streaming_window, non_negative_int, positive_int
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
@@ -69,6 +70,9 @@ DEFAULT_MAX_LEN = (128, 1024)
 DEFAULT_NEEDLES = "san-francisco"
 DEFAULT_DEPTHS = "10,50,90"
 MIN_INDUCTION_LEN = 3  # analyses/heads/induction's MIN_SEQ_LEN (said here without importing torch)
+MIN_IMPORTANCE_LEN = 8  # bertscope.text.segments.MIN_MAX_LEN: the shortest segment the importance probe can make
+IMPORTANCE_LEN = 256  # --importance-len's default, at most the model's limit
+STREAMING_RECENT = 256  # --streaming-recent's default, at most a quarter of --max-len (`resolve_defaults`)
 RETRIEVAL_LENGTH = 1024  # the haystack length (at most the model's limit)
 SETTINGS_KEYS = ("model", "revision", "corpus", "text_field", "limit", "max_len", "seed", "batch_size", "backend",
                  "device", "dtype", "induction_sequences", "induction_len", "needles", "retrieval_lengths",
@@ -108,13 +112,17 @@ def add_arguments(p):
     p.add_argument("--no-retrieval", action="store_true", help="skip the retrieval probe")
     p.add_argument("--importance-segments", type=positive_int, default=4, metavar="N",
                    help="corpus segments of the LM importance probe (decoders; default: 4)")
-    p.add_argument("--importance-len", type=positive_int, default=256, metavar="L",
-                   help="tokens per importance segment (default: 256)")
+    p.add_argument("--importance-len", type=positive_int, default=None, metavar="L",
+                   help=f"tokens per importance segment (default: {IMPORTANCE_LEN}, at most the model's limit; a "
+                   "longer one given is refused)")
     p.add_argument("--no-importance", action="store_true", help="skip the LM importance probe")
-    p.add_argument("--streaming-sink", type=positive_int, default=4, metavar="S",
-                   help="the streaming error's sink: the first S keys kept (default: 4, StreamingLLM's)")
-    p.add_argument("--streaming-recent", type=positive_int, default=256, metavar="W",
-                   help="the streaming error's recent window: the last W keys kept (default: 256)")
+    p.add_argument("--streaming-sink", type=non_negative_int, default=4, metavar="S",
+                   help="the streaming error's sink: the first S keys kept (default: 4, StreamingLLM's; 0: a plain "
+                   "sliding window)")
+    p.add_argument("--streaming-recent", type=positive_int, default=None, metavar="W",
+                   help=f"the streaming error's recent window: the last W keys kept, the query's own included "
+                   f"(default: {STREAMING_RECENT}, at most a quarter of --max-len); S + W must be shorter than "
+                   "--max-len, else every head's error is 0")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings; finished stages are not run "
                    "again")
@@ -130,11 +138,14 @@ def main(args) -> int:
         from bertscope.analyses.atlas import compare
 
         return compare.main(args)
+    restart = set()
     if args.resume:
-        args = ModelRun.resumed_args(NAME, args, add_arguments, keys=SETTINGS_KEYS, command=COMMAND)
+        args, restart = resumed_args(args)
     if args.induction_len < MIN_INDUCTION_LEN:
         raise UserError(f"--induction-len must be at least {MIN_INDUCTION_LEN} (at T = 2 the induction key is the "
                         f"previous token), not {args.induction_len}")
+    if args.importance_len is not None and args.importance_len < MIN_IMPORTANCE_LEN:
+        raise UserError(f"--importance-len must be at least {MIN_IMPORTANCE_LEN} tokens, not {args.importance_len}")
     causal = model_is_causal(args.model, getattr(args, "revision", None))
     from bertscope.analyses.heads.retrieval.haystack import load_needles
 
@@ -145,7 +156,56 @@ def main(args) -> int:
         if default_len is not None:
             args.max_len = min(default_len, run.loaded.max_len)
             run.record["settings"]["max_len"] = args.max_len
-        return atlas_run(run, args, needles)
+        if args.importance_len is None:
+            args.importance_len = min(IMPORTANCE_LEN, run.loaded.max_len)
+            run.record["settings"]["importance_len"] = args.importance_len
+        if args.streaming_recent is None:
+            args.streaming_recent = default_recent(args.max_len)
+            run.record["settings"]["streaming_recent"] = args.streaming_recent
+        return atlas_run(run, args, needles, restart)
+
+
+# Which stages each setting of the run feeds: a `--resume` may give another value to a setting whose
+# stages have not finished (that stage then starts again); the settings of a finished stage, and those
+# no stage owns alone (the model, --device, --dtype, --batch-size, --backend), stay the run's.
+STAGES_OF = {
+    "corpus": ("stream", "retrieval", "importance"), "text_field": ("stream", "retrieval", "importance"),
+    "limit": ("stream",), "max_len": ("stream",), "streaming_sink": ("stream",), "streaming_recent": ("stream",),
+    "seed": ("stream", "induction", "importance"),
+    "induction_sequences": ("induction",), "induction_len": ("induction",),
+    "needles": ("retrieval",), "retrieval_lengths": ("retrieval",), "depths": ("retrieval",),
+    "no_retrieval": ("retrieval",),
+    "importance_segments": ("importance",), "importance_len": ("importance",), "no_importance": ("importance",),
+}
+
+
+def resumed_args(args) -> tuple[Namespace, set[str]]:
+    """`--resume DIR`: the run's recorded settings (`ModelRun.resumed_args`), except the options this
+    command line gives another value whose stages (`STAGES_OF`) have not finished: those are taken,
+    and the stages they feed start afresh (returned). Another value for a finished stage's option is
+    refused in one line, as any other changed setting."""
+    from bertscope.analyses.atlas.stats import read_state
+    from bertscope.run.rundir import recorded_run, settings_parser
+
+    recorded = recorded_run(args.resume, NAME, COMMAND)["settings"]
+    state = read_state(Path(args.resume) / STATE_FILE)
+    defaults = settings_parser(add_arguments)
+    free = {k for k, stages in STAGES_OF.items()
+            if k in vars(args) and getattr(args, k) != defaults.get_default(k) and k in recorded
+            and getattr(args, k) != recorded[k] and not any(state.get(stage) for stage in stages)}
+    resumed = ModelRun.resumed_args(NAME, args, add_arguments, keys=tuple(k for k in SETTINGS_KEYS if k not in free),
+                                    command=COMMAND)
+    restart = {stage for k in free for stage in STAGES_OF[k]}
+    for k in sorted(free):
+        logger.info(f"--resume: --{k.replace('_', '-')} {getattr(args, k)} (the run's: {recorded[k]}) is taken: "
+                    f"{' and '.join(STAGES_OF[k])} not finished, so started afresh")
+    return resumed, restart
+
+
+def default_recent(max_len: int) -> int:
+    """--streaming-recent's default: `STREAMING_RECENT`, at most a quarter of the segment, so that the
+    streaming window leaves most keys out (a window as long as the segment makes every error 0)."""
+    return max(1, min(STREAMING_RECENT, max_len // 4))
 
 
 def model_is_causal(model: str | None, revision: str | None = None) -> bool:
@@ -186,7 +246,7 @@ def segment_limit(args) -> int | None:
     return None if args.limit == "all" else args.limit
 
 
-def atlas_run(run: ModelRun, args, needles) -> int:
+def atlas_run(run: ModelRun, args, needles, restart: set[str] = frozenset()) -> int:
     from bertscope.analyses.atlas import stats as A
     from bertscope.analyses.heads.positions.command import check_backend
     from bertscope.analyses.sinks import stats as S
@@ -201,6 +261,9 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     n_kv = layouts[0].n_key_value_heads or loaded.n_heads
     seg_args = Namespace(max_len=args.max_len, limit=segment_limit(args), seed=args.seed, initial=S.INITIAL, bos="auto",
                          bos_token=None, corpus=args.corpus, text_field=args.text_field)
+    if causal:  # the window must leave keys out, or every head is "streaming-safe" with error 0
+        check_streaming_window(args.streaming_sink, args.streaming_recent, args.max_len,
+                               ("--streaming-sink", "--streaming-recent"))
     plan = bos_plan(loaded, seg_args, causal)
     stream, report = checked_sink_segments(loaded, seg_args, causal, plan)
     spec = A.stream_spec(windows, causal, (args.streaming_sink, args.streaming_recent))
@@ -208,14 +271,20 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     if 2 * args.induction_len + 1 > loaded.max_len:
         raise UserError(f"--induction-len {args.induction_len} makes sequences of {2 * args.induction_len + 1} "
                         f"tokens: more than the model allows ({loaded.max_len})")
+    # every later stage's options are checked here too, before the first stage: a mistake found after the
+    # streamed pass would cost its time
+    retrieval_on = causal and not args.no_retrieval and bool(needles)
+    importance_on = causal and not args.no_importance
+    lengths = retrieval_lengths(args, loaded) if retrieval_on else []
+    builder = haystack_builder(args, loaded, needles, lengths) if retrieval_on else None
+    importance_segments = checked_importance_segments(args, loaded) if importance_on else None
     run.open(args.out)
     run.announce()
     world = run.world
     state_path = run.dir / STATE_FILE
     state = A.read_state(state_path) if args.resume else {}
-    retrieval_on = causal and not args.no_retrieval and bool(needles)
-    importance_on = causal and not args.no_importance
-    lengths = retrieval_lengths(args, loaded) if retrieval_on else []
+    for stage in restart:  # a setting of an unfinished stage changed on --resume: its partial sums are not used
+        state.pop(stage, None)
     log_plan(run, args, loaded, kinds, causal, state, lengths, len(needles), retrieval_on, importance_on)
 
     seconds = {}  # each stage's wall time in this call (0: done before)
@@ -225,7 +294,7 @@ def atlas_run(run: ModelRun, args, needles) -> int:
     if state.get("stream") and acc.load_into(run.dir, STREAM_FILES):
         run.log("the streamed pass was done before: its sums are read back")
     else:
-        stream_pass(run, args, loaded, acc, stream, world)
+        stream_pass(run, args, loaded, acc, stream, world, fresh="stream" in restart)
         if run.is_main:
             acc.save(run.dir, STREAM_FILES)
             state["stream"] = True
@@ -233,11 +302,11 @@ def atlas_run(run: ModelRun, args, needles) -> int:
 
     seconds["stream"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
     # 2. induction
-    scores = induction_probe(run, args, loaded, causal, state, state_path)
+    scores = induction_probe(run, args, loaded, causal, state, state_path, fresh="induction" in restart)
     seconds["induction"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
 
     # 3. retrieval (decoders)
-    retrieval = retrieval_probe(run, args, loaded, needles, lengths) if retrieval_on else None
+    retrieval = retrieval_probe(run, args, loaded, needles, lengths, builder) if retrieval_on else None
     if retrieval_on:
         seconds["retrieval"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
     run.shutdown()
@@ -248,7 +317,8 @@ def atlas_run(run: ModelRun, args, needles) -> int:
         A.write_state(state_path, state)
 
     # 4. LM importance (decoders, rank 0)
-    importance = importance_probe(run, args, loaded) if importance_on else None
+    importance = importance_probe(run, args, loaded, importance_segments, fresh="importance" in restart) \
+        if importance_on else None
     if importance_on:
         seconds["importance"] = round(time.perf_counter() - t0, 1)
         state["importance"] = True
@@ -302,11 +372,15 @@ def log_plan(run, args, loaded, kinds, causal, state, lengths, n_needles, retrie
     import torch
 
     from bertscope.analyses.heads.retrieval.command import duration, pass_work
-    from bertscope.text.corpus import open_corpus
+    from bertscope.cli.args import others_running
+    from bertscope.text.corpus import open_corpus, planned_segments
 
     n_depths = len(args.depths.split(","))
     stages = []  # (what, work in multiply-adds, factor: the statistics' cost beside the forward, or the backward's)
-    limit = segment_limit(args) or len(open_corpus(args.corpus, args.text_field))
+    corpus = open_corpus(args.corpus, args.text_field)
+    limit = planned_segments(segment_limit(args), corpus)
+    if segment_limit(args) is not None and segment_limit(args) > limit:
+        run.log(f"--limit {args.limit}: {args.corpus} has {len(corpus)} documents, so the streamed pass reads them all")
     stages.append((f"streamed pass: {limit} segment(s) of up to {args.max_len} tokens of {args.corpus}",
                    limit * pass_work(loaded, kinds, args.max_len), STREAM_FACTOR, "stream"))
     T = args.induction_len
@@ -326,9 +400,12 @@ def log_plan(run, args, loaded, kinds, causal, state, lengths, n_needles, retrie
     ids = torch.randint(0, min(100, loaded.model.config.vocab_size), (1, n), device=device)
     with torch.inference_mode():
         base(input_ids=ids)  # warm-up
-        t0 = time.perf_counter()
-        base(input_ids=ids)
-        rate = (time.perf_counter() - t0) / pass_work(loaded, kinds, n)
+        times = []
+        for _ in range(CALIBRATION_PASSES):
+            t0 = time.perf_counter()
+            base(input_ids=ids)
+            times.append(time.perf_counter() - t0)
+        rate = sorted(times)[len(times) // 2] / pass_work(loaded, kinds, n)
     size = 1 if run.world is None else run.world.size
     total = 0.0
     for what, work, factor, key in stages:
@@ -338,32 +415,45 @@ def log_plan(run, args, loaded, kinds, causal, state, lengths, n_needles, retrie
         run.log(f"plan: {what}" + (" (done before)" if done else f", about {duration(seconds)}"))
     if not causal:
         run.log("plan: an encoder: no retrieval and no LM importance (decoders' probes)")
-    run.log(f"estimate: about {duration(total)} in all (one 128-token forward pass timed here, scaled by "
-            "multiply-adds; the streamed pass's statistics counted as "
-            f"{STREAM_FACTOR:g} forward passes); smaller: --limit, --max-len, --induction-sequences, --depths, "
-            "--no-retrieval, --no-importance")
+    try:
+        busy = f"{others_running():.0f} other task(s) running on {os.cpu_count()} cores now"
+    except (OSError, ValueError, IndexError):
+        busy = "the machine's load unknown"
+    run.log(f"estimate: about {duration(total)} in all, likely between {duration(total * ESTIMATE_RANGE[0])} and "
+            f"{duration(total * ESTIMATE_RANGE[1])} (basis: the median of {CALIBRATION_PASSES} {n}-token forward "
+            f"passes timed here just now, {busy}, scaled by multiply-adds, the streamed pass's statistics counted as "
+            f"{STREAM_FACTOR:g} forward passes; it does not foresee the load changing, nor the statistics' cost "
+            "growing faster than the forward's on long segments); smaller: --limit, --max-len, "
+            "--induction-sequences, --depths, --no-retrieval, --no-importance")
 
 
-CALIBRATION_TOKENS = 128  # the timed forward pass of the estimate (at most the model's limit)
+CALIBRATION_TOKENS = 128  # the timed forward passes of the estimate (at most the model's limit)
+CALIBRATION_PASSES = 3  # the estimate's rate is their median's: one pass caught by another job misleads less
+# the range the estimate gives around itself: a run on a loaded 2-core machine took 3.6x the estimate of one
+# timed pass (238 s for about 1 min), where the load grew after the timing; on an idle machine runs come in
+# at 0.5-1.5x
+ESTIMATE_RANGE = (0.5, 4.0)
 STREAM_FACTOR = 2.0  # the streamed pass's statistics (distance, position, class masses) beside the forward, on a CPU
 
 
 # --- the stages ------------------------------------------------------------------------------------
 
 
-def stream_pass(run, args, loaded, acc, stream, world):
+def stream_pass(run, args, loaded, acc, stream, world, fresh: bool = False):
     from dataclasses import replace
 
     from bertscope.analyses.sinks import stats as S
     from bertscope.engine.loop import EngineOptions, fold
+    from bertscope.text.corpus import open_corpus, planned_segments
 
+    stream_corpus = open_corpus(args.corpus, args.text_field)
     suffix = world.suffix() if world is not None else ""
-    if args.resume and acc.load_into(run.dir, STREAM_FILES, suffix):
+    if args.resume and not fresh and acc.load_into(run.dir, STREAM_FILES, suffix):
         run.log(f"resuming the streamed pass after batch {acc.batches_done}")
     base = replace(loaded, model=loaded.model.base_model)  # the engine runs the base model
     every = max(1, min(20, CHECKPOINT_TOKENS // (args.batch_size * args.max_len)))
     options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=run.progress,
-                            checkpoint_every=every, total=segment_limit(args))
+                            checkpoint_every=every, total=planned_segments(segment_limit(args), stream_corpus))
     rank, size = (0, 1) if world is None else (world.rank, world.size)
     fold(base, stream, acc.spec, [acc], options, classes=S.SINK_CLASSES,
          checkpoint=lambda: acc.save(run.dir, STREAM_FILES, suffix), shard=(rank, size), desc="atlas: stream")
@@ -371,7 +461,7 @@ def stream_pass(run, args, loaded, acc, stream, world):
     acc.all_reduce(world)
 
 
-def induction_probe(run, args, loaded, causal, state, state_path) -> dict:
+def induction_probe(run, args, loaded, causal, state, state_path, fresh: bool = False) -> dict:
     """The three scores of analyses/heads/induction on repeated random tokens (every model: a BOS
     before them in a decoder, [CLS] in an encoder)."""
     from dataclasses import replace
@@ -406,7 +496,7 @@ def induction_probe(run, args, loaded, causal, state, state_path) -> dict:
     suffix = world.suffix() if world is not None else ""
     path = run.dir / INDUCTION_FILE.format(suffix=suffix)
     scores = InductionScores(loaded.n_layers, loaded.n_heads, layout)
-    if args.resume and path.is_file():
+    if args.resume and not fresh and path.is_file():
         saved = InductionScores.load(path)
         if saved.layout == layout:
             scores = saved
@@ -429,17 +519,44 @@ def induction_probe(run, args, loaded, causal, state, state_path) -> dict:
     return scores.scores()
 
 
-def retrieval_probe(run, args, loaded, needles, lengths):
+def haystack_builder(args, loaded, needles, lengths):
+    """The retrieval probe's haystacks, each needle built once at the shortest and the longest
+    length: a length too short for a needle, or a corpus too short for a haystack, is one line
+    before the first stage."""
+    from bertscope.analyses.heads.retrieval.haystack import HaystackBuilder, corpus_texts, resolve_prompt
+
+    builder = HaystackBuilder(loaded.tokenizer, corpus_texts(args.corpus, args.text_field),
+                              resolve_prompt("auto", loaded.tokenizer))
+    for needle in needles:
+        for length in sorted({min(lengths), max(lengths)}):
+            try:
+                builder.build(needle, length, 0)
+            except UserError as e:  # the builder's advice names `heads retrieval`'s options, not atlas's
+                message = str(e).replace("--lengths", "--retrieval-lengths")
+                if message.startswith(f"length {length}:"):
+                    message = f"--retrieval-lengths {message[len('length '):]}"
+                raise UserError(message) from None
+    return builder
+
+
+def checked_importance_segments(args, loaded):
+    """The LM importance probe's segments, made before the first stage: an --importance-len longer
+    than the model allows, or a corpus with no usable segment, is one line naming the option."""
+    from bertscope.analyses.heads import lm_task as LMD
+
+    if args.importance_len > loaded.max_len:
+        raise UserError(f"--importance-len {args.importance_len} is longer than the model allows ({loaded.max_len})")
+    segments, _ = LMD.lm_segments(loaded, args.corpus, args.importance_len, args.importance_segments, args.seed)
+    return segments
+
+
+def retrieval_probe(run, args, loaded, needles, lengths, builder):
     """analyses/heads/retrieval's grid on a few haystacks: (Ly, H) retrieval scores (over the answered
     haystacks; over every one when none was answered), every rank's cells gathered."""
     from bertscope.analyses.heads.retrieval.command import ints, run_cells
-    from bertscope.analyses.heads.retrieval.haystack import HaystackBuilder, corpus_texts, resolve_prompt
     from bertscope.analyses.heads.retrieval.stats import Cell, GridScores
 
-    prompt = resolve_prompt("auto", loaded.tokenizer)
-    builder = HaystackBuilder(loaded.tokenizer, corpus_texts(args.corpus, args.text_field), prompt)
-    for needle in needles:  # a length too short for a needle, before any pass
-        builder.build(needle, min(lengths), 0)
+    prompt = builder.prompt
     setup = {"model": loaded.record(), "prompt": prompt, "corpus": args.corpus, "text_field": args.text_field,
              "needles": {n.name: [n.needle, n.question, n.answer] for n in needles}}
     cells = [Cell(n.name, length, depth) for n in needles for length in lengths for depth in ints(args.depths)]
@@ -455,16 +572,15 @@ def retrieval_answered(run) -> dict:
     return {"answered": answered, "haystacks": cells}
 
 
-def importance_probe(run, args, loaded):
-    """analyses/heads/lm_task's LM importance on a few corpus segments (saved per batch)."""
+def importance_probe(run, args, loaded, segments, fresh: bool = False):
+    """analyses/heads/lm_task's LM importance on a few corpus segments (`checked_importance_segments`;
+    saved per batch)."""
     from bertscope.analyses.heads import lm_task as LMD
 
-    segments, _ = LMD.lm_segments(loaded, args.corpus, min(args.importance_len, loaded.max_len),
-                                  args.importance_segments, args.seed)
     device = next(loaded.model.parameters()).device
     batches = LMD.lm_batches(segments, max(1, min(args.batch_size, 4)), LMD.pad_id(loaded.tokenizer), device)
     path = run.dir / IMPORTANCE_STATE
-    sums = LMD.LMSums.load(path) if args.resume and path.is_file() else None
+    sums = LMD.LMSums.load(path) if args.resume and not fresh and path.is_file() else None
     if sums is not None and sums.batches_done >= len(batches):
         run.log("the LM importance probe was done before: its sums are read back")
     res = LMD.lm_importance(loaded, batches, "michel", True, None, run.progress, sums,

@@ -45,6 +45,12 @@ def main(args) -> int:
     if len(runs) < 2:
         raise UserError("atlas compare needs at least two run directories")
     tables = [read_heads(r) for r in runs]  # a run without atlas_heads.csv: one line, before anything is written
+    seen = {}
+    for r in runs:  # the same run twice would count one model as two and weigh its heads twice in the PCA
+        key = r.resolve()
+        if key in seen:
+            raise UserError(f"atlas compare: {r} is given twice ({seen[key]} and {r}): give each run once")
+        seen[key] = r
     with AnalysisRun(COMPARE_NAME, args, command="atlas compare") as run:
         write_comparison(run, args, runs, tables)
     return 0

@@ -93,12 +93,33 @@ def read_heads(run_dir) -> list[dict]:
     path = path / HEADS_FILE if path.is_dir() else path
     if not path.is_file():
         raise UserError(f"{run_dir} has no {HEADS_FILE}: give run directories of `bertscope atlas`")
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise UserError(f"{path} is not an atlas_heads.csv ({e}): give run directories of `bertscope atlas`") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise UserError(f"{path} is not an atlas_heads.csv of this bertscope (no column {', '.join(missing)}): give "
+                        "run directories of `bertscope atlas`")
     if not rows:
         raise UserError(f"{path} has no heads")
+    for n, r in enumerate(rows, start=2):  # a row cut short (a truncated file) has None for its last columns
+        if None in r.values() or None in r:
+            raise UserError(f"{path}, line {n}: the row has {len([v for v in r.values() if v is not None])} of "
+                            f"{len(header)} columns (a truncated or edited file?): run `bertscope atlas --resume` "
+                            "again or rerun the atlas")
+        for c in ("layer", "head"):
+            if not r[c].isdigit():
+                raise UserError(f"{path}, line {n}: {c} is {r[c]!r}, not a number")
     text = {"model", "attention", "types"}
     return [{k: (v if k in text else _float(v)) for k, v in r.items()} for r in rows]
+
+
+# the columns `atlas compare` reads from each run (its features are read where present)
+REQUIRED_COLUMNS = ("model", "layer", "head", "types", "mean_distance")
 
 
 def _float(v: str) -> float:

@@ -40,6 +40,18 @@ def drop_lm_options(args, options: dict):
             delattr(args, dest)
 
 
+TASK_DATA_OPTIONS = ("split", "arct_version")  # the task data's options, which --task lm (running text) does not read
+
+
+def refuse_task_data_options(args, parser_defaults: dict):
+    """--task lm: a UserError for --split or --arct-version given (not at its default): the
+    language-modelling loss reads --corpus, not a task's split."""
+    for dest in TASK_DATA_OPTIONS:
+        if dest in parser_defaults and getattr(args, dest, None) != parser_defaults[dest]:
+            raise UserError(f"--{dest.replace('_', '-')} is for the task data (--task rte, arct, ...); --task lm "
+                            "reads running text from --corpus: leave it out")
+
+
 def resumed_lm_args(name: str, args, add_arguments, command: str):
     """`--resume DIR`: the settings of the --task lm run recorded in DIR (`ModelRun.resumed_args`);
     a UserError for any other run (a classifier's importance or pruning does not resume)."""

@@ -119,7 +119,8 @@ def data_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in DATA]
     if bad or not names:
-        raise UserError(f"--data takes {', '.join(DATA)} (comma-separated), not {text!r}")
+        raise UserError(f"--data (or --corpus) takes names of data sets, {', '.join(DATA)} (comma-separated), not "
+                        f"{text!r}: bertscope patterns reads no corpus file")
     return list(dict.fromkeys(names))
 
 

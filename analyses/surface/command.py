@@ -292,7 +292,7 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         "command": " ".join(sys.argv),
         "status": "running",
         "settings": settings.recorded(causal),
-        "model": loaded.record(),
+        "model": run.record["model"],  # ModelRun's: the weights' fingerprint with it
         "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
         "segments": seg_report.as_dict(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,

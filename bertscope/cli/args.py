@@ -48,6 +48,17 @@ def fraction(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A number >= 0 (a tolerance)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
 def limit_arg(text: str) -> int | None:
     """A count, or 'all'/'none' for no limit; 0 is refused like any number below 1."""
     return None if text.lower() in ("all", "none") else positive_int(text)
@@ -68,10 +79,36 @@ def check_device(device: str, backend: str):
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0 .. "
                         f"cuda:{torch.cuda.device_count() - 1})")
+    if dev.type != "cpu":  # mps, xpu, ...: a device this torch was not built for, or this machine lacks
+        try:
+            torch.empty(1, device=dev)
+        except (RuntimeError, AssertionError, AttributeError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"--device {device} cannot be used here ({reason}); use --device cpu"
+                            + (" or cuda" if torch.cuda.is_available() else "")) from None
     try:
         resolve_backend(backend, dev)
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+def check_streaming_window(sink: int, recent: int, longest: int, options: tuple[str, str] = ("--sink", "--recent"),
+                           length_option: str = "--max-len"):
+    """One rule for the streaming window (StreamingLLM's attention sink + recent window) of every
+    command that measures it (`heads streaming --sink/--recent`, `atlas --streaming-sink/--streaming-recent`):
+    the sink may be 0 (a plain sliding window), the recent window holds at least the query's own
+    key (>= 1; the argparse types say so), and the two together must leave out some key of the
+    longest segment (`longest` tokens), else every head's streaming output equals its full one
+    and every head would come out streaming-safe with error 0. A `UserError` naming the options."""
+    sink_opt, recent_opt = options
+    if recent < 1:
+        raise UserError(f"{recent_opt} must be at least 1 (the recent window holds the query's own key), not {recent}")
+    if sink < 0:
+        raise UserError(f"{sink_opt} must be 0 or more, not {sink}")
+    if sink + recent >= longest:
+        raise UserError(f"{sink_opt} {sink} + {recent_opt} {recent} keep every key of a segment of up to {longest} "
+                        f"tokens ({length_option} {longest}): the streaming error would be 0 for every head; give a "
+                        f"smaller {recent_opt} or a longer {length_option}")
 
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16")  # bertscope.models.loading.DTYPES
@@ -112,8 +149,22 @@ def add_quiet_argument(p: argparse.ArgumentParser):
     p.add_argument("--quiet", action="store_true", help="no progress bars; warnings and errors only")
 
 
+# --threads above this is refused: far more threads than any machine has cores asks torch's
+# thread pool for stacks it cannot allocate (--threads 100000: a MemoryError)
+MAX_THREADS = 1024
+
+
+def thread_count(text: str) -> int:
+    """--threads: a whole number from 1 to `MAX_THREADS`."""
+    value = positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads (one per core is torch's own "
+                                         f"choice: this machine has {os.cpu_count()}), got {value}")
+    return value
+
+
 def add_threads_argument(p: argparse.ArgumentParser):
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
                    help="torch intra-op threads (default: the cores that other work leaves idle at the start, "
                    "from the processes running at that moment: torch's choice, one per core, on an idle machine, "
                    "down to 1 on a busy one, where waiting worker threads would fight for the cores; "
@@ -254,7 +305,7 @@ def add_common_arguments(p: argparse.ArgumentParser, from_word: bool = True, ove
     add_dtype_argument(p, help=dtype.pop("help", None), choices=dtype.pop("choices", DTYPE_CHOICES))
     if dtype:
         raise ValueError(f"--dtype takes help and choices overrides only, not {', '.join(dtype)}")
-    add("--seed", type=int, default=0, help="random seed (default: 0)")
+    add("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     threads = overrides.pop("threads", None)
     if threads:
         raise ValueError("--threads takes no overrides")

@@ -138,6 +138,31 @@ def model_dir(model: str | Path | None = None, revision: str | None = None) -> P
     return resolve_model(model, revision).path
 
 
+FINGERPRINT_SAMPLES = 1024  # values read from each parameter tensor for `weights_fingerprint`
+
+
+def weights_fingerprint(model) -> str:
+    """A cheap fingerprint of a loaded model's weights, which run.json records and `--resume`
+    checks (`bertscope.run.analysis_run.ModelRun`): the sha256 of every parameter's name, shape and
+    dtype and of the bytes of `FINGERPRINT_SAMPLES` of its values, evenly spaced through it. Another
+    shape changes the shapes; another model of the same shape (a different checkpoint, a fine-tune)
+    changes the sampled values of nearly every tensor. Reading about 1000 values per tensor costs
+    milliseconds, whatever the model's size (a full hash of the files would read gigabytes). The
+    sample is of the loaded tensors, so the same files loaded with the same --dtype give the same
+    fingerprint on any device. A change confined to values between the samples is not seen."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+            sample = flat[::step][:FINGERPRINT_SAMPLES].to("cpu").contiguous()
+            digest.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+            digest.update(sample.view(torch.uint8).numpy().tobytes() if sample.numel() else b"")
+    return digest.hexdigest()[:16]
+
+
 def model_name(path) -> str:
     """A readable model name for titles and tables: the checkpoint folder's name, its parent's
     for a package's `model/` folder (the embedded MiniLM lives in .../model), and the repository's
@@ -171,6 +196,9 @@ def load_model(path: str | Path | ModelSource | None = None, device: str = "cpu"
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     source = resolve_model(path, revision)
     path = source.path
+    if path.is_file():
+        raise UserError(f"--model {path} is a file: give the checkpoint's folder (the one holding config.json "
+                        "and the weights)")
     if not path.is_dir():
         raise UserError(f"model directory not found: {path}")
     if not (path / "config.json").is_file():

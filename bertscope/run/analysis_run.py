@@ -239,7 +239,8 @@ class AnalysisRun:
         """The settings recorded for analysis `name` in DIR = `args.resume` (checked against the
         options `add_arguments` declares), over this command line's; DIR is the --out. `keys`:
         the recorded settings taken (default: every one); `RESUME_OWN` (--resume, --quiet,
-        --threads, --no-figures) are always this command line's. A setting taken that this command
+        --threads, --no-figures) are always this command line's, but a run recorded with --no-figures
+        keeps it. A setting taken that this command
         line gives another value is refused in one line (`refuse_changed_settings`), not ignored.
         A model recorded with a Hub commit loads at that commit."""
         record = recorded_run(args.resume, name, command)
@@ -253,6 +254,8 @@ class AnalysisRun:
             defaults = {k: parser.get_default(k) for k in given}
             refuse_changed_settings(args.resume, changed_on_resume(given, defaults, taken), getattr(args, "out", None))
         settings = {**vars(args), **taken, "resume": args.resume, "quiet": args.quiet, "out": args.resume}
+        if "no_figures" in vars(args):  # a --no-figures run stays one: the resume adds no figure either
+            settings["no_figures"] = bool(args.no_figures or recorded.get("no_figures"))
         settings["revision"] = resumed_revision(record, settings.get("revision"))
         return argparse.Namespace(**settings)
 
@@ -304,7 +307,12 @@ class ModelRun(AnalysisRun):
         if args.max_len > self.loaded.max_len:  # said as the user asked for the length (`length_from`)
             raise UserError(f"{length_from or f'--max-len {args.max_len}'} is longer than the model allows "
                             f"({self.loaded.max_len})")
-        super().__init__(name, args, model=self.loaded.record(), command=command, resumable=resumable, world=world,
+        from bertscope.models.loading import weights_fingerprint
+
+        model = {**self.loaded.record(), "fingerprint": weights_fingerprint(self.loaded.model)}
+        if getattr(args, "resume", None):
+            check_same_weights(args.resume, name, top_level, model)
+        super().__init__(name, args, model=model, command=command, resumable=resumable, world=world,
                          top_level=top_level, open=open)
         torch.manual_seed(args.seed)
         if announce and open:
@@ -321,6 +329,32 @@ class ModelRun(AnalysisRun):
 
         if self.world is not None:
             shutdown(self.world)
+
+
+def check_same_weights(run_dir, name: str, top_level: bool, model: dict):
+    """A one-line `UserError` when `--resume DIR`'s model is not the one the run started with: its
+    weights' fingerprint (`bertscope.models.loading.weights_fingerprint`), recorded in run.json's
+    model record, differs from the model loaded now (the folder was replaced by another model, of
+    the same shape or not). The sums of two models must never be mixed. A run recorded before
+    fingerprints were (none in its record) is resumed with a warning."""
+    from bertscope.run.rundir import read_run
+
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return  # the command's own resume check says so
+    run = read_run(path)
+    record = run if top_level else run["analyses"].get(name) or {}
+    recorded = (record.get("model") or {}).get("fingerprint")
+    if recorded is None:
+        logger.warning(f"{path} records no fingerprint of the model's weights (a run of an older bertscope): "
+                       "the model loaded now is taken to be the run's")
+    elif recorded != model["fingerprint"]:
+        shape = record.get("model") or {}
+        was = f"{shape.get('layers')} layers x {shape.get('heads')} heads"
+        now = f"{model.get('layers')} layers x {model.get('heads')} heads"
+        raise UserError(f"cannot resume {run_dir}: the weights in {model.get('path')} are not those the run started "
+                        f"with (weights fingerprint {model['fingerprint']}, the run's: {recorded}; {now}, the run's: "
+                        f"{was}): put the run's model back, or start a new run without --resume")
 
 
 def _version(package: str) -> str:

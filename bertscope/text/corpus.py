@@ -396,3 +396,13 @@ class DatasetsCorpus(_ColumnCorpus):
     def __getitem__(self, i: int) -> Document:
         row = self._data[int(i)]
         return self._document(int(i), [row[name] for name in self.fields])
+
+
+def planned_segments(limit: int | None, corpus) -> int:
+    """The segments a streamed pass over `corpus` (`open_corpus`) will make, for its plan and its
+    progress bar: `limit`, but never more than the corpus's documents (counted cheaply: a text
+    file is indexed once, Wikipedia's articles are listed), since a document gives about one
+    segment; every document without a limit. `--limit 99999999` on the 10,033 Wikipedia articles
+    then plans and shows 10,033 segments, not 99,999,999."""
+    n = len(corpus)
+    return n if limit is None else min(limit, n)

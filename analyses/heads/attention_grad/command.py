@@ -68,10 +68,16 @@ def add_arguments(p):
 
 
 def main(args) -> int:
+    from bertscope.analyses.atlas.command import model_is_causal  # reads the config only, no torch
+
+    if model_is_causal(args.model, args.revision):  # said before the objective: a decoder has neither
+        raise UserError(f"bertscope heads attention-grad runs on encoders only ({ENCODERS_ONLY}); --model "
+                        f"{args.model} is a causal decoder (docs/decoders.md lists what runs on decoders)")
     objective = args.objective or default_objective(args.model, args.revision)
     if objective == "task" and args.task is None:
-        raise UserError("--objective task needs --task (the task the checkpoint was fine-tuned on); the embedded "
-                        "MiniLM has no MLM head, so give a fine-tuned --model and its --task")
+        which = "the embedded MiniLM" if args.model is None else f"--model {args.model}"
+        raise UserError(f"--objective task needs --task (the task the checkpoint was fine-tuned on); {which} has no "
+                        "masked-LM head for --objective mlm, so give its --task, or a --model with an MLM head")
     if objective == "mlm" and args.task is not None:
         raise UserError("--objective mlm reads --corpus, not --task (leave --task out, or use --objective task)")
     args.objective = objective

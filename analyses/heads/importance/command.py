@@ -81,6 +81,7 @@ def main(args) -> int:
     elif args.task is None:
         raise UserError("heads importance needs --task (or --compare RUN RUN ...)")
     elif args.task == LMD.LM:
+        LMD.refuse_task_data_options(args, {"split": "dev", "arct_version": "original"})
         run_lm_importance(args)
     else:
         run_importance(args)

@@ -114,7 +114,7 @@ def check_backend(args, spec) -> None:
 def position_run(run: ModelRun, args) -> int:
     from bertscope.analyses.heads.positions import stats as P  # see the note above `logger`
     from bertscope.engine.loop import EngineOptions, fold
-    from bertscope.text.corpus import open_corpus
+    from bertscope.text.corpus import open_corpus, planned_segments
     from bertscope.text.segments import SegmentReport
 
     loaded = run.loaded
@@ -151,7 +151,7 @@ def position_run(run: ModelRun, args) -> int:
             f"{100 * args.late:g}% of each segment")
     every = max(1, min(20, CHECKPOINT_TOKENS // (args.batch_size * args.max_len)))
     options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=run.progress,
-                            checkpoint_every=every, total=args.limit)
+                            checkpoint_every=every, total=planned_segments(args.limit, corpus))
     fold(loaded, stream, stats.spec, [stats], options, classes=P.FIRST_CLASSES, checkpoint=lambda: stats.save(path),
          shard=(world.rank, world.size), desc="positions")
     stats.save(path)

@@ -77,6 +77,8 @@ def main(args) -> int:
     from bertscope.analyses.heads.prune.lm_prune import run_lm_prune
 
     if args.task == LMD.LM or args.resume:  # only --task lm runs resume: the task is the recorded run's
+        if args.task == LMD.LM:
+            LMD.refuse_task_data_options(args, {"split": "test", "arct_version": "original"})
         run_lm_prune(args, add_arguments)
         return 0
     LMD.drop_lm_options(args, LMD.PRUNE_LM_OPTIONS)

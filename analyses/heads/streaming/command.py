@@ -30,7 +30,13 @@ from bertscope.analyses.heads.streaming.outputs import (
     STATS_CHECKPOINT,
     VARIANTS_DIR,
 )
-from bertscope.cli.args import add_common_arguments, non_negative_int, positive_int
+from bertscope.cli.args import (
+    add_common_arguments,
+    check_streaming_window,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+)
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
@@ -79,8 +85,9 @@ def fraction(text: str) -> float:
 def add_arguments(p):
     p.add_argument("--sink", type=non_negative_int, default=4, metavar="S",
                    help="attention-sink tokens a streaming head keeps: the first S (default: 4, StreamingLLM's)")
-    p.add_argument("--recent", type=non_negative_int, default=64, metavar="W",
-                   help="recent tokens a streaming head keeps: the last W, the query's own included (default: 64)")
+    p.add_argument("--recent", type=positive_int, default=64, metavar="W",
+                   help="recent tokens a streaming head keeps: the last W, the query's own included, so at least 1 "
+                   "(default: 64); --sink + --recent must be shorter than --max-len, else no key is left out")
     p.add_argument("--corpus", default="wiki",
                    help="the long text of the error pass and the loss, and the needle's haystack: 'wiki' (the "
                    "bundled Wikipedia, default) or a corpus file")
@@ -103,7 +110,7 @@ def add_arguments(p):
     p.add_argument("--keep-fraction", type=fraction, default=None, metavar="F",
                    help="the fraction of key/value groups kept full in the DuoAttention pattern written (default: "
                    "the smallest whose curve point loses nothing: see --tolerance)")
-    p.add_argument("--tolerance", type=float, default=0.02, metavar="NATS",
+    p.add_argument("--tolerance", type=non_negative_float, default=0.02, metavar="NATS",
                    help="a loss change up to this many nats (and no needle answer token lost) counts as no loss "
                    "(default: 0.02)")
     p.add_argument("--resume", metavar="DIR", default=None,
@@ -127,8 +134,7 @@ def main(args) -> int:
         raise UserError(f"--depths takes comma-separated whole numbers, not {args.depths!r}") from None
     if not depths or any(not 0 <= d <= 100 for d in depths):
         raise UserError(f"--depths are percentages, 0 to 100, not {args.depths!r}")
-    if args.sink + args.recent == 0:
-        raise UserError("--sink 0 --recent 0 leaves a streaming head nothing to attend to")
+    check_streaming_window(args.sink, args.recent, args.max_len)  # atlas's rule too (bertscope.cli.args)
     needles = load_needles(args.needles)
     refuse_encoder(args.model, getattr(args, "revision", None), command=COMMAND)
     with ModelRun(NAME, args, task="causal-lm", command=COMMAND, resumable=True) as run:
