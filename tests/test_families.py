@@ -113,6 +113,7 @@ def test_every_family_of_the_table_has_a_tiny_model():
         assert family_config(model_type).model_type == model_type
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
 def test_every_command_on_every_family(model_type, corpus, tmp_path, capsys):
     import bertscope

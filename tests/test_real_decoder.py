@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_decoder_run import reference
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.smoke]
 
 TEXTS = ["The capital of France is Paris, a city on the Seine.",
          "Attention heads in language models often attend to the first token of the text, which acts as a sink."]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.smoke
 ROOT = Path(__file__).resolve().parents[1]
 # the checkout's top-level folders of Python source, which must never be regular packages
 SOURCE_FOLDERS = sorted(p.name for p in ROOT.iterdir()

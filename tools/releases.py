@@ -6,9 +6,9 @@
 
 `make test` runs the lock (requirements-lock.txt), so that a fresh clone tests what CI tested. This
 tries the releases a user who installs tomorrow gets, or the oldest ones setup.py still admits, on the
-smoke tests (`SMOKE`): every command on every family of the architecture table, each command's
-contract, every backend against the eager oracle, and the checks that no folder of the checkout
-shadows an installed package. Each is generated from the project's own tables, so a new command,
+smoke tests (`SMOKE`, the tests marked `smoke`): every command on every family of the architecture
+table, each command's contract, every backend path against the eager oracle, and the checks that no
+folder of the checkout shadows an installed package. Each is generated from the project's own tables, so a new command,
 family or backend is in the smoke run the day it is added.
 
 How a venv is made: pip resolves the requirements of setup.py (and the test and decoder extras) as if
@@ -42,14 +42,13 @@ from pathlib import Path
 from lock import canonical, frozen, read_lock  # tools/lock.py: a script's own folder is first on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
-# one test per command and family, per command contract, per backend and layout, and the shadowing checks
-SMOKE = [
-    "tests/test_shadowing.py",
-    "tests/cli/test_command_contract.py",
-    "tests/test_families.py::test_every_command_on_every_family",
-    "tests/kernels/test_stats_table.py",
-    "tests/test_real_decoder.py",
-]
+# the tests marked smoke (pytest.ini): every command on every family of the architecture table
+# (tests/test_families.py), each command's contract (tests/cli/test_command_contract.py), every backend
+# path with every statistic at once (tests/kernels/test_stats_table.py), the real decoder's conversion
+# (tests/test_real_decoder.py) and the shadowing checks (tests/test_shadowing.py)
+# (the files named, so that pytest collects only them; `tests -m smoke` finds the same tests, slower)
+SMOKE = ["tests/test_families.py", "tests/cli/test_command_contract.py", "tests/kernels/test_stats_table.py",
+         "tests/test_real_decoder.py", "tests/test_shadowing.py", "-m", "smoke"]
 # the releases a user's install moves most: the ones the failure message bisects over first
 WATCHED = ["transformers", "torch", "triton", "tokenizers", "huggingface-hub", "kernels", "safetensors",
            "accelerate", "gguf", "numpy"]

@@ -15,6 +15,8 @@ import pytest
 
 from bertscope.analyses import registry
 
+pytestmark = pytest.mark.smoke  # one per command: make test-latest (tools/releases.py)
+
 EVERY_COMMAND = ("--out", "--quiet")
 MODEL_COMMAND = ("--model", "--revision", "--threads")
 FORWARD_COMMAND = ("--dtype", "--device", "--backend", "--batch-size", "--max-len", "--no-figures")

@@ -179,12 +179,13 @@ ROWS = {"chunked-compiled": 3 * 4 * 24, "chunked-torch": 3 * 4 * 24, "triton": 3
         "triton-fixed-group": 3 * 4 * 12, "triton-l-by-dot": 3 * 4 * 12}
 
 
-def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = None):
+def draw_case(data, case: str, heads: int = 4, dim: int = 8, rows: int | None = None, layout=None):
     """(layout, (q, k, v, key_valid, key_class), pooling, token_ids) of a drawn case: 1-3 sequences of 1-MAX_L
     tokens (`length_strategy`), 4 query heads, key heads as the layout says; with `rows`, fewer sequences,
     then 2 heads, when sequences x heads x L would be more. Token ids from a vocabulary of 1-6 tokens
-    (repeats, and rows with no earlier copy of their token, in every sequence)."""
-    layout = data.draw(CASES[case]["layout"], label="layout")
+    (repeats, and rows with no earlier copy of their token, in every sequence). `layout`: this one
+    instead of one drawn from the case's."""
+    layout = data.draw(CASES[case]["layout"], label="layout") if layout is None else layout
     pad = CASES[case]["pad"]
     L = data.draw(length_strategy(2 if pad == "single" else 1), label="L")
     if rows is not None and heads * L > rows:
@@ -255,6 +256,31 @@ def _entry_test(path: str, case: str):
 for _path in PATHS:
     for _case in CASES:
         globals()[f"test_{_path}_{_case}".replace("-", "_").replace("+", "_")] = _entry_test(_path, _case)
+
+
+# the smoke test's layout: every feature of a layout at once (causal, a window, grouped-query heads)
+SMOKE_LAYOUT = AttentionLayout(causal=True, window=(2, 0), n_key_value_heads=2)
+
+
+def _smoke_test(path: str):
+    """Every statistic of the table at once from `path`, on one drawn case of SMOKE_LAYOUT with left
+    padding, against the oracle: the one test per backend path that `make test-latest` runs (-m smoke)."""
+    @pytest.mark.smoke
+    @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+    @given(data=st.data())
+    def test(data):
+        spec = all_on()
+        layout, args, pooling, ids = draw_case(data, "left-padding", rows=ROWS[path], layout=SMOKE_LAYOUT)
+        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids)
+        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids)
+        for stat in ROW_STATS:
+            check_result(stat, path, got, ref, args, pooling, spec, layout)
+
+    return test
+
+
+for _path in PATHS:
+    globals()[f"test_{_path}_every_statistic_at_once".replace("-", "_")] = _smoke_test(_path)
 
 
 def edge_case(L: int, index: int, n_seq: int = 2):
