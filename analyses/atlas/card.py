@@ -426,7 +426,10 @@ all its types ({H.escape(legend_text())}).</small></p>
 <h2>Columns of atlas_heads.csv</h2>
 <table><tr><th>column</th><th>unit</th><th>what</th></tr>{units}
 <tr><td><code>d_0 .. d_32768+</code></td><td>probability mass, 0-1</td>
-<td>the distance profile: mass per log2 distance bucket</td></tr></table>
+<td>the distance profile: mass per log2 distance bucket; empty where no row of the layer could reach the bucket
+(beyond the longest segment or the layer's window)</td></tr></table>
+<p>Every number of the CSV files is written in full, as in atlas_heads.parquet. atlas_layers.csv's columns,
+n_&lt;type&gt; and duplicate_rows included: docs/atlas.md.</p>
 </body></html>
 """
 
