@@ -68,7 +68,8 @@ CHECKPOINT_TOKENS = 65536  # padded tokens between two checkpoints of the stream
 DEFAULT_LIMIT = (100, 32)
 DEFAULT_MAX_LEN = (128, 1024)
 DEFAULT_NEEDLES = "san-francisco"
-DEFAULT_DEPTHS = "10,50,90"
+DEFAULT_DEPTHS = "10,30,50,70,90"  # five haystacks: a retrieval type needs 3 answered (head_types.MIN_ANSWERED)
+RETRIEVAL_ANSWER = "greedy"  # `heads retrieval --answer greedy`: the model's own answer, Wu et al.'s criterion
 MIN_INDUCTION_LEN = 3  # analyses/heads/induction's MIN_SEQ_LEN (said here without importing torch)
 MIN_IMPORTANCE_LEN = 8  # bertscope.text.segments.MIN_MAX_LEN: the shortest segment the importance probe can make
 IMPORTANCE_LEN = 256  # --importance-len's default, at most the model's limit
@@ -257,7 +258,7 @@ def atlas_run(run: ModelRun, args, needles, restart: set[str] = frozenset()) -> 
     causal = loaded.architecture.is_causal(config)
     layouts = loaded.architecture.layouts(config)
     windows = [None if lay.window is None else lay.window[0] for lay in layouts]
-    kinds = ["global" if w is None else f"window {w + 1}" for w in windows]
+    kinds = [A.layer_kind(lay) for lay in layouts]
     n_kv = layouts[0].n_key_value_heads or loaded.n_heads
     seg_args = Namespace(max_len=args.max_len, limit=segment_limit(args), seed=args.seed, initial=S.INITIAL, bos="auto",
                          bos_token=None, corpus=args.corpus, text_field=args.text_field)
@@ -333,11 +334,12 @@ def atlas_run(run: ModelRun, args, needles, restart: set[str] = frozenset()) -> 
     about = {"model": model_name(loaded.path), "origin": str(loaded.origin), "model_type": loaded.model_type,
              "decoder": causal, "layers": loaded.n_layers, "heads": loaded.n_heads, "kv_heads": n_kv,
              "kinds": kinds, "max_len": args.max_len, "segments": int(acc.positions.n_segments),
-             "tokens": int(acc.positions.n_rows), "corpus": args.corpus,
+             "tokens": int(acc.positions.n_rows), "corpus": args.corpus, "corpus_rows": A.token_match_rows(acc.heads),
              "segments_report": report.as_dict(), "quantised": quantised(loaded),
-             "induction": {"sequences": args.induction_sequences, "seq_len": args.induction_len},
+             "induction": {"sequences": args.induction_sequences, "seq_len": args.induction_len,
+                           "first": induction_first(loaded, causal)},
              "retrieval": ({"needles": [n.name for n in needles], "lengths": lengths, "depths": args.depths,
-                            "answered": retrieval_answered(run)} if retrieval_on else None),
+                            "answer": RETRIEVAL_ANSWER, "answered": retrieval_answered(run)} if retrieval_on else None),
              "importance": ({"segments": args.importance_segments, "max_len": args.importance_len}
                             if importance_on else None),
              "streaming": [args.streaming_sink, args.streaming_recent], "seconds": seconds}
@@ -389,7 +391,7 @@ def log_plan(run, args, loaded, kinds, causal, state, lengths, n_needles, retrie
     if retrieval_on:
         stages.append((f"retrieval: {n_needles} needle(s) x {len(lengths)} length(s) ({', '.join(map(str, lengths))})"
                        f" x {n_depths} depth(s), one pass each",
-                       n_needles * n_depths * sum(pass_work(loaded, kinds, n) for n in lengths), 1.2, "retrieval"))
+                       n_needles * n_depths * sum(pass_work(loaded, kinds, n) for n in lengths), 2.4, "retrieval"))
     if importance_on:
         stages.append((f"LM importance: {args.importance_segments} segment(s) of {args.importance_len} tokens, "
                        "forward and backward", args.importance_segments * pass_work(loaded, kinds, args.importance_len),
@@ -471,7 +473,7 @@ def induction_probe(run, args, loaded, causal, state, state_path, fresh: bool = 
     import torch.distributed as dist
 
     from bertscope.analyses.atlas.stats import write_state
-    from bertscope.analyses.heads.induction.command import bos_token, segments_of
+    from bertscope.analyses.heads.induction.command import segments_of
     from bertscope.analyses.heads.induction.stats import (
         InductionScores,
         RepeatedSequence,
@@ -484,7 +486,7 @@ def induction_probe(run, args, loaded, causal, state, state_path, fresh: bool = 
 
     T = args.induction_len
     score_offsets(T)
-    bos = bos_token(loaded, False) if causal else getattr(loaded.tokenizer, "cls_token_id", None)
+    bos = first_token(loaded, causal)
     vocab = min(len(loaded.tokenizer), loaded.model.config.vocab_size)
     ids = random_sequences(args.induction_sequences, T, token_pool(loaded.tokenizer, vocab), bos, args.seed)
     layout = RepeatedSequence(T, bos is not None)
@@ -550,21 +552,36 @@ def checked_importance_segments(args, loaded):
     return segments
 
 
+def first_token(loaded, causal: bool) -> int | None:
+    """The token before the induction probe's random tokens: a decoder's BOS, an encoder's [CLS]; None: none."""
+    from bertscope.analyses.heads.induction.command import bos_token
+
+    return bos_token(loaded, False) if causal else getattr(loaded.tokenizer, "cls_token_id", None)
+
+
+def induction_first(loaded, causal: bool) -> str | None:
+    """What the card says comes first in each induction sequence: "BOS", "[CLS]" or None."""
+    return None if first_token(loaded, causal) is None else "BOS" if causal else "[CLS]"
+
+
 def retrieval_probe(run, args, loaded, needles, lengths, builder):
-    """analyses/heads/retrieval's grid on a few haystacks: (Ly, H) retrieval scores (over the answered
-    haystacks; over every one when none was answered), every rank's cells gathered."""
+    """analyses/heads/retrieval's grid on a few haystacks, each answered in the model's own words
+    (`heads retrieval --answer greedy`): (Ly, H) retrieval scores over the answered haystacks, or None
+    when fewer than head_types.MIN_ANSWERED were answered (`stats.retrieval_column`); every rank's
+    cells gathered. `builder`: `haystack_builder`'s, made before the first stage."""
+    from bertscope.analyses.atlas.stats import retrieval_column
     from bertscope.analyses.heads.retrieval.command import ints, run_cells
     from bertscope.analyses.heads.retrieval.stats import Cell, GridScores
 
     prompt = builder.prompt
     setup = {"model": loaded.record(), "prompt": prompt, "corpus": args.corpus, "text_field": args.text_field,
-             "needles": {n.name: [n.needle, n.question, n.answer] for n in needles}}
+             "needles": {n.name: [n.needle, n.question, n.answer] for n in needles}, "answer": RETRIEVAL_ANSWER}
     cells = [Cell(n.name, length, depth) for n in needles for length in lengths for depth in ints(args.depths)]
-    records = run_cells(run, Namespace(answer="reference", backend=args.backend), builder,
+    records = run_cells(run, Namespace(answer=RETRIEVAL_ANSWER, backend=args.backend), builder,
                         {n.name: n for n in needles}, cells, setup)
     grid = GridScores.of([records[c.key] for c in cells if c.key in records], loaded.n_layers, loaded.n_heads)
     run._atlas_retrieval = (grid.n_answered, grid.n_cells)
-    return grid.answered if grid.n_answered else grid.all
+    return retrieval_column(grid)
 
 
 def retrieval_answered(run) -> dict:
@@ -595,12 +612,11 @@ def write_outputs(run, args, table: dict, about: dict):
     from bertscope.analyses.atlas import card
     from bertscope.analyses.atlas import stats as A
 
-    rows = [{k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in A.rows_of(table)]
     columns = A.column_order()
-    run.write_csv(HEADS_FILE, rows, columns)
+    run.write_csv(HEADS_FILE, A.csv_cells(A.rows_of(table)), columns)  # full precision, as the Parquet file
     write_parquet(run, table, columns)
-    layer_rows = A.layer_rows(table)
-    run.write_csv(LAYERS_FILE, layer_rows, A.layer_columns())
+    layer_rows = A.layer_rows(table, about.get("corpus_rows"))
+    run.write_csv(LAYERS_FILE, A.csv_cells(layer_rows), A.layer_columns())
     results = card.headline(table, about)
     for line in card.summary_lines(results):
         run.log(line)

@@ -38,6 +38,14 @@ RETRIEVAL = 0.1
 """Retrieval: Wu et al. (2024)'s retrieval score above 0.1, their own bar ("heads with retrieval
 score > 0.1", fewer than 5% of the heads in the models they test). Decoders only."""
 
+MIN_ANSWERED = 3
+"""Retrieval needs at least 3 answered haystacks: Wu et al.'s retrieval score is a mean over the
+retrievals that succeed (the haystacks the model answers), so a haystack the model does not
+answer says nothing about which heads retrieve, and a mean over one or two answered haystacks
+rests on one or two needle positions. Below 3, the retrieval_score column is empty ("not
+measured") and the card says how many haystacks were answered; the atlas's default probe (five
+depths, greedy answers) gives both real decoders five chances."""
+
 STREAMING_SAFE = 0.1
 """Streaming-safe: ||o - o_L|| / ||o|| at most 0.1, the head's output over the first S and last W
 keys (StreamingLLM's sink and window) within 10% of its output over every key. DuoAttention
@@ -63,7 +71,7 @@ class Rule:
     column: str
     threshold: float
     below: bool = False  # True: the type holds at or below the threshold (an error); else at or above
-    letter: str = ""  # the grid's one-letter label
+    letter: str = ""  # the grid's one-letter label, unique without regard to case (no S beside s)
     colour: str = "#999999"
     what: str = ""  # the card's one line
 
@@ -93,7 +101,7 @@ RULES: tuple[Rule, ...] = (
          what="reads within 7 tokens"),
     Rule("broad", "entropy_ratio", BROAD, letter="B", colour="#bcbd22",
          what="spreads its attention over most of what it sees"),
-    Rule("streaming-safe", "streaming_error", STREAMING_SAFE, below=True, letter="s", colour="#17becf",
+    Rule("streaming-safe", "streaming_error", STREAMING_SAFE, below=True, letter="W", colour="#17becf",
          what="its output changes by at most 10% over the sink and recent keys alone (DuoAttention's streaming heads)"),
 )
 TYPES = tuple(r.name for r in RULES)
@@ -128,3 +136,16 @@ def first_type(types: dict[str, np.ndarray]) -> list[str | None]:
     """Each head's first type in `RULES` order (the grid's colour), None for none."""
     n = len(next(iter(types.values()))) if types else 0
     return [next((name for name in TYPES if types[name][i]), None) for i in range(n)]
+
+
+def overlap(types: dict[str, np.ndarray]) -> list[tuple[str, str, int]]:
+    """Every pair of types that share at least one head, (type a, type b, heads of both), a and b in
+    `RULES` order, the largest count first (ties in `RULES` order): a head may carry several types,
+    and this says which ones go together (e.g. most decoder sinks are streaming-safe too)."""
+    pairs = []
+    for i, a in enumerate(TYPES):
+        for b in TYPES[i + 1:]:
+            n = int(np.sum(np.asarray(types[a], bool) & np.asarray(types[b], bool)))
+            if n:
+                pairs.append((a, b, n))
+    return sorted(pairs, key=lambda p: -p[2])

@@ -45,7 +45,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "layer": ("index from 1", "the layer"),
     "head": ("index from 1", "the query head"),
     "kv_head": ("index from 1", "the key/value head it reads (grouped-query attention; = head without GQA)"),
-    "attention": ("text", "the layer's attention: global, or 'window N' for a sliding window of N keys"),
+    "attention": ("text", "the layer's attention: 'global'; 'window N', a causal sliding window of N keys (the query "
+                  "and the N - 1 before it); 'window ±N (2N+1 keys)', a bidirectional window of N keys on each side "
+                  "of the query (ModernBERT's local layers)"),
     "entropy": ("nats", "mean entropy of the head's attention rows over the corpus"),
     "entropy_ratio": ("ratio, 0-1", "entropy over the layer's uniform baseline, mean ln(keys a row sees): 1 is "
                       "uniform"),
@@ -63,11 +65,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "reach_90": ("tokens", "largest distance of the log2 bucket by which 90% of the mass is gathered (empty: "
                  "32768+)"),
     "duplicate_mass": (PROB, "corpus: mass on earlier copies of the query's token, mean over rows that have one "
-                       "(empty where none has, or where this bertscope does not compute it)"),
-    "duplicate_rows": ("rows", "the rows duplicate_mass averages"),
+                       "(empty where none has, or where this bertscope does not compute it; how many rows: "
+                       "atlas_layers.csv's duplicate_rows)"),
     "prefix_match_mass": (PROB, "corpus: mass on keys that follow an earlier copy of the query's token, mean over "
-                          "rows that have one (empty as duplicate_mass is)"),
-    "prefix_match_rows": ("rows", "the rows prefix_match_mass averages"),
+                          "rows that have one (empty as duplicate_mass is; how many: prefix_match_rows)"),
     "streaming_error": ("ratio", "||o - o_L|| / ||o||: the head's output against its output over the first S and "
                         "last W keys only, pooled over rows (decoders; empty where not computed)"),
     "streaming_error_kv": ("ratio", "the same pooled over the query heads of the head's KV group"),
@@ -76,14 +77,39 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "duplicate_score": (PROB, "probe: the same rows' mass on i - T, the earlier copy of the token"),
     "previous_score": (PROB, "probe: the same rows' mass on i - 1"),
     "retrieval_score": ("ratio, 0-1", "probe (decoders): Wu et al.'s retrieval score, the share of needle tokens "
-                        "the head's argmax copies at the answer rows, mean over the answered haystacks (over every "
-                        "haystack when none was answered)"),
+                        "the head's argmax copies at the answer rows, mean over the answered haystacks; empty (not "
+                        "measured) when fewer than 3 were answered (head_types.MIN_ANSWERED)"),
     "importance": ("ratio, 0-1", "probe (decoders): Michel et al.'s I_h = E|dL/dxi_h| with the LM loss, "
                    "L2-normalised per layer"),
     "importance_raw": ("nats per unit gate", "I_h before the normalisation"),
     "types": ("text", "the head's types, '+'-joined ('' for none)"),
 }
-DISTANCE_PREFIX = "d_"  # then the 17 log2 distance buckets, "d_0" .. "d_32768+": the distance profile (PROB)
+DISTANCE_PREFIX = "d_"  # then the 17 log2 distance buckets, "d_0" .. "d_32768+": the distance profile (PROB);
+# a bucket no row of the layer could reach (beyond the longest segment, or the layer's window) is empty, not 0
+
+# -- atlas_layers.csv: name -> (unit, what it is); n_<type> for every type of head_types.RULES -------------
+
+LAYER_COLUMNS: dict[str, tuple[str, str]] = {
+    "layer": ("index from 1", "the layer"),
+    "attention": ("text", "the layer's attention, as in atlas_heads.csv"),
+    "entropy_ratio": ("ratio, 0-1", "mean over the layer's heads of atlas_heads.csv's column of the same name"),
+    "prev_mass": (PROB, "the same mean"),
+    "first_mass": (PROB, "the same mean"),
+    "sink_mass": (PROB, "the same mean"),
+    "mean_distance": ("tokens", "the same mean"),
+    "local_mass": (PROB, "the same mean"),
+    "induction_score": (PROB, "the same mean"),
+    "retrieval_score": ("ratio, 0-1", "the same mean (empty where not measured)"),
+    "streaming_error": ("ratio", "the same mean (empty where not measured)"),
+    "importance": ("ratio, 0-1", "the same mean (empty where not measured)"),
+    "n_<type>": ("heads", "how many of the layer's heads carry the type (one column per type: n_retrieval, "
+                 "n_induction, ...); a head of several types counts in each, so they can add up to more than the "
+                 "layer's heads; 0 also where the type was not measured (the card says which)"),
+    "duplicate_rows": ("rows", "the query rows of the corpus with an earlier copy of their token among the keys the "
+                       "layer lets them see: what duplicate_mass averages over (the same for every head of a layer)"),
+    "prefix_match_rows": ("rows", "the rows that see a key right after an earlier copy of their token: what "
+                          "prefix_match_mass averages over"),
+}
 
 
 def read_heads(run_dir) -> list[dict]:

@@ -82,8 +82,9 @@ def plot_layers(rows: list[dict], about: dict):
     ax.set_xlabel("layer")
     ax.set_ylabel("heads of each type")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Per-layer profiles (grey: sliding-window layers; right: a head of several types counts in each)"
-                 f"\n{_title(about)}", fontsize=9)
+    grey = "grey: sliding-window layers; " if any(r["attention"] != "global" for r in rows) else ""
+    fig.suptitle(f"Per-layer profiles ({grey}right: a head of several types counts in each)\n{_title(about)}",
+                 fontsize=9)
     return fig
 
 

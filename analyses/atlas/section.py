@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bertscope.analyses.atlas import paper
-from bertscope.analyses.atlas.card import LAYERS_CAPTION
+from bertscope.analyses.atlas.card import layers_caption
 from bertscope.analyses.atlas.outputs import (
     COMPARE_FIGURE,
     COMPARE_NAME,
@@ -31,6 +31,10 @@ def build(run: RunFiles) -> Section | None:
     q = f" ({results['quantised']} weights)" if results.get("quantised") else ""
     findings = [f"{results['model']}{q}: {results['typed']} of {n} heads carry at least one type."]
     findings += [f"{name}: {why}." for name, why in results.get("not_measured", {}).items()]
+    pairs = results.get("overlap") or []
+    if pairs:
+        findings.append("Types that share heads (heads of both): "
+                        + ", ".join(f"{' + '.join(p['types'])} {p['heads']}" for p in pairs[:3]) + ".")
     if results.get("pending_columns"):
         findings.append("Not measured in this run: " + ", ".join(results["pending_columns"]) + ".")
     findings += [paper.TEXT[k] for k in ("sink", "positional", "induction")]
@@ -39,7 +43,7 @@ def build(run: RunFiles) -> Section | None:
     figures = [
         run.figure(GRID_FIGURE, "Every head (columns) of every layer (rows), coloured by its first type; the letters "
                    "are all its types (atlas_card.html has the same grid with each head's numbers)."),
-        run.figure(LAYERS_FIGURE, LAYERS_CAPTION),
+        run.figure(LAYERS_FIGURE, layers_caption(results)),
     ]
     return Section("Head atlas: every head typed",
                    intro="One streamed pass and short probes type every head by fixed thresholds "

@@ -47,21 +47,31 @@ def token_match_spec() -> dict:
 
 
 def token_match_columns(heads: HeadStats) -> dict[str, np.ndarray]:
-    """Per head (Ly, H): `<name>`, the mean over the rows that have such a key (NaN where none has), and
-    `<short>_rows`, those rows, for duplicate_mass and prefix_match_mass (columns duplicate_mass,
-    duplicate_rows, prefix_match_mass, prefix_match_rows), from `HeadStats.token_relation_means`; NaN
-    where the run did not compute them."""
+    """Per head (Ly, H): duplicate_mass and prefix_match_mass, each the mean over the rows that have such
+    a key (NaN where none has), from `HeadStats.token_relation_means`; NaN where the run did not compute
+    them. How many rows each mean is over is the same for every head of a layer: `token_match_rows`."""
     shape = (heads.n_layers, heads.n_heads)
     out = {name: np.full(shape, np.nan) for name in TOKEN_MATCH}
-    out |= {f"{name.removesuffix('_mass')}_rows": np.full(shape, np.nan) for name in TOKEN_MATCH}
     try:
         means = heads.token_relation_means()
     except NotComputedError:
         return out
     for name, (mean, rows) in means.items():
         out[name] = np.where(rows > 0, mean, np.nan)
-        out[f"{name.removesuffix('_mass')}_rows"] = rows
     return out
+
+
+def token_match_rows(heads: HeadStats) -> dict[str, list[int]] | None:
+    """Per layer, the corpus's rows that duplicate_mass and prefix_match_mass average over:
+    {"duplicate_rows": [Ly ints], "prefix_match_rows": [...]}: the rows with an earlier copy of their
+    token (and with a key right after one) among the keys they see, so one count per layer (a sliding
+    window sees fewer copies than a global layer), not per head; None where not computed."""
+    try:
+        means = heads.token_relation_means()
+    except NotComputedError:
+        return None
+    return {f"{name.removesuffix('_mass')}_rows": [int(round(float(x))) for x in rows[:, 0]]
+            for name, (_, rows) in means.items()}
 
 
 def streaming_spec(causal: bool, sink: int = STREAMING_SINK, recent: int = STREAMING_RECENT) -> dict:
@@ -168,6 +178,21 @@ class StreamStats:
 # --- the per-head table ------------------------------------------------------------------------------
 
 
+def layer_kind(layout) -> str:
+    """A layer's attention in words (the `attention` column): "global"; "window N" for a causal
+    sliding window of N keys, the query and the N - 1 before it (Gemma-3's "window 512"); "window ±N
+    (2N + 1 keys)" for a bidirectional window of N keys on each side of the query (ModernBERT's local
+    layers); "window -L/+R (L + R + 1 keys)" for any other band."""
+    if layout.window is None:
+        return "global"
+    left, right = (int(x) for x in layout.window)
+    if right == 0:
+        return f"window {left + 1}"
+    if left == right:
+        return f"window ±{left} ({2 * left + 1} keys)"
+    return f"window -{left}/+{right} ({left + right + 1} keys)"
+
+
 def stream_columns(stream: StreamStats, causal: bool, n_kv_heads: int) -> dict[str, np.ndarray]:
     """The streamed pass's columns, each (Ly, H): read off the three accumulators' own readers."""
     hs = stream.heads
@@ -180,6 +205,7 @@ def stream_columns(stream: StreamStats, causal: bool, n_kv_heads: int) -> dict[s
     grid = lambda key: np.array([r[key] for r in sink_rows], dtype=float).reshape(Ly, H)  # noqa: E731
     alpha, first, initial, sep = grid("alpha_1"), grid("first_mass"), grid("initial_mass"), grid("sep_mass")
     profile = stream.positions.distance_profile()  # (Ly, H, DB)
+    reached = reached_buckets(stream)  # (Ly, DB): the buckets the segments and the layer's window can reach
     cols = {
         "entropy": entropy,
         "entropy_ratio": _div(entropy, np.broadcast_to(baseline[:, None], (Ly, H))),
@@ -191,14 +217,36 @@ def stream_columns(stream: StreamStats, causal: bool, n_kv_heads: int) -> dict[s
         "local_mass": profile[..., :LOCAL_BUCKETS].sum(-1),
         "reach_90": np.array([[_reach(profile[i, h]) for h in range(H)] for i in range(Ly)], dtype=float),
     }
-    for b, name in enumerate(P.distance_columns()):
-        cols[name] = profile[..., b]
+    for b, name in enumerate(P.distance_columns()):  # a bucket no row could reach: NaN ("not reached"), not 0
+        cols[name] = np.where(reached[:, None, b], profile[..., b], np.nan)
     cols.update(token_match_columns(hs))
     cols.update(streaming_columns(hs, n_kv_heads))
     return cols
 
 
 LOCAL_BUCKETS = 4  # the distance buckets 0, 1, 2-3, 4-7: distance below 8
+
+
+def reached_buckets(stream: StreamStats) -> np.ndarray:
+    """(Ly, DB) bool: whether any row of the pass could put mass in each log2 distance bucket of each
+    layer. A row at position p (from the segment's first token) sees distances 0 .. p, a layer whose
+    window reaches w keys to a side at most w, so a bucket is reached when its smallest distance is at
+    most min(the last position of any segment, the window). The last position is read off the
+    sinks' rows per log2 position bucket, whose edges are the distance buckets' (0, 1, 2-3, 4-7, ...):
+    bucket b is reached when some row lies in position bucket b or beyond. A pass of 1,024-token
+    segments reaches 512-1023 and no bucket after it: those read NaN, not a measured 0."""
+    from bertscope.kernels.spec import N_DISTANCE_BUCKETS
+
+    rows = np.asarray(stream.sinks.rows_bucket[0], dtype=float)  # (NB,) rows per position bucket
+    seen = np.flatnonzero(rows > 0)
+    last_bucket = int(seen[-1]) if seen.size else -1
+    lows = np.array([lo for lo, _ in P.bucket_bounds()])  # (DB,) each distance bucket's smallest distance
+    out = np.zeros((stream.positions.n_layers, N_DISTANCE_BUCKETS), bool)
+    for layer, w in enumerate(stream.positions.windows):
+        out[layer] = np.arange(N_DISTANCE_BUCKETS) <= last_bucket
+        if w is not None:
+            out[layer] &= lows <= w
+    return out
 
 
 def _reach(profile: np.ndarray) -> float:
@@ -216,6 +264,15 @@ def probe_columns(shape, induction: dict | None = None, retrieval: np.ndarray | 
             "retrieval_score": nan if retrieval is None else retrieval,
             "importance": nan if importance is None else importance.scores,
             "importance_raw": nan if importance is None else importance.raw}
+
+
+def retrieval_column(grid) -> np.ndarray | None:
+    """The retrieval_score column from the probe's `GridScores`: Wu et al.'s score, a mean over the
+    answered haystacks only, when at least `head_types.MIN_ANSWERED` were answered; else None (the
+    column is NaN, "not measured": a score over haystacks the model did not answer is not theirs)."""
+    from bertscope.analyses.atlas.head_types import MIN_ANSWERED
+
+    return np.asarray(grid.answered, dtype=float) if grid.n_answered >= MIN_ANSWERED else None
 
 
 def head_table(model: str, kinds: list[str], n_kv_heads: int, columns: dict[str, np.ndarray]) -> dict[str, list]:
@@ -262,13 +319,26 @@ def rows_of(table: dict[str, list]) -> list[dict]:
     return [{k: v[i] for k, v in table.items()} for i in range(n)]
 
 
-def layer_rows(table: dict[str, list]) -> list[dict]:
-    """One row per layer: the mean over its heads of the profile columns, and its heads of each type."""
+def csv_cells(rows: list[dict]) -> list[dict]:
+    """Rows as the CSV files write them: every float at full precision (Python's repr, the shortest text
+    that reads back as the same float64, so the CSV and the Parquet file hold the same values), a NaN
+    as an empty cell; text and integers as they are."""
+    def cell(v):
+        if isinstance(v, float):  # numpy's float64 too
+            return "" if math.isnan(v) else repr(float(v))
+        return v
+    return [{k: cell(v) for k, v in r.items()} for r in rows]
+
+
+def layer_rows(table: dict[str, list], corpus_rows: dict[str, list[int]] | None = None) -> list[dict]:
+    """One row per layer: the mean over its heads of the profile columns, its heads of each type, and
+    (`corpus_rows`, from `token_match_rows`) the rows of the corpus that its duplicate and prefix-match
+    masses average over, one count per layer (empty where not computed)."""
     from bertscope.analyses.atlas import head_types as T
 
     rows = []
     layers = np.asarray(table["layer"])
-    for layer in sorted(set(table["layer"])):
+    for k, layer in enumerate(sorted(set(table["layer"]))):
         sel = layers == layer
         row = {"layer": int(layer), "attention": table["attention"][int(np.argmax(sel))]}
         for name in LAYER_MEANS:
@@ -276,18 +346,21 @@ def layer_rows(table: dict[str, list]) -> list[dict]:
             row[name] = float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
         for name in T.TYPES:
             row[f"n_{name}"] = int(np.asarray(table[f"type_{name}"])[sel].sum())
+        for name in LAYER_ROWS:
+            row[name] = corpus_rows[name][k] if corpus_rows else math.nan
         rows.append(row)
     return rows
 
 
 LAYER_MEANS = ("entropy_ratio", "prev_mass", "first_mass", "sink_mass", "mean_distance", "local_mass",
                "induction_score", "retrieval_score", "streaming_error", "importance")
+LAYER_ROWS = ("duplicate_rows", "prefix_match_rows")  # per layer, not per head: see `token_match_rows`
 
 
 def layer_columns() -> tuple[str, ...]:
     from bertscope.analyses.atlas import head_types as T
 
-    return ("layer", "attention", *LAYER_MEANS, *(f"n_{name}" for name in T.TYPES))
+    return ("layer", "attention", *LAYER_MEANS, *(f"n_{name}" for name in T.TYPES), *LAYER_ROWS)
 
 
 def write_state(path: Path, state: dict) -> None:

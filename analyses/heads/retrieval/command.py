@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -305,10 +306,18 @@ def pass_work(loaded, kinds: list[str], length: int) -> float:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     pairs = 0.0
     for kind in kinds:
-        w = int(kind.split()[1]) if kind.startswith("window") else length
-        w = min(w, length)
+        w = min(window_keys(kind) or length, length)
         pairs += w * length - w * (w - 1) / 2  # query i sees min(i + 1, w) keys
     return float(weights) * length + 2.0 * loaded.n_heads * head_dim * pairs
+
+
+def window_keys(kind: str) -> int | None:
+    """The keys a row of a layer of this kind sees at most: "window 512" -> 512, the atlas's
+    "window ±2 (5 keys)" -> 5; None for "global"."""
+    if not kind.startswith("window"):
+        return None
+    keys = re.search(r"\((\d+) keys\)", kind)
+    return int(keys.group(1)) if keys else int(kind.split()[1])
 
 
 def duration(seconds: float) -> str:

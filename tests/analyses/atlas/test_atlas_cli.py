@@ -12,7 +12,7 @@ import pytest
 from conftest import interrupt_on_call
 
 from bertscope.analyses.atlas import stats as A
-from bertscope.analyses.atlas.outputs import CARD_HTML, CARD_MD, HEADS_FILE, PARQUET_FILE
+from bertscope.analyses.atlas.outputs import CARD_HTML, CARD_MD, HEADS_FILE, LAYERS_FILE, PARQUET_FILE
 from bertscope.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -58,14 +58,14 @@ def test_a_decoder_gets_every_column_and_a_card(gemma_run):
     assert [r["attention"] for r in rows] == ["window 4"] * 4 + ["global"] * 4
     assert [r["kv_head"] for r in rows[:4]] == ["1", "1", "2", "2"]
     for r in rows:
-        for name in ("entropy", "prev_mass", "alpha_1", "mean_distance", "induction_score", "retrieval_score",
-                     "importance"):
+        for name in ("entropy", "prev_mass", "alpha_1", "mean_distance", "induction_score", "importance"):
             assert r[name] != "", (name, r)
         assert r["sep_mass"] == ""  # a decoder has no [SEP]
         assert float(r["next_mass"]) == 0.0  # causal: nothing after the query
-        assert abs(sum(float(r[c]) for c in r if c.startswith("d_")) - 1) < 1e-5  # the distance profile sums to 1
-    # the windowed layer sees 4 keys: nothing at distance 4 or more
-    assert all(float(r["d_4-7"]) == 0 for r in rows[:4])
+        # the distance profile sums to 1 over the buckets its rows could reach
+        assert abs(sum(float(r[c]) for c in r if c.startswith("d_") and r[c] != "") - 1) < 1e-5
+    # the windowed layer sees 4 keys (3 to the left): no distance of 4 or more is reached
+    assert all(r["d_2-3"] != "" and r["d_4-7"] == "" for r in rows[:4])
     frame = pd.read_parquet(gemma_run / PARQUET_FILE)
     assert list(frame.columns) == list(A.column_order()) and len(frame) == 8
     md = (gemma_run / CARD_MD).read_text()
@@ -73,7 +73,7 @@ def test_a_decoder_gets_every_column_and_a_card(gemma_run):
     html = (gemma_run / CARD_HTML).read_text()
     assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
     results = json.loads((gemma_run / "run.json").read_text())["analyses"]["atlas"]["results"]
-    assert results["counts"]["retrieval"] is not None and results["decoder"]
+    assert results["decoder"] and results["counts"]["sink"] is not None
 
 
 def test_the_pending_statistics_are_empty_until_their_kernels_exist(gemma_run):
@@ -84,12 +84,13 @@ def test_the_pending_statistics_are_empty_until_their_kernels_exist(gemma_run):
     rows = rows_of(gemma_run / HEADS_FILE)
     streaming = "streaming" in {f.name for f in fields(StatsSpec)}
     assert all((r["streaming_error"] != "") == streaming for r in rows)
+    layers = {int(r["layer"]): r for r in rows_of(gemma_run / LAYERS_FILE)}
     if "duplicate_mass" in STAT:  # a mean over the rows that have an earlier copy: empty where none has
-        assert all(r["duplicate_rows"] != "" and (r["duplicate_mass"] != "") == (float(r["duplicate_rows"]) > 0)
+        assert all((r["duplicate_mass"] != "") == (float(layers[int(r["layer"])]["duplicate_rows"]) > 0)
                    for r in rows)
         assert any(r["duplicate_mass"] != "" for r in rows)
     else:
-        assert all(r["duplicate_mass"] == r["duplicate_rows"] == "" for r in rows)
+        assert all(r["duplicate_mass"] == "" for r in rows)
     if not streaming:
         assert "not measured in this run" in (gemma_run / CARD_MD).read_text()
 
@@ -213,3 +214,157 @@ def test_two_torchrun_ranks_equal_one_process(tiny_llama_lm_dir, files, tmp_path
         for k, v in x.items():
             if v not in ("", x["model"], x["attention"], x["types"]):
                 assert float(y[k]) == pytest.approx(float(v), rel=1e-6, abs=1e-9), k
+
+
+# --- the card read as a researcher would (issue 47, part 3) ------------------------------------------------------
+
+
+def test_the_csv_holds_the_numbers_of_the_parquet_file_exactly(gemma_run):
+    """The CSV once rounded to 6 significant figures while the Parquet file kept float64: now both hold the
+    same values, every digit (an empty cell is the Parquet file's NaN)."""
+    import math
+
+    rows = rows_of(gemma_run / HEADS_FILE)
+    frame = pd.read_parquet(gemma_run / PARQUET_FILE)
+    text = {"model", "attention", "types"}
+    checked = 0
+    for i, r in enumerate(rows):
+        for c, v in r.items():
+            if c in text:
+                continue
+            want = float(frame[c].iloc[i])
+            if math.isnan(want):
+                assert v == "", (c, v)
+            else:
+                assert float(v) == want, (c, v, want)  # exact: no rounding
+                checked += 1
+    assert checked > 100
+    assert any(len(v.replace("-", "").lstrip("0.").replace(".", "")) > 6 for r in rows for v in r.values()
+               if v[:1].isdigit())  # more than 6 significant digits do appear
+
+
+def test_distance_buckets_no_row_reaches_are_empty_not_zero(gemma_run):
+    """Segments of at most 24 tokens: no query-key distance of 24 or more exists, so in the global layer
+    every bucket from 32-63 on is empty ("not reached"), while 16-31 holds a measured number; in the
+    windowed layer (3 keys to the left) every bucket from 4-7 on."""
+    from bertscope.analyses.heads.positions.stats import bucket_bounds
+
+    rows = rows_of(gemma_run / HEADS_FILE)
+    names = [c for c in rows[0] if c.startswith("d_")]
+    lows = [lo for lo, _ in bucket_bounds()]
+    for r in rows[4:]:  # the global layer
+        assert [r[c] == "" for c in names] == [lo >= 32 for lo in lows]
+        assert r["d_16-31"] != "" and r["d_32-63"] == "" and r["d_32768+"] == ""
+    for r in rows[:4]:
+        assert [r[c] == "" for c in names] == [lo > 3 for lo in lows]
+
+
+def brute_force_rows(ids: list[int], left: int | None) -> tuple[int, int]:
+    """(rows with an earlier copy of their token among the keys they see, rows that see the key right after
+    one): position by position, a row i seeing keys i - left .. i (all before it when left is None)."""
+    dup = pre = 0
+    for i in range(len(ids)):
+        lo = 0 if left is None else max(0, i - left)
+        earlier = [m for m in range(i) if ids[m] == ids[i]]
+        dup += any(m >= lo for m in earlier)
+        pre += any(m + 1 >= lo for m in earlier)
+    return dup, pre
+
+
+def test_the_rows_behind_the_duplicate_mass_are_counted_per_layer_not_repeated_per_head(gemma_run,
+                                                                                      tiny_gemma3_lm_dir, files):
+    """duplicate_rows repeated one count on every head's row; it is a count of the corpus's rows, the same
+    for every head of a layer (a window sees fewer earlier copies than a global layer). It is gone from
+    atlas_heads.csv and is in atlas_layers.csv, run.json and the card, equal to a count by brute force over
+    the pass's segments."""
+    from argparse import Namespace
+
+    from bertscope.analyses.sinks import stats as S
+    from bertscope.analyses.sinks.command import bos_plan, checked_sink_segments
+    from bertscope.models.loading import load_model
+
+    if "duplicate_rows" not in A.layer_columns():
+        pytest.fail("atlas_layers.csv has no duplicate_rows")
+    assert "duplicate_rows" not in rows_of(gemma_run / HEADS_FILE)[0]
+    assert "prefix_match_rows" not in rows_of(gemma_run / HEADS_FILE)[0]
+    corpus, _ = files
+    loaded = load_model(tiny_gemma3_lm_dir)
+    seg_args = Namespace(max_len=24, limit=6, seed=0, initial=S.INITIAL, bos="auto", bos_token=None,
+                         corpus=str(corpus), text_field=None)
+    stream, _ = checked_sink_segments(loaded, seg_args, True, bos_plan(loaded, seg_args, True))
+    segments = [s.input_ids for s in stream]
+    assert len(segments) == 6
+    want = {}
+    for layer, left in ((1, 3), (2, None)):  # the window of 4 keys sees 3 to the left
+        counts = [brute_force_rows(ids, left) for ids in segments]
+        want[layer] = (sum(c[0] for c in counts), sum(c[1] for c in counts))
+    assert want[2][0] > want[1][0] and want[2][0] > 0
+    layers = rows_of(gemma_run / LAYERS_FILE)
+    assert [(int(r["duplicate_rows"]), int(r["prefix_match_rows"])) for r in layers] == [want[1], want[2]]
+    results = json.loads((gemma_run / "run.json").read_text())["analyses"]["atlas"]["results"]
+    assert results["corpus_rows"] == {"duplicate_rows": [want[1][0], want[2][0]],
+                                      "prefix_match_rows": [want[1][1], want[2][1]]}
+    md = (gemma_run / CARD_MD).read_text()
+    assert f"| duplicate_mass is over | {want[1][0]:,} rows (layer 1), {want[2][0]:,} rows (layer 2)" in md
+
+
+def retrieval_cells(run_dir) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "retrieval_cells").glob("*.json"))]
+
+
+def test_retrieval_is_not_measured_over_too_few_answered_haystacks(gemma_run):
+    """The tiny random model answers (almost) no haystack in its own words: with fewer than 3 answered,
+    retrieval_score is empty on every head, no head is a retrieval head, and the card says how many of
+    the 2 haystacks were answered and why that is not enough."""
+    cells = retrieval_cells(gemma_run)
+    assert len(cells) == 2 and all("answer_text" in c and c["setup"]["answer"] == "greedy" for c in cells)
+    answered = sum(bool(c["answered"]) for c in cells)
+    rows = rows_of(gemma_run / HEADS_FILE)
+    assert all(r["retrieval_score"] == "" and r["type_retrieval"] == "0" for r in rows)
+    results = json.loads((gemma_run / "run.json").read_text())["analyses"]["atlas"]["results"]
+    assert results["counts"]["retrieval"] is None
+    why = results["not_measured"]["retrieval"]
+    assert why.startswith(f"not measured: {answered} of 2 haystacks answered") and "at least 3" in why
+    assert why in (gemma_run / CARD_MD).read_text()
+
+
+def test_retrieval_over_three_answered_haystacks_is_wu_et_als_score(tiny_llama_lm_dir, files, tmp_path, monkeypatch):
+    """Every greedy answer counted as answered (the word recall patched to 1): with 3 depths the type rests
+    on 3 answered haystacks, and retrieval_score is the mean of the cells' hits / |needle| over them."""
+    import numpy as np
+
+    from bertscope.analyses.heads.retrieval import stats as R
+
+    monkeypatch.setattr(R, "word_recall", lambda reference, answer: 1.0)
+    out = tmp_path / "answered"
+    args = decoder_args(tiny_llama_lm_dir, files, out)
+    args[args.index("--depths") + 1] = "0,50,100"
+    assert main(args + ["--no-figures", "--no-importance"]) == 0
+    cells = retrieval_cells(out)
+    assert len(cells) == 3 and all(c["answered"] for c in cells)
+    want = np.mean([np.asarray(c["hits"], float) / c["needle_len"] for c in cells], axis=0).ravel()
+    got = [float(r["retrieval_score"]) for r in rows_of(out / HEADS_FILE)]
+    np.testing.assert_allclose(got, want, rtol=0, atol=0)
+    results = json.loads((out / "run.json").read_text())["analyses"]["atlas"]["results"]
+    assert "retrieval" not in results["not_measured"] and results["retrieval_probe"]["answered"] == {
+        "answered": 3, "haystacks": 3}
+    assert "3 of 3 haystacks answered in the model's own words" in (out / CARD_MD).read_text()
+
+
+def test_a_bidirectional_window_says_its_keys_on_each_side(files, tmp_path):
+    """ModernBERT's local layer sees 2 keys on each side: its attention column reads "window ±2 (5 keys)",
+    not a bare "window 3", and its distance buckets from 4-7 on are empty (not reached)."""
+    from tiny_decoders import save_family
+
+    model = save_family(tmp_path / "modernbert", "modernbert")
+    corpus, _ = files
+    out = tmp_path / "mb"
+    assert main(["atlas", "--model", str(model), "--corpus", str(corpus), "--limit", "3", "--max-len", "24",
+                 "--induction-sequences", "1", "--induction-len", "4", "--no-figures", "--quiet",
+                 "--out", str(out)]) == 0
+    rows = rows_of(out / HEADS_FILE)
+    kinds = [r["attention"] for r in rows]
+    assert set(kinds) == {"global", "window ±2 (5 keys)"}
+    local = [r for r in rows if r["attention"] != "global"]
+    assert all(r["d_2-3"] != "" and r["d_4-7"] == "" for r in local)
+    assert "window ±2 (5 keys)" in (out / CARD_MD).read_text()

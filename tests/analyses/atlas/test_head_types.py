@@ -52,6 +52,7 @@ def test_every_threshold_is_documented_in_one_place():
         assert f'{name} = {getattr(T, name)}\n"""' in source, name
     assert {r.threshold for r in T.RULES} == {T.SINK, T.PREVIOUS, T.DUPLICATE, T.INDUCTION, T.RETRIEVAL,
                                               T.STREAMING_SAFE, T.BROAD, T.LOCAL}
+    assert f'MIN_ANSWERED = {T.MIN_ANSWERED}\n"""' in source  # the retrieval type's answered haystacks
 
 
 @pytest.mark.parametrize("decoder", [True, False])
@@ -108,8 +109,8 @@ def test_the_streaming_columns_repeat_each_kv_groups_error_over_its_heads():
 
 def test_the_token_match_columns_are_nan_where_no_row_has_such_a_key():
     """`HeadStats.token_relation_means` gives each head's mean over its rows that have an earlier copy of
-    their token, and those rows per layer: a layer with no such row is NaN, not 0; the statistic not
-    computed is NaN throughout."""
+    their token, and those rows per layer: a layer with no such row is NaN, not 0; the row counts come
+    once per layer (`token_match_rows`); the statistic not computed is NaN throughout (rows: None)."""
     from types import SimpleNamespace
 
     from bertscope.analyses.atlas import stats as A
@@ -123,10 +124,12 @@ def test_the_token_match_columns_are_nan_where_no_row_has_such_a_key():
     cols = A.token_match_columns(heads)
     np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, 0.25], [np.nan, np.nan]])
     np.testing.assert_allclose(cols["prefix_match_mass"], [[0.25, 0.125], [np.nan, np.nan]])
-    np.testing.assert_allclose(cols["duplicate_rows"], rows)
+    assert set(cols) == {"duplicate_mass", "prefix_match_mass"}  # the row counts are per layer, not per head
+    assert A.token_match_rows(heads) == {"duplicate_rows": [6, 0], "prefix_match_rows": [6, 0]}
 
     def not_computed():
         raise NotComputedError("duplicate_mass")
 
-    missing = A.token_match_columns(SimpleNamespace(n_layers=2, n_heads=2, token_relation_means=not_computed))
-    assert all(np.isnan(v).all() for v in missing.values())
+    missing = SimpleNamespace(n_layers=2, n_heads=2, token_relation_means=not_computed)
+    assert all(np.isnan(v).all() for v in A.token_match_columns(missing).values())
+    assert A.token_match_rows(missing) is None
