@@ -470,7 +470,9 @@ def attn_stats_fwd(
     for o in range(0, n_offsets):
         off = tl.load(Offsets + o)
         kr = pos + off  # (BLOCK_M,) key positions
-        inside = (kr >= 0) & (kr < L) & (off >= -win_left) & (off <= win_right)
+        # the offset's window test is a scalar: a select, not `&` (Triton 3.9's interpreter turns a block mask
+        # & a scalar condition into int32, which tl.load refuses as a mask; compiled, both are one predicate)
+        inside = tl.where((off >= -win_left) & (off <= win_right), (kr >= 0) & (kr < L), False)
         # q . k_{i+o} in slices of OFFSET_DK columns, q again from memory: a whole (BLOCK_M, BLOCK_D) fp32 q
         # and K row would take 2 BLOCK_M BLOCK_D / (32 num_warps) registers (128 at D = 128), or q's kept
         # through the loop 32 more
