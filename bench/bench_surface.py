@@ -100,8 +100,7 @@ class Runner:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        from bertscope.models.loading import default_model_dir, load_model
-        from bertscope.text.token_classes import token_class_table
+        from bertscope.models.loading import default_model_dir, load_model, token_class_table
 
         self.torch = torch
         self.models = {}
