@@ -38,7 +38,7 @@ class Engine:
         from transformers import AutoModel
 
         from bertscope.analyses.surface.command import RunSettings
-        from bertscope.engine.attention import HeadProbe
+        from bertscope.models.attention import HeadProbe
         from bertscope.models.loading import load_model
 
         self.torch, self.folder = torch, folder

@@ -107,7 +107,7 @@ class Runner:
         path = default_model_dir()
         if "bertscope" in methods:
             from bertscope.analyses.surface.command import RunSettings
-            from bertscope.engine.attention import HeadProbe
+            from bertscope.models.attention import HeadProbe
 
             self.loaded = load_model()
             self.tokenizer, self.class_table = self.loaded.tokenizer, self.loaded.class_table

@@ -25,7 +25,7 @@ Everything else in bertscope reads an architecture from here (`architecture_of(c
 
 Encoders (bidirectional; ModernBERT with local windows) and decoders (causal; grouped-query
 attention; sliding windows) alike: the plug-in reads each call's layout from the model's own
-mask (`bertscope.engine.attention`), and the table says what to expect, for the load-time
+mask (`bertscope.models.attention`), and the table says what to expect, for the load-time
 check and run.json. Decoders load as the base model (AutoModel), never with the LM head.
 Adding a family: docs/architecture.md.
 """

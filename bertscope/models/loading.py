@@ -28,9 +28,11 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from bertscope.engine import attention  # attention registers the "bertscope" implementation
 from bertscope.errors import UserError
-from bertscope.models import head_removal
+from bertscope.models import (
+    attention,  # attention registers the "bertscope" implementation
+    head_removal,
+)
 from bertscope.models.architectures import (
     PUNCT_TOKENS,
     SUPPORTED_MODEL_TYPES,  # noqa: F401  (re-exported: see below)

@@ -21,7 +21,6 @@ from transformers.masking_utils import (
     sliding_window_causal_mask_function,
 )
 
-from bertscope.engine.attention import KeyBand, bertscope_attention, key_padding_mask, key_valid_from_mask
 from bertscope.errors import UserError
 from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.spec import PLAIN, AttentionLayout, StatsSpec
@@ -33,6 +32,7 @@ from bertscope.models.architectures import (
     SUPPORTED_MODEL_TYPES,
     architecture_of,
 )
+from bertscope.models.attention import KeyBand, bertscope_attention, key_padding_mask, key_valid_from_mask
 from bertscope.models.loading import load_model
 from bertscope.text.segments import MAX_SPECIAL, MIN_MAX_LEN
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bertscope.engine.attention import GradProbe
+from bertscope.models.attention import GradProbe
 from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import KEY_CLASSES
 

@@ -214,7 +214,7 @@ def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> t
     transformers' SDPA attention and gets bertscope's back after. Every call keeps the logits of
     the last row only (`logits_to_keep=1`): the prefill never builds logits for every prompt row
     (a prompt-length x vocabulary tensor)."""
-    from bertscope.engine.attention import ATTN_IMPLEMENTATION
+    from bertscope.models.attention import ATTN_IMPLEMENTATION
 
     model = loaded.model
     _, stop = stop_tokens(loaded)
