@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from bertscope.cli.args import check_device, check_dtype
+from bertscope.engine.devices import check_device, check_dtype
 from bertscope.errors import Interrupted, UserError
 from bertscope.run.rundir import (
     COMPLETE,
