@@ -49,8 +49,8 @@ class Engine:
                                                local_files_only=True).eval()
 
     def accumulators(self, method):
-        from bertscope.analyses.surface.per_example import PerExampleWriter
         from bertscope.engine.accumulate import HeadStats
+        from bertscope.engine.per_example import PerExampleWriter
 
         ld = self.loaded
         accs = [HeadStats(ld.n_layers, ld.n_heads, self.spec, ld.classes)]
