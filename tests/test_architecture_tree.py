@@ -6,7 +6,8 @@ The tree is read as it is written: two spaces of indentation per folder level; o
 leading words ending in "/" are folders (`{a,b}/` is two), the words ending in ".py" files of the line's
 one folder (or, on a line of files alone, of the folder above), anything else prose. `<family>/`
 names the role files every analysis folder may hold; an analysis folder's other files are listed
-on its own line. `__init__.py` files are not listed (neither kernels/ nor analyses/ has one: docs/architecture.md, "The top-level folders").
+on its own line. `__init__.py` files are not listed (neither kernels/ nor analyses/ has one:
+docs/architecture.md, "The top-level folders").
 """
 from __future__ import annotations
 
