@@ -38,7 +38,7 @@ class Engine:
         from transformers import AutoModel
 
         from bertscope.analyses.surface.command import RunSettings
-        from bertscope.engine.attention import HeadProbe
+        from bertscope.models.attention import HeadProbe
         from bertscope.models.loading import load_model
 
         self.torch, self.folder = torch, folder
@@ -49,8 +49,8 @@ class Engine:
                                                local_files_only=True).eval()
 
     def accumulators(self, method):
-        from bertscope.analyses.surface.per_example import PerExampleWriter
         from bertscope.engine.accumulate import HeadStats
+        from bertscope.engine.per_example import PerExampleWriter
 
         ld = self.loaded
         accs = [HeadStats(ld.n_layers, ld.n_heads, self.spec, ld.classes)]

@@ -195,7 +195,7 @@ class Surface:
 
     def __init__(self, name, dtype, env: Env):
         from bertscope.analyses.surface.command import RunSettings
-        from bertscope.engine.attention import HeadProbe
+        from bertscope.models.attention import HeadProbe
 
         self.env, self.name, self.dtype = env, name, dtype
         self.floor, self.eager, self.loaded = build_models(name, dtype, env)
@@ -351,9 +351,9 @@ class Heavy:
 
     def __init__(self, dtype, env: Env):
         from bertscope.analyses.probes.cluster.stats import spec_for
-        from bertscope.engine.attention import HeadProbe
         from bertscope.engine.loop import word_map_spec
         from bertscope.kernels.spec import StatsSpec
+        from bertscope.models.attention import HeadProbe
         from bertscope.models.loading import load_model
 
         self.env = env
@@ -463,9 +463,9 @@ class Decoder:
         import torch
         from transformers import LlamaConfig, LlamaModel
 
-        import bertscope.engine.attention  # noqa: F401  registers attn_implementation="bertscope"
-        from bertscope.engine.attention import HeadProbe
+        import bertscope.models.attention  # noqa: F401  registers attn_implementation="bertscope"
         from bertscope.kernels.spec import StatsSpec
+        from bertscope.models.attention import HeadProbe
 
         self.env = env
         self.config = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_1B))

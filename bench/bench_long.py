@@ -51,8 +51,8 @@ def forward_for(method: str, model_name: str):
     if method == "bertscope":
         from bertscope.analyses.surface.command import RunSettings
         from bertscope.engine.accumulate import HeadStats
-        from bertscope.engine.attention import HeadProbe
         from bertscope.engine.loop import run_batch
+        from bertscope.models.attention import HeadProbe
         from bertscope.models.loading import load_model
 
         loaded = load_model(model_name)

@@ -54,8 +54,8 @@ def inprocess(limit: int, repeats: int, threads: int) -> str:
     from bertscope.analyses.patterns import stats as P
     from bertscope.analyses.surface.command import RunSettings
     from bertscope.engine.accumulate import HeadStats
-    from bertscope.engine.attention import HeadProbe
     from bertscope.engine.loop import _collate, forward, windowed_batches
+    from bertscope.models.attention import HeadProbe
     from bertscope.models.loading import load_model
     from bertscope.text.corpus import open_corpus
     from bertscope.text.segments import SegmentOptions, iter_segments

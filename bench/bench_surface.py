@@ -100,15 +100,14 @@ class Runner:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        from bertscope.models.loading import default_model_dir, load_model
-        from bertscope.text.token_classes import token_class_table
+        from bertscope.models.loading import default_model_dir, load_model, token_class_table
 
         self.torch = torch
         self.models = {}
         path = default_model_dir()
         if "bertscope" in methods:
             from bertscope.analyses.surface.command import RunSettings
-            from bertscope.engine.attention import HeadProbe
+            from bertscope.models.attention import HeadProbe
 
             self.loaded = load_model()
             self.tokenizer, self.class_table = self.loaded.tokenizer, self.loaded.class_table

@@ -43,8 +43,8 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import bertscope.engine.accumulate as accumulate
-    import bertscope.engine.attention as attention
     import bertscope.engine.loop as loop
+    import bertscope.models.attention as attention
     from bertscope.cli.main import run_command
 
     label(attention, "attention_stats", "## attention_stats (chunked kernel)")

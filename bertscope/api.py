@@ -25,9 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertscope.analyses.surface import stats as surface
-from bertscope.analyses.surface.command import RunSettings
-from bertscope.analyses.surface.outputs import EXAMPLES_FILE
+from bertscope.engine.head_table import head_table, run_spec, table_rows
 from bertscope.engine.loop import EngineOptions, fold, iter_word_maps, run_stats
 from bertscope.kernels.spec import StatsSpec
 from bertscope.models.loading import load_model, model_name
@@ -110,7 +108,7 @@ class Scope:
 
     def _spec(self, spec: StatsSpec | None, classes: TokenClasses | None) -> StatsSpec:
         if spec is None:
-            spec = RunSettings().spec()
+            spec = run_spec()
         n = (classes or self.loaded.classes).n_classes
         if spec.n_key_classes != n:
             raise ValueError(f"spec.n_key_classes is {spec.n_key_classes}, the class scheme has {n} classes")
@@ -124,7 +122,7 @@ class Scope:
         spec = self._spec(spec, None)
         stats = run_stats(self.loaded, self.segments(texts, **segment_options), spec,
                           EngineOptions(batch_size=batch_size, backend=self.backend, progress=progress))
-        return pd.DataFrame(surface.table_rows(surface.head_table(stats)))
+        return pd.DataFrame(table_rows(head_table(stats)))
 
     def per_example(self, texts: Sequence[Text], spec: StatsSpec | None = None, classes: TokenClasses | None = None,
                     batch_size: int = 16, progress: bool = False, segments: list | None = None, **segment_options):
@@ -134,7 +132,7 @@ class Scope:
         not given)."""
         import pandas as pd  # see the note above Text
 
-        from bertscope.analyses.surface.per_example import PerExampleWriter
+        from bertscope.engine.per_example import PerExampleWriter
 
         spec = self._spec(spec, classes)
         segments = segments if segments is not None else self.segments(texts, **segment_options)
@@ -143,8 +141,8 @@ class Scope:
             fold(self.loaded, segments, spec, [writer], EngineOptions(batch_size=batch_size, backend=self.backend,
                                                                         progress=progress), classes=classes)
             writer.save()
-            writer.finish(Path(tmp) / EXAMPLES_FILE)
-            table = pd.read_parquet(Path(tmp) / EXAMPLES_FILE)
+            writer.finish(Path(tmp) / "examples.parquet")
+            table = pd.read_parquet(Path(tmp) / "examples.parquet")
         return table.sort_values(["segment", "layer", "head"]).reset_index(drop=True)
 
     def word_maps(self, text: Text | Sequence[str], from_word: str = "mean", max_len: int | None = None):

@@ -3,7 +3,7 @@
 Unlike a corpus run, the viewer *does* materialise the full (layers, H, L, L) maps: it is
 one short input, and seeing the maps is the point. One forward pass through the engine
 with the eager reference kernel gives, per layer:
-- the head statistics (the heads.csv columns, `analyses.surface.head_table` of this one
+- the head statistics (the heads.csv columns, `bertscope.engine.head_table` of this one
   segment's `HeadStats`),
 - the word-level maps (`StatsSpec.word_maps`: attention to a word is the sum over its
   tokens, from a word the mean of its tokens' rows, as the probes read them),
@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertscope.analyses.surface import stats as surface
-from bertscope.analyses.surface.command import RunSettings
 from bertscope.cli.args import VIEW_MAX_LEN
 from bertscope.engine.accumulate import HeadStats
+from bertscope.engine.head_table import head_table, run_spec
 from bertscope.engine.loop import segment_units, stream_batches
 from bertscope.errors import UserError
 from bertscope.kernels.common import masked_scores
@@ -105,7 +104,7 @@ def attention_maps(scope, segment, from_word: str = "mean"):
     """One forward pass with the eager kernel: (HeadStats, token maps (layers, H, L, L),
     word maps (layers, H, W, W) in the engine's unit order), float64 numpy."""
     loaded = scope.loaded
-    spec = RunSettings().spec().union(StatsSpec(offsets=(), n_key_classes=loaded.classes.n_classes,
+    spec = run_spec().union(StatsSpec(offsets=(), n_key_classes=loaded.classes.n_classes,
                                                 entropy=False, argmax=False, word_maps=True, keep_qk=True))
     stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes)
     (batch,) = stream_batches(loaded, [segment], spec, from_word, batch_size=1, backend="eager", progress=False)
@@ -172,12 +171,12 @@ def view_data(scope, text: str, pair: str | None = None, max_len: int = DEFAULT_
     units = [""] * len(order)  # a unit's label: its word, or the special token itself
     for t, u in enumerate(token_unit):
         units[u] = segment.words[segment.word_ids[t]] if segment.word_ids[t] >= 0 else tokens[t]
-    table = surface.head_table(stats)
+    table = head_table(stats)
     Ly, H = loaded.n_layers, loaded.n_heads
     if patterns is not None and np.shape(patterns) != (Ly, H):
         raise ValueError(f"patterns must have shape {(Ly, H)}, got {np.shape(patterns)}")
     columns, key_classes = STAT_COLUMNS, KEY_CLASSES
-    if layouts is not None:  # a decoder's columns: those its table has (`surface.layout_table`)
+    if layouts is not None:  # a decoder's columns: those its table has (`head_table.layout_table`)
         columns = tuple(c for c in ("entropy", "uniform_entropy", "kl_uniform") + STAT_COLUMNS[1:] + ("first",)
                         if c in table)
         key_classes = tuple(c for c in ("first",) + KEY_CLASSES if c in table)

@@ -6,7 +6,7 @@ once per batch, no device sync per call) and its tiles per target `triton_config
 statistics that need a second look at the attention map (column mass, word maps) are passes of
 their own over the keys (`triton_maps.py`) that reuse the forward's lse instead of a row pass;
 they stay opt-in. The kernel has no backward: with a gradient to compute,
-`bertscope.engine.attention` takes the output from SDPA instead.
+`bertscope.models.attention` takes the output from SDPA instead.
 
 On a machine without a GPU the kernels run on CPU tensors through Triton's interpreter when
 TRITON_INTERPRET=1 is set before this module is imported.

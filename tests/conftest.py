@@ -185,7 +185,7 @@ def tiny_model(minilm_tokenizer, roberta_tokenizer):
     import torch
     from transformers import AutoModel
 
-    import bertscope.engine.attention  # noqa: F401  (registers the "bertscope" implementation)
+    import bertscope.models.attention  # noqa: F401  (registers the "bertscope" implementation)
 
     def make(kind: str, attn_implementation: str = "bertscope", seed: int = 0):
         tokenizer = roberta_tokenizer if kind == "roberta" else minilm_tokenizer

@@ -66,3 +66,14 @@ def test_a_scope_prints_in_one_line(tiny_checkpoint):
     scope = bertscope.load(str(tiny_checkpoint), backend="chunked")
     assert repr(scope) == str(scope) == (f"Scope({tiny_checkpoint.name}: bert encoder, 2 layers x 4 heads, context "
                                          "128, backend chunked, cpu)")
+
+
+def test_the_default_spec_is_bertscope_runs():
+    """What the API and the viewer compute by default (`bertscope.engine.head_table.run_spec`, in the core)
+    is what `bertscope run` computes with the same settings."""
+    from bertscope.analyses.surface.command import RunSettings
+    from bertscope.engine.head_table import run_spec
+
+    assert RunSettings().spec() == run_spec()
+    for max_offset, argmax in ((1, True), (2, True), (4, False)):
+        assert RunSettings(max_offset=max_offset, argmax=argmax).spec() == run_spec(max_offset, argmax)

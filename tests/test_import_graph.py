@@ -1,4 +1,5 @@
-"""The import graph of bertscope: no cycles, and the core imports no analysis.
+"""The import graph of bertscope: no cycles, the core imports no analysis (but through the registry's
+two front ends), and the core's subpackages import one way, down the layers of `CORE_LAYERS`.
 
 Imports are read from the source with `ast`, at the top of a module and inside functions
 alike: a cycle dodged by a function-level import is still a cycle (the module that seems to
@@ -112,25 +113,106 @@ def test_no_import_cycles():
     assert cycles(import_graph()) == []
 
 
-# the front ends over the analyses: the command line and the report writer (through the
-# registry), the notebook API and the viewer (both show the surface statistics). Nothing in the
-# project imports them but `bertscope.load`, which imports the API on first use.
-FRONT_ENDS = {"bertscope.cli.main", "bertscope.report.writer", "bertscope.api", "bertscope.view"}
+# the front ends that the registry feeds: the command line (`COMMANDS`) and the report writer (`SECTIONS`,
+# `PAPER_SOURCES`). No other module of the core reaches an analysis: what the notebook API and the viewer
+# show of the surface statistics is the core's (`bertscope.engine.head_table`, `bertscope.engine.per_example`).
+FRONT_ENDS = {"bertscope.cli.main", "bertscope.report.writer"}
 
 
 def test_the_core_imports_no_analysis():
-    """`bertscope/` is the shared core: besides the front ends, no module of it reaches an
-    analysis, and no analysis reaches a front end but the report writer (to refresh a run's
-    page) and the API's loader."""
+    """`bertscope/` is the shared core: besides the registry's two front ends, no module of it reaches
+    an analysis, and no analysis reaches a front end but the report writer (to refresh a run's page)."""
     graph = import_graph()
     for name, targets in graph.items():
         if name.startswith("bertscope.analyses") or name.startswith("bertscope.kernels") or name in FRONT_ENDS:
             continue
-        reached = {t for t in targets if t.startswith("bertscope.analyses.")}
+        reached = {t for t in targets if t == "bertscope.analyses" or t.startswith("bertscope.analyses.")}
         assert not reached, f"{name} imports {sorted(reached)}"
     for name, targets in graph.items():
         if name.startswith("bertscope.analyses"):
             assert not targets & {"bertscope.cli.main", "bertscope.api", "bertscope.view"}, name
+
+
+# The core's layers, lowest first: a module of the core imports only from its own layer and those below
+# (the kernels lie below them all; the analyses are reached only from FRONT_ENDS). Each entry names the
+# core's subpackages and top-level modules ("": bertscope/__init__.py, whose `load` imports the API);
+# docs/architecture.md draws the same order (`layers_diagram`).
+CORE_LAYERS = (
+    ("errors", "log", "version", "files"),  # the base: errors, logging, the version, atomic files and run.json
+    ("data",),  # the annotated data sets, their downloads, the decoders' weights
+    ("text",),  # corpora, sentences, segments, token classes
+    ("models",),  # the families' table, loading, the attention plug-in, gates, head removal
+    ("engine",),  # batches through the model into accumulators; the per-head table
+    ("tasks",),  # task encoders, classifiers, the LM loss
+    ("report",),  # the report's page contract, its writer, plots
+    ("run",),  # the run directory and the run every command opens (it refreshes the report)
+    ("cli", "api", "view", "selftest", ""),  # the front ends
+)
+
+
+def unit_of(module: str) -> str:
+    """The core's subpackage or top-level module that `module` belongs to ("" for bertscope itself)."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def layer_of() -> dict[str, int]:
+    return {unit: i for i, layer in enumerate(CORE_LAYERS) for unit in layer}
+
+
+def core_units() -> set[str]:
+    """Every subpackage and top-level module of bertscope/ (the kernels and the analyses apart)."""
+    units = {""}
+    for path in (ROOT / "bertscope").iterdir():
+        if path.name in ("kernels", "analyses") or path.name.startswith((".", "_")):
+            continue
+        if path.is_dir() and (path / "__init__.py").is_file() or path.suffix == ".py":
+            units.add(path.stem)
+    return units
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of the core that climbs from a lower layer to a higher one, as "a -> b"."""
+    layer = layer_of()
+    out = []
+    for name, targets in sorted(graph.items()):
+        if not name.startswith("bertscope") or name.startswith(("bertscope.kernels", "bertscope.analyses")):
+            continue
+        for target in sorted(targets):
+            if target.startswith(("bertscope.kernels", "bertscope.analyses")):
+                continue
+            if layer[unit_of(target)] > layer[unit_of(name)]:
+                out.append(f"{name} -> {target}")
+    return out
+
+
+def layers_diagram() -> str:
+    """docs/architecture.md's drawing of CORE_LAYERS: the highest layer first, an arrow down between."""
+    def word(unit):
+        if unit == "":
+            return "bertscope.load"
+        return f"{unit}/" if (ROOT / "bertscope" / unit).is_dir() else f"{unit}.py"
+    return "\n    ↓\n".join("  ".join(word(u) for u in layer) for layer in reversed(CORE_LAYERS))
+
+
+def test_every_core_module_has_a_layer():
+    assert core_units() == set(layer_of()), "CORE_LAYERS must name every subpackage and top-level module once"
+    assert sum(map(len, CORE_LAYERS)) == len(layer_of())
+
+
+def test_upward_imports_are_found():
+    graph = {"bertscope.text.segments": {"bertscope.models.architectures", "bertscope.errors"},
+             "bertscope.models.loading": {"bertscope.text.segments", "bertscope.kernels.spec"}}
+    assert upward_imports(graph) == ["bertscope.text.segments -> bertscope.models.architectures"]
+
+
+def test_the_core_imports_only_downward():
+    """No module of the core imports one of a higher layer (docs/architecture.md, "The core's layers")."""
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_docs_draw_the_layers():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert layers_diagram() in text, f"docs/architecture.md should draw the core's layers as\n{layers_diagram()}"
 
 
 def test_kernels_import_nothing_above_them():

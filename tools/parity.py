@@ -72,7 +72,7 @@ def real(name: str, backend: str, L: int = 700) -> dict:
     from common import wiki_token_stream
     from transformers import AutoModel, AutoTokenizer
 
-    from bertscope.engine.attention import HeadProbe
+    from bertscope.models.attention import HeadProbe
     from bertscope.models.source import resolve_model
     from bertscope.models.tiny import SPEC, pooling_for
 
@@ -109,7 +109,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import torch
 
-    import bertscope.engine.attention  # noqa: F401  (registers the "bertscope" implementation)
+    import bertscope.models.attention  # noqa: F401  (registers the "bertscope" implementation)
     from bertscope.models.tiny import KINDS
 
     torch.set_num_threads(1)

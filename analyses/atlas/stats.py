@@ -31,6 +31,7 @@ import numpy as np
 from bertscope.analyses.heads.positions import stats as P
 from bertscope.analyses.sinks import stats as S
 from bertscope.engine.accumulate import HeadStats, NotComputedError
+from bertscope.files import write_text
 from bertscope.kernels.spec import StatsSpec
 
 OFFSETS = (-1, 0, 1)  # previous token, the token itself, the next token
@@ -364,9 +365,7 @@ def layer_columns() -> tuple[str, ...]:
 
 
 def write_state(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(state, indent=1))
 
 
 def read_state(path: Path) -> dict:

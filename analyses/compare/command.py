@@ -31,13 +31,8 @@ from bertscope.analyses.probes.syntax import outputs as syntax_outputs
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE, HEADS_FILE
 from bertscope.cli.args import add_quiet_argument, fraction
 from bertscope.errors import UserError
-from bertscope.run.rundir import (
-    check_run_dir,
-    new_run_dir,
-    read_run,
-    update_json,
-    write_csv,
-)
+from bertscope.files import read_run, write_csv
+from bertscope.run.rundir import check_run_dir, new_run_dir, update_json
 
 if TYPE_CHECKING:
     import numpy as np

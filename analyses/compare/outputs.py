@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from bertscope.run.rundir import read_run
+from bertscope.files import read_run
 
 CSV_NAME = "compare_heads.csv"  # one row per (source, statistic, head)
 FIGURE = "fig_compare_{statistic}.png"  # the difference heatmap of one heads.csv statistic

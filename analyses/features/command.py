@@ -24,8 +24,8 @@ from bertscope.cli.args import add_common_arguments, limit_arg
 from bertscope.data.paths import seeded_sample
 from bertscope.data.readers import tasks, treebank
 from bertscope.errors import UserError
+from bertscope.files import read_run
 from bertscope.run.analysis_run import ModelRun
-from bertscope.run.rundir import read_run
 from bertscope.text.corpus import Document
 
 # numpy, torch and what imports them (the statistics, the figures, the engine, the segments, the model loader)

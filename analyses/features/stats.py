@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 
 from bertscope.engine.batch import BatchContext
+from bertscope.files import write_npz
 from bertscope.kernels.spec import StatsSpec
-from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses, tag_ids, tag_scheme
 
 # the paper's footnote 6, verbatim

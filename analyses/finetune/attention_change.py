@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bertscope.engine.attention import HeadProbe
 from bertscope.kernels.common import masked_scores
 from bertscope.kernels.spec import StatsSpec
+from bertscope.models.attention import HeadProbe
 
 QK_SPEC = StatsSpec(offsets=(), n_key_classes=1, entropy=False, argmax=False, keep_qk=True)
 

@@ -41,8 +41,8 @@ from bertscope.cli.args import add_common_arguments, limit_arg, non_negative_int
 from bertscope.data.paths import dataset_dir, seeded_sample
 from bertscope.data.readers.tasks import ARCT_INPUTS, TASKS, read_task
 from bertscope.errors import UserError
+from bertscope.files import write_csv, write_json
 from bertscope.run.analysis_run import ModelRun
-from bertscope.run.rundir import write_csv, write_json
 
 # numpy, transformers and what imports them or torch (the attention change, the figures, the model loader, the
 # task inputs and model) are imported inside the functions that run the analysis: the command line imports

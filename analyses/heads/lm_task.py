@@ -43,6 +43,7 @@ from bertscope.analyses.heads.options import (  # noqa: F401 (the --task lm opti
     resumed_lm_args,
 )
 from bertscope.errors import UserError
+from bertscope.files import write_npz
 from bertscope.tasks.lm_loss import token_losses
 
 logger = logging.getLogger(__name__)
@@ -134,10 +135,8 @@ class LMSums:
     batches_done: int = 0
 
     def save(self, path: Path):
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, total=self.total, scalars=np.array([self.loss_sum, self.token_loss_sum]),
-                 counts=np.array([self.targets, self.segments, self.batches_done]))
-        tmp.replace(path)
+        write_npz(path, total=self.total, scalars=np.array([self.loss_sum, self.token_loss_sum]),
+                  counts=np.array([self.targets, self.segments, self.batches_done]))
 
     @classmethod
     def load(cls, path: Path) -> LMSums:

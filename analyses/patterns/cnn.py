@@ -33,7 +33,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bertscope.analyses.patterns.stats import TYPES
-from bertscope.run.rundir import write_npz
+from bertscope.files import write_npz
 
 GRID = 32
 CHANNELS = (8, 8, 16, 16, 32, 32, 64, 64)

@@ -39,8 +39,9 @@ from bertscope.analyses.patterns.outputs import (
 from bertscope.cli.args import add_common_arguments, limit_arg, positive_int
 from bertscope.data.readers.tasks import read_task
 from bertscope.errors import UserError
+from bertscope.files import write_json
 from bertscope.run.analysis_run import ModelRun
-from bertscope.run.rundir import new_run_dir, write_json
+from bertscope.run.rundir import new_run_dir
 from bertscope.text.corpus import Document, open_corpus
 
 if TYPE_CHECKING:

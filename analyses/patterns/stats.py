@@ -47,9 +47,9 @@ import torch
 
 from bertscope.analyses.patterns.outputs import Thresholds  # here for the parser, without torch
 from bertscope.engine.batch import _segment_sums
+from bertscope.files import write_npz
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import StatsSpec
-from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import PARTS
 
 TYPES = ("Vertical", "Diagonal", "Vertical+Diagonal", "Block", "Heterogeneous")

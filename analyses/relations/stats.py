@@ -41,8 +41,8 @@ from bertscope.analyses.relations.outputs import (  # here for the parser, witho
     MAX_WORDS,
     MIN_DISTANCE,
 )
+from bertscope.files import write_npz
 from bertscope.kernels.spec import StatsSpec
-from bertscope.run.rundir import write_npz
 
 
 def needs(n_key_classes: int) -> StatsSpec:

@@ -48,8 +48,8 @@ import torch
 
 from bertscope.analyses.sinks.outputs import EPSILON, INITIAL, NAME  # noqa: F401 (S.NAME etc., as before)
 from bertscope.engine.batch import BatchContext
+from bertscope.files import write_npz
 from bertscope.kernels.spec import StatsSpec
-from bertscope.run.rundir import write_npz
 from bertscope.text.segments import Segment
 from bertscope.text.token_classes import TokenClasses
 

@@ -1,43 +1,9 @@
 """Surface-level attention patterns (Clark et al. 2019, section 3).
 
-Per head, averaged over every non-padding query token of the corpus:
-    prev / self / next   mass on the token at offset -1 / 0 / +1 (Clark's Fig. 1 heads)
-    cls / sep / punct    mass on [CLS], [SEP], "." or "," (Clark's Fig. 2)
-    other                the rest of the mass (cls + sep + punct + other = 1)
-    entropy              row entropy in nats (Clark's Fig. 4): low for focused heads,
-                         near ln(L) for heads that attend broadly ("bag of vectors")
-and over special rows only:
-    sep_sep              mass [SEP] rows put on [SEP] keys (Clark: > 90% in many heads)
-    rest_sep             mass every other row puts on [SEP] keys (Clark's "other -> [SEP]",
-                         beside [SEP] -> [SEP] in his Fig. 2)
-    cls_entropy          entropy of the [CLS] row (Clark: 3.89 nats in bert-base layer 12)
-Mass columns are means of the attention probabilities themselves, as in the paper. Means
-pool all tokens of the corpus, or with `HeadStats(average="segments")` are means over
-segments of per-segment means, as Clark et al.'s notebook computed them; `n_tokens` is
-the number of query tokens either way. With
-wider offsets (`--max-offset`) come `offset_-2`, `offset_+2`, ... columns; with `--argmax`
-the `argmax_*` columns give the share of tokens whose most-attended key is of that kind, a
-stricter "this head points at X" reading (off by default: an index-tracking reduction
-over every map costs several times a plain max, a few percent of the whole pass).
-
-Decoders (and any model whose attention is not an encoder's plain one: `HeadStats.layouts`)
-get a table of their own, `LAYOUT_COLUMNS`, where every number means something for rows that
-see different numbers of keys:
-    first                mass on the first real token of the segment (BOS where the tokenizer
-                         adds one): a causal model's [CLS]-like key, every row sees it
-                         (`bertscope.text.token_classes.first_token_class`); replaces cls
-    uniform_entropy      mean over the rows of ln n_visible(i), the entropy of uniform attention
-                         over the keys each row sees: the layer's baseline (Gemma-3's windowed
-                         and global layers have different ones)
-    kl_uniform           uniform_entropy - entropy: the mean over rows of KL(p_i || uniform over
-                         the keys row i sees), in nats; 0 for a head that spreads evenly, large
-                         for a focused one. A mean of per-row differences, so it stays exact
-                         where a ratio of means would weigh long rows more and a per-row ratio
-                         is undefined on rows that see one key
-Columns that are 0 by construction are left out rather than shown as 0: under a causal mask
-next and every positive offset (a row sees no later key) and cls_entropy (the first row sees
-one key: entropy 0); for any non-plain layout, a class no token of the corpus has ([SEP] for
-a decoder's tokenizer without one) and the sep_sep / rest_sep columns that read it.
+The per-head table itself, its columns and the statistics it needs (`NEEDS`) are the core's
+(`bertscope.engine.head_table`: the notebook API and the viewer show it too); this module names the
+analysis and sums the table up in the terminal (`summary`: the heads that most clearly show each
+pattern; `decoder_summary` for a model whose attention is not an encoder's plain one).
 """
 from __future__ import annotations
 
@@ -45,62 +11,17 @@ import warnings
 
 import numpy as np
 
-from bertscope.engine.accumulate import HeadStats
-from bertscope.kernels.spec import StatsSpec
+from bertscope.engine.head_table import (  # noqa: F401  (the family's table: its command, section and tests read it here)
+    ARGMAX_COLUMNS,
+    COLUMNS,
+    NEEDS,
+    head_table,
+    layout_table,
+    present_classes,
+    table_rows,
+)
 
 NAME = "surface"
-NEEDS = StatsSpec(offsets=(-1, 0, 1), n_key_classes=4, entropy=True, class_mass=True)
-
-COLUMNS = (
-    "layer", "head", "prev", "self", "next", "cls", "sep", "punct", "other", "sep_sep", "rest_sep",
-    "entropy", "cls_entropy", "n_tokens",
-)
-ARGMAX_COLUMNS = ("argmax_prev", "argmax_self", "argmax_next", "argmax_cls", "argmax_sep", "argmax_punct")
-
-
-def head_table(stats: HeadStats) -> dict[str, np.ndarray]:
-    """Every column of heads.csv as a (layers, H) array, in column order."""
-    if stats.layouts is not None:
-        return layout_table(stats)
-    return _encoder_table(stats)
-
-
-def _encoder_table(stats: HeadStats) -> dict[str, np.ndarray]:
-    offsets = list(stats.spec.offsets)
-    cls_of = {name: i for i, name in enumerate(stats.class_names)}
-    offset_mass = stats.mean("offset_mass_sum")  # (layers, H, O)
-    class_mass = stats.mean("class_mass_sum")  # (layers, H, C)
-    Ly, H = stats.n_layers, stats.n_heads
-    table = {
-        "layer": np.repeat(np.arange(1, Ly + 1)[:, None], H, axis=1),
-        "head": np.repeat(np.arange(1, H + 1)[None, :], Ly, axis=0),
-    }
-    for col, o in (("prev", -1), ("self", 0), ("next", 1)):
-        table[col] = offset_mass[..., offsets.index(o)]
-    for col in ("cls", "sep", "punct", "other"):
-        table[col] = class_mass[..., cls_of[col]]
-    table["sep_sep"] = stats.mean("class_mass_sum", group="sep")[..., cls_of["sep"]]
-    table["rest_sep"] = stats.mean("class_mass_sum", group="non_sep")[..., cls_of["sep"]]
-    table["entropy"] = stats.mean("entropy_sum")
-    table["cls_entropy"] = stats.mean("entropy_sum", group="cls")
-    table["n_tokens"] = np.full((Ly, H), int(stats.n_tokens[0]), dtype=np.int64)
-    for t, o in enumerate(offsets):
-        if o not in (-1, 0, 1):
-            table[f"offset_{o:+d}"] = offset_mass[..., t]
-    if stats.spec.argmax:
-        argmax_offset = stats.mean("argmax_offset_count")  # (layers, H, O+1)
-        argmax_class = stats.mean("argmax_class_count")  # (layers, H, C)
-        for col, o in (("argmax_prev", -1), ("argmax_self", 0), ("argmax_next", 1)):
-            table[col] = argmax_offset[..., offsets.index(o)]
-        for col in ("cls", "sep", "punct"):
-            table[f"argmax_{col}"] = argmax_class[..., cls_of[col]]
-    return table
-
-
-def table_rows(table: dict[str, np.ndarray]) -> list[dict]:
-    """One dict per head, layer-major: the rows of heads.csv."""
-    Ly, H = table["layer"].shape
-    return [{c: col[l, h].item() for c, col in table.items()} for l in range(Ly) for h in range(H)]
 
 
 def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
@@ -120,42 +41,6 @@ def summary(table: dict[str, np.ndarray], k: int = 3) -> str:
             by_layer = np.nanmean(table[col], axis=1)
         lines.append(f"  {what + ' by layer':<26} " + " ".join(f"{x:.2f}" for x in by_layer))
     return "\n".join(lines)
-
-
-def present_classes(stats: HeadStats) -> set[str]:
-    """Key classes the corpus has tokens of: a class that is a row group counts its rows (every
-    query is a key too); the others are taken as present."""
-    return {c for c in stats.class_names
-            if c not in stats.group_names or stats.n_tokens[stats.group_names.index(c)] > 0}
-
-
-def layout_table(stats: HeadStats) -> dict[str, np.ndarray]:
-    """heads.csv of a model whose attention is not plain (a decoder; see the module's docstring):
-    the encoder's columns, less those that are 0 by construction, with [CLS] read as the first
-    token under a causal mask, and each layer's uniform baseline beside the entropy."""
-    full = _encoder_table(stats)
-    causal, present = stats.causal, present_classes(stats)
-    Ly, H = stats.n_layers, stats.n_heads
-    out = {}
-    for col, values in full.items():
-        if causal and (col in ("next", "argmax_next") or col.startswith("offset_+")):
-            continue  # a row sees no later key
-        if col in ("sep", "punct", "argmax_sep", "argmax_punct") and col.removeprefix("argmax_") not in present:
-            continue
-        if col in ("sep_sep", "rest_sep") and "sep" not in present:
-            continue
-        if col == "cls_entropy" and (causal or "cls" not in present):
-            continue
-        if col == "cls" and not causal and "cls" not in present:
-            continue
-        name = {"cls": "first", "argmax_cls": "argmax_first"}.get(col, col) if causal else col
-        out[name] = values
-        if col == "entropy":
-            uniform = np.repeat(stats.layer_uniform_entropy()[:, None], H, axis=1)  # (layers, H)
-            out["uniform_entropy"] = uniform
-            out["kl_uniform"] = uniform - values
-    assert all(v.shape == (Ly, H) for v in out.values())
-    return out
 
 
 def _top(table: dict[str, np.ndarray], col: str, k: int, lowest: bool = False) -> str:

@@ -64,34 +64,6 @@ def limit_arg(text: str) -> int | None:
     return None if text.lower() in ("all", "none") else positive_int(text)
 
 
-def check_device(device: str, backend: str):
-    """A `UserError` unless `device` exists here and `backend` can run on it."""
-    import torch  # see the note above whole_number
-
-    from bertscope.kernels.backends import resolve_backend
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"unknown --device {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for, but torch sees no GPU")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0 .. "
-                        f"cuda:{torch.cuda.device_count() - 1})")
-    if dev.type != "cpu":  # mps, xpu, ...: a device this torch was not built for, or this machine lacks
-        try:
-            torch.empty(1, device=dev)
-        except (RuntimeError, AssertionError, AttributeError) as e:
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"--device {device} cannot be used here ({reason}); use --device cpu"
-                            + (" or cuda" if torch.cuda.is_available() else "")) from None
-    try:
-        resolve_backend(backend, dev)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
 def check_streaming_window(sink: int, recent: int, longest: int, options: tuple[str, str] = ("--sink", "--recent"),
                            length_option: str = "--max-len"):
     """One rule for the streaming window (StreamingLLM's attention sink + recent window) of every
@@ -126,22 +98,6 @@ def add_dtype_argument(p: argparse.ArgumentParser, help: str | None = None, choi
     p.add_argument("--dtype", choices=choices, default="float32",
                    help=help or "the model's weights and activations (default: float32); the attention statistics "
                    "are computed and summed in float32 (sums in float64) whatever it is")
-
-
-def check_dtype(dtype: str, device: str):
-    """A `UserError` unless torch can run matmuls in `dtype` on `device` (float16 on an old CPU build)."""
-    import torch  # see the note above whole_number
-
-    if dtype == "float32":
-        return
-    t = getattr(torch, dtype)
-    try:
-        a = torch.ones(2, 2, dtype=t, device=device)
-        torch.nn.functional.linear(a, a)
-        torch.bmm(a[None], a[None])
-    except (RuntimeError, NotImplementedError) as e:
-        raise UserError(f"--dtype {dtype} is not supported on {device} by this torch: "
-                        f"{str(e).splitlines()[0]}") from None
 
 
 def add_quiet_argument(p: argparse.ArgumentParser):

@@ -22,12 +22,12 @@ from bertscope.cli.args import (
     add_model_arguments,
     add_quiet_argument,
     apply_default_threads,
-    check_device,
     positive_int,
 )
 from bertscope.data import decoders
 from bertscope.data.defaults import install_command, install_defaults, pins
 from bertscope.data.paths import DATASETS, data_roots, dataset_dir, download_command, not_found_message
+from bertscope.engine.devices import check_device
 from bertscope.errors import Interrupted, UserError
 from bertscope.log import configure as configure_logging
 from bertscope.version import __version__

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from bertscope.engine.batch import BatchContext
+from bertscope.files import write_npz
 from bertscope.kernels.spec import (
     ROW_STATS,
     SEGMENT_SUMS,
@@ -48,7 +49,6 @@ from bertscope.kernels.spec import (
     token_relation_rows,
     visible_counts,
 )
-from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 
 AVERAGES = ("tokens", "segments")

@@ -23,11 +23,11 @@ from tqdm.auto import tqdm
 
 from bertscope.engine import WINDOW_BATCHES  # re-exported: `from bertscope.engine.loop import WINDOW_BATCHES`
 from bertscope.engine.accumulate import HeadStats
-from bertscope.engine.attention import HeadProbe
 from bertscope.engine.batch import Accumulator, BatchContext
 from bertscope.errors import UserError
 from bertscope.kernels.pooling import word_pooling
 from bertscope.kernels.spec import StatsSpec, WordPooling
+from bertscope.models.attention import HeadProbe
 from bertscope.models.loading import LoadedModel
 from bertscope.text.segments import Segment, collate
 from bertscope.text.token_classes import TokenClasses, check_ids, first_token_class

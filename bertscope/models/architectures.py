@@ -25,7 +25,7 @@ Everything else in bertscope reads an architecture from here (`architecture_of(c
 
 Encoders (bidirectional; ModernBERT with local windows) and decoders (causal; grouped-query
 attention; sliding windows) alike: the plug-in reads each call's layout from the model's own
-mask (`bertscope.engine.attention`), and the table says what to expect, for the load-time
+mask (`bertscope.models.attention`), and the table says what to expect, for the load-time
 check and run.json. Decoders load as the base model (AutoModel), never with the LM head.
 Adding a family: docs/architecture.md.
 """
@@ -331,8 +331,9 @@ PAIR_MODEL_TYPES = tuple(t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].n_
 # Every family's spellings of "." and ",", in table order: a vocabulary is looked up for all of them.
 PUNCT_TOKENS = tuple(dict.fromkeys(t for a in ARCHITECTURES.values() for t in a.punct_tokens))
 
-# The most special tokens any supported template adds to a sentence pair.
-MAX_SPECIAL = max(ARCHITECTURES[t].n_special[1] for t in PAIR_MODEL_TYPES)
+# The most special tokens any supported template adds to a sentence pair is `bertscope.text.segments.MAX_SPECIAL`
+# (text lies below models in the core's layers, docs/architecture.md); tests/models/test_architectures.py holds
+# it to this table.
 
 
 def architecture_of(config_or_type) -> Architecture:

@@ -20,7 +20,7 @@ et al. (2019) "disable" a head by giving it uniform attention over the valid key
 around it changes nothing) with a forward pre-hook that starts each forward at layer 0 and
 a forward hook that ends it. Layers are numbered by call order, not read from the module:
 DistilBERT's attention modules carry no `layer_idx`, and ALBERT calls one shared module for
-every layer. `bertscope.engine.attention` asks `layer_gates()` for the gates of each call, on the
+every layer. `bertscope.models.attention` asks `layer_gates()` for the gates of each call, on the
 plain path and inside an analysis alike. transformers' own code is never touched.
 """
 from __future__ import annotations

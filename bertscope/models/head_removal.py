@@ -25,7 +25,7 @@ Each pruned attention module carries the original slot of each of its heads:
                                  the placeholder of an empty layer
     module.bertscope_n_heads     the layer's original head count
 
-which `bertscope.models.gates` (gates of the kept heads) and `bertscope.engine.attention` (statistics put
+which `bertscope.models.gates` (gates of the kept heads) and `bertscope.models.attention` (statistics put
 back in their original slots, NaN for pruned heads) read. The config records the pruning
 as `bertscope_pruned_heads` and `bertscope_kept_heads` ({"layer": [heads]}, 0-based,
 original indices): transformers 5's PretrainedConfig has no `pruned_heads` any more (a

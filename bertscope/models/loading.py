@@ -28,10 +28,13 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from bertscope.engine import attention  # attention registers the "bertscope" implementation
 from bertscope.errors import UserError
-from bertscope.models import head_removal
+from bertscope.models import (
+    attention,  # attention registers the "bertscope" implementation
+    head_removal,
+)
 from bertscope.models.architectures import (
+    PUNCT_TOKENS,
     SUPPORTED_MODEL_TYPES,  # noqa: F401  (re-exported: see below)
     Architecture,
     architecture_of,
@@ -43,7 +46,7 @@ from bertscope.models.source import (
     default_model_dir,  # noqa: F401  (its old home: commands and benchmarks import it here)
     resolve_model,
 )
-from bertscope.text.token_classes import KEY_CLASSES, VOCAB, TokenClasses, token_class_table
+from bertscope.text.token_classes import KEY_CLASSES, VOCAB, TokenClasses
 
 # SUPPORTED_MODEL_TYPES (imported above, re-exported): the families of `bertscope.models.architectures`
 # whose self-attention bertscope's attention function can stand in for.
@@ -294,6 +297,23 @@ def check_supported(config) -> Architecture:
     """The config's architecture; a one-line UserError for a type bertscope does not know or an
     attention it does not analyse yet (causal, sliding window, grouped-query)."""
     return check_analysable(config)
+
+
+def token_class_table(tokenizer) -> torch.Tensor:
+    """(vocab,) int64 class id of every token id in the vocab scheme (`bertscope.text.token_classes.VOCAB`),
+    special tokens taken from the tokenizer; "." and "," in every family's spellings (`PUNCT_TOKENS`)."""
+    size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+    table = torch.full((size,), KEY_CLASSES.index("other"), dtype=torch.long)
+    vocab = tokenizer.get_vocab()
+    for tok in PUNCT_TOKENS:
+        if tok in vocab:
+            table[vocab[tok]] = KEY_CLASSES.index("punct")
+    # special tokens last: they win over any clash
+    if tokenizer.sep_token_id is not None:
+        table[tokenizer.sep_token_id] = KEY_CLASSES.index("sep")
+    if tokenizer.cls_token_id is not None:
+        table[tokenizer.cls_token_id] = KEY_CLASSES.index("cls")
+    return table
 
 
 def wrap_model(model, tokenizer, path=Path(".")) -> LoadedModel:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 import transformers
 
-from bertscope.engine.attention import ATTN_IMPLEMENTATION, HeadProbe
 from bertscope.kernels.pooling import word_pooling
 from bertscope.kernels.spec import ROW_STATS, StatsSpec
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES
+from bertscope.models.attention import ATTN_IMPLEMENTATION, HeadProbe
 
 LAYERS, HEADS, KV_HEADS, HIDDEN = 2, 4, 2, 32
 PARITY_VOCAB = 50  # parity_config's vocabulary; padded_batch draws ids below it

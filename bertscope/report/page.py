@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertscope.run.rundir import read_run
+from bertscope.files import read_run
 
 
 @dataclass

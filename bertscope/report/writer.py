@@ -18,11 +18,11 @@ import base64
 import html
 import importlib
 import logging
-import os
 from pathlib import Path
 
 from bertscope.analyses import registry
 from bertscope.errors import UserError
+from bertscope.files import write_text
 from bertscope.report.page import Figure, RunFiles, Section, Table
 from bertscope.text.segments import describe_lengths
 from bertscope.version import __version__
@@ -66,9 +66,7 @@ def write_report(run_dir: str | Path) -> Path:
     sections = build_sections(run_dir)
     page = render(run_dir, sections)
     path = run_dir / REPORT_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, page)
     return path
 
 

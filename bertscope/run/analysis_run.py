@@ -26,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from bertscope.cli.args import check_device, check_dtype
+from bertscope.engine.devices import check_device, check_dtype
 from bertscope.errors import Interrupted, UserError
+from bertscope.files import checked_run, write_csv, write_text
 from bertscope.run.rundir import (
     COMPLETE,
     FAILED,
@@ -36,7 +37,6 @@ from bertscope.run.rundir import (
     RUNNING,
     changed_on_resume,
     check_settings,
-    checked_run,
     clear_run_dir,
     new_run_dir,
     recorded_run,
@@ -44,7 +44,6 @@ from bertscope.run.rundir import (
     resumed_revision,
     settings_parser,
     update_json,
-    write_csv,
 )
 from bertscope.version import __version__
 
@@ -157,9 +156,7 @@ class AnalysisRun:
 
     def write_text(self, filename: str, text: str) -> Path:
         path = self.dir / filename
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_text(path, text)
         self.outputs.append(filename)
         return path
 
@@ -337,7 +334,7 @@ def check_same_weights(run_dir, name: str, top_level: bool, model: dict):
     model record, differs from the model loaded now (the folder was replaced by another model, of
     the same shape or not). The sums of two models must never be mixed. A run recorded before
     fingerprints were (none in its record) is resumed with a warning."""
-    from bertscope.run.rundir import read_run
+    from bertscope.files import read_run
 
     path = Path(run_dir) / "run.json"
     if not path.is_file():

@@ -7,8 +7,9 @@
     stats.npz    the raw per-head sums (`HeadStats`), rewritten at every checkpoint
     heads.csv    the tidy per-head table of the surface analysis
     fig_*.png    figures
-Every file is written to a temporary name and renamed, so a reader (or a resumed run)
-never sees half a file. An analysis given `--out DIR` of an existing run (one with
+Every file is written to a temporary name and renamed (`bertscope.files`, below the engine and the
+report, which write and read these files too), so a reader (or a resumed run) never sees half a file.
+An analysis given `--out DIR` of an existing run (one with
 run.json) adds its files there, so one directory can hold the surface analysis and every
 probe of the same model; otherwise it makes a new directory. run.json is read, changed and
 written under a lock on the run directory itself (`update_json`, `locked`: no lock file is left
@@ -17,11 +18,8 @@ behind), so analyses running at the same time in one directory never lose each o
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -30,6 +28,12 @@ from pathlib import Path
 from filelock import FileLock
 
 from bertscope.errors import UserError
+from bertscope.files import (
+    read_json,
+    read_run,
+    write_csv,  # noqa: F401  (analyses/surface/command.py imports it here: its old home)
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,19 +98,6 @@ def new_run_dir(out: str | None) -> Path:
     return path
 
 
-def write_json(path: Path, data: dict):
-    """Write JSON atomically: to a temporary file of its own (two writers never share one), renamed."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def update_json(path: Path, update: Callable[[dict], dict | None]) -> dict:
     """Read-modify-write of a JSON file (run.json) under the lock of its folder (`locked`):
     `update` gets the file's contents ({} when there is none yet) and changes them in place or
@@ -151,75 +142,6 @@ def locked(folder: Path) -> Iterator[None]:
     finally:
         if fd is not None:
             os.close(fd)
-
-
-def write_npz(path, compressed: bool = False, **arrays):
-    """Write arrays to an .npz atomically: a crash mid-write leaves the old file, as a checkpoint
-    must (the temporary name keeps numpy's .npz suffix, so numpy adds none)."""
-    import numpy as np  # here: `bertscope --help` imports this module, numpy costs its start-up
-
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    (np.savez_compressed if compressed else np.savez)(tmp, **arrays)
-    os.replace(tmp, path)
-
-
-def read_json(path: Path):
-    """A JSON file; a one-line `UserError` naming it when it is missing or not JSON."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} not found: is this a bertscope run directory?") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
-
-
-def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...]):
-    """A tidy CSV: one header line, floats with 6 significant digits."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(columns)
-        for row in rows:
-            w.writerow([f"{row[c]:.6g}" if isinstance(row[c], float) else row[c] for c in columns])
-    os.replace(tmp, path)
-
-
-# the fields of run.json (and of each analysis's entry) and the JSON types they may have
-RUN_FIELDS = {"settings": dict, "model": (dict, type(None)), "status": str, "command": str, "results": (dict, list),
-              "outputs": list, "world_size": int, "corpus": dict, "segments": dict, "versions": dict}
-
-
-def read_run(path: Path) -> dict:
-    """run.json, checked: the one reader of every run.json. A `UserError` that names the file
-    when it is not a JSON object or a field has the wrong type (`RUN_FIELDS`). The analyses'
-    entries are under "analyses" in the result, also for runs written before that key was
-    named ("probes"; their surface run listed its analyses under "analyses" as a list)."""
-    path = Path(path)
-    return checked_run(read_json(path), path)
-
-
-def checked_run(run, path: Path) -> dict:
-    """`read_run`'s checks and its one name for the analyses' entries, on run.json's contents `run`."""
-    if not isinstance(run, dict):
-        raise UserError(f"{path} is not a bertscope run.json: a JSON object was expected, not {type(run).__name__}")
-    entries = run.get("analyses")
-    if not isinstance(entries, dict):  # absent, or a run written before the key was named (a list of names, or null)
-        if entries is not None and not isinstance(entries, list):
-            raise UserError(f"{path}: \"analyses\" must be an object of analysis records")
-        entries = run.pop("probes", None) or {}
-        run.pop("analyses", None)
-    if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
-        raise UserError(f"{path}: \"analyses\" must be an object of analysis records")
-    run["analyses"] = entries
-    for where, record in [("", run)] + [(f"analyses.{k}.", v) for k, v in entries.items()]:
-        for key, kind in RUN_FIELDS.items():
-            if key in record and not isinstance(record[key], kind) or key == "world_size" and \
-                    isinstance(record.get(key), bool):
-                raise UserError(f"{path}: {where}{key} has the wrong type ({type(record[key]).__name__})")
-    return run
 
 
 def recorded_run(run_dir, name: str, command: str | None = None) -> dict:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
 
-from bertscope.engine.attention import ATTN_IMPLEMENTATION
+from bertscope.models.attention import ATTN_IMPLEMENTATION
 from bertscope.models.loading import load_model, wrap_model
 from bertscope.tasks.inputs import EncodedTask
 

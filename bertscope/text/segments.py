@@ -58,12 +58,15 @@ import torch
 from tokenizers import Encoding
 
 from bertscope.errors import UserError
-from bertscope.models.architectures import MAX_SPECIAL
 from bertscope.text.corpus import Document
 from bertscope.text.sentences import sentence_spans
 
 TOKEN_TYPES = ("pair", "zeros")
 PACKINGS = ("clark", "balanced")
+# the most special tokens any family's template adds to a sentence pair (RoBERTa's <s> A </s></s> B </s>):
+# `bertscope.models.architectures` holds the families, above this module; tests/models/test_architectures.py holds
+# this to its table
+MAX_SPECIAL = 4
 MIN_MAX_LEN = MAX_SPECIAL + 4  # room for the specials of any template (architectures) plus a few tokens of each part
 
 

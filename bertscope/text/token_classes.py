@@ -24,13 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from bertscope.models.architectures import PUNCT_TOKENS
-
 KEY_CLASSES = ("cls", "sep", "punct", "other")
 
-# PUNCT_TOKENS (imported above): the spellings of the punctuation class across the vocabularies of
-# every family in `bertscope.models.architectures` (WordPiece ".", byte-level BPE with a
-# leading-space marker "Ġ.", SentencePiece "▁."); a vocabulary is looked up for all of them.
+# the vocab scheme's table of a tokenizer (`bertscope.models.loading.token_class_table`) is built where the
+# model families are known: the spellings of "." and "," differ between their vocabularies
 
 PART_CLASSES = ("cls", "sep", "part_a", "part_b")
 
@@ -115,22 +112,6 @@ def first_token_class(key_class: torch.Tensor, key_valid: torch.Tensor, n_classe
     first = key_valid.long().argmax(-1, keepdim=True)  # (B, 1) first real position
     has = key_valid.any(-1, keepdim=True)  # (B, 1) a row of padding only keeps its classes
     return out.scatter(-1, first, torch.where(has, 0, out.gather(-1, first)))
-
-
-def token_class_table(tokenizer) -> torch.Tensor:
-    """(vocab,) int64 class id of every token id, special tokens taken from the tokenizer."""
-    size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
-    table = torch.full((size,), KEY_CLASSES.index("other"), dtype=torch.long)
-    vocab = tokenizer.get_vocab()
-    for tok in PUNCT_TOKENS:
-        if tok in vocab:
-            table[vocab[tok]] = KEY_CLASSES.index("punct")
-    # special tokens last: they win over any clash
-    if tokenizer.sep_token_id is not None:
-        table[tokenizer.sep_token_id] = KEY_CLASSES.index("sep")
-    if tokenizer.cls_token_id is not None:
-        table[tokenizer.cls_token_id] = KEY_CLASSES.index("cls")
-    return table
 
 
 # --- per-segment sources ----------------------------------------------------------------

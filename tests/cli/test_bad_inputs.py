@@ -67,7 +67,7 @@ def test_a_negative_seed_is_refused_while_parsing(capsys):
 def test_a_device_this_torch_cannot_use_is_one_line(tiny_llama_lm_dir, files, tmp_path, capsys):
     import torch
 
-    from bertscope.cli.args import check_device
+    from bertscope.engine.devices import check_device
 
     if torch.backends.mps.is_available():
         pytest.skip("this machine has MPS")

@@ -38,7 +38,7 @@ def test_help_and_version_import_neither_torch_nor_transformers(argv):
 def test_the_import_check_can_fail():
     """The check above can fail: it sees the imports of a process that does import torch and
     transformers (no command's --help does any more: tests/cli/test_new_user.py holds every one)."""
-    assert {"torch", "transformers"} <= imported_by(python=("-c", "import bertscope.engine.attention; print(1)"))
+    assert {"torch", "transformers"} <= imported_by(python=("-c", "import bertscope.models.attention; print(1)"))
 
 
 def printed(argv) -> str:

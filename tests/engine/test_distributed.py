@@ -46,8 +46,8 @@ def test_two_ranks_equal_one_process(tmp_path):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from bertscope.cli.args import check_device  # noqa: E402
 from bertscope.engine import distributed  # noqa: E402
+from bertscope.engine.devices import check_device  # noqa: E402
 from bertscope.errors import UserError  # noqa: E402
 
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from bertscope.analyses import registry
-from bertscope.cli.args import check_dtype
 from bertscope.cli.main import build_parser, main
+from bertscope.engine.devices import check_dtype
 from bertscope.errors import UserError
 from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.chunked import attention_stats_chunked

@@ -13,9 +13,7 @@ import torch
 from transformers import AttentionInterface, GPTJConfig, GPTJModel
 
 from bertscope.analyses.surface.stats import head_table
-from bertscope.engine import attention
 from bertscope.engine.accumulate import HeadStats
-from bertscope.engine.attention import HeadProbe
 from bertscope.engine.loop import (
     EngineOptions,
     plan_batches,
@@ -27,6 +25,8 @@ from bertscope.engine.loop import (
 from bertscope.errors import UserError
 from bertscope.kernels.reference import stats_from_probs
 from bertscope.kernels.spec import Gate, StatsSpec
+from bertscope.models import attention
+from bertscope.models.attention import HeadProbe
 from bertscope.models.loading import SUPPORTED_MODEL_TYPES, load_model, wrap_model
 from bertscope.text.corpus import Document
 from bertscope.text.segments import SegmentOptions, collate, make_segments

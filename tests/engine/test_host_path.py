@@ -29,12 +29,12 @@ from test_engine import TINY_HEADS, TINY_LAYERS, random_segments
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AttentionInterface
 
-from bertscope.engine import attention
 from bertscope.engine.accumulate import HeadStats
-from bertscope.engine.attention import HeadProbe, KeyBand, bertscope_attention
 from bertscope.engine.loop import collate_batch, forward
 from bertscope.kernels.common import PaddingRows, known_padding, zero_padding_rows
 from bertscope.kernels.spec import AttentionLayout, StatsSpec
+from bertscope.models import attention
+from bertscope.models.attention import HeadProbe, KeyBand, bertscope_attention
 from bertscope.models.loading import wrap_model
 
 pytest.importorskip("triton")

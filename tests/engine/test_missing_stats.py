@@ -10,9 +10,9 @@ import torch
 
 from bertscope.engine.accumulate import ARRAYS, COUNTS, TOKEN_ARRAYS, HeadStats, NotComputedError
 from bertscope.engine.batch import BatchContext
+from bertscope.files import write_npz
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import ROW_STATS, StatsSpec
-from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 
 B, H, L, D = 2, 3, 7, 8

@@ -237,7 +237,7 @@ def test_equal_to_the_induction_analysis_scores_on_repeated_random_tokens():
     (`random_sequences` draws with replacement: a token repeated inside a half would add mass at
     other keys to the token relations and not to the offset scores.)"""
     from bertscope.analyses.heads.induction.stats import InductionScores, RepeatedSequence, induction_spec
-    from bertscope.engine.attention import HeadProbe
+    from bertscope.models.attention import HeadProbe
     from bertscope.models.tiny import HEADS, LAYERS, PARITY_VOCAB, build
 
     T, N, bos = 7, 3, 1

@@ -349,7 +349,7 @@ def test_a_tiny_llama_through_the_plugin_matches_eager():
 
     from transformers import LlamaConfig, LlamaModel
 
-    from bertscope.engine.attention import HeadProbe
+    from bertscope.models.attention import HeadProbe
 
     config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=8, intermediate_size=64, vocab_size=100)

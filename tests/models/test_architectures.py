@@ -21,15 +21,20 @@ from transformers.masking_utils import (
     sliding_window_causal_mask_function,
 )
 
-from bertscope.engine.attention import KeyBand, bertscope_attention, key_padding_mask, key_valid_from_mask
 from bertscope.errors import UserError
 from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.spec import PLAIN, AttentionLayout, StatsSpec
 from bertscope.models import head_removal
-from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, architecture_of
+from bertscope.models.architectures import (
+    ARCHITECTURES,
+    PAIR_MODEL_TYPES,
+    PUNCT_TOKENS,
+    SUPPORTED_MODEL_TYPES,
+    architecture_of,
+)
+from bertscope.models.attention import KeyBand, bertscope_attention, key_padding_mask, key_valid_from_mask
 from bertscope.models.loading import load_model
-from bertscope.text.segments import MIN_MAX_LEN
-from bertscope.text.token_classes import PUNCT_TOKENS
+from bertscope.text.segments import MAX_SPECIAL, MIN_MAX_LEN
 
 KINDS = ("bert", "roberta", "distilbert", "albert", "electra")  # the tiny models conftest builds
 
@@ -98,6 +103,8 @@ def test_families_with_a_position_bias_are_refused_by_name(model_type, bias):
 def test_the_facts_moved_here_are_the_old_constants():
     # what segments.py and token_classes.py held before the table
     assert MIN_MAX_LEN == 8
+    # text/segments.py names the bound (text lies below models in the core's layers); the table agrees
+    assert MAX_SPECIAL == max(ARCHITECTURES[t].n_special[1] for t in PAIR_MODEL_TYPES)
     assert PUNCT_TOKENS == (".", ",", "Ġ.", "Ġ,", "▁.", "▁,")
     # the position offset: two places for the RoBERTa family, none for the others
     for model_type, config in (("xlm-roberta", XLMRobertaConfig(max_position_embeddings=514)),

@@ -22,13 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModel, Gemma2Config, Gemma3TextConfig, MistralConfig, ModernBertConfig, Phi3Config
 
-from bertscope.engine.attention import ATTN_IMPLEMENTATION, GradProbe, HeadProbe
 from bertscope.errors import UserError
 from bertscope.kernels.backends import BACKENDS
 from bertscope.kernels.reference import stats_from_probs
 from bertscope.kernels.spec import ROW_STATS, AttentionLayout, StatsSpec, visible_mask
 from bertscope.models import head_removal
 from bertscope.models.architectures import ARCHITECTURES, architecture_of
+from bertscope.models.attention import ATTN_IMPLEMENTATION, GradProbe, HeadProbe
 from bertscope.models.gates import attach_gates
 from bertscope.models.tiny import (
     HEADS,

@@ -17,11 +17,11 @@ from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 from transformers import AutoModel
 from triton_interpreter import one_block_cfg
 
-from bertscope.engine.attention import HeadProbe
 from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.spec import Gate, LayerGates, StatsSpec
+from bertscope.models.attention import HeadProbe
 from bertscope.models.gates import HeadGates
 from bertscope.models.loading import wrap_model
 

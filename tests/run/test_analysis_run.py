@@ -19,8 +19,9 @@ import bertscope.run.rundir
 from bertscope.cli.main import main
 from bertscope.engine.accumulate import HeadStats
 from bertscope.errors import UserError
+from bertscope.files import read_run
 from bertscope.run.analysis_run import AnalysisRun
-from bertscope.run.rundir import check_run_dir, read_run
+from bertscope.run.rundir import check_run_dir
 
 # --- Ctrl-C with stderr piped to a reader that dies with the signal (`2>&1 | tee log`) ----------
 

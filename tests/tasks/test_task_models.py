@@ -7,9 +7,9 @@ import torch
 from conftest import TINY_HEADS, TINY_LAYERS, tiny_config
 from transformers import AutoModelForSequenceClassification
 
-from bertscope.engine.attention import HeadProbe
 from bertscope.errors import UserError
 from bertscope.kernels.spec import StatsSpec
+from bertscope.models.attention import HeadProbe
 from bertscope.models.loading import HEAD_SEED, load_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")

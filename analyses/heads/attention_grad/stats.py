@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bertscope.engine.attention import GradProbe
-from bertscope.run.rundir import write_npz
+from bertscope.files import write_npz
+from bertscope.models.attention import GradProbe
 from bertscope.text.token_classes import KEY_CLASSES
 
 MASK_RATE, MASK_TOKEN, RANDOM_TOKEN = 0.15, 0.8, 0.1  # BERT's pre-training masking

@@ -18,8 +18,8 @@ from bertscope.analyses.heads.common import TASK_CHOICES, add_task_data_argument
 from bertscope.analyses.heads.options import CONVENTIONS
 from bertscope.cli.args import add_common_arguments
 from bertscope.errors import UserError
+from bertscope.files import read_run as read_run_json
 from bertscope.run.analysis_run import AnalysisRun, ModelRun
-from bertscope.run.rundir import read_run as read_run_json
 
 if TYPE_CHECKING:
     import numpy as np

@@ -32,8 +32,8 @@ from bertscope.analyses.heads.induction.outputs import (
 from bertscope.analyses.heads.induction.section import ablation_finding, rho_text
 from bertscope.cli.args import add_common_arguments, non_negative_int, positive_int
 from bertscope.errors import UserError
+from bertscope.files import write_npz
 from bertscope.run.analysis_run import ModelRun
-from bertscope.run.rundir import write_npz
 
 if TYPE_CHECKING:
     import numpy as np

@@ -45,8 +45,8 @@ import numpy as np
 import torch
 
 from bertscope.errors import UserError
+from bertscope.files import write_npz
 from bertscope.kernels.spec import StatsSpec
-from bertscope.run.rundir import write_npz
 
 SCORES = ("induction", "duplicate", "previous")
 MIN_SEQ_LEN = 3  # T = 2 puts the induction and previous-token keys at the same offset

@@ -39,6 +39,7 @@ import torch
 
 from bertscope.analyses.heads.positions.outputs import LATE, NAME  # noqa: F401 (P.NAME, as the command reads it)
 from bertscope.engine.batch import BatchContext
+from bertscope.files import write_npz
 from bertscope.kernels.spec import (
     DISTANCE_EDGES,
     N_DISTANCE_BUCKETS,
@@ -48,7 +49,6 @@ from bertscope.kernels.spec import (
     distance_bucket_names,
     position_bin_names,
 )
-from bertscope.run.rundir import write_npz
 from bertscope.text.token_classes import TokenClasses
 
 # Key classes: the segment's first token (class 0; the engine makes it a decoder's first real token,

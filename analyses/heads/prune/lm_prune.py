@@ -37,6 +37,7 @@ from bertscope.analyses.heads.prune.outputs import (
 from bertscope.analyses.heads.prune.plots import plot_lm_prune
 from bertscope.analyses.heads.prune.stats import prune_counts, random_order
 from bertscope.errors import UserError
+from bertscope.files import write_text
 from bertscope.models.loading import model_name
 from bertscope.run.analysis_run import ModelRun
 
@@ -73,10 +74,8 @@ class State:
         self.resumed = bool(data)
 
     def save(self):
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"removed": self.removed, "importance": self.importance,
-                                   "losses": self.losses}))
-        tmp.replace(self.path)
+        write_text(self.path, json.dumps({"removed": self.removed, "importance": self.importance,
+                                          "losses": self.losses}))
 
     def clear(self):
         self.path.unlink(missing_ok=True)

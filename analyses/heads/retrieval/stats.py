@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from bertscope.analyses.heads.retrieval.haystack import Haystack
+from bertscope.files import write_text
 
 FAR = 512  # tokens: Gemma-3's sliding window; a hit whose key lies further back is "far"
 MAX_NEW_TOKENS = 50  # the longest greedy answer: Wu et al.'s decode_len
@@ -214,7 +215,7 @@ def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> t
     transformers' SDPA attention and gets bertscope's back after. Every call keeps the logits of
     the last row only (`logits_to_keep=1`): the prefill never builds logits for every prompt row
     (a prompt-length x vocabulary tensor)."""
-    from bertscope.engine.attention import ATTN_IMPLEMENTATION
+    from bertscope.models.attention import ATTN_IMPLEMENTATION
 
     model = loaded.model
     _, stop = stop_tokens(loaded)
@@ -268,9 +269,7 @@ def cell_record(cell: Cell, hay: Haystack, score: HaystackScore, greedy: dict | 
 def save_cell(path: Path, record: dict):
     """Write a cell's record atomically (a crash mid-write leaves no half file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(record))
 
 
 def load_cell(path: Path) -> dict | None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from bertscope.analyses.heads.streaming.outputs import (
     CURVE_COLUMNS,
@@ -200,25 +202,56 @@ def measure(run: ModelRun, args, mask, batches, haystacks) -> dict:
             "token_accuracy": [s.token_accuracy for s in scores], "answer_logprob": [s.answer_logprob for s in scores]}
 
 
+@dataclass
+class Plan:
+    """What the run will do, fixed before its error pass (`plan`): the model's shape, the fitting and the
+    held-out segments, the group counts k, the haystacks and the variants of the curve."""
+
+    n_layers: int
+    n_heads: int
+    n_kv: int  # key/value heads per layer: the groups made streaming together
+    fit: list  # the error pass's segments
+    held: list  # the held-out segments each variant's loss is measured on
+    ks: list[int]  # the numbers of groups made streaming
+    prompt: str
+    length: int  # the haystacks' length in tokens
+    haystacks: list
+    variants: list[tuple[str, int, int]]  # (order, k, draw)
+    folder: Path  # one JSON per finished variant
+    done: set  # the variants finished before (a resumed run)
+
+    @property
+    def n_groups(self) -> int:
+        return self.n_layers * self.n_kv
+
+
 def streaming(run: ModelRun, args, needles, depths):
-    """The command once the model has loaded."""
-    import json
+    """The command once the model has loaded: the plan, the error pass, the variants, the outputs."""
+    from bertscope.analyses.heads.streaming.stats import rank_groups
 
-    import numpy as np
-    from tqdm.auto import tqdm
+    plan = plan_run(run, args, needles, depths)
+    t0 = time.perf_counter()
+    acc = error_pass(run, args, plan.fit)
+    error = acc.streaming_error()  # (layers, H)
+    kv_error = acc.streaming_error(kv_heads=True)  # (layers, H_kv)
+    ranked = rank_groups(kv_error)
+    run.log(f"error pass: {time.perf_counter() - t0:.0f} s")
+    results = run_variants(run, args, plan, ranked, needles, depths)
+    rows = curve_rows(plan, results)
+    run.write_csv(CURVE_FILE, rows, CURVE_COLUMNS)
+    safe = no_loss_fractions(rows, args.tolerance, plan.n_groups)
+    full = write_split(run, args, plan, ranked, error, kv_error, safe)
+    results_out = summary(args, plan, ranked, kv_error, results[variant_name("none", 0, 0)], safe, full, t0)
+    finding_and_figures(run, args, results_out, error, rows, full)
+    run.finish(results_out)
 
-    from bertscope.analyses.heads.lm_task import lm_batches, lm_segments, pad_id
+
+def plan_run(run: ModelRun, args, needles, depths) -> Plan:
+    """Check the model, split the segments, build the haystacks and list the variants (those saved
+    before are done); log what the run will cost."""
+    from bertscope.analyses.heads.lm_task import lm_segments
     from bertscope.analyses.heads.retrieval.haystack import HaystackBuilder, corpus_texts, resolve_prompt
-    from bertscope.analyses.heads.streaming.stats import (
-        counts,
-        head_mask,
-        kv_full,
-        no_loss_fraction,
-        random_groups,
-        rank_groups,
-        write_pattern,
-    )
-    from bertscope.models.loading import model_name
+    from bertscope.analyses.heads.streaming.stats import counts
 
     loaded = run.loaded
     if not loaded.architecture.causal:
@@ -250,24 +283,33 @@ def streaming(run: ModelRun, args, needles, depths):
             f"and {args.draws} random draws, each over {len(held)} held-out segments and {len(haystacks)} haystacks "
             f"of {length} tokens: {passes} forward passes. To cut it: fewer --fractions, --draws, --eval-limit, "
             "--depths or a smaller --max-len")
-    t0 = time.perf_counter()
-    acc = error_pass(run, args, fit)
-    error = acc.streaming_error()  # (layers, H)
-    kv_error = acc.streaming_error(kv_heads=True)  # (layers, H_kv)
-    ranked = rank_groups(kv_error)
-    run.log(f"error pass: {time.perf_counter() - t0:.0f} s")
+    return Plan(Ly, H, n_kv, fit, held, ks, prompt, length, haystacks, variants, folder, done)
 
-    batches = lm_batches(held, args.batch_size, pad_id(loaded.tokenizer), next(loaded.model.parameters()).device)
+
+def run_variants(run: ModelRun, args, plan: Plan, ranked, needles, depths) -> dict:
+    """Measure every variant (`measure`): a variant saved before with the same setup and groups is read
+    back, each new one is saved as it finishes. Returns variant name -> record."""
+    import json
+
+    from tqdm.auto import tqdm
+
+    from bertscope.analyses.heads.lm_task import lm_batches, pad_id
+    from bertscope.analyses.heads.streaming.stats import head_mask, random_groups
+    from bertscope.files import write_text
+
+    loaded = run.loaded
+    Ly, H, n_kv, variants = plan.n_layers, plan.n_heads, plan.n_kv, plan.variants
+    batches = lm_batches(plan.held, args.batch_size, pad_id(loaded.tokenizer), next(loaded.model.parameters()).device)
     setup = {"model": loaded.record(), "sink": args.sink, "recent": args.recent, "corpus": args.corpus,
-             "needles": [n.name for n in needles], "depths": depths, "length": length, "prompt": prompt}
+             "needles": [n.name for n in needles], "depths": depths, "length": plan.length, "prompt": plan.prompt}
     setup = json.loads(json.dumps(setup))  # as a saved variant holds it
     results = {}
     first = None
-    with tqdm(total=len(variants), initial=len(done), unit="variant", disable=not run.progress,
+    with tqdm(total=len(variants), initial=len(plan.done), unit="variant", disable=not run.progress,
               desc="streaming variants") as bar:
         for order, k, draw in variants:
             name = variant_name(order, k, draw)
-            path = folder / f"{name}.json"
+            path = plan.folder / f"{name}.json"
             groups = ranked[:k] if order == "error" else \
                 random_groups(Ly, n_kv, k, args.draws, args.seed)[draw - 1] if order == "random" else []
             if path.is_file():
@@ -277,12 +319,10 @@ def streaming(run: ModelRun, args, needles, depths):
                     continue
             t1 = time.perf_counter()
             bar.set_postfix_str(f"{order} k={k}")
-            record = {**measure(run, args, head_mask(groups, Ly, H, n_kv), batches, haystacks),
+            record = {**measure(run, args, head_mask(groups, Ly, H, n_kv), batches, plan.haystacks),
                       "groups": [list(g) for g in groups], "setup": setup}
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            tmp.replace(path)  # atomic: a killed run leaves the variant whole or absent
+            plan.folder.mkdir(parents=True, exist_ok=True)
+            write_text(path, json.dumps(record))  # atomic: a killed run leaves the variant whole or absent
             results[name] = record
             if first is None:
                 first = time.perf_counter() - t1
@@ -290,27 +330,49 @@ def streaming(run: ModelRun, args, needles, depths):
                 with tqdm.external_write_mode():
                     run.log(f"the first variant took {first:.0f} s: the rest, about {first * left:.0f} s")
             bar.update()
+    return results
+
+
+def curve_rows(plan: Plan, results: dict) -> list[dict]:
+    """streaming_curve.csv's rows: each variant's loss (and its change from no head streaming) and needle test."""
+    import numpy as np
 
     base = results[variant_name("none", 0, 0)]
     rows = []
-    for order, k, draw in variants:
+    for order, k, draw in plan.variants:
         r = results[variant_name(order, k, draw)]
-        rows.append({"order": order, "k": k, "fraction": k / n_groups, "draw": draw,
+        rows.append({"order": order, "k": k, "fraction": k / plan.n_groups, "draw": draw,
                      "groups": " ".join(f"{lay + 1}-{g + 1}" for lay, g in r["groups"]), "loss": r["loss"],
                      "delta_loss": r["loss"] - base["loss"], "needle_accuracy": float(np.mean(r["copied"])),
                      "needle_token_accuracy": float(np.mean(r["token_accuracy"])),
                      "answer_logprob": float(np.mean(r["answer_logprob"]))})
-    run.write_csv(CURVE_FILE, rows, CURVE_COLUMNS)
-    safe = {"error": no_loss_fraction(rows, args.tolerance, "error"),
+    return rows
+
+
+def no_loss_fractions(rows: list[dict], tolerance: float, n_groups: int) -> dict:
+    """The largest fraction of the groups made streaming without a loss, by error and at random (every
+    group streaming, one variant, counts for both orders)."""
+    from bertscope.analyses.heads.streaming.stats import no_loss_fraction
+
+    return {"error": no_loss_fraction(rows, tolerance, "error"),
             "random": no_loss_fraction([r for r in rows if r["k"] < n_groups or r["order"] != "error"]
                                        + [{**r, "order": "random"} for r in rows
-                                          if r["order"] == "error" and r["k"] == n_groups], args.tolerance, "random")}
+                                          if r["order"] == "error" and r["k"] == n_groups], tolerance, "random")}
+
+
+def write_split(run: ModelRun, args, plan: Plan, ranked, error, kv_error, safe: dict):
+    """The split at --keep-fraction (default: the groups the error order cannot stream without a loss):
+    DuoAttention's pattern files and streaming_heads.csv. Returns the (layers, H_kv) full-attention mask."""
+    from bertscope.analyses.heads.streaming.stats import kv_full, write_pattern
+    from bertscope.models.loading import model_name
+
+    Ly, H, n_kv, n_groups = plan.n_layers, plan.n_heads, plan.n_kv, plan.n_groups
     keep = args.keep_fraction if args.keep_fraction is not None else 1 - safe["error"]
     n_stream = n_groups - int(round(keep * n_groups))
     full = kv_full(ranked, n_stream, Ly, n_kv)
     write_pattern(run.dir / PATTERN_DIR, full, args.sink, args.recent,
-                  {"model_name": model_name(loaded.path), "made_by": f"bertscope {COMMAND}",
-                   "full_attention_fraction": float(full.mean()), "corpus": args.corpus, "segments": len(fit),
+                  {"model_name": model_name(run.loaded.path), "made_by": f"bertscope {COMMAND}",
+                   "full_attention_fraction": float(full.mean()), "corpus": args.corpus, "segments": len(plan.fit),
                    "max_length": args.max_len})
     G = H // n_kv
     rank_of = {g: i + 1 for i, g in enumerate(ranked)}
@@ -318,25 +380,37 @@ def streaming(run: ModelRun, args, needles, depths):
                                 "kv_error": float(kv_error[lay, h // G]), "kv_rank": rank_of[(lay, h // G)],
                                 "full": int(full[lay, h // G])} for lay in range(Ly) for h in range(H)],
                   HEADS_COLUMNS)
+    return full
+
+
+def summary(args, plan: Plan, ranked, kv_error, base: dict, safe: dict, full, t0: float) -> dict:
+    """run.json's results: the setup, the loss and needle test with no head streaming, the no-loss
+    fractions, the pattern's share of full groups and the groups of lowest and highest error."""
+    import numpy as np
+
     group = lambda g: {"group": f"{g[0] + 1}-{g[1] + 1}", "error": float(kv_error[g])}  # noqa: E731
-    results_out = {"sink": args.sink, "recent": args.recent, "segments": len(fit), "eval_segments": len(held),
-                   "max_len": args.max_len, "groups": n_groups, "kv_heads": n_kv, "haystacks": len(haystacks),
-                   "haystack_length": length, "tolerance": args.tolerance, "loss": base["loss"],
-                   "needle_accuracy": float(np.mean(base["copied"])),
-                   "needle_token_accuracy": float(np.mean(base["token_accuracy"])), "no_loss_fraction": safe,
-                   "pattern_full_fraction": float(full.mean()),
-                   "mean_error": float(np.nanmean(kv_error)),
-                   "lowest_error": [group(g) for g in ranked[:5]],
-                   "highest_error": [group(g) for g in ranked[::-1][:5]],
-                   "seconds": round(time.perf_counter() - t0, 1)}
+    return {"sink": args.sink, "recent": args.recent, "segments": len(plan.fit), "eval_segments": len(plan.held),
+            "max_len": args.max_len, "groups": plan.n_groups, "kv_heads": plan.n_kv, "haystacks": len(plan.haystacks),
+            "haystack_length": plan.length, "tolerance": args.tolerance, "loss": base["loss"],
+            "needle_accuracy": float(np.mean(base["copied"])),
+            "needle_token_accuracy": float(np.mean(base["token_accuracy"])), "no_loss_fraction": safe,
+            "pattern_full_fraction": float(full.mean()),
+            "mean_error": float(np.nanmean(kv_error)),
+            "lowest_error": [group(g) for g in ranked[:5]],
+            "highest_error": [group(g) for g in ranked[::-1][:5]],
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def finding_and_figures(run: ModelRun, args, results_out: dict, error, rows: list[dict], full):
+    """The finding and the pattern's folder in the log; the figures (unless --no-figures)."""
     from bertscope.analyses.heads.streaming.section import curve_finding
+    from bertscope.models.loading import model_name
 
     run.log(curve_finding(results_out))
     run.log(f"DuoAttention pattern ({full.mean():.0%} of the groups full) in {run.dir / PATTERN_DIR}")
     if not args.no_figures:
         from bertscope.analyses.heads.streaming import plots
 
-        label = f"{model_name(loaded.path)}, sink {args.sink} + recent {args.recent}"
+        label = f"{model_name(run.loaded.path)}, sink {args.sink} + recent {args.recent}"
         run.save_figure(plots.plot_error(error, label), ERROR_FIGURE)
         run.save_figure(plots.plot_curve(rows, label), CURVE_FIGURE)
-    run.finish(results_out)

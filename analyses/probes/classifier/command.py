@@ -245,7 +245,7 @@ def random_copy(loaded, seed: int):
     import torch
     from transformers import AutoModel
 
-    from bertscope.engine.attention import ATTN_IMPLEMENTATION
+    from bertscope.models.attention import ATTN_IMPLEMENTATION
     from bertscope.models.loading import wrap_model
 
     torch.manual_seed(seed)

@@ -33,9 +33,9 @@ import numpy as np
 from bertscope.analyses.surface import stats as surface
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import EngineOptions, fold
+from bertscope.files import write_npz
 from bertscope.kernels.js import pairwise_js, stack_layers
 from bertscope.kernels.spec import StatsSpec
-from bertscope.run.rundir import write_npz
 
 NAME = "cluster"
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from bertscope.files import write_npz
 from bertscope.kernels.pooling import word_argmax as kernel_word_argmax
-from bertscope.run.rundir import write_npz
 
 TYPES = ("All", "pronoun", "proper", "nominal")
 GUM_BASELINES = ("nearest", "head_match", "sieve")

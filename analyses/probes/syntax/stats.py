@@ -46,8 +46,8 @@ import numpy as np
 import torch
 
 from bertscope.analyses.probes.syntax.outputs import HEAD_TO_DEP_MODES  # here for the parser, without torch
+from bertscope.files import write_npz
 from bertscope.kernels.pooling import word_argmax
-from bertscope.run.rundir import write_npz
 
 DIRECTIONS = ("dep->head", "head->dep")
 # candidate offsets, small ones first, so that a tie goes to the smaller |k| (+ before -)

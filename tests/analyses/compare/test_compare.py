@@ -23,7 +23,7 @@ from bertscope.analyses.compare.stats import (
 )
 from bertscope.cli.main import main
 from bertscope.errors import UserError
-from bertscope.run.rundir import write_csv, write_json
+from bertscope.files import write_csv, write_json
 
 LY, H, N = 2, 3, 50
 STATS = ("prev", "entropy", "rest_sep")

@@ -37,7 +37,7 @@ BAD = ["bad", "awful", "poor", "sad", "ugly"]
 
 
 def tiny_classifier(tokenizer, num_labels=2, seed=0):
-    import bertscope.engine.attention  # noqa: F401
+    import bertscope.models.attention  # noqa: F401
 
     config = tiny_config("bert", tokenizer)
     config.num_labels = num_labels

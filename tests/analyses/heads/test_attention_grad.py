@@ -132,7 +132,7 @@ def padded_inputs(tokenizer, lengths=(9, 1, 6), seed=0):
 
 
 def probed_backward(loaded, inputs, backend, labels):
-    from bertscope.engine.attention import GradProbe
+    from bertscope.models.attention import GradProbe
 
     per_layer = {}
     probe = GradProbe(loaded.n_layers, 4, backend)
@@ -196,7 +196,7 @@ def test_gates_are_differentiated_through_the_probe(minilm_tokenizer):
 
 
 def test_probe_refuses_what_it_cannot_measure(minilm_tokenizer):
-    from bertscope.engine.attention import GradProbe
+    from bertscope.models.attention import GradProbe
     from bertscope.models.loading import wrap_model
 
     loaded = wrap_model(tiny_task_model(minilm_tokenizer), minilm_tokenizer)

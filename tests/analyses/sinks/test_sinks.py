@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bertscope.analyses.sinks import stats as S
-from bertscope.engine.attention import ATTN_IMPLEMENTATION, HeadProbe
 from bertscope.engine.batch import BatchContext
 from bertscope.kernels.backends import BACKENDS as ALL_BACKENDS
 from bertscope.kernels.spec import AttentionLayout, RowStats
+from bertscope.models.attention import ATTN_IMPLEMENTATION, HeadProbe
 from bertscope.text.token_classes import first_token_class
 
 pytestmark = pytest.mark.usefixtures("single_thread")

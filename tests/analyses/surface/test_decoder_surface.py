@@ -15,10 +15,10 @@ import pytest
 import torch
 from test_decoder_stats import CAUSAL, SPEC, WINDOW, batch_of
 
-from bertscope.analyses.surface.per_example import PerExampleWriter
 from bertscope.analyses.surface.plots import plot_surface
 from bertscope.analyses.surface.section import DECODER_FIGURES, decoder_findings
 from bertscope.engine.accumulate import HeadStats
+from bertscope.engine.per_example import PerExampleWriter
 from bertscope.kernels.spec import StatsSpec, visible_counts, visible_mask
 from bertscope.report.writer import build_sections
 from bertscope.text.token_classes import VOCAB

@@ -18,11 +18,11 @@ from test_engine import (
 
 import bertscope.analyses.surface.command
 import bertscope.engine.loop
-from bertscope.analyses.surface.per_example import PerExampleWriter, stat_columns
 from bertscope.analyses.surface.stats import head_table
 from bertscope.cli.main import main
 from bertscope.engine.accumulate import HeadStats
 from bertscope.engine.loop import EngineOptions, fold
+from bertscope.engine.per_example import PerExampleWriter, stat_columns
 from bertscope.kernels.spec import StatsSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
