@@ -16,10 +16,9 @@ for a fresh install, with this machine's pip constraints lifted (PIP_CONSTRAINT=
 torch here must not hide tomorrow's release), and the resolved set goes in with --no-deps.
 
 torch: `latest` holds it at the lock's release by default (`--torch lock`), the CPU build these
-machines keep on disk. PyPI's newest torch is a CUDA build, and from torch 2.15 on it does not even
-import without its CUDA runtime packages (libcudnn: about 3 GB more to fetch and unpack on every CI
-run); `--torch newest` takes it with them. `oldest` takes torch 2.6 without the CUDA runtime packages
-(nvidia-*, cuda-*): that build imports and runs on the CPU without them (tools/install_check.sh).
+machines keep on disk. PyPI's torch is a CUDA build that does not import without its CUDA runtime
+packages (torch 2.15: libcudnn.so.9; torch 2.6: libcudart.so.12), about 3 GB more to fetch and unpack
+on every CI run; `--torch newest` takes it with them, and so does `oldest` (torch 2.6).
 
 When the smoke tests fail, each package whose version differs from the lock is put back at the lock's
 version, alone, and the failed tests run again: the message names the release that breaks them
@@ -56,7 +55,6 @@ WATCHED = ["transformers", "torch", "triton", "tokenizers", "huggingface-hub", "
 # test extra's triton>=3.6). Triton goes in apart from torch, whose own CUDA pin (triton 3.2 for torch
 # 2.6) is for its GPU kernels, not for the interpreter the tests run ours in.
 OLDEST = {"torch": "2.6.0", "transformers": "5.0.0", "triton": "3.6.0"}
-CUDA_RUNTIME = ("nvidia-", "cuda-")
 
 
 def setup_requirements(extras=("test", "decoders")) -> list[str]:
@@ -102,7 +100,6 @@ def make_venv(venv: Path, which: str, torch: str = "lock") -> dict[str, str]:
         requirements.append(f"torch=={read_lock()['torch']}")
     resolved = resolve(python, requirements)
     if which == "oldest":
-        resolved = {n: v for n, v in resolved.items() if not n.startswith(CUDA_RUNTIME)}
         resolved["triton"] = OLDEST["triton"]
     env = {**os.environ, "PIP_CONSTRAINT": "/dev/null"}
     pip(python, "install", "--quiet", "--no-deps", *(f"{n}=={v}" for n, v in sorted(resolved.items())), env=env)

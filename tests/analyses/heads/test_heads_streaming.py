@@ -141,8 +141,11 @@ def test_user_mistakes_are_one_line(tiny_llama_lm_dir, tiny_checkpoint, files, t
     refused(cli_args(tiny_checkpoint, files, tmp_path / "a"), "causal language model", "install-decoders")
     refused(cli_args(tiny_llama_lm_dir, files, tmp_path / "b", "--fractions", "0.5,2"), "fractions")
     refused(cli_args(tiny_llama_lm_dir, files, tmp_path / "c", "--depths", "120"), "0 to 100")
-    refused(cli_args(tiny_llama_lm_dir, files, tmp_path / "d", "--sink", "0", "--recent", "0"), "nothing")
-    assert not any((tmp_path / x).exists() for x in "abcd")
+    refused(cli_args(tiny_llama_lm_dir, files, tmp_path / "d", "--sink", "0", "--recent", "0"), "--recent", ">= 1")
+    # a window that keeps every key of the segment: every head's error would be 0 (check_streaming_window)
+    refused(cli_args(tiny_llama_lm_dir, files, tmp_path / "e", "--sink", "4", "--recent", "4096"), "--recent",
+            "keep every key")
+    assert not any((tmp_path / x).exists() for x in "abcde")
 
 
 def test_real_smollm2_slice(smollm2_dir, tmp_path):
