@@ -399,12 +399,18 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
     return out, None
 
 
-def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-                     attention_mask=None, **kwargs):
+def key_padding_mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0, mask_function=None,
+                     attention_mask=None, cache_position=None, **kwargs):
     """The mask interface's answer for our implementation, never an L x L tensor: for an encoder's
     bidirectional mask the (B, L) padding mask as it is; for a causal or sliding-window mask a
     `KeyBand` (the padding mask and the band, read off `mask_function`). Anything else, or a
-    cache offset (generation), is a one-line UserError."""
+    cache offset (generation), is a one-line UserError.
+
+    The queries are (q_length, q_offset) from transformers 5.x's later releases, `cache_position`
+    (the queries' positions) in the first ones (5.0: tools/releases.py oldest found it)."""
+    if q_length is None and cache_position is not None:
+        q_length = cache_position.shape[0]
+        q_offset = int(cache_position[0]) if q_length else 0
     if mask_function is None or mask_function is bidirectional_mask_function:
         return attention_mask
     config = kwargs.get("config")
