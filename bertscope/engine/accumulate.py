@@ -283,6 +283,7 @@ class HeadStats:
             **({"streaming": list(self.spec.streaming)} if self.spec.streaming else {}),
             "average": self.average,
             **({"token_relations": True} if self.spec.token_relations else {}),  # older files: absent
+            **({"norms": True} if self.spec.norms else {}),  # the norm-based twins; older files: absent
             # a decoder's only: an encoder's meta (and file) stays what it was
             **({"layouts": [layout_dict(layout) for layout in self.layouts]} if self.layouts is not None else {}),
         }
@@ -304,7 +305,7 @@ class HeadStats:
                 int(f["n_segments"]) == 0 or bool(np.any(f["class_mass_sum"] != 0))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
                              entropy=meta["entropy"], class_mass=class_mass, argmax=meta["argmax"],
-                             token_relations=meta.get("token_relations", False),
+                             token_relations=meta.get("token_relations", False), norms=meta.get("norms", False),
                              streaming=tuple(meta.get("streaming", ())))
             names = tuple(meta["class_names"])
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
