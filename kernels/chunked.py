@@ -178,7 +178,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
         from_word, to_word = pooling.from_word.to(dtype), pooling.to_word.to(dtype)  # (B, W, L), (B, L, W)
     per_block = by_block(spec)
     ids = None if token_ids is None else padded_ids(token_ids, key_valid)  # (B, L), padding -1
-    norm_pass = _NormPass.of(spec, norms, key_valid, key_class, dtype) if spec.norms else None
+    norm_pass = _NormPass.of(spec, norms, key_valid, key_class, dtype, compiled) if spec.norms else None
     norms = None if norm_pass is None else norm_pass.norms  # (B, H, L), padding keys 0
     per_block_out = {}  # name -> (B, H, L, ...), allocated on the first block (its width is the function's)
 
@@ -238,7 +238,7 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
                 tw = to_word[b, None, k0:k1].expand(n, bk, -1)  # (n, bk, W)
                 word_map[b, hs] += torch.matmul(torch.matmul(fw, s), tw).to(acc_dtype)
             if norm_pass is not None:
-                norm_pass.block(s, b, hs, i0, i1, k0, k1)
+                norm_pass.block(s, b, hs, i0, i1, k0, k1, threads)
             if per_block:
                 keys = KeyBlock(key_valid[b, k0:k1], key_class[b, k0:k1], L, spec, None if ids is None else ids[b],
                                 None if norms is None else norms[b, hs, k0:k1])
@@ -310,11 +310,12 @@ class _NormPass:
     and the weighted norm sum_j p_ij n_j; after the loop the class twins are their ratio, and the offset
     twins p_{i,i+o} n_{i+o} / sum_j p_ij n_j are read off the offset masses (no pass over the maps)."""
 
-    def __init__(self, norms, classes, weighted, key_class_cols):
+    def __init__(self, norms, classes, weighted, key_class_cols, class_mask=None):
         self.norms, self.classes, self.weighted, self.cols = norms, classes, weighted, key_class_cols
+        self.class_mask = class_mask  # (B, C, L) 0/1 rows for the compiled sums (`cpu_rows.norm_sums_`), or None
 
     @classmethod
-    def of(cls, spec: StatsSpec, norms, key_valid, key_class, dtype):
+    def of(cls, spec: StatsSpec, norms, key_valid, key_class, dtype, compiled: bool = False):
         if norms is None:
             raise ValueError("spec.norms needs the per-key value norms (norms=...)")
         B, L = key_valid.shape
@@ -326,10 +327,16 @@ class _NormPass:
                           dtype=dtype), key_valid.new_ones(B, L, 1, dtype=dtype)], dim=-1)
         classes = torch.empty(B, H, L, C, dtype=dtype, device=norms.device) if C else None
         weighted = torch.empty(B, H, L, dtype=dtype, device=norms.device)
-        return cls(norms, classes, weighted, cols)
+        mask = cols[..., :C].transpose(1, 2).contiguous() if compiled else None  # (B, C, L)
+        return cls(norms.contiguous(), classes, weighted, cols, mask)
 
-    def block(self, p, b, hs, i0, i1, k0, k1):
+    def block(self, p, b, hs, i0, i1, k0, k1, threads=None):
         """p (n, bq, bk): the block's probabilities of heads hs, rows i0..i1-1, keys k0..k1-1."""
+        if self.class_mask is not None:  # one short pass per class over each row, compiled (cpu_rows.c)
+            classes = self.classes[b, hs] if self.classes is not None else self.weighted[b, hs, :, None][..., :0]
+            cpu_rows.norm_sums_(p, i0, self.norms[b, hs, k0:k1], self.class_mask[b, :, k0:k1], self.weighted[b, hs],
+                                classes, threads)
+            return
         rhs = self.cols[b, None, k0:k1] * self.norms[b, hs, k0:k1, None]  # (n, bk, C + 1)
         sums = torch.matmul(p, rhs)  # (n, bq, C + 1)
         self.weighted[b, hs, i0:i1] = sums[..., -1]

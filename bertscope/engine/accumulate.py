@@ -388,6 +388,22 @@ class HeadStats:
         n = self.n_rows[:, gi].reshape((-1, 1) + (1,) * (total.ndim - 2))
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
+    def norm_mean(self, name: str, group: str = "all") -> np.ndarray:
+        """The norm-based twin (docs/norms.md) of the sum `name` beside `mean(name)`: "class_mass_sum" gives
+        the mean per row of class_mass_norm (each class's share of sum_j p_ij n_j), "offset_mass_sum" of
+        offset_mass_norm, "weighted_norm_sum" (or "weighted_norm") the mean of sum_j p_ij n_j; (layers, H, ...)
+        as `mean`. Missing, never 0: NaN of that shape where the run did not compute it (spec.norms off,
+        or its base statistic not asked)."""
+        twin = name if name.endswith("_norm_sum") else f"{name.removesuffix('_sum')}_norm_sum"
+        if twin not in STAT_OF_ARRAY:
+            raise KeyError(f"{name} has no norm-based twin (the twinned sums: "
+                           f"{', '.join(a for a in STAT_OF_ARRAY if a.endswith('_norm_sum'))})")
+        if getattr(self, twin) is None:
+            width = {"O": len(self.spec.offsets), "O+1": len(self.spec.offsets) + 1, "C": self.spec.n_key_classes}
+            m = next(m for m in SEGMENT_SUMS if m.array == twin)
+            return np.full((self.n_layers, self.n_heads, *(width[d] for d in m.width)), np.nan)
+        return self.mean(twin, group)
+
     def token_relation_means(self, group: str = "all") -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """{"duplicate_mass": (mean, rows), "prefix_match_mass": (mean, rows)}, each (layers, H) float64:
         each head's mean mass over the rows of `group` that have at least one visible key of the
@@ -403,6 +419,9 @@ class HeadStats:
             total = getattr(self, sum_name)[:, :, gi]  # (layers, H)
             rows = np.broadcast_to(getattr(self, rows_name)[:, gi, None], total.shape).copy()  # (layers, H)
             out[stat] = (np.divide(total, rows, out=np.zeros_like(total), where=rows > 0), rows)
+            if self.spec.norms:  # the norm-based twin, over the same rows (spec.norms: docs/norms.md)
+                twin = getattr(self, f"{stat}_norm_sum")[:, :, gi]
+                out[f"{stat}_norm"] = (np.divide(twin, rows, out=np.zeros_like(twin), where=rows > 0), rows)
         return out
 
 
