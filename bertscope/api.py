@@ -28,7 +28,9 @@ import numpy as np
 from bertscope.analyses.surface import stats as surface
 from bertscope.analyses.surface.command import RunSettings
 from bertscope.analyses.surface.outputs import EXAMPLES_FILE
+from bertscope.cli.args import NORMS_DEFAULT
 from bertscope.engine.loop import EngineOptions, fold, iter_word_maps, run_stats
+from bertscope.kernels.backends import resolve_backend
 from bertscope.kernels.spec import StatsSpec
 from bertscope.models.loading import load_model, model_name
 from bertscope.text.corpus import Document
@@ -109,8 +111,9 @@ class Scope:
         return sorted(segments, key=lambda s: int(s.doc_id))
 
     def _spec(self, spec: StatsSpec | None, classes: TokenClasses | None) -> StatsSpec:
-        if spec is None:
-            spec = RunSettings().spec()
+        if spec is None:  # `bertscope run`'s: with the norm-based twins (docs/norms.md) where the backend has them
+            device = next(self.loaded.model.parameters()).device
+            spec = RunSettings(norms=NORMS_DEFAULT and resolve_backend(self.backend, device) != "triton").spec()
         n = (classes or self.loaded.classes).n_classes
         if spec.n_key_classes != n:
             raise ValueError(f"spec.n_key_classes is {spec.n_key_classes}, the class scheme has {n} classes")

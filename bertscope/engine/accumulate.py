@@ -102,6 +102,9 @@ class HeadStats:
     prefix_match_rows   (layers, G)          rows with at least one visible key right after one
     so that `token_relation_means` is each head's mean mass over the rows that could put any there
     (a row with no such key has 0 mass anyway).
+    With spec.norms, the norm-based twins' sums too (docs/norms.md): offset_mass_norm_sum, class_mass_norm_sum,
+    duplicate_mass_norm_sum, prefix_match_mass_norm_sum (the shapes of their bases) and weighted_norm_sum
+    (layers, H, G); `norm_mean` reads them, NaN where not computed.
 
     Missing, never 0: the array of a statistic the spec did not ask for (entropy_sum without
     `entropy`, offset_mass_sum with no `offsets`, class_mass_sum without `class_mass`, the argmax
