@@ -135,8 +135,8 @@ def resolve_norms(args) -> bool:
 
     try:
         backend = resolve_backend(args.backend, args.device)
-    except ValueError:
-        return True  # the run refuses the backend itself, in its own words
+    except (ValueError, RuntimeError):  # an unknown backend or --device: the run refuses it, in its own words
+        return True
     if backend == "triton":
         if args.norms:
             raise UserError("--norms: the triton backend does not compute the norm-based twins yet (docs/norms.md); "
