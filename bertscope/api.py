@@ -25,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bertscope.cli.args import NORMS_DEFAULT
 from bertscope.engine.head_table import head_table, run_spec, table_rows
 from bertscope.engine.loop import EngineOptions, fold, iter_word_maps, run_stats
+from bertscope.kernels.backends import resolve_backend
 from bertscope.kernels.spec import StatsSpec
 from bertscope.models.loading import load_model, model_name
 from bertscope.text.corpus import Document
@@ -107,8 +109,9 @@ class Scope:
         return sorted(segments, key=lambda s: int(s.doc_id))
 
     def _spec(self, spec: StatsSpec | None, classes: TokenClasses | None) -> StatsSpec:
-        if spec is None:
-            spec = run_spec()
+        if spec is None:  # `bertscope run`'s: with the norm-based twins (docs/norms.md) where the backend has them
+            device = next(self.loaded.model.parameters()).device
+            spec = run_spec(norms=NORMS_DEFAULT and resolve_backend(self.backend, device) != "triton")
         n = (classes or self.loaded.classes).n_classes
         if spec.n_key_classes != n:
             raise ValueError(f"spec.n_key_classes is {spec.n_key_classes}, the class scheme has {n} classes")

@@ -26,7 +26,7 @@ from .chunked import attention_stats_chunked
 from .eager import attention_stats_eager
 from .gates import check_layer_gates, gated_sdpa, needs_grad
 from .precision import fp32_dot_precision
-from .spec import PLAIN, AttentionLayout, StatsSpec, WordPooling
+from .spec import PLAIN, AttentionLayout, StatsSpec, WordPooling, refuse_unsupported
 from .streaming import apply_streaming
 
 
@@ -96,7 +96,8 @@ def describe_backend(name: str, device) -> dict:
 
 
 def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, backend="auto",
-                    pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, token_ids=None):
+                    pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, token_ids=None,
+                    norms=None):
     """Attention output (B, L, H, D) and `RowStats` for q, k, v of shape (B, H, L, D).
 
     gates: the layer's `LayerGates` (head scale xi, uniform heads, streaming heads), or None.
@@ -116,20 +117,24 @@ def attention_stats(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, 
 
     token_ids: (B, L) int64 token ids of the batch, needed when spec.token_relations (queries and
     keys are the same tokens: one tensor per batch, handed to every layer).
+
+    norms: (B, H, L) each key's value norm per query head, needed when spec.norms (the norm-based
+    twins, computed by eager and chunked only: `refuse_unsupported` says so in one line for triton).
     """
     name = resolve_backend(backend, q.device)
+    refuse_unsupported(spec, name)
     check_layout(layout, q, k)
     check_layer_gates(gates, q.shape[0], q.shape[1])
     fn = BACKENDS[name]
     if not needs_grad(q, k, v, gates):
         out, stats = fn(q, k, v, key_valid, key_class, spec, gates=gates, scale=scale, pooling=pooling, layout=layout,
-                        token_ids=token_ids)
+                        token_ids=token_ids, norms=norms)
         if gates is not None and gates.streaming is not None:  # streaming heads: after every backend, in one place
             out = apply_streaming(out.transpose(1, 2), q, k, v, key_valid, gates, scale, layout).transpose(1, 2)
         return out, stats.as_float32()
     with torch.no_grad():
         _, stats = fn(q.detach(), k.detach(), v.detach(), key_valid, key_class, spec, scale=scale, pooling=pooling,
-                      layout=layout, token_ids=token_ids)
+                      layout=layout, token_ids=token_ids, norms=norms)
     return gated_sdpa(q, k, v, key_valid, gates, scale, layout=layout), stats.as_float32()
 
 

@@ -83,6 +83,11 @@ HALF = (torch.float16, torch.bfloat16)  # widened to float32 on entry (module do
 # the statistics both row passes compute themselves; every other per-row entry of the table is
 # computed from each block's probabilities by its `from_probs`, and the whole-map ones by `_Maps`
 FUSED = frozenset({"entropy", "offset_mass", "class_mass", "argmax"})
+# the norm-based twins chunked computes in its own pass (`_norm_pass`, docs/norms.md): one matmul of each
+# block's P against [one-hot x n, n] gives the class twins and the weighted norm, and the offset twins
+# are read off the offset masses after the loop (p_{i,i+o} n_{i+o} / sum_j p_ij n_j); the other twins
+# come from their definitions like any entry
+NORM_PASS = frozenset({"class_mass_norm", "offset_mass_norm", "weighted_norm"})
 WHOLE_MAP = frozenset({"column_mass", "word_map", "word_argmax"})
 
 ROW_PASSES = ("auto", "compiled", "torch")
@@ -90,7 +95,7 @@ ROW_PASSES = ("auto", "compiled", "torch")
 
 def attention_stats_chunked(
     q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None, pooling: WordPooling | None = None,
-    chunk_bytes=None, row_pass="auto", layout: AttentionLayout = PLAIN, token_ids=None,
+    chunk_bytes=None, row_pass="auto", layout: AttentionLayout = PLAIN, token_ids=None, norms=None,
 ):
     """Same contract as `attention_stats_eager`; never holds more than one block of scores.
 
@@ -103,7 +108,8 @@ def attention_stats_chunked(
         raise ValueError(f"row_pass must be one of {ROW_PASSES}, not {row_pass!r}")
     if row_pass != "torch" and q.dtype in HALF:  # widened on every device (module docstring)
         out, stats = attention_stats_chunked(q.float(), k.float(), v.float(), key_valid, key_class, spec, gates,
-                                             scale, pooling, chunk_bytes, row_pass, layout=layout, token_ids=token_ids)
+                                             scale, pooling, chunk_bytes, row_pass, layout=layout, token_ids=token_ids,
+                                             norms=norms)
         return out.to(v.dtype), stats
     compiled_fits = q.dtype == torch.float32 and q.device.type == "cpu"
     if row_pass == "compiled" and not compiled_fits:
@@ -112,18 +118,19 @@ def attention_stats_chunked(
         raise RuntimeError(f"the compiled row pass is unavailable: {cpu_rows.unavailable_reason()}")
     compiled = row_pass != "torch" and compiled_fits and cpu_rows.load() is not None
     blocks = (DEFAULT_CHUNK_BYTES, BLOCK_MIN_ROWS) if chunk_bytes is None else (chunk_bytes, 1)
-    return _chunked(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout, token_ids)
+    return _chunked(q, k, v, key_valid, key_class, spec, gates, scale, pooling, *blocks, compiled, layout, token_ids,
+                    norms)
 
 
 def by_block(spec: StatsSpec) -> list:
     """The table's per-row statistics `spec` asks for that no row pass fuses: computed from each
     block's probabilities by their `from_probs` (read from the table at call time)."""
-    return [s for s in _spec.ROW_STATS if s.asked(spec) and s.name not in FUSED | WHOLE_MAP
+    return [s for s in _spec.ROW_STATS if s.asked(spec) and s.name not in FUSED | WHOLE_MAP | NORM_PASS
             and s.from_probs is not None]
 
 
 def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes, min_rows: int,
-             compiled: bool, layout: AttentionLayout, token_ids=None):
+             compiled: bool, layout: AttentionLayout, token_ids=None, norms=None):
     """The one loop (module docstring): blocks of (sequence b, key heads kh0 .. kh1 - 1 with their
     G query heads each, query rows i0 .. i1 - 1, keys k0 .. k1 - 1).
 
@@ -171,6 +178,8 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
         from_word, to_word = pooling.from_word.to(dtype), pooling.to_word.to(dtype)  # (B, W, L), (B, L, W)
     per_block = by_block(spec)
     ids = None if token_ids is None else padded_ids(token_ids, key_valid)  # (B, L), padding -1
+    norm_pass = _NormPass.of(spec, norms, key_valid, key_class, dtype, compiled) if spec.norms else None
+    norms = None if norm_pass is None else norm_pass.norms  # (B, H, L), padding keys 0
     per_block_out = {}  # name -> (B, H, L, ...), allocated on the first block (its width is the function's)
 
     budget = max(1, chunk_bytes // q.element_size())
@@ -228,8 +237,11 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
                 fw = from_word[b, None, :, i0:i1].expand(n, -1, bq)  # (n, W, bq)
                 tw = to_word[b, None, k0:k1].expand(n, bk, -1)  # (n, bk, W)
                 word_map[b, hs] += torch.matmul(torch.matmul(fw, s), tw).to(acc_dtype)
+            if norm_pass is not None:
+                norm_pass.block(s, b, hs, i0, i1, k0, k1, threads)
             if per_block:
-                keys = KeyBlock(key_valid[b, k0:k1], key_class[b, k0:k1], L, spec, None if ids is None else ids[b])
+                keys = KeyBlock(key_valid[b, k0:k1], key_class[b, k0:k1], L, spec, None if ids is None else ids[b],
+                                None if norms is None else norms[b, hs, k0:k1])
                 for stat in per_block:
                     per_block_out[stat.name][b, hs, i0:i1] = stat.from_probs(s, i0, k0, keys)  # (n, bq, ...)
 
@@ -237,7 +249,8 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
              for block in blocks]
     if per_block:  # each definition's output width: from a call on a one-row block
         probe = torch.full((1, 1, 1), 1.0, dtype=dtype, device=dev)
-        keys = KeyBlock(key_valid[0, :1], key_class[0, :1], L, spec, None if ids is None else ids[0])
+        keys = KeyBlock(key_valid[0, :1], key_class[0, :1], L, spec, None if ids is None else ids[0],
+                        None if norms is None else norms[0, :1, :1])
         for stat in per_block:
             t = stat.from_probs(probe, 0, 0, keys)  # (1, 1, ...)
             per_block_out[stat.name] = torch.zeros(B, H, L, *t.shape[2:], dtype=t.dtype, device=dev)
@@ -257,6 +270,8 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
         stats.word_argmax = word_argmax(word_map, pooling.candidate)
     for name, t in per_block_out.items():
         setattr(stats, name, t)
+    if norm_pass is not None:
+        norm_pass.finish(stats, spec, offset_mass if O else None)
     add_streaming_stats(stats, spec, q, k, v, o, key_valid, layout, scale)
     keep_qk(stats, q, k, scale, spec)
     return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
@@ -287,6 +302,59 @@ def _in_threads(work, items, n: int, column_mass, word_map):
             column_mass += cm
         if wm is not None:
             word_map += wm
+
+
+class _NormPass:
+    """The norm-based twins chunked computes itself (`NORM_PASS`): per block, one matmul of P (n, bq, bk)
+    against the keys' [one-hot class x n_j, n_j] (bk, C + 1) per head gives sum_j p_ij n_j [class_j = c]
+    and the weighted norm sum_j p_ij n_j; after the loop the class twins are their ratio, and the offset
+    twins p_{i,i+o} n_{i+o} / sum_j p_ij n_j are read off the offset masses (no pass over the maps)."""
+
+    def __init__(self, norms, classes, weighted, key_class_cols, class_mask=None):
+        self.norms, self.classes, self.weighted, self.cols = norms, classes, weighted, key_class_cols
+        self.class_mask = class_mask  # (B, C, L) 0/1 rows for the compiled sums (`cpu_rows.norm_sums_`), or None
+
+    @classmethod
+    def of(cls, spec: StatsSpec, norms, key_valid, key_class, dtype, compiled: bool = False):
+        if norms is None:
+            raise ValueError("spec.norms needs the per-key value norms (norms=...)")
+        B, L = key_valid.shape
+        norms = torch.where(key_valid[:, None, :], norms.to(dtype), 0)  # (B, H, L): padding keys count 0
+        H = norms.shape[1]
+        C = spec.n_key_classes if spec.class_mass else 0
+        # (B, L, C + 1): each key's one-hot class, then 1 (the weighted norm's column); times n_j per head later
+        cols = torch.cat([torch.nn.functional.one_hot(key_class, C).to(dtype) if C else key_valid.new_zeros(B, L, 0,
+                          dtype=dtype), key_valid.new_ones(B, L, 1, dtype=dtype)], dim=-1)
+        classes = torch.empty(B, H, L, C, dtype=dtype, device=norms.device) if C else None
+        weighted = torch.empty(B, H, L, dtype=dtype, device=norms.device)
+        mask = cols[..., :C].transpose(1, 2).contiguous() if compiled else None  # (B, C, L)
+        return cls(norms.contiguous(), classes, weighted, cols, mask)
+
+    def block(self, p, b, hs, i0, i1, k0, k1, threads=None):
+        """p (n, bq, bk): the block's probabilities of heads hs, rows i0..i1-1, keys k0..k1-1."""
+        if self.class_mask is not None:  # one short pass per class over each row, compiled (cpu_rows.c)
+            classes = self.classes[b, hs] if self.classes is not None else self.weighted[b, hs, :, None][..., :0]
+            cpu_rows.norm_sums_(p, i0, self.norms[b, hs, k0:k1], self.class_mask[b, :, k0:k1], self.weighted[b, hs],
+                                classes, threads)
+            return
+        rhs = self.cols[b, None, k0:k1] * self.norms[b, hs, k0:k1, None]  # (n, bk, C + 1)
+        sums = torch.matmul(p, rhs)  # (n, bq, C + 1)
+        self.weighted[b, hs, i0:i1] = sums[..., -1]
+        if self.classes is not None:
+            self.classes[b, hs, i0:i1] = sums[..., :-1]
+
+    def finish(self, stats: RowStats, spec: StatsSpec, offset_mass):
+        wn = self.weighted  # (B, H, L)
+        inv = torch.where(wn > 0, 1 / torch.where(wn > 0, wn, 1), 0)[..., None]  # (B, H, L, 1); 0 where wn = 0
+        stats.weighted_norm = wn
+        if self.classes is not None:
+            stats.class_mass_norm = self.classes * inv
+        if offset_mass is not None:  # p_{i,i+o} n_{i+o}: n at the offset's key (offset mass 0 outside the row)
+            B, H, L = wn.shape
+            j = torch.arange(L, device=wn.device)[:, None] + torch.tensor(spec.offsets, device=wn.device)  # (L, O)
+            j = j.clamp(0, L - 1)
+            n_at = self.norms.gather(-1, j.reshape(1, 1, -1).expand(B, H, -1)).view(B, H, L, -1)  # (B, H, L, O)
+            stats.offset_mass_norm = offset_mass * n_at * inv
 
 
 def _rows(t, *index):

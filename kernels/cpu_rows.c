@@ -253,6 +253,39 @@ void bertscope_softmax_stats_band(float *scores, int64_t n, int64_t Lq, int64_t 
     }
 }
 
+/* The norm-based twins' sums (Kobayashi et al. 2020; kernels/norms.py), a second visit of a block whose
+ * rows are probabilities already (after bertscope_softmax_stats_band), separate from the row pass so that
+ * the pass's code, and the statistics it gives, stay what they were.
+ *
+ * probs: (n, Lq, Lk); norms: n rows of norm_stride floats (head g's keys k0 .. k0+Lk-1, 0 on padding);
+ * class_mask: n_classes rows of mask_stride floats. For row i of head g, at g * out_rows + (i - q0):
+ * weighted[.] = sum_j p_j n_j and class_sums[. * n_classes + c] = sum_j p_j n_j [class_j = c]. */
+void bertscope_norm_sums(const float *probs, int64_t n, int64_t Lq, int64_t Lk, const float *norms,
+                         int64_t norm_stride, const float *class_mask, int64_t mask_stride, int n_classes,
+                         int64_t out_rows, float *weighted, float *class_sums, int threads)
+{
+    int64_t rows = n * Lq;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t g = r / Lq, o = g * out_rows + r % Lq;
+        const float *restrict p = probs + r * Lk;
+        const float *restrict w = norms + g * norm_stride;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < Lk; j++)
+            acc += p[j] * w[j];
+        weighted[o] = acc;
+        for (int c = 0; c < n_classes; c++) {
+            const float *restrict mask = class_mask + c * mask_stride;
+            float cs = 0.0f;
+#pragma omp simd reduction(+ : cs)
+            for (int64_t j = 0; j < Lk; j++)
+                cs += p[j] * w[j] * mask[j];
+            class_sums[o * n_classes + c] = cs;
+        }
+    }
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif

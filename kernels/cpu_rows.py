@@ -92,6 +92,9 @@ def load():
     f.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_int, ptr, ctypes.c_int, i64,
                   ptr, ptr, ptr, ptr, ctypes.c_int]
     f.restype = None
+    g = lib.bertscope_norm_sums
+    g.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ctypes.c_int, i64, ptr, ptr, ctypes.c_int]
+    g.restype = None
     _lib = lib
     return _lib
 
@@ -142,5 +145,29 @@ def softmax_stats_band_(scores, q0, k0, band, key_bias, class_mask, offsets, ent
         _ptr(scores), n, Lq, Lk, q0, k0, -1 if left is None else left, -1 if right is None else right, L,
         _ptr(key_bias), _ptr(class_mask), class_mask.stride(0) if C else 0, C, _ptr(offsets), O, L,
         at(entropy, 1), at(class_mass, C), at(offset_mass, O), at(argmax, 1),
+        torch.get_num_threads() if threads is None else threads,
+    )
+
+
+def norm_sums_(probs, q0, norms, class_mask, weighted, class_sums, threads: int | None = None):
+    """The norm-based twins' sums of one block of probabilities (`chunked._NormPass`), written in place:
+    weighted[g, i] = sum_j p_ij n_gj and class_sums[g, i, c] = sum_j p_ij n_gj [class_j = c] for the rows
+    i = q0 .. q0+Lq-1 of each head g.
+
+    probs: (n, Lq, Lk) float32 contiguous; norms: (n, Lk) float32, each head's row contiguous (0 on padding);
+    class_mask: (C, Lk) 0/1 float32 with contiguous rows (C may be 0); weighted: (n, L); class_sums: (n, L, C),
+    each head's rows contiguous (slices of contiguous (B, H, L, ...) tensors)."""
+    n, Lq, Lk = probs.shape
+    L, C = weighted.shape[1], class_mask.shape[0]
+    if probs.dtype != torch.float32 or not probs.is_contiguous() or norms.dtype != torch.float32:
+        raise TypeError("the norm sums take contiguous float32 probabilities and norms")
+    if Lk > 1 and (norms.stride(1) != 1 or (C and class_mask.stride(1) != 1)):
+        raise ValueError("the norms' and the class mask's rows must be contiguous")
+    if (n > 1 and weighted.stride(0) != L) or (C and n > 1 and class_sums.stride(0) != L * C):
+        raise ValueError("the norm sums need (n, L, ...) outputs with contiguous heads")
+    _lib.bertscope_norm_sums(
+        _ptr(probs), n, Lq, Lk, _ptr(norms), norms.stride(0), _ptr(class_mask), class_mask.stride(0) if C else 0, C,
+        L, weighted.data_ptr() + q0 * weighted.element_size(),
+        class_sums.data_ptr() + q0 * C * class_sums.element_size() if C else None,
         torch.get_num_threads() if threads is None else threads,
     )

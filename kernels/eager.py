@@ -19,7 +19,8 @@ from .streaming import covered_rows_reference, streaming_output_reference, strea
 
 
 def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
-                          pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, token_ids=None):
+                          pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN, token_ids=None,
+                          norms=None):
     """Attention output and per-row statistics from the full probability maps.
 
     q:         (B, H, L, D)
@@ -33,6 +34,8 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
                every statistic is over the keys a row sees (the others have p = 0)
     token_ids: (B, L) int64 token ids (>= 0; queries and keys are the same tokens), needed when
                spec.token_relations (duplicate and prefix-match mass); padding positions are ignored
+    norms:     (B, H, L) each key's value norm n_j = ||f_h(x_j)|| per query head, needed when spec.norms
+               (the norm-based twins, `kernels.norms`); padding keys are ignored
     Returns (out (B, L, H, D), RowStats); rows of padding queries are all zero.
     """
     D = q.shape[-1]
@@ -42,10 +45,10 @@ def attention_stats_eager(q, k, v, key_valid, key_class, spec: StatsSpec, gates=
     o = torch.matmul(p, v_h)  # (B, H, L, D): the un-gated output
     out = apply_gates(o, v, key_valid, gates, layout)  # (B, H, L, D)
     if not spec.streaming:
-        stats = stats_from_probs(p, key_valid, key_class, spec, layout, pooling, token_ids=token_ids)
+        stats = stats_from_probs(p, key_valid, key_class, spec, layout, pooling, token_ids=token_ids, norms=norms)
     else:  # the streaming error by its definition: the explicit sink + recent mask (kernels.streaming)
         stats = stats_from_probs(p, key_valid, key_class, dataclasses.replace(spec, streaming=()), layout, pooling,
-                                 token_ids=token_ids)
+                                 token_ids=token_ids, norms=norms)
         sink, recent = spec.streaming
         o_L = streaming_output_reference(q, k, v, key_valid, layout, scale, sink, recent)  # (B, H, L, D)
         covered = covered_rows_reference(key_valid, layout, sink, recent)  # (B, L)

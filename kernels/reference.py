@@ -38,11 +38,13 @@ def visible_probs(q, k, key_valid, layout: AttentionLayout = PLAIN, scale=None) 
 
 
 def stats_from_probs(p, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout = PLAIN,
-                     pooling: WordPooling | None = None, backend: str = "eager", token_ids=None) -> RowStats:
+                     pooling: WordPooling | None = None, backend: str = "eager", token_ids=None,
+                     norms=None) -> RowStats:
     """Every statistic of the table that `spec` asks for, read off the maps p (B, H, L, L).
 
     key_valid: (B, L) bool; key_class: (B, L) int64; pooling: needed when spec.word_maps;
-    token_ids: (B, L) int64, needed when spec.token_relations.
+    token_ids: (B, L) int64, needed when spec.token_relations; norms: (B, H, L) each key's value norm
+    per head, needed when spec.norms (the twins are their bases' definitions on p_ij n_j / sum_j p_ij n_j).
     Rows of padding queries hold the table's `padding` value; a statistic of the table with no
     definition (neither `from_probs` nor a whole-map one below) is a NotImplementedError.
     """
@@ -52,7 +54,8 @@ def stats_from_probs(p, key_valid, key_class, spec: StatsSpec, layout: Attention
     for stat in _spec.ROW_STATS:
         if stat.from_probs is None or not stat.asked(spec):
             continue
-        rows = [stat.from_probs(p[b], 0, 0, KeyBlock(key_valid[b], key_class[b], L, spec, _row(ids, b)))
+        rows = [stat.from_probs(p[b], 0, 0, KeyBlock(key_valid[b], key_class[b], L, spec, _row(ids, b),
+                                                                _row(norms, b)))
                 for b in range(B)]
         setattr(stats, stat.name, torch.stack(rows))  # (B, H, L, ...)
     if spec.column_mass:

@@ -94,6 +94,8 @@ class KeyBlock:
             -1 on padding positions (`padded_ids`), or None when the call has none; the whole
             row, not the block's keys, because a token relation compares a query's id (i0 + r)
             with a key's (k0 + c) or with its predecessor's (k0 + c - 1, outside the block for c = 0)
+    norms:  (n, bk) the block's keys' value norms n_j = ||f_h(x_j)|| for each of the n heads of p's rows
+            (`spec.norms`, Kobayashi et al. 2020; `kernels.norms`), or None when the call has none
     """
 
     valid: torch.Tensor
@@ -101,6 +103,7 @@ class KeyBlock:
     length: int
     spec: StatsSpec
     ids: torch.Tensor | None = None
+    norms: torch.Tensor | None = None
 
 
 # Each per-row statistic is defined once, as a function of a block of probabilities:
@@ -251,6 +254,42 @@ def _position_mass(p, i0, k0, keys):
 
 
 
+# --- norm-based twins (Kobayashi, Kuribayashi, Yokoi, Inui, EMNLP 2020; docs/norms.md) -------------
+# A mass statistic is linear in the row's weights p_ij. Its norm-based twin is the same statistic of
+# the row's weights p_ij n_j / sum_j p_ij n_j, with n_j = ||f_h(x_j)|| the norm of key j's value
+# vector after the head's slice of the output projection (`kernels.norms`): the share of the row's
+# weighted vector sum_j p_ij f_h(x_j) that the keys of a class (an offset, a bucket...) contribute,
+# by norm. `weighted_norm` is the row's sum_j p_ij n_j itself.
+
+
+def norm_weights(p, keys):
+    """(n, bq, bk): p_ij n_j / sum_j p_ij n_j over the row (0 on a row whose sum is 0: every key it
+    sees has a zero value vector). Padding keys count 0 whatever their norm."""
+    if keys.norms is None:
+        raise ValueError("spec.norms needs the per-key value norms (norms=...)")
+    n = torch.where(keys.valid, keys.norms.to(p.dtype), 0)  # (n, bk)
+    w = p * n[:, None, :]  # (n, bq, bk)
+    total = w.sum(-1, keepdim=True)  # (n, bq, 1)
+    return torch.where(total > 0, w / torch.where(total > 0, total, 1), 0)
+
+
+def _weighted_norm(p, i0, k0, keys):
+    if keys.norms is None:
+        raise ValueError("spec.norms needs the per-key value norms (norms=...)")
+    n = torch.where(keys.valid, keys.norms.to(p.dtype), 0)  # (n, bk)
+    return torch.matmul(p, n[:, :, None])[..., 0]  # (n, bq) sum_j p_ij n_j
+
+
+@dataclass(frozen=True)
+class _Twin:
+    """The definition of a twin: its base's definition on the norm-based weights (picklable)."""
+
+    base: Callable
+
+    def __call__(self, p, i0, k0, keys):
+        return self.base(norm_weights(p, keys), i0, k0, keys)
+
+
 @functools.cache
 def offsets_on(offsets: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The offsets (O,) int64 on `device`, copied there once, not on every layer of every batch (on a
@@ -305,6 +344,10 @@ class RowStat:
              None: the value itself, (B, H, L) -> (B, H, L, 1), (B, H, L, F) as it is
     sums:    the `SegmentSum`s it feeds (none: not summed per segment, read by its analyses)
     doc:     one line on what it is (the `RowStats` attribute's docstring says it too, with the shape)
+    twin_of: for a norm-based twin (`<base>_norm`, switch `norms`), the entry it is the twin of: asked
+             when `norms` and the base are, defined as the base on the norm-based weights (`norm_twin`)
+    backends: the backends that compute it, None for every one; any other refuses a spec that asks for
+             it in one line before it runs (`unsupported_stats`), and the generated tests skip it there
     """
 
     name: str
@@ -317,9 +360,17 @@ class RowStat:
     rows: Callable | None = None
     sums: tuple[SegmentSum, ...] = ()
     doc: str = ""
+    twin_of: RowStat | None = field(default=None, repr=False)
+    backends: tuple[str, ...] | None = None
 
     def asked(self, spec: StatsSpec) -> bool:
+        if self.twin_of is not None:  # a norm-based twin: its switch (norms) and its base's
+            return bool(getattr(spec, self.switch)) and self.twin_of.asked(spec)
         return bool(getattr(spec, self.switch))
+
+    def computed_by(self, backend: str) -> bool:
+        """Whether `backend` ("eager", "chunked", "triton") computes it (`backends`)."""
+        return self.backends is None or backend in self.backends
 
     def segment_rows(self, t: torch.Tensor, key_class: torch.Tensor, spec: StatsSpec) -> dict:
         """{sum name: (B, H, L, F)} per-row values of each of its segment sums."""
@@ -369,6 +420,27 @@ ROW_STATS: tuple[RowStat, ...] = (
             sums=(SegmentSum("output_sq", "output_sq_sum"),),
             doc="||o_i||^2 of the head's un-gated output: the denominator of the relative streaming error"),
 )
+# the backends that compute the norm-based twins: not the Triton kernel yet (it waits on a redesign)
+NORM_BACKENDS = ("eager", "chunked")
+
+
+def norm_twin(base: RowStat) -> RowStat:
+    """`<base>_norm`: the norm-based twin of a mass statistic (switch `norms`, asked with its base)."""
+    return RowStat(f"{base.name}_norm", base.shape, "norms", from_probs=_Twin(base.from_probs),
+                   sums=tuple(SegmentSum(f"{m.name}_norm", f"{m.array.removesuffix('_sum')}_norm_sum", m.width)
+                              for m in base.sums),
+                   doc=f"the norm-based share of {base.name}: {base.name} of p_ij n_j / sum_j p_ij n_j",
+                   twin_of=base, backends=NORM_BACKENDS)
+
+
+# the mass statistics that have a norm-based twin, in the table's order
+NORM_TWINNED = ("offset_mass", "class_mass", "distance_mass", "position_mass", "duplicate_mass",
+                "prefix_match_mass")
+ROW_STATS += tuple(norm_twin(s) for s in ROW_STATS if s.name in NORM_TWINNED) + (
+    RowStat("weighted_norm", ("B", "H", "L"), "norms", from_probs=_weighted_norm,
+            sums=(SegmentSum("weighted_norm", "weighted_norm_sum"),), backends=NORM_BACKENDS,
+            doc="sum_j p_ij n_j: the norm of the row's weighted value vectors' contributions, ||f|| weighted"),
+)
 STAT = {s.name: s for s in ROW_STATS}
 SEGMENT_SUMS: tuple[SegmentSum, ...] = tuple(m for s in ROW_STATS for m in s.sums)
 
@@ -376,6 +448,21 @@ SEGMENT_SUMS: tuple[SegmentSum, ...] = tuple(m for s in ROW_STATS for m in s.sum
 def asked_stats(spec: StatsSpec) -> tuple[RowStat, ...]:
     """The table's statistics that `spec` asks for, in table order."""
     return tuple(s for s in ROW_STATS if s.asked(spec))
+
+
+def unsupported_stats(spec: StatsSpec, backend: str) -> list[str]:
+    """The statistics `spec` asks for that `backend` does not compute (the table's `backends`)."""
+    return [s.name for s in ROW_STATS if s.asked(spec) and not s.computed_by(backend)]
+
+
+def refuse_unsupported(spec: StatsSpec, backend: str):
+    """A one-line NotImplementedError, before any work, when `spec` asks for a statistic the table
+    says `backend` does not compute (the norm-based twins on triton)."""
+    missing = unsupported_stats(spec, backend)
+    if missing:
+        norms = " (StatsSpec.norms: the norm-based twins are not in the Triton kernel yet)" if spec.norms else ""
+        raise NotImplementedError(f"the {backend} backend does not compute {', '.join(missing)}{norms}; "
+                                  "use the chunked or eager backend, or turn the statistic off")
 
 
 def missing_stats(stats: RowStats, spec: StatsSpec) -> list[str]:
@@ -436,6 +523,13 @@ class StatsSpec:
     (`kernels.streaming`; DuoAttention's streaming / retrieval heads). () for off; True means
     `STREAMING_ON` (what a spec that turns every switch on gets: a span short enough that rows of a
     short test sequence are streamed)."""
+    norms: bool = False
+    """The norm-based twins (Kobayashi et al. 2020, docs/norms.md): each mass statistic asked for
+    (`offset_mass`, `class_mass`, `distance_mass`, `position_mass`, `duplicate_mass`,
+    `prefix_match_mass`) also as `<name>_norm`, the same statistic of p_ij n_j / sum_j p_ij n_j, and
+    `weighted_norm`, sum_j p_ij n_j. Needs each key's value norm n_j = ||f_h(x_j)|| per head (`norms=`
+    of the backends; the engine computes it from the layer's values and output projection,
+    `kernels.norms`). Eager and chunked only (`NORM_BACKENDS`): not in the Triton kernel yet."""
     keep_qk: bool = False
     """Hand the layer's queries and keys on with the statistics (`RowStats.queries`, `.keys`: views,
     no copy), for analyses that compare heads across layers (Jensen-Shannon clustering) by
@@ -665,6 +759,20 @@ class RowStats:
     streaming, ||o_i||^2 on rows with no streaming key (o_L = 0)."""
     output_sq: torch.Tensor | None = None
     """(B, H, L): ||o_i||^2 of the head's un-gated output (the relative error's denominator)."""
+    offset_mass_norm: torch.Tensor | None = None
+    """(B, H, L, O): `offset_mass` of the norm-based weights p_ij n_j / sum_j p_ij n_j (spec.norms)."""
+    class_mass_norm: torch.Tensor | None = None
+    """(B, H, L, C): `class_mass` of the norm-based weights (spec.norms)."""
+    distance_mass_norm: torch.Tensor | None = None
+    """(B, H, L, DB): `distance_mass` of the norm-based weights (spec.norms)."""
+    position_mass_norm: torch.Tensor | None = None
+    """(B, H, L, PB): `position_mass` of the norm-based weights (spec.norms)."""
+    duplicate_mass_norm: torch.Tensor | None = None
+    """(B, H, L): `duplicate_mass` of the norm-based weights (spec.norms)."""
+    prefix_match_mass_norm: torch.Tensor | None = None
+    """(B, H, L): `prefix_match_mass` of the norm-based weights (spec.norms)."""
+    weighted_norm: torch.Tensor | None = None
+    """(B, H, L): sum_j p_ij n_j, n_j = ||f_h(x_j)|| the value norm of key j in head h (spec.norms)."""
     queries: torch.Tensor | None = None
     """(B, H, L, D): the layer's queries (spec.keep_qk), with `scale`."""
     keys: torch.Tensor | None = None

@@ -18,7 +18,7 @@ import torch
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
 from .gates import gated_sdpa
-from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats
+from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats, refuse_unsupported
 from .streaming import add_streaming_stats
 from .triton_config import HALF_DTYPES, POSITION_STATS, forward_config
 from .triton_kernel import INTERPRETED, attn_stats_fwd
@@ -50,7 +50,7 @@ def check_computed(spec: StatsSpec):
 
 def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates=None, scale=None,
                            pooling: WordPooling | None = None, layout: AttentionLayout = PLAIN,
-                           blocks: dict | None = None, token_ids=None):
+                           blocks: dict | None = None, token_ids=None, norms=None):
     """Same contract as `attention_stats_eager`: (out (B, L, H, D), RowStats), padding-query
     rows of every row statistic zeroed. Statistics are those of the un-gated attention.
     One kernel for every layout (`triton_kernel.attn_stats_fwd`); blocks overrides its tiles
@@ -58,8 +58,11 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
 
     The fused kernel gives the row statistics; what it does not compute (column mass, word
     maps, kept q/k) is added by `_extras` from the kernel's row lse. A statistic of the table
-    that neither computes is a NotImplementedError before the launch (`check_computed`).
+    that neither computes is a NotImplementedError before the launch (`check_computed`); so is a
+    statistic the table says the kernel does not compute yet (`refuse_unsupported`: the norm-based
+    twins of `spec.norms`, whose `norms` this backend never reads).
     """
+    refuse_unsupported(spec, "triton")
     check_computed(spec)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     need_lse = any(stat.name in EXTRA_PASSES for stat in asked_stats(spec))  # a pass after the kernel reads it

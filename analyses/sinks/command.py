@@ -41,7 +41,7 @@ from bertscope.analyses.sinks.outputs import (
     STATS_FILE,
 )
 from bertscope.analyses.surface.command import check_lone_tokens
-from bertscope.cli.args import add_corpus_stream_arguments, positive_int
+from bertscope.cli.args import add_corpus_stream_arguments, add_norms_argument, positive_int, resolve_norms
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
@@ -66,7 +66,7 @@ BOS_CHOICES = ("auto", "with", "without", "both")
 CHECKPOINT_TOKENS = 65536  # padded tokens between two checkpoints of the sums (at most 20 batches)
 # settings a resumed run takes from run.json
 RESUMED = ("model", "revision", "corpus", "text_field", "limit", "max_len", "seed", "bos", "bos_token", "epsilon",
-           "initial", "batch_size", "backend", "device", "dtype")
+           "initial", "batch_size", "backend", "device", "dtype", "norms")
 
 
 def add_arguments(p):
@@ -83,6 +83,7 @@ def add_arguments(p):
     p.add_argument("--initial", type=positive_int, default=INITIAL, metavar="K",
                    help="the initial tokens whose mass initial_mass sums (StreamingLLM keeps 4) "
                    f"(default: {INITIAL})")
+    add_norms_argument(p, "alpha_1_norm, first_mass_norm, sep_mass_norm, punct_mass_norm in sinks.csv")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings")
 
@@ -96,6 +97,8 @@ def main(args) -> int:
         raise UserError(f"--bos-token {args.bos_token} is the BOS that --bos with or --bos both puts first; "
                         f"--bos {args.bos} puts {'none' if args.bos == 'without' else 'what the template adds'}: "
                         "add --bos with (or both), or leave --bos-token out")
+    # recorded as run; a resumed run takes its recorded norms (runs from before them: none)
+    args.norms = False if args.resume and args.norms is None else resolve_norms(args)
     with ModelRun(NAME, args, command="sinks", resumable=True, open=False) as run:
         return sink_run(run, args)
 
@@ -202,7 +205,7 @@ def sink_run(run: ModelRun, args) -> int:
     windows = [None if lay.window is None else lay.window[0] for lay in layouts]
     variants = plan[0]
     stats = S.SinkStats(loaded.n_layers, loaded.n_heads, windows, variants, S.n_buckets(loaded.max_len),
-                        config.hidden_size, epsilon=args.epsilon, initial=args.initial)
+                        config.hidden_size, epsilon=args.epsilon, initial=args.initial, norms=args.norms)
     path = run.dir / STATS_FILE
     if args.resume and path.exists():
         try:
@@ -244,7 +247,7 @@ def write_outputs(run: ModelRun, stats: S.SinkStats, report, args):
 
     results = S.headline(stats)
     results["segments"] = report.as_dict()
-    run.write_csv(SINKS_FILE, S.head_rows(stats), S.HEAD_COLUMNS)
+    run.write_csv(SINKS_FILE, S.head_rows(stats), S.head_columns(stats))
     layer_rows = S.layer_rows(stats)
     columns = S.LAYER_COLUMNS if stats.hidden_means(0) else S.LAYER_COLUMNS[:10]
     run.write_csv(LAYERS_FILE, layer_rows, columns)

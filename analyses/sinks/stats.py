@@ -97,12 +97,13 @@ def bucket_bounds(n: int) -> list[tuple[int, int]]:
     return [(0, 0)] + [(2 ** (b - 1), 2 ** b - 1) for b in range(1, n)]
 
 
-def spec_for(windows: Sequence[int | None]) -> StatsSpec:
+def spec_for(windows: Sequence[int | None], norms: bool = False) -> StatsSpec:
     """What the kernels compute for the sink statistics: the mass per key class, the entropy, and
-    the offsets 0, -1 and, for each sliding window, the oldest key a windowed row sees."""
+    the offsets 0, -1 and, for each sliding window, the oldest key a windowed row sees; with `norms`
+    the norm-based twins too (docs/norms.md)."""
     offsets = {0, -1} | {-w for w in windows if w}
     return StatsSpec(offsets=tuple(sorted(offsets)), n_key_classes=SINK_CLASSES.n_classes, entropy=True,
-                     class_mass=True)
+                     class_mass=True, norms=norms)
 
 
 # --- hidden states: Sun et al.'s massive activations ---------------------------------------------
@@ -193,6 +194,11 @@ ARRAYS = {  # name -> (shape in symbols, dtype)
     "n_hidden_rest": (("V", "Ly"), np.int64),  # segments with a rest_max (more than one token)
     "first_dim_count": (("V", "Ly", "D"), np.int64),
 }
+# the norm-based twins' sums (spec.norms, docs/norms.md), held only by an accumulator made with norms=True
+NORM_ARRAYS = {
+    "first_norm_sum": (("V", "Ly", "H"), np.float64),  # first-token norm share over the rows that see it
+    "class_norm_sum": (("V", "Ly", "H", "C"), np.float64),  # each class's norm share over every row
+}
 
 
 class SinkStats:
@@ -206,28 +212,35 @@ class SinkStats:
 
     def __init__(self, n_layers: int, n_heads: int, windows: Sequence[int | None], variants: Sequence[str],
                  buckets: int, hidden_size: int, epsilon: float = EPSILON, gu_length: int = GU_LENGTH,
-                 initial: int = INITIAL):
-        self.n_layers, self.n_heads = n_layers, n_heads
+                 initial: int = INITIAL, norms: bool = False):
+        self.n_layers, self.n_heads, self.norms = n_layers, n_heads, bool(norms)
         self.windows = [None if w is None else int(w) for w in windows]
         if len(self.windows) != n_layers:
             raise ValueError(f"{len(self.windows)} windows for {n_layers} layers")
         self.variants = list(variants)
         self.buckets, self.hidden_size = buckets, hidden_size
         self.epsilon, self.gu_length, self.initial = epsilon, gu_length, initial
-        self.spec = spec_for(self.windows)
+        self.spec = spec_for(self.windows, self.norms)
         self.batches_done = 0
         self.probe: HiddenProbe | None = None  # where `add` takes the hidden-state summaries from
         sizes = {"V": len(self.variants), "Ly": n_layers, "H": n_heads, "C": SINK_CLASSES.n_classes, "NB": buckets,
                  "F": 4, "D": hidden_size}
         for name, (shape, dtype) in ARRAYS.items():
             setattr(self, name, np.zeros(tuple(sizes[s] for s in shape), dtype=dtype))
+        for name, (shape, dtype) in NORM_ARRAYS.items():  # missing, never 0, without norms
+            setattr(self, name, np.zeros(tuple(sizes[s] for s in shape), dtype=dtype) if self.norms else None)
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The sums this accumulator holds (`ARRAYS`, and `NORM_ARRAYS` with norms)."""
+        return tuple(ARRAYS) + (tuple(NORM_ARRAYS) if self.norms else ())
 
     # -- the meta data that must agree for a merge or a resume
 
     def meta(self) -> dict:
         return dict(n_layers=self.n_layers, n_heads=self.n_heads, windows=self.windows, variants=self.variants,
                     buckets=self.buckets, hidden_size=self.hidden_size, epsilon=self.epsilon,
-                    gu_length=self.gu_length, initial=self.initial)
+                    gu_length=self.gu_length, initial=self.initial, **({"norms": True} if self.norms else {}))
 
     # -- adding a batch
 
@@ -268,6 +281,10 @@ class SinkStats:
             self.seeing_bucket[:, layer] += _np(torch.einsum("bl,bln,bv->vn", sd, W, V1))
             self.first_sum[:, layer] += _np(V1.T @ seg_first)
             self.first_bucket[:, layer] += _np(torch.einsum("bhl,bln,bv->vhn", first, W, V1))
+            if self.norms:  # the norm-based twins: the first token's share of sum_j p_ij n_j, each class's
+                cn = stats.class_mass_norm.double()  # (B, H, L, C)
+                self.first_norm_sum[:, layer] += _np(V1.T @ torch.einsum("bhl,bl->bh", cn[..., FIRST], sd))
+                self.class_norm_sum[:, layer] += _np(torch.einsum("bhlc,bl,bv->vhc", cn, vd, V1))
             initial = first + cm[..., INIT]
             self.initial_sum[:, layer] += _np(torch.einsum("bhl,bl,bv->vh", initial, sd, V1))
             self.class_sum[:, layer] += _np(torch.einsum("bhlc,bl,bv->vhc", cm, vd, V1))
@@ -307,19 +324,19 @@ class SinkStats:
     def merge(self, other: SinkStats) -> SinkStats:
         if other.meta() != self.meta():
             raise ValueError("cannot merge sink statistics of different models or settings")
-        for name in ARRAYS:
+        for name in self.arrays:
             getattr(self, name).__iadd__(getattr(other, name))
         return self
 
     def save(self, path: Path) -> None:
         write_npz(path, meta=json.dumps(self.meta()), batches_done=self.batches_done,
-                  **{name: getattr(self, name) for name in ARRAYS})
+                  **{name: getattr(self, name) for name in self.arrays})
 
     @classmethod
     def load(cls, path: Path) -> SinkStats:
         with np.load(path) as f:
             acc = cls(**json.loads(str(f["meta"])))
-            for name in ARRAYS:
+            for name in acc.arrays:
                 if name not in f or f[name].shape != getattr(acc, name).shape:
                     raise ValueError(f"{path} holds no {name} of the expected shape: made by another version?")
                 getattr(acc, name)[...] = f[name]
@@ -340,6 +357,20 @@ class SinkStats:
     def alpha(self, v: int = 0) -> np.ndarray:
         """(Ly, H) alpha_1 pooled over the corpus: first-token mass over every row that sees it."""
         return _div(self.first_sum[v], self.n_seeing[v][:, None])
+
+    def alpha_norm(self, v: int = 0) -> np.ndarray:
+        """(Ly, H) alpha_1's norm-based twin: the first token's share of sum_j p_ij ||f(x_j)|| over the rows
+        that see it (docs/norms.md); NaN (missing, never 0) without norms."""
+        if not self.norms:
+            return np.full((self.n_layers, self.n_heads), np.nan)
+        return _div(self.first_norm_sum[v], self.n_seeing[v][:, None])
+
+    def class_norm(self, v: int = 0) -> np.ndarray:
+        """(Ly, H, C) each key class's norm share over every row (first_mass_norm: class FIRST); NaN
+        without norms."""
+        if not self.norms:
+            return np.full((self.n_layers, self.n_heads, SINK_CLASSES.n_classes), np.nan)
+        return _div(self.class_norm_sum[v], np.full(self.class_norm_sum[v].shape, self.n_rows[v]))
 
     def pooled_metric(self, v: int = 0) -> float:
         """Share of heads whose pooled alpha_1 exceeds epsilon (a threshold on corpus means)."""
@@ -389,6 +420,13 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 HEAD_COLUMNS = ("bos", "layer", "head", "attention", "alpha_1", "sink_share", "sink_share_64", "first_mass",
                 "initial_mass", "sep_mass", "punct_mass", "n_queries", "n_seeing", "n_unseeing", "unseeing_edge",
                 "unseeing_self", "unseeing_prev", "unseeing_punct", "unseeing_entropy", "n_segments")
+# with norms (docs/norms.md): the norm-based twins beside them, at the end of sinks.csv
+NORM_HEAD_COLUMNS = ("alpha_1_norm", "first_mass_norm", "sep_mass_norm", "punct_mass_norm")
+
+
+def head_columns(stats: SinkStats) -> tuple[str, ...]:
+    """sinks.csv's columns: `HEAD_COLUMNS`, then with norms `NORM_HEAD_COLUMNS`."""
+    return HEAD_COLUMNS + (NORM_HEAD_COLUMNS if stats.norms else ())
 LAYER_COLUMNS = ("bos", "layer", "attention", "alpha_1", "first_mass", "sink_heads", "sink_share", "sink_share_64",
                  "unseeing_share", "unseeing_edge", "first_max", "rest_max", "median", "first_max_over_median",
                  "top_at_first", "first_dim")
@@ -407,6 +445,7 @@ def head_rows(stats: SinkStats) -> list[dict]:
         uns = stats.n_unseeing[v][:, None]
         u_class = _div(stats.unseeing_class[v], uns[..., None])
         u = {k: _div(getattr(stats, f"unseeing_{k}")[v], uns) for k in ("edge", "self", "prev", "entropy")}
+        alpha_norm, class_norm = stats.alpha_norm(v), stats.class_norm(v)
         for layer in range(stats.n_layers):
             for head in range(stats.n_heads):
                 rows.append({"bos": name, "layer": layer + 1, "head": head + 1, "attention": kinds[layer],
@@ -420,6 +459,11 @@ def head_rows(stats: SinkStats) -> list[dict]:
                              "unseeing_punct": u_class[layer, head, PUNCT],
                              "unseeing_entropy": u["entropy"][layer, head],
                              "n_segments": int(stats.n_segments[v])})
+                if stats.norms:
+                    rows[-1].update(alpha_1_norm=alpha_norm[layer, head],
+                                    first_mass_norm=class_norm[layer, head, FIRST],
+                                    sep_mass_norm=class_norm[layer, head, SEP],
+                                    punct_mass_norm=class_norm[layer, head, PUNCT])
     return rows
 
 

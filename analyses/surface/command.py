@@ -29,10 +29,12 @@ from bertscope.cli.args import (
     BACKEND_CHOICES,
     add_dtype_argument,
     add_model_arguments,
+    add_norms_argument,
     add_quiet_argument,
     add_threads_argument,
     limit_arg,
     positive_int,
+    resolve_norms,
 )
 from bertscope.engine import WINDOW_BATCHES
 from bertscope.errors import UserError
@@ -98,6 +100,8 @@ def add_arguments(p):
                    help="report attention mass at relative offsets -K..K (default: 2)")
     p.add_argument("--argmax", action="store_true",
                    help="also report where each head's most-attended key lies (argmax_* columns; a few percent slower)")
+    add_norms_argument(p, "cls_norm, sep_norm, punct_norm, other_norm, prev_norm, self_norm, next_norm, "
+                       "weighted_norm")
     p.add_argument("--per-example", action="store_true",
                    help="also write examples.parquet: the heads.csv statistics of every segment, layer and head "
                    "(one row each), streamed to disk as batches finish")
@@ -138,6 +142,8 @@ def start_run(args, figures) -> int:
         token_types=args.token_types, max_offset=args.max_offset, argmax=args.argmax, batch_size=args.batch_size,
         backend=args.backend, device=args.device, dtype=args.dtype, packing=args.packing, average=args.average,
         per_example=args.per_example, text_field=args.text_field,
+        # a resumed run takes its recorded norms (runs from before them: none), unless --norms says otherwise
+        norms=resolve_norms(args) if not (args.resume and args.norms is None) else RunSettings.norms,
         **({"window_batches": args.window} if args.window else {}),  # default: engine.WINDOW_BATCHES
     )
     if args.threads:
@@ -180,12 +186,14 @@ class RunSettings:
     per_example: bool = False  # also write examples.parquet: one row per (segment, layer, head)
     text_field: str | None = None  # the text column(s) of a JSON Lines, Parquet or datasets corpus
     window_batches: int | None = WINDOW_BATCHES  # batches sorted by length together (engine)
+    norms: bool = False  # the norm-based twins of the mass columns (docs/norms.md); the command line's default: on
 
     @classmethod
     def from_dict(cls, d: dict) -> RunSettings:
         # runs recorded before --packing existed used the balanced split, and before windowed
         # batches sorted every segment at once
-        d = {"packing": "balanced", "window_batches": None, **d}
+        # and before the norm-based twins (their stats.npz has none)
+        d = {"packing": "balanced", "window_batches": None, "norms": False, **d}
         # a decoder's run records null for the options of an encoder's sentence pairs (ENCODER_ONLY)
         d.update({k: getattr(cls, k) for k in ENCODER_ONLY if k in d and d[k] is None})
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
@@ -195,12 +203,9 @@ class RunSettings:
         return {**asdict(self), **({k: None for k in ENCODER_ONLY} if causal else {})}
 
     def spec(self) -> StatsSpec:
-        from bertscope.analyses.surface import stats as surface  # see the note above `logger`
-        from bertscope.kernels.spec import StatsSpec
+        from bertscope.engine.head_table import run_spec  # see the note above `logger`
 
-        own = StatsSpec(offsets=tuple(range(-self.max_offset, self.max_offset + 1)), n_key_classes=4,
-                        entropy=True, class_mass=True, argmax=self.argmax)
-        return own.union(surface.NEEDS)
+        return run_spec(self.max_offset, self.argmax, self.norms)
 
 
 def run(settings: RunSettings, out: str | None = None, resume: str | None = None,

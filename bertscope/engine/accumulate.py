@@ -102,6 +102,9 @@ class HeadStats:
     prefix_match_rows   (layers, G)          rows with at least one visible key right after one
     so that `token_relation_means` is each head's mean mass over the rows that could put any there
     (a row with no such key has 0 mass anyway).
+    With spec.norms, the norm-based twins' sums too (docs/norms.md): offset_mass_norm_sum, class_mass_norm_sum,
+    duplicate_mass_norm_sum, prefix_match_mass_norm_sum (the shapes of their bases) and weighted_norm_sum
+    (layers, H, G); `norm_mean` reads them, NaN where not computed.
 
     Missing, never 0: the array of a statistic the spec did not ask for (entropy_sum without
     `entropy`, offset_mass_sum with no `offsets`, class_mass_sum without `class_mass`, the argmax
@@ -283,6 +286,7 @@ class HeadStats:
             **({"streaming": list(self.spec.streaming)} if self.spec.streaming else {}),
             "average": self.average,
             **({"token_relations": True} if self.spec.token_relations else {}),  # older files: absent
+            **({"norms": True} if self.spec.norms else {}),  # the norm-based twins; older files: absent
             # a decoder's only: an encoder's meta (and file) stays what it was
             **({"layouts": [layout_dict(layout) for layout in self.layouts]} if self.layouts is not None else {}),
         }
@@ -304,7 +308,7 @@ class HeadStats:
                 int(f["n_segments"]) == 0 or bool(np.any(f["class_mass_sum"] != 0))
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
                              entropy=meta["entropy"], class_mass=class_mass, argmax=meta["argmax"],
-                             token_relations=meta.get("token_relations", False),
+                             token_relations=meta.get("token_relations", False), norms=meta.get("norms", False),
                              streaming=tuple(meta.get("streaming", ())))
             names = tuple(meta["class_names"])
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
@@ -387,6 +391,22 @@ class HeadStats:
         n = self.n_rows[:, gi].reshape((-1, 1) + (1,) * (total.ndim - 2))
         return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
+    def norm_mean(self, name: str, group: str = "all") -> np.ndarray:
+        """The norm-based twin (docs/norms.md) of the sum `name` beside `mean(name)`: "class_mass_sum" gives
+        the mean per row of class_mass_norm (each class's share of sum_j p_ij n_j), "offset_mass_sum" of
+        offset_mass_norm, "weighted_norm_sum" (or "weighted_norm") the mean of sum_j p_ij n_j; (layers, H, ...)
+        as `mean`. Missing, never 0: NaN of that shape where the run did not compute it (spec.norms off,
+        or its base statistic not asked)."""
+        twin = name if name.endswith("_norm_sum") else f"{name.removesuffix('_sum')}_norm_sum"
+        if twin not in STAT_OF_ARRAY:
+            raise KeyError(f"{name} has no norm-based twin (the twinned sums: "
+                           f"{', '.join(a for a in STAT_OF_ARRAY if a.endswith('_norm_sum'))})")
+        if getattr(self, twin) is None:
+            width = {"O": len(self.spec.offsets), "O+1": len(self.spec.offsets) + 1, "C": self.spec.n_key_classes}
+            m = next(m for m in SEGMENT_SUMS if m.array == twin)
+            return np.full((self.n_layers, self.n_heads, *(width[d] for d in m.width)), np.nan)
+        return self.mean(twin, group)
+
     def token_relation_means(self, group: str = "all") -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """{"duplicate_mass": (mean, rows), "prefix_match_mass": (mean, rows)}, each (layers, H) float64:
         each head's mean mass over the rows of `group` that have at least one visible key of the
@@ -402,6 +422,9 @@ class HeadStats:
             total = getattr(self, sum_name)[:, :, gi]  # (layers, H)
             rows = np.broadcast_to(getattr(self, rows_name)[:, gi, None], total.shape).copy()  # (layers, H)
             out[stat] = (np.divide(total, rows, out=np.zeros_like(total), where=rows > 0), rows)
+            if self.spec.norms:  # the norm-based twin, over the same rows (spec.norms: docs/norms.md)
+                twin = getattr(self, f"{stat}_norm_sum")[:, :, gi]
+                out[f"{stat}_norm"] = (np.divide(twin, rows, out=np.zeros_like(twin), where=rows > 0), rows)
         return out
 
 

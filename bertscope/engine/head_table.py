@@ -38,6 +38,10 @@ see different numbers of keys:
                          for a focused one. A mean of per-row differences, so it stays exact
                          where a ratio of means would weigh long rows more and a per-row ratio
                          is undefined on rows that see one key
+With `--norms` (docs/norms.md; Kobayashi et al. 2020) each mass column has a norm-based twin: cls_norm,
+sep_norm, punct_norm, other_norm, prev_norm, self_norm, next_norm (a decoder's first_norm), the share of
+the row's sum_j p_ij ||f(x_j)|| that those keys contribute, f(x_j) the key's value vector through the
+head's slice of the output projection; and weighted_norm, the mean of sum_j p_ij ||f(x_j)|| itself.
 Columns that are 0 by construction are left out rather than shown as 0: under a causal mask
 next and every positive offset (a row sees no later key) and cls_entropy (the first row sees
 one key: entropy 0); for any non-plain layout, a class no token of the corpus has ([SEP] for
@@ -59,12 +63,12 @@ COLUMNS = (
 )
 ARGMAX_COLUMNS = ("argmax_prev", "argmax_self", "argmax_next", "argmax_cls", "argmax_sep", "argmax_punct")
 
-def run_spec(max_offset: int = 2, argmax: bool = False) -> StatsSpec:
-    """The spec of `bertscope run` with `--max-offset` and `--argmax` (by default: offsets -2..2, the four
-    key classes, entropy, no argmax): what the notebook API and the viewer compute by default.
-    `bertscope.analyses.surface.command.RunSettings.spec` is the same (tests/test_api.py holds the two together)."""
+def run_spec(max_offset: int = 2, argmax: bool = False, norms: bool = False) -> StatsSpec:
+    """The spec of `bertscope run` with `--max-offset`, `--argmax` and `--norms` (by default: offsets -2..2,
+    the four key classes, entropy, no argmax, no norm-based twins): what the notebook API and the viewer
+    compute by default, and what `bertscope.analyses.surface.command.RunSettings.spec` returns."""
     own = StatsSpec(offsets=tuple(range(-max_offset, max_offset + 1)), n_key_classes=4,
-                    entropy=True, class_mass=True, argmax=argmax)
+                    entropy=True, class_mass=True, argmax=argmax, norms=norms)
     return own.union(NEEDS)
 
 
@@ -97,6 +101,14 @@ def _encoder_table(stats: HeadStats) -> dict[str, np.ndarray]:
     for t, o in enumerate(offsets):
         if o not in (-1, 0, 1):
             table[f"offset_{o:+d}"] = offset_mass[..., t]
+    if stats.spec.norms:  # the norm-based twins (docs/norms.md): each kind's share of sum_j p_ij ||f(x_j)||
+        offset_norm = stats.norm_mean("offset_mass_sum")  # (layers, H, O)
+        class_norm = stats.norm_mean("class_mass_sum")  # (layers, H, C)
+        for col in ("cls", "sep", "punct", "other"):
+            table[f"{col}_norm"] = class_norm[..., cls_of[col]]
+        for col, o in (("prev", -1), ("self", 0), ("next", 1)):
+            table[f"{col}_norm"] = offset_norm[..., offsets.index(o)]
+        table["weighted_norm"] = stats.norm_mean("weighted_norm_sum")
     if stats.spec.argmax:
         argmax_offset = stats.mean("argmax_offset_count")  # (layers, H, O+1)
         argmax_class = stats.mean("argmax_class_count")  # (layers, H, C)
@@ -129,17 +141,19 @@ def layout_table(stats: HeadStats) -> dict[str, np.ndarray]:
     Ly, H = stats.n_layers, stats.n_heads
     out = {}
     for col, values in full.items():
-        if causal and (col in ("next", "argmax_next") or col.startswith("offset_+")):
+        kind = col.removesuffix("_norm") if col != "weighted_norm" else col  # a norm-based twin as its base
+        if causal and (kind in ("next", "argmax_next") or col.startswith("offset_+")):
             continue  # a row sees no later key
-        if col in ("sep", "punct", "argmax_sep", "argmax_punct") and col.removeprefix("argmax_") not in present:
+        if kind in ("sep", "punct", "argmax_sep", "argmax_punct") and kind.removeprefix("argmax_") not in present:
             continue
         if col in ("sep_sep", "rest_sep") and "sep" not in present:
             continue
         if col == "cls_entropy" and (causal or "cls" not in present):
             continue
-        if col == "cls" and not causal and "cls" not in present:
+        if kind == "cls" and not causal and "cls" not in present:
             continue
-        name = {"cls": "first", "argmax_cls": "argmax_first"}.get(col, col) if causal else col
+        name = {"cls": "first", "argmax_cls": "argmax_first", "cls_norm": "first_norm"}.get(col, col) if causal \
+            else col
         out[name] = values
         if col == "entropy":
             uniform = np.repeat(stats.layer_uniform_entropy()[:, None], H, axis=1)  # (layers, H)

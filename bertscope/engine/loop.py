@@ -272,7 +272,7 @@ def stream_batches(loaded: LoadedModel, segments: Iterable[Segment], spec: Stats
     if spec.word_maps and from_word is None:
         raise ValueError("spec.word_maps needs from_word ('mean' or 'first')")
     device = next(loaded.model.parameters()).device
-    probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=backend, device=device)
+    probe = HeadProbe(loaded.n_layers, loaded.n_heads, spec, backend=backend, device=device, model=loaded.model)
     rank, world_size = shard
     total = len(segments) if isinstance(segments, Sequence) else total
     number = 0

@@ -50,11 +50,15 @@ class LayerModules:
                writes its head slots (`bertscope_head_slots`) there, and run.json reads them back
     block:     from the layer to the module that holds projections, attention and output
                (what a benchmark times as "the attention")
+    output:    from the layer to the attention's output projection (an `nn.Linear`, or GPT-2's
+               `Conv1D`), whose head h's D input columns are W_O^h: the norm-based twins read it
+               (`kernels.norms`, docs/norms.md); None where it is not known (norms refused by name)
     """
 
     layer: str
     attention: str
     block: str
+    output: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ class HeadRemoval:
     fused: bool = False
 
 
-BERT_LAYERS = LayerModules(layer="encoder.layer.{i}", attention="attention.self", block="attention")
+BERT_LAYERS = LayerModules(layer="encoder.layer.{i}", attention="attention.self", block="attention",
+                           output="attention.output.dense")
 BERT_REMOVAL = HeadRemoval(q="attention.self.query", k="attention.self.key", v="attention.self.value",
                            out="attention.output.dense", count_attrs=("num_attention_heads",),
                            size_attr="all_head_size")
@@ -198,6 +203,14 @@ class Architecture:
         """The module that calls the attention function in `layer` (0-based) of `model`."""
         return attribute(self.layer_module(model, layer), self.layers.attention)
 
+    def output_projection(self, model, layer: int):
+        """The attention's output projection in `layer` (0-based) of `model` (`LayerModules.output`);
+        a UserError where the table does not know it."""
+        if self.layers is None or self.layers.output is None:
+            raise UserError(f"bertscope does not know where the attention output projection of model type "
+                            f"{self.model_type!r} is, which the norm-based statistics need (--no-norms)")
+        return attribute(self.layer_module(model, layer), self.layers.output)
+
     def prefix_layers(self, model) -> list | None:
         """The layers from whose cached inputs `bertscope.analyses.heads.variants` may run gated
         variants (`prefix_sharing`), or None where it must replicate the batch from the inputs on."""
@@ -236,7 +249,7 @@ SENTENCEPIECE = ("▁.", "▁,")
 BYTE_BPE = ("Ġ.", "Ġ,")  # byte-level BPE: a leading-space marker
 
 # Llama and the families built like it: layers under `layers`, the attention module `self_attn`.
-LLAMA_LAYERS = LayerModules(layer="layers.{i}", attention="self_attn", block="self_attn")
+LLAMA_LAYERS = LayerModules(layer="layers.{i}", attention="self_attn", block="self_attn", output="self_attn.o_proj")
 # q_proj, k_proj, v_proj, o_proj under self_attn; the attention module reshapes with
 # view(..., -1, head_dim) and holds no head count (the key/value grouping comes from the shapes),
 # so removing whole key/value groups works.
@@ -258,19 +271,21 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("roberta", **ROBERTA, punct_tokens=BYTE_BPE),
     Architecture("xlm-roberta", **ROBERTA, punct_tokens=SENTENCEPIECE),
     Architecture("camembert", **ROBERTA, punct_tokens=SENTENCEPIECE),
-    Architecture("distilbert", LayerModules(layer="transformer.layer.{i}", attention="attention", block="attention"),
+    Architecture("distilbert", LayerModules(layer="transformer.layer.{i}", attention="attention", block="attention",
+                              output="attention.out_lin"),
                  HeadRemoval(q="attention.q_lin", k="attention.k_lin", v="attention.v_lin", out="attention.out_lin",
                              count_attrs=("n_heads",), size_attr="dim"),
                  layers_attr="n_layers", heads_attr="n_heads"),
     Architecture("albert", LayerModules(layer="encoder.albert_layer_groups.{i}.albert_layers.0",
-                                        attention="attention", block="attention"),
+                                        attention="attention", block="attention", output="attention.dense"),
                  HeadRemoval(q="attention.query", k="attention.key", v="attention.value", out="attention.dense",
                              count_attrs=("num_attention_heads",), size_attr="all_head_size"),
                  shared_layer=albert_group, punct_tokens=SENTENCEPIECE),
     Architecture("electra"),
     # an encoder whose local layers see a window of sliding_window (= local_attention // 2) keys
     # on each side; every global_attn_every_n_layers-th layer sees all (config.layer_types)
-    Architecture("modernbert", LayerModules(layer="layers.{i}", attention="attn", block="attn"), removal=None,
+    Architecture("modernbert", LayerModules(layer="layers.{i}", attention="attn", block="attn", output="attn.Wo"),
+                 removal=None,
                  no_removal=FUSED, prefix_sharing=False, punct_tokens=BYTE_BPE, window_attr="sliding_window",
                  window_sides="both", layer_types_attr="layer_types"),
     # decoders (causal; grouped-query attention where num_key_value_heads < num_attention_heads)
@@ -293,13 +308,15 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("phi3", **dict(DECODER, removal=None), no_removal=FUSED, template="<s> A",
                  punct_tokens=SENTENCEPIECE, window_attr="sliding_window"),
     # absolute position embeddings (position ids matter under left padding); no key/value grouping
-    Architecture("gpt2", LayerModules(layer="h.{i}", attention="attn", block="attn"), removal=None,
+    Architecture("gpt2", LayerModules(layer="h.{i}", attention="attn", block="attn", output="attn.c_proj"),
+                 removal=None,
                  no_removal=FUSED, n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
                  position_ids=True, prefix_sharing=False),
     # GPT-NeoX (Pythia): one query_key_value projection whose rows are grouped per head (q, k, v
     # of head 0, then of head 1, ...), so a head's rows go together; rotary on part of each head
     # (rotary_pct), applied before the attention call, so bertscope sees q and k after it
-    Architecture("gpt_neox", LayerModules(layer="layers.{i}", attention="attention", block="attention"),
+    Architecture("gpt_neox", LayerModules(layer="layers.{i}", attention="attention", block="attention",
+                              output="attention.dense"),
                  HeadRemoval(q="attention.query_key_value", k="", v="", out="attention.dense", count_attrs=(),
                              size_attr=None, fused=True),
                  n_special=None, template="A", punct_tokens=BYTE_BPE, causal=True,
@@ -308,7 +325,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     # (OPTLearnedPositionalEmbedding adds its offset of 2 itself: every configured position is an
     # input position); the query is scaled before the attention call (scaling 1.0); the attention
     # module reshapes with its num_heads
-    Architecture("opt", LayerModules(layer="decoder.layers.{i}", attention="self_attn", block="self_attn"),
+    Architecture("opt", LayerModules(layer="decoder.layers.{i}", attention="self_attn", block="self_attn",
+                              output="self_attn.out_proj"),
                  HeadRemoval(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
                              out="self_attn.out_proj", count_attrs=("num_heads",), size_attr=None),
                  n_special=None, template="</s> A", punct_tokens=BYTE_BPE, causal=True, position_ids=True,

@@ -67,8 +67,10 @@ from bertscope.kernels.backends import attention_stats, output_path, resolve_bac
 from bertscope.kernels.common import PaddingRows, known_padding
 from bertscope.kernels.eager import attention_grad_eager
 from bertscope.kernels.gates import apply_gates, gated_sdpa, needs_grad
-from bertscope.kernels.spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling
+from bertscope.kernels.norms import head_factors, output_weight, value_norms
+from bertscope.kernels.spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, refuse_unsupported
 from bertscope.kernels.streaming import apply_streaming
+from bertscope.models.architectures import architecture_of
 from bertscope.models.gates import layer_gates
 from bertscope.models.head_removal import head_slots, spread_grad_sums, spread_heads
 
@@ -140,6 +142,35 @@ class _Forward:
 _ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar("bertscope_forward", default=None)
 
 
+class ValueNorms:
+    """Each layer call's per-key value norms n_j = ||f_h(x_j)|| (`kernels.norms`, for `spec.norms`),
+    from the value states the attention function receives and the module's output projection, found
+    through the families table (`Architecture.output_projection`). Each projection's Gram factors are
+    computed once per weight (kept until the weight changes: its storage or version), so a layer call
+    costs one (D x D) product per key and head. No modelling code is touched: the attention modules are
+    looked up by identity (ALBERT's one shared module has one projection)."""
+
+    def __init__(self, model):
+        arch = architecture_of(model.config)
+        n_layers = arch.n_layers_heads(model.config)[0]
+        self._projection = {id(arch.attention_module(model, layer)): arch.output_projection(model, layer)
+                            for layer in range(n_layers)}
+        self._factors: dict[int, tuple] = {}  # id(projection) -> (weight key, (H, D, D) factors)
+
+    def __call__(self, module, value: torch.Tensor, n_heads: int) -> torch.Tensor:
+        """(B, H, L) float32 for value (B, H_kv, L, D) and the call's n_heads query heads (a pruned
+        layer's: its output projection has as many heads' columns)."""
+        projection = self._projection.get(id(module))
+        if projection is None:
+            raise RuntimeError(f"no output projection is known for the attention module {type(module).__name__}")
+        weight = output_weight(projection)
+        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.device, n_heads)
+        cached = self._factors.get(id(projection))
+        if cached is None or cached[0] != key:
+            cached = self._factors[id(projection)] = (key, head_factors(weight, n_heads))
+        return value_norms(value, cached[1])
+
+
 class HeadProbe:
     """Owns what stays fixed across forwards: statistics spec and backend (head gates live on
     the model: `bertscope.models.gates`).
@@ -147,12 +178,26 @@ class HeadProbe:
     Layers are numbered by call order within a forward, not read from the module:
     DistilBERT's attention modules carry no `layer_idx`, and ALBERT calls one shared
     module for every layer.
+
+    `model`: needed when spec.norms (the norm-based twins read each layer's output projection:
+    `ValueNorms`).
     """
 
-    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, backend: str = "auto", device="cpu"):
+    def __init__(self, n_layers: int, n_heads: int, spec: StatsSpec, backend: str = "auto", device="cpu",
+                 model=None):
         self.n_layers, self.n_heads, self.spec = n_layers, n_heads, spec
         self.backend = resolve_backend(backend, torch.device(device))
+        refuse_unsupported(spec, self.backend)  # before any forward: the norm-based twins on triton
         self.output_paths: set[str] = set()  # where layer outputs came from (`output_path`), for run.json
+        self.value_norms = ValueNorms(model) if spec.norms and model is not None else None
+
+    def norms(self, module, value: torch.Tensor, n_heads: int) -> torch.Tensor | None:
+        """The call's per-key value norms (B, H, L) when spec.norms, else None."""
+        if not self.spec.norms:
+            return None
+        if self.value_norms is None:
+            raise ValueError("spec.norms needs the model's output projections: HeadProbe(..., model=model)")
+        return self.value_norms(module, value, n_heads)
 
     @contextmanager
     def active(self, key_class: torch.Tensor, sink: Sink, pooling: WordPooling | None = None,
@@ -387,11 +432,12 @@ def bertscope_attention(module, query, key, value, attention_mask, scaling=None,
         raise RuntimeError(f"expected {probe.n_layers} attention calls in a forward pass, saw more")
     fwd.layer += 1
     probe.output_paths.add(output_path(probe.backend, needs_grad(query, key, value, gates)))
+    norms = probe.norms(module, value, query.shape[1])  # (B, H, L), spec.norms only
     with known_padding(padding):
         out, stats = attention_stats(
             query, key, value, key_valid, fwd.key_class, probe.spec,
             gates=gates, scale=scaling, backend=probe.backend, pooling=fwd.pooling, layout=layout,
-            token_ids=fwd.token_ids,
+            token_ids=fwd.token_ids, norms=norms,
         )
     if slots is not None:  # statistics back in the original head slots, pruned heads missing (NaN)
         stats = spread_heads(stats, slots, probe.n_heads)

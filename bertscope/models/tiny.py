@@ -33,9 +33,10 @@ KINDS = tuple(t for t in SUPPORTED_MODEL_TYPES if ARCHITECTURES[t].causal or ARC
 
 # every statistic of the kernels' table that can be read off an attention map, switched on: the parity
 # test's oracle reads them off the model's own eager maps; the streaming error needs q, k and v, not
-# the map (its parity against an eager model with the explicit mask: tests/kernels/test_streaming.py)
+# the map (its parity against an eager model with the explicit mask: tests/kernels/test_streaming.py), and
+# the norm-based twins need the values and the output projection (their parity: tests/kernels/test_norms.py)
 SPEC = StatsSpec(offsets=(-2, -1, 0, 1, 2), n_key_classes=3,
-                 **{s.switch: True for s in ROW_STATS if s.switch not in ("offsets", "streaming")})
+                 **{s.switch: True for s in ROW_STATS if s.switch not in ("offsets", "streaming", "norms")})
 
 
 def tiny_config(model_type: str, vocab_size: int):

@@ -146,4 +146,7 @@ def test_bfloat16_run_matches_float32(tmp_path):
         if col in ("layer", "head", "n_tokens"):
             continue
         limit = 0.05 if "entropy" in col else 0.02
+        if col == "weighted_norm":  # a norm (1.6-4 here), not a share: relative (docs/norms.md)
+            assert ((a[col] - b[col]).abs() / a[col].abs()).max() < limit, col
+            continue
         assert (a[col] - b[col]).abs().max() < limit, col

@@ -113,9 +113,22 @@ def input_ids(seed=0):
 
 
 def only(stat: RowStat, spec_type=StatsSpec) -> StatsSpec:
-    """A spec that asks for `stat` and nothing else."""
-    value = OFFSETS if stat.switch == "offsets" else True
-    return spec_type(n_key_classes=C, **{stat.switch: value})
+    """A spec that asks for `stat` and nothing else (a norm-based twin: with its base, which it needs)."""
+    switches = [stat.switch] + ([stat.twin_of.switch] if stat.twin_of is not None else [])
+    return spec_type(n_key_classes=C, **{w: OFFSETS if w == "offsets" else True for w in switches})
+
+
+def key_norms(q, seed: int = 0) -> torch.Tensor:
+    """(B, H, L) per-key value norms for `spec.norms`: positive, a few exactly 0 (keys whose value
+    vector is 0), so the norm-based twins differ from the weights and meet the zero case."""
+    g = torch.Generator().manual_seed(seed)
+    B, H, L, _ = q.shape
+    n = torch.rand(B, H, L, generator=g) * 3 + 0.05
+    return n * (torch.rand(B, H, L, generator=g) > 0.15)
+
+
+def backend_of(path: str) -> str:
+    return path.split("-")[0]
 
 
 # --- every entry x every path x every case, against the oracle ---------------------------------------
@@ -216,9 +229,10 @@ def check_entry(stat: RowStat, path: str, case: str, data, spec=None):
     """One entry of the table from one path on one drawn case: the table's shape and dtype, the
     oracle's values, padding rows set, nothing that was not asked for."""
     layout, args, pooling, ids = draw_case(data, case, rows=ROWS[path])
+    norms = key_norms(args[0], data.draw(st.integers(0, 2**16), label="norms seed"))
     spec = only(stat) if spec is None else spec
-    _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids)
-    _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids)
+    _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
+    _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
     check_result(stat, path, got, ref, args, pooling, spec, layout)
 
 
@@ -249,7 +263,15 @@ def _entry_test(path: str, case: str):
     def test(stat, data):
         check_entry(stat, path, case, data)
 
-    return pytest.mark.parametrize("stat", ROW_STATS, ids=lambda s: s.name)(test)
+    return pytest.mark.parametrize("stat", table_params(path), ids=lambda s: s.name)(test)
+
+
+def table_params(path: str) -> list:
+    """Every entry of the table, those the table says the path's backend does not compute (`backends`:
+    the norm-based twins in Triton) skipped, with the reason."""
+    return [pytest.param(s, marks=() if s.computed_by(backend_of(path)) else pytest.mark.skip(
+        reason=f"the table says the {backend_of(path)} backend does not compute {s.name} (RowStat.backends)"))
+        for s in ROW_STATS]
 
 
 # generated: test_<path>_<case>[<entry>] for every entry of the table, every path and every case
@@ -312,10 +334,11 @@ def _edge_test(path: str):
         # Triton: the full-length sequence only (the interpreter's time grows with the rows; its
         # padding rows at these lengths come from the drawn cases)
         layout, args, pooling, ids = edge_case(L, EDGE_LENGTHS.index(L), n_seq=1 if path.startswith("triton") else 2)
-        spec = all_on()
-        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids)
-        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids)
-        for stat in ROW_STATS:
+        spec = all_on(backend_of(path))
+        norms = key_norms(args[0], L)
+        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
+        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
+        for stat in asked_stats(spec):
             check_result(stat, path, got, ref, args, pooling, spec, layout)
 
     return test
@@ -410,16 +433,20 @@ def test_union_turns_on_what_either_asks_for():
     assert a.union(b).offsets == (-1, 0, 1)
 
 
-def all_on() -> StatsSpec:
+def all_on(backend: str | None = None) -> StatsSpec:
+    """Every switch of the table on; with `backend`, only those of the entries it computes (the table's
+    `backends`)."""
     return StatsSpec(offsets=OFFSETS, n_key_classes=C,
-                     **{s.switch: True for s in ROW_STATS if s.switch != "offsets"})
+                     **{s.switch: True for s in ROW_STATS if s.switch != "offsets"
+                        and (backend is None or s.computed_by(backend))})
 
 
 def test_as_float32_widens_the_float_statistics_of_the_table_only():
     """In place, each half-precision statistic becomes the float32 of the same values; indices and
     float32 ones are left as they are (the same tensors)."""
     args, pooling = inputs()
-    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling, token_ids=input_ids())
+    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling, token_ids=input_ids(),
+                                     norms=key_norms(args[0]))
     half = RowStats(**{s.name: getattr(stats, s.name).to(torch.bfloat16) if s.dtype == "float"
                        else getattr(stats, s.name) for s in ROW_STATS})
     before = {s.name: getattr(half, s.name) for s in ROW_STATS}
@@ -438,7 +465,8 @@ def test_as_float32_widens_the_float_statistics_of_the_table_only():
 
 def test_removed_heads_hold_the_table_value():
     args, pooling = inputs()
-    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling, token_ids=input_ids())
+    _, stats = attention_stats_eager(*args, all_on(), pooling=pooling, token_ids=input_ids(),
+                                     norms=key_norms(args[0]))
     spread = head_removal.spread_heads(stats, (0, 2, 3), 5)  # physical heads 0, 1, 2 -> slots 0, 2, 3 of 5
     for s in ROW_STATS:
         t = getattr(spread, s.name)
@@ -455,7 +483,7 @@ def test_segment_sums_and_head_stats_cover_every_sum_of_the_table():
     HeadStats array adds them up; the argmax's counts are checked against the argmax by hand."""
     args, pooling = inputs()
     spec = all_on()
-    _, stats = attention_stats_eager(*args, spec, pooling=pooling, token_ids=input_ids())
+    _, stats = attention_stats_eager(*args, spec, pooling=pooling, token_ids=input_ids(), norms=key_norms(args[0]))
     classes = TokenClasses.of(("a", "b", "c"))
     key_valid, key_class = args[3], args[4]
     batch = BatchContext(indices=[0, 1], segments=[None, None], inputs={}, key_valid=key_valid, key_class=key_class,

@@ -19,7 +19,8 @@ def test_triton_run_equals_eager_run(tmp_path, tiny_checkpoint, max_len):
         done = subprocess.run(
             [sys.executable, "-m", "bertscope.cli", "run", "--model", str(tiny_checkpoint), "--corpus", str(corpus),
              "--limit", "all", "--max-len", str(max_len), "--argmax", "--max-offset", "3", "--batch-size", "4",
-             "--backend", backend, "--out", str(out), "--quiet", "--no-figures"],
+             "--backend", backend, "--out", str(out), "--quiet", "--no-figures",
+             "--no-norms"],  # the norm-based columns: not in the Triton kernel yet (docs/norms.md)
             env=env, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr
         tables[backend] = read_heads(out / "heads.csv")
