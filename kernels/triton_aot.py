@@ -72,13 +72,10 @@ class Specialisation:
     uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the keys)
 
     def config(self, arch: int) -> dict:
-        from .triton_config import POSITION_STATS, TOKEN_STATS, feature_width, forward_config  # see above ARCHS
+        from .triton_config import kernel_config  # see the note above ARCHS
 
-        return forward_config(self.D, torch_dtype(self.dtype), arch, bool(set(self.stats) & set(POSITION_STATS)),
-                              banded=self.banded, uniform=self.uniform,
-                              wide=feature_width(self.n_classes) > 32 or "argmax" in self.stats,
-                              n_classes=self.n_classes, tokens=bool(set(self.stats) & set(TOKEN_STATS)),
-                              switched_on=frozenset(self.stats), grouped=self.banded and self.group > 1)
+        return kernel_config(self.D, torch_dtype(self.dtype), arch, frozenset(self.stats), self.n_classes,
+                             banded=self.banded, grouped=self.group > 1, uniform=self.uniform)
 
     def switched_on(self) -> set[str]:
         return set(self.stats)
@@ -705,11 +702,13 @@ class CommandSpec:
 
 
 def kernel_switches(spec) -> tuple[str, ...]:
-    """The fused kernel's switches a `StatsSpec` turns on, in the table's order (`triton_launch.kernel_outputs`,
-    as `triton_launch.launch_config` reads them)."""
-    from .triton_launch import kernel_outputs  # see the note above ARCHS
+    """The fused kernel's switches a `StatsSpec` turns on, in the table's order (`triton_launch.kernel_switches`,
+    as the launcher reads them)."""
+    from .spec import ROW_STATS
+    from .triton_launch import kernel_switches as switched  # see the note above ARCHS
 
-    return tuple(stat.name for stat, _, flag in kernel_outputs() if flag is not None and stat.asked(spec))
+    on = switched(spec)
+    return tuple(stat.name for stat in ROW_STATS if stat.name in on)
 
 
 def command_specialisations(dtypes=("fp16", "bf16"), shapes=MODEL_SHAPES) -> list[CommandSpec]:
