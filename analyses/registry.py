@@ -151,3 +151,48 @@ PAPER_SOURCES: tuple[str, ...] = (
     _ + "atlas.paper:DUO",
     _ + "atlas.paper:VOITA",
 )
+
+
+# --- what each command asks of the attention kernels (`python -m bertscope.kernels.triton_aot --commands`)
+#
+# Every module of `COMMANDS` declares `kernel_specs(model) -> {what: StatsSpec}`: the statistics specs it
+# hands the engine (its `fold` / `stream_batches` calls), built by the same functions its `main` calls, for
+# `model` (a `KernelModel`: what of a loaded model a spec reads); {} when its model never runs inside an
+# analysis (the gated variants, gradients and hidden states run torch's SDPA, not the statistics kernel).
+# tests/kernels/test_triton_commands.py fails on a command without one.
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """What a command's spec reads of a loaded model, without loading one: its key classes (`classes`,
+    `class_names`: the vocabulary's [CLS], [SEP], punctuation, other) and whether it is a decoder
+    (causal: `atlas` adds the streaming error and the token relations' induction pass for one)."""
+
+    causal: bool = True
+    class_names: tuple[str, ...] = ("cls", "sep", "punct", "other")  # text.token_classes.KEY_CLASSES
+
+    @property
+    def classes(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(n_classes=len(self.class_names), names=self.class_names)
+
+
+def command_defaults(module) -> dict:
+    """{dest: default} of a command's options (its `add_arguments`), positionals None: the settings a
+    `kernel_specs` reads, as the command line gives them when no option is passed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    module.add_arguments(parser)
+    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+
+
+def kernel_specs(command: str, model: KernelModel) -> dict:
+    """{what: StatsSpec} of one command of `COMMANDS` for `model` (its module's `kernel_specs`)."""
+    import importlib
+
+    module = importlib.import_module(COMMANDS[command])
+    if not hasattr(module, "kernel_specs"):
+        raise NotImplementedError(f"{COMMANDS[command]} declares no kernel_specs(model) (analyses/registry.py)")
+    return module.kernel_specs(model)

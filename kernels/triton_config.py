@@ -124,6 +124,21 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     return _config(16, 16, 8 if block_d <= 128 else 16, 1, block_d, maxnreg=MAXNREG_FP32)
 
 
+def kernel_config(D: int, dtype, arch: int, switched_on: frozenset, n_classes: int, banded: bool = False,
+                  grouped: bool = False, uniform: bool = False, tf32: bool = False, interpreted: bool = False) -> dict:
+    """The config of one launch of the fused forward from what it computes: the kernel switches it turns on
+    (names of the table, `triton_launch.kernel_outputs`), its key classes, its layout (banded; grouped: G >= 2)
+    and uniform gates. The one reading of a call's statistics into `forward_config`'s arguments, for the
+    launcher (`triton_launch.launch_config`) and the ahead-of-time compile (`triton_aot.Specialisation`)
+    alike: position statistics and token relations by name (`POSITION_STATS`, `TOKEN_STATS`), a wide
+    feature dot for more than 32 classes or the argmax."""
+    on = frozenset(switched_on)
+    return forward_config(D, dtype, arch, bool(on & set(POSITION_STATS)), tf32=tf32, interpreted=interpreted,
+                          banded=banded, uniform=uniform, wide=feature_width(n_classes) > 32 or "argmax" in on,
+                          n_classes=n_classes, tokens=bool(on & set(TOKEN_STATS)), switched_on=on,
+                          grouped=banded and grouped)
+
+
 def _config(m: int, n: int, warps: int, stages: int, block_d: int, sums_by_dot: int = 0, masked_first: bool = False,
             fixed_g: bool = False, **caps) -> dict:
     """One launch config: tiles, warps, stages and the kernel's constexpr switches (module docstring)."""

@@ -33,7 +33,7 @@ import triton
 from . import triton_maps
 from .precision import TF32, fp32_dot_precision
 from .spec import FIXED_WIDTHS, ROW_STATS, AttentionLayout, StatsSpec, asked_stats, padded_ids
-from .triton_config import POSITION_STATS, device_arch, feature_width, forward_config
+from .triton_config import device_arch, feature_width, kernel_config
 from .triton_kernel import INTERPRETED, attn_stats_fwd
 from .triton_tiles import DTYPES, launch_caps
 
@@ -243,16 +243,17 @@ def dot_precision(dtype) -> str:
 
 
 def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = False) -> dict:
-    """The tiles of a launch on q's device (`triton_config.forward_config`)."""
-    D = q.shape[-1]
+    """The tiles of a launch on q's device (`triton_config.kernel_config`, as `triton_aot` reads them)."""
     interpreted = INTERPRETED or q.device.type != "cuda"
-    positions = any(stat.asked(spec) for stat in ROW_STATS if stat.name in POSITION_STATS)
     arch = 90 if interpreted else device_arch(q.device)
-    return forward_config(D, q.dtype, arch, positions, tf32=dot_precision(q.dtype) == "tf32",
-                          interpreted=interpreted, banded=not layout.is_plain, uniform=uniform,
-                          wide=feature_width(spec.n_key_classes) > 32 or spec.argmax, n_classes=spec.n_key_classes,
-                          tokens=spec.token_relations, grouped=layout.group_size(q.shape[1]) > 1,
-                          switched_on=frozenset(s.name for s, _, flag in kernel_outputs() if flag and s.asked(spec)))
+    return kernel_config(q.shape[-1], q.dtype, arch, kernel_switches(spec), spec.n_key_classes,
+                         banded=not layout.is_plain, grouped=layout.group_size(q.shape[1]) > 1, uniform=uniform,
+                         tf32=dot_precision(q.dtype) == "tf32", interpreted=interpreted)
+
+
+def kernel_switches(spec: StatsSpec) -> frozenset:
+    """The names of the statistics whose kernel switches `spec` turns on (`kernel_outputs`)."""
+    return frozenset(stat.name for stat, _, flag in kernel_outputs() if flag is not None and stat.asked(spec))
 
 
 def check_dtypes(q, k, v):

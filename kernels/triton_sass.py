@@ -118,6 +118,28 @@ def main_loop(instructions: list[Instruction], stage: str = "first") -> Loop:
     return pick(innermost, key=lambda lp: lp.start)
 
 
+def other_stage(instructions: list[Instruction], stage: str = "first") -> Loop | None:
+    """The attention loop of the other stage than `main_loop(instructions, stage)`: the last such loop
+    (with an MMA and an MUFU.EX2, innermost) when the main one is the first, else the first; None when
+    the kernel has one such loop only. For the fused forward it is the masked stage (band edges, padding,
+    the row end), for the flash baseline the causal diagonal."""
+    main = main_loop(instructions, stage)
+    found = [lp for lp in loops(instructions)
+             if any(is_mma(i) for i in lp.body) and any(i.opcode.startswith("MUFU.EX2") for i in lp.body)]
+    innermost = [lp for lp in found if lp.start != main.start
+                 and not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in found)]
+    if not innermost:
+        return None
+    pick = max if stage == "first" else min
+    return pick(innermost, key=lambda lp: lp.start)
+
+
+def nested_loops(loop: Loop, instructions: list[Instruction]) -> list[Loop]:
+    """The loops inside `loop`'s body (a statistic's loop over buckets inside the key-block loop): the
+    main loop's count holds each of their bodies once, however many times it runs."""
+    return [lp for lp in loops(instructions) if loop.start <= lp.start and lp.end < loop.end]
+
+
 def mma_shape(opcode: str) -> dict:
     """{"op", "M", "N", "K", "types"} of an MMA opcode: HGMMA.64x128x16.F32.BF16 (sm_90, M x N x K
     written out), HMMA.16816.F32.BF16 (sm_80: m16 n8 k16; HMMA.1688: k8)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -644,3 +645,19 @@ def write_parquet(run, table: dict, columns: tuple[str, ...]):
 
 def finite(x) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the streamed pass's
+    union, and a decoder's induction and retrieval probes."""
+    from bertscope.analyses.atlas import stats as A
+    from bertscope.analyses.heads.induction.stats import induction_spec
+    from bertscope.analyses.heads.retrieval.stats import retrieval_spec
+    from bertscope.analyses.registry import command_defaults
+
+    d = command_defaults(sys.modules[__name__])
+    out = {"stream (union)": A.stream_spec([None], model.causal, (d["streaming_sink"], d["streaming_recent"]))}
+    if model.causal:  # the induction and retrieval probes are a decoder's
+        out |= {"induction": induction_spec(d["induction_len"], model.classes.n_classes),
+                "retrieval": retrieval_spec(model)}
+    return out

@@ -453,3 +453,9 @@ def main(args) -> int:
     comp = compare_runs(args.run_a, args.run_b, test=args.test, alpha=args.alpha)
     write_comparison(comp, args.out, figures=not args.no_figures, k=args.top)
     return 0
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, it compares the outputs of
+    earlier runs."""
+    return {}

@@ -92,3 +92,9 @@ def _table(title: str, cues: list[Cue], top: int) -> str:
         label = "" if c.label is None else f"  -> label {c.label} (base rate {c.base_rate:.2f})"
         lines.append(f"  {c.cue:<18}{c.applicability:>8}{c.productivity:>10.3f}{c.coverage:>10.3f}{label}")
     return "\n".join(lines)
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, it reads annotated data, no
+    model."""
+    return {}

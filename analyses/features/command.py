@@ -218,3 +218,10 @@ def main(args) -> int:
         args = ModelRun.resumed_args(NAME, args, add_arguments, command="features")
     run(args)
     return 0
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): `NEEDS`."""
+    from bertscope.analyses.features.stats import NEEDS
+
+    return {"column and class masses": NEEDS}

@@ -436,3 +436,9 @@ def summarise(rows: list[dict]) -> list[dict]:
                         f1_mean=float(f1.mean()) if len(f1) else "",
                         f1_sd=(float(f1.std(ddof=1)) if len(f1) > 1 else 0.0) if len(f1) else ""))
     return out
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, fine-tuning runs torch's
+    attention, the attention change reads queries and keys with the eager backend."""
+    return {}

@@ -415,3 +415,11 @@ def held_out_split(segment: np.ndarray, held_out: float, seed: int) -> tuple[np.
 
 def main(args) -> int:
     return {"classify": classify, "label": label, "train": train}[args.action](args)
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the pattern counts'
+    and the map pass's."""
+    from bertscope.analyses.patterns import stats as P
+
+    return {"patterns": P.SPEC, "maps": P.MAP_SPEC}

@@ -358,3 +358,9 @@ def draw_example(run, loaded, analysis: str, results: dict, names: list[str], sc
              f"\nmean score: " + ", ".join(f"{rel.head_label(*h)} {values[h]:.3f}" for h in heads))
     run.save_figure(plots.plot_example_maps(maps, segment.words, heads, pairs, title, both=analysis == "relations"),
                     EXAMPLES_FIGURE.format(analysis=analysis))
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the word maps and
+    the offsets."""
+    return {"word maps, offsets": offsets_spec(model)}

@@ -296,3 +296,11 @@ def summary(stats: S.SinkStats, results: dict) -> list[str]:
 
 def _pct(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the sink statistics
+    (a window adds a runtime offset only)."""
+    from bertscope.analyses.sinks import stats as S
+
+    return {"sinks": S.spec_for([None])}

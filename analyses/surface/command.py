@@ -466,3 +466,9 @@ def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool 
     log(text)
     log(f"wrote {', '.join([HEADS_FILE, STATS_FILE] + outputs)} to {run_dir}")
     return outputs
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the surface
+    statistics, and with --argmax."""
+    return {"default": RunSettings().spec(), "--argmax": RunSettings(argmax=True).spec()}

@@ -129,3 +129,9 @@ def outputs(run, rows: list[dict], results: dict, importance=None):
         if figures:
             run.save_figure(plot_importance(importance_grid(values, L, H), delta, corr["importance"], title),
                             IMPORTANCE_FIGURE)
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, the ablated variants run
+    gated SDPA outside an analysis (heads/variants.py)."""
+    return {}

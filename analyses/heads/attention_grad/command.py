@@ -246,3 +246,9 @@ def summary_lines(layers: list[dict]) -> list[str]:
                  f"{by[(lay, c)]['attention']:.2f}" for c in KEY_CLASSES]
         lines.append(f"  layer {lay}: " + "; ".join(cells))
     return lines
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, the gradients run
+    kernels.attention_grad, not the statistics kernel."""
+    return {}

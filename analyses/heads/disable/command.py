@@ -51,3 +51,9 @@ def disable_figures(run, rows: list[dict], results: dict):
     L, H, gate, title = run.loaded.n_layers, run.loaded.n_heads, results["gate"], figure_title(run)
     run.save_figure(plot_heads(rows, L, H, title, gate), HEADS_FIGURE)
     run.save_figure(plot_layers(rows, title, gate), LAYERS_FIGURE)
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, the disabled variants run
+    gated SDPA outside an analysis (heads/variants.py)."""
+    return {}

@@ -271,3 +271,9 @@ def write_correlations(run: AnalysisRun, args, runs: list[Path], data: list):
     run.finish({"runs": [str(r) for r in runs], "labels": labels,
                 "pairs": {f"{r['label_a']} | {r['label_b']}": {k: r[k] for k in ("spearman", "p", "spearman_raw",
                                                                                   "top_overlap")} for r in rows}})
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, the gates' gradients run
+    SDPA with autograd."""
+    return {}

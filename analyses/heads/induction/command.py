@@ -12,6 +12,7 @@ Every part checkpoints: `--resume DIR` continues after the last saved batch or v
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -393,3 +394,12 @@ def log_summary(run, r: dict):
             f"{x['head']} {x['delta_loss_repeated']:+.3f} (rank {x['delta_rank']})"
             for x in r["per_head"]["top_induction_alone"])
             + f"; median over all heads {r['per_head']['median_delta_repeated']:+.3f}")
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the induction
+    offsets at the default --seq-len."""
+    from bertscope.analyses.heads.induction.stats import induction_spec
+    from bertscope.analyses.registry import command_defaults
+
+    return {"induction": induction_spec(command_defaults(sys.modules[__name__])["seq_len"], model.classes.n_classes)}

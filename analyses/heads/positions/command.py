@@ -225,3 +225,11 @@ def summary(results: dict) -> list[str]:
             f"last {s['last']:.3f}: {'U-shaped' if s['u_shaped'] else 'not U-shaped'}; without the first token "
             f"the first tenth is {s0['first']:.3f})")
     return lines
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the position
+    statistics."""
+    from bertscope.analyses.heads.positions import stats as P
+
+    return {"positions": P.spec_for()}

@@ -187,3 +187,9 @@ def summarise(rows, base, args, dev_task, test_task, steps, counts, n_heads, res
                     + (f", {np.mean(random_within):.0%} on average at random" if seeds else ""))
     results["summary"] = lines
     return results
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, pruning reads importance
+    and evaluates the pruned model with SDPA."""
+    return {}

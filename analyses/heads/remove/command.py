@@ -124,3 +124,9 @@ def checkpoint_task(path) -> str | None:
     if any(a.endswith("ForCausalLM") for a in archs):
         return "causal-lm"  # a decoder keeps its LM head
     return None
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, it writes a model with
+    heads removed."""
+    return {}

@@ -719,3 +719,10 @@ def log_summary(run, r: dict):
     for k, a in (r.get("ablation") or {}).get("by_k", {}).items():
         run.log(f"top {k} zeroed: accuracy {a['top']['accuracy']:.2f}, log-prob {a['top']['answer_logprob']:.2f}; "
                 f"{k} random: accuracy {a['random']['accuracy']:.2f}, log-prob {a['random']['answer_logprob']:.2f}")
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the argmax."""
+    from bertscope.analyses.heads.retrieval.stats import retrieval_spec
+
+    return {"retrieval": retrieval_spec(model)}

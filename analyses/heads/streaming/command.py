@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -414,3 +415,11 @@ def finding_and_figures(run: ModelRun, args, results_out: dict, error, rows: lis
         label = f"{model_name(run.loaded.path)}, sink {args.sink} + recent {args.recent}"
         run.save_figure(plots.plot_error(error, label), ERROR_FIGURE)
         run.save_figure(plots.plot_curve(rows, label), CURVE_FIGURE)
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the streaming error
+    at the default --sink / --recent."""
+    from bertscope.analyses.heads.streaming.stats import streaming_spec
+    from bertscope.analyses.registry import command_defaults
+
+    d = command_defaults(sys.modules[__name__])
+    return {"streaming": streaming_spec(model, d["sink"], d["recent"])}

@@ -346,3 +346,9 @@ def figures(run, curves, weights):
     title = model_name(run.loaded.path)
     run.save_figure(plots.plot_training(curves, title), TRAINING_FIGURE)
     run.save_figure(plots.plot_head_weights(weights, title), HEAD_WEIGHTS_FIGURE)
+
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine (analyses/registry.py): none, its classifiers read hidden
+    states, the model runs torch's attention."""
+    return {}

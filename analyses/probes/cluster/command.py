@@ -145,3 +145,10 @@ def cluster_heads(probe: ModelRun, args, documents, corpus_report):
                                               if args.labels == "clark" else {})},
     })
 
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the surface sums
+    beside the queries and keys (JS)."""
+    from bertscope.analyses.probes.cluster.stats import spec_for
+
+    return {"surface, queries and keys": spec_for(model)}

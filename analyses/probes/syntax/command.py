@@ -191,3 +191,9 @@ def probe(run: ModelRun, args, treebanks: tuple[str, ...], data: dict):
                    "baseline_offset", "baseline_accuracy", "n"))
     run.finish(results)
 
+
+def kernel_specs(model) -> dict:
+    """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the word maps."""
+    from bertscope.engine.loop import word_map_spec
+
+    return {"word maps": word_map_spec(model)}
