@@ -192,6 +192,7 @@ def checked_sink_segments(loaded, args, causal: bool, plan):
 def sink_run(run: ModelRun, args) -> int:
     from bertscope.analyses.sinks import stats as S  # see the note above `logger`
     from bertscope.engine.loop import EngineOptions, fold
+    from bertscope.text.corpus import open_corpus, planned_segments
 
     loaded = run.loaded
     config = loaded.model.config
@@ -227,8 +228,9 @@ def sink_run(run: ModelRun, args) -> int:
     run.log(f"{'decoder' if causal else 'encoder'}, layers: {counts}; "
             f"variants: {', '.join(variants)}; {stats.buckets} log2 position buckets up to {loaded.max_len}")
     every = max(1, min(20, CHECKPOINT_TOKENS // (args.batch_size * args.max_len)))
+    planned = planned_segments(args.limit, open_corpus(args.corpus, args.text_field))  # never past the corpus
     options = EngineOptions(batch_size=args.batch_size, backend=args.backend, progress=run.progress,
-                            checkpoint_every=every, total=args.limit * len(variants) if args.limit else None)
+                            checkpoint_every=every, total=planned * len(variants))
     model = loaded.model
     with probe.attached(model, layers or []):
         fold(loaded, stream, stats.spec, [stats], options, classes=S.SINK_CLASSES,

@@ -50,7 +50,7 @@ from bertscope.run.rundir import (
     settings_parser,
     write_csv,
 )
-from bertscope.text.corpus import open_corpus
+from bertscope.text.corpus import open_corpus, planned_segments
 from bertscope.version import __version__
 
 if TYPE_CHECKING:
@@ -345,7 +345,8 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         stats.save(stats_path)
 
     options = EngineOptions(batch_size=settings.batch_size, backend=settings.backend, progress=progress,
-                            window_batches=settings.window_batches, total=settings.limit)
+                            window_batches=settings.window_batches,
+                            total=planned_segments(settings.limit, corpus))
     fold(loaded, segments, spec, [acc for acc in (examples, stats) if acc is not None], options,
          checkpoint=checkpoint, shard=(world.rank, world.size))
     stats = all_reduce_stats(world, stats)

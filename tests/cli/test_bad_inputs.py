@@ -248,6 +248,25 @@ def test_a_limit_past_the_corpus_plans_the_segments_that_exist(tiny_llama_lm_dir
     assert "likely between" in log and "basis: the median of 3" in log and "cores now" in log
 
 
+@pytest.mark.parametrize("command", ["run", "sinks"])
+def test_run_and_sinks_show_the_segments_that_exist(command, tiny_llama_lm_dir, files, tmp_path, monkeypatch):
+    """`run` and `sinks` with --limit 99999999: the progress bar's total is the corpus's 12 documents (times
+    sinks' BOS variants), not 99,999,999."""
+    import bertscope.engine.loop as loop
+
+    totals, fold = [], loop.fold
+
+    def recording(*args, **kwargs):
+        totals.append(args[4].total)
+        return fold(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "fold", recording)
+    argv = [command, "--model", str(tiny_llama_lm_dir), "--corpus", str(files[0]), "--limit", "99999999",
+            "--max-len", "64", "--out", str(tmp_path / command), "--quiet", "--no-figures"]
+    assert main(argv) == 0
+    assert totals and totals[0] in (12, 24), totals  # sinks may read each segment with and without its BOS
+
+
 # --- finished work is never lost -----------------------------------------------------------------------
 
 def test_a_resume_may_change_an_unfinished_stages_option(tiny_llama_lm_dir, files, tmp_path, monkeypatch, capsys):
