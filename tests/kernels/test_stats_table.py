@@ -285,17 +285,19 @@ SMOKE_LAYOUT = AttentionLayout(causal=True, window=(2, 0), n_key_value_heads=2)
 
 
 def _smoke_test(path: str):
-    """Every statistic of the table at once from `path`, on one drawn case of SMOKE_LAYOUT with left
-    padding, against the oracle: the one test per backend path that `make test-latest` runs (-m smoke)."""
+    """Every statistic of the table that `path`'s backend computes (the table's `backends`), at once, on
+    one drawn case of SMOKE_LAYOUT with left padding, against the oracle: the one test per backend path
+    that `make test-latest` runs (-m smoke)."""
     @pytest.mark.smoke
     @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
     @given(data=st.data())
     def test(data):
-        spec = all_on()
+        spec = all_on(backend_of(path))  # every entry the table says this backend computes
         layout, args, pooling, ids = draw_case(data, "left-padding", rows=ROWS[path], layout=SMOKE_LAYOUT)
-        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids)
-        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids)
-        for stat in ROW_STATS:
+        norms = key_norms(args[0]) if spec.norms else None
+        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
+        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
+        for stat in asked_stats(spec):
             check_result(stat, path, got, ref, args, pooling, spec, layout)
 
     return test
