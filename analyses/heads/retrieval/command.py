@@ -512,10 +512,14 @@ def run_cells(run: ModelRun, args, builder, needles: dict, cells: list, setup: d
 
 def own_answer(loaded, hay, needle) -> tuple:
     """(the haystack with the model's own greedy answer, its record {"answer_text", "recall",
-    "answered"}): Wu et al.'s criterion, the answer's words recall more than half of the reference's."""
-    from bertscope.analyses.heads.retrieval.stats import RECALL, greedy_answer, word_recall
+    "answered"}): Wu et al.'s criterion, the answer's words recall more than half of the reference's. The
+    answer stops where the model's positions end (`loaded.max_len`)."""
+    from bertscope.analyses.heads.retrieval.stats import MAX_NEW_TOKENS, RECALL, greedy_answer, word_recall
 
-    ids = greedy_answer(loaded, hay.prompt_ids)
+    # the answer is decoded, then teacher forced after the prompt: the two together within the model's
+    # positions (GPT-2's learned position table has no row past them: an IndexError, found on a tiny GPT-2)
+    room = min(MAX_NEW_TOKENS, loaded.max_len - len(hay.prompt_ids))
+    ids = greedy_answer(loaded, hay.prompt_ids, room) if room > 0 else ()
     text = loaded.tokenizer.decode(list(ids), skip_special_tokens=True)
     recall = word_recall(needle.answer, text)
     return hay.with_answer(ids), {"answer_text": text, "recall": recall, "answered": recall > RECALL}
