@@ -208,6 +208,14 @@ def stop_tokens(loaded) -> tuple[set[int], Callable[[int], bool]]:
     return ends, stop
 
 
+def cache_of(out) -> dict:
+    """The KV cache of a forward pass's output, as the next step's keyword: `cache` in transformers 5's later
+    releases, `past_key_values` in 5.0 (make test-oldest found it: 'CausalLMOutputWithPast' object has no
+    attribute 'cache')."""
+    cache = getattr(out, "cache", None)
+    return {"cache": cache} if cache is not None else {"past_key_values": out.past_key_values}
+
+
 def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[int, ...]:
     """The model's greedy answer to `prompt_ids`, its stop token included (Wu et al. score the
     step that produces it): the prompt prefilled into a KV cache, then one token per step. The
@@ -231,8 +239,8 @@ def greedy_answer(loaded, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> t
                 generated.append(token)
                 if stop(token):
                     break
-                out = model(input_ids=torch.tensor([[token]], device=device), cache=out.cache,
-                            use_cache=True, logits_to_keep=1)
+                out = model(input_ids=torch.tensor([[token]], device=device), use_cache=True, logits_to_keep=1,
+                            **cache_of(out))
     finally:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return tuple(generated)
