@@ -82,3 +82,25 @@ def test_relative_links_resolve(page):
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{target}: no such heading")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def latest_cpu_run() -> dict[str, str]:
+    """docs/performance.md's "Latest run" table, its one row: column name -> cell."""
+    text = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    section = text.split("## Latest run", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    header, row = ([c.strip() for c in line.strip("|").split("|")] for line in rows[:2])
+    return dict(zip(header, row))
+
+
+def test_the_readme_quotes_the_latest_cpu_run():
+    """The README's CPU figures are the newest table's: its date, load, run count, medians and ranges (issue 47:
+    the README gave 0.92x / 0.98x while the newest run said 0.76-0.89x)."""
+    run = latest_cpu_run()
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    (m128, r128), (m512, r512) = (re.fullmatch(r"(\S+) \((\S+)\)", run[f"L = {n}"]).groups() for n in (128, 512))
+    load = re.search(r"load ([\d.]+-[\d.]+)", run["machine and load"]).group(1)
+    quoted = (f"{m128} of an SDPA forward without statistics at L = 128 and {m512} at L = 512: the median of "
+              f"{run['runs']} runs on {run['date']}, ranges {r128} and {r512}")
+    assert quoted in readme, quoted
+    assert f"at a load of {load}" in readme
