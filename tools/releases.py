@@ -66,6 +66,13 @@ KNOWN_FAILURES = {
             "transformers 5.0's ModernBERT calls torch.compile when its module is imported, and torch 2.6's "
             "compiler cannot load Triton 3.6 (no AttrsDescriptor: torch 2.6 ships with Triton 3.2, the kernels "
             "need 3.6); with torch 2.6 and its own Triton, ModernBERT loads and the Triton backend does not",
+        "tests/test_families.py::test_every_command_on_every_family[opt]":
+            "transformers 5.0's OPT builds its own 4-D causal mask instead of asking the mask interface, and "
+            "bertscope refuses such a mask in one line (it reads masks only through AttentionMaskInterface); "
+            "the lock's transformers passes",
+        "tests/test_real_decoder.py::test_smollm2_statistics_equal_its_own_eager_attention":
+            "transformers 5.0's GGUF loader builds SmolLM2's tokenizer wrong (a BOS the model was not trained "
+            "with), which `bertscope data install-decoders` checks and refuses in one line, naming the release",
     },
 }
 
