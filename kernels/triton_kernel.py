@@ -90,7 +90,7 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
                MASKED: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
                ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, CLASS_MASS: tl.constexpr,  #
                DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
-               TOKENS: tl.constexpr, SUMS_BY_DOT: tl.constexpr):
+               TOKENS: tl.constexpr, SUMS_BY_DOT: tl.constexpr, BEFORE: tl.constexpr = False):
     """One key block [start_n, start_n + BLOCK_N) for the tile's rows: the softmax state, P V,
     the key-feature dot and the position sums, every statistic summed over keys written here once.
 
@@ -98,7 +98,11 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     only; read from pos and two scalars: no band vectors kept through the loop); keys =
     (K, V, U, KeyValid pointers of this sequence and head, their key strides, K's and V's d stride).
     MASKED: the block holds a key some row may not see (band edge, padding) or the row end; an
-    unmasked block loads no mask and selects nothing."""
+    unmasked block loads no mask and selects nothing. BEFORE (unmasked blocks only): every key of the
+    block lies before every row of the tile (j < i; `attn_stats_fwd` makes it so for the position
+    statistics and the token relations under a banded layout), so |i - j| = i - j and j < i need no
+    per-score comparison: the mean distance is (i - start_n) sum_j p_j - sum_j p_j (j - start_n), one FFMA
+    per score, and each token relation one compare and select per score."""
     K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
@@ -185,15 +189,21 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
         feat = tl.dot(pv, u, feat * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, F_PAD)
     if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
         posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, DISTANCE_MASS, MEAN_DISTANCE,
-                              POSITION_MASS)
+                              POSITION_MASS, BEFORE and not MASKED)
     if TOKENS:  # spec.py's `_duplicate_mass`, `_prefix_match_mass`: online like the class masses
         dup_i, pre_i, qid, Ids = tok  # qid (BLOCK_M,) the rows' tokens; Ids the sequence's, -1 on padding
-        kid = tl.load(Ids + offs_n, mask=n_in, other=-1)  # (BLOCK_N,)
-        prev = tl.load(Ids + offs_n - 1, mask=n_in & (offs_n >= 1), other=-1)  # (BLOCK_N,) the tokens before
-        before = offs_n[None, :] < pos[:, None]  # (BLOCK_M, BLOCK_N) j < i
-        dup_i = dup_i * alpha + tl.sum(tl.where(before & (kid[None, :] == qid[:, None]), p, 0.0), 1)
-        pre = (before | (offs_n[None, :] == pos[:, None])) & (prev[None, :] == qid[:, None])  # j <= i
-        pre_i = pre_i * alpha + tl.sum(tl.where(pre, p, 0.0), 1)
+        if BEFORE and not MASKED:  # every key j < i: a token match is the relation itself
+            kid = tl.load(Ids + offs_n)  # (BLOCK_N,)
+            prev = tl.load(Ids + offs_n - 1, mask=offs_n >= 1, other=-1)  # (BLOCK_N,) the tokens before
+            dup_i = dup_i * alpha + tl.sum(tl.where(kid[None, :] == qid[:, None], p, 0.0), 1)
+            pre_i = pre_i * alpha + tl.sum(tl.where(prev[None, :] == qid[:, None], p, 0.0), 1)
+        else:
+            kid = tl.load(Ids + offs_n, mask=n_in, other=-1)  # (BLOCK_N,)
+            prev = tl.load(Ids + offs_n - 1, mask=n_in & (offs_n >= 1), other=-1)  # (BLOCK_N,) the tokens before
+            before = offs_n[None, :] < pos[:, None]  # (BLOCK_M, BLOCK_N) j < i
+            dup_i = dup_i * alpha + tl.sum(tl.where(before & (kid[None, :] == qid[:, None]), p, 0.0), 1)
+            pre = (before | (offs_n[None, :] == pos[:, None])) & (prev[None, :] == qid[:, None])  # j <= i
+            pre_i = pre_i * alpha + tl.sum(tl.where(pre, p, 0.0), 1)
         tok = (dup_i, pre_i, qid, Ids)
     return row, acc, feat, posn, tok
 
@@ -219,21 +229,31 @@ def _masked_blocks(row, acc, feat, posn, tok, q, pos, win_left, win_right, start
 
 @triton.jit
 def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, DISTANCE_MASS: tl.constexpr,
-                   MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr):
+                   MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr, BEFORE: tl.constexpr = False):
     """The position-dependent sums of one block (spec.py's `_distance_mass`, `_mean_distance`,
     `_position_mass`), online like the class masses: rescaled by alpha, divided by l at the end.
 
     dist (BLOCK_M, DB_PAD): mass per log2 bucket of |i - j|; dsum (BLOCK_M,): sum_j p_j |i - j|;
     pmass (BLOCK_M, PB_PAD): mass per bin floor(NPB j / (i + 1)) of keys j <= i, then bin NPB for
     j > i. Exact integer comparisons, one masked row sum per bucket or bin the block can reach: its
-    distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal)."""
+    distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal).
+    BEFORE: every key of the block lies before every row (j < i, `_key_block`): |i - j| = i - j, so the
+    mean distance is (i - start_n) sum_j p_j - sum_j p_j (j - start_n) (one FFMA per score; both terms at
+    most BLOCK_N apart, so no cancellation beyond the block's width), and the distances need no |.|."""
     dist_i, dsum_i, pmass_i = posn
     i_lo = tl.min(pos, 0)
     i_hi = tl.max(pos, 0)
-    if DISTANCE_MASS or MEAN_DISTANCE:
+    if BEFORE:
+        if DISTANCE_MASS:
+            dist = pos[:, None] - offs_n[None, :]  # (BLOCK_M, BLOCK_N) |i - j| = i - j
+    elif DISTANCE_MASS or MEAN_DISTANCE:
         dist = tl.abs(pos[:, None] - offs_n[None, :])  # (BLOCK_M, BLOCK_N) |i - j|
     if MEAN_DISTANCE:
-        dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
+        if BEFORE:
+            t = tl.arange(0, BLOCK_N).to(tl.float32)  # (BLOCK_N,) j - start_n
+            dsum_i = dsum_i * alpha + (pos - start_n).to(tl.float32) * tl.sum(p, 1) - tl.sum(p * t[None, :], 1)
+        else:
+            dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
     if DISTANCE_MASS:
         d_lo = tl.maximum(tl.maximum(start_n - i_hi, i_lo - (start_n + BLOCK_N - 1)), 0)
         d_hi = tl.maximum(i_hi - start_n, start_n + BLOCK_N - 1 - i_lo)
@@ -365,6 +385,12 @@ def attn_stats_fwd(
     full_lo = tl.maximum(tl.cdiv(tl.maximum(tl.maximum(last - win_left, 0), valid_lo), BLOCK_N) * BLOCK_N, start_lo)
     full_hi = (tl.minimum(tl.minimum(first + win_right + 1, L), valid_hi) // BLOCK_N) * BLOCK_N
     full_hi = tl.maximum(full_hi, full_lo)
+    # the position statistics and the token relations under a banded layout: the unmasked blocks hold only keys
+    # before every row (`_key_block`'s BEFORE). A causal layout's already do but for the block of the tile's first
+    # row's own key; a bidirectional window's keys after the rows go to the masked stage
+    BEFORE: tl.constexpr = BANDED and (MEAN_DISTANCE or DISTANCE_MASS or TOKENS)
+    if BEFORE:
+        full_hi = tl.maximum(tl.minimum(full_hi, (first // BLOCK_N) * BLOCK_N), full_lo)
     if MASKED_FIRST:  # the masked blocks before the main loop (module docstring)
         row, acc, feat, posn, tok = _masked_blocks(
             row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
@@ -374,7 +400,7 @@ def attn_stats_fwd(
         row, acc, feat, posn, tok = _key_block(
             row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
             BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, False, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
+            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT, BEFORE)
     if not MASKED_FIRST:  # the masked blocks after it
         row, acc, feat, posn, tok = _masked_blocks(
             row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
