@@ -280,6 +280,17 @@ for _path in PATHS:
         globals()[f"test_{_path}_{_case}".replace("-", "_").replace("+", "_")] = _entry_test(_path, _case)
 
 
+def check_every_entry(path: str, layout, args, pooling, ids, norms_seed: int = 0):
+    """Every entry of the table that `path`'s backend computes (the table's `backends`), in one call, against
+    the oracle's: the edge-length tests and the smoke tests."""
+    spec = all_on(backend_of(path))
+    norms = key_norms(args[0], norms_seed)
+    _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
+    _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
+    for stat in asked_stats(spec):
+        check_result(stat, path, got, ref, args, pooling, spec, layout)
+
+
 # the smoke test's layout: every feature of a layout at once (causal, a window, grouped-query heads)
 SMOKE_LAYOUT = AttentionLayout(causal=True, window=(2, 0), n_key_value_heads=2)
 
@@ -292,13 +303,7 @@ def _smoke_test(path: str):
     @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
     @given(data=st.data())
     def test(data):
-        spec = all_on(backend_of(path))  # every entry the table says this backend computes
-        layout, args, pooling, ids = draw_case(data, "left-padding", rows=ROWS[path], layout=SMOKE_LAYOUT)
-        norms = key_norms(args[0]) if spec.norms else None
-        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
-        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
-        for stat in asked_stats(spec):
-            check_result(stat, path, got, ref, args, pooling, spec, layout)
+        check_every_entry(path, *draw_case(data, "left-padding", rows=ROWS[path], layout=SMOKE_LAYOUT))
 
     return test
 
@@ -335,13 +340,8 @@ def _edge_test(path: str):
         (`EDGE_LENGTHS`) are checked in every path whatever hypothesis draws."""
         # Triton: the full-length sequence only (the interpreter's time grows with the rows; its
         # padding rows at these lengths come from the drawn cases)
-        layout, args, pooling, ids = edge_case(L, EDGE_LENGTHS.index(L), n_seq=1 if path.startswith("triton") else 2)
-        spec = all_on(backend_of(path))
-        norms = key_norms(args[0], L)
-        _, ref = attention_stats_eager(*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
-        _, got = PATHS[path](*args, spec, pooling=pooling, layout=layout, token_ids=ids, norms=norms)
-        for stat in asked_stats(spec):
-            check_result(stat, path, got, ref, args, pooling, spec, layout)
+        check_every_entry(path, *edge_case(L, EDGE_LENGTHS.index(L), n_seq=1 if path.startswith("triton") else 2),
+                          norms_seed=L)
 
     return test
 
