@@ -178,14 +178,25 @@ class KernelModel:
         return SimpleNamespace(n_classes=len(self.class_names), names=self.class_names)
 
 
-def command_defaults(module) -> dict:
-    """{dest: default} of a command's options (its `add_arguments`), positionals None: the settings a
-    `kernel_specs` reads, as the command line gives them when no option is passed."""
+class CommandDefaults:
+    """`defaults[dest]`: the default of a command's option (its `add_arguments`), as the command line gives it
+    when the option is not passed (None for one without a default); read through argparse's public
+    `get_default`. The settings a `kernel_specs` reads."""
+
+    def __init__(self, parser):
+        self._parser = parser
+
+    def __getitem__(self, dest: str):
+        return self._parser.get_default(dest)
+
+
+def command_defaults(module) -> CommandDefaults:
+    """The defaults of `module`'s options (`CommandDefaults`)."""
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False)
     module.add_arguments(parser)
-    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+    return CommandDefaults(parser)
 
 
 def kernel_specs(command: str, model: KernelModel) -> dict:

@@ -79,7 +79,7 @@ def test_run_and_sinks_with_norms_on_every_family(model_type, corpus, tmp_path, 
     # the first token's norm share over every row, and over the rows that see it: the same sum over fewer
     # rows (a windowed row that cannot see the first token gives it 0), so never below
     assert (column(sinks, "first_mass_norm") <= column(sinks, "alpha_1_norm") + 1e-6).all()
-    code, err = cli(capsys, "sinks", *common, "--out", tmp_path / "sinks_off")
+    code, err = cli(capsys, "sinks", *common, "--no-norms", "--out", tmp_path / "sinks_off")
     assert code == 0, err
     assert not any(c.endswith("_norm") for c in read_csv(tmp_path / "sinks_off" / "sinks.csv")[0])
 

@@ -656,7 +656,8 @@ def kernel_specs(model) -> dict:
     from bertscope.analyses.registry import command_defaults
 
     d = command_defaults(sys.modules[__name__])
-    out = {"stream (union)": A.stream_spec([None], model.causal, (d["streaming_sink"], d["streaming_recent"]))}
+    recent = STREAMING_RECENT if d["streaming_recent"] is None else d["streaming_recent"]  # None: set per model
+    out = {"stream (union)": A.stream_spec([None], model.causal, (d["streaming_sink"], recent))}
     if model.causal:  # the induction and retrieval probes are a decoder's
         out |= {"induction": induction_spec(d["induction_len"], model.classes.n_classes),
                 "retrieval": retrieval_spec(model)}

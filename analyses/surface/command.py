@@ -297,7 +297,8 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         "command": " ".join(sys.argv),
         "status": "running",
         "settings": settings.recorded(causal),
-        "model": run.record["model"],  # ModelRun's: the weights' fingerprint with it
+        # ModelRun's record (the weights' fingerprint with it), with the revision asked for (set just above)
+        "model": {**run.record["model"], **loaded.record()},
         "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
         "segments": seg_report.as_dict(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,

@@ -24,7 +24,8 @@ def check_device(device: str, backend: str):
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0 .. "
                         f"cuda:{torch.cuda.device_count() - 1})")
-    if dev.type != "cpu":  # mps, xpu, ...: a device this torch was not built for, or this machine lacks
+    if dev.type not in ("cpu", "cuda"):  # mps, xpu, ...: a device this torch was not built for, or this machine lacks
+        # (cuda is checked above by torch's own count, without touching the GPU)
         try:
             torch.empty(1, device=dev)
         except (RuntimeError, AssertionError, AttributeError) as e:

@@ -242,7 +242,7 @@ def test_compiled_exp_is_accurate_over_the_whole_range():
 def test_without_a_compiler_auto_falls_back_to_torch(tmp_path):
     """No C compiler: a clear reason, and the chunked backend still works (pure torch)."""
     code = (
-        "import torch; from bertscope.kernels import cpu_rows, StatsSpec; "
+        "import torch; from bertscope.kernels import cpu_rows; from bertscope.kernels.spec import StatsSpec; "
         "from bertscope.kernels.chunked import attention_stats_chunked as f; "
         "q = torch.randn(1, 2, 5, 4); kv = torch.ones(1, 5, dtype=torch.bool); kc = torch.zeros(1, 5, "
         "dtype=torch.long); from bertscope.kernels.eager import attention_stats_eager as ref; "

@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from bertscope.engine.attention import HeadProbe, ValueNorms
 from bertscope.kernels.backends import attention_stats
 from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.norms import head_factors, head_grams, output_weight, value_norms, value_norms_gram
 from bertscope.kernels.spec import AttentionLayout, StatsSpec, refuse_unsupported
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, attribute
+from bertscope.models.attention import HeadProbe, ValueNorms
 from bertscope.models.tiny import build, padded_batch, parity_config
 
 SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=3, class_mass=True, norms=True)

@@ -58,6 +58,11 @@ def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
+# the entries the table says the triton backend computes (`RowStat.backends`: the norm-based twins are
+# not in the kernel yet, issue 49); the others are refused in one line (tests/kernels/test_stats_table.py)
+TRITON_STATS = tuple(s for s in ROW_STATS if s.computed_by("triton"))
+
+
 def spec_asking(stats) -> StatsSpec:
     """The spec that switches on exactly the given entries of the table (offsets gets OFFSETS)."""
     on = {s.switch: OFFSETS if s.switch == "offsets" else True for s in stats}  # streaming=True: STREAMING_ON
@@ -114,13 +119,13 @@ def test_every_statistic_of_the_table_under_every_layout_and_path(name, path, le
     """All entries at once, L = 37 (three 16-key blocks, two 32-key ones), pads 0 / 6 / 36 (a
     one-token sequence)."""
     layout = LAYOUTS[name]
-    spec = spec_asking(ROW_STATS)
+    spec = spec_asking(TRITON_STATS)
     inputs, pooling = make_inputs(layout, 4, 37, [0, 6, 36], left, seed=len(name) + left)
     ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
     assert_table_matches(ref, run_triton(inputs, spec, layout, path, pooling), spec, inputs[3])
 
 
-ALONE = [(stat, name, path) for stat in ROW_STATS for name, path in (("plain", "online"),
+ALONE = [(stat, name, path) for stat in TRITON_STATS for name, path in (("plain", "online"),
                                                                      ("causal-window-gqa", "small"))]
 
 
@@ -143,7 +148,7 @@ def test_single_key_rows_of_every_statistic():
     """Under causal left padding the first real token sees itself only: every row statistic of
     the table is eager's there (entropy 0, all mass on offset 0, argmax itself)."""
     layout = LAYOUTS["causal-window-gqa"]
-    spec = spec_asking(ROW_STATS)
+    spec = spec_asking(TRITON_STATS)
     inputs, pooling = make_inputs(layout, 2, 20, [0, 13], True, seed=1)
     ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
     got = run_triton(inputs, spec, layout, "small", pooling)
@@ -155,7 +160,7 @@ def test_single_key_rows_of_every_statistic():
 @given(layout=layouts(), L=st.integers(1, 40), pads=st.lists(st.integers(0, 5), min_size=1, max_size=2),
        left=st.booleans(), small=st.booleans(), seed=st.integers(0, 10**6))
 def test_every_statistic_on_random_layouts(layout, L, pads, left, small, seed):
-    spec = spec_asking(ROW_STATS)
+    spec = spec_asking(TRITON_STATS)
     H = 2 * (layout.n_key_value_heads or 1)
     inputs, pooling = make_inputs(layout, H, L, pads, left, seed, D=4)
     path = ("single" if small else "online") if layout.is_plain else ("small" if small else "shipped")
@@ -218,7 +223,7 @@ def test_an_output_the_kernel_declares_but_never_writes_is_an_error(monkeypatch)
 def test_the_kernel_writes_every_output_it_declares():
     outputs = ta.kernel_outputs.__wrapped__()
     computed = {stat.name for stat, _, _ in outputs} | set(ta.EXTRA_STATS)
-    assert not {s.name for s in ROW_STATS} - computed, "the triton backend does not compute every table entry"
+    assert not {s.name for s in TRITON_STATS} - computed, "the triton backend does not compute every entry it should"
     assert computed <= {s.name for s in ROW_STATS}
     assert all(flag == stat.name.upper() for stat, _, flag in outputs if flag)
 
@@ -263,7 +268,7 @@ def test_plain_left_padding_over_whole_key_blocks_is_finite():
     shift from m = FMIN to a real score would be -inf * 0 (main before issue 35 gave NaN here).
     Under the interpreter's 16-key blocks the first two are padding and take the masked stage."""
     inputs, pooling = make_inputs(PLAIN, 1, 70, [40], True, seed=0)
-    spec = spec_asking(ROW_STATS)
+    spec = spec_asking(TRITON_STATS)
     got = run_triton(inputs, spec, PLAIN, "default", pooling)
     assert torch.isfinite(got[1].entropy).all()
     assert_table_matches(attention_stats_eager(*inputs, spec, pooling=pooling, token_ids=inputs[4]), got, spec,

@@ -237,7 +237,7 @@ def streaming(run: ModelRun, args, needles, depths):
     kv_error = acc.streaming_error(kv_heads=True)  # (layers, H_kv)
     ranked = rank_groups(kv_error)
     run.log(f"error pass: {time.perf_counter() - t0:.0f} s")
-    results = run_variants(run, args, plan, ranked, needles, depths)
+    results = streamed_variants(run, args, plan, ranked, needles, depths)
     rows = curve_rows(plan, results)
     run.write_csv(CURVE_FILE, rows, CURVE_COLUMNS)
     safe = no_loss_fractions(rows, args.tolerance, plan.n_groups)
@@ -287,7 +287,7 @@ def plan_run(run: ModelRun, args, needles, depths) -> Plan:
     return Plan(Ly, H, n_kv, fit, held, ks, prompt, length, haystacks, variants, folder, done)
 
 
-def run_variants(run: ModelRun, args, plan: Plan, ranked, needles, depths) -> dict:
+def streamed_variants(run: ModelRun, args, plan: Plan, ranked, needles, depths) -> dict:
     """Measure every variant (`measure`): a variant saved before with the same setup and groups is read
     back, each new one is saved as it finishes. Returns variant name -> record."""
     import json

@@ -102,7 +102,7 @@ def test_label_then_train(tmp_path, run_args):
 
 def test_user_mistakes_are_one_line(tmp_path, capsys):
     assert main(["patterns", "--data", "wiki,imdb", "--out", str(tmp_path / "x")]) == 2
-    assert "--data takes" in capsys.readouterr().err
+    assert "--data (or --corpus) takes" in capsys.readouterr().err
     assert main(["patterns", "train", "--out", str(tmp_path / "y")]) == 2
     assert "needs --labels" in capsys.readouterr().err
     assert main(["patterns", "--own", "1.5", "--out", str(tmp_path / "z")]) == 2
