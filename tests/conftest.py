@@ -284,6 +284,14 @@ def tiny_gemma3_lm_dir(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny-gemma3-lm"), gemma3_config(), causal_lm=True)
 
 
+# a corpus of twelve short texts and a needle that fits them: the atlas and bad-input tests' haystacks
+NEEDLE_LINES = ["The cat sat on a mat. It was happy. Then the cat ran home.",
+                "A dog ran far away, and then came back home quickly. The dog sat on the cat, and it was happy.",
+                "It was happy. The cat sat on a mat. Then the dog ran home."] * 4
+NEEDLE = {"name": "dog", "needle": "The dog ran far away and then came back home.", "question": "Where was the dog?",
+          "answer": "ran far away and then came back home"}
+
+
 def corpus_and_needles(root: Path, lines, needles) -> tuple[Path, Path]:
     """corpus.txt (one text per line) and needles.jsonl (one needle dict per line) in root: the input
     files of the needle commands' tests (heads retrieval, heads streaming, atlas)."""

@@ -10,18 +10,14 @@ import logging
 import shutil
 
 import pytest
-from conftest import corpus_and_needles, interrupt_on_call
+from conftest import NEEDLE, corpus_and_needles, interrupt_on_call
+from conftest import NEEDLE_LINES as LINES
 
 from bertscope.cli.main import main
 from bertscope.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-LINES = ["The cat sat on a mat. It was happy. Then the cat ran home.",
-         "A dog ran far away, and then came back home quickly. The dog sat on the cat, and it was happy.",
-         "It was happy. The cat sat on a mat. Then the dog ran home."] * 4
-NEEDLE = {"name": "dog", "needle": "The dog ran far away and then came back home.", "question": "Where was the dog?",
-          "answer": "ran far away and then came back home"}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import json
 
 import pandas as pd
 import pytest
-from conftest import interrupt_on_call
+from conftest import NEEDLE, interrupt_on_call
+from conftest import NEEDLE_LINES as LINES
 
 from bertscope.analyses.atlas import stats as A
 from bertscope.analyses.atlas.outputs import CARD_HTML, CARD_MD, HEADS_FILE, LAYERS_FILE, PARQUET_FILE
@@ -17,11 +18,6 @@ from bertscope.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-LINES = ["The cat sat on a mat. It was happy. Then the cat ran home.",
-         "A dog ran far away, and then came back home quickly. The dog sat on the cat, and it was happy.",
-         "It was happy. The cat sat on a mat. Then the dog ran home."] * 4
-NEEDLE = {"name": "dog", "needle": "The dog ran far away and then came back home.", "question": "Where was the dog?",
-          "answer": "ran far away and then came back home"}
 
 
 def rows_of(path):
