@@ -613,7 +613,10 @@ COMMAND_CEILINGS: dict[tuple[str, str, str], dict] = {
     ('sm_80', 'Llama-2-7B', _POSITIONS): {'ratio': 6.658, 'masked': 6.513, 'mufu': 2.5, 'spills': 4},
     ('sm_80', 'Llama-2-7B', 'entropy+class_mass uniform'): {'ratio': 2.746, 'masked': 2.722, 'mufu': 2.25},
     ('sm_80', 'Llama-2-7B', 'entropy+class_mass+argmax'): {'ratio': 3.417, 'masked': 3.311, 'mufu': 2.25},
-    ('sm_80', 'Llama-2-7B', _UNION): {'ratio': 8.031, 'masked': 7.867, 'mufu': 2.5, 'spills': 4},
+    # the next two as measured after kernel v6 met main (8.031 -> 8.039 and 7.867 -> 7.875; 72 -> 80 B stored):
+    # ptxas allocates the whole kernel anew when any part changes, here the offsets' epilogue (a select since
+    # Triton 3.9's interpreter)
+    ('sm_80', 'Llama-2-7B', _UNION): {'ratio': 8.039, 'masked': 7.875, 'mufu': 2.5, 'spills': 4},
     ('sm_80', 'Llama-2-7B', 'none'): {'ratio': 2.227, 'masked': 2.159, 'mufu': 1.5},
     ('sm_80', 'Llama-3-8B', 'argmax'): {'ratio': 2.786, 'masked': 2.693, 'mufu': 1.5},
     ('sm_80', 'Llama-3-8B', 'class_mass'): {'ratio': 2.818, 'masked': 2.739, 'mufu': 2.25, 'spills': 16},
@@ -644,7 +647,7 @@ COMMAND_CEILINGS: dict[tuple[str, str, str], dict] = {
         {'ratio': 5.355, 'masked': 5.134, 'mufu': 2.25, 'spills': 64, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', 'entropy+class_mass+argmax'):
         {'ratio': 11.743, 'masked': 11.243, 'mufu': 4.5, 'spills': 44, 'narrow_wgmma': True},
-    ('sm_90', 'Gemma-3', _UNION): {'ratio': 32.813, 'masked': 31.1, 'mufu': 6.0, 'spills': 72, 'narrow_wgmma': True},
+    ('sm_90', 'Gemma-3', _UNION): {'ratio': 32.813, 'masked': 31.1, 'mufu': 6.0, 'spills': 80, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', 'none'): {'ratio': 3.899, 'masked': 3.733, 'mufu': 1.5, 'narrow_wgmma': True},
     ('sm_90', 'Llama-2-7B', 'argmax'): {'ratio': 2.481, 'masked': 2.57, 'mufu': 1.125, 'narrow_wgmma': True},
     ('sm_90', 'Llama-2-7B', 'class_mass'): {'ratio': 2.311, 'masked': 2.422, 'mufu': 1.125, 'narrow_wgmma': True},

@@ -404,10 +404,11 @@ def test_default_tiles_only_for_the_default_statistics(monkeypatch):
     for switch in ("masked_first", "fixed_g"):  # each switch chosen somewhere, not everywhere
         assert {entry.get(switch, False) for entry in DEFAULT_TILES.values()} == {True, False}, switch
     assert {entry.get("sums_by_dot", PER_SCORE) for entry in DEFAULT_TILES.values()} == {PER_SCORE, L_ONLY}
+    import bertscope.kernels.triton_config as config
     import bertscope.kernels.triton_launch as launch
 
-    seen = {}
-    monkeypatch.setattr(launch, "forward_config", lambda *a, **kw: seen.update(kw) or forward_config(*a, **kw))
+    seen = {}  # the launch reads its tiles through triton_config.kernel_config, which asks forward_config
+    monkeypatch.setattr(config, "forward_config", lambda *a, **kw: seen.update(kw) or forward_config(*a, **kw))
     spec = StatsSpec(n_key_classes=4, entropy=True, offsets=(-1, 0, 1), class_mass=True)
     cfg = launch.launch_config(torch.zeros(1, 2, 8, 64, dtype=torch.float16), spec, AttentionLayout())
     assert seen["switched_on"] == DEFAULT_SWITCHES and not cfg["MASKED_FIRST"] and not cfg["FIXED_G"]  # the interpreter
