@@ -43,14 +43,16 @@ def canonical(name: str) -> str:
 
 def frozen(python: str) -> dict[str, str]:
     """name -> version of every package installed in `python`'s environment (pip freeze)."""
-    out = subprocess.run([python, "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
+    # --all: setuptools too (torch 2.13 requires setuptools >= 77; a venv starts with Python's own, older one),
+    # but not pip, which the venv brings and which installs the rest
+    out = subprocess.run([python, "-m", "pip", "freeze", "--all", "--exclude-editable", "--disable-pip-version-check"],
                          capture_output=True, text=True, check=True).stdout
     found = {}
     for line in out.splitlines():
         if "==" in line:
             name, version = line.split("==", 1)
             found[canonical(name)] = version.split("+", 1)[0]  # 2.13.0+cpu -> 2.13.0
-    return {name: version for name, version in found.items() if name not in NOT_LOCKED}
+    return {name: version for name, version in found.items() if name not in NOT_LOCKED and name != "pip"}
 
 
 def read_lock(path: Path = LOCK) -> dict[str, str]:
