@@ -70,9 +70,13 @@ def test_greedy_cell_hits_equal_the_decode_loop(which, tiny_llama_lm_dir, tiny_g
     for depth in (0, 50, 100):
         hay = builder.build(needle, 48, depth)
         own, record = own_answer(loaded, hay, needle)
-        dec = decode_score(eager, hay.prompt_ids, hay.needle, stop)
+        # the answer stops where the model's positions end (own_answer's room): the loop gets the same
+        room = min(MAX_NEW_TOKENS, loaded.max_len - len(hay.prompt_ids))
+        assert 0 < room
+        dec = decode_score(eager, hay.prompt_ids, hay.needle, stop, max_new_tokens=room)
         assert own.input_ids == hay.prompt_ids + dec.generated and own.answer == (hay.answer[0], len(own.input_ids))
-        assert len(dec.generated) <= MAX_NEW_TOKENS and (dec.stopped or len(dec.generated) == MAX_NEW_TOKENS)
+        assert len(dec.generated) <= room and (dec.stopped or len(dec.generated) == room)
+        assert len(own.input_ids) <= loaded.max_len
         got = score_haystack(loaded, own, backend="chunked")
         assert got.copied  # the pass reproduces the model's own answer
         np.testing.assert_array_equal(got.hits, dec.hits)
@@ -81,7 +85,7 @@ def test_greedy_cell_hits_equal_the_decode_loop(which, tiny_llama_lm_dir, tiny_g
         checked += int(dec.hits.sum())
     if which == "llama":  # hits to compare (the Gemma-3's window layer cannot reach the needle past the question)
         assert checked > 0
-    assert greedy_answer(loaded, hay.prompt_ids) == dec.generated
+    assert greedy_answer(loaded, hay.prompt_ids, room) == dec.generated
     assert loaded.model.config._attn_implementation == "bertscope"  # given back after decoding
 
 
