@@ -80,15 +80,12 @@ BLOCK_MIN_ROWS = 64  # query rows of a block at least (default blocks; an explic
 # torch's matmul is slow for so few columns (bench/results_triton.md, "CPU row pass")
 CLASS_MATMUL_MIN = 16
 HALF = (torch.float16, torch.bfloat16)  # widened to float32 on entry (module docstring)
-# the statistics both row passes compute themselves; every other per-row entry of the table is
-# computed from each block's probabilities by its `from_probs`, and the whole-map ones by `_Maps`
-FUSED = frozenset({"entropy", "offset_mass", "class_mass", "argmax"})
-# the norm-based twins chunked computes in its own pass (`_norm_pass`, docs/norms.md): one matmul of each
-# block's P against [one-hot x n, n] gives the class twins and the weighted norm, and the offset twins
-# are read off the offset masses after the loop (p_{i,i+o} n_{i+o} / sum_j p_ij n_j); the other twins
-# come from their definitions like any entry
-NORM_PASS = frozenset({"class_mass_norm", "offset_mass_norm", "weighted_norm"})
-WHOLE_MAP = frozenset({"column_mass", "word_map", "word_argmax"})
+# How each statistic is computed here is its table entry's `pass_kind` (spec.RowStat): "row", fused into
+# both row passes; "norm", the norm-based twins chunked computes in its own pass (`_norm_pass`, docs/norms.md:
+# one matmul of each block's P against [one-hot x n, n] gives the class twins and the weighted norm, and the
+# offset twins are read off the offset masses after the loop, p_{i,i+o} n_{i+o} / sum_j p_ij n_j); "maps",
+# from the whole map (`_Maps`); "blocks", every other per-row entry, from each block's probabilities by its
+# `from_probs`
 
 ROW_PASSES = ("auto", "compiled", "torch")
 
@@ -124,9 +121,9 @@ def attention_stats_chunked(
 
 def by_block(spec: StatsSpec) -> list:
     """The table's per-row statistics `spec` asks for that no row pass fuses: computed from each
-    block's probabilities by their `from_probs` (read from the table at call time)."""
-    return [s for s in _spec.ROW_STATS if s.asked(spec) and s.name not in FUSED | WHOLE_MAP | NORM_PASS
-            and s.from_probs is not None]
+    block's probabilities by their `from_probs` (read from the table at call time). An entry without one
+    is left out, and `finish_stats` names it as not computed."""
+    return [s for s in _spec.ROW_STATS if s.asked(spec) and s.pass_kind == "blocks" and s.from_probs is not None]
 
 
 def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes, min_rows: int,
@@ -305,9 +302,9 @@ def _in_threads(work, items, n: int, column_mass, word_map):
 
 
 class _NormPass:
-    """The norm-based twins chunked computes itself (`NORM_PASS`): per block, one matmul of P (n, bq, bk)
-    against the keys' [one-hot class x n_j, n_j] (bk, C + 1) per head gives sum_j p_ij n_j [class_j = c]
-    and the weighted norm sum_j p_ij n_j; after the loop the class twins are their ratio, and the offset
+    """The norm-based twins chunked computes itself (the table's `pass_kind` "norm"): per block, one matmul
+    of P (n, bq, bk) against the keys' [one-hot class x n_j, n_j] (bk, C + 1) per head gives
+    sum_j p_ij n_j [class_j = c] and the weighted norm sum_j p_ij n_j; after the loop the class twins are their ratio, and the offset
     twins p_{i,i+o} n_{i+o} / sum_j p_ij n_j are read off the offset masses (no pass over the maps)."""
 
     def __init__(self, norms, classes, weighted, key_class_cols, class_mask=None):

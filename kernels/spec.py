@@ -323,6 +323,48 @@ class SegmentSum:
 
 
 @dataclass(frozen=True)
+class KernelTraits:
+    """How the fused Triton kernel (`triton_kernel.attn_stats_fwd`) computes one statistic: read by the
+    launch and its config (`triton_config.kernel_config`), the ahead-of-time matrix (`triton_aot`) and the
+    kernel-switch bookkeeping, so that none of them lists statistics by name.
+
+    kind:      how its sum over keys is taken in the loop, which is what it costs there:
+               "by_dot"    a column of the key-feature dot P @ U on the tensor cores (no work per score);
+               "per_score" a term of the online softmax's state, updated per score (the entropy's T, the argmax);
+               "per_bucket" a masked row sum per bucket or bin a key block reaches (the position statistics);
+               "per_relation" one compare and select per score and relation (the token relations);
+               "epilogue"  from the final state after the loop (the offsets' p_{i, i+o}: no loop work)
+    switch:    the kernel's constexpr that compiles it in (None: always there when asked, an epilogue loop
+               over a runtime count)
+    reads:     the operands beyond Q, K, V and the key mask it needs: "key_features" (U), "positions" (the
+               rows' and keys' indices), "token_ids", "offsets"
+    accumulator: its running state per stacked row, in the kernel's terms ("" for none)
+    tiles:     the tile family its registers call for (`triton_config.forward_config`'s precedence): "default"
+               (the widest tiles of `DEFAULT_TILES`), "wide" (a 64-column dot or an index: BLOCK_N <= 64),
+               "positions", "tokens"
+    second_pass: it needs a pass over the keys after the loop (none does today: the uniform gate's pass is
+               the gates', not a statistic's)
+    registers: fp32 values per stacked row its accumulator holds through the loop (the register weight)
+    """
+
+    kind: str
+    switch: str | None
+    reads: tuple[str, ...] = ()
+    accumulator: str = ""
+    tiles: str = "default"
+    second_pass: bool = False
+    registers: int = 1
+
+
+# KernelTraits' values, checked by the table's tests
+KERNEL_KINDS = ("by_dot", "per_score", "per_bucket", "per_relation", "epilogue")
+KERNEL_READS = ("key_features", "positions", "token_ids", "offsets")
+KERNEL_TILES = ("default", "wide", "positions", "tokens")
+# where the backends compute a statistic (`RowStat.pass_kind`)
+PASS_KINDS = ("row", "blocks", "norm", "maps", "streaming")
+
+
+@dataclass(frozen=True)
 class RowStat:
     """One statistic every backend computes when `StatsSpec` asks for it.
 
@@ -348,6 +390,17 @@ class RowStat:
              when `norms` and the base are, defined as the base on the norm-based weights (`norm_twin`)
     backends: the backends that compute it, None for every one; any other refuses a spec that asks for
              it in one line before it runs (`unsupported_stats`), and the generated tests skip it there
+    kernel:  its traits in the fused Triton kernel (`KernelTraits`); None where the kernel does not write it
+             (the whole-map statistics come from `triton_maps`' second pass, streaming from its own pass,
+             the norm-based twins are not in it yet)
+    pass_kind: where the backends compute it: "row" (in the row pass: both of chunked's, `cpu_rows.c` and
+             torch's, and the fused Triton kernel), "blocks" (its `from_probs` on each block of probabilities
+             on the CPU; in the kernel's loop, `kernel`), "norm" (chunked's norm pass: one matmul against the
+             keys' norms), "maps" (from the whole map: eager's, chunked's `_Maps`, `triton_maps`' second pass),
+             "streaming" (from the head's output against its streaming set, `kernels.streaming`)
+    twinned: a mass statistic with a norm-based twin (`norm_twin`, docs/norms.md)
+    meta:    whether `HeadStats.meta` records its switch always (files written before the switch was
+             optional keep it), or only when on (False: an older file without it reads as off)
     """
 
     name: str
@@ -362,6 +415,10 @@ class RowStat:
     doc: str = ""
     twin_of: RowStat | None = field(default=None, repr=False)
     backends: tuple[str, ...] | None = None
+    kernel: KernelTraits | None = None
+    pass_kind: str = "blocks"
+    meta: bool = False
+    twinned: bool = False
 
     def asked(self, spec: StatsSpec) -> bool:
         if self.twin_of is not None:  # a norm-based twin: its switch (norms) and its base's
@@ -381,42 +438,58 @@ class RowStat:
 
 ROW_STATS: tuple[RowStat, ...] = (
     RowStat("entropy", ("B", "H", "L"), "entropy", from_probs=_entropy,
-            sums=(SegmentSum("entropy", "entropy_sum"),),
+            sums=(SegmentSum("entropy", "entropy_sum"),), pass_kind="row", meta=True,
+            kernel=KernelTraits("per_score", "ENTROPY", accumulator="T: (BLOCK_M,), or (BLOCK_M, D) as q . (P K)"),
             doc="-sum_j p_ij ln p_ij, nats"),
-    RowStat("offset_mass", ("B", "H", "L", "O"), "offsets", from_probs=_offset_mass,
-            sums=(SegmentSum("offset_mass", "offset_mass_sum", ("O",)),),
+    RowStat("offset_mass", ("B", "H", "L", "O"), "offsets", from_probs=_offset_mass, twinned=True,
+            sums=(SegmentSum("offset_mass", "offset_mass_sum", ("O",)),), pass_kind="row",
+            kernel=KernelTraits("epilogue", None, reads=("offsets",), registers=0),
             doc="p_{i, i+o} for each o in spec.offsets (0 when i+o is outside the sequence or a padding key)"),
-    RowStat("class_mass", ("B", "H", "L", "C"), "class_mass", from_probs=_class_mass,
-            sums=(SegmentSum("class_mass", "class_mass_sum", ("C",)),),
+    RowStat("class_mass", ("B", "H", "L", "C"), "class_mass", from_probs=_class_mass, twinned=True,
+            sums=(SegmentSum("class_mass", "class_mass_sum", ("C",)),), pass_kind="row", meta=True,
+            kernel=KernelTraits("by_dot", "CLASS_MASS", reads=("key_features",), accumulator="(BLOCK_M, F_PAD)",
+                                registers=16),
             doc="sum of p_ij over keys j of each class"),
     RowStat("argmax", ("B", "H", "L"), "argmax", dtype="int64", removed=-1, from_probs=_argmax,
             rows=_argmax_rows,
             sums=(SegmentSum("argmax_offset", "argmax_offset_count", ("O+1",)),
-                  SegmentSum("argmax_class", "argmax_class_count", ("C",))),
+                  SegmentSum("argmax_class", "argmax_class_count", ("C",))), pass_kind="row", meta=True,
+            kernel=KernelTraits("per_score", "ARGMAX", reads=("positions",), accumulator="(BLOCK_M,) int32",
+                                tiles="wide"),
             doc="index of the most-attended key (ties: lowest index)"),
-    RowStat("distance_mass", ("B", "H", "L", "DB"), "distance", from_probs=_distance_mass,
+    RowStat("distance_mass", ("B", "H", "L", "DB"), "distance", from_probs=_distance_mass, twinned=True,
+            kernel=KernelTraits("per_bucket", "DISTANCE_MASS", reads=("positions",), accumulator="(BLOCK_M, DB_PAD)",
+                                tiles="positions", registers=32),
             doc="sum of p_ij over keys at distance |i - j| in each log2 bucket (DISTANCE_EDGES)"),
     RowStat("mean_distance", ("B", "H", "L"), "distance", from_probs=_mean_distance,
+            kernel=KernelTraits("per_score", "MEAN_DISTANCE", reads=("positions",), accumulator="(BLOCK_M,)",
+                                tiles="positions"),
             doc="sum_j p_ij |i - j|: how far back (or ahead) the row reads, in tokens"),
-    RowStat("position_mass", ("B", "H", "L", "PB"), "position_mass", from_probs=_position_mass,
+    RowStat("position_mass", ("B", "H", "L", "PB"), "position_mass", from_probs=_position_mass, twinned=True,
+            kernel=KernelTraits("per_bucket", "POSITION_MASS", reads=("positions",), accumulator="(BLOCK_M, PB_PAD)",
+                                tiles="positions", registers=16),
             doc="sum of p_ij over keys j <= i in each bin floor(10 j / (i + 1)) of the row's context, then j > i"),
-    RowStat("duplicate_mass", ("B", "H", "L"), "token_relations", from_probs=_duplicate_mass,
+    RowStat("duplicate_mass", ("B", "H", "L"), "token_relations", from_probs=_duplicate_mass, twinned=True,
             sums=(SegmentSum("duplicate_mass", "duplicate_mass_sum"),),
+            kernel=KernelTraits("per_relation", "DUPLICATE_MASS", reads=("positions", "token_ids"),
+                                accumulator="(BLOCK_M,)", tiles="tokens"),
             doc="sum of p_ij over earlier keys j < i holding the query's own token (ids[j] == ids[i])"),
-    RowStat("prefix_match_mass", ("B", "H", "L"), "token_relations", from_probs=_prefix_match_mass,
+    RowStat("prefix_match_mass", ("B", "H", "L"), "token_relations", from_probs=_prefix_match_mass, twinned=True,
             sums=(SegmentSum("prefix_match_mass", "prefix_match_mass_sum"),),
+            kernel=KernelTraits("per_relation", "PREFIX_MATCH_MASS", reads=("positions", "token_ids"),
+                                accumulator="(BLOCK_M,)", tiles="tokens"),
             doc="sum of p_ij over keys 1 <= j <= i whose previous token is the query's (ids[j - 1] == ids[i])"),
-    RowStat("column_mass", ("B", "H", "L"), "column_mass", padding=None,
+    RowStat("column_mass", ("B", "H", "L"), "column_mass", padding=None, pass_kind="maps",
             doc="sum over valid query rows i of p_ij: mass key j receives"),
-    RowStat("word_map", ("B", "H", "W", "W"), "word_maps", padding=None,
+    RowStat("word_map", ("B", "H", "W", "W"), "word_maps", padding=None, pass_kind="maps",
             doc="word-level map (see `WordPooling`); rows of real units sum to 1"),
-    RowStat("word_argmax", ("B", "H", "W"), "word_maps", dtype="int64", removed=-1, padding=None,
+    RowStat("word_argmax", ("B", "H", "W"), "word_maps", dtype="int64", removed=-1, padding=None, pass_kind="maps",
             doc="most-attended *other* candidate unit of each unit (ties: lowest index), -1 when there is none"),
-    RowStat("streaming_error_sq", ("B", "H", "L"), "streaming",
+    RowStat("streaming_error_sq", ("B", "H", "L"), "streaming", pass_kind="streaming",
             sums=(SegmentSum("streaming_error_sq", "streaming_error_sq_sum"),),
             doc="||o_i - o_L,i||^2: the head's un-gated output against its output over the streaming set "
                 "(sink + recent, `kernels.streaming`); exactly 0 where every visible key is streaming"),
-    RowStat("output_sq", ("B", "H", "L"), "streaming",
+    RowStat("output_sq", ("B", "H", "L"), "streaming", pass_kind="streaming",
             sums=(SegmentSum("output_sq", "output_sq_sum"),),
             doc="||o_i||^2 of the head's un-gated output: the denominator of the relative streaming error"),
 )
@@ -425,23 +498,33 @@ NORM_BACKENDS = ("eager", "chunked")
 
 
 def norm_twin(base: RowStat) -> RowStat:
-    """`<base>_norm`: the norm-based twin of a mass statistic (switch `norms`, asked with its base)."""
+    """`<base>_norm`: the norm-based twin of a mass statistic (switch `norms`, asked with its base). The twins
+    of the statistics chunked's row pass fuses come from its norm pass (one matmul of P against the keys' norms:
+    the class twins, and the offsets' read off the offset masses), the others from their definitions."""
     return RowStat(f"{base.name}_norm", base.shape, "norms", from_probs=_Twin(base.from_probs),
+                   pass_kind="norm" if base.pass_kind == "row" else "blocks",
                    sums=tuple(SegmentSum(f"{m.name}_norm", f"{m.array.removesuffix('_sum')}_norm_sum", m.width)
                               for m in base.sums),
                    doc=f"the norm-based share of {base.name}: {base.name} of p_ij n_j / sum_j p_ij n_j",
                    twin_of=base, backends=NORM_BACKENDS)
 
 
-# the mass statistics that have a norm-based twin, in the table's order
-NORM_TWINNED = ("offset_mass", "class_mass", "distance_mass", "position_mass", "duplicate_mass",
-                "prefix_match_mass")
-ROW_STATS += tuple(norm_twin(s) for s in ROW_STATS if s.name in NORM_TWINNED) + (
-    RowStat("weighted_norm", ("B", "H", "L"), "norms", from_probs=_weighted_norm,
+# the mass statistics that have a norm-based twin (`twinned`), in the table's order
+NORM_TWINNED = tuple(s.name for s in ROW_STATS if s.twinned)
+ROW_STATS += tuple(norm_twin(s) for s in ROW_STATS if s.twinned) + (
+    RowStat("weighted_norm", ("B", "H", "L"), "norms", from_probs=_weighted_norm, pass_kind="norm",
             sums=(SegmentSum("weighted_norm", "weighted_norm_sum"),), backends=NORM_BACKENDS,
             doc="sum_j p_ij n_j: the norm of the row's weighted value vectors' contributions, ||f|| weighted"),
 )
 STAT = {s.name: s for s in ROW_STATS}
+
+
+def kernel_stats(tiles: str | None = None) -> tuple[str, ...]:
+    """The statistics the fused Triton kernel compiles in by a switch (`KernelTraits.switch`), in the
+    table's order; with `tiles`, those of one tile family ("default": what `bertscope run` asks, the
+    instruction budget's own tiles; "wide", "positions", "tokens")."""
+    return tuple(s.name for s in ROW_STATS if s.kernel is not None and s.kernel.switch is not None
+                 and (tiles is None or s.kernel.tiles == tiles))
 SEGMENT_SUMS: tuple[SegmentSum, ...] = tuple(m for s in ROW_STATS for m in s.sums)
 
 

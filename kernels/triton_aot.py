@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from .spec import kernel_stats
+
 # triton and the kernel modules are imported inside the functions, never here: `main` must remove
 # TRITON_INTERPRET before they run @triton.jit (triton's own library functions too), see above.
 ARCHS = (80, 90)
@@ -46,10 +48,13 @@ HEAD_DIMS = (32, 64, 128)
 LAYOUT_HEAD_DIMS = (32, 64, 128, 256)
 LAYOUT_MAP_HEAD_DIMS = (64, 256)
 # the statistics `bertscope run` and the decoders' analyses ask for by default (offsets are a
-# runtime argument: the epilogue's loop), the ones the instruction budget is set for
-DEFAULT_STATS = ("entropy", "class_mass")
-# the token relations (StatsSpec.token_relations): switched on together, on top of the argmax specialisations
-TOKEN_STATS = ("duplicate_mass", "prefix_match_mass")
+# runtime argument: the epilogue's loop), the ones the instruction budget is set for: the table's
+# "default" tile family (`spec.KernelTraits`)
+DEFAULT_STATS = kernel_stats("default")
+# the argmax's family ("wide"), the position statistics' and the token relations' (StatsSpec.token_relations:
+# switched on together, on top of the argmax specialisations)
+WIDE_STATS = kernel_stats("wide")
+TOKEN_STATS = kernel_stats("tokens")
 
 
 @dataclass(frozen=True)
@@ -189,10 +194,8 @@ class AotSpec:
 
 
 def position_stats() -> tuple[str, ...]:
-    """The position-dependent statistics (`triton_config.POSITION_STATS`), switched on together."""
-    from .triton_config import POSITION_STATS  # see the note above ARCHS
-
-    return POSITION_STATS
+    """The position-dependent statistics (the table's "positions" tile family), switched on together."""
+    return kernel_stats("positions")
 
 
 def _cap(c: dict) -> str:
@@ -233,7 +236,7 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
     for 4 key classes; 16 and 32 classes, the statistics-free forward, the uniform-gate epilogue
     and the position-dependent statistics at D = 64 (and 256 banded), the token relations at D = 64. "core":
     the largest of each tile configuration, what the test suite compiles (each takes ~10 s on one core)."""
-    default, argmax = DEFAULT_STATS, (*DEFAULT_STATS, "argmax")
+    default, argmax = DEFAULT_STATS, (*DEFAULT_STATS, *WIDE_STATS)
     positions = (*argmax, *position_stats())
     tokens = (*argmax, *TOKEN_STATS)
     if which == "none":

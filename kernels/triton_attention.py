@@ -18,7 +18,7 @@ import torch
 from . import triton_maps
 from .common import finish_stats, keep_qk, require_pooling
 from .gates import gated_sdpa
-from .spec import PLAIN, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats, refuse_unsupported
+from .spec import PLAIN, ROW_STATS, AttentionLayout, RowStats, StatsSpec, WordPooling, asked_stats, refuse_unsupported
 from .streaming import add_streaming_stats
 from .triton_config import HALF_DTYPES, POSITION_STATS, forward_config
 from .triton_kernel import INTERPRETED, attn_stats_fwd
@@ -65,7 +65,7 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
     refuse_unsupported(spec, "triton")
     check_computed(spec)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    need_lse = any(stat.name in EXTRA_PASSES for stat in asked_stats(spec))  # a pass after the kernel reads it
+    need_lse = any(stat.switch in EXTRA_PASSES for stat in asked_stats(spec))  # a pass after the kernel reads it
     out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks, need_lse,
                                    token_ids)
     stats = RowStats(**rows, layout=layout)
@@ -87,30 +87,27 @@ def _word_maps(stats: RowStats, q, k, key_valid, lse, scale, pooling, layout):
         q, k, key_valid, lse, require_pooling(pooling), scale, out_dtype=torch.float32, layout=layout)
 
 
-# the statistics of the table that passes of their own compute from the fused kernel's lse
-# (kernels/triton_maps.py), each with its pass (one pass may give several)
-EXTRA_PASSES = {"column_mass": _column_mass, "word_map": _word_maps, "word_argmax": _word_maps}
-# and those computed after the kernel from its output (`kernels.streaming`: the gathered sink + recent keys)
-STREAMING_STATS = ("streaming_error_sq", "output_sq")
-EXTRA_STATS = tuple(EXTRA_PASSES) + STREAMING_STATS
+# the passes of their own that compute the table's whole-map statistics (`pass_kind` "maps") from the fused
+# kernel's lse (kernels/triton_maps.py), by the StatsSpec switch that asks for them (one pass may give several)
+EXTRA_PASSES = {"column_mass": _column_mass, "word_maps": _word_maps}
+# the statistics they give, and those computed after the kernel from its output (`pass_kind` "streaming",
+# `kernels.streaming`: the gathered sink + recent keys)
+EXTRA_STATS = tuple(s.name for s in ROW_STATS if s.pass_kind in ("maps", "streaming"))
 
 
 def _extras(spec: StatsSpec, stats: RowStats, q, k, key_valid, lse, scale, pooling, layout: AttentionLayout = PLAIN):
     """HOOK: the statistics beyond the fused kernel's, from its row lse (B, H, L) fp32.
 
-    Each asked statistic of `EXTRA_PASSES` runs its pass (once, however many statistics it
-    gives): column mass and word maps are separate Triton passes (kernels/triton_maps.py) that
+    Each pass of `EXTRA_PASSES` whose switch the spec turns on runs once, however many statistics it
+    gives: column mass and word maps are separate Triton passes (kernels/triton_maps.py) that
     re-derive p_ij = exp(s_ij - lse_i) tile by tile; keep_qk hands q and k on as views. A
     statistic of the table that neither the kernel nor a pass here computes fails loudly before
     the launch (`check_computed`) and again in `finish_stats`, rather than coming back as a
     silently missing statistic.
     """
-    done = []
-    for stat in asked_stats(spec):
-        run = EXTRA_PASSES.get(stat.name)
-        if run is not None and run not in done:
+    for switch, run in EXTRA_PASSES.items():
+        if getattr(spec, switch):
             run(stats, q, k, key_valid, lse, scale, pooling, layout)
-            done.append(run)
     keep_qk(stats, q, k, scale, spec)
 
 

@@ -66,12 +66,15 @@ import functools
 import torch
 import triton
 
+from .spec import STAT, kernel_stats
+
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same tiles
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-# the statistics whose accumulators change which tiles fit in registers
-POSITION_STATS = ("distance_mass", "mean_distance", "position_mass")
+# the statistics whose accumulators change which tiles fit in registers: the table's tile families
+# (`spec.KernelTraits.tiles`), read off it, never listed here
+POSITION_STATS = kernel_stats("positions")
 # the token relations (StatsSpec.token_relations): their own tiles too
-TOKEN_STATS = ("duplicate_mass", "prefix_match_mass")
+TOKEN_STATS = kernel_stats("tokens")
 # the register cap of the fp32 blocks above D = 64 (see the module docstring)
 MAXNREG_FP32 = 128
 # the interpreter's blocks (see the module docstring)
@@ -133,12 +136,13 @@ def kernel_config(D: int, dtype, arch: int, switched_on: frozenset, n_classes: i
     (names of the table, `triton_launch.kernel_outputs`), its key classes, its layout (banded; grouped: G >= 2)
     and uniform gates. The one reading of a call's statistics into `forward_config`'s arguments, for the
     launcher (`triton_launch.launch_config`) and the ahead-of-time compile (`triton_aot.Specialisation`)
-    alike: position statistics and token relations by name (`POSITION_STATS`, `TOKEN_STATS`), a wide
-    feature dot for more than 32 classes or the argmax."""
+    alike: the tile families of the statistics switched on (`spec.KernelTraits.tiles`: "positions", "tokens",
+    "wide"), and a wide feature dot for more than 32 classes."""
     on = frozenset(switched_on)
-    return forward_config(D, dtype, arch, bool(on & set(POSITION_STATS)), tf32=tf32, interpreted=interpreted,
-                          banded=banded, uniform=uniform, wide=feature_width(n_classes) > 32 or "argmax" in on,
-                          n_classes=n_classes, tokens=bool(on & set(TOKEN_STATS)), switched_on=on,
+    families = {STAT[name].kernel.tiles for name in on}
+    return forward_config(D, dtype, arch, "positions" in families, tf32=tf32, interpreted=interpreted,
+                          banded=banded, uniform=uniform, wide=feature_width(n_classes) > 32 or "wide" in families,
+                          n_classes=n_classes, tokens="tokens" in families, switched_on=on,
                           grouped=banded and grouped)
 
 
@@ -165,7 +169,7 @@ SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
 # (target, BLOCK_D, layout: "plain", "banded" with G = 1 (causal or windowed multi-head attention) or "grouped"
 # (banded, G >= 2)) -> tiles (BLOCK_M, BLOCK_N, warps, stages) and the switches that differ from their
 # defaults (`_config`); one with L_ONLY needs a free key-feature column (else HALF_TILES)
-DEFAULT_SWITCHES = frozenset({"entropy", "class_mass"})
+DEFAULT_SWITCHES = frozenset(kernel_stats("default"))
 DEFAULT_TILES = {
     (80, 64, "plain"): dict(tiles=(128, 128, 8, 2), masked_first=True),
     (80, 64, "banded"): dict(tiles=(128, 128, 8, 2), masked_first=True),

@@ -16,8 +16,8 @@ capture. So:
   one when the argmax is asked).
 
 The statistics the kernel writes are read off the table (`kernel_outputs`): a statistic of
-`spec.ROW_STATS` with a pointer argument named after it (entropy -> Entropy) and, when the
-kernel has one, a constexpr switch named in capitals (ENTROPY).
+`spec.ROW_STATS` with kernel traits (`spec.KernelTraits`), a pointer argument named after it
+(entropy -> Entropy) and, when its traits name one, its constexpr switch (ENTROPY).
 """
 from __future__ import annotations
 
@@ -47,23 +47,25 @@ def output_argument(stat) -> str:
 @functools.cache
 def kernel_outputs() -> tuple:
     """(RowStat, pointer argument, constexpr switch or None) for each statistic of the table the
-    fused kernel writes: those with a pointer argument named after them (`output_argument`). The
-    launcher, the check before a launch (`check_computed`) and `triton_aot` all read this.
+    fused kernel writes: those with kernel traits (`RowStat.kernel`), whose pointer argument is named
+    after them (`output_argument`) and whose switch the traits name. The launcher, the check before a
+    launch (`check_computed`) and `triton_aot` all read this.
 
-    A pointer argument the kernel's body never reads (an output declared and forgotten) is a
-    NotImplementedError here, before any launch: its tensor would come back as whatever memory
-    it was given."""
+    An entry whose traits name an argument or switch the kernel lacks, or a pointer argument the kernel's
+    body never reads (an output declared and forgotten), is a NotImplementedError here, before any launch:
+    its tensor would come back as whatever memory it was given."""
     params = attn_stats_fwd.arg_names
-    found = []
-    for stat in ROW_STATS:
-        arg = output_argument(stat)
-        if arg in params:
-            found.append((stat, arg, stat.name.upper() if stat.name.upper() in params else None))
+    found = [(stat, output_argument(stat), stat.kernel.switch) for stat in ROW_STATS if stat.kernel is not None]
+    missing = [f"{stat.name} ({name})" for stat, arg, flag in found for name in (arg, flag)
+               if name is not None and name not in params]
     used = _names_used(attn_stats_fwd)
-    unused = [f"{stat.name} ({arg})" for stat, arg, _ in found if arg not in used]
-    if unused:
-        raise NotImplementedError(f"the triton kernel attn_stats_fwd takes {', '.join(unused)} but never writes it "
-                                  "(see docs/contributing.md)")
+    unused = [f"{stat.name} ({arg})" for stat, arg, _ in found if arg in params and arg not in used]
+    if missing or unused:
+        raise NotImplementedError(
+            "the triton kernel attn_stats_fwd " + "; ".join(
+                ([f"lacks {', '.join(missing)}, named by the table's kernel traits"] if missing else [])
+                + ([f"takes {', '.join(unused)} but never writes it"] if unused else []))
+            + " (see docs/contributing.md)")
     return tuple(found)
 
 

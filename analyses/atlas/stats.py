@@ -32,14 +32,15 @@ from bertscope.analyses.heads.positions import stats as P
 from bertscope.analyses.sinks import stats as S
 from bertscope.engine.accumulate import HeadStats, NotComputedError
 from bertscope.files import write_text
-from bertscope.kernels.spec import StatsSpec
+from bertscope.kernels.spec import ROW_STATS, StatsSpec
 
 OFFSETS = (-1, 0, 1)  # previous token, the token itself, the next token
 STREAMING_SINK = 4  # S: StreamingLLM's initial tokens kept (Xiao et al. 2023)
 STREAMING_RECENT = 256  # W: recent keys kept; DuoAttention's streaming heads keep a few hundred
 
 
-TOKEN_MATCH = ("duplicate_mass", "prefix_match_mass")  # the token relations of kernels/spec.py's table
+# the token relations of kernels/spec.py's table (its switch token_relations)
+TOKEN_MATCH = tuple(s.name for s in ROW_STATS if s.switch == "token_relations")
 
 
 def token_match_spec() -> dict:

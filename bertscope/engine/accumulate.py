@@ -61,16 +61,28 @@ ARRAYS = (*COUNTS, *(m.array for m in SEGMENT_SUMS))
 STAT_OF_ARRAY = {m.array: s for s in ROW_STATS for m in s.sums}
 
 
+def _json_value(value):
+    """A StatsSpec switch as JSON holds it: a tuple as a list."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 class NotComputedError(LookupError):
     """A statistic the run's spec did not ask for: it was never computed, so it has no value
     (never a measured 0)."""
 # sums a decoder's accumulator holds beside them (`HeadStats.layouts` not None), (layers, G) each
 LAYOUT_ARRAYS = ("visible_entropy_sum", "n_visible_sum")
-# the rows that have a key for each token relation (spec.token_relations), (layers, G) each, and the
-# statistic whose mean over them each one gives (`HeadStats.token_relation_means`)
-TOKEN_ARRAYS = ("duplicate_rows", "prefix_match_rows")
-TOKEN_RELATIONS = {"duplicate_mass": ("duplicate_mass_sum", "duplicate_rows"),
-                   "prefix_match_mass": ("prefix_match_mass_sum", "prefix_match_rows")}
+# the token relations of the table (its switch token_relations), in its order, which is the order
+# `token_relation_rows` gives their rows in: each one's sum array and the rows that have a key for it,
+# (layers, G), over which `HeadStats.token_relation_means` averages it (duplicate_mass -> duplicate_rows)
+TOKEN_RELATIONS = {s.name: (s.sums[0].array, f"{s.name.removesuffix('_mass')}_rows")
+                   for s in ROW_STATS if s.switch == "token_relations"}
+TOKEN_ARRAYS = tuple(rows for _, rows in TOKEN_RELATIONS.values())
+# the StatsSpec switches a HeadStats file records: those of the statistics that feed its sums (the table's
+# `sums`); the ones of entries marked `meta` always (older files wrote them), the others only when on (a file
+# written before they existed reads as off)
+META_ALWAYS = tuple(dict.fromkeys(s.switch for s in ROW_STATS if s.meta))
+META_WHEN_ON = tuple(dict.fromkeys(s.switch for s in ROW_STATS if s.sums and not s.meta and s.twin_of is None
+                                   and s.switch != "offsets"))
 
 
 class HeadStats:
@@ -200,16 +212,15 @@ class HeadStats:
         if batch.token_ids is None:
             raise ValueError("spec.token_relations needs the batch's token ids (BatchContext.token_ids)")
         device = batch.key_valid.device
-        dup_sums, pre_sums = self._sum("duplicate_rows", device), self._sum("prefix_match_rows", device)
+        sums = [self._sum(name, device) for name in TOKEN_ARRAYS]
         groups = batch.row_groups * weight[:, None, :]  # (B, L, G)
         cache = {}
         for layer, stats in enumerate(batch.layers):
             if stats.layout not in cache:  # layers of the same layout share the rows
-                dup, pre = token_relation_rows(batch.token_ids, batch.key_valid, stats.layout)  # (B, L) each
-                cache[stats.layout] = (torch.einsum("bl,blg->g", dup.double(), groups),
-                                       torch.einsum("bl,blg->g", pre.double(), groups))
-            dup_sums[layer].add_(cache[stats.layout][0])
-            pre_sums[layer].add_(cache[stats.layout][1])
+                rows = token_relation_rows(batch.token_ids, batch.key_valid, stats.layout)  # (B, L) each
+                cache[stats.layout] = [torch.einsum("bl,blg->g", r.double(), groups) for r in rows]
+            for total, add in zip(sums, cache[stats.layout]):
+                total[layer].add_(add)
 
     # device types whose sums `add` adds straight into the host arrays (they share the memory)
     HOST_DEVICES = ("cpu",)
@@ -279,14 +290,10 @@ class HeadStats:
             "class_names": list(self.class_names),
             "row_groups": list(self.classes.row_groups),
             "class_source": self.classes.source,
-            "entropy": self.spec.entropy,
-            "class_mass": self.spec.class_mass,
-            "argmax": self.spec.argmax,
-            # only when asked: an older meta (and file) stays what it was
-            **({"streaming": list(self.spec.streaming)} if self.spec.streaming else {}),
+            **{switch: getattr(self.spec, switch) for switch in META_ALWAYS},
             "average": self.average,
-            **({"token_relations": True} if self.spec.token_relations else {}),  # older files: absent
-            **({"norms": True} if self.spec.norms else {}),  # the norm-based twins; older files: absent
+            # only when asked (`META_WHEN_ON`): an older meta (and file) stays what it was
+            **{switch: _json_value(value) for switch in META_WHEN_ON if (value := getattr(self.spec, switch))},
             # a decoder's only: an encoder's meta (and file) stays what it was
             **({"layouts": [layout_dict(layout) for layout in self.layouts]} if self.layouts is not None else {}),
         }
@@ -306,10 +313,11 @@ class HeadStats:
             meta = json.loads(str(f["meta"]))
             class_mass = meta["class_mass"] if "class_mass" in meta else \
                 int(f["n_segments"]) == 0 or bool(np.any(f["class_mass_sum"] != 0))
+            switches = {switch: meta[switch] for switch in META_ALWAYS if switch != "class_mass"}
+            switches.update({switch: tuple(v) if isinstance(v, list) else v for switch in META_WHEN_ON
+                             if (v := meta.get(switch)) is not None})
             spec = StatsSpec(offsets=tuple(meta["offsets"]), n_key_classes=len(meta["class_names"]),
-                             entropy=meta["entropy"], class_mass=class_mass, argmax=meta["argmax"],
-                             token_relations=meta.get("token_relations", False), norms=meta.get("norms", False),
-                             streaming=tuple(meta.get("streaming", ())))
+                             class_mass=class_mass, **switches)
             names = tuple(meta["class_names"])
             classes = TokenClasses(names, tuple(meta["row_groups"]), meta["class_source"]) if "row_groups" in meta \
                 else TokenClasses.of(names)

@@ -65,6 +65,11 @@ from bertscope.text.token_classes import TokenClasses
 PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")
 
 
+# the segment sums of examples.parquet's columns, in the file's order (`column_names`): a file format, which
+# is why it is written out and not in the table's order (tests/kernels/test_stats_table.py names it so)
+EXAMPLE_SUMS = ("offset_mass", "class_mass", "entropy", "argmax_offset", "argmax_class")
+
+
 def offset_name(o: int) -> str:
     return {-1: "prev", 0: "self", 1: "next"}.get(o, f"offset_{o:+d}")
 
@@ -110,8 +115,7 @@ def example_rows(batch: BatchContext) -> np.ndarray:
         sums = batch.segment_sums(layer)  # name -> (B, H, G, F)
         B, H = batch.size, next(iter(sums.values())).shape[1]
         n = rows[:, None, :, None].expand(B, H, -1, 1)  # (B, H, G, 1)
-        parts = [sums[name] for name in ("offset_mass", "class_mass", "entropy", "argmax_offset", "argmax_class")
-                 if name in sums]
+        parts = [sums[name] for name in EXAMPLE_SUMS if name in sums]
         means = torch.cat(parts, dim=-1) / n  # (B, H, G, F); NaN for a group without rows
         per_group = [torch.cat([n[:, :, g], means[:, :, g]], -1) if g else means[:, :, g]
                      for g in range(rows.shape[1])]  # group 0 ("all") has no row-count column

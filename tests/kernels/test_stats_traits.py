@@ -1,0 +1,192 @@
+"""The table's statistics as data (`spec.KernelTraits`, `RowStat.pass_kind`, `twinned`, `meta`): the traits
+hold values the readers know, the kernel has what each entry's traits name, the readers (the launch's
+config, the AOT matrix, chunked's passes, HeadStats' file meta, the atlas) follow them, and no statistic of
+the table is listed by name anywhere else in the source (a list the next statistic would be missing from)."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertscope.engine.accumulate import META_ALWAYS, META_WHEN_ON, TOKEN_RELATIONS, HeadStats
+from bertscope.kernels import spec as spec_module
+from bertscope.kernels.spec import (
+    KERNEL_KINDS,
+    KERNEL_READS,
+    KERNEL_TILES,
+    PASS_KINDS,
+    ROW_STATS,
+    STAT,
+    KernelTraits,
+    RowStat,
+    StatsSpec,
+    kernel_stats,
+)
+from bertscope.text.token_classes import TokenClasses
+
+ROOT = Path(__file__).resolve().parents[2]
+# the source the search reads: the package and its two top-level folders (bertscope/kernels and
+# bertscope/analyses are links to them: read once)
+SOURCE = [p for top in ("bertscope", "kernels", "analyses") for p in sorted((ROOT / top).rglob("*.py"))
+          if not p.relative_to(ROOT).as_posix().startswith(("bertscope/kernels/", "bertscope/analyses/"))]
+# the one place a list of statistics' names is a format: the examples file's column order
+FORMATS = {"bertscope/engine/per_example.py": "EXAMPLE_SUMS, examples.parquet's columns in the file's order",
+           "analyses/atlas/compare.py": "FEATURES, atlas_compare.csv's columns (some named as statistics are)"}
+# analyses name their own output columns, some of which are called as a statistic is (atlas_heads.csv's
+# entropy, duplicate_mass): a dict of column descriptions or a tuple of column names there is an output
+# format, not a list of the table's statistics. The core (bertscope/, kernels/) may name none.
+CORE = ("bertscope/", "kernels/")
+
+
+@pytest.mark.parametrize("stat", ROW_STATS, ids=lambda s: s.name)
+def test_traits_hold_known_values(stat: RowStat):
+    assert stat.pass_kind in PASS_KINDS
+    t = stat.kernel
+    if t is None:
+        return
+    assert t.kind in KERNEL_KINDS and t.tiles in KERNEL_TILES and set(t.reads) <= set(KERNEL_READS)
+    assert stat.pass_kind in ("row", "blocks"), "the kernel computes it in its loop or epilogue"
+    assert (t.kind == "epilogue") == (t.switch is None), "a loop statistic is compiled in by its switch"
+    assert t.registers >= 0 and not t.second_pass
+
+
+def test_the_kernel_has_what_the_traits_name():
+    """Each entry with kernel traits has its output pointer and switch in attn_stats_fwd, and every switch
+    of the kernel named after a statistic belongs to an entry (kernel_outputs reads the table, not names)."""
+    from bertscope.kernels.triton_kernel import attn_stats_fwd
+    from bertscope.kernels.triton_launch import kernel_outputs, output_argument
+
+    params = set(attn_stats_fwd.arg_names)
+    outputs = kernel_outputs()
+    assert [s for s, _, _ in outputs] == [s for s in ROW_STATS if s.kernel is not None]
+    for stat, arg, flag in outputs:
+        assert arg == output_argument(stat) in params and (flag is None or flag in params)
+    switches = {s.kernel.switch for s in ROW_STATS if s.kernel is not None}
+    for name in params:
+        if name.isupper() and name.lower() in STAT:
+            assert name in switches, f"{name}: a kernel switch no table entry names"
+
+
+def test_a_trait_naming_what_the_kernel_lacks_fails_before_any_launch(monkeypatch):
+    from bertscope.kernels import triton_launch
+
+    broken = dataclasses.replace(STAT["entropy"], kernel=dataclasses.replace(STAT["entropy"].kernel,
+                                                                             switch="ENTROPY_V7"))
+    monkeypatch.setattr(triton_launch, "ROW_STATS", tuple(broken if s.name == "entropy" else s for s in ROW_STATS))
+    triton_launch.kernel_outputs.cache_clear()
+    try:
+        with pytest.raises(NotImplementedError, match=r"lacks entropy \(ENTROPY_V7\)"):
+            triton_launch.kernel_outputs()
+    finally:
+        triton_launch.kernel_outputs.cache_clear()
+
+
+def test_the_config_and_the_aot_matrix_read_the_tile_families():
+    from bertscope.kernels import triton_aot, triton_config
+
+    families = {f: kernel_stats(f) for f in KERNEL_TILES}
+    assert set().union(*families.values()) == set(kernel_stats())
+    assert triton_config.DEFAULT_SWITCHES == frozenset(families["default"]) == frozenset(triton_aot.DEFAULT_STATS)
+    assert triton_config.POSITION_STATS == families["positions"] == triton_aot.position_stats()
+    assert triton_config.TOKEN_STATS == families["tokens"] == triton_aot.TOKEN_STATS
+    # a statistic's family picks the tiles: the same config as the family's first member alone
+    for family, names in families.items():
+        for name in names:
+            one = triton_config.kernel_config(64, torch.float16, 90, frozenset({name}), 4)
+            first = triton_config.kernel_config(64, torch.float16, 90, frozenset({names[0]}), 4)
+            assert one == first, (family, name)
+
+
+def test_a_new_statistic_of_a_family_takes_its_tiles(monkeypatch):
+    """A statistic added to the table with the position family's traits gets the position tiles, with no
+    list to update (the config reads the traits)."""
+    from bertscope.kernels import triton_config
+
+    near = RowStat("near_mass", ("B", "H", "L"), "distance",
+                   kernel=KernelTraits("per_bucket", "NEAR_MASS", reads=("positions",), tiles="positions"))
+    monkeypatch.setattr(triton_config, "STAT", {**STAT, "near_mass": near})
+    got = triton_config.kernel_config(64, torch.float16, 90, frozenset({"near_mass"}), 4)
+    assert got == triton_config.kernel_config(64, torch.float16, 90, frozenset({"distance_mass"}), 4)
+    assert got != triton_config.kernel_config(64, torch.float16, 90, frozenset({"entropy"}), 4)
+
+
+def test_chunked_passes_follow_the_table():
+    from bertscope.kernels.chunked import by_block
+
+    every = StatsSpec(n_key_classes=4, offsets=(0,), entropy=True, class_mass=True, argmax=True, distance=True,
+                      position_mass=True, token_relations=True, column_mass=True, norms=True)
+    assert [s.name for s in by_block(every)] == [s.name for s in ROW_STATS if s.asked(every)
+                                                 and s.pass_kind == "blocks"]
+    assert {s.name for s in by_block(every)} >= {"distance_mass", "duplicate_mass", "distance_mass_norm"}
+    assert not {s.name for s in by_block(every)} & {"entropy", "column_mass", "class_mass_norm"}
+
+
+def test_head_stats_meta_records_the_switches_of_its_sums(tmp_path):
+    """Every switch of a statistic with segment sums is in the file's meta and read back: always for the
+    entries marked `meta`, when on for the others."""
+    with_sums = {s.switch for s in ROW_STATS if s.sums and s.twin_of is None} - {"offsets"}
+    assert set(META_ALWAYS) | set(META_WHEN_ON) == with_sums and not set(META_ALWAYS) & set(META_WHEN_ON)
+    classes = TokenClasses.of(("a", "b", "c", "d"))
+    on = StatsSpec(n_key_classes=4, offsets=(-1, 1), entropy=True, class_mass=True, argmax=True,
+                   token_relations=True, norms=True, streaming=(2, 8))
+    off = StatsSpec(n_key_classes=4, offsets=(0,), entropy=False, class_mass=True)
+    for spec in (on, off):
+        acc = HeadStats(2, 3, spec, classes)
+        acc.save(tmp_path / "h.npz")
+        assert HeadStats.load(tmp_path / "h.npz").spec == spec
+        meta = acc.meta()
+        assert set(META_ALWAYS) <= set(meta)
+        assert {w for w in META_WHEN_ON if w in meta} == {w for w in META_WHEN_ON if getattr(spec, w)}
+
+
+def test_the_token_relations_of_the_accumulator_and_the_atlas_are_the_tables():
+    from bertscope.analyses.atlas.stats import TOKEN_MATCH
+
+    relations = tuple(s.name for s in ROW_STATS if s.switch == "token_relations")
+    assert tuple(TOKEN_RELATIONS) == TOKEN_MATCH == relations and len(relations) == 2
+    assert spec_module.NORM_TWINNED == tuple(s.name for s in ROW_STATS if s.twinned)
+
+
+def named_lists(source: str, rel: str) -> list[tuple[int, list[str]]]:
+    """(line, names) of each literal collection in `source` (the file `rel`) naming two or more distinct
+    statistics of the table: a tuple, list or set of strings anywhere, a dict's keys in the core (`CORE`)."""
+    names = set(STAT)
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            items = node.elts
+        elif isinstance(node, ast.Dict) and rel.startswith(CORE):
+            items = node.keys
+        else:
+            continue
+        hit = sorted({e.value for e in items if isinstance(e, ast.Constant) and e.value in names})
+        if len(hit) >= 2:
+            found.append((node.lineno, hit))
+    return found
+
+
+def test_no_statistic_is_listed_outside_its_entry():
+    """The statistics are data: a list of them written by hand is what the next one would be missing from.
+    Only the table (kernels/spec.py, whose entries name one statistic each) and a file format may name them."""
+    assert len(SOURCE) > 100
+    bad = []
+    for path in SOURCE:
+        rel = path.relative_to(ROOT).as_posix()
+        found = named_lists(path.read_text(encoding="utf-8"), rel)
+        if rel in FORMATS:
+            assert len(found) == 1, f"{rel}: its one exempt list ({FORMATS[rel]}), found {found}"
+            continue
+        bad += [f"{rel}:{line}: {', '.join(hit)}" for line, hit in found]
+    assert not bad, "statistics listed by name outside the table (read its traits instead):\n" + "\n".join(bad)
+
+
+def test_the_search_finds_a_hand_kept_list():
+    """The search above is not blind: lists like the ones it replaced are found (a dict's keys in the core
+    only: an analysis describes its output columns in dicts)."""
+    src = 'POSITIONS = ("distance_mass", "mean_distance")\nOK = ("entropy",)\nD = {"entropy": 1, "class_mass": 2}\n'
+    assert named_lists(src, "kernels/x.py") == [(1, ["distance_mass", "mean_distance"]),
+                                                (3, ["class_mass", "entropy"])]
+    assert named_lists(src, "analyses/x/outputs.py") == [(1, ["distance_mass", "mean_distance"])]
