@@ -304,8 +304,9 @@ def _in_threads(work, items, n: int, column_mass, word_map):
 class _NormPass:
     """The norm-based twins chunked computes itself (the table's `pass_kind` "norm"): per block, one matmul
     of P (n, bq, bk) against the keys' [one-hot class x n_j, n_j] (bk, C + 1) per head gives
-    sum_j p_ij n_j [class_j = c] and the weighted norm sum_j p_ij n_j; after the loop the class twins are their ratio, and the offset
-    twins p_{i,i+o} n_{i+o} / sum_j p_ij n_j are read off the offset masses (no pass over the maps)."""
+    sum_j p_ij n_j [class_j = c] and the weighted norm sum_j p_ij n_j; after the loop the class twins are
+    their ratio, and the offset twins p_{i,i+o} n_{i+o} / sum_j p_ij n_j are read off the offset masses (no
+    pass over the maps)."""
 
     def __init__(self, norms, classes, weighted, key_class_cols, class_mask=None):
         self.norms, self.classes, self.weighted, self.cols = norms, classes, weighted, key_class_cols
