@@ -110,8 +110,10 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     if dtype in HALF_DTYPES or tf32:
         if block_d > 128:
             return _config(*((16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)), block_d)
-        if positions or tokens:
-            return _config(64, 32, 8, 2, block_d, masked_first=banded)
+        family = next((f for f, on in (("tokens", tokens), ("positions", positions)) if on), None)
+        if family is not None:  # FAMILY_TILES: keyed data, the heaviest family first; else the narrow fallback
+            tiles = FAMILY_TILES.get((target, block_d, banded, family), FAMILY_FALLBACK)
+            return _config(*tiles, block_d, masked_first=banded)
         if uniform:
             return _config(*((64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)), block_d)
         if not wide and ones_fit and (target, block_d <= 64) in SUMS_BY_DOT_TILES:
@@ -160,6 +162,30 @@ HALF_TILES = {
     (90, False, False): (128, 64, 8, 2), (90, False, True): (128, 32, 8, 2),
     (80, True, False): (128, 64, 8, 2), (80, True, True): (128, 32, 8, 2),
     (80, False, False): (128, 32, 8, 2), (80, False, True): (32, 32, 4, 2),
+}
+# half precision, D <= 128, a call that switches on a statistic of the "positions" or "tokens" tile family
+# (`spec.KernelTraits.tiles`; tokens first: a call with both, the atlas's union, takes the tokens' tiles):
+# (target, BLOCK_D, banded, family) -> BLOCK_M, BLOCK_N, warps, stages; the fewest warp-instructions per score
+# without a spill among 128 x 64 and 128 x 32 with 8 warps, 64 x 64 and 64 x 32 with 4 or 8 (Triton 3.7.1,
+# sweep of 2026-12-07, docs/kernels.md "Tiles of the position and token statistics"), for the tokens family
+# chosen on the atlas's union (positions and tokens: what the commands launch), checked on the commands' own
+# specialisations (`triton_aot --commands`: their class counts move the registers). Where every fast candidate
+# spills, the tiles that halve the instructions were kept with a few bytes of spill, recorded in
+# COMMAND_CEILINGS (`heads positions` at D = 128 with G = 4: sm_80 24 B where the narrow tiles spilled 12 at
+# twice the instructions, sm_90 4 B where they spilled none; the atlas union at D = 128 on sm_80, 8 B against
+# 12). Missing keys take
+# FAMILY_FALLBACK, the narrow tiles these statistics had before the sweep (spill-free or nearly everywhere,
+# at about twice the instructions per score)
+FAMILY_FALLBACK = (64, 32, 8, 2)
+FAMILY_TILES = {
+    (80, 64, False, "positions"): (128, 64, 8, 2), (80, 64, True, "positions"): (128, 64, 8, 2),
+    (80, 64, False, "tokens"): (128, 32, 8, 2), (80, 64, True, "tokens"): (128, 32, 8, 2),
+    (80, 128, True, "positions"): (128, 32, 8, 2),
+    (80, 128, False, "tokens"): (128, 32, 8, 2), (80, 128, True, "tokens"): (128, 32, 8, 2),
+    (90, 64, False, "positions"): (128, 64, 8, 2), (90, 64, True, "positions"): (128, 64, 8, 2),
+    (90, 64, False, "tokens"): (128, 64, 8, 2), (90, 64, True, "tokens"): (128, 32, 8, 2),
+    (90, 128, False, "positions"): (128, 32, 8, 2), (90, 128, True, "positions"): (64, 32, 4, 2),
+    (90, 128, False, "tokens"): (128, 32, 8, 2), (90, 128, True, "tokens"): (64, 32, 4, 2),
 }
 # half precision with SUMS_BY_DOT (module docstring): (target, D <= 64) -> BLOCK_M, BLOCK_N, warps, stages,
 # plain and banded alike; only where it beats the row sums without a spill

@@ -190,3 +190,25 @@ def test_the_search_finds_a_hand_kept_list():
     assert named_lists(src, "kernels/x.py") == [(1, ["distance_mass", "mean_distance"]),
                                                 (3, ["class_mass", "entropy"])]
     assert named_lists(src, "analyses/x/outputs.py") == [(1, ["distance_mass", "mean_distance"])]
+
+
+def test_family_tiles_are_keyed_data_the_config_reads():
+    """FAMILY_TILES: keys of known targets, head sizes, layouts and tile families; a call whose switches
+    fall in a family takes its row (the tokens' when it has both, as the atlas's union), else the fallback."""
+    from bertscope.kernels import triton_config as tc
+
+    assert tc.FAMILY_TILES
+    for (target, block_d, banded, family), (m, n, w, s) in tc.FAMILY_TILES.items():
+        assert target in (80, 90) and block_d in (64, 128) and isinstance(banded, bool)
+        assert family in KERNEL_TILES and family not in ("default", "wide")
+        assert m % 16 == 0 and n % 16 == 0 and w in (4, 8) and s >= 1
+    positions, tokens = frozenset(kernel_stats("positions")), frozenset(kernel_stats("tokens"))
+    for banded in (False, True):
+        for on, family in ((positions, "positions"), (tokens, "tokens"), (positions | tokens, "tokens")):
+            cfg = tc.kernel_config(64, torch.bfloat16, 90, on | {"entropy"}, 4, banded=banded)
+            m, n, w, s = tc.FAMILY_TILES[(90, 64, banded, family)]
+            assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]) == (m, n, w, s)
+            assert cfg["MASKED_FIRST"] == banded
+    missing = tc.kernel_config(128, torch.bfloat16, 80, positions, 4, banded=False)  # no row: the fallback
+    assert (80, 128, False, "positions") not in tc.FAMILY_TILES
+    assert (missing["BLOCK_M"], missing["BLOCK_N"], missing["num_warps"], missing["num_stages"]) == tc.FAMILY_FALLBACK
