@@ -66,7 +66,8 @@ import functools
 import torch
 import triton
 
-from .spec import STAT, kernel_stats
+from . import spec as _spec
+from .spec import kernel_stats
 
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same tiles
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -141,7 +142,8 @@ def kernel_config(D: int, dtype, arch: int, switched_on: frozenset, n_classes: i
     alike: the tile families of the statistics switched on (`spec.KernelTraits.tiles`: "positions", "tokens",
     "wide"), and a wide feature dot for more than 32 classes."""
     on = frozenset(switched_on)
-    families = {STAT[name].kernel.tiles for name in on}
+    # the table read at call time: an entry without kernel traits (one being added) brings no family
+    families = {s.kernel.tiles for s in _spec.ROW_STATS if s.name in on and s.kernel is not None}
     return forward_config(D, dtype, arch, "positions" in families, tf32=tf32, interpreted=interpreted,
                           banded=banded, uniform=uniform, wide=feature_width(n_classes) > 32 or "wide" in families,
                           n_classes=n_classes, tokens="tokens" in families, switched_on=on,

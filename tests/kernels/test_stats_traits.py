@@ -107,7 +107,7 @@ def test_a_new_statistic_of_a_family_takes_its_tiles(monkeypatch):
 
     near = RowStat("near_mass", ("B", "H", "L"), "distance",
                    kernel=KernelTraits("per_bucket", "NEAR_MASS", reads=("positions",), tiles="positions"))
-    monkeypatch.setattr(triton_config, "STAT", {**STAT, "near_mass": near})
+    monkeypatch.setattr(spec_module, "ROW_STATS", ROW_STATS + (near,))
     got = triton_config.kernel_config(64, torch.float16, 90, frozenset({"near_mass"}), 4)
     assert got == triton_config.kernel_config(64, torch.float16, 90, frozenset({"distance_mass"}), 4)
     assert got != triton_config.kernel_config(64, torch.float16, 90, frozenset({"entropy"}), 4)

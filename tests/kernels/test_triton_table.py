@@ -32,7 +32,7 @@ import bertscope.kernels.triton_launch as launch
 from bertscope.kernels import triton_aot
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.pooling import word_pooling
-from bertscope.kernels.spec import PLAIN, ROW_STATS, AttentionLayout, RowStat, StatsSpec, asked_stats
+from bertscope.kernels.spec import PLAIN, ROW_STATS, AttentionLayout, KernelTraits, RowStat, StatsSpec, asked_stats
 
 if not ta.INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
@@ -214,7 +214,8 @@ def test_an_output_the_kernel_declares_but_never_writes_is_an_error(monkeypatch)
         tl.store(Lse, 0.0)
 
     _, new = new_statistic(monkeypatch)
-    monkeypatch.setattr(launch, "ROW_STATS", ROW_STATS + (new,))
+    new = dataclasses.replace(new, kernel=KernelTraits("per_score", "ATTENTION_ROLLOUT"))  # its entry: in the kernel
+    monkeypatch.setattr(launch, "ROW_STATS", (spec_module.STAT["entropy"], new))  # this kernel's two statistics
     monkeypatch.setattr(launch, "attn_stats_fwd", kernel)
     with pytest.raises(NotImplementedError, match=r"takes attention_rollout \(AttentionRollout\) but never writes it"):
         launch.kernel_outputs.__wrapped__()
