@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from argparse import Namespace
+from dataclasses import dataclass
 from pathlib import Path
 
 from bertscope.analyses.atlas.outputs import (
@@ -248,7 +249,29 @@ def segment_limit(args) -> int | None:
     return None if args.limit == "all" else args.limit
 
 
-def atlas_run(run: ModelRun, args, needles, restart: set[str] = frozenset()) -> int:
+@dataclass
+class AtlasPlan:
+    """What one atlas run will do, every option checked before its first stage (a mistake found after the
+    streamed pass would cost its time): the model's layer kinds and windows, the streamed pass's segments
+    and spec, and which probes run with their inputs."""
+
+    causal: bool
+    windows: list
+    kinds: list[str]
+    n_kv: int
+    plan: list  # the sinks' BOS plan (`bos_plan`): the first token's id first
+    stream: object  # the checked segments of the streamed pass
+    report: object  # their report (`SegmentReport`)
+    spec: object  # the streamed pass's StatsSpec (`stream_spec`)
+    retrieval_on: bool
+    importance_on: bool
+    lengths: list[int]  # the retrieval's haystack lengths
+    builder: object  # the retrieval's haystack builder, or None
+    importance_segments: object  # the LM importance's checked segments, or None
+
+
+def plan_atlas(run: ModelRun, args, needles) -> AtlasPlan:
+    """The run's `AtlasPlan`: each stage's options checked, in one line each (`UserError`), before anything runs."""
     from bertscope.analyses.atlas import stats as A
     from bertscope.analyses.heads.positions.command import check_backend
     from bertscope.analyses.sinks import stats as S
@@ -259,8 +282,6 @@ def atlas_run(run: ModelRun, args, needles, restart: set[str] = frozenset()) -> 
     causal = loaded.architecture.is_causal(config)
     layouts = loaded.architecture.layouts(config)
     windows = [None if lay.window is None else lay.window[0] for lay in layouts]
-    kinds = [A.layer_kind(lay) for lay in layouts]
-    n_kv = layouts[0].n_key_value_heads or loaded.n_heads
     seg_args = Namespace(max_len=args.max_len, limit=segment_limit(args), seed=args.seed, initial=S.INITIAL, bos="auto",
                          bos_token=None, corpus=args.corpus, text_field=args.text_field)
     if causal:  # the window must leave keys out, or every head is "streaming-safe" with error 0
@@ -273,79 +294,107 @@ def atlas_run(run: ModelRun, args, needles, restart: set[str] = frozenset()) -> 
     if 2 * args.induction_len + 1 > loaded.max_len:
         raise UserError(f"--induction-len {args.induction_len} makes sequences of {2 * args.induction_len + 1} "
                         f"tokens: more than the model allows ({loaded.max_len})")
-    # every later stage's options are checked here too, before the first stage: a mistake found after the
-    # streamed pass would cost its time
     retrieval_on = causal and not args.no_retrieval and bool(needles)
     importance_on = causal and not args.no_importance
     lengths = retrieval_lengths(args, loaded) if retrieval_on else []
-    builder = haystack_builder(args, loaded, needles, lengths) if retrieval_on else None
-    importance_segments = checked_importance_segments(args, loaded) if importance_on else None
+    n_kv = layouts[0].n_key_value_heads or loaded.n_heads
+    return AtlasPlan(causal, windows, [A.layer_kind(lay) for lay in layouts], n_kv, plan, stream, report, spec,
+                     retrieval_on, importance_on, lengths,
+                     haystack_builder(args, loaded, needles, lengths) if retrieval_on else None,
+                     checked_importance_segments(args, loaded) if importance_on else None)
+
+
+def atlas_run(run: ModelRun, args, needles, restart: set[str] = frozenset()) -> int:
+    """One atlas of `run`'s model: the plan checked (`plan_atlas`), then its stages, each saved as it ends and
+    read back on --resume (`restart`: stages whose settings changed, run afresh): the streamed pass (sinks,
+    positions, token relations, streaming error), the induction probe, the retrieval probe and the LM
+    importance (decoders), then the head table and its outputs (rank 0). The exit code."""
+    from bertscope.analyses.atlas import stats as A
+    from bertscope.models.loading import model_name
+
+    loaded = run.loaded
+    p = plan_atlas(run, args, needles)
     run.open(args.out)
     run.announce()
-    world = run.world
     state_path = run.dir / STATE_FILE
     state = A.read_state(state_path) if args.resume else {}
     for stage in restart:  # a setting of an unfinished stage changed on --resume: its partial sums are not used
         state.pop(stage, None)
-    log_plan(run, args, loaded, kinds, causal, state, lengths, len(needles), retrieval_on, importance_on)
+    log_plan(run, args, loaded, p.kinds, p.causal, state, p.lengths, len(needles), p.retrieval_on, p.importance_on)
+    acc, scores, retrieval, importance, seconds = run_stages(run, args, needles, p, state, state_path, restart)
+    if not run.is_main:
+        return 0
+    shape = (loaded.n_layers, loaded.n_heads)
+    columns = {**A.stream_columns(acc, p.causal, p.n_kv), **A.probe_columns(shape, scores, retrieval, importance)}
+    table = A.head_table(model_name(loaded.path), p.kinds, p.n_kv, columns)
+    write_outputs(run, args, table, atlas_about(run, args, needles, p, acc, seconds))
+    return 0
 
-    seconds = {}  # each stage's wall time in this call (0: done before)
+
+def run_stages(run: ModelRun, args, needles, p: AtlasPlan, state: dict, state_path, restart) -> tuple:
+    """The stages of `p` in order, each one's state written as it ends: (the streamed pass's StreamStats, the
+    induction scores, the retrieval's and the LM importance's results or None, each stage's wall seconds in
+    this call, 0 when done before). Every rank runs the streamed pass, induction and retrieval; rank 0 alone
+    the LM importance (the other ranks return after retrieval, with None for it)."""
+    from bertscope.analyses.atlas import stats as A
+    from bertscope.analyses.sinks import stats as S
+
+    loaded = run.loaded
+    seconds = {}
     t0 = time.perf_counter()
     # 1. the streamed pass
-    acc = A.StreamStats(loaded.n_layers, loaded.n_heads, windows, spec, plan[0][0], S.n_buckets(loaded.max_len))
+    acc = A.StreamStats(loaded.n_layers, loaded.n_heads, p.windows, p.spec, p.plan[0][0], S.n_buckets(loaded.max_len))
     if state.get("stream") and acc.load_into(run.dir, STREAM_FILES):
         run.log("the streamed pass was done before: its sums are read back")
     else:
-        stream_pass(run, args, loaded, acc, stream, world, fresh="stream" in restart)
+        stream_pass(run, args, loaded, acc, p.stream, run.world, fresh="stream" in restart)
         if run.is_main:
             acc.save(run.dir, STREAM_FILES)
             state["stream"] = True
             A.write_state(state_path, state)
-
     seconds["stream"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
     # 2. induction
-    scores = induction_probe(run, args, loaded, causal, state, state_path, fresh="induction" in restart)
+    scores = induction_probe(run, args, loaded, p.causal, state, state_path, fresh="induction" in restart)
     seconds["induction"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
-
     # 3. retrieval (decoders)
-    retrieval = retrieval_probe(run, args, loaded, needles, lengths, builder) if retrieval_on else None
-    if retrieval_on:
+    retrieval = retrieval_probe(run, args, loaded, needles, p.lengths, p.builder) if p.retrieval_on else None
+    if p.retrieval_on:
         seconds["retrieval"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
     run.shutdown()
     if not run.is_main:
-        return 0
-    if retrieval_on:
+        return acc, scores, retrieval, None, seconds
+    if p.retrieval_on:
         state["retrieval"] = True
         A.write_state(state_path, state)
-
     # 4. LM importance (decoders, rank 0)
-    importance = importance_probe(run, args, loaded, importance_segments, fresh="importance" in restart) \
-        if importance_on else None
-    if importance_on:
+    importance = importance_probe(run, args, loaded, p.importance_segments, fresh="importance" in restart) \
+        if p.importance_on else None
+    if p.importance_on:
         seconds["importance"] = round(time.perf_counter() - t0, 1)
         state["importance"] = True
         A.write_state(state_path, state)
+    return acc, scores, retrieval, importance, seconds
 
+
+def atlas_about(run: ModelRun, args, needles, p: AtlasPlan, acc, seconds: dict) -> dict:
+    """run.json's atlas entry: the model, the corpus read, each probe's settings, the stages' wall time."""
+    from bertscope.analyses.atlas import stats as A
     from bertscope.models.loading import model_name
 
-    shape = (loaded.n_layers, loaded.n_heads)
-    columns = {**A.stream_columns(acc, causal, n_kv),
-               **A.probe_columns(shape, scores, retrieval, importance)}
-    table = A.head_table(model_name(loaded.path), kinds, n_kv, columns)
-    about = {"model": model_name(loaded.path), "origin": str(loaded.origin), "model_type": loaded.model_type,
-             "decoder": causal, "layers": loaded.n_layers, "heads": loaded.n_heads, "kv_heads": n_kv,
-             "kinds": kinds, "max_len": args.max_len, "segments": int(acc.positions.n_segments),
-             "tokens": int(acc.positions.n_rows), "corpus": args.corpus, "corpus_rows": A.token_match_rows(acc.heads),
-             "segments_report": report.as_dict(), "quantised": quantised(loaded),
-             "induction": {"sequences": args.induction_sequences, "seq_len": args.induction_len,
-                           "first": induction_first(loaded, causal)},
-             "retrieval": ({"needles": [n.name for n in needles], "lengths": lengths, "depths": args.depths,
-                            "answer": RETRIEVAL_ANSWER, "answered": retrieval_answered(run)} if retrieval_on else None),
-             "importance": ({"segments": args.importance_segments, "max_len": args.importance_len}
-                            if importance_on else None),
-             "streaming": [args.streaming_sink, args.streaming_recent], "seconds": seconds}
-    write_outputs(run, args, table, about)
-    return 0
+    loaded = run.loaded
+    return {"model": model_name(loaded.path), "origin": str(loaded.origin), "model_type": loaded.model_type,
+            "decoder": p.causal, "layers": loaded.n_layers, "heads": loaded.n_heads, "kv_heads": p.n_kv,
+            "kinds": p.kinds, "max_len": args.max_len, "segments": int(acc.positions.n_segments),
+            "tokens": int(acc.positions.n_rows), "corpus": args.corpus, "corpus_rows": A.token_match_rows(acc.heads),
+            "segments_report": p.report.as_dict(), "quantised": quantised(loaded),
+            "induction": {"sequences": args.induction_sequences, "seq_len": args.induction_len,
+                          "first": induction_first(loaded, p.causal)},
+            "retrieval": ({"needles": [n.name for n in needles], "lengths": p.lengths, "depths": args.depths,
+                           "answer": RETRIEVAL_ANSWER, "answered": retrieval_answered(run)}
+                          if p.retrieval_on else None),
+            "importance": ({"segments": args.importance_segments, "max_len": args.importance_len}
+                           if p.importance_on else None),
+            "streaming": [args.streaming_sink, args.streaming_recent], "seconds": seconds}
 
 
 def quantised(loaded) -> str | None:
