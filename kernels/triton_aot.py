@@ -75,12 +75,18 @@ class Specialisation:
     banded: bool = False
     group: int = 1  # G, the query heads per key/value head (banded only)
     uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the keys)
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages) in place of the config's: candidates of a tile sweep
+    # (bench/tile_sweep.py); None, the tiles a launch takes
+    tiles: tuple[int, int, int, int] | None = None
 
     def config(self, arch: int) -> dict:
         from .triton_config import kernel_config  # see the note above ARCHS
 
-        return kernel_config(self.D, torch_dtype(self.dtype), arch, frozenset(self.stats), self.n_classes,
-                             banded=self.banded, grouped=self.group > 1, uniform=self.uniform)
+        c = kernel_config(self.D, torch_dtype(self.dtype), arch, frozenset(self.stats), self.n_classes,
+                          banded=self.banded, grouped=self.group > 1, uniform=self.uniform)
+        if self.tiles is not None:
+            c = {**c, **dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), self.tiles))}
+        return c
 
     def switched_on(self) -> set[str]:
         return set(self.stats)
