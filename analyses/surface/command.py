@@ -263,52 +263,24 @@ def settings_options(p):
 
 def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str | None, t0: float,
             figures: FigurePool | None, log, progress: bool) -> Path:
-    import torch  # see the note above `logger`
-    import transformers
-
-    from bertscope.engine.accumulate import HeadStats
+    """One `bertscope run` in `run`'s process: the input checked (`_check_input`), the run directory opened
+    with its record (`_run_record`), the accumulators made or read back (`_accumulators`), the corpus folded
+    through the model, then on rank 0 the outputs and the report (`_finish`). The run directory."""
     from bertscope.engine.distributed import all_reduce_stats
     from bertscope.engine.loop import EngineOptions, fold
-    from bertscope.kernels.backends import describe_backend, output_path, resolve_backend
-    from bertscope.report.writer import REPORT_NAME, write_report
     from bertscope.text.segments import SegmentOptions, SegmentReport
 
     world, loaded, resume = run.world, run.loaded, settings if resumed else None
-    if resumed is not None:
-        if resumed.get("world_size", 1) != world.size:
-            raise UserError(f"{run.args.resume} was started with {resumed.get('world_size', 1)} processes; "
-                            f"resume it with the same number (now {world.size})")
-        if resumed.get("status") == "complete":
-            log(f"{run.args.resume} is already complete; writing its outputs again")
+    causal = loaded.architecture.causal  # a decoder's segments: one text in its tokenizer's template, packed
+    _check_input(run, settings, resumed, causal, log)
     if loaded.source is not None and loaded.source.hub_id is not None:  # run.json keeps the revision asked for
         loaded.source = replace(loaded.source, revision=settings.revision)
     corpus = open_corpus(settings.corpus, settings.text_field)
-    causal = loaded.architecture.causal  # a decoder's segments: one text in its tokenizer's template, packed
-    given = [k for k in ENCODER_ONLY if getattr(settings, k) != getattr(RunSettings, k)]
-    if causal and given and resumed is None:  # they would be recorded and not used
-        raise UserError(f"{' and '.join('--' + k.replace('_', '-') for k in given)}: how an encoder's sentence pairs "
-                        f"are made; {loaded.origin} is a decoder, whose segments are one text each")
     seg_options = SegmentOptions(max_len=settings.max_len, limit=settings.limit, seed=settings.seed,
                                  token_types=settings.token_types, packing=settings.packing, causal=causal)
     seg_report = SegmentReport()
     segments = segment_stream(corpus, loaded.tokenizer, seg_options, seg_report, settings.window_batches)
-    record = {
-        "bertscope_version": __version__,
-        "command": " ".join(sys.argv),
-        "status": "running",
-        "settings": settings.recorded(causal),
-        # ModelRun's record (the weights' fingerprint with it), with the revision asked for (set just above)
-        "model": {**run.record["model"], **loaded.record()},
-        "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
-        "segments": seg_report.as_dict(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__},
-        "analyses": {},  # other commands' entries, added in this directory later
-        "kernel": describe_backend(settings.backend, next(loaded.model.parameters()).device),
-        # a run needs no gradient: every layer's output comes from the backend's fused pass
-        "output": output_path(resolve_backend(settings.backend, next(loaded.model.parameters()).device), grad=False),
-        "world_size": world.size,
-    }
+    record = _run_record(run, settings, corpus, seg_report, causal)
     run.open(run.args.resume or out, record)  # the input is good: only now is anything written
     run_dir = run.dir
     log(f"bertscope {__version__}: run directory {run_dir}")
@@ -319,26 +291,8 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         f"segments from {settings.corpus}" + (f" ({packing})" if settings.corpus == "wiki" else "")
         + (f", at most {settings.limit}" if settings.limit else ", all of them"))
 
-    # the checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per
-    # rank under torchrun; it records how many batches its sums cover
-    stats_path = run_dir / STATS_CHECKPOINT.format(suffix=world.suffix())
     spec = settings.spec()
-    stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes, settings.average)
-    if resume and stats_path.exists():
-        try:
-            stats = HeadStats.load(stats_path)
-        except ValueError as e:
-            raise UserError(f"cannot resume: {e}") from None
-        log(f"resuming after batch {stats.batches_done}")
-    examples = None
-    if settings.per_example:
-        from bertscope.analyses.surface.per_example import (
-            PerExampleWriter,  # pyarrow: imported only when needed
-        )
-
-        # parts first, sums last: the sums' batches_done is the checkpoint; parts beyond it go
-        examples = PerExampleWriter.load(run_dir / "examples", spec, loaded.classes, rank=world.rank)
-        examples.rewind(stats.batches_done)
+    stats, stats_path, examples = _accumulators(run, settings, spec, resume, log)
 
     def checkpoint():
         if examples is not None:
@@ -356,8 +310,88 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
         return run_dir
     if world.size > 1:
         stats.save(run_dir / STATS_FILE)
-
     record.update(corpus=corpus.report.as_dict(), segments=seg_report.as_dict())
+    return _finish(run, settings, stats, examples, record, seg_report, t0, figures, log)
+
+
+def _check_input(run: ModelRun, settings: RunSettings, resumed: dict | None, causal: bool, log):
+    """A resume with another number of processes, or encoder-only options given for a decoder: a UserError
+    in one line, before anything is written; a complete run resumed is said (its outputs are written again)."""
+    world, loaded = run.world, run.loaded
+    if resumed is not None:
+        if resumed.get("world_size", 1) != world.size:
+            raise UserError(f"{run.args.resume} was started with {resumed.get('world_size', 1)} processes; "
+                            f"resume it with the same number (now {world.size})")
+        if resumed.get("status") == "complete":
+            log(f"{run.args.resume} is already complete; writing its outputs again")
+    given = [k for k in ENCODER_ONLY if getattr(settings, k) != getattr(RunSettings, k)]
+    if causal and given and resumed is None:  # they would be recorded and not used
+        raise UserError(f"{' and '.join('--' + k.replace('_', '-') for k in given)}: how an encoder's sentence pairs "
+                        f"are made; {loaded.origin} is a decoder, whose segments are one text each")
+
+
+def _run_record(run: ModelRun, settings: RunSettings, corpus, seg_report, causal: bool) -> dict:
+    """run.json's record as the run starts ("running"): the settings, the model, the corpus and segments so
+    far, the versions and the attention backend."""
+    import torch  # see the note above `logger`
+    import transformers
+
+    from bertscope.kernels.backends import describe_backend, output_path, resolve_backend
+
+    loaded = run.loaded
+    device = next(loaded.model.parameters()).device
+    return {
+        "bertscope_version": __version__,
+        "command": " ".join(sys.argv),
+        "status": "running",
+        "settings": settings.recorded(causal),
+        # ModelRun's record (the weights' fingerprint with it), with the revision asked for (set by the caller)
+        "model": {**run.record["model"], **loaded.record()},
+        "corpus": corpus.report.as_dict(),  # complete, with the segments, when the stream has ended
+        "segments": seg_report.as_dict(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "analyses": {},  # other commands' entries, added in this directory later
+        "kernel": describe_backend(settings.backend, device),
+        # a run needs no gradient: every layer's output comes from the backend's fused pass
+        "output": output_path(resolve_backend(settings.backend, device), grad=False),
+        "world_size": run.world.size,
+    }
+
+
+def _accumulators(run: ModelRun, settings: RunSettings, spec, resume, log) -> tuple:
+    """(the HeadStats sums, their checkpoint's path, the per-example writer or None): new, or read back on
+    --resume. The checkpoint is one file, written atomically: stats.npz, or stats.rank<r>.npz per rank under
+    torchrun; it records how many batches its sums cover."""
+    from bertscope.engine.accumulate import HeadStats
+
+    loaded, world = run.loaded, run.world
+    stats_path = run.dir / STATS_CHECKPOINT.format(suffix=world.suffix())
+    stats = HeadStats(loaded.n_layers, loaded.n_heads, spec, loaded.classes, settings.average)
+    if resume and stats_path.exists():
+        try:
+            stats = HeadStats.load(stats_path)
+        except ValueError as e:
+            raise UserError(f"cannot resume: {e}") from None
+        log(f"resuming after batch {stats.batches_done}")
+    examples = None
+    if settings.per_example:
+        from bertscope.analyses.surface.per_example import (
+            PerExampleWriter,  # pyarrow: imported only when needed
+        )
+
+        # parts first, sums last: the sums' batches_done is the checkpoint; parts beyond it go
+        examples = PerExampleWriter.load(run.dir / "examples", spec, loaded.classes, rank=world.rank)
+        examples.rewind(stats.batches_done)
+    return stats, stats_path, examples
+
+
+def _finish(run: ModelRun, settings: RunSettings, stats, examples, record: dict, seg_report, t0: float,
+            figures: FigurePool | None, log) -> Path:
+    """Rank 0, once every batch is in the checkpoint: the record completed, the outputs, run.json, the report."""
+    from bertscope.report.writer import REPORT_NAME, write_report
+
+    run_dir = run.dir
     check_lone_tokens(seg_report, settings.corpus)
     log(f"{seg_report.segments} segments from {seg_report.documents_seen} documents"
         + (f", {seg_report.truncated} truncated to {settings.max_len} tokens" if seg_report.truncated else ""))
@@ -367,7 +401,7 @@ def _run_in(run: ModelRun, settings: RunSettings, resumed: dict | None, out: str
     # every batch is in the checkpoint from here on: only the outputs are missing
     run.interrupted_message = (f"interrupted while writing the outputs; `bertscope run --resume {run_dir}` "
                                "writes them without running the model again")
-    outputs = write_outputs(stats, run_dir, loaded, record, examples, figures, log)
+    outputs = write_outputs(stats, run_dir, run.loaded, record, examples, figures, log)
     record.update(status="complete", outputs=outputs + [REPORT_NAME])
     run.save_record()
     write_report(run_dir)  # last: the report reads every output, run.json included
