@@ -10,14 +10,13 @@ bench/flash_baseline.py) with no register spill; the measured tables are in docs
         (Gemma-3) 32 x 32, 4 warps, 2 stages (16 x 32 wide); uniform head gates (a second pass in the epilogue)
         64 x 64 (sm_90) or 64 x 32 (sm_80), 8 warps, 2 stages
     position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
-        accumulators and a loop over buckets): 64 x 32, 8 warps, 2 stages; banded, the masked stage first
-        (its operands dead before the main loop: with it the atlas's union at D = 64 on sm_80 holds no
-        spill, and at D = 128 spills 4-12 B where it spilled 12-24; the plain layout keeps its order,
-        which issues a few fewer instructions there)
-    token relations on (duplicate, prefix-match mass: two id loads and two (BLOCK_M, BLOCK_N) matches
-        per block): the position statistics' tiles; D = 256 16 x 16, 4 warps, 2 stages. Not yet spill-free
-        everywhere (Triton 3.7.1, ptxas -v): D = 128 on sm_80 and D = 256 on sm_90 spill 8-28 bytes, so
-        `triton_aot` ships them at D = 64 only (docs/contributing.md, closing note)
+        accumulators and a loop over buckets) or token relations on (duplicate, prefix-match mass: two id
+        loads and two (BLOCK_M, BLOCK_N) matches per block): the family's row of `FAMILY_TILES` (128 x 64 or
+        128 x 32 with 8 warps at D <= 128 where they fit, from a sweep: below), else the narrow 64 x 32, 8 warps,
+        2 stages; banded, the masked stage first (its operands dead before the main loop). D = 256: 16 x 16
+        with token relations, 4 warps, 2 stages. Not spill-free everywhere (Triton 3.7.1, ptxas -v):
+        `COMMAND_CEILINGS` records the few bytes that remain, and `triton_aot` ships the token relations at
+        D = 64 only (docs/contributing.md, closing note)
     fp32, exact IEEE dots (FMA loops, no tensor cores: far more registers per score):
         16 x 32, 8 warps, 2 stages (D <= 64), 16 x 16, 8 warps, 1 stage above, at most 128 registers
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
@@ -67,15 +66,14 @@ import torch
 import triton
 
 from . import spec as _spec
-from .spec import kernel_stats
 
 # the half-precision input dtypes: tensor-core dots with fp32 accumulation, the same tiles
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # the statistics whose accumulators change which tiles fit in registers: the table's tile families
 # (`spec.KernelTraits.tiles`), read off it, never listed here
-POSITION_STATS = kernel_stats("positions")
+POSITION_STATS = _spec.kernel_stats("positions")
 # the token relations (StatsSpec.token_relations): their own tiles too
-TOKEN_STATS = kernel_stats("tokens")
+TOKEN_STATS = _spec.kernel_stats("tokens")
 # the register cap of the fp32 blocks above D = 64 (see the module docstring)
 MAXNREG_FP32 = 128
 # the interpreter's blocks (see the module docstring)
@@ -197,7 +195,7 @@ SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
 # (target, BLOCK_D, layout: "plain", "banded" with G = 1 (causal or windowed multi-head attention) or "grouped"
 # (banded, G >= 2)) -> tiles (BLOCK_M, BLOCK_N, warps, stages) and the switches that differ from their
 # defaults (`_config`); one with L_ONLY needs a free key-feature column (else HALF_TILES)
-DEFAULT_SWITCHES = frozenset(kernel_stats("default"))
+DEFAULT_SWITCHES = frozenset(_spec.kernel_stats("default"))
 DEFAULT_TILES = {
     (80, 64, "plain"): dict(tiles=(128, 128, 8, 2), masked_first=True),
     (80, 64, "banded"): dict(tiles=(128, 128, 8, 2), masked_first=True),
