@@ -1,7 +1,8 @@
 # Two entry points, both self-contained on a machine with python3 and pip, both installing from the lock
 # (requirements-lock.txt: every package at one version, so a fresh clone next month tests what CI tested):
 #   make run   set up .venv and run the surface analysis on Wikipedia (embedded defaults)
-#   make test  set up .venv, lint with ruff (ruff.toml), then run the test suite
+#   make test  set up .venv, lint with ruff (ruff.toml), then run the suite's quick tier (tests/tiers.py)
+#   make test-full   the full tier: the suite's other cases (compile targets, torchrun ranks, layouts); CI runs both
 # two that try other releases than the lock's, each in its own venv (docs/install.md):
 #   make test-latest   the newest releases setup.py allows, smoke tests (one per command, family, backend)
 #   make test-oldest   the oldest releases setup.py allows (torch 2.6, transformers 5.0, Triton 3.6), the same smoke tests
@@ -14,16 +15,21 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bertscope-installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: run test test-latest test-oldest lint bench gpu-check clean
+.PHONY: run test test-full test-latest test-oldest lint bench gpu-check clean
 
 run: $(STAMP)
 	$(BIN)/bertscope run --corpus wiki
 
 # two pytest-xdist workers: the suite is mostly single-threaded (Triton's interpreter, hypothesis), so two
-# processes on a 2-core machine take about half the time (the whole suite: 25 min 41 s on 2026-12-07); the test modules keep no
-# shared state between them (torchrun tests take their own ports, every output goes to a tmp_path)
+# processes on a 2-core machine take about half the time; the test modules keep no shared state between them
+# (torchrun tests take their own ports, every output goes to a tmp_path). The two tiers (tests/tiers.py) split
+# one suite: `make test` every table entry, command and family at least once, `make test-full` the rest;
+# a plain `pytest tests` runs both
 test: lint
-	$(BIN)/python -m pytest tests -n 2
+	$(BIN)/python -m pytest tests -n 2 -m "not full"
+
+test-full: $(STAMP)
+	$(BIN)/python -m pytest tests -n 2 -m full
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

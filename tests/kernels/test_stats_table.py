@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiers import FULL, full_unless, rotated
 
 import bertscope.kernels.spec as spec_module
 from bertscope.engine.accumulate import HeadStats
@@ -263,15 +264,19 @@ def _entry_test(path: str, case: str):
     def test(stat, data):
         check_entry(stat, path, case, data)
 
-    return pytest.mark.parametrize("stat", table_params(path), ids=lambda s: s.name)(test)
+    return pytest.mark.parametrize("stat", table_params(path, case), ids=lambda s: s.name)(test)
 
 
-def table_params(path: str) -> list:
+def table_params(path: str, case: str) -> list:
     """Every entry of the table, those the table says the path's backend does not compute (`backends`:
-    the norm-based twins in Triton) skipped, with the reason."""
-    return [pytest.param(s, marks=() if s.computed_by(backend_of(path)) else pytest.mark.skip(
-        reason=f"the table says the {backend_of(path)} backend does not compute {s.name} (RowStat.backends)"))
-        for s in ROW_STATS]
+    the norm-based twins in Triton) skipped, with the reason; in the quick tier on its one quick case of
+    the path (`QUICK_CASE`), in the full tier on the others."""
+    def marks(s):
+        if not s.computed_by(backend_of(path)):
+            return pytest.mark.skip(
+                reason=f"the table says the {backend_of(path)} backend does not compute {s.name} (RowStat.backends)")
+        return () if QUICK_CASE[path][s.name] == case else FULL
+    return [pytest.param(s, marks=marks(s)) for s in ROW_STATS]
 
 
 # the paths each entry is checked on alone, case by case: every backend's own (chunked with each row pass, the
@@ -281,6 +286,10 @@ def table_params(path: str) -> list:
 # interpreter's time
 ENTRY_PATHS = ("chunked-compiled", "chunked-torch", "triton")
 VARIANTS = tuple(p for p in PATHS if p not in ENTRY_PATHS)
+# the tiers (tests/tiers.py): each entry on each entry path in one case in the quick tier, the cases in turn (each
+# path starting one further), the other cases in the full tier; each variant in one case, the same way
+QUICK_CASE = {path: rotated([s.name for s in ROW_STATS], list(CASES), offset=i) for i, path in enumerate(ENTRY_PATHS)}
+QUICK_VARIANT_CASE = rotated(VARIANTS, list(CASES))
 
 # generated: test_<path>_<case>[<entry>] for every entry of the table, every entry path and every case
 for _path in ENTRY_PATHS:
@@ -334,8 +343,9 @@ def _variant_test(path: str, case: str):
 # generated: test_<variant>_<case>_every_statistic for every configuration of the fused kernel and every case
 for _path in VARIANTS:
     for _case in CASES:
+        _test = _variant_test(_path, _case)
         globals()[f"test_{_path}_{_case}_every_statistic".replace("-", "_").replace("+", "_")] = \
-            _variant_test(_path, _case)
+            _test if QUICK_VARIANT_CASE[_path] == _case else FULL(_test)
 
 
 def edge_case(L: int, index: int, n_seq: int = 2):
@@ -359,8 +369,12 @@ def edge_case(L: int, index: int, n_seq: int = 2):
     return layout, (q, k, v, key_valid, key_class), pooling, token_ids
 
 
+# the tiers: each edge length on one path in the quick tier, the paths in turn; on the others in the full tier
+QUICK_EDGE_PATH = rotated(EDGE_LENGTHS, list(PATHS))
+
+
 def _edge_test(path: str):
-    @pytest.mark.parametrize("L", EDGE_LENGTHS)
+    @pytest.mark.parametrize("L", [full_unless(QUICK_EDGE_PATH[L] == path, L) for L in EDGE_LENGTHS])
     def test(L):
         """Every entry of the table at once, at every edge length: the long rows and the edges
         (`EDGE_LENGTHS`) are checked in every path whatever hypothesis draws."""

@@ -44,6 +44,7 @@ def rows():
     return out
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_every_specialisation_compiles_for_both_targets(rows):
     """The rows are the declared specialisations (`shipped_specialisations`), named with each
     target's tiles, and the core covers what a run launches: both layouts, every dtype, G = 1, G >= 2 read
@@ -69,12 +70,14 @@ def test_every_specialisation_compiles_for_both_targets(rows):
     assert all(r["cubin_bytes"] > 0 for r in rows)
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_no_register_spills(rows):
     spilled = [r for r in rows if r["spill_stores"] or r["spill_loads"]]
     assert not spilled, "register spills:\n" + format_table(spilled)
     assert all(0 < r["registers"] <= MAX_REGISTERS for r in rows)
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_shared_memory_fits(rows):
     for r in rows:
         assert 0 < r["shared"] <= MAX_SHARED[r["arch"]], r

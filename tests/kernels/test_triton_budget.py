@@ -38,6 +38,7 @@ def budget():
     return budget_rows(rows, baseline)
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_the_budget_covers_its_matrix(budget):
     """Every (target, D, layout, dtype) of the issue has a row, and every ceiling names a real one."""
     assert len(budget_specialisations()) == 8
@@ -49,6 +50,7 @@ def test_the_budget_covers_its_matrix(budget):
 
 @pytest.mark.parametrize("key", [(f"sm_{a}", D, layout) for a in ARCHS for D in (64, 128)
                                  for layout in ("plain", "causal GQA")], ids=lambda k: f"{k[0]}-D{k[1]}-{k[2]}")
+@pytest.mark.full  # tests/tiers.py
 def test_budget(budget, key):
     for row in (r for r in budget if (r["arch"], r["D"], r["layout"]) == key):
         problems = over_budget(row)

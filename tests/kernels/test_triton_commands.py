@@ -121,6 +121,7 @@ def rows():
     return out
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_the_commands_cover_their_shapes(rows):
     """Every shape has rows on every target, each with a baseline and a loop; every ceiling names a row."""
     assert {(r["arch"], r["shape"]) for r in rows} == {(f"sm_{a}", s.name) for a in ARCHS for s in MODEL_SHAPES}
@@ -129,6 +130,7 @@ def test_the_commands_cover_their_shapes(rows):
     assert set(COMMAND_CEILINGS) <= {(r["arch"], r["shape"], r["statistics"]) for r in rows}
 
 
+@pytest.mark.full  # tests/tiers.py
 @pytest.mark.parametrize("key", [(f"sm_{a}", s.name) for a in ARCHS for s in MODEL_SHAPES], ids=lambda k: "-".join(k))
 def test_command_budget(rows, key):
     bad = {f"{r['statistics']} ({r['spec']})": command_problems(r) for r in rows if (r["arch"], r["shape"]) == key}

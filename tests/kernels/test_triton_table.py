@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kernel_maps import random_units
 from test_layout import layouts, padded
+from tiers import full_unless, rotated
 from triton_interpreter import one_block_cfg
 
 import bertscope.kernels.spec as spec_module
@@ -112,9 +113,13 @@ def assert_table_matches(ref, got, spec, key_valid):
 
 
 CASES = [(name, path, left) for name in LAYOUTS for path in PATHS[name] for left in (True, False)]
+# the tiers (tests/tiers.py): each layout on one of its tiles and paddings in the quick tier, in turn
+QUICK = rotated(list(LAYOUTS), [(path, left) for path in ("default", "one-block") for left in (True, False)])
 
 
-@pytest.mark.parametrize("name,path,left", CASES, ids=[f"{n}-{p}-{'left' if lf else 'right'}" for n, p, lf in CASES])
+@pytest.mark.parametrize("name,path,left", [full_unless(QUICK[n] == (p, lf), n, p, lf,
+                                                         id=f"{n}-{p}-{'left' if lf else 'right'}")
+                                             for n, p, lf in CASES])
 def test_every_statistic_of_the_table_under_every_layout_and_path(name, path, left):
     """All entries at once, L = 37 (three 16-key blocks, two 32-key ones), pads 0 / 6 / 36 (a
     one-token sequence)."""

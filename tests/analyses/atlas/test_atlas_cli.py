@@ -194,6 +194,7 @@ def test_user_mistakes_are_one_line(tiny_llama_lm_dir, files, tmp_path, capsys):
     assert not (tmp_path / "x").exists()  # nothing left behind by a refused run
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_two_torchrun_ranks_equal_one_process(tiny_llama_lm_dir, files, tmp_path):
     from conftest import run_one_and_two_ranks
 

@@ -318,6 +318,7 @@ def test_command_user_errors(tiny_checkpoint, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("bertscope: error:")
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_two_torchrun_ranks_equal_one_process(tiny_checkpoint, tmp_path):
     require_data("ud-ewt")
     args = ["features", "--model", str(tiny_checkpoint), "--data", "ewt", "--limit", "8", "--batch-size", "2",

@@ -133,6 +133,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(tiny, corpus, tmp_path,
         assert rows_of(full / name) == rows_of(part / name), name
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_two_torchrun_ranks_give_the_sums_of_one_process(tiny, corpus, tmp_path):
     args = ["heads", "positions", "--model", tiny["gemma3_text"], "--corpus", str(corpus), "--limit", "all",
             "--max-len", "24", "--batch-size", "1", "--backend", "chunked", "--threads", "1", "--quiet"]

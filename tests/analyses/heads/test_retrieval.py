@@ -405,6 +405,7 @@ def test_user_mistakes_are_one_line(tiny_llama_lm_dir, tiny_checkpoint, files, t
     assert not any((tmp_path / x).exists() for x in "abcde")
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_two_torchrun_ranks_equal_one_process(tiny_gemma3_lm_dir, files, tmp_path):
     from conftest import run_one_and_two_ranks
 

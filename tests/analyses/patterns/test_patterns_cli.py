@@ -108,6 +108,7 @@ def test_user_mistakes_are_one_line(tmp_path, capsys):
     assert main(["patterns", "--own", "1.5", "--out", str(tmp_path / "z")]) == 2
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_two_ranks_equal_one_process(tmp_path, tiny_checkpoint, wiki):
     args = ["patterns", "--model", str(tiny_checkpoint), "--data", "wiki", "--limit", "12", "--batch-size", "2",
             "--quiet", "--no-figures", "--threads", "1"]

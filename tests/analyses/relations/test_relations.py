@@ -349,6 +349,7 @@ def test_cli_user_mistakes(tiny_checkpoint, tmp_path, capsys):
     assert code == 2 and "cannot resume" in capsys.readouterr().err
 
 
+@pytest.mark.full  # tests/tiers.py
 def test_two_ranks_equal_one_process(tiny_checkpoint, data_available, tmp_path):
     args = ["relations", "--model", str(tiny_checkpoint), "--limit", "8", "--max-len", "64",
             "--batch-size", "2", "--data", "ewt", "--quiet", "--no-figures"]

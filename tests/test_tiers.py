@@ -1,0 +1,50 @@
+"""The suite's two tiers (tests/tiers.py): the rule that splits a matrix, and the commands that run them."""
+from pathlib import Path
+
+import pytest
+from tiers import rotated
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("n_entries,n_cases", [(1, 1), (1, 7), (7, 7), (9, 4), (31, 7), (3, 5)])
+def test_every_entry_has_one_quick_case_and_every_case_is_quick_somewhere(n_entries, n_cases):
+    entries, cases = [f"e{i}" for i in range(n_entries)], [f"c{j}" for j in range(n_cases)]
+    for offset in range(n_cases):
+        quick = rotated(entries, cases, offset)
+        assert list(quick) == entries and set(quick.values()) <= set(cases)
+        if n_entries >= n_cases:
+            assert set(quick.values()) == set(cases)
+        counts = [list(quick.values()).count(c) for c in cases]  # handed out in turn: no case twice before another once
+        assert max(counts) - min(counts) <= 1
+
+
+def test_the_offset_moves_an_entry_to_the_next_case():
+    assert rotated("abc", ["x", "y"]) == {"a": "x", "b": "y", "c": "x"}
+    assert rotated("abc", ["x", "y"], offset=1) == {"a": "y", "b": "x", "c": "y"}
+
+
+def test_no_cases_is_an_error():
+    with pytest.raises(ValueError, match="no cases"):
+        rotated("abc", [])
+
+
+def test_the_table_tests_give_every_entry_a_quick_case_on_every_path():
+    """tests/kernels/test_stats_table.py: each entry of the table, on each backend path it is checked on alone,
+    has a quick case, a case of the matrix; each kernel variant and each edge length one too."""
+    import test_stats_table as t
+
+    names = {s.name for s in t.ROW_STATS}
+    for path in t.ENTRY_PATHS:
+        assert set(t.QUICK_CASE[path]) == names and set(t.QUICK_CASE[path].values()) == set(t.CASES)
+    assert set(t.QUICK_VARIANT_CASE) == set(t.VARIANTS) and set(t.QUICK_VARIANT_CASE.values()) <= set(t.CASES)
+    assert set(t.QUICK_EDGE_PATH) == set(t.EDGE_LENGTHS) and set(t.QUICK_EDGE_PATH.values()) == set(t.PATHS)
+
+
+def test_make_test_runs_the_quick_tier_and_ci_runs_both():
+    make = (ROOT / "Makefile").read_text()
+    assert '-m pytest tests -n 2 -m "not full"' in make.split("\ntest: ")[1].split("\n\n")[0]
+    assert "-m pytest tests -n 2 -m full" in make.split("\ntest-full: ")[1].split("\n\n")[0]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if not line.startswith("#")]
+    assert {"make test", "make test-full"} <= set(ci)
+    assert "full:" in (ROOT / "pytest.ini").read_text()
