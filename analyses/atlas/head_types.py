@@ -173,10 +173,13 @@ def first_type(types: dict[str, np.ndarray]) -> list[str | None]:
 def overlap(types: dict[str, np.ndarray]) -> list[tuple[str, str, int]]:
     """Every pair of types that share at least one head, (type a, type b, heads of both), a and b in
     `RULES` order, the largest count first (ties in `RULES` order): a head may carry several types,
-    and this says which ones go together (e.g. most decoder sinks are streaming-safe too)."""
+    and this says which ones go together (e.g. most decoder sinks are streaming-safe too). A type and the
+    type it refines (`Rule.within`) are left out: every no-op sink is a sink."""
     pairs = []
     for i, a in enumerate(TYPES):
         for b in TYPES[i + 1:]:
+            if b == RULE[a].within or a == RULE[b].within:
+                continue
             n = int(np.sum(np.asarray(types[a], bool) & np.asarray(types[b], bool)))
             if n:
                 pairs.append((a, b, n))

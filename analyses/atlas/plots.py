@@ -59,8 +59,11 @@ def plot_layers(rows: list[dict], about: dict):
                        ("prev_mass", "previous token"), ("local_mass", "distance < 8"),
                        ("entropy_ratio", "entropy / uniform")):
         y = np.array([r.get(key, np.nan) for r in rows], dtype=float)
-        if np.isfinite(y).any():  # the norm-based twin: only where the run computed it
-            ax.plot(layers, y, marker="o", ms=3, ls="--" if key.endswith("_norm") else "-", label=label)
+        if not np.isfinite(y).any():  # the norm-based twin: only where the run computed it
+            continue
+        twin = key.endswith("_norm")  # dashed, in the colour of the weight-based line before it
+        ax.plot(layers, y, marker="o", ms=3, ls="--" if twin else "-", label=label,
+                **({"color": ax.lines[-1].get_color()} if twin else {}))
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("layer")
     ax.set_ylabel("mean over heads")

@@ -68,6 +68,7 @@ def test_a_no_op_sink_is_a_sink_whose_sink_tokens_add_little_by_norm():
     assert types["no-op-sink"].tolist() == [True, False, False, False]
     assert T.type_strings(types)[:2] == ["no-op-sink+sink", "sink"]
     assert T.first_type(types)[:2] == ["no-op-sink", "sink"]  # the finer type colours the grid
+    assert T.overlap(types) == []  # a type and the one it refines are no pair: every no-op sink is a sink
     assert T.measured(t)["no-op-sink"]
     assert T.RULE["no-op-sink"].text() == f"sink_mass_norm <= {T.NOOP_SINK:g}, and sink"
     unmeasured = table(sink_mass=[0.9, 0.9], sink_mass_norm=[NAN, NAN])  # --no-norms, or the triton backend
