@@ -62,7 +62,8 @@ def token_match_columns(heads: HeadStats) -> dict[str, np.ndarray]:
         means = heads.token_relation_means()
     except NotComputedError:
         return out
-    for name, (mean, rows) in means.items():
+    for name in TOKEN_MATCH:  # not their norm-based twins, which `token_relation_means` adds with norms
+        mean, rows = means[name]
         out[name] = np.where(rows > 0, mean, np.nan)
     return out
 
@@ -76,8 +77,8 @@ def token_match_rows(heads: HeadStats) -> dict[str, list[int]] | None:
         means = heads.token_relation_means()
     except NotComputedError:
         return None
-    return {f"{name.removesuffix('_mass')}_rows": [int(round(float(x))) for x in rows[:, 0]]
-            for name, (_, rows) in means.items()}
+    return {f"{name.removesuffix('_mass')}_rows": [int(round(float(x))) for x in means[name][1][:, 0]]
+            for name in TOKEN_MATCH}
 
 
 def streaming_spec(causal: bool, sink: int = STREAMING_SINK, recent: int = STREAMING_RECENT) -> dict:

@@ -157,14 +157,15 @@ def test_the_token_match_columns_are_nan_where_no_row_has_such_a_key():
 
     mean = np.array([[0.5, 0.25], [0.0, 0.0]])
     rows = np.array([[6.0, 6.0], [0.0, 0.0]])
-    means = {"duplicate_mass": (mean, rows), "prefix_match_mass": (mean / 2, rows)}
+    means = {"duplicate_mass": (mean, rows), "prefix_match_mass": (mean / 2, rows),
+             "duplicate_mass_norm": (mean / 4, rows), "prefix_match_mass_norm": (mean / 8, rows)}  # with norms
     heads = SimpleNamespace(n_layers=2, n_heads=2, token_relation_means=lambda: means)
     assert A.token_match_spec() == {"token_relations": True}
     cols = A.token_match_columns(heads)
     np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, 0.25], [np.nan, np.nan]])
     np.testing.assert_allclose(cols["prefix_match_mass"], [[0.25, 0.125], [np.nan, np.nan]])
     assert set(cols) == {"duplicate_mass", "prefix_match_mass"}  # the row counts are per layer, not per head
-    assert A.token_match_rows(heads) == {"duplicate_rows": [6, 0], "prefix_match_rows": [6, 0]}
+    assert A.token_match_rows(heads) == {"duplicate_rows": [6, 0], "prefix_match_rows": [6, 0]}  # not the twins'
 
     def not_computed():
         raise NotComputedError("duplicate_mass")
