@@ -1,7 +1,8 @@
 """The head card of one model: Markdown (atlas_card.md) and one self-contained HTML page
 (atlas_card.html, its figures embedded): the model's shape, the run, the types with their
-thresholds and counts, the grid of every head, the per-layer profiles and the top heads of each
-type; what was not measured says so. Also run.json's headline (`headline`) and the terminal's lines.
+thresholds and counts, the grid of every head, the sink heads' weight against their norm share
+(the no-op sinks), the per-layer profiles and the top heads of each type; what was not measured
+says so. Also run.json's headline (`headline`) and the terminal's lines.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ TOP = 5  # heads listed per type
 DECODER_ONLY = {"retrieval": "decoders only (needle-in-a-haystack answers)",
                 "streaming-safe": "decoders only (StreamingLLM's sink and recent window are a causal cache's)"}
 NOT_MEASURED = "not measured in this run"
+NORMS_OFF = ("the norm-based twins were not computed: --no-norms, or the triton backend, which does not compute "
+             "them yet (docs/norms.md)")
 PENDING = {  # the columns of the kernels' newest statistics, which a run may lack, and where they come from
     "duplicate_mass": "the duplicate-token mass on the corpus",
     "prefix_match_mass": "the prefix-match mass on the corpus",
@@ -46,6 +49,8 @@ def status(table: dict, about: dict) -> dict[str, str]:
             out[name] = f"not applicable: {DECODER_ONLY[name]}"
         elif name == "retrieval" and (about.get("retrieval") or {}).get("answered"):
             out[name] = too_few_answered(about["retrieval"]["answered"])
+        elif T.RULE[name].column.endswith("_norm"):
+            out[name] = f"{NOT_MEASURED} ({NORMS_OFF})"
         else:
             out[name] = NOT_MEASURED
     return out
@@ -59,10 +64,14 @@ def too_few_answered(answered: dict) -> str:
 
 
 def top_heads(table: dict, name: str, n: int = TOP) -> list[dict]:
-    """The `n` heads with the strongest score of a type's rule (lowest for an error), typed or not."""
+    """The `n` heads with the strongest score of a type's rule (lowest for an error), typed or not; for a
+    type that refines another (`Rule.within`), among that type's heads only (the no-op sinks' lowest norm
+    shares among the sinks, not among heads that never attend to the sink)."""
     rule = T.RULE[name]
     x = _col(table, rule.column)
     ok = np.isfinite(x)
+    if rule.within:
+        ok &= np.asarray(table[f"type_{rule.within}"], bool)
     if not ok.any():
         return []
     order = np.argsort(np.where(ok, x if rule.below else -x, np.inf), kind="stable")[: min(n, int(ok.sum()))]
@@ -82,7 +91,8 @@ def headline(table: dict, about: dict) -> dict:
             "pending_columns": [c for c in PENDING if not np.isfinite(_col(table, c)).any()
                                 and (about["decoder"] or c != "streaming_error")],
             "thresholds": {r.name: {"column": r.column, "threshold": r.threshold,
-                                    "at_most" if r.below else "at_least": True} for r in T.RULES},
+                                    "at_most" if r.below else "at_least": True, **({"within": r.within} if r.within
+                                                                                   else {})} for r in T.RULES},
             "top": {name: top_heads(table, name) for name in T.TYPES if not why[name]},
             "overlap": [{"types": [a, b], "heads": k} for a, b, k in overlap(table)],
             "top_importance": top_importance(table),
@@ -192,10 +202,52 @@ def type_rows(table: dict, about: dict) -> list[tuple[str, str, str, str]]:
     n = len(table["layer"])
     out = []
     for r in T.RULES:
-        rule = f"{r.column} {'<=' if r.below else '>='} {r.threshold:g}"
         count = why[r.name] or f"{sum(table[f'type_{r.name}'])} of {n}"
-        out.append((f"{r.letter} {r.name}", rule, count, r.what))
+        out.append((f"{r.letter} {r.name}", r.text(), count, r.what))
     return out
+
+
+# --- the sinks by weight and by norm (Kobayashi et al. 2020) -------------------------------------------------
+
+NOOP = T.RULE["no-op-sink"]
+SINK = T.RULE[NOOP.within]
+
+
+def sink_norm_intro(about: dict) -> str:
+    """What the sink table shows, in words, with the no-op sink's bar."""
+    where = "the first token" if about["decoder"] else "[CLS] and [SEP]"
+    return (f"Attention is one factor of a head's output sum_j a_ij f(x_j); the length of the key's transformed "
+            f"value vector, ||f(x_j)||, is the other (Kobayashi et al. 2020, docs/norms.md). For each sink head "
+            f"({SINK.text()}): its weight on {where} ({SINK.column}) beside their share of its weighted value norms "
+            f"sum_j a_ij ||f(x_j)|| ({NOOP.column}). A no-op sink ({NOOP.letter}) has a norm share of at most "
+            f"{NOOP.threshold:g}: it parks its attention on vectors so short that the parking adds little to its "
+            "output.")
+
+
+def sink_norm_rows(table: dict) -> list[tuple[str, float, float, float, bool]]:
+    """(head, weight, norm share, norm / weight, no-op sink) for every sink head, layer-major; [] when the norm
+    shares were not measured."""
+    norm = _col(table, NOOP.column)
+    if not np.isfinite(norm).any():
+        return []
+    weight = _col(table, SINK.column)
+    sinks = np.flatnonzero(np.asarray(table[f"type_{SINK.name}"], bool))
+    noop = np.asarray(table[f"type_{NOOP.name}"], bool)
+    return [(_head(table, int(i)), float(weight[i]), float(norm[i]),
+             float(norm[i] / weight[i]) if weight[i] > 0 else math.nan, bool(noop[i])) for i in sinks]
+
+
+def noop_sink_line(table: dict, about: dict) -> str:
+    """The no-op sinks in one line ("2 of 3 sink heads are no-op sinks: 1-1, 2-3"), or why there are none."""
+    why = status(table, about)[NOOP.name]
+    if why:
+        return f"No-op sinks: {why}."
+    rows = sink_norm_rows(table)
+    noop = [r[0] for r in rows if r[4]]
+    if not rows:
+        return "No sink head, so no no-op sink."
+    return (f"{len(noop)} of {len(rows)} sink heads {'is a no-op sink' if len(noop) == 1 else 'are no-op sinks'}"
+            + (f": {', '.join(noop)}." if noop else "."))
 
 
 def pending_lines(table: dict, about: dict, code: str = "`") -> list[str]:
@@ -262,6 +314,13 @@ def markdown(table: dict, about: dict, results: dict, figures: dict[str, str]) -
     pend = pending_lines(table, about)
     if pend:
         out += ["Columns of atlas_heads.csv left empty:", ""] + [f"- {p}" for p in pend] + [""]
+    out += ["## Sinks: weight against norm", "", sink_norm_intro(about), "", noop_sink_line(table, about), ""]
+    sinks = sink_norm_rows(table)
+    if sinks:
+        out += [f"| head | {SINK.column} (weight) | {NOOP.column} (norm) | norm / weight | no-op sink |",
+                "|---|---|---|---|---|"]
+        out += [f"| {h} | {_fmt(w)} | {_fmt(x)} | {_fmt(q, 2)} | {'yes' if k else ''} |" for h, w, x, q, k in sinks]
+        out += [""]
     if "grid" in figures:
         out += ["## Every head", "", f"![grid]({figures['grid']})", "",
                 "*Every head (columns) of every layer (rows), coloured by its first type in the order of the table "
@@ -319,8 +378,8 @@ def grid_html(table: dict) -> str:
     every column of the head in the tooltip."""
     layers, heads = max(table["layer"]), max(table["head"])
     first = T.first_type({name: np.asarray(table[f"type_{name}"], bool) for name in T.TYPES})
-    show = ("types", "sink_mass", "prev_mass", "induction_score", "duplicate_score", "retrieval_score",
-            "local_mass", "entropy_ratio", "mean_distance", "streaming_error", "importance")
+    show = ("types", "sink_mass", "sink_mass_norm", "prev_mass", "induction_score", "duplicate_score",
+            "retrieval_score", "local_mass", "entropy_ratio", "mean_distance", "streaming_error", "importance")
     rows = ["<tr><th>layer \\ head</th>" + "".join(f"<th>{h}</th>" for h in range(1, heads + 1)) + "</tr>"]
     for layer in range(1, layers + 1):
         cells = []
@@ -335,7 +394,8 @@ def grid_html(table: dict) -> str:
     return f'<table class="grid">{"".join(rows)}</table>'
 
 
-LAYERS_CAPTION = ("Per layer, mean over its heads: the sink, previous-token and local (distance < 8) mass and the "
+LAYERS_CAPTION = ("Per layer, mean over its heads: the sink mass (and, dashed, its norm-based twin where the run "
+                  "computed it), the previous-token and local (distance < 8) mass and the "
                   "entropy over its uniform baseline (left); the mean distance (middle; log scale when it spans a "
                   "decade); the heads of each type (right; a head of several types counts in each).")
 
@@ -380,6 +440,10 @@ def html(table: dict, about: dict, results: dict, run_dir: Path, figures: dict) 
         tops += f"<tr><td>{H.escape(name)}</td><td>{H.escape(cell)}</td></tr>"
     tops += f"<tr><td>LM importance (not a type)</td><td>{H.escape(importance_top_cell(results, about))}</td></tr>"
     pend = "".join(f"<li>{H.escape(p)}</li>" for p in pending_lines(table, about, code=""))
+    sinks = "".join(f"<tr><td>{H.escape(h)}</td><td>{_fmt(w)}</td><td>{_fmt(x)}</td><td>{_fmt(q, 2)}</td>"
+                    f"<td>{'yes' if k else ''}</td></tr>" for h, w, x, q, k in sink_norm_rows(table))
+    sinks = (f"<table><tr><th>head</th><th>{SINK.column} (weight)</th><th>{NOOP.column} (norm)</th>"
+             f"<th>norm / weight</th><th>no-op sink</th></tr>{sinks}</table>") if sinks else ""
     encoder = ("<p>An encoder: its first token is [CLS] and the sink type reads the [CLS] + [SEP] mass; retrieval "
                "and LM importance are decoders' probes and are not run; the streaming error is a causal cache's and "
                "is not measured.</p>" if not about["decoder"] else "")
@@ -410,6 +474,10 @@ img {{ max-width: 100%; }} figcaption {{ font-style: italic; font-size: 14px; }}
 <p>{H.escape(OVERLAP_INTRO)}</p>
 {shared}
 {f'<p>Columns of atlas_heads.csv left empty:</p><ul>{pend}</ul>' if pend else ''}
+<h2>Sinks: weight against norm</h2>
+<p>{H.escape(sink_norm_intro(about))}</p>
+<p>{H.escape(noop_sink_line(table, about))}</p>
+{sinks}
 <h2>Every head</h2>
 <p>{legend}</p>
 {grid_html(table)}

@@ -42,7 +42,14 @@ from bertscope.analyses.atlas.outputs import (
     STATE_FILE,
     STREAM_FILES,
 )
-from bertscope.cli.args import add_common_arguments, check_streaming_window, non_negative_int, positive_int
+from bertscope.cli.args import (
+    add_common_arguments,
+    add_norms_argument,
+    check_streaming_window,
+    non_negative_int,
+    positive_int,
+    resolve_norms,
+)
 from bertscope.errors import UserError
 from bertscope.run.analysis_run import ModelRun
 
@@ -51,20 +58,20 @@ from bertscope.run.analysis_run import ModelRun
 logger = logging.getLogger(__name__)
 
 COMMAND = "atlas"
-HELP = ("one card per model typing every head (sink, previous-token, duplicate, induction, retrieval, "
+HELP = ("one card per model typing every head (sink, no-op sink, previous-token, duplicate, induction, retrieval, "
         "streaming-safe, broad, local) from one streamed pass and short probes; `atlas compare RUN...` sets "
         "several models' heads side by side")
 DESCRIPTION = (
     "One streamed pass over a corpus (default: the bundled Wikipedia) with every per-head statistic (entropy, "
-    "previous/self/next mass, first-token mass, the distance profile, and where this bertscope computes them the "
-    "duplicate and prefix-match masses and the streaming error), then short probes: induction on repeated random "
-    "tokens, and for decoders a small needle-in-a-haystack grid (retrieval heads) and LM importance. Writes "
-    "atlas_heads.csv and atlas_heads.parquet (one row per head; docs/atlas.md gives every column's unit), "
-    "atlas_layers.csv, a head card (atlas_card.md, atlas_card.html: the model's shape, a grid of every head "
-    "coloured by type, per-layer profiles, the top heads of each type) and run.json['analyses']['atlas']. Types "
-    "come from the fixed thresholds of analyses/atlas/head_types.py; a head may carry several. Resumable "
-    "(--resume DIR), sharded under torchrun. `bertscope atlas compare RUN RUN ...`: the heads of several runs in "
-    "one table and one figure (standardised features, PCA).")
+    "previous/self/next mass, first-token mass and its norm-based twin, the distance profile, and where this "
+    "bertscope computes them the duplicate and prefix-match masses and the streaming error), then short probes: "
+    "induction on repeated random tokens, and for decoders a small needle-in-a-haystack grid (retrieval heads) and "
+    "LM importance. Writes atlas_heads.csv and atlas_heads.parquet (one row per head; docs/atlas.md gives every "
+    "column's unit), atlas_layers.csv, a head card (atlas_card.md, atlas_card.html: the model's shape, a grid of "
+    "every head coloured by type, per-layer profiles, the top heads of each type) and run.json['analyses']['atlas']."
+    " Types come from the fixed thresholds of analyses/atlas/head_types.py; a head may carry several. Resumable "
+    "(--resume DIR), sharded under torchrun. `bertscope atlas compare RUN RUN ...`: the heads of several runs in one"
+    " table and one figure (standardised features, PCA).")
 CHECKPOINT_TOKENS = 65536  # padded tokens between two checkpoints of the streamed sums (at most 20 batches)
 # the defaults that depend on the model: (encoder, decoder)
 DEFAULT_LIMIT = (100, 32)
@@ -80,7 +87,7 @@ RETRIEVAL_LENGTH = 1024  # the haystack length (at most the model's limit)
 SETTINGS_KEYS = ("model", "revision", "corpus", "text_field", "limit", "max_len", "seed", "batch_size", "backend",
                  "device", "dtype", "induction_sequences", "induction_len", "needles", "retrieval_lengths",
                  "depths", "no_retrieval", "importance_segments", "importance_len", "no_importance",
-                 "streaming_sink", "streaming_recent")
+                 "streaming_sink", "streaming_recent", "norms")
 
 
 def add_arguments(p):
@@ -126,6 +133,8 @@ def add_arguments(p):
                    help=f"the streaming error's recent window: the last W keys kept, the query's own included "
                    f"(default: {STREAMING_RECENT}, at most a quarter of --max-len); S + W must be shorter than "
                    "--max-len, else every head's error is 0")
+    add_norms_argument(p, "alpha_1_norm, first_mass_norm, sep_mass_norm and sink_mass_norm in atlas_heads.csv, "
+                       "and the no-op-sink type")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted run in DIR with its recorded settings; finished stages are not run "
                    "again")
@@ -149,6 +158,9 @@ def main(args) -> int:
                         f"previous token), not {args.induction_len}")
     if args.importance_len is not None and args.importance_len < MIN_IMPORTANCE_LEN:
         raise UserError(f"--importance-len must be at least {MIN_IMPORTANCE_LEN} tokens, not {args.importance_len}")
+    # recorded as run (the default: on, off on the triton backend); a resumed run takes its recorded norms (runs
+    # from before them: none)
+    args.norms = False if args.resume and args.norms is None else resolve_norms(args)
     causal = model_is_causal(args.model, getattr(args, "revision", None))
     from bertscope.analyses.heads.retrieval.haystack import load_needles
 
@@ -174,6 +186,7 @@ def main(args) -> int:
 STAGES_OF = {
     "corpus": ("stream", "retrieval", "importance"), "text_field": ("stream", "retrieval", "importance"),
     "limit": ("stream",), "max_len": ("stream",), "streaming_sink": ("stream",), "streaming_recent": ("stream",),
+    "norms": ("stream",),
     "seed": ("stream", "induction", "importance"),
     "induction_sequences": ("induction",), "induction_len": ("induction",),
     "needles": ("retrieval",), "retrieval_lengths": ("retrieval",), "depths": ("retrieval",),
@@ -289,7 +302,7 @@ def plan_atlas(run: ModelRun, args, needles) -> AtlasPlan:
                                ("--streaming-sink", "--streaming-recent"))
     plan = bos_plan(loaded, seg_args, causal)
     stream, report = checked_sink_segments(loaded, seg_args, causal, plan)
-    spec = A.stream_spec(windows, causal, (args.streaming_sink, args.streaming_recent))
+    spec = A.stream_spec(windows, causal, (args.streaming_sink, args.streaming_recent), norms=args.norms)
     check_backend(args, spec)  # a Triton kernel without a statistic: refused in one line, before anything is written
     if 2 * args.induction_len + 1 > loaded.max_len:
         raise UserError(f"--induction-len {args.induction_len} makes sequences of {2 * args.induction_len + 1} "
@@ -394,7 +407,8 @@ def atlas_about(run: ModelRun, args, needles, p: AtlasPlan, acc, seconds: dict) 
                           if p.retrieval_on else None),
             "importance": ({"segments": args.importance_segments, "max_len": args.importance_len}
                            if p.importance_on else None),
-            "streaming": [args.streaming_sink, args.streaming_recent], "seconds": seconds}
+            "streaming": [args.streaming_sink, args.streaming_recent], "norms": bool(args.norms),
+            "seconds": seconds}
 
 
 def quantised(loaded) -> str | None:

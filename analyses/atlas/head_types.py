@@ -1,7 +1,9 @@
 """The head types of the atlas, and the thresholds that assign them: every constant here, each with
 why it has its value. A head carries every type whose rule it meets (several, or none); a rule on
 a column the run did not measure (NaN: an encoder's retrieval score and streaming error, a
-statistic its backend did not compute) types no head, and the card says "not measured in this run".
+statistic its backend did not compute, the norm-based twins with --no-norms or on the triton
+backend) types no head, and the card says "not measured in this run". A rule may refine another
+(`Rule.within`: a no-op sink is a sink first).
 
 No numpy beyond comparisons: `assign` takes the per-head table as columns of arrays and returns
 one boolean array per type, so the rules are tested on hand-built tables (tests/analyses/atlas).
@@ -57,6 +59,21 @@ BROAD = 0.75
 et al.'s "broad attention" heads (bag-of-vectors), spread over most of what the row sees. At 0.75
 the head's effective number of keys, exp(entropy), is still n^0.75 of n (e.g. 32 of 100)."""
 
+NOOP_SINK = 0.1
+"""No-op sink: a sink (the SINK rule, on the weights) whose sink token(s) give at most 0.1 of the
+head's weighted value norms, sink_mass_norm: the share of sum_j a_ij ||f_h(x_j)|| that the first
+token (a decoder's rows that see it) or [CLS] + [SEP] (an encoder's) contribute (docs/norms.md).
+Kobayashi et al. (2020) found that BERT's heads with a large weight on [CLS] and [SEP] put little
+norm there: the special tokens' transformed vectors f_h(x_j) are short, so that attention is close
+to a no-op, a place to park weight that adds little to the head's output. An absolute bar says
+that directly: at most a tenth of what the head's keys add is the sink's, whatever its weight (the
+same 10% as STREAMING_SAFE's output error). With SINK's weight of at least 0.3 it is also a
+relative bar: the norm share is at most a third of the weight share, so a sink whose vectors are
+about as long as the others' (a share near its weight) is never typed. On MiniLM the [CLS] norm
+share of layers 2-5 is 0.04-0.06 against weights of 0.36-0.41 (means over heads, docs/norms.md),
+well under the bar; a bar relative to the weight alone (e.g. half of it) would type a head with a
+weight of 0.9 and a norm share of 0.45, whose sink is nearly half of what it adds: no no-op."""
+
 LOCAL = 0.7
 """Local: at least 0.7 of the mass at distance 0-7 (the log2 buckets 0, 1, 2-3, 4-7) and not a sink
 (a sink's mass is at the first token, far from most rows). A window of 8 tokens is a phrase; 70%
@@ -65,7 +82,8 @@ leaves room for the first token and a little spread. Previous-token heads are lo
 
 @dataclass(frozen=True)
 class Rule:
-    """One type: its name, the column its rule reads, the comparison and the threshold."""
+    """One type: its name, the column its rule reads, the comparison and the threshold; `within`: the
+    type it refines (a head must carry that one too)."""
 
     name: str
     column: str
@@ -74,6 +92,12 @@ class Rule:
     letter: str = ""  # the grid's one-letter label, unique without regard to case (no S beside s)
     colour: str = "#999999"
     what: str = ""  # the card's one line
+    within: str = ""  # the type this one refines, "" for none
+
+    def text(self) -> str:
+        """The rule in words, as the card and the report print it: "sink_mass_norm <= 0.1, and sink"."""
+        return f"{self.column} {'<=' if self.below else '>='} {self.threshold:g}" + (
+            f", and {self.within}" if self.within else "")
 
     def holds(self, table: dict[str, np.ndarray]) -> np.ndarray:
         """(n_heads,) bool: the rule on `table[column]`; False where the column is NaN or absent."""
@@ -85,7 +109,8 @@ class Rule:
         return ok & np.isfinite(x)
 
 
-# in the order the grid colours a head of several types (its first type in this order)
+# in the order the grid colours a head of several types (its first type in this order): a type that
+# refines another comes before it, so that the grid shows the finer one
 RULES: tuple[Rule, ...] = (
     Rule("retrieval", "retrieval_score", RETRIEVAL, letter="R", colour="#d62728",
          what="copies the needle's answer tokens from the context (Wu et al.)"),
@@ -95,6 +120,9 @@ RULES: tuple[Rule, ...] = (
          what="attends to an earlier copy of the query's own token"),
     Rule("previous-token", "prev_mass", PREVIOUS, letter="P", colour="#ff7f0e",
          what="attends to the previous token (Clark et al.)"),
+    Rule("no-op-sink", "sink_mass_norm", NOOP_SINK, below=True, letter="N", colour="#aec7e8",
+         what="a sink by weight whose sink token(s) give at most 10% of its weighted value norms: parked attention "
+         "that adds little to its output (Kobayashi et al.)", within="sink"),
     Rule("sink", "sink_mass", SINK, letter="S", colour="#1f77b4",
          what="parks its attention on the first token ([CLS]/[SEP] in an encoder)"),
     Rule("local", "local_mass", LOCAL, letter="L", colour="#2ca02c",
@@ -115,8 +143,12 @@ def _n(table: dict) -> int:
 
 def assign(table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """type name -> (n_heads,) bool, every rule on the per-head table `table` (column -> array).
-    Local excludes sinks (see `LOCAL`)."""
+    A rule `within` another holds only on that one's heads (a no-op sink is a sink); local excludes
+    sinks (see `LOCAL`)."""
     out = {r.name: r.holds(table) for r in RULES}
+    for r in RULES:
+        if r.within:
+            out[r.name] &= out[r.within]
     out["local"] &= ~out["sink"]
     return out
 
@@ -141,10 +173,13 @@ def first_type(types: dict[str, np.ndarray]) -> list[str | None]:
 def overlap(types: dict[str, np.ndarray]) -> list[tuple[str, str, int]]:
     """Every pair of types that share at least one head, (type a, type b, heads of both), a and b in
     `RULES` order, the largest count first (ties in `RULES` order): a head may carry several types,
-    and this says which ones go together (e.g. most decoder sinks are streaming-safe too)."""
+    and this says which ones go together (e.g. most decoder sinks are streaming-safe too). A type and the
+    type it refines (`Rule.within`) are left out: every no-op sink is a sink."""
     pairs = []
     for i, a in enumerate(TYPES):
         for b in TYPES[i + 1:]:
+            if b == RULE[a].within or a == RULE[b].within:
+                continue
             n = int(np.sum(np.asarray(types[a], bool) & np.asarray(types[b], bool)))
             if n:
                 pairs.append((a, b, n))

@@ -5,8 +5,9 @@ section share (no torch here: building the parser imports this module).
 atlas_heads.csv / atlas_heads.parquet: one row per head of the model, layer-major, `layer, head`
 from 1; `COLUMNS` below names every column with its unit and where it comes from (docs/atlas.md
 prints the same table). A statistic the run did not measure is empty in the CSV and NaN in the
-Parquet file (never a measured 0): an encoder's retrieval, LM importance and streaming error, and
-any statistic the run's backend did not compute (the card says "not measured in this run").
+Parquet file (never a measured 0): an encoder's retrieval, LM importance and streaming error, the
+norm-based twins with --no-norms or on the triton backend, and any statistic the run's backend did
+not compute (the card says "not measured in this run").
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ COMPARE_FIGURE = "fig_atlas_compare.png"
 # -- the per-head table: name -> (unit, what it is) ------------------------------------------------
 
 PROB = "probability mass, 0-1"
+NORM_SHARE = "share of the weighted value norms, 0-1"
 COLUMNS: dict[str, tuple[str, str]] = {
     "model": ("text", "the model's name"),
     "layer": ("index from 1", "the layer"),
@@ -60,6 +62,15 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "initial_mass": (PROB, "mass on the first 4 tokens (StreamingLLM's initial tokens) over the rows that see them"),
     "sep_mass": (PROB, "mean mass on [SEP] (encoders; empty for a decoder)"),
     "sink_mass": (PROB, "what the sink type reads: alpha_1 (decoder), [CLS] + [SEP] mass (encoder)"),
+    "alpha_1_norm": (NORM_SHARE, "alpha_1's norm-based twin (Kobayashi et al. 2020, docs/norms.md): the first token's "
+                     "share of sum_j a_ij ||f(x_j)|| (attention weight times the length of the key's transformed "
+                     "value vector), mean over the rows that can see it; empty where norms were not computed "
+                     "(--no-norms, the triton backend)"),
+    "first_mass_norm": (NORM_SHARE, "first_mass's norm-based twin: the first token's share of sum_j a_ij ||f(x_j)||, "
+                        "mean over every row (empty as alpha_1_norm is)"),
+    "sep_mass_norm": (NORM_SHARE, "sep_mass's norm-based twin: [SEP]'s share (encoders; empty for a decoder)"),
+    "sink_mass_norm": (NORM_SHARE, "sink_mass's norm-based twin, what the no-op-sink type reads: alpha_1_norm "
+                       "(decoder), alpha_1_norm + sep_mass_norm (encoder)"),
     "mean_distance": ("tokens", "mean query-key distance sum_j p_ij |i - j|"),
     "local_mass": (PROB, "mass at distance 0-7"),
     "reach_90": ("tokens", "largest distance of the log2 bucket by which 90% of the mass is gathered (empty: "
@@ -96,6 +107,7 @@ LAYER_COLUMNS: dict[str, tuple[str, str]] = {
     "prev_mass": (PROB, "the same mean"),
     "first_mass": (PROB, "the same mean"),
     "sink_mass": (PROB, "the same mean"),
+    "sink_mass_norm": (NORM_SHARE, "the same mean (empty where norms were not computed)"),
     "mean_distance": ("tokens", "the same mean"),
     "local_mass": (PROB, "the same mean"),
     "induction_score": (PROB, "the same mean"),

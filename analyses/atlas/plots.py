@@ -55,9 +55,15 @@ def plot_layers(rows: list[dict], about: dict):
     layers = np.array([r["layer"] for r in rows])
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True)
     ax = axes[0]
-    for key, label in (("sink_mass", "sink mass"), ("prev_mass", "previous token"), ("local_mass", "distance < 8"),
+    for key, label in (("sink_mass", "sink mass"), ("sink_mass_norm", "sink mass by norm"),
+                       ("prev_mass", "previous token"), ("local_mass", "distance < 8"),
                        ("entropy_ratio", "entropy / uniform")):
-        ax.plot(layers, [r[key] for r in rows], marker="o", ms=3, label=label)
+        y = np.array([r.get(key, np.nan) for r in rows], dtype=float)
+        if not np.isfinite(y).any():  # the norm-based twin: only where the run computed it
+            continue
+        twin = key.endswith("_norm")  # dashed, in the colour of the weight-based line before it
+        ax.plot(layers, y, marker="o", ms=3, ls="--" if twin else "-", label=label,
+                **({"color": ax.lines[-1].get_color()} if twin else {}))
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("layer")
     ax.set_ylabel("mean over heads")

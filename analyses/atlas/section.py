@@ -25,7 +25,7 @@ def build(run: RunFiles) -> Section | None:
     for r in T.RULES:
         count = results["counts"].get(r.name)
         top = results.get("top", {}).get(r.name) or []
-        rows.append([r.name, f"{r.column} {'<=' if r.below else '>='} {r.threshold:g}",
+        rows.append([r.name, r.text(),
                      results["not_measured"].get(r.name, "") if count is None else f"{count} of {n}",
                      ", ".join(f"{t['head']} ({t['score']:.3f})" for t in top[:3])])
     q = f" ({results['quantised']} weights)" if results.get("quantised") else ""

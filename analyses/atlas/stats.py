@@ -19,6 +19,10 @@ puts them side by side (`head_table`).
 The token relations (duplicate and prefix-match mass) and the streaming error are row statistics of
 the kernels' table, asked for in the same pass (`token_match_spec`, `streaming_spec`) and read from
 `HeadStats`'s own accessors (`token_match_columns`, `streaming_columns`).
+
+The norm-based twins of the sink masses (Kobayashi et al. 2020, docs/norms.md) come the way `bertscope
+sinks` gets them: the union spec asks for `norms`, and `SinkStats` made with norms reads them
+(`alpha_norm`, `class_norm`; `sink_norm_columns`). Without norms they are NaN, never 0.
 """
 from __future__ import annotations
 
@@ -58,7 +62,8 @@ def token_match_columns(heads: HeadStats) -> dict[str, np.ndarray]:
         means = heads.token_relation_means()
     except NotComputedError:
         return out
-    for name, (mean, rows) in means.items():
+    for name in TOKEN_MATCH:  # not their norm-based twins, which `token_relation_means` adds with norms
+        mean, rows = means[name]
         out[name] = np.where(rows > 0, mean, np.nan)
     return out
 
@@ -72,8 +77,8 @@ def token_match_rows(heads: HeadStats) -> dict[str, list[int]] | None:
         means = heads.token_relation_means()
     except NotComputedError:
         return None
-    return {f"{name.removesuffix('_mass')}_rows": [int(round(float(x))) for x in rows[:, 0]]
-            for name, (_, rows) in means.items()}
+    return {f"{name.removesuffix('_mass')}_rows": [int(round(float(x))) for x in means[name][1][:, 0]]
+            for name in TOKEN_MATCH}
 
 
 def streaming_spec(causal: bool, sink: int = STREAMING_SINK, recent: int = STREAMING_RECENT) -> dict:
@@ -94,12 +99,14 @@ def streaming_columns(heads: HeadStats, n_kv_heads: int) -> dict[str, np.ndarray
     return {"streaming_error": per, "streaming_error_kv": np.repeat(kv, heads.n_heads // kv.shape[1], axis=1)}
 
 
-def stream_spec(windows, causal: bool, streaming: tuple[int, int] = (STREAMING_SINK, STREAMING_RECENT)) -> StatsSpec:
-    """The union of what the three accumulators need (and the adapters' statistics, where they exist)."""
-    sinks, positions = S.spec_for(windows), P.spec_for()
+def stream_spec(windows, causal: bool, streaming: tuple[int, int] = (STREAMING_SINK, STREAMING_RECENT),
+                norms: bool = False) -> StatsSpec:
+    """The union of what the three accumulators need (and the adapters' statistics, where they exist); with
+    `norms` the norm-based twins too (the sinks' `alpha_1_norm`, `first_mass_norm`, ...: docs/norms.md)."""
+    sinks, positions = S.spec_for(windows, norms=norms), P.spec_for()
     values = {"offsets": tuple(sorted(set(sinks.offsets) | set(OFFSETS))), "n_key_classes": S.SINK_CLASSES.n_classes,
               "entropy": True, "class_mass": True, "distance": positions.distance,
-              "position_mass": positions.position_mass}
+              "position_mass": positions.position_mass, "norms": sinks.norms}
     values.update(token_match_spec())
     values.update(streaming_spec(causal, *streaming))
     return StatsSpec(**values)
@@ -114,7 +121,7 @@ class StreamStats:
     def __init__(self, n_layers: int, n_heads: int, windows, spec: StatsSpec, variant: str, buckets: int):
         self.spec = spec
         self.heads = HeadStats(n_layers, n_heads, spec, S.SINK_CLASSES)
-        self.sinks = S.SinkStats(n_layers, n_heads, windows, [variant], buckets, hidden_size=1)
+        self.sinks = S.SinkStats(n_layers, n_heads, windows, [variant], buckets, hidden_size=1, norms=spec.norms)
         self.sinks.spec = spec  # it reads offset_mass by the spec's offsets: the union's, not its own
         self.positions = P.PositionStats(n_layers, n_heads, windows)
 
@@ -170,8 +177,9 @@ class StreamStats:
 
         self.heads = all_reduce_stats(world, self.heads)
         self.positions = positions_all_reduce(world, self.positions)
-        for name, (_, dtype) in S.ARRAYS.items():
-            a = getattr(self.sinks, name)
+        dtypes = {name: dtype for name, (_, dtype) in {**S.ARRAYS, **S.NORM_ARRAYS}.items()}
+        for name in self.sinks.arrays:  # the norm-based twins' sums too, where the pass has them
+            a, dtype = getattr(self.sinks, name), dtypes[name]
             t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             a[...] = t.numpy().astype(dtype)
@@ -215,6 +223,7 @@ def stream_columns(stream: StreamStats, causal: bool, n_kv_heads: int) -> dict[s
         "first_mass": first, "alpha_1": alpha, "initial_mass": initial,
         "sep_mass": np.full((Ly, H), np.nan) if causal else sep,
         "sink_mass": alpha if causal else alpha + sep,
+        **sink_norm_columns(stream.sinks, causal),
         "mean_distance": stream.positions.mean_distance(),
         "local_mass": profile[..., :LOCAL_BUCKETS].sum(-1),
         "reach_90": np.array([[_reach(profile[i, h]) for h in range(H)] for i in range(Ly)], dtype=float),
@@ -224,6 +233,19 @@ def stream_columns(stream: StreamStats, causal: bool, n_kv_heads: int) -> dict[s
     cols.update(token_match_columns(hs))
     cols.update(streaming_columns(hs, n_kv_heads))
     return cols
+
+
+def sink_norm_columns(sinks: S.SinkStats, causal: bool) -> dict[str, np.ndarray]:
+    """Per head (Ly, H), the norm-based twins of the sink masses (docs/norms.md), read off `SinkStats` as
+    sinks.csv reads them: `alpha_1_norm`, `first_mass_norm`, `sep_mass_norm` (NaN for a decoder) and
+    `sink_mass_norm`, what the no-op-sink type reads (the twin of `sink_mass`: alpha_1_norm for a decoder,
+    alpha_1_norm + sep_mass_norm for an encoder). NaN where the pass computed no norms."""
+    alpha = sinks.alpha_norm(0)  # (Ly, H)
+    classes = sinks.class_norm(0)  # (Ly, H, C)
+    first, sep = classes[..., S.FIRST], classes[..., S.SEP]
+    return {"alpha_1_norm": alpha, "first_mass_norm": first,
+            "sep_mass_norm": np.full(alpha.shape, np.nan) if causal else sep,
+            "sink_mass_norm": alpha if causal else alpha + sep}
 
 
 LOCAL_BUCKETS = 4  # the distance buckets 0, 1, 2-3, 4-7: distance below 8
@@ -354,8 +376,8 @@ def layer_rows(table: dict[str, list], corpus_rows: dict[str, list[int]] | None 
     return rows
 
 
-LAYER_MEANS = ("entropy_ratio", "prev_mass", "first_mass", "sink_mass", "mean_distance", "local_mass",
-               "induction_score", "retrieval_score", "streaming_error", "importance")
+LAYER_MEANS = ("entropy_ratio", "prev_mass", "first_mass", "sink_mass", "sink_mass_norm", "mean_distance",
+               "local_mass", "induction_score", "retrieval_score", "streaming_error", "importance")
 LAYER_ROWS = ("duplicate_rows", "prefix_match_rows")  # per layer, not per head: see `token_match_rows`
 
 

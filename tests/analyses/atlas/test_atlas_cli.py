@@ -1,7 +1,8 @@
 """`bertscope atlas` end to end on tiny models: a decoder (Gemma-3: a sliding-window layer, grouped-query
 heads) with every probe, an encoder (tiny BERT) with the rows that apply, the per-head numbers equal to
-the analyses that own them (`heads positions`, `sinks`, `heads induction`), a run killed after the
-streamed pass and resumed without redoing it, `atlas compare` on two runs, and one-line refusals."""
+the analyses that own them (`heads positions`, `sinks`, `heads induction`; the norm-based twins those of
+`sinks`), a run killed after the streamed pass and resumed without redoing it, `atlas compare` on two
+runs, and one-line refusals."""
 from __future__ import annotations
 
 import csv
@@ -56,7 +57,10 @@ def test_a_decoder_gets_every_column_and_a_card(gemma_run):
     for r in rows:
         for name in ("entropy", "prev_mass", "alpha_1", "mean_distance", "induction_score", "importance"):
             assert r[name] != "", (name, r)
-        assert r["sep_mass"] == ""  # a decoder has no [SEP]
+        assert r["sep_mass"] == r["sep_mass_norm"] == ""  # a decoder has no [SEP]
+        for name in ("alpha_1_norm", "first_mass_norm", "sink_mass_norm"):  # norms: on by default on a CPU
+            assert 0 <= float(r[name]) <= 1 + 1e-6, (name, r)
+        assert r["sink_mass_norm"] == r["alpha_1_norm"]  # a decoder's sink type reads alpha_1
         assert float(r["next_mass"]) == 0.0  # causal: nothing after the query
         # the distance profile sums to 1 over the buckets its rows could reach
         assert abs(sum(float(r[c]) for c in r if c.startswith("d_") and r[c] != "") - 1) < 1e-5
@@ -70,6 +74,7 @@ def test_a_decoder_gets_every_column_and_a_card(gemma_run):
     assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
     results = json.loads((gemma_run / "run.json").read_text())["analyses"]["atlas"]["results"]
     assert results["decoder"] and results["counts"]["sink"] is not None
+    assert results["counts"]["no-op-sink"] is not None and "## Sinks: weight against norm" in md
 
 
 def test_the_pending_statistics_are_empty_until_their_kernels_exist(gemma_run):
@@ -105,6 +110,8 @@ def test_the_numbers_are_those_of_the_analyses_that_own_them(gemma_run, tiny_gem
         assert float(a["d_2-3"]) == pytest.approx(float(p["d_2-3"]), rel=1e-5, abs=1e-9)
         assert float(a["alpha_1"]) == pytest.approx(float(s["alpha_1"]), rel=1e-5)
         assert float(a["first_mass"]) == pytest.approx(float(s["first_mass"]), rel=1e-5)
+        for name in ("alpha_1_norm", "first_mass_norm"):  # `sinks --norms`, its default on a CPU
+            assert float(a[name]) == pytest.approx(float(s[name]), rel=1e-5, abs=1e-9), name
 
 
 def test_an_encoder_gets_the_rows_that_apply(tiny_checkpoint, tmp_path):
@@ -116,8 +123,56 @@ def test_an_encoder_gets_the_rows_that_apply(tiny_checkpoint, tmp_path):
     assert all(r["sep_mass"] != "" and r["induction_score"] != "" for r in rows)
     for r in rows:
         assert float(r["sink_mass"]) == pytest.approx(float(r["alpha_1"]) + float(r["sep_mass"]), abs=2e-6)
+        assert float(r["sink_mass_norm"]) == pytest.approx(float(r["alpha_1_norm"]) + float(r["sep_mass_norm"]),
+                                                           abs=2e-6)
     md = (out / CARD_MD).read_text()
     assert "An encoder" in md and "not applicable" in md and "encoder (bidirectional)" in md
+
+
+ENCODER = ["--limit", "4", "--max-len", "24", "--induction-sequences", "2", "--induction-len", "8", "--quiet",
+           "--no-figures"]
+
+
+def test_with_every_value_vector_of_one_length_the_norm_shares_are_the_weights(tiny_checkpoint, tmp_path,
+                                                                              monkeypatch):
+    """n_j the same for every key: a_ij n_j / sum_j a_ij n_j is a_ij, so each twin equals its weight-based
+    column, and a sink is never a no-op sink (its norm share is its weight, at least 0.3)."""
+    import torch
+
+    from bertscope.models.attention import ValueNorms
+
+    def one_length(self, module, value, n_heads):  # value (B, H_kv, L, D) -> norms (B, H, L)
+        return torch.full((value.shape[0], n_heads, value.shape[2]), 2.5, dtype=torch.float32, device=value.device)
+
+    monkeypatch.setattr(ValueNorms, "__call__", one_length)
+    out = tmp_path / "equal"
+    assert main(["atlas", "--model", str(tiny_checkpoint), *ENCODER, "--out", str(out)]) == 0
+    rows = rows_of(out / HEADS_FILE)
+    for r in rows:
+        for name in ("alpha_1", "first_mass", "sep_mass", "sink_mass"):
+            assert float(r[f"{name}_norm"]) == pytest.approx(float(r[name]), abs=1e-5), (name, r)
+        assert r["type_no-op-sink"] == "0"
+
+
+def test_no_norms_leaves_the_twins_empty_and_the_no_op_sink_not_measured(tiny_checkpoint, tmp_path, capsys,
+                                                                       monkeypatch):
+    out = tmp_path / "off"
+    assert main(["atlas", "--model", str(tiny_checkpoint), *ENCODER, "--no-norms", "--out", str(out)]) == 0
+    rows = rows_of(out / HEADS_FILE)
+    assert all(r[c] == "" for r in rows for c in ("alpha_1_norm", "first_mass_norm", "sep_mass_norm",
+                                                  "sink_mass_norm"))
+    assert all(r["sink_mass"] != "" and r["type_no-op-sink"] == "0" for r in rows)
+    results = json.loads((out / "run.json").read_text())["analyses"]["atlas"]["results"]
+    assert results["counts"]["no-op-sink"] is None
+    assert results["not_measured"]["no-op-sink"].startswith("not measured in this run")
+    assert "No-op sinks: not measured in this run" in (out / CARD_MD).read_text()
+    import bertscope.kernels.backends as backends  # --norms on the triton backend: one line, nothing written
+
+    monkeypatch.setattr(backends, "resolve_backend", lambda name, device: "triton")
+    err = one_line_error(capsys, ["atlas", "--model", str(tiny_checkpoint), *ENCODER, "--norms", "--backend",
+                                  "triton", "--out", str(tmp_path / "triton")])
+    assert "triton backend does not compute the norm-based twins" in err
+    assert not (tmp_path / "triton").exists()
 
 
 def test_a_run_killed_after_the_pass_resumes_without_redoing_it(tiny_llama_lm_dir, files, tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """The head card read as a researcher reads it (issue 47, part 3), on hand-built tables whose answer is
 known: the types' overlap, the grid's letters, retrieval only over enough answered haystacks, LM
 importance shown, the layers figure's sliding-window note, the induction input's length, the
-attention column's window, the distance buckets no row could reach, and the CSV's precision."""
+attention column's window, the distance buckets no row could reach, the CSV's precision, and the sinks
+by weight against norm (the no-op sinks)."""
 from __future__ import annotations
 
 import math
@@ -195,3 +196,40 @@ def test_every_column_of_atlas_layers_csv_has_its_unit_in_the_docs():
     assert want == set(LAYER_COLUMNS)
     assert want <= set(documented), want - set(documented)
     assert all(documented[c] for c in want if c not in ("layer", "attention"))
+
+
+def test_the_card_sets_each_sink_heads_weight_beside_its_norm_share_and_lists_the_no_op_sinks():
+    """Sinks 1-1 (weight 0.9, norm 0.05), 1-2 (0.5, 0.4) and 2-1 (0.4, 0.1: at the bar); 1-3 and 2-2 have tiny
+    norm shares but are no sinks: two no-op sinks, 1-1 and 2-1, and the top no-op sinks are sinks only."""
+    tab = typed_table(sink_mass=[0.9, 0.5, 0.1, 0.4, 0.0, 0.2], sink_mass_norm=[0.05, 0.4, 0.0, T.NOOP_SINK, 0.0, 0.3])
+    assert card.sink_norm_rows(tab) == [("1-1", 0.9, 0.05, pytest.approx(0.05 / 0.9), True),
+                                        ("1-2", 0.5, 0.4, pytest.approx(0.8), False),
+                                        ("2-1", 0.4, T.NOOP_SINK, pytest.approx(0.25), True)]
+    results = card.headline(tab, ABOUT)
+    assert results["counts"]["no-op-sink"] == 2 and results["counts"]["sink"] == 3
+    assert [t["head"] for t in results["top"]["no-op-sink"]] == ["1-1", "2-1", "1-2"]
+    assert results["thresholds"]["no-op-sink"] == {"column": "sink_mass_norm", "threshold": T.NOOP_SINK,
+                                                   "at_most": True, "within": "sink"}
+    line = "2 of 3 sink heads are no-op sinks: 1-1, 2-1."
+    md = card.markdown(tab, ABOUT, results, figures={})
+    assert "## Sinks: weight against norm" in md and line in md
+    assert "| 1-1 | 0.900 | 0.050 | 0.06 | yes |" in md and "| 1-2 | 0.500 | 0.400 | 0.80 |  |" in md
+    assert "| N no-op-sink | `sink_mass_norm <= 0.1, and sink` | 2 of 6 |" in md
+    html = card.html(tab, ABOUT, results, Path("."), {})
+    assert "<h2>Sinks: weight against norm</h2>" in html and line in html and "Kobayashi et al. 2020" in html
+    assert "<tr><td>2-1</td><td>0.400</td><td>0.100</td><td>0.25</td><td>yes</td></tr>" in html
+
+
+def test_sink_norms_not_measured_say_so_and_type_no_head():
+    """No norm shares (--no-norms, or the triton backend): the column is NaN, no head is a no-op sink, the
+    type reads "not measured in this run" with why, and the sink table is left out."""
+    tab = typed_table(sink_mass=[0.9] * 6, sink_mass_norm=[NAN] * 6)
+    assert not any(tab["type_no-op-sink"])
+    results = card.headline(tab, ABOUT)
+    assert results["counts"]["no-op-sink"] is None and "no-op-sink" not in results["top"]
+    assert results["not_measured"]["no-op-sink"] == f"{card.NOT_MEASURED} ({card.NORMS_OFF})"
+    assert card.sink_norm_rows(tab) == []
+    md = card.markdown(tab, ABOUT, results, figures={})
+    assert f"No-op sinks: {card.NOT_MEASURED} (" in md and "| head | sink_mass (weight)" not in md
+    html = card.html(tab, ABOUT, results, Path("."), {})
+    assert "not measured in this run" in html.split("<h2>Sinks: weight against norm</h2>")[1].split("<h2>")[0]

@@ -38,6 +38,43 @@ def test_each_rule_at_its_threshold_and_nan_types_nothing():
     assert not measured["retrieval"] and measured["sink"]
 
 
+def past(rule: T.Rule) -> float:
+    """Just on the wrong side of a rule's threshold."""
+    return rule.threshold + (1e-9 if rule.below else -1e-9)
+
+
+@pytest.mark.parametrize("rule", T.RULES, ids=lambda r: r.name)
+def test_each_rule_holds_at_its_threshold_not_past_it_and_not_on_nan(rule):
+    """Every type of the table: at its threshold, just past it, not measured; a type that refines another
+    (`Rule.within`) holds only on that type's heads."""
+    columns = {rule.column: [rule.threshold, past(rule), NAN]}
+    parent = T.RULE.get(rule.within)
+    if parent is not None:
+        columns[parent.column] = [parent.threshold] * 3
+    assert T.assign(table(**columns))[rule.name].tolist() == [True, False, False]
+    if parent is not None:  # the same column, on heads that are not of the type it refines
+        columns[parent.column] = [past(parent)] * 3
+        assert not T.assign(table(**columns))[rule.name].any()
+    assert T.measured(table(**{rule.column: [NAN] * 3}))[rule.name] is False
+
+
+def test_a_no_op_sink_is_a_sink_whose_sink_tokens_add_little_by_norm():
+    """Kobayashi et al.'s contrast on four heads: a sink by weight whose sink tokens give 0.05 of its weighted
+    value norms (a no-op sink); a sink whose norm share is 0.6 (a sink that reads its sink token: not); a head
+    with a small norm share that is no sink by weight (not); a sink whose norm share was not measured (not)."""
+    t = table(sink_mass=[0.9, 0.9, 0.1, 0.6], sink_mass_norm=[0.05, 0.6, 0.01, NAN])
+    types = T.assign(t)
+    assert types["sink"].tolist() == [True, True, False, True]
+    assert types["no-op-sink"].tolist() == [True, False, False, False]
+    assert T.type_strings(types)[:2] == ["no-op-sink+sink", "sink"]
+    assert T.first_type(types)[:2] == ["no-op-sink", "sink"]  # the finer type colours the grid
+    assert T.overlap(types) == []  # a type and the one it refines are no pair: every no-op sink is a sink
+    assert T.measured(t)["no-op-sink"]
+    assert T.RULE["no-op-sink"].text() == f"sink_mass_norm <= {T.NOOP_SINK:g}, and sink"
+    unmeasured = table(sink_mass=[0.9, 0.9], sink_mass_norm=[NAN, NAN])  # --no-norms, or the triton backend
+    assert not T.assign(unmeasured)["no-op-sink"].any() and not T.measured(unmeasured)["no-op-sink"]
+
+
 def test_a_missing_column_types_nothing():
     types = T.assign(table(sink_mass=[0.5, 0.1]))
     assert types["sink"].tolist() == [True, False]
@@ -48,10 +85,11 @@ def test_every_threshold_is_documented_in_one_place():
     import inspect
 
     source = inspect.getsource(T)
-    for name in ("SINK", "PREVIOUS", "DUPLICATE", "INDUCTION", "RETRIEVAL", "STREAMING_SAFE", "BROAD", "LOCAL"):
+    for name in ("SINK", "PREVIOUS", "DUPLICATE", "INDUCTION", "RETRIEVAL", "STREAMING_SAFE", "BROAD", "LOCAL",
+                 "NOOP_SINK"):
         assert f'{name} = {getattr(T, name)}\n"""' in source, name
     assert {r.threshold for r in T.RULES} == {T.SINK, T.PREVIOUS, T.DUPLICATE, T.INDUCTION, T.RETRIEVAL,
-                                              T.STREAMING_SAFE, T.BROAD, T.LOCAL}
+                                              T.STREAMING_SAFE, T.BROAD, T.LOCAL, T.NOOP_SINK}
     assert f'MIN_ANSWERED = {T.MIN_ANSWERED}\n"""' in source  # the retrieval type's answered haystacks
 
 
@@ -66,6 +104,7 @@ def test_the_card_says_what_was_not_measured_and_why(decoder):
     tab.update({f"type_{k}": v.astype(int).tolist() for k, v in types.items()})
     why = card.status(tab, {"decoder": decoder})
     assert why["sink"] == ""
+    assert why["no-op-sink"].startswith(card.NOT_MEASURED) and "--no-norms" in why["no-op-sink"]
     if decoder:
         assert why["retrieval"] == why["streaming-safe"] == card.NOT_MEASURED
     else:
@@ -118,14 +157,15 @@ def test_the_token_match_columns_are_nan_where_no_row_has_such_a_key():
 
     mean = np.array([[0.5, 0.25], [0.0, 0.0]])
     rows = np.array([[6.0, 6.0], [0.0, 0.0]])
-    means = {"duplicate_mass": (mean, rows), "prefix_match_mass": (mean / 2, rows)}
+    means = {"duplicate_mass": (mean, rows), "prefix_match_mass": (mean / 2, rows),
+             "duplicate_mass_norm": (mean / 4, rows), "prefix_match_mass_norm": (mean / 8, rows)}  # with norms
     heads = SimpleNamespace(n_layers=2, n_heads=2, token_relation_means=lambda: means)
     assert A.token_match_spec() == {"token_relations": True}
     cols = A.token_match_columns(heads)
     np.testing.assert_allclose(cols["duplicate_mass"], [[0.5, 0.25], [np.nan, np.nan]])
     np.testing.assert_allclose(cols["prefix_match_mass"], [[0.25, 0.125], [np.nan, np.nan]])
     assert set(cols) == {"duplicate_mass", "prefix_match_mass"}  # the row counts are per layer, not per head
-    assert A.token_match_rows(heads) == {"duplicate_rows": [6, 0], "prefix_match_rows": [6, 0]}
+    assert A.token_match_rows(heads) == {"duplicate_rows": [6, 0], "prefix_match_rows": [6, 0]}  # not the twins'
 
     def not_computed():
         raise NotComputedError("duplicate_mass")
