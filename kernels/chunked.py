@@ -129,7 +129,7 @@ def by_block(spec: StatsSpec) -> list:
 def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooling, chunk_bytes, min_rows: int,
              compiled: bool, layout: AttentionLayout, token_ids=None, norms=None):
     """The one loop (module docstring): blocks of (sequence b, key heads kh0 .. kh1 - 1 with their
-    G query heads each, query rows i0 .. i1 - 1, keys k0 .. k1 - 1).
+    G query heads each, query rows i0 .. i1 - 1, keys k0 .. k1 - 1), each handed to `_Call.block`.
 
     A block's scores are one batched matmul of the heads' query rows against the block's keys,
     scaled in the matmul (alpha) and written once; the row pass turns them into probabilities in
@@ -139,139 +139,172 @@ def _chunked(q, k, v, key_valid, key_class, spec: StatsSpec, gates, scale, pooli
     its (B, L, H*D) projections). Memory: one block of scores, the per-row statistics, and the
     accumulators of column mass and word maps, which each block adds its share to.
     """
+    call = _Call(q, k, v, key_valid, key_class, spec, scale, pooling, compiled, layout, token_ids, norms)
     B, H, L, D = q.shape
     H_kv = k.shape[1]
-    G = layout.group_size(H)
-    C, O = (spec.n_key_classes if spec.class_mass else 0), len(spec.offsets)  # C = 0: no class pass
-    scale = D**-0.5 if scale is None else scale
-    dev, dtype = q.device, q.dtype
-    acc_dtype = torch.float32 if dtype in HALF else dtype  # column mass and word maps add up blocks
-    band = layout.reach  # (left, right), None for no limit
-
-    onehot = torch.nn.functional.one_hot(key_class, C).to(dtype) if C else None  # (B, L, C)
-    by_matmul = C >= CLASS_MATMUL_MIN or not compiled  # the torch row pass always takes the matmul
-    # the compiled row pass's class masks: (B, C, L) 0/1 rows, or none when a matmul computes the masses
-    class_mask = (onehot.transpose(1, 2).contiguous() if C and not by_matmul
-                  else torch.empty(B, 0, L, dtype=dtype, device=dev))
-    offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
-    key_bias = None
-    if compiled and not bool(key_valid.all()):
-        key_bias = torch.zeros(B, L, dtype=dtype, device=dev)  # (B, L): 0, or finfo.min on padding keys
-        key_bias.masked_fill_(~key_valid, torch.finfo(dtype).min)
-
-    out = torch.empty(B, H, L, D, dtype=dtype, device=dev)  # (B, H, L, D)
-    class_mass = torch.empty(B, H, L, C, dtype=dtype, device=dev)
-    row_classes = class_mass[..., :0] if by_matmul else class_mass  # what the compiled row pass writes
-    offset_mass = torch.empty(B, H, L, O, dtype=dtype, device=dev)
-    entropy = torch.empty(B, H, L, dtype=dtype, device=dev) if spec.entropy else None
-    argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
-    column_mass = torch.zeros(B, H, L, dtype=acc_dtype, device=dev) if spec.column_mass else None
-    query_valid = key_valid.to(dtype)  # (B, L)
-    word_map = None
-    if spec.word_maps:
-        pooling = require_pooling(pooling)
-        W = pooling.n_units
-        word_map = torch.zeros(B, H, W, W, dtype=acc_dtype, device=dev)
-        from_word, to_word = pooling.from_word.to(dtype), pooling.to_word.to(dtype)  # (B, W, L), (B, L, W)
-    per_block = by_block(spec)
-    ids = None if token_ids is None else padded_ids(token_ids, key_valid)  # (B, L), padding -1
-    norm_pass = _NormPass.of(spec, norms, key_valid, key_class, dtype, compiled) if spec.norms else None
-    norms = None if norm_pass is None else norm_pass.norms  # (B, H, L), padding keys 0
-    per_block_out = {}  # name -> (B, H, L, ...), allocated on the first block (its width is the function's)
-
     budget = max(1, chunk_bytes // q.element_size())
-    blocks = query_blocks(L, G, layout, budget, min_rows)
+    blocks = query_blocks(L, call.G, layout, budget, min_rows)
     # whole maps (one block covers every row): as many key heads per block as fit
     i0, i1, k0, k1 = blocks[0]
-    per = max(1, min(H_kv, budget // (G * (i1 - i0) * (k1 - k0)))) if len(blocks) == 1 else 1
-    most = max(per * G * (i1 - i0) * (k1 - k0) for i0, i1, k0, k1 in blocks)
-    rows = max(i1 - i0 for i0, i1, _, _ in blocks) * per * G
-    lo_all, hi_all = layout.key_band(torch.arange(L, device=dev), L)  # (L,), (L,)
+    per = max(1, min(H_kv, budget // (call.G * (i1 - i0) * (k1 - k0)))) if len(blocks) == 1 else 1
+    most = max(per * call.G * (i1 - i0) * (k1 - k0) for i0, i1, k0, k1 in blocks)  # a block's scores at most
+    rows = max(i1 - i0 for i0, i1, _, _ in blocks) * per * call.G  # a block's stacked query rows at most
+    items = [(b, kh0, min(H_kv, kh0 + per), block) for b in range(B) for kh0 in range(0, H_kv, per)
+             for block in blocks]
 
     def work(items, column_mass, word_map, threads):
         """The blocks `items` [(b, kh0, kh1, block)], in order, with this worker's own buffers;
         column mass and word maps are added to the given accumulators."""
-        scores = torch.empty(most, dtype=dtype, device=dev)  # one block's scores, reused
-        q_rows = torch.empty(rows, D, dtype=dtype, device=dev) if G > 1 else None  # stacked query rows
-        o_rows = torch.empty(rows, D, dtype=dtype, device=dev)  # P @ V of a block, when not written in place
-        for b, kh0, kh1, (i0, i1, k0, k1) in items:
-            nk, bq, bk = kh1 - kh0, i1 - i0, k1 - k0
-            hs = slice(kh0 * G, kh1 * G)  # the query heads that read key heads kh0 .. kh1 - 1
-            n = nk * G
-            s = scores[: n * bq * bk].view(n, bq, bk)  # (n, bq, bk); also (nk, G * bq, bk)
-            kt = k[b, kh0:kh1, k0:k1].transpose(-1, -2)  # (nk, D, bk)
-            # -- scaled scores, then probabilities and fused statistics in place, then P @ V
-            if G == 1:
-                torch.baddbmm(s, q[b, hs, i0:i1], kt, beta=0, alpha=scale, out=s)
-            else:
-                qr = q_rows[: n * bq].view(nk, G, bq, D)
-                qr.copy_(q[b, hs, i0:i1].view(nk, G, bq, D))
-                torch.baddbmm(s.view(nk, G * bq, bk), qr.view(nk, G * bq, D), kt, beta=0, alpha=scale,
-                              out=s.view(nk, G * bq, bk))
-            if compiled:
-                cpu_rows.softmax_stats_band_(
-                    s, i0, k0, band, None if key_bias is None else key_bias[b, k0:k1], class_mask[b, :, k0:k1],
-                    offsets, _rows(entropy, b, hs), row_classes[b, hs], offset_mass[b, hs], _rows(argmax, b, hs),
-                    threads)
-            else:
-                _torch_rows(s, i0, k0, lo_all[i0:i1], hi_all[i0:i1], key_valid[b, k0:k1], spec,
-                            None if entropy is None else entropy[b, hs, i0:i1], offset_mass[b, hs, i0:i1],
-                            None if argmax is None else argmax[b, hs, i0:i1])
-            if C and by_matmul:
-                class_mass[b, hs, i0:i1] = torch.matmul(s, onehot[b, k0:k1])  # (n, bq, C)
-            p_kv = s.view(nk, G * bq, bk)
-            if G == 1 and bq == L:  # whole maps: straight into the output
-                torch.bmm(p_kv, v[b, kh0:kh1, k0:k1], out=out[b, hs])
-            else:
-                o_r = o_rows[: n * bq].view(nk, G * bq, D)
-                torch.bmm(p_kv, v[b, kh0:kh1, k0:k1], out=o_r)
-                out[b, hs, i0:i1] = o_r.view(n, bq, D)
-            # -- the statistics read off this block's probabilities
-            if column_mass is not None:  # valid query rows @ P: (n, 1, bk)
-                rows_valid = query_valid[b, None, i0:i1].expand(n, 1, bq)
-                column_mass[b, hs, k0:k1] += torch.matmul(rows_valid, s)[:, 0].to(acc_dtype)
-            if word_map is not None:  # from_word[:, rows] @ P @ to_word[keys]: (n, W, W)
-                fw = from_word[b, None, :, i0:i1].expand(n, -1, bq)  # (n, W, bq)
-                tw = to_word[b, None, k0:k1].expand(n, bk, -1)  # (n, bk, W)
-                word_map[b, hs] += torch.matmul(torch.matmul(fw, s), tw).to(acc_dtype)
-            if norm_pass is not None:
-                norm_pass.block(s, b, hs, i0, i1, k0, k1, threads)
-            if per_block:
-                keys = KeyBlock(key_valid[b, k0:k1], key_class[b, k0:k1], L, spec, None if ids is None else ids[b],
-                                None if norms is None else norms[b, hs, k0:k1])
-                for stat in per_block:
-                    per_block_out[stat.name][b, hs, i0:i1] = stat.from_probs(s, i0, k0, keys)  # (n, bq, ...)
+        scores = torch.empty(most, dtype=call.dtype, device=call.dev)  # one block's scores, reused
+        q_rows = torch.empty(rows, D, dtype=call.dtype, device=call.dev) if call.G > 1 else None  # stacked query rows
+        o_rows = torch.empty(rows, D, dtype=call.dtype, device=call.dev)  # P @ V of a block, when not written in place
+        for item in items:
+            call.block(item, scores, q_rows, o_rows, column_mass, word_map, threads)
 
-    items = [(b, kh0, min(H_kv, kh0 + per), block) for b in range(B) for kh0 in range(0, H_kv, per)
-             for block in blocks]
-    if per_block:  # each definition's output width: from a call on a one-row block
-        probe = torch.full((1, 1, 1), 1.0, dtype=dtype, device=dev)
-        keys = KeyBlock(key_valid[0, :1], key_class[0, :1], L, spec, None if ids is None else ids[0],
-                        None if norms is None else norms[0, :1, :1])
-        for stat in per_block:
-            t = stat.from_probs(probe, 0, 0, keys)  # (1, 1, ...)
-            per_block_out[stat.name] = torch.zeros(B, H, L, *t.shape[2:], dtype=t.dtype, device=dev)
-    n_workers = min(len(items), torch.get_num_threads()) if dev.type == "cpu" else 1
+    n_workers = min(len(items), torch.get_num_threads()) if call.dev.type == "cpu" else 1
     if n_workers <= 1 or layout.is_plain:  # one worker, or an encoder's blocks (module docstring, Threads)
-        work(items, column_mass, word_map, None)
+        work(items, call.column_mass, call.word_map, None)
     else:
-        _in_threads(work, items, n_workers, column_mass, word_map)
+        _in_threads(work, items, n_workers, call.column_mass, call.word_map)
+    return call.finish(gates)
 
-    o = out  # (B, H, L, D) un-gated, for the streaming error
-    out = apply_gates(out, v, key_valid, gates, layout)  # (B, H, L, D)
-    stats = RowStats(entropy=entropy, offset_mass=offset_mass if O else None,
-                     class_mass=class_mass if spec.class_mass else None, argmax=argmax, column_mass=column_mass,
-                     layout=layout)
-    if spec.word_maps:
-        stats.word_map = word_map
-        stats.word_argmax = word_argmax(word_map, pooling.candidate)
-    for name, t in per_block_out.items():
-        setattr(stats, name, t)
-    if norm_pass is not None:
-        norm_pass.finish(stats, spec, offset_mass if O else None)
-    add_streaming_stats(stats, spec, q, k, v, o, key_valid, layout, scale)
-    keep_qk(stats, q, k, scale, spec)
-    return out.transpose(1, 2), finish_stats(stats, spec, key_valid, "chunked")
+
+class _Call:
+    """One call of the chunked backend: its operands, the constants every block reads, and the outputs every
+    block writes its rows of (`block`), then the statistics (`finish`)."""
+
+    def __init__(self, q, k, v, key_valid, key_class, spec: StatsSpec, scale, pooling, compiled: bool,
+                 layout: AttentionLayout, token_ids, norms):
+        B, H, L, D = q.shape
+        self.q, self.k, self.v, self.key_valid, self.key_class = q, k, v, key_valid, key_class
+        self.spec, self.compiled, self.layout, self.pooling = spec, compiled, layout, pooling
+        self.G = layout.group_size(H)
+        C, O = (spec.n_key_classes if spec.class_mass else 0), len(spec.offsets)  # C = 0: no class pass
+        self.C, self.O = C, O
+        self.scale = D**-0.5 if scale is None else scale
+        self.dev, self.dtype = dev, dtype = q.device, q.dtype
+        acc_dtype = torch.float32 if dtype in HALF else dtype  # column mass and word maps add up blocks
+        self.band = layout.reach  # (left, right), None for no limit
+
+        self.onehot = torch.nn.functional.one_hot(key_class, C).to(dtype) if C else None  # (B, L, C)
+        self.by_matmul = C >= CLASS_MATMUL_MIN or not compiled  # the torch row pass always takes the matmul
+        # the compiled row pass's class masks: (B, C, L) 0/1 rows, or none when a matmul computes the masses
+        self.class_mask = (self.onehot.transpose(1, 2).contiguous() if C and not self.by_matmul
+                           else torch.empty(B, 0, L, dtype=dtype, device=dev))
+        self.offsets = torch.tensor(spec.offsets, dtype=torch.long)  # (O,)
+        self.key_bias = None
+        if compiled and not bool(key_valid.all()):
+            self.key_bias = torch.zeros(B, L, dtype=dtype, device=dev)  # (B, L): 0, or finfo.min on padding keys
+            self.key_bias.masked_fill_(~key_valid, torch.finfo(dtype).min)
+
+        self.out = torch.empty(B, H, L, D, dtype=dtype, device=dev)  # (B, H, L, D)
+        self.class_mass = torch.empty(B, H, L, C, dtype=dtype, device=dev)
+        self.row_classes = self.class_mass[..., :0] if self.by_matmul else self.class_mass  # the compiled pass's
+        self.offset_mass = torch.empty(B, H, L, O, dtype=dtype, device=dev)
+        self.entropy = torch.empty(B, H, L, dtype=dtype, device=dev) if spec.entropy else None
+        self.argmax = torch.empty(B, H, L, dtype=torch.long, device=dev) if spec.argmax else None
+        self.column_mass = torch.zeros(B, H, L, dtype=acc_dtype, device=dev) if spec.column_mass else None
+        self.query_valid = key_valid.to(dtype)  # (B, L)
+        self.word_map = None
+        if spec.word_maps:
+            self.pooling = require_pooling(pooling)
+            W = self.pooling.n_units
+            self.word_map = torch.zeros(B, H, W, W, dtype=acc_dtype, device=dev)
+            # (B, W, L), (B, L, W)
+            self.from_word, self.to_word = self.pooling.from_word.to(dtype), self.pooling.to_word.to(dtype)
+        self.per_block = by_block(spec)
+        self.ids = None if token_ids is None else padded_ids(token_ids, key_valid)  # (B, L), padding -1
+        self.norm_pass = _NormPass.of(spec, norms, key_valid, key_class, dtype, compiled) if spec.norms else None
+        self.norms = None if self.norm_pass is None else self.norm_pass.norms  # (B, H, L), padding keys 0
+        self.lo_all, self.hi_all = layout.key_band(torch.arange(L, device=dev), L)  # (L,), (L,)
+        self.per_block_out = self._block_outputs()  # name -> (B, H, L, ...)
+
+    def _block_keys(self, b, hs, k0, k1) -> KeyBlock:
+        return KeyBlock(self.key_valid[b, k0:k1], self.key_class[b, k0:k1], self.q.shape[2], self.spec,
+                        None if self.ids is None else self.ids[b],
+                        None if self.norms is None else self.norms[b, hs, k0:k1])
+
+    def _block_outputs(self) -> dict:
+        """The outputs of the per-block definitions (`by_block`), each as wide as its definition's output on a
+        one-row block."""
+        B, H, L, _ = self.q.shape
+        probe = torch.full((1, 1, 1), 1.0, dtype=self.dtype, device=self.dev)
+        outputs = {}
+        for stat in self.per_block:
+            t = stat.from_probs(probe, 0, 0, self._block_keys(0, slice(0, 1), 0, 1))  # (1, 1, ...)
+            outputs[stat.name] = torch.zeros(B, H, L, *t.shape[2:], dtype=t.dtype, device=self.dev)
+        return outputs
+
+    def block(self, item, scores, q_rows, o_rows, column_mass, word_map, threads):
+        """One block (b, kh0, kh1, (i0, i1, k0, k1)) in the worker's buffers: its scores, the row pass, P @ V,
+        then the statistics read off its probabilities; column mass and word maps added to the given ones."""
+        b, kh0, kh1, (i0, i1, k0, k1) = item
+        q, k, v, G = self.q, self.k, self.v, self.G
+        L = q.shape[2]
+        nk, bq, bk = kh1 - kh0, i1 - i0, k1 - k0
+        hs = slice(kh0 * G, kh1 * G)  # the query heads that read key heads kh0 .. kh1 - 1
+        n = nk * G
+        s = scores[: n * bq * bk].view(n, bq, bk)  # (n, bq, bk); also (nk, G * bq, bk)
+        kt = k[b, kh0:kh1, k0:k1].transpose(-1, -2)  # (nk, D, bk)
+        # -- scaled scores, then probabilities and fused statistics in place, then P @ V
+        if G == 1:
+            torch.baddbmm(s, q[b, hs, i0:i1], kt, beta=0, alpha=self.scale, out=s)
+        else:
+            qr = q_rows[: n * bq].view(nk, G, bq, -1)
+            qr.copy_(q[b, hs, i0:i1].view(nk, G, bq, -1))
+            torch.baddbmm(s.view(nk, G * bq, bk), qr.view(nk, G * bq, -1), kt, beta=0, alpha=self.scale,
+                          out=s.view(nk, G * bq, bk))
+        if self.compiled:
+            cpu_rows.softmax_stats_band_(
+                s, i0, k0, self.band, None if self.key_bias is None else self.key_bias[b, k0:k1],
+                self.class_mask[b, :, k0:k1], self.offsets, _rows(self.entropy, b, hs), self.row_classes[b, hs],
+                self.offset_mass[b, hs], _rows(self.argmax, b, hs), threads)
+        else:
+            _torch_rows(s, i0, k0, self.lo_all[i0:i1], self.hi_all[i0:i1], self.key_valid[b, k0:k1], self.spec,
+                        None if self.entropy is None else self.entropy[b, hs, i0:i1], self.offset_mass[b, hs, i0:i1],
+                        None if self.argmax is None else self.argmax[b, hs, i0:i1])
+        if self.C and self.by_matmul:
+            self.class_mass[b, hs, i0:i1] = torch.matmul(s, self.onehot[b, k0:k1])  # (n, bq, C)
+        p_kv = s.view(nk, G * bq, bk)
+        if G == 1 and bq == L:  # whole maps: straight into the output
+            torch.bmm(p_kv, v[b, kh0:kh1, k0:k1], out=self.out[b, hs])
+        else:
+            o_r = o_rows[: n * bq].view(nk, G * bq, -1)
+            torch.bmm(p_kv, v[b, kh0:kh1, k0:k1], out=o_r)
+            self.out[b, hs, i0:i1] = o_r.view(n, bq, -1)
+        # -- the statistics read off this block's probabilities
+        if column_mass is not None:  # valid query rows @ P: (n, 1, bk)
+            rows_valid = self.query_valid[b, None, i0:i1].expand(n, 1, bq)
+            column_mass[b, hs, k0:k1] += torch.matmul(rows_valid, s)[:, 0].to(column_mass.dtype)
+        if word_map is not None:  # from_word[:, rows] @ P @ to_word[keys]: (n, W, W)
+            fw = self.from_word[b, None, :, i0:i1].expand(n, -1, bq)  # (n, W, bq)
+            tw = self.to_word[b, None, k0:k1].expand(n, bk, -1)  # (n, bk, W)
+            word_map[b, hs] += torch.matmul(torch.matmul(fw, s), tw).to(word_map.dtype)
+        if self.norm_pass is not None:
+            self.norm_pass.block(s, b, hs, i0, i1, k0, k1, threads)
+        if self.per_block:
+            keys = self._block_keys(b, hs, k0, k1)
+            for stat in self.per_block:
+                self.per_block_out[stat.name][b, hs, i0:i1] = stat.from_probs(s, i0, k0, keys)  # (n, bq, ...)
+
+    def finish(self, gates):
+        """(gated output (B, L, H, D), the statistics) once every block is in."""
+        spec, O = self.spec, self.O
+        o = self.out  # (B, H, L, D) un-gated, for the streaming error
+        out = apply_gates(o, self.v, self.key_valid, gates, self.layout)  # (B, H, L, D)
+        stats = RowStats(entropy=self.entropy, offset_mass=self.offset_mass if O else None,
+                         class_mass=self.class_mass if spec.class_mass else None, argmax=self.argmax,
+                         column_mass=self.column_mass, layout=self.layout)
+        if spec.word_maps:
+            stats.word_map = self.word_map
+            stats.word_argmax = word_argmax(self.word_map, self.pooling.candidate)
+        for name, t in self.per_block_out.items():
+            setattr(stats, name, t)
+        if self.norm_pass is not None:
+            self.norm_pass.finish(stats, spec, self.offset_mass if O else None)
+        add_streaming_stats(stats, spec, self.q, self.k, self.v, o, self.key_valid, self.layout, self.scale)
+        keep_qk(stats, self.q, self.k, self.scale, spec)
+        return out.transpose(1, 2), finish_stats(stats, spec, self.key_valid, "chunked")
 
 
 def _in_threads(work, items, n: int, column_mass, word_map):
