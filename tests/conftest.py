@@ -33,6 +33,14 @@ def pytest_configure(config):
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker (-m "not full")
+def pytest_collection_modifyitems(config, items):
+    """The suite's tiers (tests/tiers.py): the tests the recorded run found slow go to the full tier."""
+    from tiers import mark_slow
+
+    mark_slow(items)
+
+
 def pytest_ignore_collect(collection_path, config):
     name = collection_path.name
     if gpu_session(config) and name.startswith("test_") and name.endswith(".py") and name != "test_gpu.py":
@@ -97,7 +105,9 @@ def smollm2_dir(tmp_path_factory) -> Path:
     install-decoders`), once per session (30-45 s here), into a temporary models folder: the folder
     `--model` reads (its parent is what BERTSCOPE_MODELS would name). Real weights, dequantized from
     4 bits. Skips when the package (or gguf / accelerate) is missing; fails in CI, where `make test`
-    installs them."""
+    installs them. Under pytest-xdist the workers share one folder (the session's temporary root, above
+    each worker's own): `decoders.convert` holds a file lock, so the first worker converts and the others
+    wait and read its folder, which the tests only read."""
     from bertscope.data import decoders
 
     d = decoders.DECODERS["smollm2-135m-instruct-q4_1"]
@@ -107,7 +117,10 @@ def smollm2_dir(tmp_path_factory) -> Path:
         if os.environ.get("CI"):
             pytest.fail(f"not installed: {', '.join(missing)} (make test installs them)")
         pytest.skip(f"not installed: {', '.join(missing)}")
-    return decoders.convert(d, tmp_path_factory.mktemp("models"), progress=False)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the session's workers
+    return decoders.convert(d, root / "shared-models", progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """The suite's two tiers (tests/tiers.py): the rule that splits a matrix, and the commands that run them."""
+import json
 from pathlib import Path
 
 import pytest
-from tiers import rotated
+from tiers import DURATIONS, QUICK_SECONDS, mark_slow, rotated
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,3 +49,37 @@ def test_make_test_runs_the_quick_tier_and_ci_runs_both():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if not line.startswith("#")]
     assert {"make test", "make test-full"} <= set(ci)
     assert "full:" in (ROOT / "pytest.ini").read_text()
+    assert "mark_slow" in (ROOT / "tests" / "conftest.py").read_text()
+
+
+class _Item:
+    """A collected test as `mark_slow` reads it."""
+
+    def __init__(self, nodeid, *marks):
+        self.nodeid, self.marks = nodeid, set(marks)
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+    def add_marker(self, mark):
+        self.marks.add(mark.name)
+
+
+def test_a_recorded_slow_test_goes_to_the_full_tier_and_a_smoke_test_never():
+    slow = {"a.py::slow": 9.0, "a.py::slow_smoke": 9.0, "a.py::already": 9.0}
+    items = [_Item("a.py::slow"), _Item("a.py::slow_smoke", "smoke"), _Item("a.py::fast"),
+             _Item("a.py::already", "full")]
+    assert mark_slow(items, slow) == 1
+    assert [sorted(i.marks) for i in items] == [["full"], ["smoke"], [], ["full"]]
+
+
+def test_the_record_is_over_its_bar_and_names_tests_that_exist():
+    """tests/tier_durations.json: written by tools/tiers.py, every entry over the bar it states; a test it names
+    that no longer exists is harmless but says the record is stale, so most of its names must still be collected
+    ones (a file renamed wholesale is the sign to re-record)."""
+    record = json.loads(DURATIONS.read_text())
+    assert record["bar_seconds"] == QUICK_SECONDS and record["load"] and record["recorded"]
+    assert all(seconds > record["bar_seconds"] for seconds in record["slow"].values())
+    files = {nodeid.split("::")[0] for nodeid in record["slow"]}
+    missing = sorted(f for f in files if not (ROOT / f).exists())
+    assert len(missing) <= 0.1 * len(files), missing

@@ -8,17 +8,30 @@ torchrun ranks against one process, the real-weight slices of the slower familie
 runs both, so nothing the suite checks goes unchecked before a change lands; a plain `pytest` runs
 everything.
 
-Which case of a matrix is quick is not a hand-kept list: `rotated` hands the cases out in turn, so
-that each entry has one quick case and each case is quick for some entries, and a new entry or case
-lands in both tiers by construction (tests/test_tiers.py checks the rule).
+Two rules put a test in the full tier, and no list kept by hand:
+- a generated matrix's cases: `rotated` hands them out in turn, so that each entry has one quick case
+  and each case is quick for some entries, and a new entry or case lands in both tiers by construction;
+  a few whole kinds are marked `full` where they are written (the compile matrices, the analyses'
+  torchrun runs);
+- time: a test that took more than `QUICK_SECONDS` in the recorded run (`DURATIONS`, written by
+  `python tools/tiers.py record`) goes to the full tier (`mark_slow`, from tests/conftest.py), unless it
+  is a smoke test (`make test-latest`'s: one per command, family and backend path), which stays quick.
+  A new test is quick until a recorded run finds it slow.
+tests/test_tiers.py checks both rules.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 FULL = pytest.mark.full
+# the recorded run's slow tests (tools/tiers.py), and the bar: seconds of setup, call and teardown in that run,
+# at the load it states (a whole-suite run with two workers on a 2-core machine)
+DURATIONS = Path(__file__).with_name("tier_durations.json")
+QUICK_SECONDS = 3.0
 
 
 def rotated(entries: Sequence, cases: Sequence, offset: int = 0) -> dict:
@@ -36,4 +49,20 @@ def full_unless(quick: bool, *values, **kw):
     return pytest.param(*values, marks=() if quick else FULL, **kw)
 
 
-__all__ = ["FULL", "full_unless", "rotated"]
+def recorded_slow() -> dict[str, float]:
+    """{node id: seconds} of the recorded run's tests over the bar (`DURATIONS`; empty without the file)."""
+    return json.loads(DURATIONS.read_text())["slow"] if DURATIONS.exists() else {}
+
+
+def mark_slow(items, slow: dict[str, float] | None = None) -> int:
+    """Mark `full` every collected item the recorded run found slow, but smoke tests; the number marked."""
+    slow = recorded_slow() if slow is None else slow
+    marked = 0
+    for item in items:
+        if item.nodeid in slow and item.get_closest_marker("smoke") is None and item.get_closest_marker("full") is None:
+            item.add_marker(FULL)
+            marked += 1
+    return marked
+
+
+__all__ = ["DURATIONS", "FULL", "QUICK_SECONDS", "full_unless", "mark_slow", "recorded_slow", "rotated"]
