@@ -289,23 +289,31 @@ def _forward_source(spec: Specialisation, c: dict, constexprs: dict):
     dimensions (q/k/v/out, the (B, L) masks, the key features) are constants, as Triton's launcher
     specialises them; the pointers and the other strides get the 16-divisibility hint the launcher
     derives for 16-aligned allocations and D % 16 == 0; the statistics' switches and outputs from
-    the table (`_forward_signature`); every other integer argument is an i32."""
-    from . import triton_kernel
+    the table (`_forward_signature`); every other integer argument is an i32. Named values are packed
+    into the kernel's tuple arguments as a launch packs them (`triton_launch.kernel_arguments`): a
+    constant or a hint on a tuple's element is keyed by its path (`triton_launch.argument_paths`), a
+    constexpr tuple (TILE, STATS) is one constant."""
+    from . import triton_kernel, triton_launch
 
     fn = _compilable(triton_kernel.attn_stats_fwd)
     sig, flags = _forward_signature(spec, spec.dtype)
     constexprs = {**{name: 1 for name in UNIT_STRIDES}, **constexprs, "BLOCK_M": c["BLOCK_M"],
                   "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"], **flags}
-    for name in fn.arg_names:
-        sig.setdefault(name, "constexpr" if name in constexprs else "i32")
-    for name in constexprs:
-        sig[name] = "constexpr"
-    aligned = [n for n in sig if sig[n].startswith("*")] + list(ALIGNED_STRIDES)
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    sig = {name: sig[name] for name in fn.arg_names}
+    paths = triton_launch.argument_paths()
+    types = {name: "constexpr" if name in constexprs else sig.get(name, "i32") for name in paths}
+    aligned = [n for n in paths if types[n].startswith("*")] + list(ALIGNED_STRIDES)
+    attrs = {paths[n]: [["tt.divisibility", 16]] for n in aligned}
+    # constexpr arguments: one constant each (a tuple for TILE and STATS); a runtime tuple's constant element
+    # (a unit stride, G = 1): a constant at its path, "constexpr" in the tuple's signature
+    values = triton_launch.kernel_arguments({name: constexprs.get(name) for name in paths})
+    constants = {(i,): values[p.name] for i, p in enumerate(fn.params) if p.is_constexpr}
+    constants.update({paths[n]: constexprs[n] for n in paths if n in constexprs
+                      and not fn.params[paths[n][0]].is_constexpr})
+    sig = {p.name: "constexpr" if p.is_constexpr else t for p, t in zip(fn.params,
+                                                                           triton_launch.kernel_arguments(types).values())}
     from triton.compiler import ASTSource  # see the note above ARCHS
 
-    return ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return ASTSource(fn=fn, signature=sig, constexprs=constants, attrs=attrs)
 
 
 # unit strides (the innermost dimension of q/k/v/out, the (B, L) masks, the key features): constants, as

@@ -2,9 +2,16 @@
 
 Written in the shape of Triton's fused-attention tutorial: one online-softmax loop in the exp2
 domain over key blocks, an inner-loop helper (`_key_block`) with constexpr switches, few
-accumulators, and stages chosen per block (masked or not), then an epilogue. The host side
-(operands, outputs, launch) is `triton_launch.py`; tiles and warps per architecture are
-`triton_config.py`.
+accumulators, and stages chosen per block (masked or not, one helper `_stage` run twice), then an
+epilogue. The host side (operands, outputs, launch) is `triton_launch.py`; tiles and warps per
+architecture are `triton_config.py`.
+
+Its arguments are grouped into tuples (`attn_stats_fwd`'s docstring, `ARGUMENT_TUPLES`): the
+statistics' switches are one constexpr tuple `STATS` and their outputs one tuple of pointers
+`Stats`, both in the table's order and read through indices taken from the table (`STATS[ENTROPY]`,
+`Stats[Entropy]`); the tiles are the constexpr tuple `TILE`; the strides, shape and band are
+runtime tuples, whose elements Triton specialises one by one as it did the separate arguments (a
+unit stride or G = 1 a constant, a 16-divisible one a hint), so the compiled code is the same.
 
 One program holds BLOCK_M query rows of one key/value head: the G query heads that share it
 (grouped-query attention) stacked row by row, f = i * G + g (position i, head g of the group),
@@ -25,7 +32,8 @@ what lets the widest tiles of some targets compile without a spill (sm_80 at D =
 elsewhere the other order spills less. The online softmax does not care about the order of the
 blocks (the argmax keeps the lowest index among equal maxima).
 
-The statistics, by kind (each a constexpr switch read off the table `spec.ROW_STATS`):
+The statistics, by kind (each a constexpr switch read off the table `spec.ROW_STATS`, an element of
+`STATS`):
 
 - per score, in the softmax state `row = (m, l, T, arg)`: scores are z = c s, c = scale log2(e)
   (log2 e folded into the scale: one FFMA and one MUFU.EX2 per score), m the running max,
@@ -64,7 +72,7 @@ import triton
 import triton.language as tl
 
 from . import triton_config
-from .spec import N_DISTANCE_BUCKETS, N_POSITION_BINS
+from .spec import N_DISTANCE_BUCKETS, N_POSITION_BINS, ROW_STATS
 from .triton_tiles import FMIN
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -83,27 +91,74 @@ PER_SCORE = tl.constexpr(triton_config.PER_SCORE)
 L_AND_T = tl.constexpr(triton_config.L_AND_T)
 L_ONLY = tl.constexpr(triton_config.L_ONLY)
 
+# -- the statistics' switches and outputs, as the table orders them: the entries of `spec.ROW_STATS` with kernel
+# traits (`triton_launch.kernel_outputs`). `Stats`, the kernel's tuple of output pointers, holds one per entry;
+# `STATS`, its constexpr tuple of switches, one per distinct `KernelTraits.switch`. The kernel reads both through
+# the indices below, taken from the table, so that no order is kept by hand: a statistic's output index is
+# named after it in CamelCase (`triton_launch.output_argument`), its switch's index as its traits name the switch
+_WRITTEN = tuple(s for s in ROW_STATS if s.kernel is not None)
+_OUT = {s.name: i for i, s in enumerate(_WRITTEN)}
+_ON = {w: i for i, w in enumerate(dict.fromkeys(s.kernel.switch for s in _WRITTEN if s.kernel.switch is not None))}
+Entropy = tl.constexpr(_OUT["entropy"])
+OffsetMass = tl.constexpr(_OUT["offset_mass"])
+ClassMass = tl.constexpr(_OUT["class_mass"])
+Argmax = tl.constexpr(_OUT["argmax"])
+DistanceMass = tl.constexpr(_OUT["distance_mass"])
+MeanDistance = tl.constexpr(_OUT["mean_distance"])
+PositionMass = tl.constexpr(_OUT["position_mass"])
+DuplicateMass = tl.constexpr(_OUT["duplicate_mass"])
+PrefixMatchMass = tl.constexpr(_OUT["prefix_match_mass"])
+ENTROPY = tl.constexpr(_ON["ENTROPY"])
+CLASS_MASS = tl.constexpr(_ON["CLASS_MASS"])
+ARGMAX = tl.constexpr(_ON["ARGMAX"])
+DISTANCE_MASS = tl.constexpr(_ON["DISTANCE_MASS"])
+MEAN_DISTANCE = tl.constexpr(_ON["MEAN_DISTANCE"])
+POSITION_MASS = tl.constexpr(_ON["POSITION_MASS"])
+DUPLICATE_MASS = tl.constexpr(_ON["DUPLICATE_MASS"])
+PREFIX_MATCH_MASS = tl.constexpr(_ON["PREFIX_MATCH_MASS"])
+
+# the kernel's other tuple arguments, element by element: the order in which `attn_stats_fwd` unpacks them, the
+# launcher packs them (`triton_launch.kernel_arguments`) and `triton_aot` addresses an element (a unit stride, a
+# 16-divisible one) by its path. `Stats` and `STATS` are the table's (above). tests/kernels/test_kernel_signature.py
+# checks the kernel's unpacking against this
+ARGUMENT_TUPLES = {
+    "Keys": ("KeyValid", "KeyRange", "KeyFeatures"),
+    "Gates": ("GateXi", "GateUniform"),
+    "stride_q": ("stride_qb", "stride_qh", "stride_ql", "stride_qd"),
+    "stride_k": ("stride_kb", "stride_kh", "stride_kl", "stride_kd"),
+    "stride_v": ("stride_vb", "stride_vh", "stride_vl", "stride_vd"),
+    "stride_o": ("stride_ob", "stride_oh", "stride_ol", "stride_od"),
+    "strides": ("stride_mb", "stride_ml", "stride_fb", "stride_fl", "stride_xb", "stride_ub", "stride_sr"),
+    "dims": ("H", "L", "n_offsets", "n_classes", "G", "win_left", "win_right"),
+    "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD"),
+}
+
 
 @triton.jit
-def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, F_PAD: tl.constexpr,  #
-               MASKED: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
-               ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, CLASS_MASS: tl.constexpr,  #
-               DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
-               TOKENS: tl.constexpr, SUMS_BY_DOT: tl.constexpr, BEFORE: tl.constexpr = False):
+def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
+               TILE: tl.constexpr, STATS: tl.constexpr, MASKED: tl.constexpr, BANDED: tl.constexpr,  #
+               BEFORE: tl.constexpr, SUMS_BY_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key block [start_n, start_n + BLOCK_N) for the tile's rows: the softmax state, P V,
     the key-feature dot and the position sums, every statistic summed over keys written here once.
 
-    pos (BLOCK_M,) the rows' query positions, whose bands are pos - win_left .. pos + win_right (BANDED
-    only; read from pos and two scalars: no band vectors kept through the loop); keys =
-    (K, V, U, KeyValid pointers of this sequence and head, their key strides, K's and V's d stride).
-    MASKED: the block holds a key some row may not see (band edge, padding) or the row end; an
-    unmasked block loads no mask and selects nothing. BEFORE (unmasked blocks only): every key of the
-    block lies before every row of the tile (j < i; `attn_stats_fwd` makes it so for the position
-    statistics and the token relations under a banded layout), so |i - j| = i - j and j < i need no
-    per-score comparison: the mean distance is (i - start_n) sum_j p_j - sum_j p_j (j - start_n), one FFMA
-    per score, and each token relation one compare and select per score."""
-    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
+    state = (row, acc, feat, posn, tok), the running state by kind (`attn_stats_fwd`), returned updated.
+    pos (BLOCK_M,) the rows' query positions, whose bands are pos - win_left .. pos + win_right, band =
+    (win_left, win_right) (BANDED only; read from pos and two scalars: no band vectors kept through the
+    loop); keys = (K, V, U, KeyValid pointers of this sequence and head, their key strides, K's and V's d
+    stride, the sequence length L). TILE, STATS, BANDED, SUMS_BY_DOT, DOT_PRECISION: the kernel's (the
+    statistics' switches read by their indices). MASKED: the block holds a key some row may not see (band
+    edge, padding) or the row end; an unmasked block loads no mask and selects nothing. BEFORE (unmasked
+    blocks only): every key of the block lies before every row of the tile (j < i; `attn_stats_fwd` makes
+    it so for the position statistics and the token relations under a banded layout), so |i - j| = i - j
+    and j < i need no per-score comparison: the mean distance is (i - start_n) sum_j p_j - sum_j p_j
+    (j - start_n), one FFMA per score, and each token relation one compare and select per score."""
+    BLOCK_N: tl.constexpr = TILE[1]
+    BLOCK_D: tl.constexpr = TILE[2]
+    HEAD_DIM: tl.constexpr = TILE[3]
+    F_PAD: tl.constexpr = TILE[4]
+    row, acc, feat, posn, tok = state
+    win_left, win_right = band
+    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L = keys
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     # the key rows read. With L_ONLY in the plain layout's masked blocks, those past the row end are clamped to
@@ -149,13 +204,13 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
         top = qk == q_max[:, None]
     p = tl.math.exp2(x)  # (BLOCK_M, BLOCK_N) unnormalised; 0 for unseen keys unless the row sees none
     alpha = tl.math.exp2(m_i - m_new)  # (BLOCK_M,) 0 on a row's first block (m_i = FMIN)
-    if ARGMAX:
+    if STATS[ARGMAX]:
         # the first key with the block's max; the running one changes to a strictly larger max, or an
         # equal one at a lower index (the stages visit blocks out of key order)
         arg_blk = tl.min(tl.where(top, offs_n[None, :], 2147483647), 1)  # (BLOCK_M,)
         arg_i = tl.where((m_blk > m_i) | ((m_blk == m_i) & (arg_blk < arg_i)), arg_blk, arg_i)
     if SUMS_BY_DOT == PER_SCORE:
-        if ENTROPY:
+        if STATS[ENTROPY]:
             # T = sum_j p_j s_j, rescaled like l, with the raw scores s = q . k (finite everywhere: a key past
             # the row end reads k = 0): the epilogue's t = sum_j p_j (z_j - m) = c T - m l.
             # One FFMA per score, and nothing kept beside p. T and l are fp32 sums of the same fp32 p, so
@@ -163,7 +218,7 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
             # it by |m| 2^-9: L_ONLY keeps t relative to m instead)
             t_i = t_i * alpha + tl.sum(p * qk, 1)
         l_i = l_i * alpha + tl.sum(p, 1)
-    if SUMS_BY_DOT == L_ONLY and ENTROPY:
+    if SUMS_BY_DOT == L_ONLY and STATS[ENTROPY]:
         # t = sum_j p_j (z_j - m) itself, relative to the running max (the exp2's argument x: one FFMA per
         # score, no FADD for l). When the max moves, p scales by alpha and each z_j - m by m_old - m_new:
         # t <- alpha (t + (m_old - m_new) l_old), l_old the ones column so far (one row sum per block). alpha = 0
@@ -176,21 +231,21 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
     # -- P V, and the key features' dot with the same P (rescaled to the new max first)
     pv = p.to(v.dtype)  # P in the input dtype, as FlashAttention's P V takes it
     acc = tl.dot(pv, v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
-    if SUMS_BY_DOT == L_AND_T and ENTROPY:
+    if SUMS_BY_DOT == L_AND_T and STATS[ENTROPY]:
         # T = q . (P K) on the tensor cores, from the same rounded P as l (the features' ones column)
         t_i = tl.dot(pv, tl.trans(k), t_i * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
     row = (m_new, l_i, t_i, arg_i)
-    if CLASS_MASS or SUMS_BY_DOT != PER_SCORE:
+    if STATS[CLASS_MASS] or SUMS_BY_DOT != PER_SCORE:
         u_ptrs = U_ptr + offs_n[:, None] * stride_fl + tl.arange(0, F_PAD)[None, :]  # (BLOCK_N, F_PAD)
         if MASKED:
             u = tl.load(u_ptrs, mask=n_in[:, None], other=0.0)
         else:
             u = tl.load(u_ptrs)
         feat = tl.dot(pv, u, feat * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, F_PAD)
-    if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
-        posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, DISTANCE_MASS, MEAN_DISTANCE,
-                              POSITION_MASS, BEFORE and not MASKED)
-    if TOKENS:  # spec.py's `_duplicate_mass`, `_prefix_match_mass`: online like the class masses
+    if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
+        posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, STATS, BEFORE and not MASKED)
+    if STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]:
+        # the token relations (spec.py's `_duplicate_mass`, `_prefix_match_mass`): online like the class masses
         dup_i, pre_i, qid, Ids = tok  # qid (BLOCK_M,) the rows' tokens; Ids the sequence's, -1 on padding
         if BEFORE and not MASKED:  # every key j < i: a token match is the relation itself
             kid = tl.load(Ids + offs_n)  # (BLOCK_N,)
@@ -209,27 +264,33 @@ def _key_block(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, 
 
 
 @triton.jit
-def _masked_blocks(row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
-                   qk_scale, L, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,  #
-                   F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
-                   ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, CLASS_MASS: tl.constexpr,  #
-                   DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
-                   TOKENS: tl.constexpr, SUMS_BY_DOT: tl.constexpr):
-    """The masked stage: the key blocks of [start_lo, end) outside the full ones [full_lo, full_hi),
-    left of them, then right."""
-    n_left = (full_lo - start_lo) // BLOCK_N
-    for blk in range(0, n_left + (end - full_hi) // BLOCK_N):
-        start_n = tl.where(blk < n_left, start_lo + blk * BLOCK_N, full_hi + (blk - n_left) * BLOCK_N)
-        row, acc, feat, posn, tok = _key_block(
-            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
-            BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, True, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
-    return row, acc, feat, posn, tok
+def _stage(state, q, pos, keys, band, bounds, qk_scale,  #
+           TILE: tl.constexpr, STATS: tl.constexpr, MASKED: tl.constexpr, BANDED: tl.constexpr,  #
+           BEFORE: tl.constexpr, SUMS_BY_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One stage of the tile's key blocks through `_key_block`, bounds = (start_lo, full_lo, full_hi, end):
+    the main loop over the full blocks [full_lo, full_hi), no mask; or (MASKED) the blocks of
+    [start_lo, end) outside them, left of them, then right. The other arguments are `_key_block`'s."""
+    BLOCK_N: tl.constexpr = TILE[1]
+    start_lo, full_lo, full_hi, end = bounds
+    if MASKED:  # the masked blocks, counted: n_left of them left of the full ones, the rest right
+        n_left = (full_lo - start_lo) // BLOCK_N
+        lo = 0
+        hi = n_left + (end - full_hi) // BLOCK_N
+        step: tl.constexpr = 1
+    else:  # the main loop: no mask
+        lo = full_lo
+        hi = full_hi
+        step: tl.constexpr = BLOCK_N
+    for it in range(lo, hi, step):
+        start_n = tl.where(it < n_left, start_lo + it * BLOCK_N, full_hi + (it - n_left) * BLOCK_N) if MASKED else it
+        state = _key_block(state, q, pos, start_n, keys, band, qk_scale, TILE, STATS, MASKED, BANDED, BEFORE,
+                           SUMS_BY_DOT, DOT_PRECISION)
+    return state
 
 
 @triton.jit
-def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, DISTANCE_MASS: tl.constexpr,
-                   MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr, BEFORE: tl.constexpr = False):
+def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, STATS: tl.constexpr,
+                   BEFORE: tl.constexpr = False):
     """The position-dependent sums of one block (spec.py's `_distance_mass`, `_mean_distance`,
     `_position_mass`), online like the class masses: rescaled by alpha, divided by l at the end.
 
@@ -237,6 +298,7 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
     pmass (BLOCK_M, PB_PAD): mass per bin floor(NPB j / (i + 1)) of keys j <= i, then bin NPB for
     j > i. Exact integer comparisons, one masked row sum per bucket or bin the block can reach: its
     distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal).
+    STATS: the kernel's switches (the three statistics' read here).
     BEFORE: every key of the block lies before every row (j < i, `_key_block`): |i - j| = i - j, so the
     mean distance is (i - start_n) sum_j p_j - sum_j p_j (j - start_n) (one FFMA per score; both terms at
     most BLOCK_N apart, so no cancellation beyond the block's width), and the distances need no |.|."""
@@ -244,17 +306,17 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
     i_lo = tl.min(pos, 0)
     i_hi = tl.max(pos, 0)
     if BEFORE:
-        if DISTANCE_MASS:
+        if STATS[DISTANCE_MASS]:
             dist = pos[:, None] - offs_n[None, :]  # (BLOCK_M, BLOCK_N) |i - j| = i - j
-    elif DISTANCE_MASS or MEAN_DISTANCE:
+    elif STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE]:
         dist = tl.abs(pos[:, None] - offs_n[None, :])  # (BLOCK_M, BLOCK_N) |i - j|
-    if MEAN_DISTANCE:
+    if STATS[MEAN_DISTANCE]:
         if BEFORE:
             t = tl.arange(0, BLOCK_N).to(tl.float32)  # (BLOCK_N,) j - start_n
             dsum_i = dsum_i * alpha + (pos - start_n).to(tl.float32) * tl.sum(p, 1) - tl.sum(p * t[None, :], 1)
         else:
             dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
-    if DISTANCE_MASS:
+    if STATS[DISTANCE_MASS]:
         d_lo = tl.maximum(tl.maximum(start_n - i_hi, i_lo - (start_n + BLOCK_N - 1)), 0)
         d_hi = tl.maximum(i_hi - start_n, start_n + BLOCK_N - 1 - i_lo)
         didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
@@ -263,7 +325,7 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
             lo, hi = _bucket_edges(b)
             mass = tl.sum(tl.where((dist >= lo) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
             dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)
-    if POSITION_MASS:
+    if STATS[POSITION_MASS]:
         # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1); bin NPB holds j > i
         j_lo = tl.min(offs_n, 0)
         j_hi = tl.max(offs_n, 0)
@@ -312,34 +374,50 @@ def _bucket_edges(b):
 
 @triton.jit
 def attn_stats_fwd(
-    Q, K, V, KeyValid, KeyRange, KeyFeatures, GateXi, GateUniform, Offsets,  #
-    Out, Lse, Entropy, OffsetMass, ClassMass, Argmax, DistanceMass, MeanDistance, PositionMass,  #
-    DuplicateMass, PrefixMatchMass, TokenIds,  #
-    sm_scale,  #
-    stride_qb, stride_qh, stride_ql, stride_qd,  #
-    stride_kb, stride_kh, stride_kl, stride_kd,  #
-    stride_vb, stride_vh, stride_vl, stride_vd,  #
-    stride_ob, stride_oh, stride_ol, stride_od,  #
-    stride_mb, stride_ml, stride_fb, stride_fl, stride_xb, stride_ub, stride_sr,  #
-    H, L, n_offsets, n_classes, G, win_left, win_right,  #
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,  #
-    F_PAD: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
-    ENTROPY: tl.constexpr, CLASS_MASS: tl.constexpr, ARGMAX: tl.constexpr,  #
-    DISTANCE_MASS: tl.constexpr, MEAN_DISTANCE: tl.constexpr, POSITION_MASS: tl.constexpr,  #
-    DUPLICATE_MASS: tl.constexpr, PREFIX_MATCH_MASS: tl.constexpr, SUMS_BY_DOT: tl.constexpr,  #
-    MASKED_FIRST: tl.constexpr, GROUP: tl.constexpr,
+    Q, K, V, Keys, Gates, Offsets, Out, Lse, Stats, TokenIds, sm_scale,  #
+    stride_q, stride_k, stride_v, stride_o, strides, dims,  #
+    TILE: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
+    SUMS_BY_DOT: tl.constexpr, MASKED_FIRST: tl.constexpr, GROUP: tl.constexpr, STATS: tl.constexpr,
 ):
     """One program: BLOCK_M stacked rows (f = i * G + g) of the G query heads that share one
-    key/value head, against that head's keys. BANDED: the rows' bands are compared in masked
-    blocks (causal, windowed layouts); off (the plain layout: win_left = win_right = L, G = 1,
-    which Triton's launcher specialises to a constant) only padding and the row end are masked.
-    GROUP > 0: G compiled in (= GROUP, `triton_config`): the stacked rows' divisions by G are then a
-    multiply and a shift, and no runtime G, H // G or divisor is held through the loops; that is what
-    lets the decoders' widest tiles at D = 128 compile without a spill. 0: G read at run time.
-    KeyRange (B, 2): the sequence's valid keys [lo, hi) when they are one contiguous run, else
-    (0, 0): blocks inside it (and inside every row's band) take the unmasked stage. TokenIds (B, L)
-    int32, contiguous, -1 on padding: the token ids the token relations compare (DUPLICATE_MASS,
+    key/value head, against that head's keys.
+
+    The tuple arguments, element by element in `ARGUMENT_TUPLES`' order (the launcher packs them from it):
+    Keys = (KeyValid, KeyRange, KeyFeatures), the batch's per-key operands; Gates = (GateXi,
+    GateUniform); Stats, the statistics' output pointers, one per entry of the table with kernel traits
+    (`triton_launch.kernel_outputs`) in the table's order, read by their indices (`Entropy`, `OffsetMass`,
+    ...); stride_q / stride_k / stride_v / stride_o = (b, h, l, d) strides of Q, K, V and Out (Out's h and l
+    those of its (B, L, H, D) tensor); strides = (KeyValid's b and l, KeyFeatures' b and l, GateXi's and
+    GateUniform's b, the statistics buffer's row stride); dims = (H, L, n_offsets, n_classes, G, win_left,
+    win_right); TILE = (BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD); STATS, the statistics'
+    constexpr switches, one per distinct switch of those entries in the table's order, read by their indices
+    (`ENTROPY`, `ARGMAX`, ...). Both index sets are taken from the table (module constants above). Flattened,
+    the arguments are in the order they had as separate ones (the PTX's parameters, hence the constant-bank
+    offsets the SASS reads them at, are unchanged).
+
+    BANDED: the rows' bands are compared in masked blocks (causal, windowed layouts); off (the plain
+    layout: win_left = win_right = L, G = 1, which Triton's launcher specialises to a constant) only
+    padding and the row end are masked. GROUP > 0: G compiled in (= GROUP, `triton_config`): the stacked
+    rows' divisions by G are then a multiply and a shift, and no runtime G, H // G or divisor is held
+    through the loops; that is what lets the decoders' widest tiles at D = 128 compile without a spill. 0:
+    G read at run time. KeyRange (B, 2): the sequence's valid keys [lo, hi) when they are one contiguous
+    run, else (0, 0): blocks inside it (and inside every row's band) take the unmasked stage. TokenIds
+    (B, L) int32, contiguous, -1 on padding: the token ids the token relations compare (DUPLICATE_MASS,
     PREFIX_MATCH_MASS, switched on together)."""
+    KeyValid, KeyRange, KeyFeatures = Keys
+    GateXi, GateUniform = Gates
+    stride_qb, stride_qh, stride_ql, stride_qd = stride_q
+    stride_kb, stride_kh, stride_kl, stride_kd = stride_k
+    stride_vb, stride_vh, stride_vl, stride_vd = stride_v
+    stride_ob, stride_oh, stride_ol, stride_od = stride_o
+    stride_mb, stride_ml, stride_fb, stride_fl, stride_xb, stride_ub, stride_sr = strides
+    H, L, n_offsets, n_classes, G, win_left, win_right = dims
+    band = (win_left, win_right)
+    BLOCK_M: tl.constexpr = TILE[0]
+    BLOCK_N: tl.constexpr = TILE[1]
+    BLOCK_D: tl.constexpr = TILE[2]
+    HEAD_DIM: tl.constexpr = TILE[3]
+    F_PAD: tl.constexpr = TILE[4]
     if GROUP > 0:
         G = GROUP
     start_m = tl.program_id(0)
@@ -359,10 +437,10 @@ def attn_stats_fwd(
                 mask=f_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
     keys = (K + off_b * stride_kb + off_kv * stride_kh, V + off_b * stride_vb + off_kv * stride_vh,
             KeyFeatures + off_b * stride_fb, KeyValid + off_b * stride_mb,
-            stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd)
+            stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L)
     qk_scale = sm_scale * LOG2E
     # -- running state, by kind: softmax (m, l, T, arg), output, key features, position sums
-    if SUMS_BY_DOT == L_AND_T and ENTROPY:
+    if SUMS_BY_DOT == L_AND_T and STATS[ENTROPY]:
         t_init = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     else:
         t_init = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -372,7 +450,7 @@ def attn_stats_fwd(
     feat = tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32)
     posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
             tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32))
-    TOKENS: tl.constexpr = DUPLICATE_MASS or PREFIX_MATCH_MASS
+    TOKENS: tl.constexpr = STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]
     tok = (tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
            tl.load(TokenIds + off_b * L + pos, mask=f_in, other=-1) if TOKENS else 0, TokenIds + off_b * L)
     # -- the tile's key blocks [start_lo, end): those its band meets; the unmasked ones [full_lo, full_hi)
@@ -388,30 +466,22 @@ def attn_stats_fwd(
     # the position statistics and the token relations under a banded layout: the unmasked blocks hold only keys
     # before every row (`_key_block`'s BEFORE). A causal layout's already do but for the block of the tile's first
     # row's own key; a bidirectional window's keys after the rows go to the masked stage
-    BEFORE: tl.constexpr = BANDED and (MEAN_DISTANCE or DISTANCE_MASS or TOKENS)
+    BEFORE: tl.constexpr = BANDED and (STATS[MEAN_DISTANCE] or STATS[DISTANCE_MASS] or TOKENS)
     if BEFORE:
         full_hi = tl.maximum(tl.minimum(full_hi, (first // BLOCK_N) * BLOCK_N), full_lo)
-    if MASKED_FIRST:  # the masked blocks before the main loop (module docstring)
-        row, acc, feat, posn, tok = _masked_blocks(
-            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
-            qk_scale, L, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
-    for start_n in range(full_lo, full_hi, BLOCK_N):  # the main loop: no mask
-        row, acc, feat, posn, tok = _key_block(
-            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_n, keys, qk_scale, L,  #
-            BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, False, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT, BEFORE)
-    if not MASKED_FIRST:  # the masked blocks after it
-        row, acc, feat, posn, tok = _masked_blocks(
-            row, acc, feat, posn, tok, q, pos, win_left, win_right, start_lo, full_lo, full_hi, end, keys,  #
-            qk_scale, L, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, BANDED, DOT_PRECISION,  #
-            ENTROPY, ARGMAX, CLASS_MASS, DISTANCE_MASS, MEAN_DISTANCE, POSITION_MASS, TOKENS, SUMS_BY_DOT)
+    # the two stages, the masked blocks before the main loop (MASKED_FIRST, module docstring) or after it
+    state = (row, acc, feat, posn, tok)
+    bounds = (start_lo, full_lo, full_hi, end)
+    for stage in tl.static_range(2):
+        state = _stage(state, q, pos, keys, band, bounds, qk_scale, TILE, STATS, (stage == 0) == MASKED_FIRST,
+                       BANDED, BEFORE, SUMS_BY_DOT, DOT_PRECISION)
+    row, acc, feat, posn, tok = state
     # -- epilogue, from the final state; statistics stored in fp32
     m_i, l_i, t_i, arg_i = row
     if SUMS_BY_DOT != PER_SCORE:
         fidx = tl.arange(0, F_PAD)  # (F_PAD,)
         l_i = tl.sum(tl.where(fidx[None, :] == F_PAD - 1, feat, 0.0), 1)  # the ones column: sum_j P_j
-        if SUMS_BY_DOT == L_AND_T and ENTROPY:
+        if SUMS_BY_DOT == L_AND_T and STATS[ENTROPY]:
             # T = q . (P K), q again from memory: neither q nor its addresses kept through the loop
             # (the address written per query head, not as the prologue's, so that the compiler does not keep
             # the prologue's 64-bit pointers live through both loops to reuse them here)
@@ -428,7 +498,7 @@ def attn_stats_fwd(
     stat_row = row_out * stride_sr  # (BLOCK_M,) their rows in the statistics buffer (B, H, L, F)
     # padding queries' statistics are the table's padding value, 0: written here, not by a pass after
     q_ok = tl.load(KeyValid + off_b * stride_mb + pos * stride_ml, mask=f_in, other=0) != 0  # (BLOCK_M,)
-    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd = keys
+    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L = keys
     # -- the output first, so that acc's registers are free for the statistics: xi scales each row's
     # head; a uniform head's rows get the mean of V over the keys they see
     head = off_kv * G + g  # (BLOCK_M,) the rows' query heads
@@ -463,35 +533,35 @@ def attn_stats_fwd(
             tl.store(O_ptrs, u_acc.to(Out.dtype.element_ty), mask=o_in & (uniform != 0)[:, None])
     # -- the row statistics
     tl.store(Lse + row_out, (m_i + log2_l) * LN2, mask=f_in)
-    if ENTROPY:
+    if STATS[ENTROPY]:
         if SUMS_BY_DOT == L_ONLY:  # H = ln 2 (log2 l - t / l)
             entropy = (log2_l - t_i * inv_l) * LN2
         else:  # H = ln 2 (log2 l - t / l), t / l = c T / l - m
             entropy = (log2_l + m_i - qk_scale * t_i * inv_l) * LN2
-        tl.store(Entropy + stat_row, tl.where(q_ok, entropy, 0.0), mask=f_in)
-    if ARGMAX:
-        tl.store(Argmax + row_out, tl.where(q_ok, arg_i, 0).to(tl.int64), mask=f_in)
-    if CLASS_MASS:
+        tl.store(Stats[Entropy] + stat_row, tl.where(q_ok, entropy, 0.0), mask=f_in)
+    if STATS[ARGMAX]:
+        tl.store(Stats[Argmax] + row_out, tl.where(q_ok, arg_i, 0).to(tl.int64), mask=f_in)
+    if STATS[CLASS_MASS]:
         cidx = tl.arange(0, F_PAD)  # (F_PAD,)
-        tl.store(ClassMass + stat_row[:, None] + cidx[None, :], tl.where(q_ok[:, None], feat * inv_l[:, None], 0.0),
-                 mask=f_in[:, None] & (cidx[None, :] < n_classes))
-    if DISTANCE_MASS or MEAN_DISTANCE or POSITION_MASS:
+        tl.store(Stats[ClassMass] + stat_row[:, None] + cidx[None, :],
+                 tl.where(q_ok[:, None], feat * inv_l[:, None], 0.0), mask=f_in[:, None] & (cidx[None, :] < n_classes))
+    if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
         dist_i, dsum_i, pmass_i = posn
-        if DISTANCE_MASS:
+        if STATS[DISTANCE_MASS]:
             didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
-            tl.store(DistanceMass + stat_row[:, None] + didx[None, :],
+            tl.store(Stats[DistanceMass] + stat_row[:, None] + didx[None, :],
                      tl.where(q_ok[:, None], dist_i * inv_l[:, None], 0.0), mask=f_in[:, None] & (didx[None, :] < DB))
-        if MEAN_DISTANCE:
-            tl.store(MeanDistance + stat_row, tl.where(q_ok, dsum_i * inv_l, 0.0), mask=f_in)
-        if POSITION_MASS:
+        if STATS[MEAN_DISTANCE]:
+            tl.store(Stats[MeanDistance] + stat_row, tl.where(q_ok, dsum_i * inv_l, 0.0), mask=f_in)
+        if STATS[POSITION_MASS]:
             pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
-            tl.store(PositionMass + stat_row[:, None] + pidx[None, :],
+            tl.store(Stats[PositionMass] + stat_row[:, None] + pidx[None, :],
                      tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
                      mask=f_in[:, None] & (pidx[None, :] <= NPB))
-    if DUPLICATE_MASS:
-        tl.store(DuplicateMass + stat_row, tl.where(q_ok, tok[0] * inv_l, 0.0), mask=f_in)
-    if PREFIX_MATCH_MASS:
-        tl.store(PrefixMatchMass + stat_row, tl.where(q_ok, tok[1] * inv_l, 0.0), mask=f_in)
+    if STATS[DUPLICATE_MASS]:
+        tl.store(Stats[DuplicateMass] + stat_row, tl.where(q_ok, tok[0] * inv_l, 0.0), mask=f_in)
+    if STATS[PREFIX_MATCH_MASS]:
+        tl.store(Stats[PrefixMatchMass] + stat_row, tl.where(q_ok, tok[1] * inv_l, 0.0), mask=f_in)
     # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
     for o in range(0, n_offsets):
         off = tl.load(Offsets + o)
@@ -512,7 +582,8 @@ def attn_stats_fwd(
                           mask=inside[:, None] & dk_in[None, :], other=0.0)  # (BLOCK_M, OFFSET_DK)
             z_o += tl.sum(q_o.to(tl.float32) * k_o.to(tl.float32), 1)
         z_o = tl.where(tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0, z_o * qk_scale, FMIN)
-        tl.store(OffsetMass + stat_row + o, tl.where(inside & q_ok, tl.math.exp2(z_o - m_i) * inv_l, 0.0), mask=f_in)
+        tl.store(Stats[OffsetMass] + stat_row + o, tl.where(inside & q_ok, tl.math.exp2(z_o - m_i) * inv_l, 0.0),
+                 mask=f_in)
 
 
 # True when this module was imported under TRITON_INTERPRET=1 (the kernel runs on CPU tensors)

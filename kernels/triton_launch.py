@@ -16,14 +16,18 @@ capture. So:
   one when the argmax is asked).
 
 The statistics the kernel writes are read off the table (`kernel_outputs`): a statistic of
-`spec.ROW_STATS` with kernel traits (`spec.KernelTraits`), a pointer argument named after it
-(entropy -> Entropy) and, when its traits name one, its constexpr switch (ENTROPY).
+`spec.ROW_STATS` with kernel traits (`spec.KernelTraits`) has its output pointer in the kernel's
+`Stats` tuple, at the index named after it (entropy -> Entropy), and, when its traits name one, its
+constexpr switch in the kernel's `STATS` tuple, at the index named by the switch (ENTROPY); both in
+the table's order. The kernel's other tuple arguments are packed from named elements
+(`kernel_arguments`, `triton_kernel.ARGUMENT_TUPLES`).
 """
 from __future__ import annotations
 
 import ast
 import functools
 import inspect
+import operator
 import textwrap
 from dataclasses import dataclass
 
@@ -34,39 +38,104 @@ from . import triton_maps
 from .precision import TF32, fp32_dot_precision
 from .spec import FIXED_WIDTHS, ROW_STATS, AttentionLayout, StatsSpec, asked_stats, padded_ids
 from .triton_config import device_arch, feature_width, kernel_config
-from .triton_kernel import INTERPRETED, attn_stats_fwd
+from .triton_kernel import ARGUMENT_TUPLES, INTERPRETED, attn_stats_fwd
 from .triton_tiles import DTYPES, launch_caps
 
 
 def output_argument(stat) -> str:
-    """The kernel's pointer argument of a statistic of the table: its name in CamelCase
-    (entropy -> Entropy, offset_mass -> OffsetMass)."""
+    """The name of a statistic's output in the kernel, its name in CamelCase (entropy -> Entropy,
+    offset_mass -> OffsetMass): the index of its pointer in the kernel's `Stats` tuple."""
     return "".join(w.capitalize() for w in stat.name.split("_"))
 
 
 @functools.cache
 def kernel_outputs() -> tuple:
-    """(RowStat, pointer argument, constexpr switch or None) for each statistic of the table the
-    fused kernel writes: those with kernel traits (`RowStat.kernel`), whose pointer argument is named
-    after them (`output_argument`) and whose switch the traits name. The launcher, the check before a
-    launch (`check_computed`) and `triton_aot` all read this.
+    """(RowStat, output name, constexpr switch or None) for each statistic of the table the fused
+    kernel writes: those with kernel traits (`RowStat.kernel`), in the table's order, which is the order
+    of the kernel's `Stats` tuple of output pointers; the output name (`output_argument`) is the kernel
+    module's index of its pointer there, the switch (as the traits name it) the index of its switch in the
+    kernel's `STATS` tuple (`kernel_switches_order`). The launcher, the check before a launch
+    (`check_computed`) and `triton_aot` all read this.
 
-    An entry whose traits name an argument or switch the kernel lacks, or a pointer argument the kernel's
-    body never reads (an output declared and forgotten), is a NotImplementedError here, before any launch:
-    its tensor would come back as whatever memory it was given."""
-    params = attn_stats_fwd.arg_names
+    An entry whose traits name an index the kernel's module lacks (or holds at another place than the
+    table's order gives it), or an output the kernel's body never reads (an output declared and forgotten),
+    is a NotImplementedError here, before any launch: its tensor would come back as whatever memory it was
+    given."""
     found = [(stat, output_argument(stat), stat.kernel.switch) for stat in ROW_STATS if stat.kernel is not None]
+    switches = list(dict.fromkeys(flag for _, _, flag in found if flag is not None))
+    places = {arg: i for i, (_, arg, _) in enumerate(found)} | {flag: i for i, flag in enumerate(switches)}
+    index = _indices(attn_stats_fwd)
     missing = [f"{stat.name} ({name})" for stat, arg, flag in found for name in (arg, flag)
-               if name is not None and name not in params]
+               if name is not None and name not in index]
+    moved = [f"{stat.name} ({name} = {index[name]}, not {places[name]})" for stat, arg, flag in found
+             for name in (arg, flag) if name in index and index[name] != places[name]]
     used = _names_used(attn_stats_fwd)
-    unused = [f"{stat.name} ({arg})" for stat, arg, _ in found if arg in params and arg not in used]
-    if missing or unused:
+    unused = [f"{stat.name} ({arg})" for stat, arg, _ in found if arg in index and arg not in used]
+    if missing or moved or unused:
         raise NotImplementedError(
             "the triton kernel attn_stats_fwd " + "; ".join(
                 ([f"lacks {', '.join(missing)}, named by the table's kernel traits"] if missing else [])
+                + ([f"reads {', '.join(moved)}: out of the table's order"] if moved else [])
                 + ([f"takes {', '.join(unused)} but never writes it"] if unused else []))
             + " (see docs/contributing.md)")
     return tuple(found)
+
+
+def kernel_switches_order() -> tuple[str, ...]:
+    """The kernel's `STATS` tuple, by name: each distinct switch of `kernel_outputs`, in the table's order."""
+    return tuple(dict.fromkeys(flag for _, _, flag in kernel_outputs() if flag is not None))
+
+
+def argument_paths() -> dict[str, tuple[int, ...]]:
+    """Where each named value of a launch sits in `attn_stats_fwd`'s arguments: (i,) argument i itself,
+    (i, j) element j of tuple argument i: the elements of `triton_kernel.ARGUMENT_TUPLES`, `Stats`' by
+    output name and `STATS`' by switch name (`kernel_outputs`, `kernel_switches_order`). The paths are
+    those Triton keys a tuple element's specialisation by (a constant, a divisibility hint)."""
+    paths = {}
+    for i, (name, elements) in enumerate(_packing(*_packing_key())):
+        paths.update({name: (i,)} if elements is None else {e: (i, j) for j, e in enumerate(elements)})
+    return paths
+
+
+def kernel_arguments(named: dict) -> dict:
+    """The arguments of `attn_stats_fwd`, by name, from named values (`argument_paths`: each tuple
+    argument packed from its elements, the statistics' outputs by output name, their switches by name).
+    `triton_aot` packs a compile's signature and constants the same way."""
+    key = _packing_key()
+    return {name: get(named) for name, get in zip(key[0], _getters(*key))}
+
+
+def _packing_key() -> tuple:
+    """(the kernel's argument names, (output name, switch) of each of `kernel_outputs`): what the packing
+    depends on, as strings (cheap to hash at every launch, where the table's entries are not)."""
+    return tuple(attn_stats_fwd.arg_names), tuple((arg, flag) for _, arg, flag in kernel_outputs())
+
+
+@functools.cache
+def _packing(names: tuple, outputs: tuple) -> tuple:
+    """(argument, its elements' names or None) for each argument of the kernel (`names`), its statistics'
+    (output name, switch) being `outputs` (`_packing_key`): worked out once, not at every launch."""
+    switches = tuple(dict.fromkeys(flag for _, flag in outputs if flag is not None))
+    elements = {**ARGUMENT_TUPLES, "Stats": tuple(arg for arg, _ in outputs), "STATS": switches}
+    return tuple((name, elements.get(name)) for name in names)
+
+
+@functools.cache
+def _getters(names: tuple, outputs: tuple) -> tuple:
+    """For each argument of `_packing`, a function of the named values that gives it (an itemgetter: the
+    launch's packing costs about what passing the same values as keywords does)."""
+    def tuple_of(elements):
+        get = operator.itemgetter(*elements)
+        return get if len(elements) > 1 else lambda named: (get(named),)
+    return tuple(operator.itemgetter(name) if elements is None else tuple_of(elements)
+                 for name, elements in _packing(names, outputs))
+
+
+def _indices(kernel) -> dict[str, int]:
+    """The integer constexprs of the module of a @triton.jit kernel (compiled or interpreted): the indices
+    into its tuples it reads, by name."""
+    return {name: value.value for name, value in kernel.fn.__globals__.items()
+            if isinstance(value, triton.language.constexpr) and type(value.value) is int}
 
 
 def _names_used(kernel) -> set[str]:
@@ -304,10 +373,10 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     xi, stride_xb, uniform, stride_ub = gate_operands(gates, H, dev)
     ids = CACHE.token_ids(token_ids, key_valid, dev) if spec.token_relations else keys.ranges  # (B, L) int32
     grid = (triton.cdiv(L * G, cfg["BLOCK_M"]), B * (H // G))
-    attn_stats_fwd[grid](
-        q, k, v, keys.valid, keys.ranges, features, xi, xi if uniform is None else uniform,
-        CACHE.offsets(spec.offsets, dev), out, lse, TokenIds=ids,  #
-        **{arg: t for arg, t in outputs.items() if arg != "Lse"}, sm_scale=scale,  #
+    named = dict(
+        Q=q, K=k, V=v, KeyValid=keys.valid, KeyRange=keys.ranges, KeyFeatures=features, TokenIds=ids,  #
+        GateXi=xi, GateUniform=xi if uniform is None else uniform, Offsets=CACHE.offsets(spec.offsets, dev),  #
+        Out=out, Lse=lse, sm_scale=scale,  #
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_ql=q.stride(2), stride_qd=q.stride(3),  #
         stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kl=k.stride(2), stride_kd=k.stride(3),  #
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_vl=v.stride(2), stride_vd=v.stride(3),  #
@@ -316,13 +385,13 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         stride_fb=features.stride(0), stride_fl=features.stride(1), stride_xb=stride_xb, stride_ub=stride_ub,
         stride_sr=stat_stride,  #
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D,
-        F_PAD=feature_width(C), BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),
-        UNIFORM=uniform is not None, SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D, F_PAD=feature_width(C),
+        BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype), UNIFORM=uniform is not None,
+        SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
         GROUP=G if band["BANDED"] and cfg.get("FIXED_G", False) else 0,
-        **flags,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_caps(cfg),
     )
+    attn_stats_fwd[grid](**kernel_arguments({**named, **outputs, **flags}), num_warps=cfg["num_warps"],
+                         num_stages=cfg["num_stages"], **launch_caps(cfg))
     return out, stats, lse
 
 

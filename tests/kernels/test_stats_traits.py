@@ -54,20 +54,39 @@ def test_traits_hold_known_values(stat: RowStat):
 
 
 def test_the_kernel_has_what_the_traits_name():
-    """Each entry with kernel traits has its output pointer and switch in attn_stats_fwd, and every switch
-    of the kernel named after a statistic belongs to an entry (kernel_outputs reads the table, not names)."""
-    from bertscope.kernels.triton_kernel import attn_stats_fwd
-    from bertscope.kernels.triton_launch import kernel_outputs, output_argument
+    """Each entry with kernel traits has its output's index (into the kernel's `Stats` tuple) and its switch's
+    index (into `STATS`) in the kernel's module, at the places the table's order gives them, and every switch
+    index of the module named after a statistic belongs to an entry (kernel_outputs reads the table, not names)."""
+    from bertscope.kernels import triton_kernel
+    from bertscope.kernels.triton_launch import _indices, kernel_outputs, kernel_switches_order, output_argument
 
-    params = set(attn_stats_fwd.arg_names)
+    index = _indices(triton_kernel.attn_stats_fwd)
     outputs = kernel_outputs()
     assert [s for s, _, _ in outputs] == [s for s in ROW_STATS if s.kernel is not None]
-    for stat, arg, flag in outputs:
-        assert arg == output_argument(stat) in params and (flag is None or flag in params)
+    order = kernel_switches_order()
+    for i, (stat, arg, flag) in enumerate(outputs):
+        assert arg == output_argument(stat) and index[arg] == i
+        assert flag is None or index[flag] == order.index(flag)
     switches = {s.kernel.switch for s in ROW_STATS if s.kernel is not None}
-    for name in params:
+    assert set(order) == switches - {None}
+    for name in index:
         if name.isupper() and name.lower() in STAT:
             assert name in switches, f"{name}: a kernel switch no table entry names"
+
+
+def test_an_index_out_of_the_tables_order_fails_before_any_launch(monkeypatch):
+    """The kernel's module takes its indices from the table; one written by hand at another place is refused."""
+    import triton.language as tl
+
+    from bertscope.kernels import triton_kernel, triton_launch
+
+    monkeypatch.setattr(triton_kernel, "Argmax", tl.constexpr(0))
+    triton_launch.kernel_outputs.cache_clear()
+    try:
+        with pytest.raises(NotImplementedError, match=r"reads argmax \(Argmax = 0, not 3\)"):
+            triton_launch.kernel_outputs()
+    finally:
+        triton_launch.kernel_outputs.cache_clear()
 
 
 def test_a_trait_naming_what_the_kernel_lacks_fails_before_any_launch(monkeypatch):

@@ -337,8 +337,14 @@ def test_one_kernel_for_every_layout(layout, banded, monkeypatch):
     assert_same(attention_stats_eager(*inputs, SPEC, layout=layout), ta.attention_stats_triton(*inputs, SPEC,
                                                                                            layout=layout), inputs[3])
     (kw,) = launches
-    assert kw["BANDED"] is banded and kw["G"] == layout.group_size(H) and kw["GROUP"] == 0  # G read at run time
-    assert kw["BLOCK_M"] == forward_config(8, torch.float32, interpreted=True)["BLOCK_M"]
+    paths, names = launch.argument_paths(), real.arg_names  # a named value's place in the kernel's arguments
+
+    def arg(name):
+        value = kw[names[paths[name][0]]]
+        return value if len(paths[name]) == 1 else value[paths[name][1]]
+
+    assert arg("BANDED") is banded and arg("G") == layout.group_size(H) and arg("GROUP") == 0  # G read at run time
+    assert arg("BLOCK_M") == forward_config(8, torch.float32, interpreted=True)["BLOCK_M"]
 
 
 def test_a_tiny_llama_through_the_plugin_matches_eager():
