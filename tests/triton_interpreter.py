@@ -46,3 +46,23 @@ def one_block_cfg(one_block):
     if one_block is None:
         return None
     return dict(BLOCK_M=32, BLOCK_N=128) if one_block else dict(BLOCK_M=16, BLOCK_N=16)
+
+
+def spy_launches(monkeypatch) -> list[dict]:
+    """Record the keyword arguments of every launch of the fused kernel through `triton_launch` (the call still
+    runs): the list the launches append to. Tests read what a launch passed (its tuples, its switches)."""
+    from bertscope.kernels import triton_launch
+
+    real, launches = triton_launch.attn_stats_fwd, []
+
+    class Spy:
+        arg_names, fn = real.arg_names, real.fn
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                launches.append(kw)
+                return real[grid](*a, **kw)
+            return run
+
+    monkeypatch.setattr(triton_launch, "attn_stats_fwd", Spy())
+    return launches

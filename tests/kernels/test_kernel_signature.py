@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+from triton_interpreter import spy_launches
 
 from bertscope.kernels import triton_kernel, triton_launch
 from bertscope.kernels.spec import ROW_STATS, StatsSpec
@@ -116,18 +117,7 @@ def test_a_launch_passes_the_switches_and_outputs_by_index(monkeypatch):
 
     if not (triton_kernel.INTERPRETED or torch.cuda.is_available()):
         pytest.skip("needs TRITON_INTERPRET=1 or a GPU")
-    real, launches = triton_launch.attn_stats_fwd, []
-
-    class Spy:
-        arg_names, fn = real.arg_names, real.fn
-
-        def __getitem__(self, grid):
-            def run(*a, **kw):
-                launches.append(kw)
-                return real[grid](*a, **kw)
-            return run
-
-    monkeypatch.setattr(triton_launch, "attn_stats_fwd", Spy())
+    launches = spy_launches(monkeypatch)
     dev = "cpu" if triton_kernel.INTERPRETED else "cuda"
     B, H, L, D = 1, 2, 9, 16
     g = torch.Generator().manual_seed(0)

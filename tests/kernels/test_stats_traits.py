@@ -74,33 +74,35 @@ def test_the_kernel_has_what_the_traits_name():
             assert name in switches, f"{name}: a kernel switch no table entry names"
 
 
-def test_an_index_out_of_the_tables_order_fails_before_any_launch(monkeypatch):
+@pytest.fixture
+def uncached_outputs(monkeypatch):
+    """`kernel_outputs` read afresh while a test's patches hold, and afresh again after them (it is cached)."""
+    from bertscope.kernels import triton_launch
+
+    triton_launch.kernel_outputs.cache_clear()
+    yield
+    triton_launch.kernel_outputs.cache_clear()
+
+
+def test_an_index_out_of_the_tables_order_fails_before_any_launch(monkeypatch, uncached_outputs):
     """The kernel's module takes its indices from the table; one written by hand at another place is refused."""
     import triton.language as tl
 
     from bertscope.kernels import triton_kernel, triton_launch
 
     monkeypatch.setattr(triton_kernel, "Argmax", tl.constexpr(0))
-    triton_launch.kernel_outputs.cache_clear()
-    try:
-        with pytest.raises(NotImplementedError, match=r"reads argmax \(Argmax = 0, not 3\)"):
-            triton_launch.kernel_outputs()
-    finally:
-        triton_launch.kernel_outputs.cache_clear()
+    with pytest.raises(NotImplementedError, match=r"reads argmax \(Argmax = 0, not 3\)"):
+        triton_launch.kernel_outputs()
 
 
-def test_a_trait_naming_what_the_kernel_lacks_fails_before_any_launch(monkeypatch):
+def test_a_trait_naming_what_the_kernel_lacks_fails_before_any_launch(monkeypatch, uncached_outputs):
     from bertscope.kernels import triton_launch
 
     broken = dataclasses.replace(STAT["entropy"], kernel=dataclasses.replace(STAT["entropy"].kernel,
                                                                              switch="ENTROPY_V7"))
     monkeypatch.setattr(triton_launch, "ROW_STATS", tuple(broken if s.name == "entropy" else s for s in ROW_STATS))
-    triton_launch.kernel_outputs.cache_clear()
-    try:
-        with pytest.raises(NotImplementedError, match=r"lacks entropy \(ENTROPY_V7\)"):
-            triton_launch.kernel_outputs()
-    finally:
-        triton_launch.kernel_outputs.cache_clear()
+    with pytest.raises(NotImplementedError, match=r"lacks entropy \(ENTROPY_V7\)"):
+        triton_launch.kernel_outputs()
 
 
 def test_the_config_and_the_aot_matrix_read_the_tile_families():

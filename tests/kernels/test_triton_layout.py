@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_kernel_maps import random_units
 from test_layout import layouts, padded
 from test_triton_attention import fp32
-from triton_interpreter import emulate_bf16_dots
+from triton_interpreter import emulate_bf16_dots, spy_launches
 
 import bertscope.kernels.triton_attention as ta
 from bertscope.kernels import triton_maps
@@ -319,25 +319,14 @@ def test_one_kernel_for_every_layout(layout, banded, monkeypatch):
     import bertscope.kernels.triton_launch as launch
     from bertscope.kernels.triton_config import forward_config
 
-    launches, real = [], launch.attn_stats_fwd
-
-    class Spy:
-        arg_names = real.arg_names
-        fn = real.fn
-
-        def __getitem__(self, grid):
-            def run(*a, **kw):
-                launches.append(kw)
-                return real[grid](*a, **kw)
-            return run
-
-    monkeypatch.setattr(launch, "attn_stats_fwd", Spy())
+    names = launch.attn_stats_fwd.arg_names
+    launches = spy_launches(monkeypatch)
     H = 2
     inputs = make_inputs(2, H, 12, 8, layout, [0, 3], False)
     assert_same(attention_stats_eager(*inputs, SPEC, layout=layout), ta.attention_stats_triton(*inputs, SPEC,
                                                                                            layout=layout), inputs[3])
     (kw,) = launches
-    paths, names = launch.argument_paths(), real.arg_names  # a named value's place in the kernel's arguments
+    paths = launch.argument_paths()  # a named value's place in the kernel's arguments
 
     def arg(name):
         value = kw[names[paths[name][0]]]
