@@ -65,7 +65,7 @@ from . import spec as _spec
 from .common import finish_stats, keep_qk, query_blocks, require_pooling
 from .gates import apply_gates
 from .pooling import word_argmax
-from .spec import PLAIN, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling, padded_ids
+from .spec import PLAIN, STAT, AttentionLayout, KeyBlock, RowStats, StatsSpec, WordPooling, padded_ids
 from .streaming import add_streaming_stats
 
 # the scores of one block: whole maps of a few heads (plain layout: at L = 128, a sequence's 12
@@ -352,7 +352,7 @@ class _NormPass:
         B, L = key_valid.shape
         norms = torch.where(key_valid[:, None, :], norms.to(dtype), 0)  # (B, H, L): padding keys count 0
         H = norms.shape[1]
-        C = spec.n_key_classes if spec.class_mass else 0
+        C = spec.n_key_classes if STAT["class_mass_norm"].asked(spec) else 0  # norms may name the twins it asks
         # (B, L, C + 1): each key's one-hot class, then 1 (the weighted norm's column); times n_j per head later
         cols = torch.cat([torch.nn.functional.one_hot(key_class, C).to(dtype) if C else key_valid.new_zeros(B, L, 0,
                           dtype=dtype), key_valid.new_ones(B, L, 1, dtype=dtype)], dim=-1)
@@ -380,7 +380,8 @@ class _NormPass:
         stats.weighted_norm = wn
         if self.classes is not None:
             stats.class_mass_norm = self.classes * inv
-        if offset_mass is not None:  # p_{i,i+o} n_{i+o}: n at the offset's key (offset mass 0 outside the row)
+        if offset_mass is not None and STAT["offset_mass_norm"].asked(spec):
+            # p_{i,i+o} n_{i+o}: n at the offset's key (offset mass 0 outside the row)
             B, H, L = wn.shape
             j = torch.arange(L, device=wn.device)[:, None] + torch.tensor(spec.offsets, device=wn.device)  # (L, O)
             j = j.clamp(0, L - 1)

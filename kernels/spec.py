@@ -337,11 +337,12 @@ class KernelTraits:
     switch:    the kernel's constexpr that compiles it in (None: always there when asked, an epilogue loop
                over a runtime count)
     reads:     the operands beyond Q, K, V and the key mask it needs: "key_features" (U), "positions" (the
-               rows' and keys' indices), "token_ids", "offsets"
+               rows' and keys' indices), "token_ids", "offsets", "value_norms" (the norm features U n:
+               the key classes scaled by each key's value norm, and the norm itself, per query head)
     accumulator: its running state per stacked row, in the kernel's terms ("" for none)
     tiles:     the tile family its registers call for (`triton_config.forward_config`'s precedence): "default"
                (the widest tiles of `DEFAULT_TILES`), "wide" (a 64-column dot or an index: BLOCK_N <= 64),
-               "positions", "tokens"
+               "positions", "tokens", "norms" (the norm-based twins: a second (BLOCK_M, NORM_F) dot accumulator)
     second_pass: it needs a pass over the keys after the loop (none does today: the uniform gate's pass is
                the gates', not a statistic's)
     registers: fp32 values per stacked row its accumulator holds through the loop (the register weight)
@@ -358,8 +359,8 @@ class KernelTraits:
 
 # KernelTraits' values, checked by the table's tests
 KERNEL_KINDS = ("by_dot", "per_score", "per_bucket", "per_relation", "epilogue")
-KERNEL_READS = ("key_features", "positions", "token_ids", "offsets")
-KERNEL_TILES = ("default", "wide", "positions", "tokens")
+KERNEL_READS = ("key_features", "positions", "token_ids", "offsets", "value_norms")
+KERNEL_TILES = ("default", "wide", "positions", "tokens", "norms")
 # where the backends compute a statistic (`RowStat.pass_kind`)
 PASS_KINDS = ("row", "blocks", "norm", "maps", "streaming")
 
@@ -421,8 +422,9 @@ class RowStat:
     twinned: bool = False
 
     def asked(self, spec: StatsSpec) -> bool:
-        if self.twin_of is not None:  # a norm-based twin: its switch (norms) and its base's
-            return bool(getattr(spec, self.switch)) and self.twin_of.asked(spec)
+        if self.twin_of is not None:  # a twin: its switch (norms: every twin, or its base's name), and its base
+            norms = getattr(spec, self.switch)
+            return (norms is True or self.twin_of.name in (norms or ())) and self.twin_of.asked(spec)
         return bool(getattr(spec, self.switch))
 
     def computed_by(self, backend: str) -> bool:
@@ -493,27 +495,47 @@ ROW_STATS: tuple[RowStat, ...] = (
             sums=(SegmentSum("output_sq", "output_sq_sum"),),
             doc="||o_i||^2 of the head's un-gated output: the denominator of the relative streaming error"),
 )
-# the backends that compute the norm-based twins: not the Triton kernel yet (it waits on a redesign)
+# the backends that compute the norm-based twins whose base the fused kernel does not sum by dot or in its
+# epilogue (the distance, position and token twins: per-score work in the kernel, not written yet)
 NORM_BACKENDS = ("eager", "chunked")
+# the twins' kinds the fused kernel computes: a by-dot base's twin is one more dot, of P with the key features
+# scaled by the keys' value norms (P @ U n, its last column P @ n: the twins' denominator), an epilogue base's
+# twin the base's p_{i, i+o} times n_{i+o} over that denominator
+NORM_KERNEL_KINDS = ("by_dot", "epilogue")
+
+
+def _twin_traits(base: RowStat) -> KernelTraits | None:
+    """The kernel traits of `base`'s norm-based twin: the base's kind, under a switch of its own (CLASS_MASS_NORM),
+    reading the norm features, whose dot `weighted_norm`'s switch WEIGHTED_NORM compiles in (asked with any twin); None
+    (not in the kernel) for a base summed per score, bucket or relation."""
+    if base.kernel is None or base.kernel.kind not in NORM_KERNEL_KINDS:
+        return None
+    return KernelTraits(base.kernel.kind, f"{base.name.upper()}_NORM", reads=base.kernel.reads + ("value_norms",),
+                        accumulator="(BLOCK_M, NORM_F), shared by the twins" if base.kernel.kind == "by_dot" else "",
+                        tiles="norms", registers=0)
 
 
 def norm_twin(base: RowStat) -> RowStat:
     """`<base>_norm`: the norm-based twin of a mass statistic (switch `norms`, asked with its base). The twins
     of the statistics chunked's row pass fuses come from its norm pass (one matmul of P against the keys' norms:
-    the class twins, and the offsets' read off the offset masses), the others from their definitions."""
+    the class twins, and the offsets' read off the offset masses), the others from their definitions; the fused
+    kernel computes the twins of its by-dot and epilogue statistics (`_twin_traits`)."""
+    traits = _twin_traits(base)
     return RowStat(f"{base.name}_norm", base.shape, "norms", from_probs=_Twin(base.from_probs),
                    pass_kind="norm" if base.pass_kind == "row" else "blocks",
                    sums=tuple(SegmentSum(f"{m.name}_norm", f"{m.array.removesuffix('_sum')}_norm_sum", m.width)
                               for m in base.sums),
                    doc=f"the norm-based share of {base.name}: {base.name} of p_ij n_j / sum_j p_ij n_j",
-                   twin_of=base, backends=NORM_BACKENDS)
+                   twin_of=base, backends=None if traits is not None else NORM_BACKENDS, kernel=traits)
 
 
 # the mass statistics that have a norm-based twin (`twinned`), in the table's order
 NORM_TWINNED = tuple(s.name for s in ROW_STATS if s.twinned)
 ROW_STATS += tuple(norm_twin(s) for s in ROW_STATS if s.twinned) + (
     RowStat("weighted_norm", ("B", "H", "L"), "norms", from_probs=_weighted_norm, pass_kind="norm",
-            sums=(SegmentSum("weighted_norm", "weighted_norm_sum"),), backends=NORM_BACKENDS,
+            sums=(SegmentSum("weighted_norm", "weighted_norm_sum"),),
+            kernel=KernelTraits("by_dot", "WEIGHTED_NORM", reads=("value_norms",), accumulator="the norm features' sum "
+                                "column", tiles="norms", registers=16),
             doc="sum_j p_ij n_j: the norm of the row's weighted value vectors' contributions, ||f|| weighted"),
 )
 STAT = {s.name: s for s in ROW_STATS}
@@ -538,12 +560,28 @@ def unsupported_stats(spec: StatsSpec, backend: str) -> list[str]:
     return [s.name for s in ROW_STATS if s.asked(spec) and not s.computed_by(backend)]
 
 
+def _norms_switch(norms) -> bool | tuple[str, ...]:
+    """`StatsSpec.norms` as a bool or a tuple of twinned statistics' names in the table's order (a list read
+    back from JSON, a set: the same twins); an empty one is False. Any other name is a ValueError."""
+    if isinstance(norms, (bool, int, type(None))):
+        return bool(norms)
+    if isinstance(norms, str):
+        norms = (norms,)
+    unknown = sorted(set(norms) - set(NORM_TWINNED))
+    if unknown:
+        raise ValueError(f"norms names statistics without a norm-based twin: {', '.join(unknown)} "
+                         f"(those with one: {', '.join(NORM_TWINNED)})")
+    return tuple(name for name in NORM_TWINNED if name in set(norms)) or False
+
+
 def refuse_unsupported(spec: StatsSpec, backend: str):
     """A one-line NotImplementedError, before any work, when `spec` asks for a statistic the table
     says `backend` does not compute (the norm-based twins on triton)."""
     missing = unsupported_stats(spec, backend)
     if missing:
-        norms = " (StatsSpec.norms: the norm-based twins are not in the Triton kernel yet)" if spec.norms else ""
+        own = tuple(t.twin_of.name for t in ROW_STATS if t.twin_of is not None and t.computed_by(backend))
+        norms = (f" (StatsSpec.norms: it computes the twins of {', '.join(own)} only; ask for those with "
+                 f"norms={own!r})") if spec.norms and any(STAT[m].twin_of is not None for m in missing) else ""
         raise NotImplementedError(f"the {backend} backend does not compute {', '.join(missing)}{norms}; "
                                   "use the chunked or eager backend, or turn the statistic off")
 
@@ -606,19 +644,22 @@ class StatsSpec:
     (`kernels.streaming`; DuoAttention's streaming / retrieval heads). () for off; True means
     `STREAMING_ON` (what a spec that turns every switch on gets: a span short enough that rows of a
     short test sequence are streamed)."""
-    norms: bool = False
-    """The norm-based twins (Kobayashi et al. 2020, docs/norms.md): each mass statistic asked for
+    norms: bool | tuple[str, ...] = False
+    """The norm-based twins (Kobayashi et al. 2020, docs/norms.md): True, each mass statistic asked for
     (`offset_mass`, `class_mass`, `distance_mass`, `position_mass`, `duplicate_mass`,
     `prefix_match_mass`) also as `<name>_norm`, the same statistic of p_ij n_j / sum_j p_ij n_j, and
-    `weighted_norm`, sum_j p_ij n_j. Needs each key's value norm n_j = ||f_h(x_j)|| per head (`norms=`
-    of the backends; the engine computes it from the layer's values and output projection,
-    `kernels.norms`). Eager and chunked only (`NORM_BACKENDS`): not in the Triton kernel yet."""
+    `weighted_norm`, sum_j p_ij n_j; a tuple of those base names, only their twins (and `weighted_norm`):
+    an analysis that reads the class twins alone does not pay for the others. Needs each key's value norm
+    n_j = ||f_h(x_j)|| per head (`norms=` of the backends; the engine computes it from the layer's values
+    and output projection, `kernels.norms`). The Triton kernel computes the twins of the class and offset
+    masses and `weighted_norm`; the others are eager's and chunked's only (`NORM_BACKENDS`)."""
     keep_qk: bool = False
     """Hand the layer's queries and keys on with the statistics (`RowStats.queries`, `.keys`: views,
     no copy), for analyses that compare heads across layers (Jensen-Shannon clustering) by
     recomputing attention tiles instead of keeping every map."""
 
     def __post_init__(self):
+        object.__setattr__(self, "norms", _norms_switch(self.norms))
         if len(set(self.offsets)) != len(self.offsets):
             raise ValueError(f"offsets must be distinct, got {self.offsets}")
         if self.n_key_classes < 1:
@@ -643,6 +684,8 @@ class StatsSpec:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name == "n_key_classes":
                 values[f.name] = a
+            elif f.name == "norms":  # every twin wins over some; else the twins either asks for
+                values[f.name] = True if True in (a, b) else tuple(set(a or ()) | set(b or ())) or False
             elif f.name == "streaming":
                 if a and b and a != b:
                     raise ValueError(f"analyses disagree on the streaming span: {a} and {b}")

@@ -109,9 +109,12 @@ class Specialisation:
     def ast_source(self, arch: int):
         """(ASTSource, config) of this specialisation for sm_<arch> (`_forward_source`)."""
         from .triton_config import feature_width  # see the note above ARCHS
+        from .triton_launch import norm_widths
 
         c = self.config(arch)
+        norm_w, norm_f = norm_widths(self.n_classes, self.group if self.banded else 1)
         constexprs = dict(BANDED=self.banded, F_PAD=feature_width(self.n_classes), HEAD_DIM=self.D,
+                          NORM_W=norm_w, NORM_F=norm_f,
                           DOT_PRECISION="ieee" if self.dtype == "fp32" else "tf32", UNIFORM=self.uniform,
                           SUMS_BY_DOT=int(c["SUMS_BY_DOT"]), MASKED_FIRST=c["MASKED_FIRST"],
                           GROUP=self.group if self.banded and c["FIXED_G"] else 0)
@@ -342,7 +345,8 @@ def _forward_signature(spec, t: str) -> tuple[dict, dict]:
     from . import triton_launch
 
     sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyRange": "*i32", "KeyFeatures": f"*{t}",
-           "GateXi": "*fp32", "GateUniform": "*i8" if spec.uniform else "*fp32", "Offsets": "*i32", "Out": f"*{t}",
+           "KeyNorms": f"*{t}", "GateXi": "*fp32", "GateUniform": "*i8" if spec.uniform else "*fp32", "Offsets": "*i32",
+           "Out": f"*{t}",
            "Lse": "*fp32", "TokenIds": "*i32", "sm_scale": "fp32"}
     flags = {}
     for stat, arg, flag in triton_launch.kernel_outputs():

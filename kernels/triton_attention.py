@@ -60,14 +60,15 @@ def attention_stats_triton(q, k, v, key_valid, key_class, spec: StatsSpec, gates
     maps, kept q/k) is added by `_extras` from the kernel's row lse. A statistic of the table
     that neither computes is a NotImplementedError before the launch (`check_computed`); so is a
     statistic the table says the kernel does not compute yet (`refuse_unsupported`: the norm-based
-    twins of `spec.norms`, whose `norms` this backend never reads).
+    twins of the distance, position and token statistics). norms: (B, H, L) the keys' value norms,
+    needed when spec.norms (the twins of the class and offset masses, `weighted_norm`).
     """
     refuse_unsupported(spec, "triton")
     check_computed(spec)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     need_lse = any(stat.switch in EXTRA_PASSES for stat in asked_stats(spec))  # a pass after the kernel reads it
     out, rows, lse = fused_forward(q, k, v, key_valid, key_class, spec, layout, gates, scale, blocks, need_lse,
-                                   token_ids)
+                                   token_ids, norms)
     stats = RowStats(**rows, layout=layout)
     _extras(spec, stats, q, k, key_valid, lse, scale, pooling, layout)
     if spec.streaming:  # from the un-gated output: the kernel's when no gate changed it, else SDPA's (no map)

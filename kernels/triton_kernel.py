@@ -54,6 +54,12 @@ The statistics, by kind (each a constexpr switch read off the table `spec.ROW_ST
 - per position bucket, `posn = (dist, dsum, pmass)`: the mass by log2 bucket of |i - j|, the sum
   of p |i - j|, the mass by tenth of the row's context [0, i] (then "after the query"), exact
   integer buckets, one masked row sum per bucket a block can reach (opt-in: they cost);
+- the norm-based twins (Kobayashi et al. 2020; switches WEIGHTED_NORM, CLASS_MASS_NORM, OFFSET_MASS_NORM): a second
+  key-feature dot `feat_n += P @ (U n)`, U n (L, NORM_F) the one-hot key classes times each key's value norm
+  n_j = ||f_h(x_j)|| and n_j itself, per query head of the group side by side (`triton_launch.norm_features`:
+  G heads share a tile's K and V, not their W_O, so each stacked row reads its own head's columns in the
+  epilogue). s = sum_j p_j n_j is the twins' denominator: class twins feat_n / s, the offsets' p_{i, i+o}
+  n_{i+o} / s, weighted_norm s / l. No work per score;
 - epilogue: lse = ln 2 (m + log2 l) (the passes of `triton_maps` / `triton_js` reuse it), the
   entropy, p_{i, i+o} for each offset o from a shifted K row, and the head gates (xi scales a
   head's output; a uniform head's output is the mean of V over the keys it sees, a second pass
@@ -108,6 +114,9 @@ MeanDistance = tl.constexpr(_OUT["mean_distance"])
 PositionMass = tl.constexpr(_OUT["position_mass"])
 DuplicateMass = tl.constexpr(_OUT["duplicate_mass"])
 PrefixMatchMass = tl.constexpr(_OUT["prefix_match_mass"])
+OffsetMassNorm = tl.constexpr(_OUT["offset_mass_norm"])
+ClassMassNorm = tl.constexpr(_OUT["class_mass_norm"])
+WeightedNorm = tl.constexpr(_OUT["weighted_norm"])
 ENTROPY = tl.constexpr(_ON["ENTROPY"])
 CLASS_MASS = tl.constexpr(_ON["CLASS_MASS"])
 ARGMAX = tl.constexpr(_ON["ARGMAX"])
@@ -116,13 +125,16 @@ MEAN_DISTANCE = tl.constexpr(_ON["MEAN_DISTANCE"])
 POSITION_MASS = tl.constexpr(_ON["POSITION_MASS"])
 DUPLICATE_MASS = tl.constexpr(_ON["DUPLICATE_MASS"])
 PREFIX_MATCH_MASS = tl.constexpr(_ON["PREFIX_MATCH_MASS"])
+WEIGHTED_NORM = tl.constexpr(_ON["WEIGHTED_NORM"])
+OFFSET_MASS_NORM = tl.constexpr(_ON["OFFSET_MASS_NORM"])
+CLASS_MASS_NORM = tl.constexpr(_ON["CLASS_MASS_NORM"])
 
 # the kernel's other tuple arguments, element by element: the order in which `attn_stats_fwd` unpacks them, the
 # launcher packs them (`triton_launch.kernel_arguments`) and `triton_aot` addresses an element (a unit stride, a
 # 16-divisible one) by its path. `Stats` and `STATS` are the table's (above). tests/kernels/test_kernel_signature.py
 # checks the kernel's unpacking against this
 ARGUMENT_TUPLES = {
-    "Keys": ("KeyValid", "KeyRange", "KeyFeatures"),
+    "Keys": ("KeyValid", "KeyRange", "KeyFeatures", "KeyNorms"),
     "Gates": ("GateXi", "GateUniform"),
     "stride_q": ("stride_qb", "stride_qh", "stride_ql", "stride_qd"),
     "stride_k": ("stride_kb", "stride_kh", "stride_kl", "stride_kd"),
@@ -130,7 +142,7 @@ ARGUMENT_TUPLES = {
     "stride_o": ("stride_ob", "stride_oh", "stride_ol", "stride_od"),
     "strides": ("stride_mb", "stride_ml", "stride_fb", "stride_fl", "stride_xb", "stride_ub", "stride_sr"),
     "dims": ("H", "L", "n_offsets", "n_classes", "G", "win_left", "win_right"),
-    "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD"),
+    "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD", "NORM_W", "NORM_F"),
 }
 
 
@@ -141,11 +153,13 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
     """One key block [start_n, start_n + BLOCK_N) for the tile's rows: the softmax state, P V,
     the key-feature dot and the position sums, every statistic summed over keys written here once.
 
-    state = (row, acc, feat, posn, tok), the running state by kind (`attn_stats_fwd`), returned updated.
+    state = (row, acc, feat, posn, tok), the running state by kind (`attn_stats_fwd`), returned updated; feat =
+    (the key features' dot, the norm features' dot: the norm-based twins).
     pos (BLOCK_M,) the rows' query positions, whose bands are pos - win_left .. pos + win_right, band =
     (win_left, win_right) (BANDED only; read from pos and two scalars: no band vectors kept through the
     loop); keys = (K, V, U, KeyValid pointers of this sequence and head, their key strides, K's and V's d
-    stride, the sequence length L). TILE, STATS, BANDED, SUMS_BY_DOT, DOT_PRECISION: the kernel's (the
+    stride, the sequence length L, the norm features' pointer of this sequence and key/value head). TILE, STATS,
+    BANDED, SUMS_BY_DOT, DOT_PRECISION: the kernel's (the
     statistics' switches read by their indices). MASKED: the block holds a key some row may not see (band
     edge, padding) or the row end; an unmasked block loads no mask and selects nothing. BEFORE (unmasked
     blocks only): every key of the block lies before every row of the tile (j < i; `attn_stats_fwd` makes
@@ -156,9 +170,11 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
     BLOCK_D: tl.constexpr = TILE[2]
     HEAD_DIM: tl.constexpr = TILE[3]
     F_PAD: tl.constexpr = TILE[4]
-    row, acc, feat, posn, tok = state
+    NORM_F: tl.constexpr = TILE[6]
+    row, acc, feats, posn, tok = state
+    feat, feat_n = feats
     win_left, win_right = band
-    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L = keys
+    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L, N_ptr = keys
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     # the key rows read. With L_ONLY in the plain layout's masked blocks, those past the row end are clamped to
@@ -242,6 +258,16 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
         else:
             u = tl.load(u_ptrs)
         feat = tl.dot(pv, u, feat * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, F_PAD)
+    if STATS[WEIGHTED_NORM]:
+        # the norm-based twins (Kobayashi et al. 2020): the same dot with the key features scaled by each key's
+        # value norm, U n, per query head of the group side by side, each head's last column n itself
+        # (`triton_launch.norm_features`): the twins' sums ride the tensor cores, no work per score
+        n_ptrs = N_ptr + offs_n[:, None] * NORM_F + tl.arange(0, NORM_F)[None, :]  # (BLOCK_N, NORM_F)
+        if MASKED:
+            un = tl.load(n_ptrs, mask=n_in[:, None], other=0.0)
+        else:
+            un = tl.load(n_ptrs)
+        feat_n = tl.dot(pv, un, feat_n * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, NORM_F)
     if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
         posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, STATS, BEFORE and not MASKED)
     if STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]:
@@ -260,7 +286,7 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
             pre = (before | (offs_n[None, :] == pos[:, None])) & (prev[None, :] == qid[:, None])  # j <= i
             pre_i = pre_i * alpha + tl.sum(tl.where(pre, p, 0.0), 1)
         tok = (dup_i, pre_i, qid, Ids)
-    return row, acc, feat, posn, tok
+    return row, acc, (feat, feat_n), posn, tok
 
 
 @triton.jit
@@ -404,7 +430,7 @@ def attn_stats_fwd(
     run, else (0, 0): blocks inside it (and inside every row's band) take the unmasked stage. TokenIds
     (B, L) int32, contiguous, -1 on padding: the token ids the token relations compare (DUPLICATE_MASS,
     PREFIX_MATCH_MASS, switched on together)."""
-    KeyValid, KeyRange, KeyFeatures = Keys
+    KeyValid, KeyRange, KeyFeatures, KeyNorms = Keys
     GateXi, GateUniform = Gates
     stride_qb, stride_qh, stride_ql, stride_qd = stride_q
     stride_kb, stride_kh, stride_kl, stride_kd = stride_k
@@ -418,6 +444,8 @@ def attn_stats_fwd(
     BLOCK_D: tl.constexpr = TILE[2]
     HEAD_DIM: tl.constexpr = TILE[3]
     F_PAD: tl.constexpr = TILE[4]
+    NORM_W: tl.constexpr = TILE[5]
+    NORM_F: tl.constexpr = TILE[6]
     if GROUP > 0:
         G = GROUP
     start_m = tl.program_id(0)
@@ -437,7 +465,8 @@ def attn_stats_fwd(
                 mask=f_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
     keys = (K + off_b * stride_kb + off_kv * stride_kh, V + off_b * stride_vb + off_kv * stride_vh,
             KeyFeatures + off_b * stride_fb, KeyValid + off_b * stride_mb,
-            stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L)
+            stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L,
+            KeyNorms + (off_b * H_kv + off_kv) * L * NORM_F)  # the norm features: (B, H_kv, L, NORM_F) contiguous
     qk_scale = sm_scale * LOG2E
     # -- running state, by kind: softmax (m, l, T, arg), output, key features, position sums
     if SUMS_BY_DOT == L_AND_T and STATS[ENTROPY]:
@@ -447,7 +476,7 @@ def attn_stats_fwd(
     row = (tl.full([BLOCK_M], FMIN, dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
            t_init, tl.zeros([BLOCK_M], dtype=tl.int32))
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    feat = tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32)
+    feat = (tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32), tl.zeros([BLOCK_M, NORM_F], dtype=tl.float32))
     posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
             tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32))
     TOKENS: tl.constexpr = STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]
@@ -475,7 +504,8 @@ def attn_stats_fwd(
     for stage in tl.static_range(2):
         state = _stage(state, q, pos, keys, band, bounds, qk_scale, TILE, STATS, (stage == 0) == MASKED_FIRST,
                        BANDED, BEFORE, SUMS_BY_DOT, DOT_PRECISION)
-    row, acc, feat, posn, tok = state
+    row, acc, feats, posn, tok = state
+    feat, feat_n = feats
     # -- epilogue, from the final state; statistics stored in fp32
     m_i, l_i, t_i, arg_i = row
     if SUMS_BY_DOT != PER_SCORE:
@@ -498,7 +528,7 @@ def attn_stats_fwd(
     stat_row = row_out * stride_sr  # (BLOCK_M,) their rows in the statistics buffer (B, H, L, F)
     # padding queries' statistics are the table's padding value, 0: written here, not by a pass after
     q_ok = tl.load(KeyValid + off_b * stride_mb + pos * stride_ml, mask=f_in, other=0) != 0  # (BLOCK_M,)
-    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L = keys
+    K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L, N_ptr = keys
     # -- the output first, so that acc's registers are free for the statistics: xi scales each row's
     # head; a uniform head's rows get the mean of V over the keys they see
     head = off_kv * G + g  # (BLOCK_M,) the rows' query heads
@@ -558,6 +588,20 @@ def attn_stats_fwd(
             tl.store(Stats[PositionMass] + stat_row[:, None] + pidx[None, :],
                      tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
                      mask=f_in[:, None] & (pidx[None, :] <= NPB))
+    if STATS[WEIGHTED_NORM]:
+        # the norm-based twins: each row's own query head's columns of the norm features, g NORM_W + c; the last,
+        # s = sum_j p_j n_j, is the twins' denominator (weighted_norm = s / l). A row whose keys all have a zero
+        # value vector has s = 0 and twins 0, as eager's `norm_weights`
+        nidx = tl.arange(0, NORM_F)  # (NORM_F,)
+        col = nidx % NORM_W  # (NORM_F,) the column within its head's group
+        own = (nidx[None, :] // NORM_W) == g[:, None]  # (BLOCK_M, NORM_F) the row's head's columns
+        s_n = tl.sum(tl.where(own & (col == NORM_W - 1)[None, :], feat_n, 0.0), 1)  # (BLOCK_M,)
+        inv_s = tl.where(s_n > 0.0, 1.0 / s_n, 0.0)
+        tl.store(Stats[WeightedNorm] + stat_row, tl.where(q_ok, s_n * inv_l, 0.0), mask=f_in)
+        if STATS[CLASS_MASS_NORM]:
+            tl.store(Stats[ClassMassNorm] + stat_row[:, None] + col[None, :],
+                     tl.where(q_ok[:, None], feat_n * inv_s[:, None], 0.0),
+                     mask=f_in[:, None] & own & (col < n_classes)[None, :])
     if STATS[DUPLICATE_MASS]:
         tl.store(Stats[DuplicateMass] + stat_row, tl.where(q_ok, tok[0] * inv_l, 0.0), mask=f_in)
     if STATS[PREFIX_MATCH_MASS]:
@@ -582,8 +626,12 @@ def attn_stats_fwd(
                           mask=inside[:, None] & dk_in[None, :], other=0.0)  # (BLOCK_M, OFFSET_DK)
             z_o += tl.sum(q_o.to(tl.float32) * k_o.to(tl.float32), 1)
         z_o = tl.where(tl.load(Valid_ptr + kr * stride_ml, mask=inside, other=0) != 0, z_o * qk_scale, FMIN)
-        tl.store(Stats[OffsetMass] + stat_row + o, tl.where(inside & q_ok, tl.math.exp2(z_o - m_i) * inv_l, 0.0),
-                 mask=f_in)
+        p_o = tl.math.exp2(z_o - m_i)  # (BLOCK_M,) unnormalised
+        tl.store(Stats[OffsetMass] + stat_row + o, tl.where(inside & q_ok, p_o * inv_l, 0.0), mask=f_in)
+        if STATS[OFFSET_MASS_NORM]:  # its twin p_{i, i+o} n_{i+o} / s; n_{i+o} in the row's head's norm column
+            n_o = tl.load(N_ptr + kr * NORM_F + g * NORM_W + NORM_W - 1, mask=inside, other=0.0).to(tl.float32)
+            tl.store(Stats[OffsetMassNorm] + stat_row + o, tl.where(inside & q_ok, p_o * n_o * inv_s, 0.0),
+                     mask=f_in)
 
 
 # True when this module was imported under TRITON_INTERPRET=1 (the kernel runs on CPU tensors)

@@ -306,6 +306,35 @@ _SCRATCH: dict = {}
 # -- the launch -----------------------------------------------------------------------------------
 
 
+def norm_widths(n_classes: int, G: int) -> tuple[int, int]:
+    """(NORM_W, NORM_F) of the norm features (`norm_features`): each query head's columns, its key classes and
+    its norm, padded to a power of two; and the whole width, the G heads' groups side by side padded to a power
+    of two >= 16 (tl.dot's smallest N)."""
+    w = triton.next_power_of_2(n_classes + 1)
+    return w, max(16, triton.next_power_of_2(G) * w)
+
+
+def norm_features(norms, key_valid, key_class, n_classes: int, G: int, dtype) -> torch.Tensor:
+    """(B, H_kv, L, NORM_F) contiguous in `dtype`: the norm-based twins' key features (Kobayashi et al. 2020),
+    the one-hot key classes times each key's value norm n_j = ||f_h(x_j)|| and, as each head's last column
+    (NORM_W - 1), n_j itself; the G query heads that share a key/value head side by side, head g's columns
+    g NORM_W .. g NORM_W + NORM_W - 1 (`norm_widths`), so that one dot P @ U n gives every stacked row its own
+    head's sums. Padding keys count 0, whatever their norm (as eager's `spec.norm_weights`). Built per layer
+    call on the device: n changes with the layer. norms: (B, H, L) (`kernels.norms.value_norms`)."""
+    if norms is None:
+        raise ValueError("spec.norms needs the per-key value norms (norms=...)")
+    B, H, L = norms.shape
+    dev = norms.device
+    w, width = norm_widths(n_classes, G)
+    n = torch.where(key_valid.to(dev, torch.bool)[:, None, :], norms.float(), 0.0)  # (B, H, L)
+    one_hot = torch.nn.functional.one_hot(key_class.to(dev, torch.long), w).float()  # (B, L, w)
+    one_hot[..., w - 1] = 1.0  # the norm itself (the classes are < n_classes <= w - 1)
+    per_head = n[..., None] * one_hot[:, None]  # (B, H, L, w)
+    feats = torch.zeros(B, H // G, L, width, dtype=dtype, device=dev)
+    feats[..., :G * w] = per_head.view(B, H // G, G, L, w).permute(0, 1, 3, 2, 4).reshape(B, H // G, L, G * w)
+    return feats
+
+
 def dot_precision(dtype) -> str:
     """The kernel's dot precision: fp32 dots as torch's own matmuls (`precision.fp32_dot_precision`:
     exact IEEE under "highest", TF32 tensor cores under "high" or "medium"); half-precision dots are
@@ -335,7 +364,7 @@ def check_dtypes(q, k, v):
 
 
 def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: AttentionLayout, gates=None, scale=None,
-                  blocks: dict | None = None, need_lse: bool = True, token_ids=None):
+                  blocks: dict | None = None, need_lse: bool = True, token_ids=None, norms=None):
     """One launch of `attn_stats_fwd` for any layout.
 
     q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv = layout.n_key_value_heads or H; fp32, fp16 or
@@ -343,7 +372,8 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     gates: `LayerGates` or None. blocks: override the tiles (BLOCK_M, BLOCK_N, num_warps, ...).
     need_lse: False when nothing reads the lse it returns (it is then a scratch buffer the next
     launch of the same shape overwrites). token_ids: (B, L) integer token ids, needed when
-    spec.token_relations.
+    spec.token_relations. norms: (B, H, L) the keys' value norms per query head, needed when spec.norms
+    (`norm_features`).
     Returns (out (B, L, H, D) in the input dtype, {statistic: fp32 (or int64) tensor} for the
     statistics of `kernel_outputs` that spec asks for, lse (B, H, L) fp32). Rows of padding
     queries are left as computed (finite).
@@ -372,9 +402,14 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     features = keys.features
     xi, stride_xb, uniform, stride_ub = gate_operands(gates, H, dev)
     ids = CACHE.token_ids(token_ids, key_valid, dev) if spec.token_relations else keys.ranges  # (B, L) int32
+    norm_w, norm_f = norm_widths(C, G)
+    # the norm features when the twins are asked (the weighted norm always is with them: its dot holds their sums);
+    # else any pointer of the inputs' dtype, never read
+    key_norms = norm_features(norms, key_valid, key_class, C, G, q.dtype) if flags.get("WEIGHTED_NORM") else features
     grid = (triton.cdiv(L * G, cfg["BLOCK_M"]), B * (H // G))
     named = dict(
-        Q=q, K=k, V=v, KeyValid=keys.valid, KeyRange=keys.ranges, KeyFeatures=features, TokenIds=ids,  #
+        Q=q, K=k, V=v, KeyValid=keys.valid, KeyRange=keys.ranges, KeyFeatures=features, KeyNorms=key_norms,
+        TokenIds=ids,  #
         GateXi=xi, GateUniform=xi if uniform is None else uniform, Offsets=CACHE.offsets(spec.offsets, dev),  #
         Out=out, Lse=lse, sm_scale=scale,  #
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_ql=q.stride(2), stride_qd=q.stride(3),  #
@@ -386,6 +421,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         stride_sr=stat_stride,  #
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D, F_PAD=feature_width(C),
+        NORM_W=norm_w, NORM_F=norm_f,
         BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype), UNIFORM=uniform is not None,
         SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
         GROUP=G if band["BANDED"] and cfg.get("FIXED_G", False) else 0,

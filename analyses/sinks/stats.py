@@ -100,10 +100,11 @@ def bucket_bounds(n: int) -> list[tuple[int, int]]:
 def spec_for(windows: Sequence[int | None], norms: bool = False) -> StatsSpec:
     """What the kernels compute for the sink statistics: the mass per key class, the entropy, and
     the offsets 0, -1 and, for each sliding window, the oldest key a windowed row sees; with `norms`
-    the norm-based twins too (docs/norms.md)."""
+    the class masses' norm-based twins too (docs/norms.md: the first token's and each class's share, all the
+    sinks read; not the offsets' twins, nor those of any statistic another analysis adds to a union)."""
     offsets = {0, -1} | {-w for w in windows if w}
     return StatsSpec(offsets=tuple(sorted(offsets)), n_key_classes=SINK_CLASSES.n_classes, entropy=True,
-                     class_mass=True, norms=norms)
+                     class_mass=True, norms=("class_mass",) if norms else False)
 
 
 # --- hidden states: Sun et al.'s massive activations ---------------------------------------------

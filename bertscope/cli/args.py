@@ -119,9 +119,10 @@ def thread_count(text: str) -> int:
     return value
 
 
-# whether the commands with norm-based columns (`run`, `sinks`) compute them unless told (--norms / --no-norms):
-# on, as they cost at most 5% of a run (about 3.5%, bench/results_norms.md), but on the triton backend, which
-# does not compute them yet (`resolve_norms`). The library's defaults (RunSettings, StatsSpec, the notebook
+# whether the commands with norm-based columns (`run`, `sinks`, `atlas`) compute them unless told (--norms /
+# --no-norms): on, as they cost at most 5% of a run on the CPU (about 3.5%, bench/results_norms.md); on the triton
+# backend off unless asked (`resolve_norms`): there the twins add 6-15% to the fused kernel's main loop (its SASS,
+# docs/norms.md), and spill at some banded tiles. The library's defaults (RunSettings, StatsSpec, the notebook
 # API) keep them off: a caller asks for them.
 NORMS_DEFAULT = True
 
@@ -130,13 +131,15 @@ def add_norms_argument(p: argparse.ArgumentParser, columns: str):
     p.add_argument("--norms", action=argparse.BooleanOptionalAction, default=None,
                    help=f"also report the norm-based twins of the attention masses ({columns}: Kobayashi et al. "
                    f"2020, docs/norms.md); {'on' if NORMS_DEFAULT else 'off'} by default (bench/results_norms.md: "
-                   "what they cost); not on the triton backend yet")
+                   "what they cost), but on the triton backend, where they are off unless asked")
 
 
 def resolve_norms(args) -> bool:
-    """--norms as given, else the default (`NORMS_DEFAULT`); the default is off on the triton backend, which does
-    not compute the twins yet (docs/norms.md), and --norms there is refused in one line."""
-    if args.norms is False or (args.norms is None and not NORMS_DEFAULT):
+    """--norms as given, else the default (`NORMS_DEFAULT`); the default is off on the triton backend, where the
+    twins cost the fused kernel more than the CPU backends' 5% (docs/norms.md): --norms turns them on there."""
+    if args.norms is not None:
+        return bool(args.norms)
+    if not NORMS_DEFAULT:
         return False
     from bertscope.kernels.backends import resolve_backend  # torch: only once the run starts
 
@@ -145,11 +148,8 @@ def resolve_norms(args) -> bool:
     except (ValueError, RuntimeError):  # an unknown backend or --device: the run refuses it, in its own words
         return True
     if backend == "triton":
-        if args.norms:
-            raise UserError("--norms: the triton backend does not compute the norm-based twins yet (docs/norms.md); "
-                            "use --backend chunked, or leave --norms out")
-        logging.getLogger(__name__).info("the norm-based columns are off: the triton backend does not compute them "
-                                         "yet (docs/norms.md)")
+        logging.getLogger(__name__).info("the norm-based columns are off by default on the triton backend "
+                                         "(--norms turns them on: docs/norms.md)")
         return False
     return True
 

@@ -430,8 +430,9 @@ class HeadStats:
             total = getattr(self, sum_name)[:, :, gi]  # (layers, H)
             rows = np.broadcast_to(getattr(self, rows_name)[:, gi, None], total.shape).copy()  # (layers, H)
             out[stat] = (np.divide(total, rows, out=np.zeros_like(total), where=rows > 0), rows)
-            if self.spec.norms:  # the norm-based twin, over the same rows (spec.norms: docs/norms.md)
-                twin = getattr(self, f"{stat}_norm_sum")[:, :, gi]
+            twin = getattr(self, f"{stat}_norm_sum", None)
+            if twin is not None:  # its norm-based twin, over the same rows (where spec.norms asked it: docs/norms.md)
+                twin = twin[:, :, gi]
                 out[f"{stat}_norm"] = (np.divide(twin, rows, out=np.zeros_like(twin), where=rows > 0), rows)
         return out
 

@@ -13,11 +13,16 @@ from bertscope.kernels.chunked import attention_stats_chunked
 from bertscope.kernels.eager import attention_stats_eager
 from bertscope.kernels.norms import head_factors, head_grams, output_weight, value_norms, value_norms_gram
 from bertscope.kernels.spec import AttentionLayout, StatsSpec, refuse_unsupported
+from bertscope.kernels.triton_attention import attention_stats_triton
 from bertscope.models.architectures import ARCHITECTURES, SUPPORTED_MODEL_TYPES, attribute
 from bertscope.models.attention import HeadProbe, ValueNorms
 from bertscope.models.tiny import build, padded_batch, parity_config
 
 SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=3, class_mass=True, norms=True)
+# every backend computes the twins of the class and offset masses and the weighted norm (Triton: in the fused
+# kernel, through the interpreter here)
+BACKENDS = [attention_stats_eager, attention_stats_chunked, attention_stats_triton]
+BACKEND_IDS = ["eager", "chunked", "triton"]
 
 
 def one_row(scores, norms, key_class, spec=SPEC, backend=attention_stats_eager):
@@ -32,7 +37,7 @@ def one_row(scores, norms, key_class, spec=SPEC, backend=attention_stats_eager):
     return s
 
 
-@pytest.mark.parametrize("backend", [attention_stats_eager, attention_stats_chunked], ids=["eager", "chunked"])
+@pytest.mark.parametrize("backend", BACKENDS, ids=BACKEND_IDS)
 def test_equal_value_norms_give_twins_equal_to_the_weights(backend):
     s = one_row([0.3, 1.2, -0.5, 0.0], [2.5] * 4, [0, 1, 2, 1], backend=backend)
     torch.testing.assert_close(s.class_mass_norm, s.class_mass)
@@ -40,7 +45,7 @@ def test_equal_value_norms_give_twins_equal_to_the_weights(backend):
     torch.testing.assert_close(s.weighted_norm[0, 0, 0], torch.tensor(2.5))  # sum_j p_j 2.5
 
 
-@pytest.mark.parametrize("backend", [attention_stats_eager, attention_stats_chunked], ids=["eager", "chunked"])
+@pytest.mark.parametrize("backend", BACKENDS, ids=BACKEND_IDS)
 def test_a_key_with_a_zero_value_vector_gets_a_share_of_zero(backend):
     s = one_row([1.0, 0.1, 0.2], [1.0, 0.0, 2.0], [0, 1, 2], backend=backend)
     assert s.class_mass[0, 0, 0, 1] > 0.05  # it has weight
@@ -49,7 +54,7 @@ def test_a_key_with_a_zero_value_vector_gets_a_share_of_zero(backend):
     assert s.offset_mass[0, 0, 0, 2] > 0.05
 
 
-@pytest.mark.parametrize("backend", [attention_stats_eager, attention_stats_chunked], ids=["eager", "chunked"])
+@pytest.mark.parametrize("backend", BACKENDS, ids=BACKEND_IDS)
 def test_three_keys_by_hand(backend):
     """Scores 0, ln 2, ln 3: weights 1/6, 2/6, 3/6; norms 3, 1, 2: p n = 3/6, 2/6, 6/6, summing to 11/6,
     so the norm shares are 3/11, 2/11, 6/11 and the weighted norm 11/6."""
@@ -71,18 +76,55 @@ def test_the_twins_of_the_position_and_token_statistics_by_hand():
     assert s.mean_distance is not None and getattr(s, "mean_distance_norm", None) is None  # not a mass: no twin
 
 
-def test_the_twins_need_the_norms_and_triton_refuses_them_in_one_line():
+def test_the_twins_need_the_norms_and_triton_refuses_the_ones_it_lacks_in_one_line():
     q = torch.randn(1, 2, 4, 8)
     valid, klass = torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.long)
-    for backend in (attention_stats_eager, attention_stats_chunked):
+    for backend in BACKENDS:
         with pytest.raises(ValueError, match="norms"):
             backend(q, q, q, valid, klass, SPEC)
-    with pytest.raises(NotImplementedError, match=r"the triton backend does not compute .*class_mass_norm.*"
-                       r"weighted_norm.*not in the Triton kernel yet") as e:
-        refuse_unsupported(SPEC, "triton")
+    refuse_unsupported(SPEC, "triton")  # the class and offset twins and the weighted norm: in the kernel
+    positions = StatsSpec(n_key_classes=3, class_mass=True, distance=True, norms=True)
+    with pytest.raises(NotImplementedError, match=r"the triton backend does not compute distance_mass_norm \(.*"
+                       r"norms=\('offset_mass', 'class_mass'\)\)") as e:
+        refuse_unsupported(positions, "triton")
     assert "\n" not in str(e.value)
+    refuse_unsupported(StatsSpec(n_key_classes=3, class_mass=True, distance=True, norms=("class_mass",)), "triton")
     assert attention_stats(q, q, q, valid, klass, SPEC, backend="chunked", norms=torch.ones(1, 2, 4))[1].weighted_norm \
         is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=BACKEND_IDS)
+def test_the_twins_asked_by_name_are_the_only_ones_written(backend):
+    """norms=("class_mass",) beside the offsets: the class twins and the weighted norm as with norms=True, the
+    offsets' twin not computed (in the kernel, not written through a placeholder: its own switch)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 11, 16, generator=g) for _ in range(3))
+    valid = torch.arange(11)[None] < torch.tensor([11, 7])[:, None]
+    klass = torch.randint(0, 3, (2, 11), generator=g)
+    norms = torch.rand(2, 4, 11, generator=g)
+    every = StatsSpec(offsets=(-1, 0, 1), n_key_classes=3, class_mass=True, norms=True)
+    named = StatsSpec(offsets=(-1, 0, 1), n_key_classes=3, class_mass=True, norms=("class_mass",))
+    _, a = attention_stats_eager(q, k, v, valid, klass, every, norms=norms)
+    _, b = backend(q, k, v, valid, klass, named, norms=norms)
+    assert b.offset_mass_norm is None
+    for name in ("offset_mass", "class_mass", "class_mass_norm", "weighted_norm"):
+        torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_norms_can_name_the_twins_asked_for():
+    """`StatsSpec.norms` as a tuple asks for those bases' twins only (and the weighted norm); the union of two
+    specs asks for both's; True for every twin wins; a name without a twin is a ValueError."""
+    from bertscope.kernels.spec import asked_stats
+
+    spec = StatsSpec(offsets=(0,), class_mass=True, distance=True, norms=["class_mass"])
+    assert spec.norms == ("class_mass",)
+    assert [s.name for s in asked_stats(spec) if s.switch == "norms"] == ["class_mass_norm", "weighted_norm"]
+    both = spec.union(StatsSpec(offsets=(0,), norms=("offset_mass",)))
+    assert both.norms == ("offset_mass", "class_mass")  # the table's order
+    assert spec.union(StatsSpec(norms=True)).norms is True
+    assert StatsSpec(norms=()).norms is False and StatsSpec(norms=1).norms is True
+    with pytest.raises(ValueError, match="mean_distance"):
+        StatsSpec(norms=("mean_distance",))
 
 
 def test_norms_off_leaves_every_statistic_as_it_was():

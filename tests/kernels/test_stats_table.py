@@ -478,9 +478,12 @@ def test_union_turns_on_what_either_asks_for():
 def all_on(backend: str | None = None) -> StatsSpec:
     """Every switch of the table on; with `backend`, only those of the entries it computes (the table's
     `backends`)."""
-    return StatsSpec(offsets=OFFSETS, n_key_classes=C,
-                     **{s.switch: True for s in ROW_STATS if s.switch != "offsets"
-                        and (backend is None or s.computed_by(backend))})
+    on = {s.switch: True for s in ROW_STATS if s.switch != "offsets" and s.twin_of is None
+          and (backend is None or s.computed_by(backend))}
+    # the norm-based twins by name (StatsSpec.norms): those the backend computes
+    on["norms"] = tuple(s.twin_of.name for s in ROW_STATS if s.twin_of is not None
+                        and (backend is None or s.computed_by(backend)))
+    return StatsSpec(offsets=OFFSETS, n_key_classes=C, **on)
 
 
 def test_as_float32_widens_the_float_statistics_of_the_table_only():

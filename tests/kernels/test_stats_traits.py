@@ -48,8 +48,12 @@ def test_traits_hold_known_values(stat: RowStat):
     if t is None:
         return
     assert t.kind in KERNEL_KINDS and t.tiles in KERNEL_TILES and set(t.reads) <= set(KERNEL_READS)
-    assert stat.pass_kind in ("row", "blocks"), "the kernel computes it in its loop or epilogue"
-    assert (t.kind == "epilogue") == (t.switch is None), "a loop statistic is compiled in by its switch"
+    assert stat.pass_kind in ("row", "blocks", "norm"), "the kernel computes it in its loop or epilogue"
+    assert t.kind == "epilogue" or t.switch is not None, "a loop statistic is compiled in by its switch"
+    if stat.switch == "norms":  # the norm-based twins and the weighted norm: the norm features read
+        assert t.switch == stat.name.upper() and "value_norms" in t.reads
+    else:
+        assert (t.kind == "epilogue") == (t.switch is None), "an epilogue statistic is there when asked"
     assert t.registers >= 0 and not t.second_pass
 
 

@@ -59,15 +59,28 @@ def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-# the entries the table says the triton backend computes (`RowStat.backends`: the norm-based twins are
-# not in the kernel yet, issue 49); the others are refused in one line (tests/kernels/test_stats_table.py)
+# the entries the table says the triton backend computes (`RowStat.backends`: not the norm-based twins of the
+# distance, position and token statistics); the others are refused in one line (tests/kernels/test_stats_table.py)
 TRITON_STATS = tuple(s for s in ROW_STATS if s.computed_by("triton"))
 
 
 def spec_asking(stats) -> StatsSpec:
-    """The spec that switches on exactly the given entries of the table (offsets gets OFFSETS)."""
-    on = {s.switch: OFFSETS if s.switch == "offsets" else True for s in stats}  # streaming=True: STREAMING_ON
+    """The spec that switches on exactly the given entries of the table (offsets gets OFFSETS; a norm-based
+    twin its base too, and `norms` names the twins asked: True for the weighted norm alone)."""
+    twins = [s.twin_of for s in stats if s.twin_of is not None]
+    on = {s.switch: OFFSETS if s.switch == "offsets" else True  # streaming=True: STREAMING_ON
+          for s in [*stats, *twins] if s.switch != "norms"}
+    if any(s.switch == "norms" for s in stats):
+        on["norms"] = tuple(t.name for t in twins) or True
     return StatsSpec(n_key_classes=C, **on)
+
+
+def norms_of(inputs) -> torch.Tensor:
+    """(B, H, L) per-key value norms for the norm-based twins: positive, a few exactly 0."""
+    q = inputs[0]
+    g = torch.Generator().manual_seed(q.shape[2])
+    n = torch.rand(q.shape[:3], generator=g) * 3 + 0.05
+    return n * (torch.rand(q.shape[:3], generator=g) > 0.15)
 
 
 def make_inputs(layout, H, L, pads, left, seed, D=8):
@@ -90,7 +103,7 @@ def run_triton(inputs, spec, layout, path, pooling):
     """The Triton backend on one of the layout's tiles (`PATHS`)."""
     # token ids: the key classes, a vocabulary of C tokens, so that the token relations have many matches
     return ta.attention_stats_triton(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4],
-                                     blocks=one_block_cfg(path == "one-block"))
+                                     blocks=one_block_cfg(path == "one-block"), norms=norms_of(inputs))
 
 
 def assert_table_matches(ref, got, spec, key_valid):
@@ -126,7 +139,8 @@ def test_every_statistic_of_the_table_under_every_layout_and_path(name, path, le
     layout = LAYOUTS[name]
     spec = spec_asking(TRITON_STATS)
     inputs, pooling = make_inputs(layout, 4, 37, [0, 6, 36], left, seed=len(name) + left)
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4],
+                                norms=norms_of(inputs))
     assert_table_matches(ref, run_triton(inputs, spec, layout, path, pooling), spec, inputs[3])
 
 
@@ -141,7 +155,8 @@ def test_each_statistic_alone(stat, name, path):
     layout = LAYOUTS[name]
     spec = spec_asking([stat])
     inputs, pooling = make_inputs(layout, 2, 21, [0, 5], True, seed=3)
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4],
+                                norms=norms_of(inputs))
     got = run_triton(inputs, spec, layout, path, pooling)
     assert_table_matches(ref, got, spec, inputs[3])
     for other in ROW_STATS:  # nothing asked for comes back
@@ -155,7 +170,8 @@ def test_single_key_rows_of_every_statistic():
     layout = LAYOUTS["causal-window-gqa"]
     spec = spec_asking(TRITON_STATS)
     inputs, pooling = make_inputs(layout, 2, 20, [0, 13], True, seed=1)
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4],
+                                norms=norms_of(inputs))
     got = run_triton(inputs, spec, layout, "small", pooling)
     assert_table_matches(ref, got, spec, inputs[3])
     assert got[1].entropy[1, :, 13].abs().max() < 1e-6 and torch.all(got[1].argmax[1, :, 13] == 13)
@@ -169,7 +185,8 @@ def test_every_statistic_on_random_layouts(layout, L, pads, left, small, seed):
     H = 2 * (layout.n_key_value_heads or 1)
     inputs, pooling = make_inputs(layout, H, L, pads, left, seed, D=4)
     path = ("single" if small else "online") if layout.is_plain else ("small" if small else "shipped")
-    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4])
+    ref = attention_stats_eager(*inputs, spec, layout=layout, pooling=pooling, token_ids=inputs[4],
+                                norms=norms_of(inputs))
     assert_table_matches(ref, run_triton(inputs, spec, layout, path, pooling), spec, inputs[3])
 
 
@@ -282,5 +299,6 @@ def test_plain_left_padding_over_whole_key_blocks_is_finite():
     spec = spec_asking(TRITON_STATS)
     got = run_triton(inputs, spec, PLAIN, "default", pooling)
     assert torch.isfinite(got[1].entropy).all()
-    assert_table_matches(attention_stats_eager(*inputs, spec, pooling=pooling, token_ids=inputs[4]), got, spec,
+    ref = attention_stats_eager(*inputs, spec, pooling=pooling, token_ids=inputs[4], norms=norms_of(inputs))
+    assert_table_matches(ref, got, spec,
                          inputs[3])

@@ -166,13 +166,23 @@ def test_no_norms_leaves_the_twins_empty_and_the_no_op_sink_not_measured(tiny_ch
     assert results["counts"]["no-op-sink"] is None
     assert results["not_measured"]["no-op-sink"].startswith("not measured in this run")
     assert "No-op sinks: not measured in this run" in (out / CARD_MD).read_text()
-    import bertscope.kernels.backends as backends  # --norms on the triton backend: one line, nothing written
 
-    monkeypatch.setattr(backends, "resolve_backend", lambda name, device: "triton")
-    err = one_line_error(capsys, ["atlas", "--model", str(tiny_checkpoint), *ENCODER, "--norms", "--backend",
-                                  "triton", "--out", str(tmp_path / "triton")])
-    assert "triton backend does not compute the norm-based twins" in err
-    assert not (tmp_path / "triton").exists()
+
+@pytest.mark.full  # two atlas runs, one through Triton's interpreter: about 35 s
+def test_norms_on_the_triton_backend_are_the_chunked_backends(tiny_checkpoint, tmp_path):
+    """`atlas --norms --backend triton` (the fused kernel's class twins, its interpreter here): the sink twins of
+    the chunked backend. The atlas asks for the class masses' twins alone (`sinks.stats.spec_for`), which the
+    kernel computes, not those of the distance, position and token statistics."""
+    runs = {}
+    for backend in ("triton", "chunked"):
+        out = tmp_path / backend
+        assert main(["atlas", "--model", str(tiny_checkpoint), *ENCODER, "--norms", "--backend", backend,
+                     "--out", str(out)]) == 0
+        runs[backend] = rows_of(out / HEADS_FILE)
+    for name in ("alpha_1_norm", "first_mass_norm", "sep_mass_norm", "sink_mass_norm"):
+        a, b = ([float(r[name]) for r in runs[k]] for k in ("triton", "chunked"))
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5), name
+        assert all(0 <= x <= 1 + 1e-6 for x in a), name
 
 
 def test_a_run_killed_after_the_pass_resumes_without_redoing_it(tiny_llama_lm_dir, files, tmp_path, monkeypatch):
