@@ -21,6 +21,10 @@ Columns (every mass a mean over the segment's valid query rows, like heads.csv):
                                 sep_sep, cls_entropy); NaN when the segment has no such row
     argmax_*                    share of rows whose argmax is at an offset / of a class
                                 (spec.argmax)
+    prev_norm, <class>_norm, weighted_norm
+                                the norm-based twins (spec.norms, Kobayashi et al. 2020,
+                                docs/norms.md), as in heads.csv: each offset's and each class's
+                                share of the row's sum_j p_ij ||f(x_j)||, and that sum itself
     column_max, column_argmax   the largest attention mass a key receives, as a share of
                                 all rows' mass, and that key's position (spec.column_mass):
                                 Kovaleva et al.'s "vertical" stripes
@@ -59,7 +63,7 @@ import torch
 
 from bertscope.engine.batch import BatchContext
 from bertscope.files import atomic_write
-from bertscope.kernels.spec import StatsSpec, visible_counts
+from bertscope.kernels.spec import STAT, StatsSpec, visible_counts
 from bertscope.text.token_classes import TokenClasses
 
 PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")
@@ -67,7 +71,8 @@ PART = re.compile(r"part-r(\d+)-b(\d+)-(\d+)\.parquet$")
 
 # the segment sums of examples.parquet's columns, in the file's order (`column_names`): a file format, which
 # is why it is written out and not in the table's order (tests/kernels/test_stats_table.py names it so)
-EXAMPLE_SUMS = ("offset_mass", "class_mass", "entropy", "argmax_offset", "argmax_class")
+EXAMPLE_SUMS = ("offset_mass", "class_mass", "entropy", "argmax_offset", "argmax_class", "offset_mass_norm",
+                "class_mass_norm", "weighted_norm")
 
 
 def offset_name(o: int) -> str:
@@ -101,6 +106,12 @@ def column_names(spec: StatsSpec, classes: TokenClasses, causal: bool = False) -
         if spec.argmax:
             group += [pre + "argmax_" + offset_name(o) if not (causal and o > 0) else None for o in spec.offsets]
             group += [pre + "argmax_elsewhere"] + [pre + "argmax_" + cls_name(c) for c in classes.names]
+        if STAT["offset_mass_norm"].asked(spec):  # the norm-based twins (spec.norms), as heads.csv names them
+            group += [pre + offset_name(o) + "_norm" if not (causal and o > 0) else None for o in spec.offsets]
+        if STAT["class_mass_norm"].asked(spec):
+            group += [pre + cls_name(c) + "_norm" for c in classes.names]
+        if STAT["weighted_norm"].asked(spec):
+            group.append(pre + "weighted_norm")
         cols += [None] * len(group) if drop else group
     if spec.column_mass:
         cols += ["column_max", "column_argmax"]

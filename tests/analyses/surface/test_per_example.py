@@ -81,6 +81,30 @@ def test_token_weighted_means_give_back_the_corpus_table(tiny_model, tmp_path):
     assert ((df["n_punct"] == 0) == df["punct_punct"].isna()).all()
 
 
+def test_the_norm_columns_give_back_the_corpus_tables_too(tiny_model, tmp_path):
+    """With spec.norms (docs/norms.md) each row has the norm-based twins heads.csv has, named as there, and their
+    token-weighted means are heads.csv's; the weight-based columns are the same as without norms."""
+    import dataclasses
+
+    loaded, _ = eager_twin(tiny_model, "bert")
+    segments = random_segments(loaded.tokenizer)
+    spec = dataclasses.replace(SPEC, norms=True)
+    df, stats, _ = fold_both(loaded, segments, spec, tmp_path / "on", batch_size=5)
+    plain, _, _ = fold_both(loaded, segments, SPEC, tmp_path / "off", batch_size=5)
+    table = head_table(stats)
+    norms = [c for c in table if c.endswith("_norm")]
+    assert {"prev_norm", "self_norm", "cls_norm", "sep_norm", "weighted_norm"} <= set(norms)
+    assert set(norms) <= set(df.columns) and "sep_cls_norm" in df.columns
+    assert [c for c in df.columns if not c.endswith("_norm")] == list(plain.columns)  # each group's twins after it
+    for col in norms:
+        got = df.groupby(["layer", "head"]).apply(
+            lambda g: np.average(g[col], weights=g["n_tokens"]), include_groups=False).to_numpy()  # noqa: B023
+        np.testing.assert_allclose(got, table[col].ravel(), rtol=1e-12, atol=1e-15, err_msg=col)
+    for col in plain.columns:
+        if col != "doc_id":
+            np.testing.assert_array_equal(df[col].to_numpy(), plain[col].to_numpy(), err_msg=col)
+
+
 def test_columns_follow_the_spec_and_the_class_scheme():
     from bertscope.text.token_classes import PARTS, VOCAB
 
