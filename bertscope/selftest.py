@@ -103,9 +103,12 @@ def key_norms(case: Case, seed=0) -> torch.Tensor:
 
 def spec_for(backend: str, C: int) -> StatsSpec:
     """`SPEC` less the switches of the statistics the table says `backend` does not compute
-    (`RowStat.backends`: the norm-based twins are not in the Triton kernel yet)."""
-    off = {s.switch for s in ROW_STATS if not s.computed_by(backend)}
-    return replace(SPEC, n_key_classes=C, **{w: False for w in off})
+    (`RowStat.backends`), its norm-based twins named (`StatsSpec.norms`: on triton those of the class and
+    offset masses)."""
+    off = {s.switch for s in ROW_STATS if not s.computed_by(backend) and s.twin_of is None}
+    twins = tuple(s.twin_of.name for s in ROW_STATS if s.twin_of is not None and s.computed_by(backend)
+                  and s.twin_of.switch not in off)
+    return replace(SPEC, n_key_classes=C, **{w: False for w in off}, norms=twins if SPEC.norms else False)
 
 
 def scaled_error(got, ref) -> float:

@@ -495,38 +495,30 @@ ROW_STATS: tuple[RowStat, ...] = (
             sums=(SegmentSum("output_sq", "output_sq_sum"),),
             doc="||o_i||^2 of the head's un-gated output: the denominator of the relative streaming error"),
 )
-# the backends that compute the norm-based twins whose base the fused kernel does not sum by dot or in its
-# epilogue (the distance, position and token twins: per-score work in the kernel, not written yet)
-NORM_BACKENDS = ("eager", "chunked")
-# the twins' kinds the fused kernel computes: a by-dot base's twin is one more dot, of P with the key features
-# scaled by the keys' value norms (P @ U n, its last column P @ n: the twins' denominator), an epilogue base's
-# twin the base's p_{i, i+o} times n_{i+o} over that denominator
-NORM_KERNEL_KINDS = ("by_dot", "epilogue")
-
-
-def _twin_traits(base: RowStat) -> KernelTraits | None:
-    """The kernel traits of `base`'s norm-based twin: the base's kind, under a switch of its own (CLASS_MASS_NORM),
-    reading the norm features, whose dot `weighted_norm`'s switch WEIGHTED_NORM compiles in (asked with any twin); None
-    (not in the kernel) for a base summed per score, bucket or relation."""
-    if base.kernel is None or base.kernel.kind not in NORM_KERNEL_KINDS:
-        return None
+def _twin_traits(base: RowStat) -> KernelTraits:
+    """The kernel traits of `base`'s norm-based twin: the base's kind, under a switch of its own
+    (CLASS_MASS_NORM), reading the norm features (`triton_launch.norm_features`), whose dot `weighted_norm`'s
+    switch WEIGHTED_NORM compiles in (asked with any twin: its last column is every twin's denominator). A by-dot
+    base's twin is one more column of that dot, P @ (U n); an epilogue base's, its p_{i, i+o} times n_{i+o}; a
+    base summed per score or bucket sums p_ij n_ij beside p_ij (one FMUL per score, the base's work again)."""
+    per_score = base.kernel.kind not in ("by_dot", "epilogue")
     return KernelTraits(base.kernel.kind, f"{base.name.upper()}_NORM", reads=base.kernel.reads + ("value_norms",),
-                        accumulator="(BLOCK_M, NORM_F), shared by the twins" if base.kernel.kind == "by_dot" else "",
-                        tiles="norms", registers=0)
+                        accumulator=base.kernel.accumulator if per_score else
+                        "(BLOCK_M, NORM_F), shared by the twins" if base.kernel.kind == "by_dot" else "",
+                        tiles="norms", registers=base.kernel.registers if per_score else 0)
 
 
 def norm_twin(base: RowStat) -> RowStat:
     """`<base>_norm`: the norm-based twin of a mass statistic (switch `norms`, asked with its base). The twins
     of the statistics chunked's row pass fuses come from its norm pass (one matmul of P against the keys' norms:
     the class twins, and the offsets' read off the offset masses), the others from their definitions; the fused
-    kernel computes the twins of its by-dot and epilogue statistics (`_twin_traits`)."""
-    traits = _twin_traits(base)
+    kernel computes every twin (`_twin_traits`)."""
     return RowStat(f"{base.name}_norm", base.shape, "norms", from_probs=_Twin(base.from_probs),
                    pass_kind="norm" if base.pass_kind == "row" else "blocks",
                    sums=tuple(SegmentSum(f"{m.name}_norm", f"{m.array.removesuffix('_sum')}_norm_sum", m.width)
                               for m in base.sums),
                    doc=f"the norm-based share of {base.name}: {base.name} of p_ij n_j / sum_j p_ij n_j",
-                   twin_of=base, backends=None if traits is not None else NORM_BACKENDS, kernel=traits)
+                   twin_of=base, kernel=_twin_traits(base))
 
 
 # the mass statistics that have a norm-based twin (`twinned`), in the table's order
@@ -576,13 +568,10 @@ def _norms_switch(norms) -> bool | tuple[str, ...]:
 
 def refuse_unsupported(spec: StatsSpec, backend: str):
     """A one-line NotImplementedError, before any work, when `spec` asks for a statistic the table
-    says `backend` does not compute (the norm-based twins on triton)."""
+    says `backend` does not compute (`RowStat.backends`)."""
     missing = unsupported_stats(spec, backend)
     if missing:
-        own = tuple(t.twin_of.name for t in ROW_STATS if t.twin_of is not None and t.computed_by(backend))
-        norms = (f" (StatsSpec.norms: it computes the twins of {', '.join(own)} only; ask for those with "
-                 f"norms={own!r})") if spec.norms and any(STAT[m].twin_of is not None for m in missing) else ""
-        raise NotImplementedError(f"the {backend} backend does not compute {', '.join(missing)}{norms}; "
+        raise NotImplementedError(f"the {backend} backend does not compute {', '.join(missing)}; "
                                   "use the chunked or eager backend, or turn the statistic off")
 
 
@@ -651,8 +640,7 @@ class StatsSpec:
     `weighted_norm`, sum_j p_ij n_j; a tuple of those base names, only their twins (and `weighted_norm`):
     an analysis that reads the class twins alone does not pay for the others. Needs each key's value norm
     n_j = ||f_h(x_j)|| per head (`norms=` of the backends; the engine computes it from the layer's values
-    and output projection, `kernels.norms`). The Triton kernel computes the twins of the class and offset
-    masses and `weighted_norm`; the others are eager's and chunked's only (`NORM_BACKENDS`)."""
+    and output projection, `kernels.norms`). Every backend computes every twin."""
     keep_qk: bool = False
     """Hand the layer's queries and keys on with the statistics (`RowStats.queries`, `.keys`: views,
     no copy), for analyses that compare heads across layers (Jensen-Shannon clustering) by

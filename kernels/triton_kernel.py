@@ -59,7 +59,8 @@ The statistics, by kind (each a constexpr switch read off the table `spec.ROW_ST
   n_j = ||f_h(x_j)|| and n_j itself, per query head of the group side by side (`triton_launch.norm_features`:
   G heads share a tile's K and V, not their W_O, so each stacked row reads its own head's columns in the
   epilogue). s = sum_j p_j n_j is the twins' denominator: class twins feat_n / s, the offsets' p_{i, i+o}
-  n_{i+o} / s, weighted_norm s / l. No work per score;
+  n_{i+o} / s, weighted_norm s / l. No work per score. The twins of the position and token statistics take
+  their bases' sums of p_j n_j beside those of p_j (a read of each row's head's n, one FMUL per score);
 - epilogue: lse = ln 2 (m + log2 l) (the passes of `triton_maps` / `triton_js` reuse it), the
   entropy, p_{i, i+o} for each offset o from a shifted K row, and the head gates (xi scales a
   head's output; a uniform head's output is the mean of V over the keys it sees, a second pass
@@ -128,6 +129,14 @@ PREFIX_MATCH_MASS = tl.constexpr(_ON["PREFIX_MATCH_MASS"])
 WEIGHTED_NORM = tl.constexpr(_ON["WEIGHTED_NORM"])
 OFFSET_MASS_NORM = tl.constexpr(_ON["OFFSET_MASS_NORM"])
 CLASS_MASS_NORM = tl.constexpr(_ON["CLASS_MASS_NORM"])
+DISTANCE_MASS_NORM = tl.constexpr(_ON["DISTANCE_MASS_NORM"])
+POSITION_MASS_NORM = tl.constexpr(_ON["POSITION_MASS_NORM"])
+DUPLICATE_MASS_NORM = tl.constexpr(_ON["DUPLICATE_MASS_NORM"])
+PREFIX_MATCH_MASS_NORM = tl.constexpr(_ON["PREFIX_MATCH_MASS_NORM"])
+DistanceMassNorm = tl.constexpr(_OUT["distance_mass_norm"])
+PositionMassNorm = tl.constexpr(_OUT["position_mass_norm"])
+DuplicateMassNorm = tl.constexpr(_OUT["duplicate_mass_norm"])
+PrefixMatchMassNorm = tl.constexpr(_OUT["prefix_match_mass_norm"])
 
 # the kernel's other tuple arguments, element by element: the order in which `attn_stats_fwd` unpacks them, the
 # launcher packs them (`triton_launch.kernel_arguments`) and `triton_aot` addresses an element (a unit stride, a
@@ -172,7 +181,7 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
     F_PAD: tl.constexpr = TILE[4]
     NORM_F: tl.constexpr = TILE[6]
     row, acc, feats, posn, tok = state
-    feat, feat_n = feats
+    feat, feat_n, n_col = feats
     win_left, win_right = band
     K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L, N_ptr = keys
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
@@ -268,25 +277,55 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
         else:
             un = tl.load(n_ptrs)
         feat_n = tl.dot(pv, un, feat_n * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, NORM_F)
+    # the norm-based twins of the statistics summed per score or bucket: the same sums of p_j n_j, n_j the row's
+    # own head's value norm (its column n_col of the norm features: a (BLOCK_M, BLOCK_N) read, one FMUL per score)
+    TWINS: tl.constexpr = (STATS[DISTANCE_MASS_NORM] or STATS[POSITION_MASS_NORM] or STATS[DUPLICATE_MASS_NORM]
+                           or STATS[PREFIX_MATCH_MASS_NORM])
+    if TWINS:
+        n_ptrs = N_ptr + offs_n[None, :] * NORM_F + n_col[:, None]  # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            p_n = p * tl.load(n_ptrs, mask=n_in[None, :], other=0.0).to(tl.float32)
+        else:
+            p_n = p * tl.load(n_ptrs).to(tl.float32)
     if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
-        posn = _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N, STATS, BEFORE and not MASKED)
+        # the sums of p, then (their twins) of p n: one call, a static loop over the two weights
+        WEIGHTS: tl.constexpr = 2 if STATS[DISTANCE_MASS_NORM] or STATS[POSITION_MASS_NORM] else 1
+        dist_i, dsum_i, pmass_i, dist_n, pmass_n = posn
+        for twin in tl.static_range(WEIGHTS):
+            sums = _position_sums((dist_n, dsum_i, pmass_n) if twin else (dist_i, dsum_i, pmass_i),
+                                  p_n if twin else p, alpha, pos, offs_n, start_n, BLOCK_N,
+                                  STATS[DISTANCE_MASS_NORM] if twin else STATS[DISTANCE_MASS],
+                                  False if twin else STATS[MEAN_DISTANCE],
+                                  STATS[POSITION_MASS_NORM] if twin else STATS[POSITION_MASS], BEFORE and not MASKED)
+            if twin:
+                dist_n, _, pmass_n = sums
+            else:
+                dist_i, dsum_i, pmass_i = sums
+        posn = (dist_i, dsum_i, pmass_i, dist_n, pmass_n)
     if STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]:
         # the token relations (spec.py's `_duplicate_mass`, `_prefix_match_mass`): online like the class masses
-        dup_i, pre_i, qid, Ids = tok  # qid (BLOCK_M,) the rows' tokens; Ids the sequence's, -1 on padding
+        dup_i, pre_i, qid, Ids, dup_n, pre_n = tok  # qid (BLOCK_M,) the rows' tokens; Ids the sequence's, -1 on padding
         if BEFORE and not MASKED:  # every key j < i: a token match is the relation itself
             kid = tl.load(Ids + offs_n)  # (BLOCK_N,)
             prev = tl.load(Ids + offs_n - 1, mask=offs_n >= 1, other=-1)  # (BLOCK_N,) the tokens before
-            dup_i = dup_i * alpha + tl.sum(tl.where(kid[None, :] == qid[:, None], p, 0.0), 1)
-            pre_i = pre_i * alpha + tl.sum(tl.where(prev[None, :] == qid[:, None], p, 0.0), 1)
+            dup = kid[None, :] == qid[:, None]  # (BLOCK_M, BLOCK_N)
+            dup_i = dup_i * alpha + tl.sum(tl.where(dup, p, 0.0), 1)
+            pre = prev[None, :] == qid[:, None]
+            pre_i = pre_i * alpha + tl.sum(tl.where(pre, p, 0.0), 1)
         else:
             kid = tl.load(Ids + offs_n, mask=n_in, other=-1)  # (BLOCK_N,)
             prev = tl.load(Ids + offs_n - 1, mask=n_in & (offs_n >= 1), other=-1)  # (BLOCK_N,) the tokens before
             before = offs_n[None, :] < pos[:, None]  # (BLOCK_M, BLOCK_N) j < i
-            dup_i = dup_i * alpha + tl.sum(tl.where(before & (kid[None, :] == qid[:, None]), p, 0.0), 1)
+            dup = before & (kid[None, :] == qid[:, None])
+            dup_i = dup_i * alpha + tl.sum(tl.where(dup, p, 0.0), 1)
             pre = (before | (offs_n[None, :] == pos[:, None])) & (prev[None, :] == qid[:, None])  # j <= i
             pre_i = pre_i * alpha + tl.sum(tl.where(pre, p, 0.0), 1)
-        tok = (dup_i, pre_i, qid, Ids)
-    return row, acc, (feat, feat_n), posn, tok
+        if STATS[DUPLICATE_MASS_NORM]:
+            dup_n = dup_n * alpha + tl.sum(tl.where(dup, p_n, 0.0), 1)
+        if STATS[PREFIX_MATCH_MASS_NORM]:
+            pre_n = pre_n * alpha + tl.sum(tl.where(pre, p_n, 0.0), 1)
+        tok = (dup_i, pre_i, qid, Ids, dup_n, pre_n)
+    return row, acc, (feat, feat_n, n_col), posn, tok
 
 
 @triton.jit
@@ -315,8 +354,8 @@ def _stage(state, q, pos, keys, band, bounds, qk_scale,  #
 
 
 @triton.jit
-def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, STATS: tl.constexpr,
-                   BEFORE: tl.constexpr = False):
+def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, DISTANCE: tl.constexpr,
+                   MEAN: tl.constexpr, POSITION: tl.constexpr, BEFORE: tl.constexpr = False):
     """The position-dependent sums of one block (spec.py's `_distance_mass`, `_mean_distance`,
     `_position_mass`), online like the class masses: rescaled by alpha, divided by l at the end.
 
@@ -324,7 +363,8 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
     pmass (BLOCK_M, PB_PAD): mass per bin floor(NPB j / (i + 1)) of keys j <= i, then bin NPB for
     j > i. Exact integer comparisons, one masked row sum per bucket or bin the block can reach: its
     distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal).
-    STATS: the kernel's switches (the three statistics' read here).
+    DISTANCE, MEAN, POSITION: which of the three it sums (the kernel's switches of the statistics, or of
+    their norm-based twins: the same sums of p_j n_j, `_key_block`).
     BEFORE: every key of the block lies before every row (j < i, `_key_block`): |i - j| = i - j, so the
     mean distance is (i - start_n) sum_j p_j - sum_j p_j (j - start_n) (one FFMA per score; both terms at
     most BLOCK_N apart, so no cancellation beyond the block's width), and the distances need no |.|."""
@@ -332,17 +372,17 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
     i_lo = tl.min(pos, 0)
     i_hi = tl.max(pos, 0)
     if BEFORE:
-        if STATS[DISTANCE_MASS]:
+        if DISTANCE:
             dist = pos[:, None] - offs_n[None, :]  # (BLOCK_M, BLOCK_N) |i - j| = i - j
-    elif STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE]:
+    elif DISTANCE or MEAN:
         dist = tl.abs(pos[:, None] - offs_n[None, :])  # (BLOCK_M, BLOCK_N) |i - j|
-    if STATS[MEAN_DISTANCE]:
+    if MEAN:
         if BEFORE:
             t = tl.arange(0, BLOCK_N).to(tl.float32)  # (BLOCK_N,) j - start_n
             dsum_i = dsum_i * alpha + (pos - start_n).to(tl.float32) * tl.sum(p, 1) - tl.sum(p * t[None, :], 1)
         else:
             dsum_i = dsum_i * alpha + tl.sum(p * dist.to(tl.float32), 1)
-    if STATS[DISTANCE_MASS]:
+    if DISTANCE:
         d_lo = tl.maximum(tl.maximum(start_n - i_hi, i_lo - (start_n + BLOCK_N - 1)), 0)
         d_hi = tl.maximum(i_hi - start_n, start_n + BLOCK_N - 1 - i_lo)
         didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
@@ -351,7 +391,7 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
             lo, hi = _bucket_edges(b)
             mass = tl.sum(tl.where((dist >= lo) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
             dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)
-    if STATS[POSITION_MASS]:
+    if POSITION:
         # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1); bin NPB holds j > i
         j_lo = tl.min(offs_n, 0)
         j_hi = tl.max(offs_n, 0)
@@ -476,12 +516,18 @@ def attn_stats_fwd(
     row = (tl.full([BLOCK_M], FMIN, dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
            t_init, tl.zeros([BLOCK_M], dtype=tl.int32))
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    feat = (tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32), tl.zeros([BLOCK_M, NORM_F], dtype=tl.float32))
+    # (the key features' dot, the norm features' dot, each row's column of its head's n in the norm features)
+    feat = (tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32), tl.zeros([BLOCK_M, NORM_F], dtype=tl.float32),
+            g * NORM_W + NORM_W - 1)
+    # (distance buckets, mean distance's sum, position bins, and the twins of the buckets and the bins)
     posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+            tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32),
             tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32))
     TOKENS: tl.constexpr = STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]
+    # (duplicate and prefix-match sums, the rows' tokens, the sequence's ids, the two sums' twins)
     tok = (tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
-           tl.load(TokenIds + off_b * L + pos, mask=f_in, other=-1) if TOKENS else 0, TokenIds + off_b * L)
+           tl.load(TokenIds + off_b * L + pos, mask=f_in, other=-1) if TOKENS else 0, TokenIds + off_b * L,
+           tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32))
     # -- the tile's key blocks [start_lo, end): those its band meets; the unmasked ones [full_lo, full_hi)
     first = (start_m * BLOCK_M) // G
     last = tl.minimum((start_m * BLOCK_M + BLOCK_M - 1) // G, L - 1)
@@ -505,7 +551,7 @@ def attn_stats_fwd(
         state = _stage(state, q, pos, keys, band, bounds, qk_scale, TILE, STATS, (stage == 0) == MASKED_FIRST,
                        BANDED, BEFORE, SUMS_BY_DOT, DOT_PRECISION)
     row, acc, feats, posn, tok = state
-    feat, feat_n = feats
+    feat, feat_n, n_col = feats
     # -- epilogue, from the final state; statistics stored in fp32
     m_i, l_i, t_i, arg_i = row
     if SUMS_BY_DOT != PER_SCORE:
@@ -575,19 +621,6 @@ def attn_stats_fwd(
         cidx = tl.arange(0, F_PAD)  # (F_PAD,)
         tl.store(Stats[ClassMass] + stat_row[:, None] + cidx[None, :],
                  tl.where(q_ok[:, None], feat * inv_l[:, None], 0.0), mask=f_in[:, None] & (cidx[None, :] < n_classes))
-    if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
-        dist_i, dsum_i, pmass_i = posn
-        if STATS[DISTANCE_MASS]:
-            didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
-            tl.store(Stats[DistanceMass] + stat_row[:, None] + didx[None, :],
-                     tl.where(q_ok[:, None], dist_i * inv_l[:, None], 0.0), mask=f_in[:, None] & (didx[None, :] < DB))
-        if STATS[MEAN_DISTANCE]:
-            tl.store(Stats[MeanDistance] + stat_row, tl.where(q_ok, dsum_i * inv_l, 0.0), mask=f_in)
-        if STATS[POSITION_MASS]:
-            pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
-            tl.store(Stats[PositionMass] + stat_row[:, None] + pidx[None, :],
-                     tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
-                     mask=f_in[:, None] & (pidx[None, :] <= NPB))
     if STATS[WEIGHTED_NORM]:
         # the norm-based twins: each row's own query head's columns of the norm features, g NORM_W + c; the last,
         # s = sum_j p_j n_j, is the twins' denominator (weighted_norm = s / l). A row whose keys all have a zero
@@ -602,10 +635,36 @@ def attn_stats_fwd(
             tl.store(Stats[ClassMassNorm] + stat_row[:, None] + col[None, :],
                      tl.where(q_ok[:, None], feat_n * inv_s[:, None], 0.0),
                      mask=f_in[:, None] & own & (col < n_classes)[None, :])
+    if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
+        dist_i, dsum_i, pmass_i, dist_n, pmass_n = posn
+        if STATS[DISTANCE_MASS]:
+            didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+            tl.store(Stats[DistanceMass] + stat_row[:, None] + didx[None, :],
+                     tl.where(q_ok[:, None], dist_i * inv_l[:, None], 0.0), mask=f_in[:, None] & (didx[None, :] < DB))
+        if STATS[MEAN_DISTANCE]:
+            tl.store(Stats[MeanDistance] + stat_row, tl.where(q_ok, dsum_i * inv_l, 0.0), mask=f_in)
+        if STATS[POSITION_MASS]:
+            pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+            tl.store(Stats[PositionMass] + stat_row[:, None] + pidx[None, :],
+                     tl.where(q_ok[:, None], pmass_i * inv_l[:, None], 0.0),
+                     mask=f_in[:, None] & (pidx[None, :] <= NPB))
+        if STATS[DISTANCE_MASS_NORM]:  # the twins: over s = sum_j p_j n_j (`inv_s`, with the weighted norm's)
+            didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
+            tl.store(Stats[DistanceMassNorm] + stat_row[:, None] + didx[None, :],
+                     tl.where(q_ok[:, None], dist_n * inv_s[:, None], 0.0), mask=f_in[:, None] & (didx[None, :] < DB))
+        if STATS[POSITION_MASS_NORM]:
+            pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
+            tl.store(Stats[PositionMassNorm] + stat_row[:, None] + pidx[None, :],
+                     tl.where(q_ok[:, None], pmass_n * inv_s[:, None], 0.0),
+                     mask=f_in[:, None] & (pidx[None, :] <= NPB))
     if STATS[DUPLICATE_MASS]:
         tl.store(Stats[DuplicateMass] + stat_row, tl.where(q_ok, tok[0] * inv_l, 0.0), mask=f_in)
     if STATS[PREFIX_MATCH_MASS]:
         tl.store(Stats[PrefixMatchMass] + stat_row, tl.where(q_ok, tok[1] * inv_l, 0.0), mask=f_in)
+    if STATS[DUPLICATE_MASS_NORM]:
+        tl.store(Stats[DuplicateMassNorm] + stat_row, tl.where(q_ok, tok[4] * inv_s, 0.0), mask=f_in)
+    if STATS[PREFIX_MATCH_MASS_NORM]:
+        tl.store(Stats[PrefixMatchMassNorm] + stat_row, tl.where(q_ok, tok[5] * inv_s, 0.0), mask=f_in)
     # -- offset mass: p_{i, i+o} = 2^(z_{i, i+o} - m) / l from a shifted K row, 0 outside the row's band
     for o in range(0, n_offsets):
         off = tl.load(Offsets + o)

@@ -19,8 +19,7 @@ from bertscope.models.attention import HeadProbe, ValueNorms
 from bertscope.models.tiny import build, padded_batch, parity_config
 
 SPEC = StatsSpec(offsets=(-1, 0, 1), n_key_classes=3, class_mass=True, norms=True)
-# every backend computes the twins of the class and offset masses and the weighted norm (Triton: in the fused
-# kernel, through the interpreter here)
+# every backend computes every twin (Triton: in the fused kernel, through the interpreter here)
 BACKENDS = [attention_stats_eager, attention_stats_chunked, attention_stats_triton]
 BACKEND_IDS = ["eager", "chunked", "triton"]
 
@@ -66,29 +65,27 @@ def test_three_keys_by_hand(backend):
     torch.testing.assert_close(s.offset_mass_norm[0, 0, 0], torch.tensor([0.0, 3 / 11, 2 / 11]))
 
 
-def test_the_twins_of_the_position_and_token_statistics_by_hand():
+@pytest.mark.parametrize("backend", BACKENDS, ids=BACKEND_IDS)
+def test_the_twins_of_the_position_and_token_statistics_by_hand(backend):
     """The generic twin (the base's definition on p n / sum p n) on two keys with equal weights."""
     spec = StatsSpec(n_key_classes=1, distance=True, position_mass=True, norms=True)
-    s = one_row([0.0, 0.0], [1.0, 3.0], [0, 0], spec=spec)
+    s = one_row([0.0, 0.0], [1.0, 3.0], [0, 0], spec=spec, backend=backend)
     # row 0: key 0 at distance 0 (bucket 0), key 1 at distance 1 (bucket 1): shares 1/4, 3/4
     torch.testing.assert_close(s.distance_mass_norm[0, 0, 0, :2], torch.tensor([0.25, 0.75]))
     torch.testing.assert_close(s.distance_mass[0, 0, 0, :2], torch.tensor([0.5, 0.5]))
     assert s.mean_distance is not None and getattr(s, "mean_distance_norm", None) is None  # not a mass: no twin
 
 
-def test_the_twins_need_the_norms_and_triton_refuses_the_ones_it_lacks_in_one_line():
+def test_every_backend_computes_every_twin_and_needs_the_norms():
     q = torch.randn(1, 2, 4, 8)
     valid, klass = torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.long)
     for backend in BACKENDS:
         with pytest.raises(ValueError, match="norms"):
             backend(q, q, q, valid, klass, SPEC)
-    refuse_unsupported(SPEC, "triton")  # the class and offset twins and the weighted norm: in the kernel
-    positions = StatsSpec(n_key_classes=3, class_mass=True, distance=True, norms=True)
-    with pytest.raises(NotImplementedError, match=r"the triton backend does not compute distance_mass_norm \(.*"
-                       r"norms=\('offset_mass', 'class_mass'\)\)") as e:
-        refuse_unsupported(positions, "triton")
-    assert "\n" not in str(e.value)
-    refuse_unsupported(StatsSpec(n_key_classes=3, class_mass=True, distance=True, norms=("class_mass",)), "triton")
+    every = StatsSpec(offsets=(0,), n_key_classes=3, class_mass=True, distance=True, position_mass=True,
+                      token_relations=True, norms=True)
+    for name in ("eager", "chunked", "triton"):
+        refuse_unsupported(every, name)
     assert attention_stats(q, q, q, valid, klass, SPEC, backend="chunked", norms=torch.ones(1, 2, 4))[1].weighted_norm \
         is not None
 
