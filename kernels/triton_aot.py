@@ -78,6 +78,9 @@ class Specialisation:
     # (BLOCK_M, BLOCK_N, num_warps, num_stages) in place of the config's: candidates of a tile sweep
     # (bench/tile_sweep.py); None, the tiles a launch takes
     tiles: tuple[int, int, int, int] | None = None
+    # the kernel switches in place of the config's, (name, value) pairs of SUMS_BY_DOT, MASKED_FIRST, FIXED_G:
+    # a sweep's candidates too; (), the config's
+    switches: tuple[tuple[str, int | bool], ...] = ()
 
     def config(self, arch: int) -> dict:
         from .triton_config import kernel_config  # see the note above ARCHS
@@ -86,7 +89,10 @@ class Specialisation:
                           banded=self.banded, grouped=self.group > 1, uniform=self.uniform)
         if self.tiles is not None:
             c = {**c, **dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), self.tiles))}
-        return c
+        unknown = {name for name, _ in self.switches} - {"SUMS_BY_DOT", "MASKED_FIRST", "FIXED_G"}
+        if unknown:
+            raise ValueError(f"not a kernel switch of the config: {sorted(unknown)}")
+        return {**c, **dict(self.switches)}
 
     def switched_on(self) -> set[str]:
         return set(self.stats)

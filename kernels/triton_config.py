@@ -61,6 +61,8 @@ accurate, about 3x on the entropy), and tests force each way through `blocks` on
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import triton
@@ -79,6 +81,8 @@ MAXNREG_FP32 = 128
 # the interpreter's blocks (see the module docstring)
 INTERPRETER_BLOCK = 16
 # SUMS_BY_DOT, how the kernel takes the softmax's row sum l and the entropy's sum (module docstring)
+# the default statistics' kernel switches (entropy, class masses; offsets have none): the budget's calls
+DEFAULT_SWITCHES = frozenset(_spec.kernel_stats("default"))
 PER_SCORE = 0  # l and T per score, in fp32: an FADD and an FFMA per score
 L_AND_T = 1  # l from the key features' ones column and T = q . (P K): both on the tensor cores
 L_ONLY = 2  # l from the ones column; the entropy's t = sum p (z - m) per score, relative to the running max
@@ -97,35 +101,23 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
     key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax, its
     number of key classes (whether the features have a free column for SUMS_BY_DOT's ones), and
     whether it asks for the token relations, and the statistics whose kernel switches are on (names of
-    the table, `triton_launch.kernel_outputs`: the default statistics have their own tiles, per layout:
-    plain, banded with one query head per key/value head, or `grouped`, banded with G >= 2).
+    the table, `triton_launch.kernel_outputs`; None: not known, no statistic-set kind that names a set
+    applies), and whether a banded layout is `grouped` (G >= 2).
+    Half precision (and TF32) reads `TILES` (module docstring): the first of the call's kinds (`KINDS`) with
+    an entry for its target, D class and layout (`LAYOUTS`) that it can take (`_fits`).
     BLOCK_M counts stacked rows (G heads x BLOCK_M / G positions under grouped-query attention)."""
     block_d = max(16, triton.next_power_of_2(D))
-    target = 90 if arch >= 90 else 80  # newer targets take sm_90's tiles
     ones_fit = feature_width(n_classes, ones=True) == feature_width(n_classes)
     if interpreted:
         return _config(INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1, block_d,
                        sums_by_dot=L_AND_T if ones_fit and (dtype in HALF_DTYPES or tf32) else PER_SCORE)
     if dtype in HALF_DTYPES or tf32:
-        if block_d > 128:
-            return _config(*((16, 16, 4, 2) if tokens else (16, 32, 4, 2) if wide else (32, 32, 4, 2)), block_d)
-        family = next((f for f, on in (("tokens", tokens), ("positions", positions)) if on), None)
-        if family is not None:  # FAMILY_TILES: keyed data, the heaviest family first; else the narrow fallback
-            tiles = FAMILY_TILES.get((target, block_d, banded, family), FAMILY_FALLBACK)
-            return _config(*tiles, block_d, masked_first=banded)
-        if uniform:
-            return _config(*((64, 64, 8, 2) if arch >= 90 else (64, 32, 8, 2)), block_d)
-        if not wide and ones_fit and (target, block_d <= 64) in SUMS_BY_DOT_TILES:
-            return _config(*SUMS_BY_DOT_TILES[(target, block_d <= 64)], block_d, sums_by_dot=L_AND_T)
-        kind = "grouped" if banded and grouped else "banded" if banded else "plain"
-        tiles = DEFAULT_TILES.get((target, block_d, kind))
-        if not wide and switched_on == DEFAULT_SWITCHES and tiles is not None and (
-                ones_fit or tiles.get("sums_by_dot", PER_SCORE) == PER_SCORE):
-            return _config(*tiles["tiles"], block_d, **{k: v for k, v in tiles.items() if k != "tiles"})
-        m, n, w, s = HALF_TILES[(target, block_d <= 64, banded)]
-        if wide and n > 64:
-            n, s = 64, 3
-        return _config(m, n, w, s, block_d)
+        call = Call(frozenset(switched_on) if switched_on is not None else None, positions, tokens, uniform,
+                    wide, ones_fit)
+        layout = "grouped" if banded and grouped else "banded" if banded else "plain"
+        entry = lookup(90 if arch >= 90 else 80, max(32, block_d), layout, call)
+        return _config(*entry.tiles, block_d, sums_by_dot=entry.sums_by_dot, masked_first=entry.masked_first,
+                       fixed_g=entry.fixed_g)
     if block_d <= 64:
         return _config(16, 32, 8, 2, block_d, maxnreg=MAXNREG_FP32)
     return _config(16, 16, 8 if block_d <= 128 else 16, 1, block_d, maxnreg=MAXNREG_FP32)
@@ -155,58 +147,129 @@ def _config(m: int, n: int, warps: int, stages: int, block_d: int, sums_by_dot: 
                 MASKED_FIRST=masked_first, FIXED_G=fixed_g, **caps)
 
 
-# half precision, D <= 128: (target, D <= 64, banded) -> BLOCK_M, BLOCK_N, warps, stages; the fastest tiles
-# by the instruction budget that compile without a register spill (Triton 3.7.1; docs/kernels.md)
-HALF_TILES = {
-    (90, True, False): (128, 64, 8, 2), (90, True, True): (128, 64, 8, 2),
-    (90, False, False): (128, 64, 8, 2), (90, False, True): (128, 32, 8, 2),
-    (80, True, False): (128, 64, 8, 2), (80, True, True): (128, 32, 8, 2),
-    (80, False, False): (128, 32, 8, 2), (80, False, True): (32, 32, 4, 2),
-}
-# half precision, D <= 128, a call that switches on a statistic of the "positions" or "tokens" tile family
-# (`spec.KernelTraits.tiles`; tokens first: a call with both, the atlas's union, takes the tokens' tiles):
-# (target, BLOCK_D, banded, family) -> BLOCK_M, BLOCK_N, warps, stages; the fewest warp-instructions per score
-# without a spill among 128 x 64 and 128 x 32 with 8 warps, 64 x 64 and 64 x 32 with 4 or 8 (Triton 3.7.1,
-# sweep of 2026-12-07, docs/kernels.md "Tiles of the position and token statistics"), for the tokens family
-# chosen on the atlas's union (positions and tokens: what the commands launch), checked on the commands' own
-# specialisations (`triton_aot --commands`: their class counts move the registers). Where every fast candidate
-# spills, the tiles that halve the instructions were kept with a few bytes of spill, recorded in
-# COMMAND_CEILINGS (`heads positions` at D = 128 with G = 4: sm_80 24 B where the narrow tiles spilled 12 at
-# twice the instructions, sm_90 4 B where they spilled none; the atlas union at D = 128 on sm_80, 8 B against
-# 12). Missing keys take
-# FAMILY_FALLBACK, the narrow tiles these statistics had before the sweep (spill-free or nearly everywhere,
-# at about twice the instructions per score)
+class Call(NamedTuple):
+    """What the statistic-set kinds (`KINDS`) read of a half-precision call."""
+
+    switched_on: frozenset | None  # the kernel switches on (names of the table); None: not known
+    positions: bool  # a statistic of the "positions" tile family on (`spec.KernelTraits.tiles`)
+    tokens: bool  # one of the "tokens" family (the token relations)
+    uniform: bool  # uniform head gates (the epilogue's second pass over the keys)
+    wide: bool  # the argmax, or a 64-column key-feature dot (more than 32 classes)
+    ones_fit: bool  # a free key-feature column for SUMS_BY_DOT's ones (at most 15 classes under 16, ...)
+
+
+class Entry(NamedTuple):
+    """One config of `TILES`: (BLOCK_M, BLOCK_N, num_warps, num_stages) and the kernel's switches."""
+
+    tiles: tuple[int, int, int, int]
+    sums_by_dot: int = PER_SCORE
+    masked_first: bool = False
+    fixed_g: bool = False
+
+
+def _is(*names: str):
+    """A kind's test: the call's kernel switches are exactly `names` (and it has no uniform gates)."""
+    on = frozenset(names)
+    return lambda c: c.switched_on == on and not c.uniform
+
+
+# The statistic-set kinds, in order of precedence: a call is every kind whose test holds, and takes the entry of
+# the first of them that `TILES` has for its target, D class and layout (and that it can take: `_fits`).
+# "any" holds for every call and has an entry everywhere.
+KINDS: tuple[tuple[str, Callable[[Call], bool]], ...] = (
+    ("tokens", lambda c: c.tokens),  # the token relations (with positions too: the atlas's union)
+    ("positions", lambda c: c.positions),  # distance mass, mean distance, position mass
+    ("uniform", lambda c: c.uniform),  # uniform head gates, whatever the statistics
+    ("sums by dot", lambda c: not c.wide),  # the row sums on the tensor cores (L_AND_T) where they pay
+    ("default", lambda c: c.switched_on == DEFAULT_SWITCHES and not c.wide),  # the budget's statistics
+    ("wide", lambda c: c.wide),  # the argmax or a 64-column feature dot
+    ("any", lambda c: True),
+)
+# a layout's keys in `TILES`, in order: grouped-query attention (banded, G >= 2) takes the banded entry where it
+# has none of its own
+LAYOUTS = {"plain": ("plain",), "banded": ("banded",), "grouped": ("grouped", "banded")}
+# half precision, D <= 128, the position statistics' and token relations' tiles where `TILES` has no family entry
 FAMILY_FALLBACK = (64, 32, 8, 2)
-FAMILY_TILES = {
-    (80, 64, False, "positions"): (128, 64, 8, 2), (80, 64, True, "positions"): (128, 64, 8, 2),
-    (80, 64, False, "tokens"): (128, 32, 8, 2), (80, 64, True, "tokens"): (128, 32, 8, 2),
-    (80, 128, True, "positions"): (128, 32, 8, 2),
-    (80, 128, False, "tokens"): (128, 32, 8, 2), (80, 128, True, "tokens"): (128, 32, 8, 2),
-    (90, 64, False, "positions"): (128, 64, 8, 2), (90, 64, True, "positions"): (128, 64, 8, 2),
-    (90, 64, False, "tokens"): (128, 64, 8, 2), (90, 64, True, "tokens"): (128, 32, 8, 2),
-    (90, 128, False, "positions"): (128, 32, 8, 2), (90, 128, True, "positions"): (64, 32, 4, 2),
-    (90, 128, False, "tokens"): (128, 32, 8, 2), (90, 128, True, "tokens"): (64, 32, 4, 2),
+
+
+def _family(target: int, d: int, kind: str, plain: tuple, banded: tuple) -> dict:
+    """A tile family's two entries (their masked stage first when banded)."""
+    return {(target, d, "plain", kind): Entry(plain), (target, d, "banded", kind): Entry(banded, masked_first=True)}
+
+
+# The one table of the half-precision tiles (fp16, bf16; TF32 dots take them too): (target 80 or 90, D class
+# (BLOCK_D, at least 32: 32, 64, 128, 256), layout ("plain", "banded": causal or windowed with G = 1,
+# "grouped": banded with G >= 2), statistic-set kind (`KINDS`)) -> `Entry`. Each the fewest main-loop
+# warp-instructions per score without a register spill that the instruction budget found (Triton 3.7.1,
+# `triton_aot --budget` and `--commands`, bench/tile_sweep.py; docs/kernels.md). Where a kind has no entry the
+# call falls to its next kind: "any" is what every other call takes.
+TILES: dict[tuple[int, int, str, str], Entry] = {
+    # -- "any": every call no other entry takes (D <= 64 the same tiles at 32 and 64)
+    **{(90, d, "plain", "any"): Entry((128, 64, 8, 2)) for d in (32, 64, 128)},
+    **{(90, d, "banded", "any"): Entry((128, 64, 8, 2)) for d in (32, 64)},
+    (90, 128, "banded", "any"): Entry((128, 32, 8, 2)),
+    **{(80, d, "plain", "any"): Entry((128, 64, 8, 2)) for d in (32, 64)},
+    **{(80, d, "banded", "any"): Entry((128, 32, 8, 2)) for d in (32, 64)},
+    (80, 128, "plain", "any"): Entry((128, 32, 8, 2)),
+    (80, 128, "banded", "any"): Entry((32, 32, 4, 2)),
+    **{(t, 256, lay, "any"): Entry((32, 32, 4, 2)) for t in (80, 90) for lay in ("plain", "banded")},
+    # -- "wide" (the argmax, a 64-column feature dot): D = 256 only (below it, "any")
+    **{(t, 256, lay, "wide"): Entry((16, 32, 4, 2)) for t in (80, 90) for lay in ("plain", "banded")},
+    # -- the token relations and the position statistics: 128 x 64 or 128 x 32 with 8 warps where they fit
+    # (sweep of 2026-12-07, docs/kernels.md "Tiles of the position and token statistics", checked on the commands'
+    # own specialisations; where every fast candidate spilled, the tiles that halve the instructions were kept
+    # with a few bytes of spill, recorded in triton_aot.COMMAND_CEILINGS), else FAMILY_FALLBACK; D = 256: the
+    # token relations 16 x 16, the position statistics "wide" or "any"
+    **_family(80, 32, "positions", FAMILY_FALLBACK, FAMILY_FALLBACK),
+    **_family(80, 64, "positions", (128, 64, 8, 2), (128, 64, 8, 2)),
+    **_family(80, 128, "positions", FAMILY_FALLBACK, (128, 32, 8, 2)),
+    **_family(90, 32, "positions", FAMILY_FALLBACK, FAMILY_FALLBACK),
+    **_family(90, 64, "positions", (128, 64, 8, 2), (128, 64, 8, 2)),
+    **_family(90, 128, "positions", (128, 32, 8, 2), (64, 32, 4, 2)),
+    **_family(80, 32, "tokens", FAMILY_FALLBACK, FAMILY_FALLBACK),
+    **_family(80, 64, "tokens", (128, 32, 8, 2), (128, 32, 8, 2)),
+    **_family(80, 128, "tokens", (128, 32, 8, 2), (128, 32, 8, 2)),
+    **_family(90, 32, "tokens", FAMILY_FALLBACK, FAMILY_FALLBACK),
+    **_family(90, 64, "tokens", (128, 64, 8, 2), (128, 32, 8, 2)),
+    **_family(90, 128, "tokens", (128, 32, 8, 2), (64, 32, 4, 2)),
+    **{(t, 256, lay, "tokens"): Entry((16, 16, 4, 2)) for t in (80, 90) for lay in ("plain", "banded")},
+    # -- uniform head gates: 64 x 64 (sm_90) or 64 x 32 (sm_80), 8 warps, D <= 128
+    **{(t, d, lay, "uniform"): Entry((64, 64, 8, 2) if t == 90 else (64, 32, 8, 2)) for t in (80, 90)
+       for d in (32, 64, 128) for lay in ("plain", "banded")},
+    # -- the row sums on the tensor cores (L_AND_T, a free ones column): sm_90 at D <= 64, plain and banded
+    **{(90, d, lay, "sums by dot"): Entry((128, 128, 8, 3), sums_by_dot=L_AND_T) for d in (32, 64)
+       for lay in ("plain", "banded")},
+    # -- the default statistics (entropy, class masses; offsets have no switch): the budget's tiles and switches
+    # (`triton_aot --budget`, every row within its targets); L_ONLY needs a free ones column (`_fits`)
+    **{(80, 64, lay, "default"): Entry((128, 128, 8, 2), masked_first=True) for lay in ("plain", "banded")},
+    (80, 128, "plain", "default"): Entry((64, 64, 4, 2), masked_first=True),
+    (80, 128, "banded", "default"): Entry((64, 64, 4, 2), masked_first=True),
+    (80, 128, "grouped", "default"): Entry((64, 64, 4, 1), fixed_g=True),
+    (90, 128, "plain", "default"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True),
+    (90, 128, "banded", "default"): Entry((128, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True),
+    (90, 128, "grouped", "default"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True),
 }
-# half precision with SUMS_BY_DOT (module docstring): (target, D <= 64) -> BLOCK_M, BLOCK_N, warps, stages,
-# plain and banded alike; only where it beats the row sums without a spill
-SUMS_BY_DOT_TILES = {(90, True): (128, 128, 8, 3)}
-# half precision, the default statistics' calls (module docstring): kernel switches exactly DEFAULT_SWITCHES
-# (offsets have none), no wide feature dot, no uniform gates, no SUMS_BY_DOT_TILES entry (checked first):
-# (target, BLOCK_D, layout: "plain", "banded" with G = 1 (causal or windowed multi-head attention) or "grouped"
-# (banded, G >= 2)) -> tiles (BLOCK_M, BLOCK_N, warps, stages) and the switches that differ from their
-# defaults (`_config`); one with L_ONLY needs a free key-feature column (else HALF_TILES)
-DEFAULT_SWITCHES = frozenset(_spec.kernel_stats("default"))
-DEFAULT_TILES = {
-    (80, 64, "plain"): dict(tiles=(128, 128, 8, 2), masked_first=True),
-    (80, 64, "banded"): dict(tiles=(128, 128, 8, 2), masked_first=True),
-    (80, 64, "grouped"): dict(tiles=(128, 128, 8, 2), masked_first=True),
-    (80, 128, "plain"): dict(tiles=(64, 64, 4, 2), masked_first=True),
-    (80, 128, "banded"): dict(tiles=(64, 64, 4, 2), masked_first=True),
-    (80, 128, "grouped"): dict(tiles=(64, 64, 4, 1), fixed_g=True),
-    (90, 128, "plain"): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
-    (90, 128, "banded"): dict(tiles=(128, 64, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
-    (90, 128, "grouped"): dict(tiles=(128, 128, 8, 2), masked_first=True, sums_by_dot=L_ONLY),
-}
+
+
+def _fits(entry: Entry, call: Call) -> bool:
+    """Whether a call can take an entry: SUMS_BY_DOT's ones need a free key-feature column."""
+    return entry.sums_by_dot == PER_SCORE or call.ones_fit
+
+
+def kinds(call: Call) -> tuple[str, ...]:
+    """The statistic-set kinds of a call (`KINDS`), in order of precedence."""
+    return tuple(kind for kind, test in KINDS if test(call))
+
+
+def lookup(target: int, d_class: int, layout: str, call: Call) -> Entry:
+    """`TILES`' entry for a half-precision call: the first kind of the call (`kinds`), in the first of its
+    layout's keys (`LAYOUTS`), that has one the call can take (`_fits`)."""
+    for kind in kinds(call):
+        for lay in LAYOUTS[layout]:
+            entry = TILES.get((target, d_class, lay, kind))
+            if entry is not None and _fits(entry, call):
+                return entry
+    raise KeyError(f"no tiles for sm_{target}, D class {d_class}, {layout}: TILES lacks its 'any' entry")
 
 
 @functools.cache

@@ -216,20 +216,21 @@ def test_long_rows_against_the_oracle(backend, name):
 def test_the_position_statistics_take_their_own_configurations():
     """Their accumulators ((BLOCK_M, 32) and (BLOCK_M, 16) fp32) and bucket loops call for tiles of their own:
     `forward_config` gives half-precision calls that ask for one of them the position family's row of
-    `FAMILY_TILES` on every target and layout, and the ahead-of-time compile checks those configurations
+    `TILES` on every target and layout, and the ahead-of-time compile checks those configurations
     (`triton_aot`)."""
     import bertscope.kernels.triton_attention as ta
     from bertscope.kernels import triton_aot
-    from bertscope.kernels.triton_config import FAMILY_TILES, forward_config
+    from bertscope.kernels.triton_config import TILES, forward_config
 
     assert set(ta.POSITION_STATS) == {"distance_mass", "mean_distance", "position_mass"}
     for arch in (80, 90):
         for banded in (False, True):
             c = forward_config(64, torch.bfloat16, arch, True, banded=banded)
             got = (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"])
-            assert got == FAMILY_TILES[(arch, 64, banded, "positions")] and c["MASKED_FIRST"] == banded
+            assert got == TILES[(arch, 64, "banded" if banded else "plain", "positions")].tiles
+            assert c["MASKED_FIRST"] == banded
     on = [s for s in triton_aot.shipped_specialisations(layouts="core", maps=False)
           if set(ta.POSITION_STATS) <= s.switched_on()]
     assert {s.banded for s in on} == {False, True} and {s.dtype for s in on} >= {"fp32", "bf16"}
-    m, n, w, st = FAMILY_TILES[(90, 64, False, "positions")]
+    m, n, w, st = TILES[(90, 64, "plain", "positions")].tiles
     assert any(s.name(90).startswith(f"plain M{m} N{n} D64 w{w}s{st} bf16") for s in on)

@@ -218,22 +218,25 @@ def test_the_search_finds_a_hand_kept_list():
 
 
 def test_family_tiles_are_keyed_data_the_config_reads():
-    """FAMILY_TILES: keys of known targets, head sizes, layouts and tile families; a call whose switches
-    fall in a family takes its row (the tokens' when it has both, as the atlas's union), else the fallback."""
+    """The tile families' entries of `triton_config.TILES`: keys of known targets, D classes, layouts and kinds;
+    a call whose switches fall in a family takes its entry (the tokens' when it has both, as the atlas's union),
+    the masked stage first when banded; a D class without tiles of its own takes FAMILY_FALLBACK's, written in."""
     from bertscope.kernels import triton_config as tc
 
-    assert tc.FAMILY_TILES
-    for (target, block_d, banded, family), (m, n, w, s) in tc.FAMILY_TILES.items():
-        assert target in (80, 90) and block_d in (64, 128) and isinstance(banded, bool)
-        assert family in KERNEL_TILES and family not in ("default", "wide")
+    kinds = [kind for kind, _ in tc.KINDS]
+    assert {"positions", "tokens"} <= set(kinds) and kinds.index("tokens") < kinds.index("positions")
+    for (target, d_class, layout, kind), entry in tc.TILES.items():
+        assert target in (80, 90) and d_class in (32, 64, 128, 256) and layout in tc.LAYOUTS and kind in kinds
+        m, n, w, s = entry.tiles
         assert m % 16 == 0 and n % 16 == 0 and w in (4, 8) and s >= 1
     positions, tokens = frozenset(kernel_stats("positions")), frozenset(kernel_stats("tokens"))
-    for banded in (False, True):
+    for banded, layout in ((False, "plain"), (True, "banded")):
         for on, family in ((positions, "positions"), (tokens, "tokens"), (positions | tokens, "tokens")):
             cfg = tc.kernel_config(64, torch.bfloat16, 90, on | {"entropy"}, 4, banded=banded)
-            m, n, w, s = tc.FAMILY_TILES[(90, 64, banded, family)]
-            assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]) == (m, n, w, s)
-            assert cfg["MASKED_FIRST"] == banded
-    missing = tc.kernel_config(128, torch.bfloat16, 80, positions, 4, banded=False)  # no row: the fallback
-    assert (80, 128, False, "positions") not in tc.FAMILY_TILES
-    assert (missing["BLOCK_M"], missing["BLOCK_N"], missing["num_warps"], missing["num_stages"]) == tc.FAMILY_FALLBACK
+            entry = tc.TILES[(90, 64, layout, family)]
+            assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]) == entry.tiles
+            assert cfg["MASKED_FIRST"] == banded == entry.masked_first
+    fallback = tc.kernel_config(128, torch.bfloat16, 80, positions, 4, banded=False)
+    assert tc.TILES[(80, 128, "plain", "positions")].tiles == tc.FAMILY_FALLBACK == (64, 32, 8, 2)
+    assert (fallback["BLOCK_M"], fallback["BLOCK_N"], fallback["num_warps"], fallback["num_stages"]) == \
+        tc.FAMILY_FALLBACK

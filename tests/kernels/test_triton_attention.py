@@ -375,35 +375,39 @@ def test_sums_by_dot_where_it_pays():
 
 
 def test_default_tiles_only_for_the_default_statistics(monkeypatch):
-    """The budget's tiles and switches for the default statistics (`DEFAULT_TILES`: stage order, G compiled
-    in, how rows are summed) go to a call whose kernel switches are exactly those (entropy, class masses;
-    offsets have no switch), in half precision, and to no other: with fewer, more or wider statistics the
-    same tiles spilled, so those keep HALF_TILES with every switch off; a call whose key classes fill the
-    features leaves no column for L_ONLY's ones and keeps HALF_TILES too. A launch computes its switches
+    """The budget's tiles and switches for the default statistics (`TILES`' "default" entries: stage order, G
+    compiled in, how rows are summed) go to a call whose kernel switches are exactly those (entropy, class
+    masses; offsets have no switch), in half precision, and to no other: a call with other statistics takes
+    its own kind's entry, a wide feature dot or fp32 none of them; a call whose key classes fill the features
+    leaves no column for L_ONLY's ones and takes the next kind's entry ("any"). A launch computes its switches
     from its spec the same way."""
-    from bertscope.kernels.triton_config import DEFAULT_SWITCHES, DEFAULT_TILES, forward_config
+    from bertscope.kernels.triton_config import DEFAULT_SWITCHES, TILES, Call, forward_config, kinds
 
-    assert {kind for *_, kind in DEFAULT_TILES} == {"plain", "banded", "grouped"}
-    for (arch, block_d, kind), entry in DEFAULT_TILES.items():
-        banded = dict(banded=kind != "plain", grouped=kind == "grouped")
+    default = {key: entry for key, entry in TILES.items() if key[3] == "default"}
+    assert {(t, d) for t, d, _, _ in default} == {(80, 64), (80, 128), (90, 128)}
+    for (arch, block_d, layout, _), entry in default.items():
+        banded = dict(banded=layout != "plain", grouped=layout == "grouped")
         got = forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, **banded)
-        assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"]) == entry["tiles"]
+        assert (got["BLOCK_M"], got["BLOCK_N"], got["num_warps"], got["num_stages"]) == entry.tiles
         assert (got["MASKED_FIRST"], got["FIXED_G"], got["SUMS_BY_DOT"]) == (
-            entry.get("masked_first", False), entry.get("fixed_g", False), entry.get("sums_by_dot", PER_SCORE))
-        others = [forward_config(block_d, torch.float16, arch, switched_on=other, **banded)
-                  for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"})]
-        others += [forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, wide=True, **banded),
-                   forward_config(block_d, torch.float32, arch, switched_on=DEFAULT_SWITCHES, **banded)]
-        assert not any(c["MASKED_FIRST"] or c["FIXED_G"] or c["SUMS_BY_DOT"] for c in others)
+            entry.masked_first, entry.fixed_g, entry.sums_by_dot)
+        for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"}):
+            c = forward_config(block_d, torch.float16, arch, switched_on=other, wide="argmax" in other, **banded)
+            assert "default" not in kinds(Call(other, False, False, False, "argmax" in other, True))
+            assert (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"], c["MASKED_FIRST"], c["FIXED_G"],
+                    c["SUMS_BY_DOT"]) != (*entry.tiles, entry.masked_first, entry.fixed_g, entry.sums_by_dot)
+        for c in (forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, wide=True, **banded),
+                  forward_config(block_d, torch.float32, arch, switched_on=DEFAULT_SWITCHES, **banded)):
+            assert not (c["MASKED_FIRST"] or c["FIXED_G"] or c["SUMS_BY_DOT"])
         full = forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, n_classes=16, **banded)
-        if entry.get("sums_by_dot", PER_SCORE) == PER_SCORE:
+        if entry.sums_by_dot == PER_SCORE:
             assert full == got
         else:  # no free column for the ones
             assert full == forward_config(block_d, torch.float16, arch, n_classes=16, **banded)
             assert full["SUMS_BY_DOT"] == PER_SCORE
     for switch in ("masked_first", "fixed_g"):  # each switch chosen somewhere, not everywhere
-        assert {entry.get(switch, False) for entry in DEFAULT_TILES.values()} == {True, False}, switch
-    assert {entry.get("sums_by_dot", PER_SCORE) for entry in DEFAULT_TILES.values()} == {PER_SCORE, L_ONLY}
+        assert {getattr(entry, switch) for entry in default.values()} == {True, False}, switch
+    assert {entry.sums_by_dot for entry in default.values()} == {PER_SCORE, L_ONLY}
     import bertscope.kernels.triton_config as config
     import bertscope.kernels.triton_launch as launch
 
