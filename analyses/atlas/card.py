@@ -20,8 +20,8 @@ TOP = 5  # heads listed per type
 DECODER_ONLY = {"retrieval": "decoders only (needle-in-a-haystack answers)",
                 "streaming-safe": "decoders only (StreamingLLM's sink and recent window are a causal cache's)"}
 NOT_MEASURED = "not measured in this run"
-NORMS_OFF = ("the norm-based twins were not computed: --no-norms, or the triton backend, which does not compute "
-             "them yet (docs/norms.md)")
+NORMS_OFF = ("the norm-based twins were not computed: --no-norms, or the triton backend without --norms "
+             "(docs/norms.md)")
 PENDING = {  # the columns of the kernels' newest statistics, which a run may lack, and where they come from
     "duplicate_mass": "the duplicate-token mass on the corpus",
     "prefix_match_mass": "the prefix-match mass on the corpus",

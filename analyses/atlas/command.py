@@ -158,8 +158,8 @@ def main(args) -> int:
                         f"previous token), not {args.induction_len}")
     if args.importance_len is not None and args.importance_len < MIN_IMPORTANCE_LEN:
         raise UserError(f"--importance-len must be at least {MIN_IMPORTANCE_LEN} tokens, not {args.importance_len}")
-    # recorded as run (the default: on, off on the triton backend); a resumed run takes its recorded norms (runs
-    # from before them: none)
+    # recorded as run (the default: on, off on the triton backend unless --norms); a resumed run takes its recorded
+    # norms (runs from before them: none)
     args.norms = False if args.resume and args.norms is None else resolve_norms(args)
     causal = model_is_causal(args.model, getattr(args, "revision", None))
     from bertscope.analyses.heads.retrieval.haystack import load_needles

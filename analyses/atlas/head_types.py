@@ -2,7 +2,7 @@
 why it has its value. A head carries every type whose rule it meets (several, or none); a rule on
 a column the run did not measure (NaN: an encoder's retrieval score and streaming error, a
 statistic its backend did not compute, the norm-based twins with --no-norms or on the triton
-backend) types no head, and the card says "not measured in this run". A rule may refine another
+backend without --norms) types no head, and the card says "not measured in this run". A rule may refine another
 (`Rule.within`: a no-op sink is a sink first).
 
 No numpy beyond comparisons: `assign` takes the per-head table as columns of arrays and returns

@@ -6,7 +6,7 @@ atlas_heads.csv / atlas_heads.parquet: one row per head of the model, layer-majo
 from 1; `COLUMNS` below names every column with its unit and where it comes from (docs/atlas.md
 prints the same table). A statistic the run did not measure is empty in the CSV and NaN in the
 Parquet file (never a measured 0): an encoder's retrieval, LM importance and streaming error, the
-norm-based twins with --no-norms or on the triton backend, and any statistic the run's backend did
+norm-based twins with --no-norms (or on the triton backend without --norms), and any statistic the run's backend did
 not compute (the card says "not measured in this run").
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "alpha_1_norm": (NORM_SHARE, "alpha_1's norm-based twin (Kobayashi et al. 2020, docs/norms.md): the first token's "
                      "share of sum_j a_ij ||f(x_j)|| (attention weight times the length of the key's transformed "
                      "value vector), mean over the rows that can see it; empty where norms were not computed "
-                     "(--no-norms, the triton backend)"),
+                     "(--no-norms; the triton backend without --norms)"),
     "first_mass_norm": (NORM_SHARE, "first_mass's norm-based twin: the first token's share of sum_j a_ij ||f(x_j)||, "
                         "mean over every row (empty as alpha_1_norm is)"),
     "sep_mass_norm": (NORM_SHARE, "sep_mass's norm-based twin: [SEP]'s share (encoders; empty for a decoder)"),
