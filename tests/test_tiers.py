@@ -83,3 +83,29 @@ def test_the_record_is_over_its_bar_and_names_tests_that_exist():
     files = {nodeid.split("::")[0] for nodeid in record["slow"]}
     missing = sorted(f for f in files if not (ROOT / f).exists())
     assert len(missing) <= 0.1 * len(files), missing
+
+
+def test_recording_a_quick_tier_run_adds_to_the_record(tmp_path, monkeypatch):
+    """`tools/tiers.py record --add`: a quick-tier run's slow tests join the record, the full tier's (not in the run)
+    stay, a test timed again keeps its new seconds, and the record says when and at what load they were added."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiers_tool", ROOT / "tools" / "tiers.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    record = tmp_path / "tier_durations.json"
+    record.write_text(json.dumps({"recorded": "2026-12-01", "load": "4 on 2 cores", "bar_seconds": QUICK_SECONDS,
+                                  "slow": {"tests/a.py::full_one": 40.0, "tests/a.py::again": 9.0}}))
+    monkeypatch.setattr(tool, "DURATIONS", record)
+    (tmp_path / "run.xml").write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.a" name="again" time="5.0"/>'
+        '<testcase classname="tests.b" name="new_slow" time="7.25"/>'
+        '<testcase classname="tests.b" name="fast" time="0.5"/>'
+        '</testsuite></testsuites>')
+    assert tool.main(["record", str(tmp_path / "run.xml"), "--add", "--load", "3 on 2 cores"]) == 0
+    got = json.loads(record.read_text())
+    assert got["slow"] == {"tests/a.py::again": 5.0, "tests/a.py::full_one": 40.0, "tests/b.py::new_slow": 7.3}
+    assert got["load"].startswith("4 on 2 cores; 1 added ") and got["load"].endswith("at 3 on 2 cores")
+    assert tool.main(["record", str(tmp_path / "run.xml"), "--load", "3 on 2 cores"]) == 0  # replaced whole
+    assert json.loads(record.read_text())["slow"] == {"tests/a.py::again": 5.0, "tests/b.py::new_slow": 7.3}

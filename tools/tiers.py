@@ -2,6 +2,8 @@
 
     python -m pytest tests -n 2 --junitxml=run.xml     # a whole-suite run, timed per test
     python tools/tiers.py record run.xml --load "4.5 on 2 cores"   # -> tests/tier_durations.json
+    python -m pytest tests -n 2 -m "not full" --junitxml=quick.xml  # a quick-tier run: new tests timed
+    python tools/tiers.py record quick.xml --add --load "4.5 on 2 cores"   # its slow tests added to the record
 
 `make test` runs the quick tier: every test but those marked `full`, and but those that took more than
 `QUICK_SECONDS` in the recorded run (`tests/tier_durations.json`, the tests over it with their seconds),
@@ -47,11 +49,24 @@ def main(argv=None) -> int:
     rec.add_argument("junit", type=Path)
     rec.add_argument("--load", required=True, help="the machine's load during the run, as the record states it")
     rec.add_argument("--bar", type=float, default=QUICK_SECONDS, help="seconds above which a test is slow")
+    rec.add_argument("--add", action="store_true",
+                     help="add the report's slow tests to the record instead of replacing it (a quick-tier run: the "
+                     "full tier's tests are not in it, and they stay recorded)")
     args = parser.parse_args(argv)
     slow = slow_tests(args.junit, args.bar)
-    DURATIONS.write_text(json.dumps({"recorded": datetime.date.today().isoformat(), "load": args.load,
+    if args.add:
+        old = json.loads(DURATIONS.read_text())
+        if old["bar_seconds"] != args.bar:
+            parser.error(f"the record's bar is {old['bar_seconds']} s, not {args.bar}: re-record it whole")
+        added = sorted(set(slow) - set(old["slow"]))
+        slow = dict(sorted({**old["slow"], **slow}.items()))
+        load = f"{old['load']}; {len(added)} added {datetime.date.today().isoformat()} at {args.load}"
+        print(f"{len(added)} tests added over {args.bar} s: {', '.join(added) or 'none'}")
+    else:
+        load = args.load
+    DURATIONS.write_text(json.dumps({"recorded": datetime.date.today().isoformat(), "load": load,
                                      "bar_seconds": args.bar, "slow": slow}, indent=1) + "\n")
-    print(f"{len(slow)} tests over {args.bar} s -> {DURATIONS.relative_to(ROOT)}")
+    print(f"{len(slow)} tests over {args.bar} s -> {DURATIONS}")
     return 0
 
 
