@@ -120,7 +120,7 @@ class Specialisation:
         c = self.config(arch)
         norm_w, norm_f = norm_widths(self.n_classes, self.group if self.banded else 1)
         constexprs = dict(BANDED=self.banded, F_PAD=feature_width(self.n_classes), HEAD_DIM=self.D,
-                          NORM_W=norm_w, NORM_F=norm_f,
+                          NORM_W=norm_w, NORM_F=norm_f, CLAMP_KEYS=bool(c.get("CLAMP_KEYS", False)),
                           DOT_PRECISION="ieee" if self.dtype == "fp32" else "tf32", UNIFORM=self.uniform,
                           SUMS_BY_DOT=int(c["SUMS_BY_DOT"]), MASKED_FIRST=c["MASKED_FIRST"],
                           GROUP=self.group if self.banded and c["FIXED_G"] else 0)

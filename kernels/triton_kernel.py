@@ -151,7 +151,7 @@ ARGUMENT_TUPLES = {
     "stride_o": ("stride_ob", "stride_oh", "stride_ol", "stride_od"),
     "strides": ("stride_mb", "stride_ml", "stride_fb", "stride_fl", "stride_xb", "stride_ub", "stride_sr"),
     "dims": ("H", "L", "n_offsets", "n_classes", "G", "win_left", "win_right"),
-    "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD", "NORM_W", "NORM_F"),
+    "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD", "NORM_W", "NORM_F", "CLAMP_KEYS"),
 }
 
 
@@ -186,12 +186,9 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
     K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L, N_ptr = keys
     offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    # the key rows read. With L_ONLY in the plain layout's masked blocks, those past the row end are clamped to
-    # the last row (finite, and given no weight below: p = 0) instead of a masked load. Both are exact; which
-    # one lets a tile compile without a spill is ptxas's call (Triton 3.7.1: the clamp for sm_90's plain
-    # D = 128 tile, the masked load everywhere else, docs/kernels.md)
-    clamp: tl.constexpr = MASKED and not BANDED and SUMS_BY_DOT == L_ONLY
-    rows = tl.minimum(offs_n, L - 1) if clamp else offs_n
+    CLAMP_KEYS: tl.constexpr = TILE[7]  # the config's spill workaround (`_key_rows`)
+    clamp: tl.constexpr = MASKED and CLAMP_KEYS
+    rows = _key_rows(offs_n, L, clamp)
     k_ptrs = K_ptr + rows[None, :] * stride_kl + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = V_ptr + rows[:, None] * stride_vl + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D)
     n_in = offs_n < L
@@ -410,6 +407,16 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
+def _key_rows(offs_n, L, CLAMP: tl.constexpr):
+    """The key rows a block reads: offs_n itself (a masked block then loads K and V under the mask n < L), or with
+    CLAMP those past the sequence's end clamped to its last row: finite values, given no weight (their scores are
+    -inf: p = 0), so exact either way. A spill workaround, chosen by the config (`triton_config.Entry.clamp_keys`):
+    which of the two lets a tile compile without a spill is ptxas's call (Triton 3.7.1: the clamp for sm_90's
+    plain D = 128 tile of the default statistics, with L_ONLY; the masked load everywhere else; docs/kernels.md)."""
+    return tl.minimum(offs_n, L - 1) if CLAMP else offs_n
+
+
+@triton.jit
 def _after_loops(x, l_i):
     """x, computed from the loops' result: l_i (a sum of exponentials, or NaN) is never negative, so
     this is x itself; but the compiler cannot know it, so it neither computes from x before the loops
@@ -455,11 +462,13 @@ def attn_stats_fwd(
     ...); stride_q / stride_k / stride_v / stride_o = (b, h, l, d) strides of Q, K, V and Out (Out's h and l
     those of its (B, L, H, D) tensor); strides = (KeyValid's b and l, KeyFeatures' b and l, GateXi's and
     GateUniform's b, the statistics buffer's row stride); dims = (H, L, n_offsets, n_classes, G, win_left,
-    win_right); TILE = (BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD); STATS, the statistics'
+    win_right); TILE = (BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, NORM_W, NORM_F, CLAMP_KEYS): the tiles, the
+    feature widths and the config's key-row clamp (`_key_rows`); STATS, the statistics'
     constexpr switches, one per distinct switch of those entries in the table's order, read by their indices
     (`ENTROPY`, `ARGMAX`, ...). Both index sets are taken from the table (module constants above). Flattened,
-    the arguments are in the order they had as separate ones (the PTX's parameters, hence the constant-bank
-    offsets the SASS reads them at, are unchanged).
+    the arguments are in the order they had as separate ones, but for KeyNorms (the norm-based twins' features,
+    added since), which moves the constant-bank offsets of the parameters after it and no SASS count of the
+    budget (`triton_aot --budget`).
 
     BANDED: the rows' bands are compared in masked blocks (causal, windowed layouts); off (the plain
     layout: win_left = win_right = L, G = 1, which Triton's launcher specialises to a constant) only

@@ -421,7 +421,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         stride_sr=stat_stride,  #
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D, F_PAD=feature_width(C),
-        NORM_W=norm_w, NORM_F=norm_f,
+        NORM_W=norm_w, NORM_F=norm_f, CLAMP_KEYS=bool(cfg.get("CLAMP_KEYS", False)),
         BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype), UNIFORM=uniform is not None,
         SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
         GROUP=G if band["BANDED"] and cfg.get("FIXED_G", False) else 0,

@@ -66,8 +66,9 @@ def triton_sums_by_dot(*args, **kw):
 
 def triton_l_by_dot(*args, **kw):
     """The fused kernel with the row sum l on the tensor cores and the entropy's sum per score, relative to
-    the running max (`SUMS_BY_DOT` = L_ONLY: sm_90 at D = 128, the default statistics)."""
-    return triton(*args, blocks={"SUMS_BY_DOT": L_ONLY}, **kw)
+    the running max (`SUMS_BY_DOT` = L_ONLY: sm_90 at D = 128, the default statistics), with the key rows past
+    the sequence's end clamped (`CLAMP_KEYS`: that target's plain tile, `triton_kernel._key_rows`)."""
+    return triton(*args, blocks={"SUMS_BY_DOT": L_ONLY, "CLAMP_KEYS": True}, **kw)
 
 
 def triton_masked_first(*args, **kw):
