@@ -53,7 +53,7 @@ The statistics, by kind (each a constexpr switch read off the table `spec.ROW_ST
   any statistic that is a sum over keys of a per-key feature is a column of U;
 - per position bucket, `posn = (dist, dsum, pmass)`: the mass by log2 bucket of |i - j|, the sum
   of p |i - j|, the mass by tenth of the row's context [0, i] (then "after the query"), exact
-  integer buckets, one masked row sum per bucket a block can reach (opt-in: they cost);
+  integer buckets, one compare-and-select row sum per bucket or bin edge a block straddles (opt-in: they cost);
 - the norm-based twins (Kobayashi et al. 2020; switches WEIGHTED_NORM, CLASS_MASS_NORM, OFFSET_MASS_NORM): a second
   key-feature dot `feat_n += P @ (U n)`, U n (L, NORM_F) the one-hot key classes times each key's value norm
   n_j = ||f_h(x_j)|| and n_j itself, per query head of the group side by side (`triton_launch.norm_features`:
@@ -89,8 +89,6 @@ DB = tl.constexpr(N_DISTANCE_BUCKETS)  # 17 log2 buckets of |i - j|, the last on
 DB_PAD = tl.constexpr(triton.next_power_of_2(N_DISTANCE_BUCKETS))  # 32
 NPB = tl.constexpr(N_POSITION_BINS)  # 10 tenths of [0, i], then one bin for keys after the query
 PB_PAD = tl.constexpr(triton.next_power_of_2(N_POSITION_BINS + 1))  # 16
-# a distance / scaled key position above any a sequence has (the open end of the last bucket or bin)
-OPEN_END = tl.constexpr(2147483647)
 # the width of the slices of D in which the epilogue computes the offsets' scores
 OFFSET_DK = tl.constexpr(32)
 # SUMS_BY_DOT's modes, how the softmax's row sum l and the entropy's sum are taken (`triton_config`)
@@ -358,7 +356,7 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
 
     dist (BLOCK_M, DB_PAD): mass per log2 bucket of |i - j|; dsum (BLOCK_M,): sum_j p_j |i - j|;
     pmass (BLOCK_M, PB_PAD): mass per bin floor(NPB j / (i + 1)) of keys j <= i, then bin NPB for
-    j > i. Exact integer comparisons, one masked row sum per bucket or bin the block can reach: its
+    j > i. Exact integer comparisons, one compare-and-select row sum per edge the block straddles: its
     distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal).
     DISTANCE, MEAN, POSITION: which of the three it sums (the kernel's switches of the statistics, or of
     their norm-based twins: the same sums of p_j n_j, `_key_block`).
@@ -384,10 +382,17 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
         d_hi = tl.maximum(i_hi - start_n, start_n + BLOCK_N - 1 - i_lo)
         didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
         dist_i = dist_i * alpha[:, None]
-        for b in range(_distance_bucket(d_lo), _distance_bucket(d_hi) + 1):
-            lo, hi = _bucket_edges(b)
-            mass = tl.sum(tl.where((dist >= lo) & (dist < hi), p, 0.0), 1)  # (BLOCK_M,)
-            dist_i = tl.where(didx[None, :] == b, dist_i + mass[:, None], dist_i)
+        # from the block's nearest bucket out: `above` is the mass at distances >= bucket b's low edge (at b_lo the
+        # whole block's), and bucket b's mass is that less the mass at >= the next bucket's low edge, 2^b: one
+        # compare and select per score and edge the block straddles, none for a block inside one bucket
+        b_lo = _distance_bucket(d_lo)
+        b_hi = _distance_bucket(d_hi)
+        above = tl.sum(p, 1)  # (BLOCK_M,)
+        for b in range(b_lo, b_hi):
+            beyond = tl.sum(tl.where(dist >= (1 << b), p, 0.0), 1)  # (BLOCK_M,) at >= bucket b + 1's low edge
+            dist_i = tl.where(didx[None, :] == b, dist_i + (above - beyond)[:, None], dist_i)
+            above = beyond
+        dist_i = tl.where(didx[None, :] == b_hi, dist_i + above[:, None], dist_i)
     if POSITION:
         # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1); bin NPB holds j > i
         j_lo = tl.min(offs_n, 0)
@@ -397,12 +402,14 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
         tj = offs_n * NPB  # (BLOCK_N,)
         pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
         pmass_i = pmass_i * alpha[:, None]
-        for b in range(b_lo, b_hi + 1):
-            edge = b * (pos + 1)  # (BLOCK_M,) the bin's first scaled key position
-            hi = tl.where(b == NPB, OPEN_END, edge + pos + 1)
-            inside = (tj[None, :] >= edge[:, None]) & (tj[None, :] < hi[:, None])  # (BLOCK_M, BLOCK_N)
-            mass = tl.sum(tl.where(inside, p, 0.0), 1)  # (BLOCK_M,)
-            pmass_i = tl.where(pidx[None, :] == b, pmass_i + mass[:, None], pmass_i)
+        # as the distance buckets: from the block's first bin on, bin b's mass is the mass in bins >= b less the mass
+        # from bin b + 1's first scaled key position, (b + 1)(i + 1), on
+        above = tl.sum(p, 1)  # (BLOCK_M,) the block's mass in bins >= b_lo: all of it
+        for b in range(b_lo, b_hi):
+            beyond = tl.sum(tl.where(tj[None, :] >= ((b + 1) * (pos + 1))[:, None], p, 0.0), 1)  # (BLOCK_M,)
+            pmass_i = tl.where(pidx[None, :] == b, pmass_i + (above - beyond)[:, None], pmass_i)
+            above = beyond
+        pmass_i = tl.where(pidx[None, :] == b_hi, pmass_i + above[:, None], pmass_i)
     return dist_i, dsum_i, pmass_i
 
 
@@ -436,13 +443,6 @@ def _distance_bucket(d):
     for e in tl.static_range(1, DB - 1):
         b += (d >= (1 << e)).to(tl.int32)
     return b
-
-
-@triton.jit
-def _bucket_edges(b):
-    """(lo, hi): distance bucket b holds lo <= d < hi; lo = 2^b / 2 (0 for b = 0), hi = 2^b, open
-    for the last bucket (2^(DB - 2) and beyond)."""
-    return (1 << b) >> 1, tl.where(b == DB - 1, OPEN_END, 1 << b)
 
 
 @triton.jit

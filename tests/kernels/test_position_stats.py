@@ -30,7 +30,7 @@ from bertscope.kernels.spec import (
     position_bin_names,
 )
 from bertscope.kernels.triton_attention import INTERPRETED, attention_stats_triton
-from bertscope.kernels.triton_kernel import DB, _bucket_edges, _distance_bucket
+from bertscope.kernels.triton_kernel import DB, _distance_bucket
 
 if not INTERPRETED:
     pytest.fail("bertscope.kernels.triton_attention was imported before TRITON_INTERPRET=1 was set", pytrace=False)
@@ -155,30 +155,30 @@ def test_far_keys_land_in_their_log2_buckets(backend):
 
 
 @triton.jit
-def _bucket_kernel(Dist, Bucket, InBucket, n):
-    """Bucket[k] = _distance_bucket(Dist[k]); InBucket[k, b] = Dist[k] inside _bucket_edges(b)."""
+def _bucket_kernel(Dist, Bucket, Beyond, n):
+    """Bucket[k] = _distance_bucket(Dist[k]); Beyond[k, b] = Dist[k] >= 2^b, the compare `_position_sums` takes for
+    "past bucket b" (bucket b + 1's low edge), b < DB - 1."""
     for k in range(0, n):
         d = tl.load(Dist + k)
         tl.store(Bucket + k, _distance_bucket(d))
-        for b in range(0, DB):
-            lo, hi = _bucket_edges(b)
-            tl.store(InBucket + k * DB + b, ((d >= lo) & (d < hi)).to(tl.int32))
+        for b in range(0, DB - 1):
+            tl.store(Beyond + k * (DB - 1) + b, (d >= (1 << b)).to(tl.int32))
 
 
 def test_the_kernel_buckets_are_the_spec_buckets_past_the_last_edge():
-    """The kernel's bucket of a distance (the number of edges <= d, by comparisons) and its
-    buckets' edges, on every edge, either side of it and far past the last one (2^15 and beyond:
-    rows longer than the interpreter can run), against torch.bucketize on DISTANCE_EDGES."""
+    """The kernel's bucket of a distance (the number of edges <= d, by comparisons) and the edges its sums
+    compare against (d >= 2^b: past bucket b), on every edge, either side of it and far past the last one
+    (2^15 and beyond: rows longer than the interpreter can run), against torch.bucketize on DISTANCE_EDGES."""
     edges = torch.tensor(DISTANCE_EDGES)
     dist = sorted({0, 1, 2, 3, 5, 2**31 - 2} | {e + s for e in DISTANCE_EDGES for s in (-1, 0, 1)} | {2**20})
     dist = torch.tensor(dist, dtype=torch.int32)
     want = torch.bucketize(dist.long(), edges, right=True)
     n_buckets = len(DISTANCE_EDGES) + 1
     got = torch.full_like(dist, -1)
-    inside = torch.full((len(dist), n_buckets), -1, dtype=torch.int32)
-    _bucket_kernel[(1,)](dist, got, inside, len(dist))
+    beyond = torch.full((len(dist), n_buckets - 1), -1, dtype=torch.int32)
+    _bucket_kernel[(1,)](dist, got, beyond, len(dist))
     assert torch.equal(got.long(), want)
-    assert torch.equal(inside.long(), torch.nn.functional.one_hot(want, n_buckets))
+    assert torch.equal(beyond.long(), (want[:, None] > torch.arange(n_buckets - 1)[None, :]).long())
 
 
 # --- every backend against the oracle at long distances, over several blocks and band edges --------
