@@ -1,8 +1,8 @@
-"""Sweep the fused forward's tiles for one tile family of the statistics table, without a GPU.
+"""Sweep the fused forward's tiles (a tile family of the statistics table, or the commands' rows), without a GPU.
 
 Compiles the kernel (`triton_aot`: `triton.compile` for sm_80 / sm_90) for each candidate tile and
 layout, and prints the main loop's warp-instructions per 1,000 scores and the bytes spilled: how
-`triton_config.FAMILY_TILES` was chosen (docs/kernels.md, "Tiles of the position and token
+the tile families' entries of `triton_config.TILES` were chosen (docs/kernels.md, "Tiles of the position and token
 statistics"). The statistics of a family are read off the table's traits (`KernelTraits.tiles`), on
 top of the default statistics and the argmax, as the commands launch them.
 

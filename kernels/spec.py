@@ -340,7 +340,7 @@ class KernelTraits:
                rows' and keys' indices), "token_ids", "offsets"
     accumulator: its running state per stacked row, in the kernel's terms ("" for none)
     tiles:     the tile family its registers call for (`triton_config.forward_config`'s precedence): "default"
-               (the widest tiles of `DEFAULT_TILES`), "wide" (a 64-column dot or an index: BLOCK_N <= 64),
+               (the widest tiles of `TILES`' "default" kind), "wide" (a 64-column dot or an index: BLOCK_N <= 64),
                "positions", "tokens"
     second_pass: it needs a pass over the keys after the loop (none does today: the uniform gate's pass is
                the gates', not a statistic's)

@@ -37,8 +37,8 @@ the three switches). The target is 80 or 90 (newer GPUs take sm_90's); the D cla
 head) or "grouped" (banded with G >= 2, which takes the banded entry where it has none of its own:
 `LAYOUTS`). The statistic-set kinds and their order of precedence are data too, `KINDS`: a call is every
 kind whose test holds, and takes the entry of the first that the table has at its target, D class and
-layout and that it can take (SUMS_BY_DOT needs a free ones column: `_fits`); "any" holds for every call and
-has an entry everywhere. In order:
+layout and that it can take (`_fits`: SUMS_BY_DOT needs a free ones column, and an entry is for key-feature
+matrices no wider than it was compiled for); "any" holds for every call and has an entry everywhere. In order:
 
     tokens, positions: the token relations (duplicate, prefix-match mass: two id loads and two
         (BLOCK_M, BLOCK_N) matches per block) and the position statistics (distance, position mass: two
@@ -51,8 +51,8 @@ has an entry everywhere. In order:
         (BLOCK_M, D) accumulator): the default statistics' own entries, then 64 x 64 (sm_90) or 64 x 32 (sm_80)
         with 8 warps for any other statistics
     none, argmax, class_mass, default+argmax: the commands' other statistic sets (`triton_aot --commands`),
-        exactly those switches (a feature dot no wider than 32 columns), each its entries from the sweep of
-        2026-12-08 (bench/tile_sweep.py --commands; docs/kernels.md, "Tiles of the commands' statistic sets")
+        exactly those switches, each its entries (and default uniform's above) from the sweep of 2026-12-08
+        (bench/tile_sweep.py --commands; docs/kernels.md, "Tiles of the commands' statistic sets")
         at the shapes the commands run: D = 64 grouped and plain, D = 128 grouped and banded, D = 256 grouped
     sums by dot: no argmax and no wide feature dot: on sm_90 at D <= 64, 128 x 128 with L_AND_T, 3 stages
     default: the budget's statistics (entropy, class masses; offsets have no switch), `triton_aot --budget`,
@@ -70,10 +70,16 @@ Which tiles fit in 255 registers is ptxas's outcome and is not monotone in the w
 the default statistics got the wide tiles because with fewer statistics the same tiles spilled 8-16 B (measured
 on an older kernel), no longer held: the sweep of 2026-12-08 compiled every command row of those sets on a
 pruned set of candidates (tile shapes widest first with the masked stage first, then one switch or the stages at
-a time) and found wider spill-free tiles for most of them: SUMMARY. A candidate was taken only with no spill
+a time) and found a better spill-free config for 45 of its 46 rows, wider tiles for 42 of them (592
+compiles, bf16; fp16 checked after):
+their main loops went from 1.32-11.7x the flash baseline's instructions to 0.87-3.6x (sm_80 at D <= 128 at
+most 1.66x; Gemma-3's D = 256 0.96-1.96x on sm_80, 1.8-3.6x on sm_90), the 4-68 B spilled at D = 256 to none,
+and 19 rows now meet every target (`COMMAND_CEILINGS`, 67 lines -> 48). A candidate was taken only with no spill
 and no figure of the ratchet (ratio, masked ratio, MUFU per score, spills, narrow wgmma) higher than the
 tiles before; ratios within 3% of the lowest were a tie, won by 2 stages or more (pipelined loads, whose
-latency an instruction count does not see).
+latency an instruction count does not see). 14 of the 45 take 1 stage all the same (2 and 3 stages spilled,
+or issued 7-11% more on sm_90): whether the unpipelined K and V loads cost more than the instructions saved
+only a GPU's timing can say.
 
 Under Triton's interpreter (no GPU) every call takes 16 x 16 blocks: no register file to fit,
 and short test rows then span several blocks, so both stages of the loop and the band's edges
