@@ -341,7 +341,7 @@ class KernelTraits:
                the key classes scaled by each key's value norm, and the norm itself, per query head)
     accumulator: its running state per stacked row, in the kernel's terms ("" for none)
     tiles:     the tile family its registers call for (`triton_config.forward_config`'s precedence): "default"
-               (the widest tiles of `DEFAULT_TILES`), "wide" (a 64-column dot or an index: BLOCK_N <= 64),
+               (the widest tiles of `TILES`' "default" kind), "wide" (a 64-column dot or an index: BLOCK_N <= 64),
                "positions", "tokens", "norms" (the norm-based twins: a second (BLOCK_M, NORM_F) dot accumulator)
     second_pass: it needs a pass over the keys after the loop (none does today: the uniform gate's pass is
                the gates', not a statistic's)

@@ -4,19 +4,8 @@ Chosen from the instruction budget `triton_aot` reads off the compiled SASS (war
 of the main loop per 1,000 scores, against a plain flash-attention loop compiled the same way:
 bench/flash_baseline.py) with no register spill; the measured tables are in docs/kernels.md.
 
-    half precision (fp16, bf16), tensor-core dots with fp32 accumulation: `HALF_TILES`, by target,
-        head dimension and layout (on sm_90 at D <= 64: 128 x 128, 8 warps, 3 stages with the row sums
-        on the tensor cores, `SUMS_BY_DOT`, below) (BLOCK_N at most 64 for a wide feature dot or the argmax); D = 256
-        (Gemma-3) 32 x 32, 4 warps, 2 stages (16 x 32 wide); uniform head gates (a second pass in the epilogue)
-        64 x 64 (sm_90) or 64 x 32 (sm_80), 8 warps, 2 stages
-    position statistics on (distance, position mass: two more (BLOCK_M, 32) and (BLOCK_M, 16)
-        accumulators and a loop over buckets) or token relations on (duplicate, prefix-match mass: two id
-        loads and two (BLOCK_M, BLOCK_N) matches per block): the family's row of `FAMILY_TILES` (128 x 64 or
-        128 x 32 with 8 warps at D <= 128 where they fit, from a sweep: below), else the narrow 64 x 32, 8 warps,
-        2 stages; banded, the masked stage first (its operands dead before the main loop). D = 256: 16 x 16
-        with token relations, 4 warps, 2 stages. Not spill-free everywhere (Triton 3.7.1, ptxas -v):
-        `COMMAND_CEILINGS` records the few bytes that remain, and `triton_aot` ships the token relations at
-        D = 64 only (docs/contributing.md, closing note)
+    half precision (fp16, bf16), tensor-core dots with fp32 accumulation (and TF32 dots): one table,
+        `TILES`, below
     fp32, exact IEEE dots (FMA loops, no tensor cores: far more registers per score):
         16 x 32, 8 warps, 2 stages (D <= 64), 16 x 16, 8 warps, 1 stage above, at most 128 registers
         per thread (`maxnreg`) above; TF32 dots (torch.get_float32_matmul_precision() "high" or
@@ -31,7 +20,8 @@ D <= 64 that fits 128 x 128 tiles (about 1.07x the flash baseline's instructions
 relative to the running max (no D-wide accumulator): sm_90 at D = 128 for the default statistics.
 On sm_80 (mma.sync keeps P in registers in another layout) neither pays. A ones column needs a free
 column in the key features (at most 15 classes); L_AND_T also no argmax, no position statistics and
-no uniform gate (those keep the tiles they had).
+no uniform gate (those keep the tiles they had). With the commands' statistic sets L_ONLY pays on sm_90 too
+(the sweep: `TILES`), where it takes the row sum off the scores (no entropy: no t).
 
 MASKED_FIRST (a constexpr of the kernel, in the config): the masked key blocks (band edges, padding,
 the row end) run before the main loop instead of after it, so that what only their masks need holds
@@ -41,16 +31,55 @@ FIXED_G (in the config; the kernel's constexpr GROUP = G): the group size compil
 read at run time, one compile per model; the stacked rows' divisions by G are then a multiply and a
 shift.
 
-The default statistics (entropy, class masses, offsets: the calls of `bertscope run` and of most
-analyses) have their own tiles and switches, `DEFAULT_TILES`, chosen from the budget table
-(docs/kernels.md) where they fit a wider tile than `HALF_TILES` without a spill; every row of the
-budget then meets its targets (at most 1.25x the flash baseline's instructions): sm_80 at D = 64,
-128 x 128 with the masked stage first (1.17x); sm_80 at D = 128, 64 x 64 with 4 warps, plain with
-the masked stage first, causal with G compiled in (1.22x, 1.21x); sm_90 at D = 128, 128 x 128 with
-L_ONLY and the masked stage first (1.23x, 1.25x). Which tiles fit in 255 registers is ptxas's
-outcome and is not monotone in the work: with fewer statistics (none at all, the entropy alone) the
-same tiles spilled 8-16 B, with the argmax or at D = 32 and 256 more; so every other call keeps
-`HALF_TILES` with every switch off, as AOT-checked before.
+The one table, `TILES`: (target, D class, layout, statistic-set kind) -> `Entry` (tiles, warps, stages and
+the three switches). The target is 80 or 90 (newer GPUs take sm_90's); the D class is BLOCK_D, at least 32
+(32, 64, 128, 256); the layout "plain" (encoders), "banded" (causal or windowed, one query head per key/value
+head) or "grouped" (banded with G >= 2, which takes the banded entry where it has none of its own:
+`LAYOUTS`). The statistic-set kinds and their order of precedence are data too, `KINDS`: a call is every
+kind whose test holds, and takes the entry of the first that the table has at its target, D class and
+layout and that it can take (`_fits`: SUMS_BY_DOT needs a free ones column, and an entry is for key-feature
+matrices no wider than it was compiled for); "any" holds for every call and has an entry everywhere. In order:
+
+    tokens, positions: the token relations (duplicate, prefix-match mass: two id loads and two
+        (BLOCK_M, BLOCK_N) matches per block) and the position statistics (distance, position mass: two
+        more (BLOCK_M, 32) and (BLOCK_M, 16) accumulators and a loop over buckets); a call with both (the
+        atlas's union) takes the tokens'. 128 x 64 or 128 x 32 with 8 warps at D <= 128 where they fit (sweep
+        of 2026-12-07, docs/kernels.md), else FAMILY_FALLBACK, 64 x 32, 8 warps; banded, the masked stage first;
+        D = 256 the token relations 16 x 16. Not spill-free everywhere: `COMMAND_CEILINGS` records the bytes
+        that remain, and `triton_aot` ships the token relations at D = 64 only
+    default uniform, uniform: uniform head gates (a second pass over the keys in the epilogue, a second
+        (BLOCK_M, D) accumulator): the default statistics' own entries, then 64 x 64 (sm_90) or 64 x 32 (sm_80)
+        with 8 warps for any other statistics
+    none, argmax, class_mass, default+argmax: the commands' other statistic sets (`triton_aot --commands`),
+        exactly those switches, each its entries (and default uniform's above) from the sweep of 2026-12-08
+        (bench/tile_sweep.py --commands; docs/kernels.md, "Tiles of the commands' statistic sets")
+        at the shapes the commands run: D = 64 grouped and plain, D = 128 grouped and banded, D = 256 grouped
+    sums by dot: no argmax and no wide feature dot: on sm_90 at D <= 64, 128 x 128 with L_AND_T, 3 stages
+    default: the budget's statistics (entropy, class masses; offsets have no switch), `triton_aot --budget`,
+        every row within its targets (at most 1.25x the flash baseline): sm_80 at D = 64, 128 x 128 with the
+        masked stage first (1.17x); sm_80 at D = 128, 64 x 64 with 4 warps, plain and banded with the masked
+        stage first, grouped with G compiled in (1.22x, 1.21x); sm_90 at D = 128, 128 x 128 with L_ONLY and
+        the masked stage first (1.23x, 1.25x); banded with G = 1 (not the budget's) 128 x 64, 1 stage, L_ONLY
+        (1.50x); D = 256 grouped (Gemma-3, not the budget's) from the sweep below
+    wide: the argmax or a 64-column feature dot, D = 256: 16 x 32, 4 warps
+    any: every other call (the tiles every call had before the budget): D <= 64 128 x 64 with 8 warps (sm_80
+        banded 128 x 32), D = 128 128 x 64 or 128 x 32 with 8 warps (sm_80 banded 32 x 32, 4 warps), D = 256
+        32 x 32, 4 warps; every switch off
+
+Which tiles fit in 255 registers is ptxas's outcome and is not monotone in the work: the old rule, that only
+the default statistics got the wide tiles because with fewer statistics the same tiles spilled 8-16 B (measured
+on an older kernel), no longer held: the sweep of 2026-12-08 compiled every command row of those sets on a
+pruned set of candidates (tile shapes widest first with the masked stage first, then one switch or the stages at
+a time) and found a better spill-free config for 45 of its 46 rows, wider tiles for 42 of them (592
+compiles, bf16; fp16 checked after):
+their main loops went from 1.32-11.7x the flash baseline's instructions to 0.87-3.6x (sm_80 at D <= 128 at
+most 1.66x; Gemma-3's D = 256 0.96-1.96x on sm_80, 1.8-3.6x on sm_90), the 4-68 B spilled at D = 256 to none,
+and 19 rows now meet every target (`COMMAND_CEILINGS`, 67 lines -> 48). A candidate was taken only with no spill
+and no figure of the ratchet (ratio, masked ratio, MUFU per score, spills, narrow wgmma) higher than the
+tiles before; ratios within 3% of the lowest were a tie, won by 2 stages or more (pipelined loads, whose
+latency an instruction count does not see). 14 of the 45 take 1 stage all the same (2 and 3 stages spilled,
+or issued 7-11% more on sm_90): whether the unpipelined K and V loads cost more than the instructions saved
+only a GPU's timing can say.
 
 Under Triton's interpreter (no GPU) every call takes 16 x 16 blocks: no register file to fit,
 and short test rows then span several blocks, so both stages of the loop and the band's edges
@@ -113,7 +142,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
                        sums_by_dot=L_AND_T if ones_fit and (dtype in HALF_DTYPES or tf32) else PER_SCORE)
     if dtype in HALF_DTYPES or tf32:
         call = Call(frozenset(switched_on) if switched_on is not None else None, positions, tokens, uniform,
-                    wide, ones_fit)
+                    wide, ones_fit, feature_width(n_classes))
         layout = "grouped" if banded and grouped else "banded" if banded else "plain"
         entry = lookup(90 if arch >= 90 else 80, max(32, block_d), layout, call)
         return _config(*entry.tiles, block_d, sums_by_dot=entry.sums_by_dot, masked_first=entry.masked_first,
@@ -156,6 +185,7 @@ class Call(NamedTuple):
     uniform: bool  # uniform head gates (the epilogue's second pass over the keys)
     wide: bool  # the argmax, or a 64-column key-feature dot (more than 32 classes)
     ones_fit: bool  # a free key-feature column for SUMS_BY_DOT's ones (at most 15 classes under 16, ...)
+    features: int = 16  # F_PAD, the key-feature matrix's width (`feature_width`): 16, 32 or 64
 
 
 class Entry(NamedTuple):
@@ -165,16 +195,18 @@ class Entry(NamedTuple):
     sums_by_dot: int = PER_SCORE
     masked_first: bool = False
     fixed_g: bool = False
+    features: int = 64  # the widest key-feature matrix (F_PAD) a call may have to take it: what it was compiled for
     # a spill workaround (`triton_kernel._key_rows`): the masked blocks clamp the key rows past the sequence's end
     # to its last row instead of a masked load of K and V; exact either way, which one compiles without a spill
-    # is ptxas's call (Triton 3.7.1: the clamp for sm_90's plain D = 128 tile of the default statistics, L_ONLY)
+    # is ptxas's call (Triton 3.7.1: the plain layout's L_ONLY entries, as the sweep compiled them)
     clamp_keys: bool = False
 
 
-def _is(*names: str):
-    """A kind's test: the call's kernel switches are exactly `names` (and it has no uniform gates)."""
+def _is(*names: str, uniform: bool = False):
+    """A kind's test: the call's kernel switches are exactly `names`, with uniform gates or without, and a key-
+    feature dot no wider than 32 columns (wide only through the argmax)."""
     on = frozenset(names)
-    return lambda c: c.switched_on == on and not c.uniform
+    return lambda c: c.switched_on == on and c.uniform == uniform and c.wide == ("argmax" in on)
 
 
 # The statistic-set kinds, in order of precedence: a call is every kind whose test holds, and takes the entry of
@@ -183,9 +215,15 @@ def _is(*names: str):
 KINDS: tuple[tuple[str, Callable[[Call], bool]], ...] = (
     ("tokens", lambda c: c.tokens),  # the token relations (with positions too: the atlas's union)
     ("positions", lambda c: c.positions),  # distance mass, mean distance, position mass
+    ("default uniform", _is(*DEFAULT_SWITCHES, uniform=True)),  # the default statistics under uniform gates
     ("uniform", lambda c: c.uniform),  # uniform head gates, whatever the statistics
+    # the commands' statistic sets (`triton_aot --commands`), each its own tiles (bench/tile_sweep.py --commands)
+    ("none", _is()),  # no statistic (the lse only)
+    ("argmax", _is("argmax")),
+    ("class_mass", _is("class_mass")),
+    ("default+argmax", _is(*DEFAULT_SWITCHES, "argmax")),
     ("sums by dot", lambda c: not c.wide),  # the row sums on the tensor cores (L_AND_T) where they pay
-    ("default", lambda c: c.switched_on == DEFAULT_SWITCHES and not c.wide),  # the budget's statistics
+    ("default", _is(*DEFAULT_SWITCHES)),  # the budget's statistics
     ("wide", lambda c: c.wide),  # the argmax or a 64-column feature dot
     ("any", lambda c: True),
 )
@@ -250,14 +288,68 @@ TILES: dict[tuple[int, int, str, str], Entry] = {
     (80, 128, "banded", "default"): Entry((64, 64, 4, 2), masked_first=True),
     (80, 128, "grouped", "default"): Entry((64, 64, 4, 1), fixed_g=True),
     (90, 128, "plain", "default"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, clamp_keys=True),
-    (90, 128, "banded", "default"): Entry((128, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True),
+    # banded (G = 1, Llama-2-7B; not the budget's): the sweep of 2026-12-08 (below), 1 stage and the masked stage
+    # last (1.50x; 2 stages without the masked stage first spilled 16 B, with it 1.65x)
+    (90, 128, "banded", "default"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY),
     (90, 128, "grouped", "default"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True),
+    # -- the commands' other statistic sets (`KINDS`: none, argmax, class_mass, default+argmax, default uniform; and
+    # the default statistics at D = 256): the spill-free config with the fewest main-loop instructions of
+    # bench/tile_sweep.py --commands (sweep of 2026-12-08, docs/kernels.md "Tiles of the commands' statistic
+    # sets"), at the layouts of the commands' shapes (D = 64: Llama-3.2-1B grouped, bert-base plain; D = 128:
+    # Llama-3-8B grouped, Llama-2-7B banded; D = 256: Gemma-3 grouped); where it found none better, none here.
+    # Each for the key-feature width it was compiled at (`features`: the commands' 4 classes, the features' 32):
+    # with 32 classes the argmax's tiles spilled 36-40 B on sm_80, so a wider call takes the kinds after
+    (80, 64, "grouped", "argmax"): Entry((128, 128, 8, 2), masked_first=True, fixed_g=True, features=16),
+    (80, 64, "grouped", "class_mass"): Entry((128, 128, 8, 2), masked_first=True, features=32),
+    (80, 64, "grouped", "default uniform"): Entry((128, 32, 8, 2), masked_first=True, features=16),
+    (80, 64, "grouped", "default+argmax"): Entry((128, 64, 8, 2), masked_first=True, fixed_g=True, features=16),
+    (80, 64, "grouped", "none"): Entry((128, 128, 8, 2), masked_first=True, features=16),
+    (80, 64, "plain", "default uniform"): Entry((128, 32, 8, 2), masked_first=True, features=16),
+    (80, 128, "banded", "argmax"): Entry((128, 64, 8, 2), masked_first=True, features=16),
+    (80, 128, "banded", "class_mass"): Entry((128, 32, 8, 2), masked_first=True, features=32),
+    (80, 128, "banded", "default uniform"): Entry((128, 32, 8, 2), masked_first=True, features=16),
+    (80, 128, "banded", "default+argmax"): Entry((128, 64, 8, 1), masked_first=True, features=16),
+    (80, 128, "banded", "none"): Entry((128, 128, 8, 1), masked_first=True, features=16),
+    (80, 128, "grouped", "argmax"): Entry((128, 64, 8, 2), masked_first=True, features=16),
+    (80, 128, "grouped", "class_mass"): Entry((128, 32, 8, 2), masked_first=True, features=32),
+    (80, 128, "grouped", "default uniform"): Entry((128, 32, 8, 1), masked_first=True, features=16),
+    (80, 128, "grouped", "default+argmax"): Entry((128, 64, 8, 1), features=16),
+    (80, 128, "grouped", "none"): Entry((128, 64, 8, 2), masked_first=True, features=16),
+    (80, 256, "grouped", "argmax"): Entry((64, 64, 8, 2), masked_first=True, features=16),
+    (80, 256, "grouped", "class_mass"): Entry((64, 32, 4, 2), masked_first=True, fixed_g=True, features=32),
+    (80, 256, "grouped", "default"): Entry((64, 32, 4, 1), masked_first=True, fixed_g=True, features=16),
+    (80, 256, "grouped", "default uniform"): Entry((32, 32, 4, 2), masked_first=True, fixed_g=True, features=16),
+    (80, 256, "grouped", "default+argmax"): Entry((64, 32, 4, 1), masked_first=True, features=16),
+    (80, 256, "grouped", "none"): Entry((64, 64, 8, 2), masked_first=True, features=16),
+    (90, 64, "grouped", "argmax"): Entry((128, 128, 8, 3), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 64, "grouped", "default uniform"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY, features=16),
+    (90, 64, "grouped", "default+argmax"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY, fixed_g=True, features=16),
+    (90, 64, "plain", "argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, features=16, clamp_keys=True),
+    (90, 64, "plain", "default uniform"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY, features=16, clamp_keys=True),
+    (90, 64, "plain", "default+argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, features=16, clamp_keys=True),
+    (90, 128, "banded", "argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 128, "banded", "class_mass"): Entry((128, 64, 8, 1), features=32),
+    (90, 128, "banded", "default uniform"): Entry((128, 32, 8, 1), sums_by_dot=L_ONLY, features=16),
+    (90, 128, "banded", "default+argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 128, "banded", "none"): Entry((128, 128, 8, 3), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 128, "grouped", "argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 128, "grouped", "class_mass"): Entry((128, 64, 8, 1), features=32),
+    (90, 128, "grouped", "default uniform"): Entry((128, 32, 8, 1), sums_by_dot=L_ONLY, features=16),
+    (90, 128, "grouped", "default+argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 128, "grouped", "none"): Entry((128, 128, 8, 3), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 256, "grouped", "argmax"): Entry((64, 32, 4, 2), masked_first=True, features=16),
+    (90, 256, "grouped", "class_mass"): Entry((64, 32, 4, 2), masked_first=True, features=32),
+    (90, 256, "grouped", "default"): Entry((64, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 256, "grouped", "default uniform"): Entry((64, 32, 8, 2), features=16),
+    (90, 256, "grouped", "default+argmax"): Entry((64, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 256, "grouped", "none"): Entry((64, 32, 4, 2), masked_first=True, features=16),
 }
 
 
 def _fits(entry: Entry, call: Call) -> bool:
-    """Whether a call can take an entry: SUMS_BY_DOT's ones need a free key-feature column."""
-    return entry.sums_by_dot == PER_SCORE or call.ones_fit
+    """Whether a call can take an entry: SUMS_BY_DOT's ones need a free key-feature column, and its key-feature
+    matrix no wider than the entry was compiled for (its (BLOCK_M, F_PAD) accumulator takes registers)."""
+    return (entry.sums_by_dot == PER_SCORE or call.ones_fit) and call.features <= entry.features
 
 
 def kinds(call: Call) -> tuple[str, ...]:

@@ -384,7 +384,9 @@ def test_default_tiles_only_for_the_default_statistics(monkeypatch):
     from bertscope.kernels.triton_config import DEFAULT_SWITCHES, TILES, Call, forward_config, kinds
 
     default = {key: entry for key, entry in TILES.items() if key[3] == "default"}
-    assert {(t, d) for t, d, _, _ in default} == {(80, 64), (80, 128), (90, 128)}
+    # the budget's (D = 64 and 128) and the sweep's (Gemma-3's D = 256, grouped)
+    assert {(t, d) for t, d, _, _ in default} == {(80, 64), (80, 128), (90, 128), (80, 256), (90, 256)}
+    assert {lay for t, d, lay, _ in default if d == 256} == {"grouped"}
     for (arch, block_d, layout, _), entry in default.items():
         banded = dict(banded=layout != "plain", grouped=layout == "grouped")
         got = forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, **banded)
@@ -392,10 +394,8 @@ def test_default_tiles_only_for_the_default_statistics(monkeypatch):
         assert (got["MASKED_FIRST"], got["FIXED_G"], got["SUMS_BY_DOT"]) == (
             entry.masked_first, entry.fixed_g, entry.sums_by_dot)
         for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"}):
-            c = forward_config(block_d, torch.float16, arch, switched_on=other, wide="argmax" in other, **banded)
             assert "default" not in kinds(Call(other, False, False, False, "argmax" in other, True))
-            assert (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"], c["MASKED_FIRST"], c["FIXED_G"],
-                    c["SUMS_BY_DOT"]) != (*entry.tiles, entry.masked_first, entry.fixed_g, entry.sums_by_dot)
+        assert "default" not in kinds(Call(DEFAULT_SWITCHES, False, False, True, False, True))  # uniform gates
         for c in (forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, wide=True, **banded),
                   forward_config(block_d, torch.float32, arch, switched_on=DEFAULT_SWITCHES, **banded)):
             assert not (c["MASKED_FIRST"] or c["FIXED_G"] or c["SUMS_BY_DOT"])
@@ -416,6 +416,50 @@ def test_default_tiles_only_for_the_default_statistics(monkeypatch):
     spec = StatsSpec(n_key_classes=4, entropy=True, offsets=(-1, 0, 1), class_mass=True)
     cfg = launch.launch_config(torch.zeros(1, 2, 8, 64, dtype=torch.float16), spec, AttentionLayout())
     assert seen["switched_on"] == DEFAULT_SWITCHES and not cfg["MASKED_FIRST"] and not cfg["FIXED_G"]  # the interpreter
+
+
+def test_every_tiles_entry_is_what_a_call_of_its_kind_takes():
+    """Generated from `TILES`: for every entry, a half-precision call of its kind (the statistics, gates and key
+    classes that kind names), target, D class and layout gets exactly that entry's tiles and switches, so no
+    entry is shadowed by a kind before it in `KINDS`; a grouped call without a grouped entry takes the banded
+    one (`LAYOUTS`), and every (target, D class, layout) has an "any" entry."""
+    from bertscope.kernels.triton_config import DEFAULT_SWITCHES, KINDS, LAYOUTS, TILES, forward_config
+
+    calls = {  # kind -> forward_config's arguments of a call of that kind and of no kind before it
+        "tokens": dict(tokens=True, positions=True, wide=True),
+        "positions": dict(positions=True),
+        "default uniform": dict(switched_on=DEFAULT_SWITCHES, uniform=True),
+        "uniform": dict(uniform=True, switched_on=frozenset({"entropy"})),
+        "none": dict(switched_on=frozenset()),
+        "argmax": dict(switched_on=frozenset({"argmax"}), wide=True),
+        "class_mass": dict(switched_on=frozenset({"class_mass"}), n_classes=32),
+        "default+argmax": dict(switched_on=DEFAULT_SWITCHES | {"argmax"}, wide=True),
+        "sums by dot": dict(switched_on=frozenset({"entropy"})),
+        "default": dict(switched_on=DEFAULT_SWITCHES),
+        "wide": dict(wide=True),
+        "any": dict(n_classes=16),  # no free ones column: past "sums by dot"
+    }
+    assert list(calls) == [kind for kind, _ in KINDS]
+    for (target, d_class, layout, kind), entry in TILES.items():
+        banded = dict(banded=layout != "plain", grouped=layout == "grouped")
+        for dtype in (torch.float16, torch.bfloat16):
+            c = forward_config(d_class, dtype, target, **banded, **calls[kind])
+            assert (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"], c["SUMS_BY_DOT"],
+                    c["MASKED_FIRST"], c["FIXED_G"]) == (*entry.tiles, entry.sums_by_dot, entry.masked_first,
+                                                         entry.fixed_g), (target, d_class, layout, kind)
+            assert c["BLOCK_D"] == d_class
+        if entry.features < 64:  # compiled for that key-feature width: a wider call falls to the next kind
+            wider = forward_config(d_class, torch.bfloat16, target, **banded, **{**calls[kind],
+                                                                              "n_classes": entry.features + 1})
+            assert (wider["BLOCK_M"], wider["BLOCK_N"], wider["num_warps"], wider["num_stages"], wider["FIXED_G"],
+                    wider["MASKED_FIRST"], wider["SUMS_BY_DOT"]) != (*entry.tiles, entry.fixed_g, entry.masked_first,
+                                                                     entry.sums_by_dot), (target, d_class, layout, kind)
+        if layout == "banded" and (target, d_class, "grouped", kind) not in TILES:
+            assert forward_config(d_class, torch.bfloat16, target, banded=True, grouped=True, **calls[kind]) == c
+    assert LAYOUTS["grouped"] == ("grouped", "banded")
+    for target in (80, 90):
+        for d_class in (32, 64, 128, 256):
+            assert all((target, d_class, layout, "any") in TILES for layout in ("plain", "banded")), (target, d_class)
 
 
 def test_sums_by_dot_needs_a_free_feature_column():
