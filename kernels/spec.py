@@ -392,8 +392,7 @@ class RowStat:
     backends: the backends that compute it, None for every one; any other refuses a spec that asks for
              it in one line before it runs (`unsupported_stats`), and the generated tests skip it there
     kernel:  its traits in the fused Triton kernel (`KernelTraits`); None where the kernel does not write it
-             (the whole-map statistics come from `triton_maps`' second pass, streaming from its own pass,
-             the norm-based twins are not in it yet)
+             (the whole-map statistics come from `triton_maps`' second pass, streaming from its own pass)
     pass_kind: where the backends compute it: "row" (in the row pass: both of chunked's, `cpu_rows.c` and
              torch's, and the fused Triton kernel), "blocks" (its `from_probs` on each block of probabilities
              on the CPU; in the kernel's loop, `kernel`), "norm" (chunked's norm pass: one matmul against the
