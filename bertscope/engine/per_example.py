@@ -270,8 +270,9 @@ class PerExampleWriter:
 
 def absent_class_columns(parts: list[Path], classes: TokenClasses) -> list[str]:
     """A decoder's columns (its parts have uniform_entropy) of the row-group classes no segment has a
-    token of (a tokenizer without [SEP]): the class's mass (0 everywhere), its row group's columns
-    (NaN everywhere), and its complement group's, which is then every row again. [] for an encoder."""
+    token of (a tokenizer without [SEP]): the class's mass (0 everywhere) and its norm-based twin, its row
+    group's columns (NaN everywhere), and its complement group's, which is then every row again. [] for an
+    encoder."""
     if not parts or "uniform_entropy" not in pq.read_schema(parts[0]).names:
         return []
     names = pq.read_schema(parts[0]).names
@@ -288,7 +289,7 @@ def absent_class_columns(parts: list[Path], classes: TokenClasses) -> list[str]:
             continue
         groups = (c, f"non_{c}")
         out += [n for n in names if n in (f"n_{c}", f"n_non_{c}") or n.startswith(tuple(g + "_" for g in groups))
-                or n == c or n.endswith(("_" + c, "argmax_" + c))]
+                or n in (c, f"{c}_norm") or n.endswith(("_" + c, "argmax_" + c, f"_{c}_norm"))]
     return list(dict.fromkeys(out))
 
 
