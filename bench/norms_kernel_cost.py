@@ -33,8 +33,7 @@ class AtDefaultConfig(aot.Specialisation):
     """A specialisation compiled with the config the default statistics get at its shape, whatever it asks."""
 
     def config(self, arch: int) -> dict:
-        return aot.Specialisation(self.D, self.dtype, DEFAULT, self.n_classes, self.banded, self.group,
-                                  self.uniform).config(arch)
+        return aot.Specialisation(self.D, self.dtype, DEFAULT, self.n_classes, self.banded, self.group).config(arch)
 
 
 def rows() -> list[dict]:

@@ -46,8 +46,7 @@ def statistics(families: list[str]) -> tuple[str, ...]:
 # -- the commands' rows (`--commands`)
 
 # the statistic sets whose rows the command sweep searches: those without a positions or tokens family
-CHEAP_SETS = ("none", "argmax", "class_mass", "entropy+class_mass", "entropy+class_mass+argmax",
-              "entropy+class_mass uniform")
+CHEAP_SETS = ("none", "argmax", "class_mass", "entropy+class_mass", "entropy+class_mass+argmax")
 # tile shapes (BLOCK_M, BLOCK_N, num_warps), the widest (fewest instructions per score, as a rule) first
 SHAPES = ((128, 128, 8), (128, 64, 8), (64, 64, 4), (64, 64, 8), (128, 32, 8), (64, 32, 4), (64, 32, 8))
 SHAPES_WIDE_HEAD = ((64, 64, 8), (64, 32, 4), (64, 32, 8), (32, 64, 4), (32, 32, 4), (16, 32, 4))
@@ -60,7 +59,7 @@ NEAR_SPILL = 32
 def sums_modes(spec, arch: int) -> list[int]:
     """SUMS_BY_DOT's modes a specialisation may take (`triton_config`): PER_SCORE; with a free key-feature
     column L_ONLY, on sm_90 (on sm_80 neither pays, triton_config's docstring), and L_AND_T with the entropy
-    and neither argmax, position statistics nor uniform gates (without the entropy it is L_ONLY's loop)."""
+    and neither argmax nor position statistics (without the entropy it is L_ONLY's loop)."""
     from bertscope.kernels.triton_config import L_AND_T, L_ONLY, PER_SCORE, feature_width
 
     modes = [PER_SCORE]
@@ -68,7 +67,7 @@ def sums_modes(spec, arch: int) -> list[int]:
         return modes
     modes.append(L_ONLY)
     wide = set(kernel_stats("wide")) | set(kernel_stats("positions")) | set(kernel_stats("tokens"))
-    if "entropy" in spec.stats and not spec.uniform and not wide & set(spec.stats):
+    if "entropy" in spec.stats and not wide & set(spec.stats):
         modes.append(L_AND_T)
     return modes
 
@@ -99,7 +98,7 @@ def _variants(spec, arch: int, best) -> list:
 
 def _key(spec, arch: int) -> str:
     return json.dumps([arch, spec.D, spec.dtype, list(spec.stats), spec.n_classes, spec.banded, spec.group,
-                       spec.uniform, spec.tiles, [list(x) for x in spec.switches]])
+                       spec.tiles, [list(x) for x in spec.switches]])
 
 
 def _figures(spec, arch: int, cs, baseline: list[dict], done: dict) -> dict:
@@ -201,7 +200,7 @@ def in_budget(cs) -> bool:
     from bertscope.kernels import triton_aot
 
     return any(cs.spec.stats == b.stats and cs.spec.D == b.D and cs.spec.banded == b.banded
-               and cs.spec.group == b.group and cs.spec.uniform == b.uniform
+               and cs.spec.group == b.group
                for b in triton_aot.budget_specialisations(dtypes=(cs.spec.dtype,)))
 
 

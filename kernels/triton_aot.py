@@ -74,7 +74,6 @@ class Specialisation:
     n_classes: int = 4
     banded: bool = False
     group: int = 1  # G, the query heads per key/value head (banded only)
-    uniform: bool = False  # a call with uniform head gates (the epilogue's second pass over the keys)
     # (BLOCK_M, BLOCK_N, num_warps, num_stages) in place of the config's: candidates of a tile sweep
     # (bench/tile_sweep.py); None, the tiles a launch takes
     tiles: tuple[int, int, int, int] | None = None
@@ -87,7 +86,7 @@ class Specialisation:
         from .triton_config import kernel_config  # see the note above ARCHS
 
         c = kernel_config(self.D, torch_dtype(self.dtype), arch, frozenset(self.stats), self.n_classes,
-                          banded=self.banded, grouped=self.group > 1, uniform=self.uniform)
+                          banded=self.banded, grouped=self.group > 1)
         if self.tiles is not None:
             c = {**c, **dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), self.tiles))}
         unknown = {name for name, _ in self.switches} - {"SUMS_BY_DOT", "MASKED_FIRST", "FIXED_G", "CLAMP_KEYS"}
@@ -109,7 +108,7 @@ class Specialisation:
         c = self.config(arch)
         kind = f"band G={self.group if c['FIXED_G'] or self.group == 1 else 'G'}" if self.banded else "plain"
         return (f"{kind} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
-                f"{self.dtype} C{self.n_classes} {_flags(self)}" + (" uniform" if self.uniform else "")
+                f"{self.dtype} C{self.n_classes} {_flags(self)}"
                 + {PER_SCORE: "", L_AND_T: " sums-by-dot", L_ONLY: " l-by-dot"}[int(c["SUMS_BY_DOT"])]
                 + (" masked-first" if c["MASKED_FIRST"] else ""))
 
@@ -122,7 +121,7 @@ class Specialisation:
         norm_w, norm_f = norm_widths(self.n_classes, self.group if self.banded else 1)
         constexprs = dict(BANDED=self.banded, F_PAD=feature_width(self.n_classes), HEAD_DIM=self.D,
                           NORM_W=norm_w, NORM_F=norm_f, CLAMP_KEYS=bool(c.get("CLAMP_KEYS", False)),
-                          DOT_PRECISION="ieee" if self.dtype == "fp32" else "tf32", UNIFORM=self.uniform,
+                          DOT_PRECISION="ieee" if self.dtype == "fp32" else "tf32",
                           SUMS_BY_DOT=int(c["SUMS_BY_DOT"]), MASKED_FIRST=c["MASKED_FIRST"],
                           GROUP=self.group if self.banded and c["FIXED_G"] else 0)
         if not self.banded or self.group == 1:
@@ -130,10 +129,10 @@ class Specialisation:
         return _forward_source(self, c, constexprs), c
 
 
-def LayoutSpec(D: int, dtype: str, stats: tuple[str, ...] = DEFAULT_STATS, n_classes: int = 4, group: int = 4,
-               uniform: bool = False) -> Specialisation:
+def LayoutSpec(D: int, dtype: str, stats: tuple[str, ...] = DEFAULT_STATS, n_classes: int = 4,
+               group: int = 4) -> Specialisation:
     """A banded `Specialisation` (causal, windowed, grouped-query layouts)."""
-    return Specialisation(D, dtype, stats, n_classes, True, group, uniform)
+    return Specialisation(D, dtype, stats, n_classes, True, group)
 
 
 def _flags(spec) -> str:
@@ -249,9 +248,9 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
 
     "all": for the plain layout and the banded one (G = 1 and 4): every dtype x head
     dimension with the default statistics (entropy, class masses), with and without the argmax,
-    for 4 key classes; 16 and 32 classes, the statistics-free forward, the uniform-gate epilogue
-    and the position-dependent statistics at D = 64 (and 256 banded), the token relations at D = 64. "core":
-    the largest of each tile configuration, what the test suite compiles (each takes ~10 s on one core)."""
+    for 4 key classes; 16 and 32 classes, the statistics-free forward and the position-dependent
+    statistics at D = 64 (and 256 banded), the token relations at D = 64. "core": the largest of each tile
+    configuration, what the test suite compiles (each takes ~10 s on one core)."""
     default, argmax = DEFAULT_STATS, (*DEFAULT_STATS, *WIDE_STATS)
     positions = (*argmax, *position_stats())
     tokens = (*argmax, *TOKEN_STATS)
@@ -259,13 +258,13 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
         return []
     if which == "core":
         specs = [Specialisation(64, "bf16", argmax, 32), Specialisation(128, "fp16", default, 4),
-                 Specialisation(64, "fp32", argmax, 32), Specialisation(64, "bf16", argmax, 4, uniform=True),
+                 Specialisation(64, "fp32", argmax, 32),
                  Specialisation(64, "bf16", positions, 4),
                  LayoutSpec(64, "bf16", argmax, 4), LayoutSpec(128, "bf16", default, 4, 3),
                  LayoutSpec(128, "fp16", default, 4, 1),
                  LayoutSpec(256, "bf16", argmax, 32), LayoutSpec(64, "fp16", argmax, 32, 1),
                  LayoutSpec(64, "fp32", argmax, 32), LayoutSpec(256, "fp32", argmax, 32),
-                 LayoutSpec(64, "bf16", argmax, 4, uniform=True), LayoutSpec(64, "bf16", positions, 4),
+                 LayoutSpec(64, "bf16", positions, 4),
                  LayoutSpec(256, "fp32", positions, 4),
                  Specialisation(64, "bf16", tokens, 32), Specialisation(64, "fp32", tokens, 4),
                  LayoutSpec(64, "bf16", tokens, 4), LayoutSpec(256, "fp32", tokens, 4)]
@@ -280,7 +279,6 @@ def forward_specialisations(classes=CLASS_COUNTS, dtypes=DTYPES, which: str = "a
             specs += [Specialisation(D, t, argmax, C, banded, group) for D in big for C in classes
                       if C != 4]
             specs += [Specialisation(D, t, (), 4, banded, group) for D in big]
-            specs += [Specialisation(D, t, argmax, 4, banded, group, uniform=True) for D in big]
             specs += [Specialisation(D, t, positions, 4, banded, group) for D in big]
             # the token relations at D = 64 only: larger heads still spill (triton_config's docstring)
             specs += [Specialisation(64, t, tokens, 4, banded, group)]
@@ -352,7 +350,7 @@ def _forward_signature(spec, t: str) -> tuple[dict, dict]:
     from . import triton_launch
 
     sig = {"Q": f"*{t}", "K": f"*{t}", "V": f"*{t}", "KeyValid": "*i8", "KeyRange": "*i32", "KeyFeatures": f"*{t}",
-           "KeyNorms": f"*{t}", "GateXi": "*fp32", "GateUniform": "*i8" if spec.uniform else "*fp32", "Offsets": "*i32",
+           "KeyNorms": f"*{t}", "GateXi": "*fp32", "Offsets": "*i32",
            "Out": f"*{t}",
            "Lse": "*fp32", "TokenIds": "*i32", "sm_scale": "fp32"}
     flags = {}
@@ -635,24 +633,19 @@ COMMAND_CEILINGS: dict[tuple[str, str, str], dict] = {
     ('sm_80', 'Gemma-3', 'class_mass'): {'ratio': 0.955, 'masked': 0.956, 'mufu': 1.125},
     ('sm_80', 'Gemma-3', _POSITIONS): {'ratio': 3.658, 'masked': 3.65, 'mufu': 2.5, 'spills': 316},
     ('sm_80', 'Gemma-3', 'entropy+class_mass'): {'ratio': 0.98, 'masked': 0.981, 'mufu': 1.125},
-    ('sm_80', 'Gemma-3', 'entropy+class_mass uniform'): {'ratio': 1.96, 'masked': 1.963, 'mufu': 2.25},
     ('sm_80', 'Gemma-3', 'entropy+class_mass+argmax'): {'ratio': 1.08, 'masked': 1.081, 'mufu': 1.125},
     ('sm_80', 'Gemma-3', _UNION): {'ratio': 12.114, 'masked': 12.074, 'mufu': 6.0, 'spills': 64},
     ('sm_80', 'Gemma-3', 'none'): {'ratio': 1.116, 'masked': 1.138, 'mufu': 1.5},
     ('sm_80', 'Llama-2-7B', 'class_mass'): {'ratio': 1.341, 'masked': 1.382, 'mufu': 1.125},
     ('sm_80', 'Llama-2-7B', _POSITIONS): {'ratio': 3.185, 'masked': 3.201, 'mufu': 1.25},
-    ('sm_80', 'Llama-2-7B', 'entropy+class_mass uniform'): {'ratio': 1.389, 'masked': 1.427, 'mufu': 1.125},
     ('sm_80', 'Llama-2-7B', _UNION): {'ratio': 3.856, 'masked': 3.888, 'mufu': 1.25},
     ('sm_80', 'Llama-3-8B', 'class_mass'): {'ratio': 1.341, 'masked': 1.303, 'mufu': 1.125},
     ('sm_80', 'Llama-3-8B', _POSITIONS): {'ratio': 3.181, 'masked': 3.072, 'mufu': 1.25, 'spills': 24},
-    ('sm_80', 'Llama-3-8B', 'entropy+class_mass uniform'): {'ratio': 1.369, 'masked': 1.33, 'mufu': 1.125},
     ('sm_80', 'Llama-3-8B', _UNION): {'ratio': 3.888, 'masked': 3.756, 'mufu': 1.25, 'spills': 8},
     ('sm_80', 'Llama-3.2-1B', _POSITIONS): {'ratio': 3.526, 'masked': 3.536, 'mufu': 1.125},
-    ('sm_80', 'Llama-3.2-1B', 'entropy+class_mass uniform'): {'ratio': 1.618, 'masked': 1.605, 'mufu': 1.125},
     ('sm_80', 'Llama-3.2-1B', 'entropy+class_mass+argmax'): {'ratio': 1.654, 'masked': 1.676, 'mufu': 1.062},
     ('sm_80', 'Llama-3.2-1B', _UNION): {'ratio': 5.736, 'masked': 5.646, 'mufu': 1.25},
     ('sm_80', 'bert-base', _POSITIONS): {'ratio': 4.152, 'mufu': 1.125},
-    ('sm_80', 'bert-base', 'entropy+class_mass uniform'): {'ratio': 1.624, 'mufu': 1.125},
     ('sm_80', 'bert-base', 'entropy+class_mass+argmax'): {'ratio': 1.66, 'mufu': 1.062},
     ('sm_80', 'bert-base', _UNION): {'ratio': 6.898, 'mufu': 1.25},
     ('sm_90', 'Gemma-3', 'argmax'): {'ratio': 2.074, 'masked': 1.983, 'mufu': 1.125, 'narrow_wgmma': True},
@@ -660,23 +653,17 @@ COMMAND_CEILINGS: dict[tuple[str, str, str], dict] = {
     ('sm_90', 'Gemma-3', _POSITIONS):
         {'ratio': 10.01, 'masked': 9.563, 'mufu': 2.5, 'spills': 524, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', 'entropy+class_mass'): {'ratio': 2.406, 'masked': 2.371, 'mufu': 2.125, 'narrow_wgmma': True},
-    ('sm_90', 'Gemma-3', 'entropy+class_mass uniform'):
-        {'ratio': 3.604, 'masked': 3.451, 'mufu': 2.25, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', 'entropy+class_mass+argmax'):
         {'ratio': 2.848, 'masked': 2.796, 'mufu': 2.125, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', _UNION): {'ratio': 33.551, 'masked': 31.791, 'mufu': 6.0, 'spills': 84, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', 'none'): {'ratio': 1.811, 'masked': 1.734, 'mufu': 1.125, 'narrow_wgmma': True},
     ('sm_90', 'Llama-2-7B', _POSITIONS): {'ratio': 5.835, 'masked': 5.807, 'mufu': 1.25, 'narrow_wgmma': True},
     ('sm_90', 'Llama-2-7B', 'entropy+class_mass'): {'ratio': 1.495, 'masked': 1.616, 'mufu': 1.062},
-    ('sm_90', 'Llama-2-7B', 'entropy+class_mass uniform'):
-        {'ratio': 2.206, 'masked': 2.307, 'mufu': 1.125, 'narrow_wgmma': True},
     ('sm_90', 'Llama-2-7B', 'entropy+class_mass+argmax'): {'ratio': 1.622, 'masked': 1.728, 'mufu': 1.031},
     ('sm_90', 'Llama-2-7B', _UNION): {'ratio': 7.402, 'masked': 7.379, 'mufu': 1.25, 'narrow_wgmma': True},
     ('sm_90', 'Llama-3-8B', _POSITIONS):
         {'ratio': 5.842, 'masked': 5.74, 'mufu': 1.25, 'narrow_wgmma': True, 'spills': 4},
     ('sm_90', 'Llama-3-8B', 'entropy+class_mass'): {'ratio': 1.254, 'masked': 1.423, 'mufu': 1.031},
-    ('sm_90', 'Llama-3-8B', 'entropy+class_mass uniform'):
-        {'ratio': 2.206, 'masked': 2.182, 'mufu': 1.125, 'narrow_wgmma': True},
     ('sm_90', 'Llama-3-8B', 'entropy+class_mass+argmax'): {'ratio': 1.616, 'masked': 1.723, 'mufu': 1.031},
     ('sm_90', 'Llama-3-8B', _UNION): {'ratio': 7.386, 'masked': 7.262, 'mufu': 1.25, 'narrow_wgmma': True},
     ('sm_90', 'Llama-3.2-1B', _POSITIONS): {'ratio': 4.712, 'masked': 4.716, 'mufu': 1.125},
@@ -699,13 +686,13 @@ class CommandSpec:
 
     @property
     def statistics(self) -> str:
-        """The statistic set's name: its kernel switches joined by "+" ("none"), " uniform" with uniform gates."""
-        return ("+".join(self.spec.stats) or "none") + (" uniform" if self.spec.uniform else "")
+        """The statistic set's name: its kernel switches joined by "+" ("none")."""
+        return "+".join(self.spec.stats) or "none"
 
     @property
     def kind(self) -> str:
         """"default" for the default statistics (entropy and class masses, offsets at run time), else "other"."""
-        return "default" if set(self.spec.stats) == set(DEFAULT_STATS) and not self.spec.uniform else "other"
+        return "default" if set(self.spec.stats) == set(DEFAULT_STATS) else "other"
 
 
 def kernel_switches(spec) -> tuple[str, ...]:
@@ -722,8 +709,9 @@ def command_specialisations(dtypes=("fp16", "bf16"), shapes=MODEL_SHAPES) -> lis
     """Every distinct fused-forward specialisation the commands of the registry launch
     (`analyses.registry.COMMANDS`, each module's `kernel_specs`: the StatsSpecs its `main` hands the engine),
     for each model shape (a decoder's specs for the banded shapes, an encoder's for the plain one) and
-    dtype, and the default statistics with uniform head gates (`bertscope.api`'s `Model.gates.uniform`:
-    any analysis may run under them). Specs that compile to the same kernel (the same switches, feature
+    dtype. A call under uniform head gates (`bertscope.api`'s `Model.gates.uniform`: any analysis may run under
+    them) launches the same kernel as without (`triton_launch.uniform_rows` writes those heads' rows after it),
+    so it is a use of the default statistics' row. Specs that compile to the same kernel (the same switches, feature
     width and free ones column) are one row, with every command that launches it."""
     from bertscope.analyses.registry import COMMANDS, KernelModel, kernel_specs
 
@@ -732,16 +720,16 @@ def command_specialisations(dtypes=("fp16", "bf16"), shapes=MODEL_SHAPES) -> lis
     found: dict[tuple, tuple[Specialisation, list[str]]] = {}
     for shape in shapes:
         model = KernelModel(causal=shape.banded)
-        launches = [(f"{command}: {what}", stats, False) for command in COMMANDS
+        launches = [(f"{command}: {what}", stats) for command in COMMANDS
                     for what, stats in kernel_specs(command, model).items()]
-        launches += [(f"api: {use.split(': ', 1)[1]} under uniform gates", stats, True)
-                     for use, stats, _ in launches if use == "run: default"]
-        for use, stats, uniform in launches:
+        launches += [(f"api: {use.split(': ', 1)[1]} under uniform gates", stats)
+                     for use, stats in launches if use == "run: default"]
+        for use, stats in launches:
             C = stats.n_key_classes
             for t in dtypes:
-                key = (shape, t, kernel_switches(stats), feature_width(C), feature_width(C, ones=True), uniform)
+                key = (shape, t, kernel_switches(stats), feature_width(C), feature_width(C, ones=True))
                 spec = Specialisation(shape.D, t, kernel_switches(stats), C, shape.banded,
-                                      shape.group if shape.banded else 1, uniform)
+                                      shape.group if shape.banded else 1)
                 found.setdefault(key, (spec, []))[1].append(use)
     return [CommandSpec(spec, key[0], tuple(uses)) for key, (spec, uses) in found.items()]
 

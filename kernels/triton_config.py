@@ -19,8 +19,8 @@ D <= 64 that fits 128 x 128 tiles (about 1.07x the flash baseline's instructions
 128 x 64 per score). L_ONLY: l from the ones column, the entropy's t = sum p (z - m) per score,
 relative to the running max (no D-wide accumulator): sm_90 at D = 128 for the default statistics.
 On sm_80 (mma.sync keeps P in registers in another layout) neither pays. A ones column needs a free
-column in the key features (at most 15 classes); L_AND_T also no argmax, no position statistics and
-no uniform gate (those keep the tiles they had). With the commands' statistic sets L_ONLY pays on sm_90 too
+column in the key features (at most 15 classes); L_AND_T also no argmax and no position statistics
+(those keep the tiles they had). With the commands' statistic sets L_ONLY pays on sm_90 too
 (the sweep: `TILES`), where it takes the row sum off the scores (no entropy: no t).
 
 MASKED_FIRST (a constexpr of the kernel, in the config): the masked key blocks (band edges, padding,
@@ -47,11 +47,8 @@ matrices no wider than it was compiled for); "any" holds for every call and has 
         of 2026-12-07, docs/kernels.md), else FAMILY_FALLBACK, 64 x 32, 8 warps; banded, the masked stage first;
         D = 256 the token relations 16 x 16. Not spill-free everywhere: `COMMAND_CEILINGS` records the bytes
         that remain, and `triton_aot` ships the token relations at D = 64 only
-    default uniform, uniform: uniform head gates (a second pass over the keys in the epilogue, a second
-        (BLOCK_M, D) accumulator): the default statistics' own entries, then 64 x 64 (sm_90) or 64 x 32 (sm_80)
-        with 8 warps for any other statistics
     none, argmax, class_mass, default+argmax: the commands' other statistic sets (`triton_aot --commands`),
-        exactly those switches, each its entries (and default uniform's above) from the sweep of 2026-12-08
+        exactly those switches, each its entries from the sweep of 2026-12-08
         (bench/tile_sweep.py --commands; docs/kernels.md, "Tiles of the commands' statistic sets")
         at the shapes the commands run: D = 64 grouped and plain, D = 128 grouped and banded, D = 256 grouped
     sums by dot: no argmax and no wide feature dot: on sm_90 at D <= 64, 128 x 128 with L_AND_T, 3 stages
@@ -118,15 +115,13 @@ L_ONLY = 2  # l from the ones column; the entropy's t = sum p (z - m) per score,
 
 
 def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
-                   interpreted: bool = False, banded: bool = False, uniform: bool = False,
-                   wide: bool = False, n_classes: int = 4, tokens: bool = False,
-                   switched_on: frozenset | None = None, grouped: bool = False) -> dict:
+                   interpreted: bool = False, banded: bool = False, wide: bool = False, n_classes: int = 4,
+                   tokens: bool = False, switched_on: frozenset | None = None, grouped: bool = False) -> dict:
     """BLOCK_M, BLOCK_N, BLOCK_D, num_warps, num_stages (and `maxnreg` where it applies) of a
     launch for head dimension D, input dtype, target sm_<arch> (80 or 90; newer targets take
     sm_90's tiles), whether position statistics are asked, whether fp32 dots run on TF32
     tensor cores, and whether the layout is banded (causal, windowed or grouped-query: the band's
-    and the stacked heads' row vectors take registers the plain layout's largest tiles need), whether
-    the call has uniform head gates (the epilogue's second pass over the keys), and whether its
+    and the stacked heads' row vectors take registers the plain layout's largest tiles need), and whether its
     key-feature dot is wide (more than 32 key classes: 64 columns) or it asks for the argmax, its
     number of key classes (whether the features have a free column for SUMS_BY_DOT's ones), and
     whether it asks for the token relations, and the statistics whose kernel switches are on (names of
@@ -141,7 +136,7 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
         return _config(INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1, block_d,
                        sums_by_dot=L_AND_T if ones_fit and (dtype in HALF_DTYPES or tf32) else PER_SCORE)
     if dtype in HALF_DTYPES or tf32:
-        call = Call(frozenset(switched_on) if switched_on is not None else None, positions, tokens, uniform,
+        call = Call(frozenset(switched_on) if switched_on is not None else None, positions, tokens,
                     wide, ones_fit, feature_width(n_classes))
         layout = "grouped" if banded and grouped else "banded" if banded else "plain"
         entry = lookup(90 if arch >= 90 else 80, max(32, block_d), layout, call)
@@ -153,10 +148,10 @@ def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool 
 
 
 def kernel_config(D: int, dtype, arch: int, switched_on: frozenset, n_classes: int, banded: bool = False,
-                  grouped: bool = False, uniform: bool = False, tf32: bool = False, interpreted: bool = False) -> dict:
+                  grouped: bool = False, tf32: bool = False, interpreted: bool = False) -> dict:
     """The config of one launch of the fused forward from what it computes: the kernel switches it turns on
-    (names of the table, `triton_launch.kernel_outputs`), its key classes, its layout (banded; grouped: G >= 2)
-    and uniform gates. The one reading of a call's statistics into `forward_config`'s arguments, for the
+    (names of the table, `triton_launch.kernel_outputs`), its key classes, its layout (banded; grouped: G >= 2).
+    The one reading of a call's statistics into `forward_config`'s arguments, for the
     launcher (`triton_launch.launch_config`) and the ahead-of-time compile (`triton_aot.Specialisation`)
     alike: the tile families of the statistics switched on (`spec.KernelTraits.tiles`: "positions", "tokens",
     "wide"), and a wide feature dot for more than 32 classes."""
@@ -164,7 +159,7 @@ def kernel_config(D: int, dtype, arch: int, switched_on: frozenset, n_classes: i
     # the table read at call time: an entry without kernel traits (one being added) brings no family
     families = {s.kernel.tiles for s in _spec.ROW_STATS if s.name in on and s.kernel is not None}
     return forward_config(D, dtype, arch, "positions" in families, tf32=tf32, interpreted=interpreted,
-                          banded=banded, uniform=uniform, wide=feature_width(n_classes) > 32 or "wide" in families,
+                          banded=banded, wide=feature_width(n_classes) > 32 or "wide" in families,
                           n_classes=n_classes, tokens="tokens" in families, switched_on=on,
                           grouped=banded and grouped)
 
@@ -182,7 +177,6 @@ class Call(NamedTuple):
     switched_on: frozenset | None  # the kernel switches on (names of the table); None: not known
     positions: bool  # a statistic of the "positions" tile family on (`spec.KernelTraits.tiles`)
     tokens: bool  # one of the "tokens" family (the token relations)
-    uniform: bool  # uniform head gates (the epilogue's second pass over the keys)
     wide: bool  # the argmax, or a 64-column key-feature dot (more than 32 classes)
     ones_fit: bool  # a free key-feature column for SUMS_BY_DOT's ones (at most 15 classes under 16, ...)
     features: int = 16  # F_PAD, the key-feature matrix's width (`feature_width`): 16, 32 or 64
@@ -202,11 +196,11 @@ class Entry(NamedTuple):
     clamp_keys: bool = False
 
 
-def _is(*names: str, uniform: bool = False):
-    """A kind's test: the call's kernel switches are exactly `names`, with uniform gates or without, and a key-
-    feature dot no wider than 32 columns (wide only through the argmax)."""
+def _is(*names: str):
+    """A kind's test: the call's kernel switches are exactly `names`, and a key-feature dot no wider than 32
+    columns (wide only through the argmax)."""
     on = frozenset(names)
-    return lambda c: c.switched_on == on and c.uniform == uniform and c.wide == ("argmax" in on)
+    return lambda c: c.switched_on == on and c.wide == ("argmax" in on)
 
 
 # The statistic-set kinds, in order of precedence: a call is every kind whose test holds, and takes the entry of
@@ -215,8 +209,6 @@ def _is(*names: str, uniform: bool = False):
 KINDS: tuple[tuple[str, Callable[[Call], bool]], ...] = (
     ("tokens", lambda c: c.tokens),  # the token relations (with positions too: the atlas's union)
     ("positions", lambda c: c.positions),  # distance mass, mean distance, position mass
-    ("default uniform", _is(*DEFAULT_SWITCHES, uniform=True)),  # the default statistics under uniform gates
-    ("uniform", lambda c: c.uniform),  # uniform head gates, whatever the statistics
     # the commands' statistic sets (`triton_aot --commands`), each its own tiles (bench/tile_sweep.py --commands)
     ("none", _is()),  # no statistic (the lse only)
     ("argmax", _is("argmax")),
@@ -275,9 +267,6 @@ TILES: dict[tuple[int, int, str, str], Entry] = {
     **_family(90, 64, "tokens", (128, 64, 8, 2), (128, 32, 8, 2)),
     **_family(90, 128, "tokens", (128, 32, 8, 2), (64, 32, 4, 2)),
     **{(t, 256, lay, "tokens"): Entry((16, 16, 4, 2)) for t in (80, 90) for lay in ("plain", "banded")},
-    # -- uniform head gates: 64 x 64 (sm_90) or 64 x 32 (sm_80), 8 warps, D <= 128
-    **{(t, d, lay, "uniform"): Entry((64, 64, 8, 2) if t == 90 else (64, 32, 8, 2)) for t in (80, 90)
-       for d in (32, 64, 128) for lay in ("plain", "banded")},
     # -- the row sums on the tensor cores (L_AND_T, a free ones column): sm_90 at D <= 64, plain and banded
     **{(90, d, lay, "sums by dot"): Entry((128, 128, 8, 3), sums_by_dot=L_AND_T) for d in (32, 64)
        for lay in ("plain", "banded")},
@@ -292,7 +281,7 @@ TILES: dict[tuple[int, int, str, str], Entry] = {
     # last (1.50x; 2 stages without the masked stage first spilled 16 B, with it 1.65x)
     (90, 128, "banded", "default"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY),
     (90, 128, "grouped", "default"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True),
-    # -- the commands' other statistic sets (`KINDS`: none, argmax, class_mass, default+argmax, default uniform; and
+    # -- the commands' other statistic sets (`KINDS`: none, argmax, class_mass, default+argmax; and
     # the default statistics at D = 256): the spill-free config with the fewest main-loop instructions of
     # bench/tile_sweep.py --commands (sweep of 2026-12-08, docs/kernels.md "Tiles of the commands' statistic
     # sets"), at the layouts of the commands' shapes (D = 64: Llama-3.2-1B grouped, bert-base plain; D = 128:
@@ -301,46 +290,36 @@ TILES: dict[tuple[int, int, str, str], Entry] = {
     # with 32 classes the argmax's tiles spilled 36-40 B on sm_80, so a wider call takes the kinds after
     (80, 64, "grouped", "argmax"): Entry((128, 128, 8, 2), masked_first=True, fixed_g=True, features=16),
     (80, 64, "grouped", "class_mass"): Entry((128, 128, 8, 2), masked_first=True, features=32),
-    (80, 64, "grouped", "default uniform"): Entry((128, 32, 8, 2), masked_first=True, features=16),
     (80, 64, "grouped", "default+argmax"): Entry((128, 64, 8, 2), masked_first=True, fixed_g=True, features=16),
     (80, 64, "grouped", "none"): Entry((128, 128, 8, 2), masked_first=True, features=16),
-    (80, 64, "plain", "default uniform"): Entry((128, 32, 8, 2), masked_first=True, features=16),
     (80, 128, "banded", "argmax"): Entry((128, 64, 8, 2), masked_first=True, features=16),
     (80, 128, "banded", "class_mass"): Entry((128, 32, 8, 2), masked_first=True, features=32),
-    (80, 128, "banded", "default uniform"): Entry((128, 32, 8, 2), masked_first=True, features=16),
     (80, 128, "banded", "default+argmax"): Entry((128, 64, 8, 1), masked_first=True, features=16),
     (80, 128, "banded", "none"): Entry((128, 128, 8, 1), masked_first=True, features=16),
     (80, 128, "grouped", "argmax"): Entry((128, 64, 8, 2), masked_first=True, features=16),
     (80, 128, "grouped", "class_mass"): Entry((128, 32, 8, 2), masked_first=True, features=32),
-    (80, 128, "grouped", "default uniform"): Entry((128, 32, 8, 1), masked_first=True, features=16),
     (80, 128, "grouped", "default+argmax"): Entry((128, 64, 8, 1), features=16),
     (80, 128, "grouped", "none"): Entry((128, 64, 8, 2), masked_first=True, features=16),
     (80, 256, "grouped", "argmax"): Entry((64, 64, 8, 2), masked_first=True, features=16),
     (80, 256, "grouped", "class_mass"): Entry((64, 32, 4, 2), masked_first=True, fixed_g=True, features=32),
     (80, 256, "grouped", "default"): Entry((64, 32, 4, 1), masked_first=True, fixed_g=True, features=16),
-    (80, 256, "grouped", "default uniform"): Entry((32, 32, 4, 2), masked_first=True, fixed_g=True, features=16),
     (80, 256, "grouped", "default+argmax"): Entry((64, 32, 4, 1), masked_first=True, features=16),
     (80, 256, "grouped", "none"): Entry((64, 64, 8, 2), masked_first=True, features=16),
     (90, 64, "grouped", "argmax"): Entry((128, 128, 8, 3), sums_by_dot=L_ONLY, masked_first=True, features=16),
-    (90, 64, "grouped", "default uniform"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY, features=16),
     (90, 64, "grouped", "default+argmax"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY, fixed_g=True, features=16),
     (90, 64, "plain", "argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, features=16, clamp_keys=True),
-    (90, 64, "plain", "default uniform"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY, features=16, clamp_keys=True),
     (90, 64, "plain", "default+argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, features=16, clamp_keys=True),
     (90, 128, "banded", "argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 128, "banded", "class_mass"): Entry((128, 64, 8, 1), features=32),
-    (90, 128, "banded", "default uniform"): Entry((128, 32, 8, 1), sums_by_dot=L_ONLY, features=16),
     (90, 128, "banded", "default+argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 128, "banded", "none"): Entry((128, 128, 8, 3), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 128, "grouped", "argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 128, "grouped", "class_mass"): Entry((128, 64, 8, 1), features=32),
-    (90, 128, "grouped", "default uniform"): Entry((128, 32, 8, 1), sums_by_dot=L_ONLY, features=16),
     (90, 128, "grouped", "default+argmax"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 128, "grouped", "none"): Entry((128, 128, 8, 3), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 256, "grouped", "argmax"): Entry((64, 32, 4, 2), masked_first=True, features=16),
     (90, 256, "grouped", "class_mass"): Entry((64, 32, 4, 2), masked_first=True, features=32),
     (90, 256, "grouped", "default"): Entry((64, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
-    (90, 256, "grouped", "default uniform"): Entry((64, 32, 8, 2), features=16),
     (90, 256, "grouped", "default+argmax"): Entry((64, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 256, "grouped", "none"): Entry((64, 32, 4, 2), masked_first=True, features=16),
 }

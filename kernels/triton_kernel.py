@@ -62,10 +62,12 @@ The statistics, by kind (each a constexpr switch read off the table `spec.ROW_ST
   n_{i+o} / s, weighted_norm s / l. No work per score. The twins of the position and token statistics take
   their bases' sums of p_j n_j beside those of p_j (a read of each row's head's n, one FMUL per score);
 - epilogue: lse = ln 2 (m + log2 l) (the passes of `triton_maps` / `triton_js` reuse it), the
-  entropy, p_{i, i+o} for each offset o from a shifted K row, and the head gates (xi scales a
-  head's output; a uniform head's output is the mean of V over the keys it sees, a second pass
-  compiled in only for calls with uniform gates). Statistics are always those of the head's own,
-  un-gated attention.
+  entropy, p_{i, i+o} for each offset o from a shifted K row, and the xi head gates (xi scales a
+  head's output). A uniform head's output, the mean of V over the keys each row sees, is no attention
+  at all: the launcher writes it over those rows after the launch from running sums of V (O(L D),
+  `triton_launch.uniform_rows`), so that no call carries a second pass over the keys, nor the
+  registers it took (which cost the default statistics their widest tiles). Statistics are always
+  those of the head's own, un-gated attention.
 
 Inputs are (B, H, L, D) views in fp32, fp16 or bf16, read through their strides. Everything is
 computed in fp32; a half-precision P V multiplies P cast to the input dtype, as FlashAttention
@@ -142,12 +144,11 @@ PrefixMatchMassNorm = tl.constexpr(_OUT["prefix_match_mass_norm"])
 # checks the kernel's unpacking against this
 ARGUMENT_TUPLES = {
     "Keys": ("KeyValid", "KeyRange", "KeyFeatures", "KeyNorms"),
-    "Gates": ("GateXi", "GateUniform"),
     "stride_q": ("stride_qb", "stride_qh", "stride_ql", "stride_qd"),
     "stride_k": ("stride_kb", "stride_kh", "stride_kl", "stride_kd"),
     "stride_v": ("stride_vb", "stride_vh", "stride_vl", "stride_vd"),
     "stride_o": ("stride_ob", "stride_oh", "stride_ol", "stride_od"),
-    "strides": ("stride_mb", "stride_ml", "stride_fb", "stride_fl", "stride_xb", "stride_ub", "stride_sr"),
+    "strides": ("stride_mb", "stride_ml", "stride_fb", "stride_fl", "stride_xb", "stride_sr"),
     "dims": ("H", "L", "n_offsets", "n_classes", "G", "win_left", "win_right"),
     "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD", "NORM_W", "NORM_F", "CLAMP_KEYS"),
 }
@@ -447,21 +448,21 @@ def _distance_bucket(d):
 
 @triton.jit
 def attn_stats_fwd(
-    Q, K, V, Keys, Gates, Offsets, Out, Lse, Stats, TokenIds, sm_scale,  #
+    Q, K, V, Keys, GateXi, Offsets, Out, Lse, Stats, TokenIds, sm_scale,  #
     stride_q, stride_k, stride_v, stride_o, strides, dims,  #
-    TILE: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr, UNIFORM: tl.constexpr,  #
+    TILE: tl.constexpr, BANDED: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
     SUMS_BY_DOT: tl.constexpr, MASKED_FIRST: tl.constexpr, GROUP: tl.constexpr, STATS: tl.constexpr,
 ):
     """One program: BLOCK_M stacked rows (f = i * G + g) of the G query heads that share one
     key/value head, against that head's keys.
 
     The tuple arguments, element by element in `ARGUMENT_TUPLES`' order (the launcher packs them from it):
-    Keys = (KeyValid, KeyRange, KeyFeatures), the batch's per-key operands; Gates = (GateXi,
-    GateUniform); Stats, the statistics' output pointers, one per entry of the table with kernel traits
+    Keys = (KeyValid, KeyRange, KeyFeatures, KeyNorms), the batch's per-key operands; GateXi (B or 1, H) the
+    heads' xi gates; Stats, the statistics' output pointers, one per entry of the table with kernel traits
     (`triton_launch.kernel_outputs`) in the table's order, read by their indices (`Entropy`, `OffsetMass`,
     ...); stride_q / stride_k / stride_v / stride_o = (b, h, l, d) strides of Q, K, V and Out (Out's h and l
-    those of its (B, L, H, D) tensor); strides = (KeyValid's b and l, KeyFeatures' b and l, GateXi's and
-    GateUniform's b, the statistics buffer's row stride); dims = (H, L, n_offsets, n_classes, G, win_left,
+    those of its (B, L, H, D) tensor); strides = (KeyValid's b and l, KeyFeatures' b and l, GateXi's b (0: one
+    gate per head), the statistics buffer's row stride); dims = (H, L, n_offsets, n_classes, G, win_left,
     win_right); TILE = (BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, NORM_W, NORM_F, CLAMP_KEYS): the tiles, the
     feature widths and the config's key-row clamp (`_key_rows`); STATS, the statistics'
     constexpr switches, one per distinct switch of those entries in the table's order, read by their indices
@@ -480,12 +481,11 @@ def attn_stats_fwd(
     (B, L) int32, contiguous, -1 on padding: the token ids the token relations compare (DUPLICATE_MASS,
     PREFIX_MATCH_MASS, switched on together)."""
     KeyValid, KeyRange, KeyFeatures, KeyNorms = Keys
-    GateXi, GateUniform = Gates
     stride_qb, stride_qh, stride_ql, stride_qd = stride_q
     stride_kb, stride_kh, stride_kl, stride_kd = stride_k
     stride_vb, stride_vh, stride_vl, stride_vd = stride_v
     stride_ob, stride_oh, stride_ol, stride_od = stride_o
-    stride_mb, stride_ml, stride_fb, stride_fl, stride_xb, stride_ub, stride_sr = strides
+    stride_mb, stride_ml, stride_fb, stride_fl, stride_xb, stride_sr = strides
     H, L, n_offsets, n_classes, G, win_left, win_right = dims
     band = (win_left, win_right)
     BLOCK_M: tl.constexpr = TILE[0]
@@ -585,7 +585,7 @@ def attn_stats_fwd(
     q_ok = tl.load(KeyValid + off_b * stride_mb + pos * stride_ml, mask=f_in, other=0) != 0  # (BLOCK_M,)
     K_ptr, V_ptr, U_ptr, Valid_ptr, stride_kl, stride_vl, stride_fl, stride_ml, stride_kd, stride_vd, L, N_ptr = keys
     # -- the output first, so that acc's registers are free for the statistics: xi scales each row's
-    # head; a uniform head's rows get the mean of V over the keys they see
+    # head (a uniform head's rows are written after the launch: `triton_launch.uniform_rows`)
     head = off_kv * G + g  # (BLOCK_M,) the rows' query heads
     # (BLOCK_M,) per head, or per sequence and head
     xi = tl.load(GateXi + off_b * stride_xb + head, mask=f_in, other=1.0)
@@ -595,27 +595,7 @@ def attn_stats_fwd(
     O_ptrs = Out + off_b * stride_ob + (off_kv * G) * stride_oh + o_rows[:, None] + offs_d[None, :] * stride_od
     o_in = f_in[:, None] & d_in[None, :]
     acc = acc * (inv_l * xi)[:, None]
-    if not UNIFORM:  # no uniform gate in this call: the common case carries no second pass
-        tl.store(O_ptrs, acc.to(Out.dtype.element_ty), mask=o_in)
-    else:
-        uniform = tl.load(GateUniform + off_b * stride_ub + head, mask=f_in, other=0)  # (BLOCK_M,) int8
-        tl.store(O_ptrs, acc.to(Out.dtype.element_ty), mask=o_in & (uniform == 0)[:, None])
-        if tl.max(uniform.to(tl.int32), 0) > 0:  # a second pass, only for tiles with a uniform row
-            u_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-            n_vis = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for start_n in range(start_lo, end, BLOCK_N):  # the keys the tile's rows see
-                offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-                n_in = offs_n < L
-                kv = tl.load(Valid_ptr + offs_n * stride_ml, mask=n_in, other=0) != 0  # (BLOCK_N,)
-                rel = offs_n[None, :] - pos[:, None]  # (BLOCK_M, BLOCK_N) j - i
-                seen = (kv & n_in)[None, :] & (rel >= -win_left) & (rel <= win_right)
-                w = tl.where(seen, 1.0, 0.0)  # (BLOCK_M, BLOCK_N)
-                v = tl.load(V_ptr + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
-                            mask=n_in[:, None] & d_in[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
-                u_acc = tl.dot(w.to(v.dtype), v, u_acc, input_precision=DOT_PRECISION)  # 0 / 1 exact in any dtype
-                n_vis += tl.sum(w, 1)
-            u_acc = u_acc / tl.maximum(n_vis, 1.0)[:, None] * xi[:, None]  # a row that sees no key: 0
-            tl.store(O_ptrs, u_acc.to(Out.dtype.element_ty), mask=o_in & (uniform != 0)[:, None])
+    tl.store(O_ptrs, acc.to(Out.dtype.element_ty), mask=o_in)
     # -- the row statistics
     tl.store(Lse + row_out, (m_i + log2_l) * LN2, mask=f_in)
     if STATS[ENTROPY]:

@@ -9,8 +9,9 @@ capture. So:
   `key_valid` / `key_class` tensors, on the device, and kept while the engine hands the same
   tensors to the next layer (`OperandCache`); so are the token ids the token relations compare
   (int32, -1 on padding), from the batch's `token_ids`;
-- the offsets are a device tensor cached per (offsets, device); head gates are read in place
-  (a per-head xi has batch stride 0);
+- the offsets are a device tensor cached per (offsets, device); xi head gates are read in place
+  (a per-head xi has batch stride 0); uniform heads' rows are written after the launch, from running
+  sums of V on the device (`uniform_rows`: no map, no second pass in the kernel);
 - the outputs are two allocations: the attention output, and one fp32 buffer holding every
   statistic (lse included) as contiguous views, written by the kernel in fp32 (plus an int64
   one when the argmax is asked).
@@ -35,6 +36,7 @@ import torch
 import triton
 
 from . import triton_maps
+from .gates import uniform_output
 from .precision import TF32, fp32_dot_precision
 from .spec import FIXED_WIDTHS, ROW_STATS, AttentionLayout, StatsSpec, asked_stats, padded_ids
 from .triton_config import device_arch, feature_width, kernel_config
@@ -224,9 +226,9 @@ CACHE = OperandCache()
 _ONES: dict = {}
 
 
-def gate_operands(gates, H: int, dev) -> tuple[torch.Tensor, int, torch.Tensor | None, int]:
-    """(xi, its batch stride, uniform as int8 or None, its batch stride): read in place, a (H,)
-    gate with batch stride 0; fp32 xi and bool uniform on the device cost no op."""
+def gate_operands(gates, H: int, dev) -> tuple[torch.Tensor, int]:
+    """(xi, its batch stride): read in place, a (H,) gate with batch stride 0; fp32 xi on the device costs no
+    op. A head's uniform gate is not the kernel's (`uniform_rows`)."""
     xi = None if gates is None else gates.xi
     if xi is None:
         key = (H, str(dev))
@@ -237,15 +239,25 @@ def gate_operands(gates, H: int, dev) -> tuple[torch.Tensor, int, torch.Tensor |
         xi = xi.detach()
     if xi.device != dev or xi.dtype != torch.float32:
         xi = xi.to(dev, torch.float32)
-    uniform = None if gates is None else gates.uniform
-    if uniform is not None:
-        uniform = uniform.to(dev)
-        uniform = uniform.view(torch.int8) if uniform.dtype == torch.bool else (uniform != 0).view(torch.int8)
-    for t in (xi, uniform):
-        if t is not None and t.stride(-1) != 1:
-            raise ValueError("head gates must be contiguous in the head dimension")
-    stride = lambda t: 0 if t is None or t.dim() == 1 else t.stride(0)  # noqa: E731
-    return xi, stride(xi), uniform, stride(uniform)
+    if xi.stride(-1) != 1:
+        raise ValueError("head gates must be contiguous in the head dimension")
+    return xi, 0 if xi.dim() == 1 else xi.stride(0)
+
+
+def uniform_rows(out, v, key_valid, gates, layout: AttentionLayout):
+    """Write the uniform heads' rows of the kernel's output out (B, L, H, D) in place: xi times the mean of V over
+    the keys each row sees, as `gates.apply_gates` gives every other backend. Uniform attention is no attention:
+    its output is a plain (plain layout) or running (banded) sum of V, O(L D) on the device (`uniform_output`),
+    so the kernel carries no second pass over the keys for it, nor that pass's registers. v (B, H_kv, L, D);
+    gates.uniform (H,) or (B, H) bool."""
+    o = out.transpose(1, 2)  # (B, H, L, D) view
+    H = o.shape[1]
+    per_head = lambda t: t[None, :, None, None] if t.dim() == 1 else t[:, :, None, None]  # noqa: E731 (1|B, H, 1, 1)
+    mean_v = uniform_output(v, key_valid, layout).to(out.dtype)  # (B, H_kv, 1 or L, D)
+    mean_v = mean_v.repeat_interleave(H // v.shape[1], dim=1)  # (B, H, 1 or L, D)
+    if gates.xi is not None:
+        mean_v = mean_v * per_head(gates.xi.detach().to(out.device, out.dtype))
+    o.copy_(torch.where(per_head(gates.uniform.to(out.device)), mean_v, o))
 
 
 # -- outputs ------------------------------------------------------------------------------------
@@ -342,12 +354,12 @@ def dot_precision(dtype) -> str:
     return fp32_dot_precision() if dtype == torch.float32 else TF32
 
 
-def launch_config(q, spec: StatsSpec, layout: AttentionLayout, uniform: bool = False) -> dict:
+def launch_config(q, spec: StatsSpec, layout: AttentionLayout) -> dict:
     """The tiles of a launch on q's device (`triton_config.kernel_config`, as `triton_aot` reads them)."""
     interpreted = INTERPRETED or q.device.type != "cuda"
     arch = 90 if interpreted else device_arch(q.device)
     return kernel_config(q.shape[-1], q.dtype, arch, kernel_switches(spec), spec.n_key_classes,
-                         banded=not layout.is_plain, grouped=layout.group_size(q.shape[1]) > 1, uniform=uniform,
+                         banded=not layout.is_plain, grouped=layout.group_size(q.shape[1]) > 1,
                          tf32=dot_precision(q.dtype) == "tf32", interpreted=interpreted)
 
 
@@ -384,8 +396,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     if k.shape != (B, H // G, L, D) or v.shape != k.shape:
         raise ValueError(f"k and v must be (B, H_kv, L, D) = {(B, H // G, L, D)}; got {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
-    uniform_gates = gates is not None and gates.uniform is not None
-    cfg = {**launch_config(q, spec, layout, uniform_gates), **(blocks or {})}
+    cfg = {**launch_config(q, spec, layout), **(blocks or {})}
     band = triton_maps.band_args(layout, H, L)  # G, win_left, win_right (L: no limit), BANDED
     scale = D**-0.5 if scale is None else float(scale)
     dev = q.device
@@ -400,7 +411,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         raise ValueError(f"SUMS_BY_DOT needs a free key-feature column: {C} key classes fill all {feature_width(C)}")
     keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev, ones=sums_by_dot != 0)
     features = keys.features
-    xi, stride_xb, uniform, stride_ub = gate_operands(gates, H, dev)
+    xi, stride_xb = gate_operands(gates, H, dev)
     ids = CACHE.token_ids(token_ids, key_valid, dev) if spec.token_relations else keys.ranges  # (B, L) int32
     norm_w, norm_f = norm_widths(C, G)
     # the norm features when the twins are asked (the weighted norm always is with them: its dot holds their sums);
@@ -410,24 +421,26 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     named = dict(
         Q=q, K=k, V=v, KeyValid=keys.valid, KeyRange=keys.ranges, KeyFeatures=features, KeyNorms=key_norms,
         TokenIds=ids,  #
-        GateXi=xi, GateUniform=xi if uniform is None else uniform, Offsets=CACHE.offsets(spec.offsets, dev),  #
+        GateXi=xi, Offsets=CACHE.offsets(spec.offsets, dev),  #
         Out=out, Lse=lse, sm_scale=scale,  #
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_ql=q.stride(2), stride_qd=q.stride(3),  #
         stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kl=k.stride(2), stride_kd=k.stride(3),  #
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_vl=v.stride(2), stride_vd=v.stride(3),  #
         stride_ob=out.stride(0), stride_oh=out.stride(2), stride_ol=out.stride(1), stride_od=out.stride(3),  #
         stride_mb=keys.valid.stride(0), stride_ml=keys.valid.stride(1),  #
-        stride_fb=features.stride(0), stride_fl=features.stride(1), stride_xb=stride_xb, stride_ub=stride_ub,
+        stride_fb=features.stride(0), stride_fl=features.stride(1), stride_xb=stride_xb,
         stride_sr=stat_stride,  #
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D, F_PAD=feature_width(C),
         NORM_W=norm_w, NORM_F=norm_f, CLAMP_KEYS=bool(cfg.get("CLAMP_KEYS", False)),
-        BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype), UNIFORM=uniform is not None,
+        BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),
         SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
         GROUP=G if band["BANDED"] and cfg.get("FIXED_G", False) else 0,
     )
     attn_stats_fwd[grid](**kernel_arguments({**named, **outputs, **flags}), num_warps=cfg["num_warps"],
                          num_stages=cfg["num_stages"], **launch_caps(cfg))
+    if gates is not None and gates.uniform is not None:
+        uniform_rows(out, v, key_valid, gates, layout)
     return out, stats, lse
 
 

@@ -34,7 +34,7 @@ def test_a_candidates_tiles_reach_the_config_and_the_name():
 
 def test_the_commands_sweep_takes_only_legal_switches():
     """`--commands`: SUMS_BY_DOT's modes where the kernel may take them (a free ones column; L_AND_T with the
-    entropy and no argmax or uniform gates; none on sm_80), G compiled in only for grouped layouts, one change
+    entropy and no argmax; none on sm_80), G compiled in only for grouped layouts, one change
     at a time around a candidate; the budget's rows are never searched."""
     from bertscope.kernels.triton_config import L_AND_T, L_ONLY, PER_SCORE
 
@@ -43,8 +43,6 @@ def test_the_commands_sweep_takes_only_legal_switches():
     assert tile_sweep.sums_modes(spec, 90) == [PER_SCORE, L_ONLY, L_AND_T]
     assert tile_sweep.sums_modes(spec, 80) == [PER_SCORE]
     assert tile_sweep.sums_modes(triton_aot.LayoutSpec(128, "bf16", (*default, "argmax"), 4, 1), 90) == \
-        [PER_SCORE, L_ONLY]
-    assert tile_sweep.sums_modes(triton_aot.LayoutSpec(128, "bf16", default, 4, 1, uniform=True), 90) == \
         [PER_SCORE, L_ONLY]
     assert tile_sweep.sums_modes(triton_aot.LayoutSpec(128, "bf16", ("class_mass",), 32, 4), 90) == [PER_SCORE]
     c = tile_sweep._candidate(spec, 128, 64, 8, 2, PER_SCORE, True, False)

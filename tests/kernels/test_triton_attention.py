@@ -356,7 +356,7 @@ def test_each_way_of_summing_rows_on_half_inputs_far_from_zero(dtype, mode):
 def test_sums_by_dot_where_it_pays():
     """`forward_config` puts the row sums on the tensor cores (SUMS_BY_DOT) exactly where the budget
     measured it to pay without a spill: sm_90 (and newer), half precision or TF32, D <= 64, a free
-    key-feature column, none of argmax, position statistics or uniform gates; and under the
+    key-feature column, neither argmax nor position statistics; and under the
     interpreter for the dtypes a GPU would take it for."""
     from bertscope.kernels.triton_config import forward_config
 
@@ -368,7 +368,7 @@ def test_sums_by_dot_where_it_pays():
         assert dot(D, torch.float32, 90, tf32=True)
         assert forward_config(D, torch.bfloat16, 90)["BLOCK_N"] == 128
     assert not dot(128, torch.bfloat16, 90) and not dot(64, torch.bfloat16, 80) and not dot(64, torch.float32, 90)
-    assert not dot(64, torch.bfloat16, 90, positions=True) and not dot(64, torch.bfloat16, 90, uniform=True)
+    assert not dot(64, torch.bfloat16, 90, positions=True)
     assert not dot(64, torch.bfloat16, 90, wide=True)
     assert dot(64, torch.bfloat16, 90, n_classes=15) and not dot(64, torch.bfloat16, 90, n_classes=16)
     assert dot(8, torch.bfloat16, interpreted=True) and not dot(8, torch.float32, interpreted=True)
@@ -394,8 +394,7 @@ def test_default_tiles_only_for_the_default_statistics(monkeypatch):
         assert (got["MASKED_FIRST"], got["FIXED_G"], got["SUMS_BY_DOT"]) == (
             entry.masked_first, entry.fixed_g, entry.sums_by_dot)
         for other in (frozenset(), frozenset({"entropy"}), DEFAULT_SWITCHES | {"argmax"}):
-            assert "default" not in kinds(Call(other, False, False, False, "argmax" in other, True))
-        assert "default" not in kinds(Call(DEFAULT_SWITCHES, False, False, True, False, True))  # uniform gates
+            assert "default" not in kinds(Call(other, False, False, "argmax" in other, True))
         for c in (forward_config(block_d, torch.float16, arch, switched_on=DEFAULT_SWITCHES, wide=True, **banded),
                   forward_config(block_d, torch.float32, arch, switched_on=DEFAULT_SWITCHES, **banded)):
             assert not (c["MASKED_FIRST"] or c["FIXED_G"] or c["SUMS_BY_DOT"])
@@ -428,8 +427,6 @@ def test_every_tiles_entry_is_what_a_call_of_its_kind_takes():
     calls = {  # kind -> forward_config's arguments of a call of that kind and of no kind before it
         "tokens": dict(tokens=True, positions=True, wide=True),
         "positions": dict(positions=True),
-        "default uniform": dict(switched_on=DEFAULT_SWITCHES, uniform=True),
-        "uniform": dict(uniform=True, switched_on=frozenset({"entropy"})),
         "none": dict(switched_on=frozenset()),
         "argmax": dict(switched_on=frozenset({"argmax"}), wide=True),
         "class_mass": dict(switched_on=frozenset({"class_mass"}), n_classes=32),
