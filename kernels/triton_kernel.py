@@ -439,11 +439,13 @@ def _after_loops(x, l_i):
 @triton.jit
 def _distance_bucket(d):
     """The log2 bucket of a distance d >= 0: the number of spec.DISTANCE_EDGES (1, 2, 4, ...,
-    2^(DB - 2)) that are <= d, by comparisons."""
-    b = (d >= 1).to(tl.int32)
-    for e in tl.static_range(1, DB - 1):
-        b += (d >= (1 << e)).to(tl.int32)
-    return b
+    2^(DB - 2)) that are <= d, which is d's bit length capped at DB - 1, read off the exponent of d as a
+    float: floor(log2 d) + 1 for d >= 1, exact below 2^24 (a larger d rounds, but lies in the last bucket
+    either way), and 0 for d = 0 (0.0's exponent bits are 0). A conversion and three integer operations,
+    where a compare and an add per edge took the main loop about 90 instructions a block (twice 16 edges,
+    on the scalar path)."""
+    e = (d.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126  # (biased exponent) - 127 + 1
+    return tl.minimum(tl.maximum(e, 0), DB - 1)
 
 
 @triton.jit

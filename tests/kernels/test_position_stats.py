@@ -166,11 +166,12 @@ def _bucket_kernel(Dist, Bucket, Beyond, n):
 
 
 def test_the_kernel_buckets_are_the_spec_buckets_past_the_last_edge():
-    """The kernel's bucket of a distance (the number of edges <= d, by comparisons) and the edges its sums
-    compare against (d >= 2^b: past bucket b), on every edge, either side of it and far past the last one
-    (2^15 and beyond: rows longer than the interpreter can run), against torch.bucketize on DISTANCE_EDGES."""
+    """The kernel's bucket of a distance (the number of edges <= d, read off d's exponent as a float) and the
+    edges its sums compare against (d >= 2^b: past bucket b), on every edge, either side of it and far past the
+    last one (2^15 and beyond, 2^24 + 1 and 2^31 - 2 whose floats round: rows longer than the interpreter can run),
+    against torch.bucketize on DISTANCE_EDGES."""
     edges = torch.tensor(DISTANCE_EDGES)
-    dist = sorted({0, 1, 2, 3, 5, 2**31 - 2} | {e + s for e in DISTANCE_EDGES for s in (-1, 0, 1)} | {2**20})
+    dist = sorted({0, 1, 2, 3, 5, 2**24 + 1, 2**31 - 2} | {e + s for e in DISTANCE_EDGES for s in (-1, 0, 1)} | {2**20})
     dist = torch.tensor(dist, dtype=torch.int32)
     want = torch.bucketize(dist.long(), edges, right=True)
     n_buckets = len(DISTANCE_EDGES) + 1
