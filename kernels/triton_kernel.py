@@ -91,6 +91,9 @@ DB = tl.constexpr(N_DISTANCE_BUCKETS)  # 17 log2 buckets of |i - j|, the last on
 DB_PAD = tl.constexpr(triton.next_power_of_2(N_DISTANCE_BUCKETS))  # 32
 NPB = tl.constexpr(N_POSITION_BINS)  # 10 tenths of [0, i], then one bin for keys after the query
 PB_PAD = tl.constexpr(triton.next_power_of_2(N_POSITION_BINS + 1))  # 16
+# how far `_position_sums` widens a block's first and last position bins: fp32's error on NPB j / (i + 1) < NPB is a
+# few units of 2^-24 relative, far below it
+BIN_SLACK = tl.constexpr(1e-3)
 # the width of the slices of D in which the epilogue computes the offsets' scores
 OFFSET_DK = tl.constexpr(32)
 # SUMS_BY_DOT's modes, how the softmax's row sum l and the entropy's sum are taken (`triton_config`)
@@ -286,10 +289,10 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
     if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
         # the sums of p, then (their twins) of p n: one call, a static loop over the two weights
         WEIGHTS: tl.constexpr = 2 if STATS[DISTANCE_MASS_NORM] or STATS[POSITION_MASS_NORM] else 1
-        dist_i, dsum_i, pmass_i, dist_n, pmass_n = posn
+        dist_i, dsum_i, pmass_i, dist_n, pmass_n, bin_r = posn
         for twin in tl.static_range(WEIGHTS):
             sums = _position_sums((dist_n, dsum_i, pmass_n) if twin else (dist_i, dsum_i, pmass_i),
-                                  p_n if twin else p, alpha, pos, offs_n, start_n, BLOCK_N,
+                                  p_n if twin else p, alpha, pos, bin_r, offs_n, start_n, BLOCK_N,
                                   STATS[DISTANCE_MASS_NORM] if twin else STATS[DISTANCE_MASS],
                                   False if twin else STATS[MEAN_DISTANCE],
                                   STATS[POSITION_MASS_NORM] if twin else STATS[POSITION_MASS], BEFORE and not MASKED)
@@ -297,7 +300,7 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
                 dist_n, _, pmass_n = sums
             else:
                 dist_i, dsum_i, pmass_i = sums
-        posn = (dist_i, dsum_i, pmass_i, dist_n, pmass_n)
+        posn = (dist_i, dsum_i, pmass_i, dist_n, pmass_n, bin_r)
     if STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]:
         # the token relations (spec.py's `_duplicate_mass`, `_prefix_match_mass`): online like the class masses
         dup_i, pre_i, qid, Ids, dup_n, pre_n = tok  # qid (BLOCK_M,) the rows' tokens; Ids the sequence's, -1 on padding
@@ -350,7 +353,7 @@ def _stage(state, q, pos, keys, band, bounds, qk_scale,  #
 
 
 @triton.jit
-def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, DISTANCE: tl.constexpr,
+def _position_sums(posn, p, alpha, pos, bin_r, offs_n, start_n, BLOCK_N: tl.constexpr, DISTANCE: tl.constexpr,
                    MEAN: tl.constexpr, POSITION: tl.constexpr, BEFORE: tl.constexpr = False):
     """The position-dependent sums of one block (spec.py's `_distance_mass`, `_mean_distance`,
     `_position_mass`), online like the class masses: rescaled by alpha, divided by l at the end.
@@ -358,7 +361,11 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
     dist (BLOCK_M, DB_PAD): mass per log2 bucket of |i - j|; dsum (BLOCK_M,): sum_j p_j |i - j|;
     pmass (BLOCK_M, PB_PAD): mass per bin floor(NPB j / (i + 1)) of keys j <= i, then bin NPB for
     j > i. Exact integer comparisons, one compare-and-select row sum per edge the block straddles: its
-    distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal).
+    distances lie in [d_lo, d_hi] and its bins in [b_lo, b_hi] (one or two far from the diagonal): b_lo and b_hi
+    from the tile's reciprocals bin_r = (1 / (i_hi + 1), 1 / (i_lo + 1)) (`attn_stats_fwd`), widened by BIN_SLACK:
+    a bound one bin too wide adds an iteration that adds 0 (a bin before the block's first gets above - beyond = 0,
+    one after its last what is left: 0), where an integer division per bound took a MUFU.RCP and about 15
+    instructions a block.
     DISTANCE, MEAN, POSITION: which of the three it sums (the kernel's switches of the statistics, or of
     their norm-based twins: the same sums of p_j n_j, `_key_block`).
     BEFORE: every key of the block lies before every row (j < i, `_key_block`): |i - j| = i - j, so the
@@ -398,8 +405,10 @@ def _position_sums(posn, p, alpha, pos, offs_n, start_n, BLOCK_N: tl.constexpr, 
         # bin b < NPB holds keys with b (i + 1) <= NPB j < (b + 1)(i + 1); bin NPB holds j > i
         j_lo = tl.min(offs_n, 0)
         j_hi = tl.max(offs_n, 0)
-        b_lo = tl.minimum((j_lo * NPB) // (i_hi + 1), NPB)
-        b_hi = tl.where(j_hi > i_lo, NPB, (j_hi * NPB) // (i_lo + 1))
+        r_hi, r_lo = bin_r
+        b_lo = tl.minimum(((j_lo * NPB).to(tl.float32) * r_hi - BIN_SLACK).to(tl.int32), NPB)
+        b_hi = tl.where(j_hi > i_lo, NPB,
+                        tl.minimum(((j_hi * NPB).to(tl.float32) * r_lo + BIN_SLACK).to(tl.int32), NPB))
         tj = offs_n * NPB  # (BLOCK_N,)
         pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)
         pmass_i = pmass_i * alpha[:, None]
@@ -530,10 +539,13 @@ def attn_stats_fwd(
     # (the key features' dot, the norm features' dot, each row's column of its head's n in the norm features)
     feat = (tl.zeros([BLOCK_M, F_PAD], dtype=tl.float32), tl.zeros([BLOCK_M, NORM_F], dtype=tl.float32),
             g * NORM_W + NORM_W - 1)
-    # (distance buckets, mean distance's sum, position bins, and the twins of the buckets and the bins)
+    # (distance buckets, mean distance's sum, position bins, the twins of the buckets and the bins, and the
+    # reciprocals of the tile's last and first rows' i + 1: the position bins' bounds, `_position_sums`)
+    BINS: tl.constexpr = STATS[POSITION_MASS] or STATS[POSITION_MASS_NORM]
     posn = (tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
             tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32), tl.zeros([BLOCK_M, DB_PAD], dtype=tl.float32),
-            tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32))
+            tl.zeros([BLOCK_M, PB_PAD], dtype=tl.float32),
+            (1.0 / (tl.max(pos, 0) + 1).to(tl.float32), 1.0 / (tl.min(pos, 0) + 1).to(tl.float32)) if BINS else 0)
     TOKENS: tl.constexpr = STATS[DUPLICATE_MASS] or STATS[PREFIX_MATCH_MASS]
     # (duplicate and prefix-match sums, the rows' tokens, the sequence's ids, the two sums' twins)
     tok = (tl.zeros([BLOCK_M], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
@@ -627,7 +639,7 @@ def attn_stats_fwd(
                      tl.where(q_ok[:, None], feat_n * inv_s[:, None], 0.0),
                      mask=f_in[:, None] & own & (col < n_classes)[None, :])
     if STATS[DISTANCE_MASS] or STATS[MEAN_DISTANCE] or STATS[POSITION_MASS]:
-        dist_i, dsum_i, pmass_i, dist_n, pmass_n = posn
+        dist_i, dsum_i, pmass_i, dist_n, pmass_n, _ = posn
         if STATS[DISTANCE_MASS]:
             didx = tl.arange(0, DB_PAD)  # (DB_PAD,)
             tl.store(Stats[DistanceMass] + stat_row[:, None] + didx[None, :],
