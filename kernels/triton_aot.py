@@ -110,7 +110,7 @@ class Specialisation:
         return (f"{kind} M{c['BLOCK_M']} N{c['BLOCK_N']} D{c['BLOCK_D']} w{c['num_warps']}s{c['num_stages']}{_cap(c)} "
                 f"{self.dtype} C{self.n_classes} {_flags(self)}"
                 + {PER_SCORE: "", L_AND_T: " sums-by-dot", L_ONLY: " l-by-dot"}[int(c["SUMS_BY_DOT"])]
-                + (" masked-first" if c["MASKED_FIRST"] else ""))
+                + (" masked-first" if c["MASKED_FIRST"] else "") + (" mean-by-dot" if c.get("MEAN_BY_DOT") else ""))
 
     def ast_source(self, arch: int):
         """(ASTSource, config) of this specialisation for sm_<arch> (`_forward_source`)."""
@@ -121,6 +121,7 @@ class Specialisation:
         norm_w, norm_f = norm_widths(self.n_classes, self.group if self.banded else 1)
         constexprs = dict(BANDED=self.banded, F_PAD=feature_width(self.n_classes), HEAD_DIM=self.D,
                           NORM_W=norm_w, NORM_F=norm_f, CLAMP_KEYS=bool(c.get("CLAMP_KEYS", False)),
+                          MEAN_BY_DOT=bool(c.get("MEAN_BY_DOT", False)),
                           DOT_PRECISION="ieee" if self.dtype == "fp32" else "tf32",
                           SUMS_BY_DOT=int(c["SUMS_BY_DOT"]), MASKED_FIRST=c["MASKED_FIRST"],
                           GROUP=self.group if self.banded and c["FIXED_G"] else 0)
@@ -631,7 +632,8 @@ _POSITIONS = "class_mass+distance_mass+mean_distance+position_mass"
 # uniform gates' rows went (their calls launch the default statistics' kernel), and the distance buckets from the
 # exponent and the position bins' bounds from reciprocals took 7-16% off every position and union row (MUFU per
 # score 1.125-1.25 -> 1.062-1.125 at D <= 128); sm_90's atlas union at D = 256 spills 96 B where it spilled 84
-# (its instructions 5% fewer): that ceiling was raised with it.
+# (its instructions 5% fewer): that ceiling was raised with it. Then the mean distance by dot (MEAN_BY_DOT, banded,
+# D <= 128) took 3.2-7.4% off those rows' main loops.
 COMMAND_CEILINGS: dict[tuple[str, str, str], dict] = {
     ('sm_80', 'Gemma-3', 'argmax'): {'ratio': 1.375, 'masked': 1.397, 'mufu': 1.5},
     ('sm_80', 'Gemma-3', 'class_mass'): {'ratio': 0.955, 'masked': 0.956, 'mufu': 1.125},
@@ -641,14 +643,14 @@ COMMAND_CEILINGS: dict[tuple[str, str, str], dict] = {
     ('sm_80', 'Gemma-3', _UNION): {'ratio': 10.225, 'masked': 10.221, 'mufu': 5.0, 'spills': 60},
     ('sm_80', 'Gemma-3', 'none'): {'ratio': 1.116, 'masked': 1.138, 'mufu': 1.5},
     ('sm_80', 'Llama-2-7B', 'class_mass'): {'ratio': 1.341, 'masked': 1.382, 'mufu': 1.125},
-    ('sm_80', 'Llama-2-7B', _POSITIONS): {'ratio': 2.615, 'masked': 2.642, 'mufu': 1.125},
-    ('sm_80', 'Llama-2-7B', _UNION): {'ratio': 3.313, 'masked': 3.354, 'mufu': 1.125},
+    ('sm_80', 'Llama-2-7B', _POSITIONS): {'ratio': 2.503, 'masked': 2.541, 'mufu': 1.125},
+    ('sm_80', 'Llama-2-7B', _UNION): {'ratio': 3.138, 'masked': 3.191, 'mufu': 1.125},
     ('sm_80', 'Llama-3-8B', 'class_mass'): {'ratio': 1.341, 'masked': 1.303, 'mufu': 1.125},
-    ('sm_80', 'Llama-3-8B', _POSITIONS): {'ratio': 2.623, 'masked': 2.536, 'mufu': 1.125, 'spills': 24},
-    ('sm_80', 'Llama-3-8B', _UNION): {'ratio': 3.349, 'masked': 3.239, 'mufu': 1.125, 'spills': 8},
-    ('sm_80', 'Llama-3.2-1B', _POSITIONS): {'ratio': 3.059, 'masked': 3.077, 'mufu': 1.062},
+    ('sm_80', 'Llama-3-8B', _POSITIONS): {'ratio': 2.519, 'masked': 2.438, 'mufu': 1.125, 'spills': 4},
+    ('sm_80', 'Llama-3-8B', _UNION): {'ratio': 3.141, 'masked': 3.042, 'mufu': 1.125},
+    ('sm_80', 'Llama-3.2-1B', _POSITIONS): {'ratio': 2.888, 'masked': 2.907, 'mufu': 1.062},
     ('sm_80', 'Llama-3.2-1B', 'entropy+class_mass+argmax'): {'ratio': 1.654, 'masked': 1.676, 'mufu': 1.062},
-    ('sm_80', 'Llama-3.2-1B', _UNION): {'ratio': 4.796, 'masked': 4.727, 'mufu': 1.125},
+    ('sm_80', 'Llama-3.2-1B', _UNION): {'ratio': 4.552, 'masked': 4.493, 'mufu': 1.125},
     ('sm_80', 'bert-base', _POSITIONS): {'ratio': 3.69, 'mufu': 1.062},
     ('sm_80', 'bert-base', 'entropy+class_mass+argmax'): {'ratio': 1.66, 'mufu': 1.062},
     ('sm_80', 'bert-base', _UNION): {'ratio': 5.901, 'mufu': 1.125},
@@ -661,17 +663,17 @@ COMMAND_CEILINGS: dict[tuple[str, str, str], dict] = {
         {'ratio': 2.848, 'masked': 2.795, 'mufu': 2.125, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', _UNION): {'ratio': 28.389, 'masked': 26.908, 'mufu': 5.0, 'spills': 96, 'narrow_wgmma': True},
     ('sm_90', 'Gemma-3', 'none'): {'ratio': 1.811, 'masked': 1.734, 'mufu': 1.125, 'narrow_wgmma': True},
-    ('sm_90', 'Llama-2-7B', _POSITIONS): {'ratio': 4.687, 'masked': 4.677, 'mufu': 1.125, 'narrow_wgmma': True},
+    ('sm_90', 'Llama-2-7B', _POSITIONS): {'ratio': 4.444, 'masked': 4.449, 'mufu': 1.125, 'narrow_wgmma': True},
     ('sm_90', 'Llama-2-7B', 'entropy+class_mass'): {'ratio': 1.495, 'masked': 1.616, 'mufu': 1.062},
     ('sm_90', 'Llama-2-7B', 'entropy+class_mass+argmax'): {'ratio': 1.616, 'masked': 1.722, 'mufu': 1.031},
-    ('sm_90', 'Llama-2-7B', _UNION): {'ratio': 6.247, 'masked': 6.241, 'mufu': 1.125, 'narrow_wgmma': True},
-    ('sm_90', 'Llama-3-8B', _POSITIONS): {'ratio': 4.687, 'masked': 4.611, 'mufu': 1.125, 'narrow_wgmma': True},
+    ('sm_90', 'Llama-2-7B', _UNION): {'ratio': 5.81, 'masked': 5.827, 'mufu': 1.125, 'narrow_wgmma': True},
+    ('sm_90', 'Llama-3-8B', _POSITIONS): {'ratio': 4.428, 'masked': 4.363, 'mufu': 1.125, 'narrow_wgmma': True},
     ('sm_90', 'Llama-3-8B', 'entropy+class_mass'): {'ratio': 1.254, 'masked': 1.42, 'mufu': 1.031},
     ('sm_90', 'Llama-3-8B', 'entropy+class_mass+argmax'): {'ratio': 1.616, 'masked': 1.723, 'mufu': 1.031},
-    ('sm_90', 'Llama-3-8B', _UNION): {'ratio': 6.214, 'masked': 6.118, 'mufu': 1.125, 'narrow_wgmma': True},
-    ('sm_90', 'Llama-3.2-1B', _POSITIONS): {'ratio': 4.019, 'masked': 4.034, 'mufu': 1.062},
+    ('sm_90', 'Llama-3-8B', _UNION): {'ratio': 5.794, 'masked': 5.716, 'mufu': 1.125, 'narrow_wgmma': True},
+    ('sm_90', 'Llama-3.2-1B', _POSITIONS): {'ratio': 3.723, 'masked': 3.744, 'mufu': 1.062},
     ('sm_90', 'Llama-3.2-1B', 'entropy+class_mass+argmax'): {'ratio': 1.862, 'masked': 1.894, 'mufu': 1.062},
-    ('sm_90', 'Llama-3.2-1B', _UNION): {'ratio': 6.449, 'masked': 6.35, 'mufu': 1.125, 'narrow_wgmma': True},
+    ('sm_90', 'Llama-3.2-1B', _UNION): {'ratio': 6.079, 'masked': 5.994, 'mufu': 1.125, 'narrow_wgmma': True},
     ('sm_90', 'bert-base', _POSITIONS): {'ratio': 4.776, 'mufu': 1.062},
     ('sm_90', 'bert-base', 'entropy+class_mass+argmax'): {'ratio': 1.58, 'mufu': 1.031},
     ('sm_90', 'bert-base', _UNION): {'ratio': 7.99, 'mufu': 1.062},

@@ -154,14 +154,29 @@ def kernel_config(D: int, dtype, arch: int, switched_on: frozenset, n_classes: i
     The one reading of a call's statistics into `forward_config`'s arguments, for the
     launcher (`triton_launch.launch_config`) and the ahead-of-time compile (`triton_aot.Specialisation`)
     alike: the tile families of the statistics switched on (`spec.KernelTraits.tiles`: "positions", "tokens",
-    "wide"), and a wide feature dot for more than 32 classes."""
+    "wide"), and a wide feature dot for more than 32 classes; and MEAN_BY_DOT (`mean_by_dot`)."""
     on = frozenset(switched_on)
     # the table read at call time: an entry without kernel traits (one being added) brings no family
     families = {s.kernel.tiles for s in _spec.ROW_STATS if s.name in on and s.kernel is not None}
-    return forward_config(D, dtype, arch, "positions" in families, tf32=tf32, interpreted=interpreted,
-                          banded=banded, wide=feature_width(n_classes) > 32 or "wide" in families,
-                          n_classes=n_classes, tokens="tokens" in families, switched_on=on,
-                          grouped=banded and grouped)
+    config = forward_config(D, dtype, arch, "positions" in families, tf32=tf32, interpreted=interpreted,
+                            banded=banded, wide=feature_width(n_classes) > 32 or "wide" in families,
+                            n_classes=n_classes, tokens="tokens" in families, switched_on=on,
+                            grouped=banded and grouped)
+    return {**config, "MEAN_BY_DOT": mean_by_dot(on, n_classes, banded, D)}
+
+
+def mean_by_dot(switched_on: frozenset, n_classes: int, banded: bool, D: int = 64) -> bool:
+    """Whether a call takes the mean distance's sum_j p_j (i - j) = i l - P j from the key features' dot
+    (`triton_kernel._position_sums`): the key features then hold a ones column and the key positions as two columns
+    (j = 256 hi + lo: exact in bf16), which needs three free columns (at most 13 classes under 16). Banded layouts
+    only, whose unmasked blocks lie before every row: there the mean distance costs no work per score (one FFMA
+    per score before, and its row sum); a plain layout's unmasked blocks hold keys after the row, which still
+    take one per score. D <= 128: at D = 256 (16 x 16 tiles that spill either way) it issued 3-4% fewer
+    instructions but spilled 128-188 B more on the positions' rows (`triton_aot --commands`, 2026-12-08); from
+    D = 64 to 128 it took 3.2-7.4% off every position and union row and the spills of two of them (sm_80 Llama-3-8B:
+    24 -> 4 B, 8 -> 0)."""
+    return "mean_distance" in switched_on and banded and D <= 128 and feature_width(n_classes + 2, ones=True) == \
+        feature_width(n_classes)
 
 
 def _config(m: int, n: int, warps: int, stages: int, block_d: int, sums_by_dot: int = 0, masked_first: bool = False,

@@ -54,6 +54,9 @@ The statistics, by kind (each a constexpr switch read off the table `spec.ROW_ST
 - per position bucket, `posn = (dist, dsum, pmass)`: the mass by log2 bucket of |i - j|, the sum
   of p |i - j|, the mass by tenth of the row's context [0, i] (then "after the query"), exact
   integer buckets, one compare-and-select row sum per bucket or bin edge a block straddles (opt-in: they cost);
+  with MEAN_BY_DOT (banded layouts, `triton_config.mean_by_dot`) the mean distance's sum_j p_j (i - j) is
+  i l - P j from the key-feature dot (U's ones column and the key positions j = 256 hi + lo as two columns),
+  and only the keys after the row, 2 sum_{j > i} p_j (j - i), are summed per score: none in the main loop;
 - the norm-based twins (Kobayashi et al. 2020; switches WEIGHTED_NORM, CLASS_MASS_NORM, OFFSET_MASS_NORM): a second
   key-feature dot `feat_n += P @ (U n)`, U n (L, NORM_F) the one-hot key classes times each key's value norm
   n_j = ||f_h(x_j)|| and n_j itself, per query head of the group side by side (`triton_launch.norm_features`:
@@ -153,7 +156,7 @@ ARGUMENT_TUPLES = {
     "stride_o": ("stride_ob", "stride_oh", "stride_ol", "stride_od"),
     "strides": ("stride_mb", "stride_ml", "stride_fb", "stride_fl", "stride_xb", "stride_sr"),
     "dims": ("H", "L", "n_offsets", "n_classes", "G", "win_left", "win_right"),
-    "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD", "NORM_W", "NORM_F", "CLAMP_KEYS"),
+    "TILE": ("BLOCK_M", "BLOCK_N", "BLOCK_D", "HEAD_DIM", "F_PAD", "NORM_W", "NORM_F", "CLAMP_KEYS", "MEAN_BY_DOT"),
 }
 
 
@@ -259,7 +262,8 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
         # T = q . (P K) on the tensor cores, from the same rounded P as l (the features' ones column)
         t_i = tl.dot(pv, tl.trans(k), t_i * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_D)
     row = (m_new, l_i, t_i, arg_i)
-    if STATS[CLASS_MASS] or SUMS_BY_DOT != PER_SCORE:
+    MEAN_BY_DOT: tl.constexpr = TILE[8]  # the mean distance's i l - P j from the key features' dot (`_position_sums`)
+    if STATS[CLASS_MASS] or SUMS_BY_DOT != PER_SCORE or (MEAN_BY_DOT and STATS[MEAN_DISTANCE]):
         u_ptrs = U_ptr + offs_n[:, None] * stride_fl + tl.arange(0, F_PAD)[None, :]  # (BLOCK_N, F_PAD)
         if MASKED:
             u = tl.load(u_ptrs, mask=n_in[:, None], other=0.0)
@@ -294,7 +298,7 @@ def _key_block(state, q, pos, start_n, keys, band, qk_scale,  #
             sums = _position_sums((dist_n, dsum_i, pmass_n) if twin else (dist_i, dsum_i, pmass_i),
                                   p_n if twin else p, alpha, pos, bin_r, offs_n, start_n, BLOCK_N,
                                   STATS[DISTANCE_MASS_NORM] if twin else STATS[DISTANCE_MASS],
-                                  False if twin else STATS[MEAN_DISTANCE],
+                                  0 if twin else ((2 if MEAN_BY_DOT else 1) if STATS[MEAN_DISTANCE] else 0),
                                   STATS[POSITION_MASS_NORM] if twin else STATS[POSITION_MASS], BEFORE and not MASKED)
             if twin:
                 dist_n, _, pmass_n = sums
@@ -366,8 +370,12 @@ def _position_sums(posn, p, alpha, pos, bin_r, offs_n, start_n, BLOCK_N: tl.cons
     a bound one bin too wide adds an iteration that adds 0 (a bin before the block's first gets above - beyond = 0,
     one after its last what is left: 0), where an integer division per bound took a MUFU.RCP and about 15
     instructions a block.
-    DISTANCE, MEAN, POSITION: which of the three it sums (the kernel's switches of the statistics, or of
-    their norm-based twins: the same sums of p_j n_j, `_key_block`).
+    DISTANCE, POSITION: which of the buckets and bins it sums (the kernel's switches of the statistics, or of
+    their norm-based twins: the same sums of p_j n_j, `_key_block`); MEAN, how it sums the mean distance's: 0 not at
+    all, 1 dsum = sum_j p_j |i - j|, 2 (MEAN_BY_DOT: the launcher gave the key features the key positions' columns)
+    only what sum_j p_j (i - j) = i l - P j misses, the keys after the row: sum_j p_j (|i - j| - (i - j)) =
+    2 sum_{j > i} p_j (j - i), nothing but its rescale in a block before every row (the epilogue adds i l - P j
+    from the key features' dot, no work per score there).
     BEFORE: every key of the block lies before every row (j < i, `_key_block`): |i - j| = i - j, so the
     mean distance is (i - start_n) sum_j p_j - sum_j p_j (j - start_n) (one FFMA per score; both terms at
     most BLOCK_N apart, so no cancellation beyond the block's width), and the distances need no |.|."""
@@ -377,9 +385,14 @@ def _position_sums(posn, p, alpha, pos, bin_r, offs_n, start_n, BLOCK_N: tl.cons
     if BEFORE:
         if DISTANCE:
             dist = pos[:, None] - offs_n[None, :]  # (BLOCK_M, BLOCK_N) |i - j| = i - j
-    elif DISTANCE or MEAN:
+    elif DISTANCE or MEAN == 1:
         dist = tl.abs(pos[:, None] - offs_n[None, :])  # (BLOCK_M, BLOCK_N) |i - j|
-    if MEAN:
+    if MEAN == 2:  # (MEAN_BY_DOT) the keys after the row alone; none in a block before every row
+        dsum_i = dsum_i * alpha
+        if not BEFORE:
+            after = tl.maximum(offs_n[None, :] - pos[:, None], 0)  # (BLOCK_M, BLOCK_N) j - i where j > i, else 0
+            dsum_i += 2.0 * tl.sum(p * after.to(tl.float32), 1)
+    if MEAN == 1:
         if BEFORE:
             t = tl.arange(0, BLOCK_N).to(tl.float32)  # (BLOCK_N,) j - start_n
             dsum_i = dsum_i * alpha + (pos - start_n).to(tl.float32) * tl.sum(p, 1) - tl.sum(p * t[None, :], 1)
@@ -474,8 +487,9 @@ def attn_stats_fwd(
     ...); stride_q / stride_k / stride_v / stride_o = (b, h, l, d) strides of Q, K, V and Out (Out's h and l
     those of its (B, L, H, D) tensor); strides = (KeyValid's b and l, KeyFeatures' b and l, GateXi's b (0: one
     gate per head), the statistics buffer's row stride); dims = (H, L, n_offsets, n_classes, G, win_left,
-    win_right); TILE = (BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, NORM_W, NORM_F, CLAMP_KEYS): the tiles, the
-    feature widths and the config's key-row clamp (`_key_rows`); STATS, the statistics'
+    win_right); TILE = (BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, F_PAD, NORM_W, NORM_F, CLAMP_KEYS, MEAN_BY_DOT): the
+    tiles, the feature widths, the config's key-row clamp (`_key_rows`) and whether the key features hold the key
+    positions' columns (the mean distance by dot, `_position_sums`); STATS, the statistics'
     constexpr switches, one per distinct switch of those entries in the table's order, read by their indices
     (`ENTROPY`, `ARGMAX`, ...). Both index sets are taken from the table (module constants above). Flattened,
     the arguments are in the order they had as separate ones, but for KeyNorms (the norm-based twins' features,
@@ -506,6 +520,7 @@ def attn_stats_fwd(
     F_PAD: tl.constexpr = TILE[4]
     NORM_W: tl.constexpr = TILE[5]
     NORM_F: tl.constexpr = TILE[6]
+    MEAN_BY_DOT: tl.constexpr = TILE[8]
     if GROUP > 0:
         G = GROUP
     start_m = tl.program_id(0)
@@ -645,6 +660,14 @@ def attn_stats_fwd(
             tl.store(Stats[DistanceMass] + stat_row[:, None] + didx[None, :],
                      tl.where(q_ok[:, None], dist_i * inv_l[:, None], 0.0), mask=f_in[:, None] & (didx[None, :] < DB))
         if STATS[MEAN_DISTANCE]:
+            if MEAN_BY_DOT:  # sum_j p_j |i - j| = i l - P j + the keys after the row (`_position_sums`); l and P j from
+                # the key features' dot with the same rounded P: its ones column, and j = 256 hi + lo (both exact in
+                # bf16) in the two columns before it (`triton_launch.OperandCache.keys`)
+                fidx = tl.arange(0, F_PAD)  # (F_PAD,)
+                l_dot = tl.sum(tl.where(fidx[None, :] == F_PAD - 1, feat, 0.0), 1)  # (BLOCK_M,)
+                pj = tl.sum(tl.where(fidx[None, :] == F_PAD - 2, feat, 0.0)
+                            + tl.where(fidx[None, :] == F_PAD - 3, feat * 256.0, 0.0), 1)  # (BLOCK_M,) sum_j p_j j
+                dsum_i = pos.to(tl.float32) * l_dot - pj + dsum_i
             tl.store(Stats[MeanDistance] + stat_row, tl.where(q_ok, dsum_i * inv_l, 0.0), mask=f_in)
         if STATS[POSITION_MASS]:
             pidx = tl.arange(0, PB_PAD)  # (PB_PAD,)

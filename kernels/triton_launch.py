@@ -188,8 +188,9 @@ class OperandCache:
         self._offsets = {}
         self._ids = (None, None, None)  # (token_ids, key_valid, (B, L) int32 ids): the last batch's
 
-    def keys(self, key_valid, key_class, n_classes: int, dtype, dev, ones: bool = False) -> KeyOperands:
-        key = (key_valid, key_class, n_classes, dtype, dev, ones)
+    def keys(self, key_valid, key_class, n_classes: int, dtype, dev, ones: bool = False,
+             positions: bool = False) -> KeyOperands:
+        key = (key_valid, key_class, n_classes, dtype, dev, ones, positions)
         old = self._key
         if old is not None and old[0] is key_valid and old[1] is key_class and old[2:] == key[2:]:
             return self._operands
@@ -199,6 +200,10 @@ class OperandCache:
         feats = torch.nn.functional.one_hot(key_class.to(dev, torch.long), width).to(dtype)  # (B, L, F)
         if ones:  # the config put SUMS_BY_DOT on only where this column is free (n_classes < F)
             feats[..., width - 1] = 1
+        if positions:  # the key positions j = 256 hi + lo (exact in bf16): MEAN_BY_DOT (`triton_config.mean_by_dot`)
+            j = torch.arange(feats.shape[1], device=dev)
+            feats[..., width - 2] = (j % 256).to(dtype)
+            feats[..., width - 3] = (j // 256).to(dtype)
         self._key, self._operands = key, KeyOperands(valid, key_ranges(valid), feats)
         return self._operands
 
@@ -409,7 +414,9 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
     sums_by_dot = int(cfg.get("SUMS_BY_DOT", 0))  # a mode of `triton_config` (True: L_AND_T)
     if sums_by_dot and feature_width(C, ones=True) != feature_width(C):
         raise ValueError(f"SUMS_BY_DOT needs a free key-feature column: {C} key classes fill all {feature_width(C)}")
-    keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev, ones=sums_by_dot != 0)
+    mean_by_dot = bool(cfg.get("MEAN_BY_DOT", False))
+    keys = CACHE.keys(key_valid, key_class, C, q.dtype, dev, ones=sums_by_dot != 0 or mean_by_dot,
+                      positions=mean_by_dot)
     features = keys.features
     xi, stride_xb = gate_operands(gates, H, dev)
     ids = CACHE.token_ids(token_ids, key_valid, dev) if spec.token_relations else keys.ranges  # (B, L) int32
@@ -433,6 +440,7 @@ def fused_forward(q, k, v, key_valid, key_class, spec: StatsSpec, layout: Attent
         H=H, L=L, n_offsets=O, n_classes=C, G=G, win_left=band["win_left"], win_right=band["win_right"],  #
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], HEAD_DIM=D, F_PAD=feature_width(C),
         NORM_W=norm_w, NORM_F=norm_f, CLAMP_KEYS=bool(cfg.get("CLAMP_KEYS", False)),
+        MEAN_BY_DOT=mean_by_dot,
         BANDED=band["BANDED"], DOT_PRECISION=dot_precision(q.dtype),
         SUMS_BY_DOT=sums_by_dot, MASKED_FIRST=bool(cfg.get("MASKED_FIRST", False)),  #
         GROUP=G if band["BANDED"] and cfg.get("FIXED_G", False) else 0,

@@ -235,3 +235,40 @@ def test_the_position_statistics_take_their_own_configurations():
     assert {s.banded for s in on} == {False, True} and {s.dtype for s in on} >= {"fp32", "bf16"}
     m, n, w, st = TILES[(90, 64, "plain", "positions")].tiles
     assert any(s.name(90).startswith(f"plain M{m} N{n} D64 w{w}s{st} bf16") for s in on)
+
+
+def test_the_mean_distance_by_dot_where_it_is_taken_and_the_same_either_way():
+    """MEAN_BY_DOT (`triton_config.mean_by_dot`): a banded call with the mean distance and three free key-feature
+    columns takes sum_j p_j (i - j) = i l - P j from the key features' dot (the ones column and the key positions,
+    256 hi + lo), and only the keys after the row per score; a plain call, one whose classes leave no room, or one
+    at D = 256 does not. Forced on and off on the same inputs (a causal row of 200 with left padding, 64 x 64
+    blocks: the unmasked blocks before every row take nothing per score; fp32 and fp16: P rounded to fp16 in the
+    dot) both give the oracle's mean distance, and the position columns do not move the class masses."""
+    from bertscope.kernels.triton_config import mean_by_dot
+
+    on = frozenset({"mean_distance"})
+    assert mean_by_dot(on, 4, True) and mean_by_dot(on, 13, True)
+    assert not mean_by_dot(on, 14, True) and not mean_by_dot(on, 4, False) and not mean_by_dot(frozenset(), 4, True)
+    assert mean_by_dot(on, 29, True) and not mean_by_dot(on, 30, True)  # 32 columns
+    assert mean_by_dot(on, 4, True, 128) and not mean_by_dot(on, 4, True, 256)  # D = 256 spilled more with it
+    g = torch.Generator().manual_seed(3)
+    B, H, L, D = 2, 2, 200, 16
+    layout = AttentionLayout(causal=True, n_key_value_heads=1)
+    spec = StatsSpec(n_key_classes=4, distance=True, class_mass=True)
+    key_valid = torch.arange(L)[None, :] >= torch.tensor([0, 17])[:, None]
+    key_class = torch.randint(0, 4, (B, L), generator=g)
+    for dtype, tol in ((torch.float32, 2e-5), (torch.float16, 2e-3)):
+        q = (torch.randn(B, H, L, D, generator=g) * 0.5).to(dtype)
+        k, v = ((torch.randn(B, 1, L, D, generator=g) * 0.5).to(dtype) for _ in range(2))
+        args = (q, k, v, key_valid, key_class)
+        exact = [a.float() if a.is_floating_point() else a for a in args]
+        _, ref = attention_stats_eager(*exact, spec, layout=layout)
+        blocks = {"BLOCK_M": 64, "BLOCK_N": 64}
+        got = {flag: attention_stats_triton(*args, spec, layout=layout, blocks={**blocks, "MEAN_BY_DOT": flag})[1]
+               for flag in (True, False)}
+        seen = key_valid[:, None, :].expand(B, H, L)
+        for flag, s in got.items():
+            err = ((s.mean_distance - ref.mean_distance).abs() / (1 + ref.mean_distance))[seen]
+            assert float(err.max()) < tol, (dtype, flag, float(err.max()))
+        torch.testing.assert_close(got[True].class_mass, got[False].class_mass, atol=0, rtol=0)
+        assert float(ref.mean_distance[seen].max()) > 50  # rows far into the sequence
