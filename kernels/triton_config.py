@@ -363,7 +363,7 @@ TILES: dict[tuple[int, int, str, str], Entry] = {
     # sinks --norms): the spill-free config with the fewest main-loop instructions of bench/tile_sweep.py --commands
     # (the twins' sweep, 2026-12-08, 381 compiles: docs/kernels.md "Tiles of the norm-based twins"), at the commands'
     # shapes and their key classes (run's 4, the sinks' 5: 16 feature columns, 8 norm columns a head). sm_80 at
-    # D = 256: every 32- and 64-row tile spilled 12-380 B, 16 x 32 does not (2.06x)
+    # D = 256: every 32- and 64-row candidate spilled (12-2,756 B), 16 x 32 with the masked stage first does not (2.06x)
     **{(80, d, lay, kind): Entry((128, 64, 8, 1), masked_first=True, features=16)
        for d, lay in ((64, "grouped"), (128, "grouped"), (128, "banded"))
        for kind in ("default+norms", "default+class_norms")},
