@@ -46,7 +46,11 @@ def statistics(families: list[str]) -> tuple[str, ...]:
 # -- the commands' rows (`--commands`)
 
 # the statistic sets whose rows the command sweep searches: those without a positions or tokens family
-CHEAP_SETS = ("none", "argmax", "class_mass", "entropy+class_mass", "entropy+class_mass+argmax")
+CHEAP_SETS = ("none", "argmax", "class_mass", "entropy+class_mass", "entropy+class_mass+argmax",
+              # the norm-based twins: run --norms', sinks --norms' (triton_config's "default+norms",
+              # "default+class_norms")
+              "entropy+class_mass+offset_mass_norm+class_mass_norm+weighted_norm",
+              "entropy+class_mass+class_mass_norm+weighted_norm")
 # tile shapes (BLOCK_M, BLOCK_N, num_warps), the widest (fewest instructions per score, as a rule) first
 SHAPES = ((128, 128, 8), (128, 64, 8), (64, 64, 4), (64, 64, 8), (128, 32, 8), (64, 32, 4), (64, 32, 8))
 SHAPES_WIDE_HEAD = ((64, 64, 8), (64, 32, 4), (64, 32, 8), (32, 64, 4), (32, 32, 4), (16, 32, 4))
@@ -135,13 +139,13 @@ def _not_worse(r: dict, before: dict) -> bool:
     return all(a is None or b is None or a <= b for a, b in pairs) and (r["wgmma_n_ok"] or not before["wgmma_n_ok"])
 
 
-def search_row(cs, arch: int, baseline: list[dict], done: dict) -> dict:
+def search_row(cs, arch: int, baseline: list[dict], done: dict, near_spill: int = NEAR_SPILL) -> dict:
     """One row's search: the launch's config; each tile shape (`SHAPES`, widest first) with the masked stage
     first, 2 stages, each SUMS_BY_DOT mode, until one is spill-free and one narrower shape after it; then the
     neighbours (`_variants`) of the best spill-free candidate and of the (at most two) candidates that issue
-    fewer instructions but spilled at most NEAR_SPILL bytes, a switch at a time while one improves. Returns the
-    launch's row, the best (spill-free and no figure worse than the launch's; else the launch's) and every row
-    compiled."""
+    fewer instructions but spilled at most `near_spill` bytes, a switch at a time while one improves. Returns the
+    launch's row, the best (spill-free and no figure worse than the launch's, or any spill-free one where the
+    launch's spills; else the launch's) and every row compiled."""
     spec = cs.spec
     seen: dict[str, tuple] = {}  # key -> (candidate, row)
 
@@ -160,7 +164,7 @@ def search_row(cs, arch: int, baseline: list[dict], done: dict) -> dict:
                                        for mode in sums_modes(spec, arch))]
         if any(r["no_spill"] for _, r in tried):
             found_at = i if found_at is None else found_at
-        spilling += [(c, r) for c, r in tried if not r["no_spill"] and r["spill_stores"] <= NEAR_SPILL]
+        spilling += [(c, r) for c, r in tried if not r["no_spill"] and r["spill_stores"] <= near_spill]
         if found_at is not None and i >= found_at + 1:
             break
     starts = []
@@ -179,7 +183,8 @@ def search_row(cs, arch: int, baseline: list[dict], done: dict) -> dict:
                 if _score(rv) < _score(r):
                     c, r, improved = v, rv, True
                     break
-    pool = [r for _, r in seen.values() if r["no_spill"] and _not_worse(r, before)]
+    # a launch config that spills is no bar: any spill-free candidate may replace it (spill-free is the rule)
+    pool = [r for _, r in seen.values() if r["no_spill"] and (not before["no_spill"] or _not_worse(r, before))]
     best = choose(pool) if pool else before
     return {"row": [arch, cs.shape.name, cs.statistics], "before": before, "best": best,
             "compiled": [r for _, r in seen.values()]}
@@ -205,10 +210,10 @@ def in_budget(cs) -> bool:
 
 
 def _search_job(args):
-    cs, arch, baseline, done = args
+    cs, arch, baseline, done, near_spill = args
     done = dict(done)
     known = set(done)
-    res = search_row(cs, arch, baseline, done)
+    res = search_row(cs, arch, baseline, done, near_spill)
     return res, {k: v for k, v in done.items() if k not in known}
 
 
@@ -230,7 +235,7 @@ def commands_main(args) -> int:
     print(f"{len(rows)} rows, {len(done)} compiles known ({args.out})", flush=True)
     results = []
     with ProcessPoolExecutor(args.jobs) as pool, args.out.open("a") as out:
-        for res, new in pool.map(_search_job, [(cs, a, baseline, done) for cs, a in rows]):
+        for res, new in pool.map(_search_job, [(cs, a, baseline, done, args.near_spill) for cs, a in rows]):
             results.append(res)
             for k, row in new.items():
                 out.write(json.dumps({"key": k, "row": row}) + "\n")
@@ -282,6 +287,9 @@ def main(argv=None) -> int:
                         help="--commands: rows within their targets too (default: those in COMMAND_CEILINGS)")
     parser.add_argument("--dtype", default="bf16", choices=("fp16", "bf16"), help="--commands: input dtype")
     parser.add_argument("--jobs", type=int, default=2, help="--commands: rows searched at once")
+    parser.add_argument("--near-spill", type=int, default=NEAR_SPILL,
+                        help="--commands: a spilling candidate that issues fewer instructions than the best spill-free "
+                             "one is searched further (stages, switches) when it spilled at most this many bytes")
     parser.add_argument("--out", type=Path, default=Path("tile_sweep.jsonl"),
                         help="--commands: JSON lines of every compile, read back on a rerun")
     parser.add_argument("--json", type=Path, default=None, help="--commands: write the results to this file")

@@ -51,6 +51,10 @@ matrices no wider than it was compiled for); "any" holds for every call and has 
         exactly those switches, each its entries from the sweep of 2026-12-08
         (bench/tile_sweep.py --commands; docs/kernels.md, "Tiles of the commands' statistic sets")
         at the shapes the commands run: D = 64 grouped and plain, D = 128 grouped and banded, D = 256 grouped
+    default+norms, default+class_norms: the default statistics with the norm-based twins (docs/norms.md) of
+        `run --norms` (offset, class and weighted norms) and of `sinks --norms` (class and weighted norms), the
+        same way (the twins' sweep, later on 2026-12-08: docs/kernels.md "Tiles of the norm-based twins");
+        the atlas's union with the twins takes the tokens' entries
     sums by dot: no argmax and no wide feature dot: on sm_90 at D <= 64, 128 x 128 with L_AND_T, 3 stages
     default: the budget's statistics (entropy, class masses; offsets have no switch), `triton_aot --budget`,
         every row within its targets (at most 1.25x the flash baseline): sm_80 at D = 64, 128 x 128 with the
@@ -112,6 +116,22 @@ DEFAULT_SWITCHES = frozenset(_spec.kernel_stats("default"))
 PER_SCORE = 0  # l and T per score, in fp32: an FADD and an FFMA per score
 L_AND_T = 1  # l from the key features' ones column and T = q . (P K): both on the tensor cores
 L_ONLY = 2  # l from the ones column; the entropy's t = sum p (z - m) per score, relative to the running max
+
+
+def _default_twins(*kinds: str) -> frozenset:
+    """The norm-based twins (Kobayashi et al. 2020, docs/norms.md) the kernel computes for the default statistics
+    (offset and class masses: the table's "default" tile family, `spec.RowStat.twin_of`) whose base is of one of
+    `kinds` (`spec.KernelTraits.kind`: "epilogue", "by_dot"), and the twins' denominator (a twin of nothing)."""
+    return frozenset(s.name for s in _spec.ROW_STATS if s.switch == "norms" and s.kernel is not None
+                     and s.kernel.switch is not None
+                     and (s.twin_of is None
+                          or (s.twin_of.kernel.tiles == "default" and s.twin_of.kernel.kind in kinds)))
+
+
+# `run --norms`' twins on top of the default statistics (offset and class masses' twins, weighted_norm), and
+# `sinks --norms`' (the class masses' and weighted_norm)
+NORM_TWINS = _default_twins("epilogue", "by_dot")
+CLASS_NORM_TWINS = _default_twins("by_dot")
 
 
 def forward_config(D: int, dtype=torch.float16, arch: int = 90, positions: bool = False, tf32: bool = False,
@@ -229,6 +249,8 @@ KINDS: tuple[tuple[str, Callable[[Call], bool]], ...] = (
     ("argmax", _is("argmax")),
     ("class_mass", _is("class_mass")),
     ("default+argmax", _is(*DEFAULT_SWITCHES, "argmax")),
+    ("default+norms", _is(*DEFAULT_SWITCHES, *NORM_TWINS)),  # run --norms
+    ("default+class_norms", _is(*DEFAULT_SWITCHES, *CLASS_NORM_TWINS)),  # sinks --norms
     ("sums by dot", lambda c: not c.wide),  # the row sums on the tensor cores (L_AND_T) where they pay
     ("default", _is(*DEFAULT_SWITCHES)),  # the budget's statistics
     ("wide", lambda c: c.wide),  # the argmax or a 64-column feature dot
@@ -337,6 +359,30 @@ TILES: dict[tuple[int, int, str, str], Entry] = {
     (90, 256, "grouped", "default"): Entry((64, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 256, "grouped", "default+argmax"): Entry((64, 64, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
     (90, 256, "grouped", "none"): Entry((64, 32, 4, 2), masked_first=True, features=16),
+    # -- the default statistics with the norm-based twins (`KINDS`: "default+norms", run --norms; "default+class_norms",
+    # sinks --norms): the spill-free config with the fewest main-loop instructions of bench/tile_sweep.py --commands
+    # (the twins' sweep, 2026-12-08, 381 compiles: docs/kernels.md "Tiles of the norm-based twins"), at the commands'
+    # shapes and their key classes (run's 4, the sinks' 5: 16 feature columns, 8 norm columns a head). sm_80 at
+    # D = 256: every 32- and 64-row candidate spilled (12-2,756 B), 16 x 32 with the masked stage first does not (2.06x)
+    **{(80, d, lay, kind): Entry((128, 64, 8, 1), masked_first=True, features=16)
+       for d, lay in ((64, "grouped"), (128, "grouped"), (128, "banded"))
+       for kind in ("default+norms", "default+class_norms")},
+    **{(80, 64, "plain", kind): Entry((128, 128, 8, 2), masked_first=True, features=16)
+       for kind in ("default+norms", "default+class_norms")},
+    **{(80, 256, "grouped", kind): Entry((16, 32, 4, 2), masked_first=True, features=16)
+       for kind in ("default+norms", "default+class_norms")},
+    (90, 64, "grouped", "default+norms"): Entry((128, 128, 8, 3), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    (90, 64, "grouped", "default+class_norms"):
+        Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    **{(90, 64, "plain", kind): Entry((128, 128, 8, 2), sums_by_dot=L_AND_T, masked_first=True, features=16)
+       for kind in ("default+norms", "default+class_norms")},
+    **{(90, 128, "grouped", kind): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16)
+       for kind in ("default+norms", "default+class_norms")},
+    (90, 128, "banded", "default+norms"): Entry((128, 128, 8, 2), sums_by_dot=L_ONLY, masked_first=True, features=16),
+    # with the sinks' 5 classes 128 x 128 spilled 4 B
+    (90, 128, "banded", "default+class_norms"): Entry((128, 64, 8, 1), sums_by_dot=L_ONLY, features=16),
+    **{(90, 256, "grouped", kind): Entry((64, 64, 8, 3), masked_first=True, features=16)
+       for kind in ("default+norms", "default+class_norms")},
 }
 
 

@@ -712,7 +712,8 @@ def finite(x) -> bool:
 
 def kernel_specs(model) -> dict:
     """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the streamed pass's
-    union, and a decoder's induction and retrieval probes."""
+    union (and with --norms, the union with the sinks' norm-based twins: off by default on the triton backend), and a
+    decoder's induction and retrieval probes."""
     from bertscope.analyses.atlas import stats as A
     from bertscope.analyses.heads.induction.stats import induction_spec
     from bertscope.analyses.heads.retrieval.stats import retrieval_spec
@@ -720,7 +721,8 @@ def kernel_specs(model) -> dict:
 
     d = command_defaults(sys.modules[__name__])
     recent = STREAMING_RECENT if d["streaming_recent"] is None else d["streaming_recent"]  # None: set per model
-    out = {"stream (union)": A.stream_spec([None], model.causal, (d["streaming_sink"], recent))}
+    out = {"stream (union)": A.stream_spec([None], model.causal, (d["streaming_sink"], recent)),
+           "stream (union) --norms": A.stream_spec([None], model.causal, (d["streaming_sink"], recent), norms=True)}
     if model.causal:  # the induction and retrieval probes are a decoder's
         out |= {"induction": induction_spec(d["induction_len"], model.classes.n_classes),
                 "retrieval": retrieval_spec(model)}

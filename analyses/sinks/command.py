@@ -302,7 +302,8 @@ def _pct(x: float) -> str:
 
 def kernel_specs(model) -> dict:
     """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the sink statistics
-    (a window adds a runtime offset only)."""
+    (a window adds a runtime offset only), and with --norms their norm-based twins (off by default on the triton
+    backend)."""
     from bertscope.analyses.sinks import stats as S
 
-    return {"sinks": S.spec_for([None])}
+    return {"sinks": S.spec_for([None]), "sinks --norms": S.spec_for([None], norms=True)}

@@ -506,5 +506,6 @@ def write_surface(table: dict, run_dir: Path, record: dict, figures: FigurePool 
 
 def kernel_specs(model) -> dict:
     """The statistics specs this command hands the engine, for `model` (analyses/registry.py): the surface
-    statistics, and with --argmax."""
-    return {"default": RunSettings().spec(), "--argmax": RunSettings(argmax=True).spec()}
+    statistics, with --argmax, and with --norms (the norm-based twins: off by default on the triton backend)."""
+    return {"default": RunSettings().spec(), "--argmax": RunSettings(argmax=True).spec(),
+            "--norms": RunSettings(norms=True).spec()}

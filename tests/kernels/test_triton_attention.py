@@ -422,7 +422,15 @@ def test_every_tiles_entry_is_what_a_call_of_its_kind_takes():
     classes that kind names), target, D class and layout gets exactly that entry's tiles and switches, so no
     entry is shadowed by a kind before it in `KINDS`; a grouped call without a grouped entry takes the banded
     one (`LAYOUTS`), and every (target, D class, layout) has an "any" entry."""
-    from bertscope.kernels.triton_config import DEFAULT_SWITCHES, KINDS, LAYOUTS, TILES, forward_config
+    from bertscope.kernels.triton_config import (
+        CLASS_NORM_TWINS,
+        DEFAULT_SWITCHES,
+        KINDS,
+        LAYOUTS,
+        NORM_TWINS,
+        TILES,
+        forward_config,
+    )
 
     calls = {  # kind -> forward_config's arguments of a call of that kind and of no kind before it
         "tokens": dict(tokens=True, positions=True, wide=True),
@@ -431,6 +439,8 @@ def test_every_tiles_entry_is_what_a_call_of_its_kind_takes():
         "argmax": dict(switched_on=frozenset({"argmax"}), wide=True),
         "class_mass": dict(switched_on=frozenset({"class_mass"}), n_classes=32),
         "default+argmax": dict(switched_on=DEFAULT_SWITCHES | {"argmax"}, wide=True),
+        "default+norms": dict(switched_on=DEFAULT_SWITCHES | set(NORM_TWINS)),
+        "default+class_norms": dict(switched_on=DEFAULT_SWITCHES | set(CLASS_NORM_TWINS), n_classes=5),
         "sums by dot": dict(switched_on=frozenset({"entropy"})),
         "default": dict(switched_on=DEFAULT_SWITCHES),
         "wide": dict(wide=True),

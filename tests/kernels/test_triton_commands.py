@@ -51,8 +51,8 @@ def test_every_command_declares_its_kernel_specs():
 
 def test_command_specialisations_are_the_registry_s():
     """The rows are the registry's specs, one per kernel: run --argmax, the atlas's union (token relations,
-    positions), the positions' set, the statistics-free forward; the default statistics at every shape, also
-    under uniform gates."""
+    positions), the positions' set, the statistics-free forward, the norm-based twins of run, sinks and atlas
+    (--norms); the default statistics at every shape, also under uniform gates."""
     specs = command_specialisations(("bf16",))
     by_shape = {}
     for cs in specs:
@@ -65,6 +65,10 @@ def test_command_specialisations_are_the_registry_s():
         assert sets["class_mass+distance_mass+mean_distance+position_mass"].uses == ("heads positions: positions",)
         union = "entropy+class_mass+distance_mass+mean_distance+position_mass+duplicate_mass+prefix_match_mass"
         assert sets[union].uses == ("atlas: stream (union)",), shape
+        # --norms (the norm-based twins, off by default on the triton backend): run's, sinks' and the atlas's
+        assert sets["entropy+class_mass+offset_mass_norm+class_mass_norm+weighted_norm"].uses == ("run: --norms",)
+        assert sets["entropy+class_mass+class_mass_norm+weighted_norm"].uses == ("sinks: sinks --norms",), shape
+        assert sets[union + "+class_mass_norm+weighted_norm"].uses == ("atlas: stream (union) --norms",), shape
         assert "heads induction: induction" in sets["none"].uses, shape
         # uniform gates launch the default statistics' kernel (their rows are written after it)
         assert "api: default under uniform gates" in sets["entropy+class_mass"].uses, shape
