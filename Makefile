@@ -24,8 +24,8 @@ run: $(STAMP)
 # processes on a 2-core machine take about half the time; the test modules keep no shared state between them
 # (torchrun tests take their own ports, every output goes to a tmp_path). The two tiers (tests/tiers.py) split
 # one suite: `make test` every table entry, command and family at least once, `make test-full` the rest;
-# a plain `pytest tests` runs both. On 2026-12-08, 2 cores: the quick tier 5 min 24 s (1,934 tests, quiet), the
-# full tier 27 min 0 s plus 3 min 51 s (887 tests, load 2-4), a fresh clone's install 3 min 32 s (2026-12-07)
+# a plain `pytest tests` runs both. On 2026-12-08 (later run), 2 cores: the quick tier 4 min 25 s (1,927 tests,
+# load about 2), the full tier 22 min 17 s (891 tests, load 2-3), a fresh clone's install 3 min 32 s (2026-12-07)
 test: lint
 	$(BIN)/python -m pytest tests -n 2 -m "not full"
 
